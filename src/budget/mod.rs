@@ -1,0 +1,3 @@
+//! Token budget: counting, context windows, salience tiers and cache-stable epochs.
+
+pub mod tokens;

@@ -1,0 +1,32 @@
+//! pare: a transparent OpenAI-compatible compaction proxy.
+//!
+//! An agent points its base URL at pare. Every `POST …/chat/completions` is archived exactly as sent,
+//! its `messages` array is compacted by a deterministic rule set (no model is called), the slimmed
+//! request is forwarded upstream and the answer streams back unchanged. Everything else passes through.
+//!
+//! # Layout
+//!
+//! - [`wire`]: the Chat Completions request as pare reads it — typed where the rules look, raw bytes
+//!   everywhere else, so nothing pare does not understand is ever lost.
+//! - [`compact`]: the pure engine. `request + policy → request + report`; no I/O, no clock, cannot fail
+//!   on user data. Rules, markers, structural maps, validation of tool-call pairing.
+//! - [`budget`]: token counting, context windows, salience tiers and cache-stable epochs: decides *when*
+//!   and *how much* to compact, and keeps forwarded prompts append-only between epochs.
+//! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
+//! - [`archive`]: the durable raw store (SQLite), session audit, DPO/SFT export.
+//! - [`pipeline`]: the seam the proxy calls for one chat request: session → archive → compaction.
+//! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
+//! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
+//! - [`cli`]: the command line (`serve`, `compact`, `replay`, `eval`, `sessions`, `export`, `check`).
+//! - [`eval`]: the metrics of MISSION.md over a corpus of sessions.
+
+pub mod archive;
+pub mod budget;
+pub mod cli;
+pub mod compact;
+pub mod config;
+pub mod eval;
+pub mod pipeline;
+pub mod proxy;
+pub mod session;
+pub mod wire;

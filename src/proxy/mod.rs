@@ -1,0 +1,1 @@
+//! The HTTP shell: server, upstream client, streaming pass-through, pare's own endpoints and errors.
