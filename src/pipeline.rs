@@ -33,6 +33,8 @@ pub struct CompactInput<'a> {
     pub session: &'a str,
     pub raw: &'a [u8],
     pub body: &'a ChatBody<'a>,
+    /// Context window of the request's model when the pipeline resolved one (config or detection).
+    pub window: Option<u64>,
 }
 
 /// Output of one compaction: `body` is `None` when the request is forwarded unchanged.
@@ -121,7 +123,7 @@ impl Pipeline {
             }
         };
         let session = String::new();
-        let input = CompactInput { session: &session, raw: &raw, body: &body };
+        let input = CompactInput { session: &session, raw: &raw, body: &body, window: None };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
         let (forward, summary, skipped) = match result {
             Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
