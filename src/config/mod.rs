@@ -318,6 +318,8 @@ impl Config {
                 problems.push(p);
             }
         }
+        // Read top to bottom: problems in line order, unplaceable ones last.
+        problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
         match config {
             Some(config) if problems.is_empty() => Ok(config),
             _ => Err(ConfigError { path: None, problems }),
@@ -500,15 +502,15 @@ models:
 ";
         let err = Config::from_yaml(text).unwrap_err();
         let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
-        // Type errors first, then the semantic checks run on what remains (bad nodes take defaults).
+        // Type errors and the semantic checks that run on what remains (bad nodes take defaults).
         assert_eq!(
             got,
             vec![
-                (Some(3), "server.max_body"),
-                (Some(9), "budget.encodng"),
                 (Some(2), "server.listen"),
+                (Some(3), "server.max_body"),
                 (Some(5), "upstream.url"),
                 (Some(7), "budget.high_water"),
+                (Some(9), "budget.encodng"),
                 (Some(11), "models.0.match"),
                 (Some(12), "models.0.context_window"),
             ],
@@ -545,6 +547,12 @@ models:
         );
         let rendered = err.to_string();
         assert!(rendered.starts_with("5 problem(s) in config"), "{rendered}");
+    }
+
+    #[test]
+    fn the_example_file_is_the_built_in_default() {
+        let text = include_str!("../../compaction.example.yaml");
+        assert_eq!(Config::from_yaml(text).unwrap(), Config::default());
     }
 
     #[test]
