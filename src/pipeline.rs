@@ -119,7 +119,13 @@ impl Pipeline {
             Ok(body) => body,
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                return PreparedChat { body: raw.clone(), session: None, summary: None, skipped: Some(err.to_string()), sink: None };
+                return PreparedChat {
+                    body: raw.clone(),
+                    session: None,
+                    summary: None,
+                    skipped: Some(err.to_string()),
+                    sink: None,
+                };
             }
         };
         let session = String::new();

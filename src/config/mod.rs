@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 pub mod yaml;
 
-
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -76,12 +75,7 @@ pub struct UpstreamConfig {
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:8080".into(),
-            api_key: None,
-            connect_timeout_secs: 10,
-            timeout_secs: 600,
-        }
+        Self { url: "http://127.0.0.1:8080".into(), api_key: None, connect_timeout_secs: 10, timeout_secs: 600 }
     }
 }
 
@@ -350,7 +344,9 @@ impl Config {
             Err(_) => bad("server.listen", format!("`{}` is not an IP:port address", self.server.listen)),
             Ok(addr) if !addr.ip().is_loopback() && !self.server.allow_non_loopback => bad(
                 "server.listen",
-                format!("`{addr}` is not a loopback address; set server.allow_non_loopback: true (with server.auth_token) to expose pare"),
+                format!(
+                    "`{addr}` is not a loopback address; set server.allow_non_loopback: true (with server.auth_token) to expose pare"
+                ),
             ),
             Ok(_) => {}
         }
@@ -388,7 +384,9 @@ impl Config {
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));
         }
-        for (list, name) in [(&self.archive.session_headers, "session_headers"), (&self.archive.redact_headers, "redact_headers")] {
+        for (list, name) in
+            [(&self.archive.session_headers, "session_headers"), (&self.archive.redact_headers, "redact_headers")]
+        {
             for (i, h) in list.iter().enumerate() {
                 if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
                     bad(&format!("archive.{name}.{i}"), format!("`{h}` is not a valid header name"));
@@ -402,10 +400,16 @@ impl Config {
 
         let b = &self.budget;
         if !(b.low_water > 0.0 && b.low_water < b.high_water && b.high_water <= 1.0) {
-            bad("budget.high_water", format!("need 0 < low_water ({}) < high_water ({}) <= 1", b.low_water, b.high_water));
+            bad(
+                "budget.high_water",
+                format!("need 0 < low_water ({}) < high_water ({}) <= 1", b.low_water, b.high_water),
+            );
         }
         if b.default_context_window < 1024 {
-            bad("budget.default_context_window", format!("{} tokens is too small (at least 1024)", b.default_context_window));
+            bad(
+                "budget.default_context_window",
+                format!("{} tokens is too small (at least 1024)", b.default_context_window),
+            );
         }
         if b.output_reserve >= b.default_context_window {
             bad("budget.output_reserve", "must be smaller than default_context_window".into());
@@ -423,7 +427,9 @@ impl Config {
         if !(s.tau_turns > 0.0 && s.tau_turns.is_finite()) {
             bad("budget.salience.tau_turns", "must be a positive number of turns".into());
         }
-        for (name, w) in [("w_recency", s.w_recency), ("w_error", s.w_error), ("w_keywords", s.w_keywords), ("w_files", s.w_files)] {
+        for (name, w) in
+            [("w_recency", s.w_recency), ("w_error", s.w_error), ("w_keywords", s.w_keywords), ("w_files", s.w_files)]
+        {
             if !(w >= 0.0 && w.is_finite()) {
                 bad(&format!("budget.salience.{name}"), format!("{w} must be a non-negative number"));
             }
@@ -442,7 +448,10 @@ impl Config {
 
         for (i, m) in self.models.iter().enumerate() {
             if let Err(e) = regex::Regex::new(&m.pattern) {
-                bad(&format!("models.{i}.match"), format!("`{}` is not a valid regex: {}", m.pattern, first_line(&e.to_string())));
+                bad(
+                    &format!("models.{i}.match"),
+                    format!("`{}` is not a valid regex: {}", m.pattern, first_line(&e.to_string())),
+                );
             }
             if m.context_window.is_some_and(|w| w < 1024) {
                 bad(&format!("models.{i}.context_window"), "too small (at least 1024)".into());

@@ -6,8 +6,8 @@
 //! default applies, and try again — until the type deserializes. Semantic checks then report by path
 //! through the same tree.
 
-use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
