@@ -59,14 +59,29 @@ pub async fn start_with_pipeline(config: Arc<Config>, pipeline: Arc<Pipeline>) -
     let shutdown = async move {
         let _ = triggered.await;
     };
-    let task = tokio::spawn(pare::proxy::run(listener, config, pipeline.clone(), shutdown));
-    Pare { addr, pipeline, trigger: Some(trigger), task: Some(task) }
+    let task = tokio::spawn(pare::proxy::run(
+        listener,
+        config,
+        pipeline.clone(),
+        shutdown,
+    ));
+    Pare {
+        addr,
+        pipeline,
+        trigger: Some(trigger),
+        task: Some(task),
+    }
 }
 
 impl Pare {
     /// `http://127.0.0.1:PORT` + `path`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// Whether `run` is still running (serving or draining).
+    pub fn is_running(&self) -> bool {
+        self.task.as_ref().is_some_and(|task| !task.is_finished())
     }
 
     /// Signal shutdown without waiting for it.
@@ -80,6 +95,8 @@ impl Pare {
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
         self.trigger_shutdown();
         let task = self.task.take().expect("pare task");
-        super::within("pare to shut down", task).await.expect("pare task panicked")
+        super::within("pare to shut down", task)
+            .await
+            .expect("pare task panicked")
     }
 }
