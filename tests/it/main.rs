@@ -1,1 +1,6 @@
-//! x
+//! The integration tests: one binary, one module per area. `support` holds the stub upstream and an
+//! in-process pare that other modules reuse.
+
+mod support;
+
+mod proxy;
