@@ -1,1 +1,3 @@
-//! x
+//! The integration tests: one binary, one module per area.
+
+mod budget;
