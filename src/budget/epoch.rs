@@ -24,12 +24,35 @@ use serde::Deserialize;
 use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
+use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, TokenCounter, request_tokens};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
-use crate::compact::{CompactOptions, Engine};
+use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::{Config, Mode};
 use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::wire::{ChatBody, WireError};
+
+/// What the state machine needs from the engine: the pure `compact` seam. Implemented by
+/// [`Engine`]; tests substitute small engines with known behaviour.
+pub trait CompactEngine: Send + Sync {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> Compacted;
+}
+
+impl CompactEngine for Engine {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> Compacted {
+        Engine::compact(self, body, options, counter)
+    }
+}
 
 /// When compaction runs and how far it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,7 +108,7 @@ pub enum SeedError {
 
 /// The stateful [`ChatCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
 pub struct SessionCompactor {
-    engine: Arc<Engine>,
+    engine: Arc<dyn CompactEngine>,
     table: ModelTable,
     policy: EpochPolicy,
     counters: Vec<TokenCounter>,
@@ -126,7 +149,10 @@ struct Step {
 impl SessionCompactor {
     /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. Tokenizers are
     /// warmed here so that the first request does not pay for building them.
-    pub fn new(config: &Config, engine: Arc<Engine>) -> Result<SessionCompactor, ModelTableError> {
+    pub fn new(
+        config: &Config,
+        engine: Arc<dyn CompactEngine>,
+    ) -> Result<SessionCompactor, ModelTableError> {
         let table = ModelTable::from_config(config)?;
         let counters = table
             .encodings()

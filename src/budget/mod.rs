@@ -5,11 +5,13 @@
 //! - [`window`]: the model's context window (config, upstream detection, default) and answer reserve.
 //! - [`epoch`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::pipeline::ChatCompactor`].
+//! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
 
 pub mod epoch;
+pub mod replay;
 pub mod tokens;
 pub mod window;
 
-pub use epoch::{EpochPolicy, SeedError, SessionCompactor};
+pub use epoch::{CompactEngine, EpochPolicy, SeedError, SessionCompactor};
 pub use tokens::{CountTokens, Encoding, TokenCounter};
 pub use window::{ModelTable, WindowResolver};

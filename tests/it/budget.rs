@@ -343,3 +343,418 @@ async fn unreachable_upstream_falls_back_within_the_timeout() {
     assert_eq!(r.window(Some("m")).await, 5000);
     drop(listener);
 }
+
+// ---- the epoch state machine ----
+
+use std::sync::Mutex;
+
+use pare::budget::replay::{replay_session, session_lines};
+use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::{CompactOptions, Compacted};
+use pare::pipeline::CompactOutput;
+use pare::wire::ChatBody;
+use serde_json::{Value, json};
+
+/// A small engine with known behaviour: the last `tail_turns` assistant turns are protected; before
+/// them every tool output becomes `[elided]` (idempotent, keeps tool-call pairing). Records the
+/// targets it is given.
+struct MaskEngine {
+    tail_turns: usize,
+    targets: Mutex<Vec<Option<u64>>>,
+}
+
+impl MaskEngine {
+    fn new(tail_turns: usize) -> Arc<MaskEngine> {
+        Arc::new(MaskEngine {
+            tail_turns,
+            targets: Mutex::new(Vec::new()),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.targets.lock().unwrap().len()
+    }
+}
+
+fn role(raw: &str) -> String {
+    serde_json::from_str::<Value>(raw).unwrap()["role"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+impl CompactEngine for MaskEngine {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        _counter: &dyn CountTokens,
+    ) -> Compacted {
+        self.targets.lock().unwrap().push(options.target_tokens);
+        let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+        let assistants: Vec<usize> = (0..messages.len())
+            .filter(|i| role(messages[*i]) == "assistant")
+            .collect();
+        let boundary = if assistants.len() >= self.tail_turns {
+            assistants[assistants.len() - self.tail_turns]
+        } else {
+            0
+        };
+        let prefix = messages[..boundary]
+            .iter()
+            .map(|m| {
+                let mut v: Value = serde_json::from_str(m).unwrap();
+                if v["role"] == "tool" {
+                    v["content"] = json!("[elided]");
+                    v.to_string()
+                } else {
+                    (*m).to_owned()
+                }
+            })
+            .collect();
+        Compacted {
+            boundary,
+            prefix,
+            report: json!({"masked": boundary}),
+        }
+    }
+}
+
+/// A coding-agent-like session: system, user, then `n_turns` tool steps each with an output of
+/// about `words` tokens. Request k holds everything before the k-th assistant message.
+fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
+    ];
+    let mut requests = Vec::new();
+    for k in 0..n_turns {
+        requests.push(
+            json!({"model": "test-model", "messages": messages.clone(), "stream": true})
+                .to_string()
+                .into_bytes(),
+        );
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "terminal", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
+        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
+        messages
+            .push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
+    }
+    requests
+}
+
+fn compactor_with(yaml: &str, engine: Arc<dyn CompactEngine>) -> SessionCompactor {
+    SessionCompactor::new(&Config::from_yaml(yaml).unwrap(), engine).unwrap()
+}
+
+fn run(
+    compactor: &SessionCompactor,
+    session: &str,
+    requests: &[Vec<u8>],
+    window: u64,
+) -> Vec<(Vec<String>, CompactOutput)> {
+    requests
+        .iter()
+        .map(|raw| {
+            let body = ChatBody::parse(raw).unwrap();
+            let out = compactor.compact_body(session, &body, Some(window));
+            let forwarded = out.body.clone().unwrap_or_else(|| raw.clone());
+            let fb = ChatBody::parse(&forwarded).unwrap();
+            let messages = fb.messages.iter().map(|m| m.get().to_owned()).collect();
+            (messages, out)
+        })
+        .collect()
+}
+
+const WINDOW: u64 = 8192;
+const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n";
+
+#[test]
+fn epoch_mode_is_append_only_between_epochs() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
+    let epochs = results.last().unwrap().1.summary.epoch;
+    assert!(
+        epochs >= 2,
+        "the session should need several epochs, got {epochs}"
+    );
+    for pair in results.windows(2) {
+        let ((before, out_before), (after, out_after)) = (&pair[0], &pair[1]);
+        if out_before.summary.epoch == out_after.summary.epoch {
+            assert!(
+                after.len() >= before.len() && after[..before.len()] == before[..],
+                "not a pure append"
+            );
+        }
+    }
+}
+
+#[test]
+fn epoch_fires_at_high_water_and_lands_under_low_water() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let usable = (WINDOW - 1024) as f64;
+    let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
+    let mut previous_epoch = 0;
+    for (k, (_, out)) in results.iter().enumerate() {
+        let s = &out.summary;
+        if s.epoch == 0 {
+            assert!(
+                out.body.is_none(),
+                "request {k}: nothing compacted before the first epoch"
+            );
+            assert_eq!(s.tokens_raw, s.tokens_forwarded);
+        }
+        if s.epoch > previous_epoch {
+            assert_eq!(s.report["action"], "epoch");
+            assert!(
+                s.tokens_forwarded as f64 <= 0.5 * usable,
+                "request {k}: epoch landed at {}",
+                s.tokens_forwarded
+            );
+        } else {
+            assert!(
+                s.tokens_forwarded as f64 <= 0.75 * usable,
+                "request {k}: {} over high water",
+                s.tokens_forwarded
+            );
+        }
+        assert!(!s.over_window);
+        previous_epoch = s.epoch;
+    }
+    assert!(
+        results
+            .iter()
+            .any(|(_, o)| o.summary.tokens_raw as f64 > usable),
+        "raw must overflow for this test to mean something"
+    );
+}
+
+#[test]
+fn epoch_target_is_the_low_water_mark_of_the_usable_window() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with(RESERVE_YAML, engine.clone());
+    run(&compactor, "s", &coding_session(20, 150), WINDOW);
+    let targets = engine.targets.lock().unwrap().clone();
+    assert!(!targets.is_empty());
+    assert!(
+        targets
+            .iter()
+            .all(|t| *t == Some(((WINDOW - 1024) as f64 * 0.5) as u64)),
+        "{targets:?}"
+    );
+}
+
+#[test]
+fn compacted_prefix_is_sticky_across_requests() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with(RESERVE_YAML, engine.clone());
+    let requests = coding_session(40, 150);
+    let results = run(&compactor, "s", &requests, WINDOW);
+    let first_epoch = results
+        .iter()
+        .position(|(_, o)| o.summary.epoch == 1)
+        .unwrap();
+    let next = first_epoch + 1;
+    assert_eq!(results[next].1.summary.epoch, 1);
+    let (epoch_msgs, next_msgs) = (&results[first_epoch].0, &results[next].0);
+    assert_eq!(next_msgs[..epoch_msgs.len()], epoch_msgs[..]);
+    assert!(
+        next_msgs.iter().any(|m| m.contains("[elided]")),
+        "the compacted form is reused"
+    );
+    // Requests between epochs do not call the engine.
+    assert_eq!(
+        engine.calls() as u64,
+        results.last().unwrap().1.summary.epoch
+    );
+}
+
+#[test]
+fn edited_history_starts_fresh() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let requests = coding_session(30, 150);
+    let results = run(&compactor, "s", &requests[..20], WINDOW);
+    assert!(results.last().unwrap().1.summary.epoch >= 1);
+    // The agent rewrites its first user message (e.g. a retry with an edited prompt).
+    let edited = String::from_utf8(requests[20].clone())
+        .unwrap()
+        .replace("Fix the failing test", "Fix the flaky test");
+    let body = ChatBody::parse(edited.as_bytes()).unwrap();
+    let out = compactor.compact_body("s", &body, Some(WINDOW));
+    assert_eq!(out.summary.report["history_changed"], true);
+    let forwarded = out.body.unwrap_or_else(|| edited.clone().into_bytes());
+    let forwarded = String::from_utf8(forwarded).unwrap();
+    assert!(forwarded.contains("Fix the flaky test"));
+    assert!(out.summary.tokens_forwarded as f64 <= 0.75 * (WINDOW - 1024) as f64);
+}
+
+#[test]
+fn eager_mode_advances_every_polling_turns() {
+    let engine = MaskEngine::new(2);
+    let yaml = "compaction:\n  mode: eager\nbudget:\n  polling: 3\n  output_reserve: 1024\n";
+    let compactor = compactor_with(yaml, engine.clone());
+    // A large window: never at high water, so only polling advances the frontier.
+    let results = run(&compactor, "s", &coding_session(13, 40), 1_000_000);
+    let actions: Vec<&str> = results
+        .iter()
+        .map(|(_, o)| o.summary.report["action"].as_str().unwrap())
+        .collect();
+    let advances: Vec<usize> = actions
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a == "advance")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(advances, vec![0, 3, 6, 9, 12], "{actions:?}");
+    assert!(
+        engine.targets.lock().unwrap().iter().all(Option::is_none),
+        "no target below high water"
+    );
+    for (k, pair) in results.windows(2).enumerate() {
+        if actions[k + 1] == "append" {
+            let (before, after) = (&pair[0].0, &pair[1].0);
+            assert_eq!(
+                after[..before.len()],
+                before[..],
+                "request {}: not a pure append",
+                k + 1
+            );
+        }
+    }
+    let last = &results.last().unwrap().1.summary;
+    assert!(
+        last.tokens_forwarded < last.tokens_raw,
+        "eager compacts below high water"
+    );
+}
+
+#[test]
+fn off_mode_forwards_unchanged_and_still_counts() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with("compaction:\n  mode: off\n", engine.clone());
+    let requests = coding_session(30, 150);
+    let results = run(&compactor, "s", &requests, 4096);
+    for (_, out) in &results {
+        assert!(out.body.is_none());
+        assert_eq!(out.summary.tokens_raw, out.summary.tokens_forwarded);
+        assert!(out.summary.tokens_raw > 0);
+    }
+    assert!(results.last().unwrap().1.summary.over_window);
+    assert_eq!(engine.calls(), 0);
+}
+
+#[test]
+fn over_window_is_flagged_when_the_tail_alone_does_not_fit() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    // Two huge turns, both protected: nothing can be compacted.
+    let requests = coding_session(3, 3000);
+    let results = run(&compactor, "s", &requests, WINDOW);
+    let last = &results.last().unwrap().1.summary;
+    assert!(last.over_window);
+    assert_eq!(last.tokens_forwarded, last.tokens_raw, "forwarded anyway");
+}
+
+#[test]
+fn session_memory_is_bounded() {
+    let compactor = compactor_with("budget:\n  max_sessions: 2\n", MaskEngine::new(2));
+    let requests = coding_session(3, 10);
+    for session in ["a", "b", "c"] {
+        run(&compactor, session, &requests, WINDOW);
+    }
+    assert_eq!(compactor.n_sessions(), 2);
+}
+
+#[test]
+fn sessions_do_not_share_state() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let requests = coding_session(40, 150);
+    let a = run(&compactor, "a", &requests, WINDOW);
+    let b = run(&compactor, "b", &requests, WINDOW);
+    for ((fa, oa), (fb, ob)) in a.iter().zip(&b) {
+        assert_eq!(fa, fb);
+        assert_eq!(oa.summary, ob.summary);
+    }
+}
+
+#[test]
+fn seeding_from_an_archived_pair_restores_the_sticky_prefix() {
+    let requests = coding_session(40, 150);
+    let original = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let results = run(&original, "s", &requests, WINDOW);
+    let k = results
+        .iter()
+        .position(|(_, o)| o.summary.epoch == 1)
+        .unwrap()
+        + 1;
+    let forwarded_k = results[k].1.body.clone().unwrap();
+
+    let restarted = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    restarted
+        .seed("s", &requests[k], &forwarded_k, results[k].1.summary.epoch)
+        .unwrap();
+    let after = run(&restarted, "s", &requests[k + 1..], WINDOW);
+    for (i, (messages, out)) in after.iter().enumerate() {
+        assert_eq!(
+            messages,
+            &results[k + 1 + i].0,
+            "request {} differs after a restart",
+            k + 1 + i
+        );
+        assert_eq!(out.summary.epoch, results[k + 1 + i].1.summary.epoch);
+    }
+
+    let err = restarted
+        .seed("s", b"{not json", &forwarded_k, 1)
+        .unwrap_err();
+    assert!(err.to_string().contains("session `s`"), "{err}");
+}
+
+// ---- replay ----
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sessions");
+
+#[test]
+fn replay_is_deterministic_and_matches_the_compactor_path() {
+    let path = format!("{FIXTURES}/swe-agent/function_calling_simple.jsonl");
+    let run_cli = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+            .args(["replay", "--window", "4096", &path])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let first = run_cli();
+    assert_eq!(
+        first,
+        run_cli(),
+        "same input and config give the same bytes"
+    );
+
+    let text = std::fs::read(&path).unwrap();
+    let lines = session_lines(&text);
+    let compactor = SessionCompactor::new(
+        &Config::default(),
+        Arc::new(pare::compact::Engine::default_pack()),
+    )
+    .unwrap();
+    let library: Vec<u8> = replay_session(&compactor, &path, &lines, Some(4096))
+        .into_iter()
+        .flat_map(|r| r.forwarded.into_iter().chain(std::iter::once(b'\n')))
+        .collect();
+    assert_eq!(first, library);
+    assert_eq!(session_lines(&first).len(), lines.len());
+}
+
+#[test]
+fn replay_forwards_unparseable_lines_unchanged() {
+    let compactor = compactor_with("", MaskEngine::new(2));
+    let good = coding_session(2, 5);
+    let lines: Vec<&[u8]> = vec![&good[0], b"{broken", &good[1]];
+    let out = replay_session(&compactor, "s", &lines, Some(WINDOW));
+    assert_eq!(out[1].forwarded, b"{broken");
+    assert!(out[1].summary.is_none() && out[1].skipped.is_some());
+    assert!(out[2].summary.is_some());
+}
