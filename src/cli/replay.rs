@@ -26,11 +26,19 @@ pub(crate) fn compactor(
     config: &Config,
     mode: Option<ModeArg>,
 ) -> anyhow::Result<SessionCompactor> {
+    compactor_with_engine(config, mode, Arc::new(Engine::default_pack()))
+}
+
+/// [`compactor`] over a given engine (eval shares the engine to find protected tails).
+pub(crate) fn compactor_with_engine(
+    config: &Config,
+    mode: Option<ModeArg>,
+    engine: Arc<Engine>,
+) -> anyhow::Result<SessionCompactor> {
     let mut config = config.clone();
     if let Some(mode) = mode {
         config.compaction.mode = mode_of(mode);
     }
-    let engine = Arc::new(Engine::default_pack());
     Ok(SessionCompactor::new(&config, engine)?)
 }
 

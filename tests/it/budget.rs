@@ -358,13 +358,13 @@ use serde_json::{Value, json};
 /// A small engine with known behaviour: the last `tail_turns` assistant turns are protected; before
 /// them every tool output becomes `[elided]` (idempotent, keeps tool-call pairing). Records the
 /// targets it is given.
-struct MaskEngine {
+pub(crate) struct MaskEngine {
     tail_turns: usize,
     targets: Mutex<Vec<Option<u64>>>,
 }
 
 impl MaskEngine {
-    fn new(tail_turns: usize) -> Arc<MaskEngine> {
+    pub(crate) fn new(tail_turns: usize) -> Arc<MaskEngine> {
         Arc::new(MaskEngine {
             tail_turns,
             targets: Mutex::new(Vec::new()),

@@ -1,3 +1,4 @@
 //! The integration tests: one binary, one module per area.
 
 mod budget;
+mod eval;
