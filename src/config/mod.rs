@@ -196,6 +196,19 @@ pub struct BudgetConfig {
     pub tiers: TierBudgets,
     /// Sessions whose compaction state is kept in memory (least recently used are dropped).
     pub max_sessions: usize,
+    /// Tokens counted for one image part (images are never tokenized as text). 765 is what OpenAI
+    /// charges for a 1024×1024 image at high detail.
+    pub image_tokens: u64,
+    /// Messages whose token counts are cached (by content hash); a warm request then tokenizes only
+    /// the messages it adds.
+    pub token_cache_entries: usize,
+    /// Time allowed for one window-detection probe of the upstream, in milliseconds.
+    pub detect_timeout_ms: u64,
+    /// After a failed detection, wait this long before asking the upstream again, in seconds.
+    pub detect_retry_secs: u64,
+    /// A detected window is trusted this long (a local server may be restarted with another
+    /// context size), in seconds.
+    pub detect_ttl_secs: u64,
 }
 
 impl Default for BudgetConfig {
@@ -211,6 +224,11 @@ impl Default for BudgetConfig {
             salience: SalienceConfig::default(),
             tiers: TierBudgets::default(),
             max_sessions: 256,
+            image_tokens: 765,
+            token_cache_entries: 131_072,
+            detect_timeout_ms: 2_000,
+            detect_retry_secs: 60,
+            detect_ttl_secs: 600,
         }
     }
 }

@@ -3,5 +3,7 @@
 
 mod support;
 
+mod budget;
 mod compact;
+mod eval;
 mod proxy;
