@@ -1,1 +1,3 @@
-//! x
+//! pare's integration tests: one binary, one module per area.
+
+mod archive;
