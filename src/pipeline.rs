@@ -57,10 +57,7 @@ pub struct IdentityCompactor;
 
 impl ChatCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput {
-            body: None,
-            summary: CompactionSummary::default(),
-        })
+        Ok(CompactOutput { body: None, summary: CompactionSummary::default() })
     }
 }
 
@@ -119,13 +116,7 @@ pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
         let sessions = Arc::new(SessionTracker::new(&config.archive));
-        Pipeline {
-            config,
-            compactor,
-            stats: PipelineStats::default(),
-            sessions,
-            archive: None,
-        }
+        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None }
     }
 
     /// Record every exchange in `archive`, and rebuild the session tracker from the sessions it holds
@@ -165,8 +156,7 @@ impl Pipeline {
 
     /// Prepare one chat request for forwarding. Never fails: the worst case forwards `raw` unchanged.
     pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw)
-            .await
+        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
     }
 
     /// [`Pipeline::prepare_chat`] recording the request's method and path.
@@ -174,22 +164,12 @@ impl Pipeline {
     /// Order: assign the session, compact (pure, in memory, fail-open), hand the raw and forwarded
     /// bodies to the archive — in `strict` durability wait until that record is committed — and return
     /// the body to forward with a [`ResponseSink`] that records the answer.
-    pub async fn prepare_chat_at(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &HeaderMap,
-        raw: Bytes,
-    ) -> PreparedChat {
+    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
         let parsed = ChatBody::parse(&raw);
         let assignment = self.sessions.assign(headers, parsed.as_ref().ok());
         let session = assignment.session.clone();
         let (model, request_stream) = match &parsed {
-            Ok(body) => (
-                body.model(),
-                body.field("stream")
-                    .is_some_and(|v| v.get().trim() == "true"),
-            ),
+            Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
             Err(_) => (None, false),
         };
         let (forward, summary, skipped) = match &parsed {
@@ -221,9 +201,7 @@ impl Pipeline {
                     Durability::Strict => {
                         let (ticket, committed) = archive.record_exchange_committed(record).await;
                         if let Err(err) = committed {
-                            self.stats
-                                .strict_unconfirmed
-                                .fetch_add(1, Ordering::Relaxed);
+                            self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
                             tracing::error!(session = %session, error = %err,
                                 "strict archive: raw request not confirmed committed; forwarding anyway");
                         }
@@ -233,20 +211,9 @@ impl Pipeline {
                 Some((Arc::clone(archive), ticket))
             }
         };
-        let sink = ArchiveSink::new(
-            ticket,
-            Arc::clone(&self.sessions),
-            session.clone(),
-            assignment.key_req,
-            request_stream,
-        );
-        PreparedChat {
-            body: forward,
-            session: Some(session),
-            summary,
-            skipped,
-            sink: Some(Box::new(sink)),
-        }
+        let sink =
+            ArchiveSink::new(ticket, Arc::clone(&self.sessions), session.clone(), assignment.key_req, request_stream);
+        PreparedChat { body: forward, session: Some(session), summary, skipped, sink: Some(Box::new(sink)) }
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged.
@@ -256,37 +223,20 @@ impl Pipeline {
         raw: &Bytes,
         body: &ChatBody<'_>,
     ) -> (Bytes, Option<CompactionSummary>, Option<String>) {
-        let input = CompactInput {
-            session,
-            raw,
-            body,
-            window: None,
-        };
+        let input = CompactInput { session, raw, body, window: None };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
         match result {
-            Ok(Ok(out)) => (
-                out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()),
-                Some(out.summary),
-                None,
-            ),
+            Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
             Ok(Err(err)) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %format!("{err:#}"), "compaction failed; forwarding the original request");
-                (
-                    raw.clone(),
-                    None,
-                    Some(format!("compaction failed: {err:#}")),
-                )
+                (raw.clone(), None, Some(format!("compaction failed: {err:#}")))
             }
             Err(panic) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 let what = panic_message(&panic);
                 tracing::error!(panic = %what, "compaction panicked; forwarding the original request");
-                (
-                    raw.clone(),
-                    None,
-                    Some(format!("compaction panicked: {what}")),
-                )
+                (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
         }
     }

@@ -53,19 +53,14 @@ const KEY_MEMO: usize = 200_000;
 pub fn valid_session_id(id: &str) -> bool {
     (1..=128).contains(&id.len())
         && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 /// A new time-sortable session id (a ULID; monotonic within the process, so ids sort in creation order).
 pub fn new_session_id() -> String {
     static GENERATOR: Mutex<ulid::Generator> = Mutex::new(ulid::Generator::new());
     let mut generator = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
-    generator
-        .generate()
-        .unwrap_or_else(|_| ulid::Ulid::generate())
-        .to_string()
+    generator.generate().unwrap_or_else(|_| ulid::Ulid::generate()).to_string()
 }
 
 /// The normalized key of a message given as JSON text.
@@ -86,34 +81,17 @@ pub fn message_key_value(message: &Value) -> u64 {
     buf.push(0xff);
     if let Some(Value::Array(calls)) = message.get("tool_calls") {
         for call in calls {
-            buf.extend_from_slice(
-                call.get("id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .as_bytes(),
-            );
+            buf.extend_from_slice(call.get("id").and_then(Value::as_str).unwrap_or("").as_bytes());
             buf.push(0xfe);
             let function = field(call, "function");
-            buf.extend_from_slice(
-                function
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .as_bytes(),
-            );
+            buf.extend_from_slice(function.get("name").and_then(Value::as_str).unwrap_or("").as_bytes());
             buf.push(0xfe);
             buf.extend_from_slice(canonical_arguments(function.get("arguments")).as_bytes());
             buf.push(0xfd);
         }
     }
     buf.push(0xff);
-    buf.extend_from_slice(
-        message
-            .get("tool_call_id")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .as_bytes(),
-    );
+    buf.extend_from_slice(message.get("tool_call_id").and_then(Value::as_str).unwrap_or("").as_bytes());
     xxh3_64(&buf)
 }
 
@@ -220,8 +198,7 @@ impl Inner {
     /// Make `session` the most recently used, tracking it if new; forgets evicted sessions' keys.
     fn touch(&mut self, session: &str) -> &mut Tracked {
         if !self.sessions.contains(session)
-            && let Some((evicted, state)) =
-                self.sessions.push(session.to_owned(), Tracked::default())
+            && let Some((evicted, state)) = self.sessions.push(session.to_owned(), Tracked::default())
             && evicted != session
         {
             for key in state.ext_keys {
@@ -241,9 +218,7 @@ impl Inner {
             return;
         }
         tracked.ext_keys.push_back(key);
-        let dropped = (tracked.ext_keys.len() > EXT_KEYS_PER_SESSION)
-            .then(|| tracked.ext_keys.pop_front())
-            .flatten();
+        let dropped = (tracked.ext_keys.len() > EXT_KEYS_PER_SESSION).then(|| tracked.ext_keys.pop_front()).flatten();
         if let Some(old) = dropped {
             remove_from(&mut self.ext, old, session);
         }
@@ -262,19 +237,13 @@ impl SessionTracker {
     pub fn new(config: &ArchiveConfig) -> SessionTracker {
         let capacity = NonZeroUsize::new(config.tracked_sessions.max(1)).expect("max(1)");
         SessionTracker {
-            headers: config
-                .session_headers
-                .iter()
-                .map(|h| h.to_ascii_lowercase())
-                .collect(),
+            headers: config.session_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
             inner: Mutex::new(Inner {
                 sessions: LruCache::new(capacity),
                 ext: HashMap::new(),
                 pending: HashMap::new(),
             }),
-            memo: Mutex::new(LruCache::new(
-                NonZeroUsize::new(KEY_MEMO).expect("non-zero"),
-            )),
+            memo: Mutex::new(LruCache::new(NonZeroUsize::new(KEY_MEMO).expect("non-zero"))),
         }
     }
 
@@ -296,10 +265,7 @@ impl SessionTracker {
 
     /// Normalized keys of a request's messages, reusing the keys of messages seen before.
     pub fn message_keys(&self, messages: &[&RawValue]) -> Vec<u64> {
-        let raw_hashes: Vec<u128> = messages
-            .iter()
-            .map(|m| xxh3_128(m.get().as_bytes()))
-            .collect();
+        let raw_hashes: Vec<u128> = messages.iter().map(|m| xxh3_128(m.get().as_bytes())).collect();
         let mut keys: Vec<Option<u64>> = {
             let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
             raw_hashes.iter().map(|h| memo.get(h).copied()).collect()
@@ -329,11 +295,7 @@ impl SessionTracker {
                 Some(s) => (s, Assigned::Header),
                 None => (new_session_id(), Assigned::New),
             };
-            return Assignment {
-                session,
-                key_req: None,
-                how,
-            };
+            return Assignment { session, key_req: None, how };
         };
         let prefixes = prefix_keys(&self.message_keys(&body.messages));
         let key_req = prefixes.last().copied();
@@ -347,11 +309,7 @@ impl SessionTracker {
             tracked.pending.push(key);
             inner.pending.entry(key).or_default().push(session.clone());
         }
-        Assignment {
-            session,
-            key_req,
-            how,
-        }
+        Assignment { session, key_req, how }
     }
 
     /// The answer to a request completed: register "request + answer" as the session's head.
@@ -383,11 +341,7 @@ impl SessionTracker {
 
     /// Number of sessions currently tracked in memory.
     pub fn n_tracked(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .sessions
-            .len()
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).sessions.len()
     }
 }
 
@@ -405,12 +359,7 @@ fn choose(inner: &mut Inner, prefixes: &[u64]) -> (String, Assigned) {
         let Some(candidates) = inner.ext.get(key) else {
             continue;
         };
-        let head = candidates.iter().find(|s| {
-            inner
-                .sessions
-                .peek(s.as_str())
-                .is_some_and(|t| t.head == Some(*key))
-        });
+        let head = candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
         if let Some(session) = head.cloned() {
             if let Some(t) = inner.sessions.get_mut(&session) {
                 t.head = None;
@@ -466,8 +415,7 @@ mod tests {
 
     #[test]
     fn normalization_ignores_cosmetic_differences() {
-        let a =
-            json!({"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "out"});
+        let a = json!({"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "out"});
         let b = json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "out\n"}]});
         assert_eq!(message_key_value(&a), message_key_value(&b));
         let c1 = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}], "reasoning_content": "hmm"});
@@ -477,10 +425,7 @@ mod tests {
             message_key_value(&a),
             message_key_value(&json!({"role": "tool", "tool_call_id": "c2", "content": "out"}))
         );
-        assert_ne!(
-            message_key_value(&user("a")),
-            message_key_value(&json!({"role": "system", "content": "a"}))
-        );
+        assert_ne!(message_key_value(&user("a")), message_key_value(&json!({"role": "system", "content": "a"})));
     }
 
     #[test]
@@ -489,14 +434,8 @@ mod tests {
         let first = assign(&t, &[sys(), user("fix it")]);
         assert_eq!(first.how, Assigned::New);
         t.answered(&first.session, first.key_req, &call("c1"));
-        let second = assign(
-            &t,
-            &[sys(), user("fix it"), call("c1"), result("c1", "code")],
-        );
-        assert_eq!(
-            (second.session.as_str(), second.how),
-            (first.session.as_str(), Assigned::Extends)
-        );
+        let second = assign(&t, &[sys(), user("fix it"), call("c1"), result("c1", "code")]);
+        assert_eq!((second.session.as_str(), second.how), (first.session.as_str(), Assigned::Extends));
         // Hermes resumes without the tool `name`: still the same session.
         t.answered(&second.session, second.key_req, &call("c2"));
         let third = assign(
@@ -510,10 +449,7 @@ mod tests {
                 result("c2", "more"),
             ],
         );
-        assert_eq!(
-            (third.session.as_str(), third.how),
-            (first.session.as_str(), Assigned::Extends)
-        );
+        assert_eq!((third.session.as_str(), third.how), (first.session.as_str(), Assigned::Extends));
     }
 
     #[test]
@@ -528,10 +464,7 @@ mod tests {
         t.answered(&b1.session, b1.key_req, &call("c1"));
         let a2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "A")]);
         let b2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "B")]);
-        assert_eq!(
-            a2.session, a1.session,
-            "the first to answer is continued first"
-        );
+        assert_eq!(a2.session, a1.session, "the first to answer is continued first");
         assert_eq!(b2.session, b1.session);
         assert_eq!((a2.how, b2.how), (Assigned::Extends, Assigned::Extends));
     }
@@ -544,10 +477,7 @@ mod tests {
         let r2 = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
         t.answered(&r2.session, r2.key_req, &call("c2"));
         let again = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
-        assert_eq!(
-            (again.session.as_str(), again.how),
-            (s.session.as_str(), Assigned::Branch)
-        );
+        assert_eq!((again.session.as_str(), again.how), (s.session.as_str(), Assigned::Branch));
     }
 
     #[test]
@@ -555,10 +485,7 @@ mod tests {
         let t = tracker();
         let s = assign(&t, &[sys(), user("go")]);
         let next = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
-        assert_eq!(
-            (next.session.as_str(), next.how),
-            (s.session.as_str(), Assigned::Pending)
-        );
+        assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Pending));
     }
 
     #[test]
@@ -581,10 +508,7 @@ mod tests {
 
     #[test]
     fn the_tracker_is_bounded_and_forgets_evicted_sessions() {
-        let config = ArchiveConfig {
-            tracked_sessions: 2,
-            ..ArchiveConfig::default()
-        };
+        let config = ArchiveConfig { tracked_sessions: 2, ..ArchiveConfig::default() };
         let t = SessionTracker::new(&config);
         let first = assign(&t, &[sys(), user("one")]);
         t.answered(&first.session, first.key_req, &call("c1"));
@@ -605,9 +529,6 @@ mod tests {
         let after = tracker();
         after.seed(&s.session, [ext]);
         let next = assign(&after, &[sys(), user("go"), call("c1"), result("c1", "x")]);
-        assert_eq!(
-            (next.session.as_str(), next.how),
-            (s.session.as_str(), Assigned::Extends)
-        );
+        assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Extends));
     }
 }

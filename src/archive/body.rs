@@ -38,13 +38,7 @@ pub struct MessagesPiece<'a> {
 
 /// Split a body. A body that is not a JSON object with a `messages` array is one blob.
 pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
-    split_json(body).unwrap_or_else(|| {
-        if body.is_empty() {
-            Vec::new()
-        } else {
-            vec![Piece::Blob(body)]
-        }
-    })
+    split_json(body).unwrap_or_else(|| if body.is_empty() { Vec::new() } else { vec![Piece::Blob(body)] })
 }
 
 fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
@@ -75,9 +69,7 @@ fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
             pieces.push(Piece::Lit(&body[at..start]));
         }
         if is_messages {
-            pieces.push(Piece::Messages(split_messages(
-                body, start, end, &messages,
-            )?));
+            pieces.push(Piece::Messages(split_messages(body, start, end, &messages)?));
         } else {
             pieces.push(Piece::Blob(&body[start..end]));
         }
@@ -89,12 +81,7 @@ fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     Some(pieces)
 }
 
-fn split_messages<'a>(
-    body: &'a [u8],
-    start: usize,
-    end: usize,
-    messages: &[&RawValue],
-) -> Option<MessagesPiece<'a>> {
+fn split_messages<'a>(body: &'a [u8], start: usize, end: usize, messages: &[&RawValue]) -> Option<MessagesPiece<'a>> {
     let mut items = Vec::with_capacity(messages.len());
     let mut at = start;
     let mut open: &[u8] = &body[start..start];
@@ -112,11 +99,7 @@ fn split_messages<'a>(
         }
         at = m_end;
     }
-    Some(MessagesPiece {
-        open,
-        items,
-        close: &body[at..end],
-    })
+    Some(MessagesPiece { open, items, close: &body[at..end] })
 }
 
 /// One entry of a stored message list: the separator before the message and the message's blob id.
@@ -173,10 +156,7 @@ impl<'a> Reader<'a> {
     fn varint(&mut self) -> Result<u64, TemplateError> {
         let mut v: u64 = 0;
         for shift in (0..64).step_by(7) {
-            let (&b, rest) = self
-                .buf
-                .split_first()
-                .ok_or(TemplateError("truncated varint"))?;
+            let (&b, rest) = self.buf.split_first().ok_or(TemplateError("truncated varint"))?;
             self.buf = rest;
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
@@ -257,13 +237,7 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Part>, TemplateError> {
                     let sep = r.bytes()?.to_vec();
                     new.push(Item { sep, blob: r.id()? });
                 }
-                Part::Messages(StoredMessages {
-                    base,
-                    n_shared,
-                    open,
-                    new,
-                    close,
-                })
+                Part::Messages(StoredMessages { base, n_shared, open, new, close })
             }
             _ => return Err(TemplateError("unknown part tag")),
         });
@@ -346,12 +320,7 @@ mod tests {
         ];
         for body in cases {
             let pieces = split(body);
-            assert_eq!(
-                join(&pieces),
-                body.to_vec(),
-                "body {:?}",
-                String::from_utf8_lossy(body)
-            );
+            assert_eq!(join(&pieces), body.to_vec(), "body {:?}", String::from_utf8_lossy(body));
         }
     }
 
@@ -359,17 +328,12 @@ mod tests {
     fn messages_and_large_values_become_blobs() {
         let body = br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]}"#;
         let pieces = split(body);
-        let Some(Piece::Messages(m)) = pieces.iter().find(|p| matches!(p, Piece::Messages(_)))
-        else {
+        let Some(Piece::Messages(m)) = pieces.iter().find(|p| matches!(p, Piece::Messages(_))) else {
             panic!("no messages piece in {pieces:?}")
         };
         assert_eq!(m.items.len(), 2);
         assert_eq!(m.items[1].0, b",");
-        assert!(
-            pieces
-                .iter()
-                .any(|p| matches!(p, Piece::Blob(b) if b.starts_with(b"[{\"type\"")))
-        );
+        assert!(pieces.iter().any(|p| matches!(p, Piece::Blob(b) if b.starts_with(b"[{\"type\""))));
     }
 
     #[test]
@@ -380,16 +344,7 @@ mod tests {
                 base: 17,
                 n_shared: 300,
                 open: b"[".to_vec(),
-                new: vec![
-                    Item {
-                        sep: b",".to_vec(),
-                        blob: 1 << 40,
-                    },
-                    Item {
-                        sep: Vec::new(),
-                        blob: 3,
-                    },
-                ],
+                new: vec![Item { sep: b",".to_vec(), blob: 1 << 40 }, Item { sep: Vec::new(), blob: 3 }],
                 close: b"]".to_vec(),
             }),
             Part::Blob(5),

@@ -42,17 +42,11 @@ use crate::pipeline::{CompactionSummary, StreamEnd};
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error("cannot open archive {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
+    Open { path: PathBuf, source: rusqlite::Error },
     #[error("no archive at {0} (run `pare serve` first, or pass --archive DIR)")]
     NoStore(PathBuf),
     #[error("archive i/o on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("archive database: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("blob {0} is missing")]
@@ -79,23 +73,13 @@ pub enum ArchiveError {
 
 impl ArchiveError {
     fn open(path: &Path, source: rusqlite::Error) -> ArchiveError {
-        ArchiveError::Open {
-            path: path.to_owned(),
-            source,
-        }
+        ArchiveError::Open { path: path.to_owned(), source }
     }
 }
 
 /// Request headers never stored, whatever the configuration says.
-pub const ALWAYS_REDACTED: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "cookie",
-    "set-cookie",
-    "x-pare-token",
-];
+pub const ALWAYS_REDACTED: &[&str] =
+    &["authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie", "x-pare-token"];
 
 /// The request headers worth keeping, secrets removed (see [`ALWAYS_REDACTED`] and `archive.redact_headers`).
 pub fn keep_headers(headers: &HeaderMap, redact: &[String]) -> Vec<(String, String)> {
@@ -105,21 +89,13 @@ pub fn keep_headers(headers: &HeaderMap, redact: &[String]) -> Vec<(String, Stri
             let name = name.as_str();
             !ALWAYS_REDACTED.contains(&name) && !redact.iter().any(|r| r.eq_ignore_ascii_case(name))
         })
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect()
 }
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
 }
 
 /// One chat request, as handed to the archive.
@@ -258,11 +234,7 @@ impl Archive {
     /// directory, a file where the directory should be…) gives an archive that counts every record as
     /// lost, reports it in [`Archive::health`], and retries opening every few seconds.
     pub fn open(config: &ArchiveConfig) -> Arc<Archive> {
-        Archive::start(
-            config.resolved_dir(),
-            config.durability,
-            Duration::from_millis(config.flush_interval_ms),
-        )
+        Archive::start(config.resolved_dir(), config.durability, Duration::from_millis(config.flush_interval_ms))
     }
 
     /// Start the archive in `dir`.
@@ -303,10 +275,7 @@ impl Archive {
         let size = job.size();
         let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
         if size > 0 && waiting + size > MAX_QUEUE_BYTES {
-            self.shared.fail(
-                1,
-                format!("queue full: {waiting} bytes waiting for the disk"),
-            );
+            self.shared.fail(1, format!("queue full: {waiting} bytes waiting for the disk"));
             return Err(ArchiveError::QueueFull(waiting));
         }
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
@@ -331,28 +300,17 @@ impl Archive {
     /// Hand an exchange to the writer; never waits on the disk.
     pub fn record_exchange(&self, record: ExchangeRecord) -> Ticket {
         let ticket = self.ticket();
-        let _ = self.send(Job::Exchange {
-            ticket,
-            record: Box::new(record),
-            ack: None,
-        });
+        let _ = self.send(Job::Exchange { ticket, record: Box::new(record), ack: None });
         ticket
     }
 
     /// Hand an exchange to the writer and wait until it is committed (at most
     /// [`STRICT_COMMIT_TIMEOUT`]). An error means the record may not be stored; it is already
     /// counted and logged, the caller forwards anyway (fail-open).
-    pub async fn record_exchange_committed(
-        &self,
-        record: ExchangeRecord,
-    ) -> (Ticket, Result<(), ArchiveError>) {
+    pub async fn record_exchange_committed(&self, record: ExchangeRecord) -> (Ticket, Result<(), ArchiveError>) {
         let ticket = self.ticket();
         let (ack, done) = tokio::sync::oneshot::channel();
-        if let Err(e) = self.send(Job::Exchange {
-            ticket,
-            record: Box::new(record),
-            ack: Some(ack),
-        }) {
+        if let Err(e) = self.send(Job::Exchange { ticket, record: Box::new(record), ack: Some(ack) }) {
             return (ticket, Err(e));
         }
         let result = match tokio::time::timeout(STRICT_COMMIT_TIMEOUT, done).await {
@@ -366,10 +324,7 @@ impl Archive {
 
     /// Hand the response of an exchange to the writer; never waits on the disk.
     pub fn record_response(&self, ticket: Ticket, record: ResponseRecord) {
-        let _ = self.send(Job::Response {
-            ticket,
-            record: Box::new(record),
-        });
+        let _ = self.send(Job::Response { ticket, record: Box::new(record) });
     }
 
     /// Wait until every record handed over before this call is committed (or counted as lost).
@@ -382,9 +337,7 @@ impl Archive {
     /// [`Archive::flush`] for async callers (runs on the blocking pool).
     pub async fn flush_async(self: &Arc<Self>) -> Result<(), ArchiveError> {
         let me = Arc::clone(self);
-        tokio::task::spawn_blocking(move || me.flush())
-            .await
-            .unwrap_or(Err(ArchiveError::Closed))
+        tokio::task::spawn_blocking(move || me.flush()).await.unwrap_or(Err(ArchiveError::Closed))
     }
 
     /// Commit everything queued, stop the writer and wait for it. Later records are counted as lost.
@@ -415,12 +368,7 @@ impl Archive {
             queue_depth: self.shared.queue_depth.load(Ordering::Relaxed),
             committed_records: self.shared.committed.load(Ordering::Relaxed),
             lost_records: self.shared.lost.load(Ordering::Relaxed),
-            last_error: self
-                .shared
-                .last_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            last_error: self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }

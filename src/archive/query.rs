@@ -98,15 +98,12 @@ fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
     })
 }
 
-const SESSION_COLUMNS: &str =
-    "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded";
+const SESSION_COLUMNS: &str = "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded";
 
 impl ArchiveReader {
     /// Open the store in `dir` read-only.
     pub fn open(dir: &Path) -> Result<ArchiveReader, ArchiveError> {
-        Ok(ArchiveReader {
-            conn: store::open_ro(dir)?,
-        })
+        Ok(ArchiveReader { conn: store::open_ro(dir)? })
     }
 
     pub fn conn(&self) -> &Connection {
@@ -121,20 +118,13 @@ impl ArchiveReader {
                AND (?3 IS NULL OR id = ?3)
              ORDER BY started_ms, id"
         ))?;
-        let rows = stmt.query_map(
-            params![filter.since_ms, filter.model, filter.session],
-            session_info,
-        )?;
+        let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session], session_info)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ArchiveError> {
         self.conn
-            .query_row(
-                &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
-                [id],
-                session_info,
-            )
+            .query_row(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"), [id], session_info)
             .optional()?
             .ok_or_else(|| ArchiveError::NoSession(id.to_owned()))
     }
@@ -165,16 +155,9 @@ impl ArchiveReader {
 
     fn exchange_id(&self, session: &str, seq: i64) -> Result<i64, ArchiveError> {
         self.conn
-            .query_row(
-                "SELECT id FROM exchanges WHERE session = ?1 AND seq = ?2",
-                params![session, seq],
-                |r| r.get(0),
-            )
+            .query_row("SELECT id FROM exchanges WHERE session = ?1 AND seq = ?2", params![session, seq], |r| r.get(0))
             .optional()?
-            .ok_or_else(|| ArchiveError::NoRequest {
-                session: session.to_owned(),
-                seq,
-            })
+            .ok_or_else(|| ArchiveError::NoRequest { session: session.to_owned(), seq })
     }
 
     /// The exact bytes of request `seq` (1-based) of a session.
@@ -219,11 +202,7 @@ impl ArchiveReader {
     pub fn last_bodies(&self, session: &str) -> Result<Option<LastBodies>, ArchiveError> {
         let last: Option<i64> = self
             .conn
-            .query_row(
-                "SELECT max(seq) FROM exchanges WHERE session = ?1",
-                [session],
-                |r| r.get(0),
-            )
+            .query_row("SELECT max(seq) FROM exchanges WHERE session = ?1", [session], |r| r.get(0))
             .optional()?
             .flatten();
         let Some(seq) = last else { return Ok(None) };
@@ -236,19 +215,12 @@ impl ArchiveReader {
 
     /// The `limit` most recently active sessions with their answers' session keys (oldest first):
     /// what [`crate::session::SessionTracker::seed`] takes at start.
-    pub fn recent_session_keys(
-        &self,
-        limit: usize,
-    ) -> Result<Vec<(String, Vec<u64>)>, ArchiveError> {
-        let mut stmt = self
+    pub fn recent_session_keys(&self, limit: usize) -> Result<Vec<(String, Vec<u64>)>, ArchiveError> {
+        let mut stmt = self.conn.prepare("SELECT id FROM sessions ORDER BY last_ms DESC LIMIT ?1")?;
+        let ids: Vec<String> = stmt.query_map([limit as i64], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        let mut keys = self
             .conn
-            .prepare("SELECT id FROM sessions ORDER BY last_ms DESC LIMIT ?1")?;
-        let ids: Vec<String> = stmt
-            .query_map([limit as i64], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        let mut keys = self.conn.prepare(
-            "SELECT key_ext FROM responses WHERE session = ?1 AND key_ext IS NOT NULL ORDER BY chain_idx",
-        )?;
+            .prepare("SELECT key_ext FROM responses WHERE session = ?1 AND key_ext IS NOT NULL ORDER BY chain_idx")?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids.into_iter().rev() {
             let ks: Vec<u64> = keys
@@ -266,29 +238,18 @@ impl ArchiveReader {
 pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, ArchiveError> {
     let mut conn = store::open_rw(dir)?;
     let tx = conn.transaction()?;
-    let exists: bool = tx.query_row(
-        "SELECT count(*) FROM sessions WHERE id = ?1",
-        [session],
-        |r| r.get::<_, i64>(0),
-    )? > 0;
-    let n_exchanges: i64 = tx.query_row(
-        "SELECT count(*) FROM exchanges WHERE session = ?1",
-        [session],
-        |r| r.get(0),
-    )?;
+    let exists: bool =
+        tx.query_row("SELECT count(*) FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))? > 0;
+    let n_exchanges: i64 =
+        tx.query_row("SELECT count(*) FROM exchanges WHERE session = ?1", [session], |r| r.get(0))?;
     if !exists && n_exchanges == 0 {
         return Err(ArchiveError::NoSession(session.to_owned()));
     }
     let responses = tx.execute("DELETE FROM responses WHERE session = ?1", [session])?;
     let exchanges = tx.execute("DELETE FROM exchanges WHERE session = ?1", [session])?;
     tx.execute("DELETE FROM sessions WHERE id = ?1", [session])?;
-    tx.execute_batch(
-        "CREATE TEMP TABLE IF NOT EXISTS freed (id INTEGER PRIMARY KEY); DELETE FROM temp.freed;",
-    )?;
-    tx.execute(
-        "INSERT INTO temp.freed SELECT blob FROM session_blobs WHERE session = ?1",
-        [session],
-    )?;
+    tx.execute_batch("CREATE TEMP TABLE IF NOT EXISTS freed (id INTEGER PRIMARY KEY); DELETE FROM temp.freed;")?;
+    tx.execute("INSERT INTO temp.freed SELECT blob FROM session_blobs WHERE session = ?1", [session])?;
     tx.execute("DELETE FROM session_blobs WHERE session = ?1", [session])?;
     let blobs_freed = tx.execute(
         "DELETE FROM blobs WHERE id IN (SELECT id FROM temp.freed)
@@ -297,9 +258,5 @@ pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, Archive
     )?;
     tx.execute("DELETE FROM temp.freed", [])?;
     tx.commit()?;
-    Ok(DeleteReport {
-        exchanges,
-        responses,
-        blobs_freed,
-    })
+    Ok(DeleteReport { exchanges, responses, blobs_freed })
 }

@@ -24,21 +24,13 @@ pub enum BodyKind {
 const MAX_DELTA_DEPTH: usize = 100_000;
 
 /// The decoded template of one body of an exchange.
-pub fn template(
-    conn: &Connection,
-    exchange: i64,
-    kind: BodyKind,
-) -> Result<Vec<Part>, ArchiveError> {
+pub fn template(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<Part>, ArchiveError> {
     template_of(conn, exchange, kind).map(|(parts, _)| parts)
 }
 
 /// The decoded template and the kind it was actually stored as: a forwarded body identical to the raw
 /// one is not stored, and its message list (and the deltas below it) are the raw ones.
-pub fn template_of(
-    conn: &Connection,
-    exchange: i64,
-    kind: BodyKind,
-) -> Result<(Vec<Part>, BodyKind), ArchiveError> {
+pub fn template_of(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<(Vec<Part>, BodyKind), ArchiveError> {
     let (raw, fwd): (Vec<u8>, Option<Vec<u8>>) = conn
         .prepare_cached("SELECT raw_template, fwd_template FROM exchanges WHERE id = ?1")?
         .query_row([exchange], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -48,26 +40,18 @@ pub fn template_of(
         (BodyKind::Forwarded, Some(fwd)) => (fwd, BodyKind::Forwarded),
         _ => (raw, BodyKind::Raw),
     };
-    let parts =
-        body::decode(&bytes).map_err(|e| ArchiveError::CorruptTemplate { exchange, why: e.0 })?;
+    let parts = body::decode(&bytes).map_err(|e| ArchiveError::CorruptTemplate { exchange, why: e.0 })?;
     Ok((parts, stored_as))
 }
 
 /// The full message list of a body, following delta bases back to a key frame.
-pub fn resolve_items(
-    conn: &Connection,
-    exchange: i64,
-    kind: BodyKind,
-) -> Result<Vec<Item>, ArchiveError> {
+pub fn resolve_items(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<Item>, ArchiveError> {
     let mut chain: Vec<(u64, Vec<Item>)> = Vec::new();
     let mut at = exchange;
     let mut kind = kind;
     loop {
         if chain.len() > MAX_DELTA_DEPTH {
-            return Err(ArchiveError::CorruptTemplate {
-                exchange,
-                why: "delta chain too long",
-            });
+            return Err(ArchiveError::CorruptTemplate { exchange, why: "delta chain too long" });
         }
         let (parts, stored_as) = template_of(conn, at, kind)?;
         kind = stored_as;
@@ -75,20 +59,14 @@ pub fn resolve_items(
             if chain.is_empty() {
                 return Ok(Vec::new());
             }
-            return Err(ArchiveError::CorruptTemplate {
-                exchange: at,
-                why: "delta base has no message list",
-            });
+            return Err(ArchiveError::CorruptTemplate { exchange: at, why: "delta base has no message list" });
         };
         chain.push((m.n_shared, m.new.clone()));
         if m.base == 0 {
             break;
         }
         if m.base >= at {
-            return Err(ArchiveError::CorruptTemplate {
-                exchange: at,
-                why: "delta base is not an earlier exchange",
-            });
+            return Err(ArchiveError::CorruptTemplate { exchange: at, why: "delta base is not an earlier exchange" });
         }
         at = m.base;
     }
@@ -113,11 +91,7 @@ pub fn apply_delta(base_items: &[Item], parts: &[Part]) -> Option<Vec<Item>> {
     if m.base != 0 && n > base_items.len() {
         return None;
     }
-    let mut items = if m.base == 0 {
-        Vec::new()
-    } else {
-        base_items[..n].to_vec()
-    };
+    let mut items = if m.base == 0 { Vec::new() } else { base_items[..n].to_vec() };
     items.extend(m.new.iter().cloned());
     Some(items)
 }
@@ -145,17 +119,9 @@ pub fn materialize(
 }
 
 /// The exact bytes of one body of an exchange.
-pub fn body_bytes(
-    conn: &Connection,
-    exchange: i64,
-    kind: BodyKind,
-) -> Result<Vec<u8>, ArchiveError> {
+pub fn body_bytes(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<u8>, ArchiveError> {
     let parts = template(conn, exchange, kind)?;
-    let items = if body::messages_part(&parts).is_some() {
-        resolve_items(conn, exchange, kind)?
-    } else {
-        Vec::new()
-    };
+    let items = if body::messages_part(&parts).is_some() { resolve_items(conn, exchange, kind)? } else { Vec::new() };
     let segments = body::flatten(&parts, &items);
     materialize(conn, &segments, &mut HashMap::new())
 }

@@ -17,21 +17,12 @@ pub const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// What the answer says, assembled: `{"message": {...}, "finish_reason", "usage", "model"}`.
 pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
-    if stream || looks_like_sse(body) {
-        assemble_sse(body)
-    } else {
-        assemble_json(body)
-    }
+    if stream || looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
 }
 
 fn looks_like_sse(body: &[u8]) -> bool {
-    let start = body
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(0);
-    body[start..].starts_with(b"data:")
-        || body[start..].starts_with(b"event:")
-        || body[start..].starts_with(b":")
+    let start = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(0);
+    body[start..].starts_with(b"data:") || body[start..].starts_with(b"event:") || body[start..].starts_with(b":")
 }
 
 fn assemble_json(body: &[u8]) -> Option<Value> {
@@ -88,46 +79,28 @@ impl Assembly {
             append(&mut self.content, delta.get("content"));
             append(&mut self.reasoning, delta.get("reasoning_content"));
             append(&mut self.reasoning, delta.get("reasoning"));
-            for call in delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                 self.tool_call(call);
             }
         }
     }
 
     fn tool_call(&mut self, call: &Value) {
-        let idx = call
-            .get("index")
-            .and_then(Value::as_u64)
-            .map(|i| i as usize)
-            .unwrap_or(self.tool_calls.len());
+        let idx = call.get("index").and_then(Value::as_u64).map(|i| i as usize).unwrap_or(self.tool_calls.len());
         while self.tool_calls.len() <= idx {
             self.tool_calls.push(Map::new());
         }
         let entry = &mut self.tool_calls[idx];
         for key in ["id", "type"] {
-            if let Some(v) = call
-                .get(key)
-                .filter(|v| v.as_str().is_some_and(|s| !s.is_empty()))
-            {
+            if let Some(v) = call.get(key).filter(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
                 entry.insert(key.to_string(), v.clone());
             }
         }
         if let Some(function) = call.get("function") {
-            let slot = entry
-                .entry("function")
-                .or_insert_with(|| json!({}))
-                .as_object_mut()
-                .expect("an object");
+            let slot = entry.entry("function").or_insert_with(|| json!({})).as_object_mut().expect("an object");
             for key in ["name", "arguments"] {
                 if let Some(Value::String(piece)) = function.get(key) {
-                    let current = slot
-                        .entry(key)
-                        .or_insert_with(|| Value::String(String::new()));
+                    let current = slot.entry(key).or_insert_with(|| Value::String(String::new()));
                     if let Value::String(s) = current {
                         s.push_str(piece);
                     }
@@ -142,10 +115,7 @@ impl Assembly {
         }
         let mut message = Map::new();
         message.insert("role".into(), json!("assistant"));
-        message.insert(
-            "content".into(),
-            self.content.map(Value::String).unwrap_or(Value::Null),
-        );
+        message.insert("content".into(), self.content.map(Value::String).unwrap_or(Value::Null));
         if !self.tool_calls.is_empty() {
             let calls = self
                 .tool_calls
@@ -244,11 +214,7 @@ impl ArchiveSink {
         }
         self.assembled = assemble(&self.body, self.stream);
         let ok = self.status.is_none_or(|s| (200..300).contains(&s));
-        let message = self
-            .assembled
-            .as_ref()
-            .and_then(|a| a.get("message"))
-            .filter(|_| ok);
+        let message = self.assembled.as_ref().and_then(|a| a.get("message")).filter(|_| ok);
         let key = match message {
             Some(m) => self.tracker.answered(&self.session, self.key_req, m),
             None => {
@@ -264,10 +230,7 @@ impl ResponseSink for ArchiveSink {
     fn head(&mut self, status: u16, headers: &HeaderMap) {
         self.status = Some(status);
         self.headers = keep_headers(headers, &[]);
-        if let Some(ct) = headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-        {
+        if let Some(ct) = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
             self.stream = ct.to_ascii_lowercase().contains("text/event-stream");
         }
     }
@@ -332,14 +295,8 @@ mod tests {
         assert_eq!(a["message"]["content"], "Let me look.");
         assert_eq!(a["message"]["reasoning_content"], "think hard");
         assert_eq!(a["message"]["tool_calls"][0]["id"], "call_1");
-        assert_eq!(
-            a["message"]["tool_calls"][0]["function"]["name"],
-            "read_file"
-        );
-        assert_eq!(
-            a["message"]["tool_calls"][0]["function"]["arguments"],
-            "{\"path\": \"a\"}"
-        );
+        assert_eq!(a["message"]["tool_calls"][0]["function"]["name"], "read_file");
+        assert_eq!(a["message"]["tool_calls"][0]["function"]["arguments"], "{\"path\": \"a\"}");
         assert_eq!(a["finish_reason"], "tool_calls");
         assert_eq!(a["usage"]["completion_tokens"], 5);
         assert_eq!(a["model"], "m1");
@@ -347,8 +304,7 @@ mod tests {
 
     #[test]
     fn a_stream_cut_short_still_assembles_what_arrived() {
-        let sse =
-            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"choi";
+        let sse = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"choi";
         let a = assemble_sse(sse.as_bytes()).unwrap();
         assert_eq!(a["message"]["content"], "Hel");
         assert_eq!(a["finish_reason"], Value::Null);

@@ -112,27 +112,17 @@ pub fn open_rw(dir: &Path) -> Result<Connection, ArchiveError> {
     create_private_file(&path)?;
     let conn = Connection::open_with_flags(
         &path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| ArchiveError::open(&path, e))?;
     restrict_file(&path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.execute_batch(SCHEMA).map_err(|e| ArchiveError::open(&path, e))?;
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '1')", [])
         .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.pragma_update(None, "foreign_keys", "ON")
-        .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.execute_batch(SCHEMA)
-        .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.execute(
-        "INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '1')",
-        [],
-    )
-    .map_err(|e| ArchiveError::open(&path, e))?;
     for suffix in ["-wal", "-shm"] {
         let side = PathBuf::from(format!("{}{suffix}", path.display()));
         if side.exists() {
@@ -148,13 +138,9 @@ pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
     if !path.exists() {
         return Err(ArchiveError::NoStore(path));
     }
-    let conn = Connection::open_with_flags(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| ArchiveError::open(&path, e))?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))
+    let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(|e| ArchiveError::open(&path, e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
     Ok(conn)
 }
 
@@ -169,10 +155,7 @@ fn create_private_dir(dir: &Path) -> Result<(), ArchiveError> {
         use std::os::unix::fs::DirBuilderExt;
         builder.mode(0o700);
     }
-    builder.create(dir).map_err(|e| ArchiveError::Io {
-        path: dir.to_owned(),
-        source: e,
-    })
+    builder.create(dir).map_err(|e| ArchiveError::Io { path: dir.to_owned(), source: e })
 }
 
 /// Create the database file 0600 before SQLite opens it: SQLite gives the `-wal` and `-shm` files the
@@ -185,27 +168,17 @@ fn create_private_file(path: &Path) -> Result<(), ArchiveError> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    options.open(path).map(drop).map_err(|e| ArchiveError::Io {
-        path: path.to_owned(),
-        source: e,
-    })
+    options.open(path).map(drop).map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })
 }
 
 fn restrict_file(path: &Path) -> Result<(), ArchiveError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(path).map_err(|e| ArchiveError::Io {
-            path: path.to_owned(),
-            source: e,
-        })?;
+        let meta = std::fs::metadata(path).map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })?;
         if meta.permissions().mode() & 0o077 != 0 {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
-                |e| ArchiveError::Io {
-                    path: path.to_owned(),
-                    source: e,
-                },
-            )?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })?;
         }
     }
     Ok(())
@@ -225,10 +198,8 @@ pub fn put_blob(conn: &Connection, hash: &[u8; 32], content: &[u8]) -> rusqlite:
         return Ok(id);
     }
     let (codec, data) = encode_blob(content);
-    conn.prepare_cached(
-        "INSERT INTO blobs (sha256, codec, raw_len, data) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![&hash[..], codec, content.len() as i64, data])?;
+    conn.prepare_cached("INSERT INTO blobs (sha256, codec, raw_len, data) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![&hash[..], codec, content.len() as i64, data])?;
     Ok(conn.last_insert_rowid())
 }
 
@@ -253,12 +224,7 @@ pub struct StoredBlob {
 pub fn get_blob(conn: &Connection, id: i64) -> Result<StoredBlob, ArchiveError> {
     conn.prepare_cached("SELECT sha256, codec, raw_len, data FROM blobs WHERE id = ?1")?
         .query_row([id], |r| {
-            Ok(StoredBlob {
-                sha256: r.get(0)?,
-                codec: r.get(1)?,
-                raw_len: r.get(2)?,
-                data: r.get(3)?,
-            })
+            Ok(StoredBlob { sha256: r.get(0)?, codec: r.get(1)?, raw_len: r.get(2)?, data: r.get(3)? })
         })
         .optional()?
         .ok_or(ArchiveError::MissingBlob(id))
@@ -268,24 +234,14 @@ pub fn get_blob(conn: &Connection, id: i64) -> Result<StoredBlob, ArchiveError> 
 pub fn decode_blob(id: i64, blob: &StoredBlob) -> Result<Vec<u8>, ArchiveError> {
     let out = match blob.codec {
         0 => blob.data.clone(),
-        1 => zstd::bulk::decompress(&blob.data, blob.raw_len.max(0) as usize).map_err(|e| {
-            ArchiveError::CorruptBlob {
-                id,
-                why: format!("zstd: {e}"),
-            }
-        })?,
+        1 => zstd::bulk::decompress(&blob.data, blob.raw_len.max(0) as usize)
+            .map_err(|e| ArchiveError::CorruptBlob { id, why: format!("zstd: {e}") })?,
         other => {
-            return Err(ArchiveError::CorruptBlob {
-                id,
-                why: format!("unknown codec {other}"),
-            });
+            return Err(ArchiveError::CorruptBlob { id, why: format!("unknown codec {other}") });
         }
     };
     if out.len() as i64 != blob.raw_len {
-        return Err(ArchiveError::CorruptBlob {
-            id,
-            why: format!("length {} instead of {}", out.len(), blob.raw_len),
-        });
+        return Err(ArchiveError::CorruptBlob { id, why: format!("length {} instead of {}", out.len(), blob.raw_len) });
     }
     Ok(out)
 }
@@ -312,9 +268,7 @@ mod tests {
         assert_ne!(a, small);
         assert_eq!(read_blob(&conn, a).unwrap(), big.as_bytes());
         assert_eq!(read_blob(&conn, small).unwrap(), b"x");
-        let codec: i64 = conn
-            .query_row("SELECT codec FROM blobs WHERE id = ?1", [a], |r| r.get(0))
-            .unwrap();
+        let codec: i64 = conn.query_row("SELECT codec FROM blobs WHERE id = ?1", [a], |r| r.get(0)).unwrap();
         assert_eq!(codec, 1, "a repetitive blob is compressed");
     }
 
@@ -325,10 +279,7 @@ mod tests {
         let parent = tempfile::tempdir().unwrap();
         let dir = parent.path().join("nested/pare");
         drop(open_rw(&dir).unwrap());
-        assert_eq!(
-            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
         let file = std::fs::metadata(dir.join(DB_FILE)).unwrap();
         assert_eq!(file.permissions().mode() & 0o777, 0o600);
     }

@@ -66,18 +66,9 @@ struct ResumingHasher {
 
 impl ResumingHasher {
     fn hash(&mut self, segments: Vec<Segment>, blobs: &BlobCache) -> ([u8; 32], u64) {
-        let shared = self
-            .segments
-            .iter()
-            .zip(&segments)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let shared = self.segments.iter().zip(&segments).take_while(|(a, b)| a == b).count();
         self.states.truncate(shared);
-        let (mut state, mut len) = self
-            .states
-            .last()
-            .cloned()
-            .unwrap_or_else(|| (Sha256::new(), 0));
+        let (mut state, mut len) = self.states.last().cloned().unwrap_or_else(|| (Sha256::new(), 0));
         for seg in &segments[shared..] {
             let bytes: &[u8] = match seg {
                 Segment::Lit(b) => b,
@@ -109,9 +100,7 @@ impl BlobCache {
         }) {
             Ok((hash, content)) => {
                 if store::sha256(&content)[..] != hash[..] {
-                    problems.push(format!(
-                        "blob {id} does not match its SHA-256 (content altered)"
-                    ));
+                    problems.push(format!("blob {id} does not match its SHA-256 (content altered)"));
                 }
                 content
             }
@@ -144,11 +133,8 @@ pub fn verify(conn: &Connection, session: Option<&str>) -> Result<VerifyReport, 
             vec![id.to_owned()]
         }
         None => {
-            let mut stmt = conn.prepare(
-                "SELECT id FROM sessions UNION SELECT session FROM exchanges ORDER BY 1",
-            )?;
-            stmt.query_map([], |r| r.get(0))?
-                .collect::<Result<_, _>>()?
+            let mut stmt = conn.prepare("SELECT id FROM sessions UNION SELECT session FROM exchanges ORDER BY 1")?;
+            stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
         }
     };
     for id in &ids {
@@ -216,25 +202,15 @@ enum Record<'a> {
     Response(&'a ResponseRow),
 }
 
-fn verify_session(
-    conn: &Connection,
-    session: &str,
-    report: &mut VerifyReport,
-) -> Result<(), ArchiveError> {
+fn verify_session(conn: &Connection, session: &str, report: &mut VerifyReport) -> Result<(), ArchiveError> {
     report.sessions += 1;
     let mut problems: Vec<VerifyProblem> = Vec::new();
-    let problem = |seq: Option<i64>, what: String| VerifyProblem {
-        session: Some(session.to_owned()),
-        seq,
-        what,
-    };
+    let problem = |seq: Option<i64>, what: String| VerifyProblem { session: Some(session.to_owned()), seq, what };
 
     let head: Option<(i64, i64, Vec<u8>)> = conn
-        .query_row(
-            "SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1",
-            [session],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+        .query_row("SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1", [session], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
         .optional()?;
     let mut stmt = conn.prepare(
         "SELECT id, seq, chain_idx, at_ms, method, path, model, headers, raw_sha256, raw_len, raw_template,
@@ -296,10 +272,7 @@ fn verify_session(
     report.responses += responses.len() as u64;
 
     // 1. The chain: positions 0..n, each linked to the previous, each hash recomputed.
-    let mut records: Vec<(i64, Record<'_>)> = exchanges
-        .iter()
-        .map(|e| (e.chain_idx, Record::Exchange(e)))
-        .collect();
+    let mut records: Vec<(i64, Record<'_>)> = exchanges.iter().map(|e| (e.chain_idx, Record::Exchange(e))).collect();
     records.extend(responses.iter().map(|r| (r.chain_idx, Record::Response(r))));
     records.sort_by_key(|(idx, _)| *idx);
     let mut prev: Vec<u8> = chain::GENESIS.to_vec();
@@ -325,45 +298,40 @@ fn verify_session(
             ));
         }
         if recomputed[..] != stored_hash[..] {
-            problems.push(problem(
-                seq,
-                format!("{what} record was altered: its hash does not match its fields"),
-            ));
+            problems.push(problem(seq, format!("{what} record was altered: its hash does not match its fields")));
         }
         prev = stored_hash.clone();
     }
     match head {
-        None => problems.push(problem(
-            None,
-            "session row is missing (records without a session)".into(),
-        )),
+        None => problems.push(problem(None, "session row is missing (records without a session)".into())),
         Some((n_requests, n_records, head_hash)) => {
             if n_records != records.len() as i64 {
                 problems.push(problem(
                     None,
-                    format!("session has {} records, its head says {n_records}: records were removed or added", records.len()),
+                    format!(
+                        "session has {} records, its head says {n_records}: records were removed or added",
+                        records.len()
+                    ),
                 ));
             }
             if n_requests != exchanges.len() as i64 {
                 problems.push(problem(
                     None,
-                    format!(
-                        "session has {} requests, its head says {n_requests}",
-                        exchanges.len()
-                    ),
+                    format!("session has {} requests, its head says {n_requests}", exchanges.len()),
                 ));
             }
             if head_hash[..] != prev[..] {
-                problems.push(problem(None, "the last record is not the session's head: trailing records were removed or the head was altered".into()));
+                problems.push(problem(
+                    None,
+                    "the last record is not the session's head: trailing records were removed or the head was altered"
+                        .into(),
+                ));
             }
         }
     }
     for (idx, e) in exchanges.iter().enumerate() {
         if e.seq != idx as i64 + 1 {
-            problems.push(problem(
-                Some(e.seq),
-                format!("request numbers jump from {idx} to {}", e.seq),
-            ));
+            problems.push(problem(Some(e.seq), format!("request numbers jump from {idx} to {}", e.seq)));
             break;
         }
     }
@@ -390,17 +358,17 @@ fn verify_session(
                 report.bodies += 1;
                 report.body_bytes += len;
                 if hash[..] != e.raw_sha256[..] || len as i64 != e.raw_len {
-                    problems.push(problem(Some(e.seq), format!(
-                        "raw body does not match its SHA-256 (stored {}, recomputed {}, {len} bytes)",
-                        short(&e.raw_sha256),
-                        short(&hash)
-                    )));
+                    problems.push(problem(
+                        Some(e.seq),
+                        format!(
+                            "raw body does not match its SHA-256 (stored {}, recomputed {}, {len} bytes)",
+                            short(&e.raw_sha256),
+                            short(&hash)
+                        ),
+                    ));
                 }
             }
-            Err(err) => problems.push(problem(
-                Some(e.seq),
-                format!("raw body cannot be rebuilt: {err}"),
-            )),
+            Err(err) => problems.push(problem(Some(e.seq), format!("raw body cannot be rebuilt: {err}"))),
         }
         if let (Some(template), Some(expected)) = (&e.fwd_template, &e.fwd_sha256) {
             match check_body(
@@ -417,16 +385,10 @@ fn verify_session(
                     report.bodies += 1;
                     report.body_bytes += len;
                     if hash[..] != expected[..] || Some(len as i64) != e.fwd_len {
-                        problems.push(problem(
-                            Some(e.seq),
-                            "forwarded body does not match its SHA-256".into(),
-                        ));
+                        problems.push(problem(Some(e.seq), "forwarded body does not match its SHA-256".into()));
                     }
                 }
-                Err(err) => problems.push(problem(
-                    Some(e.seq),
-                    format!("forwarded body cannot be rebuilt: {err}"),
-                )),
+                Err(err) => problems.push(problem(Some(e.seq), format!("forwarded body cannot be rebuilt: {err}"))),
             }
         } else if let Some(items) = last_items.get(&(e.id, false)).cloned() {
             last_items.insert((e.id, true), items);
@@ -444,10 +406,7 @@ fn verify_session(
         report.bodies += 1;
         report.body_bytes += body.len() as u64;
         if store::sha256(body)[..] != r.body_sha256[..] || body.len() as i64 != r.body_len {
-            problems.push(problem(
-                r.seq,
-                "response body does not match its SHA-256".into(),
-            ));
+            problems.push(problem(r.seq, "response body does not match its SHA-256".into()));
         }
         for p in blob_problems.drain(..) {
             problems.push(problem(r.seq, p));
@@ -469,10 +428,7 @@ fn check_body(
     hasher: &mut ResumingHasher,
 ) -> Result<([u8; 32], u64), ArchiveError> {
     let fwd = kind == BodyKind::Forwarded;
-    let parts = body::decode(template).map_err(|err| ArchiveError::CorruptTemplate {
-        exchange: e.id,
-        why: err.0,
-    })?;
+    let parts = body::decode(template).map_err(|err| ArchiveError::CorruptTemplate { exchange: e.id, why: err.0 })?;
     let items = match body::messages_part(&parts) {
         None => Vec::new(),
         Some(m) if m.base == 0 => read::apply_delta(&[], &parts).unwrap_or_default(),
@@ -551,10 +507,6 @@ pub fn summary_line(report: &VerifyReport) -> String {
         report.responses,
         report.bodies,
         report.body_bytes,
-        if report.ok() {
-            "OK".to_string()
-        } else {
-            format!("{} problem(s)", report.problems.len())
-        }
+        if report.ok() { "OK".to_string() } else { format!("{} problem(s)", report.problems.len()) }
     )
 }

@@ -87,16 +87,8 @@ impl Writer {
         if self.conn.is_some() {
             return Ok(());
         }
-        if self
-            .last_open_attempt
-            .is_some_and(|t| t.elapsed() < REOPEN_EVERY)
-        {
-            let last = self
-                .shared
-                .last_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+        if self.last_open_attempt.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
+            let last = self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
             return Err(last.unwrap_or_else(|| "archive is not open".into()));
         }
         self.last_open_attempt = Some(Instant::now());
@@ -141,9 +133,7 @@ impl Writer {
         let mut waiters = Vec::new();
         for job in batch {
             self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            self.shared
-                .queue_bytes
-                .fetch_sub(job.size(), Ordering::Relaxed);
+            self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
             match job {
                 Job::Flush(done) | Job::Shutdown(done) => waiters.push(done),
                 other => records.push(other),
@@ -190,11 +180,7 @@ impl Writer {
         result
     }
 
-    fn write_in_transaction(
-        &mut self,
-        conn: &Connection,
-        records: &[Job],
-    ) -> Result<(), ArchiveError> {
+    fn write_in_transaction(&mut self, conn: &Connection, records: &[Job]) -> Result<(), ArchiveError> {
         conn.execute_batch("BEGIN IMMEDIATE")?;
         for job in records {
             match job {
@@ -216,28 +202,14 @@ impl Writer {
             .query_row([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         let Some((n_requests, n_records, head)) = row else {
-            return Ok(Cursor {
-                n_requests: 0,
-                n_records: 0,
-                head: chain::GENESIS,
-                raw: None,
-                fwd: None,
-            });
+            return Ok(Cursor { n_requests: 0, n_records: 0, head: chain::GENESIS, raw: None, fwd: None });
         };
         let head: [u8; 32] = head.try_into().unwrap_or(chain::GENESIS);
         let last: Option<i64> = conn
-            .prepare_cached(
-                "SELECT id FROM exchanges WHERE session = ?1 ORDER BY seq DESC LIMIT 1",
-            )?
+            .prepare_cached("SELECT id FROM exchanges WHERE session = ?1 ORDER BY seq DESC LIMIT 1")?
             .query_row([session], |r| r.get(0))
             .optional()?;
-        let mut cursor = Cursor {
-            n_requests,
-            n_records,
-            head,
-            raw: None,
-            fwd: None,
-        };
+        let mut cursor = Cursor { n_requests, n_records, head, raw: None, fwd: None };
         if let Some(exchange) = last {
             let reload = |kind| -> Result<ListState, ArchiveError> {
                 Ok(ListState {
@@ -254,12 +226,7 @@ impl Writer {
         Ok(cursor)
     }
 
-    fn blob_id(
-        &mut self,
-        conn: &Connection,
-        session: &str,
-        content: &[u8],
-    ) -> Result<i64, ArchiveError> {
+    fn blob_id(&mut self, conn: &Connection, session: &str, content: &[u8]) -> Result<i64, ArchiveError> {
         let hash = store::sha256(content);
         let id = match self.blob_ids.get(&hash) {
             Some(id) => *id,
@@ -305,21 +272,12 @@ impl Writer {
                             Some(id) => id,
                             None => self.blob_id(conn, session, msg)?,
                         };
-                        items.push(Item {
-                            sep: sep.to_vec(),
-                            blob,
-                        });
+                        items.push(Item { sep: sep.to_vec(), blob });
                     }
-                    let keyframe =
-                        prev.is_none_or(|p| p.since_keyframe + 1 >= body::KEYFRAME_EVERY);
+                    let keyframe = prev.is_none_or(|p| p.since_keyframe + 1 >= body::KEYFRAME_EVERY);
                     let (base, n_shared, since_keyframe) = match prev {
                         Some(p) if !keyframe => {
-                            let n = p
-                                .items
-                                .iter()
-                                .zip(&items)
-                                .take_while(|(a, b)| a == b)
-                                .count();
+                            let n = p.items.iter().zip(&items).take_while(|(a, b)| a == b).count();
                             (p.exchange, n, p.since_keyframe + 1)
                         }
                         _ => (0, 0, 0),
@@ -331,28 +289,17 @@ impl Writer {
                         new: items[n_shared..].to_vec(),
                         close: m.close.to_vec(),
                     }));
-                    state = Some(ListState {
-                        exchange: 0,
-                        items,
-                        body: Some((bytes.clone(), spans)),
-                        since_keyframe,
-                    });
+                    state = Some(ListState { exchange: 0, items, body: Some((bytes.clone(), spans)), since_keyframe });
                 }
             }
         }
         Ok((body::encode(&parts), state))
     }
 
-    fn put_exchange(
-        &mut self,
-        conn: &Connection,
-        ticket: Ticket,
-        rec: &ExchangeRecord,
-    ) -> Result<(), ArchiveError> {
+    fn put_exchange(&mut self, conn: &Connection, ticket: Ticket, rec: &ExchangeRecord) -> Result<(), ArchiveError> {
         let mut cursor = self.cursor(conn, &rec.session)?;
         let raw_sha = store::sha256(&rec.raw);
-        let (raw_template, raw_state) =
-            self.encode_body(conn, &rec.session, &rec.raw, cursor.raw.as_ref())?;
+        let (raw_template, raw_state) = self.encode_body(conn, &rec.session, &rec.raw, cursor.raw.as_ref())?;
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
@@ -362,10 +309,7 @@ impl Writer {
             None => (None, None, raw_state.clone()),
         };
         let headers = headers_json(&rec.headers);
-        let summary = rec
-            .summary
-            .as_ref()
-            .map(|s| serde_json::to_string(s).unwrap_or_default());
+        let summary = rec.summary.as_ref().map(|s| serde_json::to_string(s).unwrap_or_default());
         let seq = cursor.n_requests + 1;
         let fields = ExchangeFields {
             session: &rec.session,
@@ -412,10 +356,7 @@ impl Writer {
             &hash[..],
         ])?;
         let exchange = conn.last_insert_rowid();
-        let (tokens_raw, tokens_fwd) = rec
-            .summary
-            .as_ref()
-            .map_or((0, 0), |s| (s.tokens_raw, s.tokens_forwarded));
+        let (tokens_raw, tokens_fwd) = rec.summary.as_ref().map_or((0, 0), |s| (s.tokens_raw, s.tokens_forwarded));
         conn.prepare_cached(
             "INSERT INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash, model, tokens_raw, tokens_forwarded)
              VALUES (?1, ?2, ?2, 1, ?3, ?4, ?5, ?6, ?7)
@@ -438,23 +379,11 @@ impl Writer {
         cursor.raw = raw_state.map(|s| ListState { exchange, ..s });
         cursor.fwd = fwd_state.map(|s| ListState { exchange, ..s });
         self.cursors.put(rec.session.clone(), cursor);
-        self.pending.put(
-            ticket,
-            Pending {
-                exchange,
-                session: rec.session.clone(),
-                seq,
-            },
-        );
+        self.pending.put(ticket, Pending { exchange, session: rec.session.clone(), seq });
         Ok(())
     }
 
-    fn put_response(
-        &mut self,
-        conn: &Connection,
-        ticket: Ticket,
-        rec: &ResponseRecord,
-    ) -> Result<(), ArchiveError> {
+    fn put_response(&mut self, conn: &Connection, ticket: Ticket, rec: &ResponseRecord) -> Result<(), ArchiveError> {
         let Some(pending) = self.pending.pop(&ticket) else {
             // Its exchange was lost (disk failure) or answered twice: nothing to attach it to.
             self.shared.lost.fetch_add(1, Ordering::Relaxed);
@@ -463,11 +392,8 @@ impl Writer {
         };
         let mut cursor = self.cursor(conn, &pending.session)?;
         let body_sha = store::sha256(&rec.body);
-        let body_blob = if rec.body.is_empty() {
-            None
-        } else {
-            Some(self.blob_id(conn, &pending.session, &rec.body)?)
-        };
+        let body_blob =
+            if rec.body.is_empty() { None } else { Some(self.blob_id(conn, &pending.session, &rec.body)?) };
         let headers = headers_json(&rec.headers);
         let assembled = rec.assembled.as_ref().map(|v| v.to_string());
         let end_reason = end_reason(rec);
@@ -533,10 +459,8 @@ fn ack_all(records: &mut [Job], result: Result<(), String>) {
 
 /// Stored headers as a JSON object (a repeated header keeps its last value).
 fn headers_json(headers: &[(String, String)]) -> String {
-    let map: serde_json::Map<String, serde_json::Value> = headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
+    let map: serde_json::Map<String, serde_json::Value> =
+        headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
     serde_json::Value::Object(map).to_string()
 }
 
@@ -548,9 +472,5 @@ fn end_reason(rec: &ResponseRecord) -> String {
         StreamEnd::UpstreamError(e) => format!("upstream_error: {e}"),
         StreamEnd::NoResponse(e) => format!("no_response: {e}"),
     };
-    if rec.truncated {
-        format!("{base}; body truncated")
-    } else {
-        base
-    }
+    if rec.truncated { format!("{base}; body truncated") } else { base }
 }

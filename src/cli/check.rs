@@ -8,8 +8,7 @@ use anyhow::Context;
 use crate::config::{Config, ConfigError};
 
 pub fn run(args: super::CheckArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
     let kind = "config";
     let result = Config::from_yaml(&text).map(|_| ());
     match result {
@@ -18,10 +17,7 @@ pub fn run(args: super::CheckArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(err) => {
-            let err = ConfigError {
-                path: Some(args.file.clone()),
-                ..err
-            };
+            let err = ConfigError { path: Some(args.file.clone()), ..err };
             eprintln!("{err}");
             Ok(ExitCode::from(1))
         }

@@ -42,12 +42,7 @@ impl Engine {
     }
 
     /// Compact a request. Identity until the rules land.
-    pub fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        _opts: &CompactOptions,
-        _counter: &dyn CountTokens,
-    ) -> Compacted {
+    pub fn compact(&self, body: &ChatBody<'_>, _opts: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
         Compacted {
             boundary: body.messages.len(),
             prefix: body.messages.iter().map(|m| m.get().to_owned()).collect(),

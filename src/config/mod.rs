@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod yaml;
 
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -146,9 +147,7 @@ impl ArchiveConfig {
         if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
             return PathBuf::from(xdg).join("pare");
         }
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
         home.join(".local/share/pare")
     }
 }
@@ -179,11 +178,7 @@ pub struct CompactionConfig {
 
 impl Default for CompactionConfig {
     fn default() -> Self {
-        Self {
-            mode: Mode::Epoch,
-            pack: "default".into(),
-            rules: None,
-        }
+        Self { mode: Mode::Epoch, pack: "default".into(), rules: None }
     }
 }
 
@@ -244,13 +239,7 @@ pub struct SalienceConfig {
 
 impl Default for SalienceConfig {
     fn default() -> Self {
-        Self {
-            tau_turns: 8.0,
-            w_recency: 0.4,
-            w_error: 0.3,
-            w_keywords: 0.2,
-            w_files: 0.1,
-        }
+        Self { tau_turns: 8.0, w_recency: 0.4, w_error: 0.3, w_keywords: 0.2, w_files: 0.1 }
     }
 }
 
@@ -265,12 +254,7 @@ pub struct TierBudgets {
 
 impl Default for TierBudgets {
     fn default() -> Self {
-        Self {
-            focus: 0.4,
-            recent: 0.3,
-            summary: 0.2,
-            background: 0.1,
-        }
+        Self { focus: 0.4, recent: 0.3, summary: 0.2, background: 0.1 }
     }
 }
 
@@ -312,11 +296,7 @@ pub struct Problem {
 }
 
 fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
-    let name = path
-        .as_deref()
-        .map(Path::display)
-        .map(|d| d.to_string())
-        .unwrap_or_else(|| "config".into());
+    let name = path.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_else(|| "config".into());
     let mut out = format!("{} problem(s) in {name}", problems.len());
     for p in problems {
         match p.line {
@@ -333,10 +313,7 @@ pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base", "p50k_base", "r50k
 impl Config {
     /// Parse and validate a configuration from YAML text, reporting every problem.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        let root = yaml::parse(text).map_err(|p| ConfigError {
-            path: None,
-            problems: vec![p],
-        })?;
+        let root = yaml::parse(text).map_err(|p| ConfigError { path: None, problems: vec![p] })?;
         let mut problems = Vec::new();
         let config: Option<Config> = yaml::deserialize_all(&root, &mut problems);
         if let Some(config) = &config {
@@ -349,25 +326,16 @@ impl Config {
         problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
         match config {
             Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigError {
-                path: None,
-                problems,
-            }),
+            _ => Err(ConfigError { path: None, problems }),
         }
     }
 
     /// Load a configuration file, or the built-in defaults when `path` is `None`.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let Some(path) = path else {
-            return Ok(Config::default());
-        };
+        let Some(path) = path else { return Ok(Config::default()) };
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: Some(path.to_owned()),
-            problems: vec![Problem {
-                line: None,
-                path: String::new(),
-                message: format!("cannot read: {e}"),
-            }],
+            problems: vec![Problem { line: None, path: String::new(), message: format!("cannot read: {e}") }],
         })?;
         Config::from_yaml(&text).map_err(|mut e| {
             e.path = Some(path.to_owned());
@@ -379,177 +347,96 @@ impl Config {
     pub fn validate(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut bad = |path: &str, message: String| {
-            problems.push(Problem {
-                line: None,
-                path: path.to_owned(),
-                message,
-            });
+            problems.push(Problem { line: None, path: path.to_owned(), message });
         };
 
         match self.server.listen.parse::<std::net::SocketAddr>() {
-            Err(_) => bad(
-                "server.listen",
-                format!("`{}` is not an IP:port address", self.server.listen),
-            ),
+            Err(_) => bad("server.listen", format!("`{}` is not an IP:port address", self.server.listen)),
             Ok(addr) if !addr.ip().is_loopback() && !self.server.allow_non_loopback => bad(
                 "server.listen",
-                format!(
-                    "`{addr}` is not a loopback address; set server.allow_non_loopback: true (with server.auth_token) to expose pare"
-                ),
+                format!("`{addr}` is not a loopback address; set server.allow_non_loopback: true (with server.auth_token) to expose pare"),
             ),
             Ok(_) => {}
         }
-        if self.server.allow_non_loopback
-            && self.server.auth_token.as_deref().is_none_or(str::is_empty)
-        {
-            bad(
-                "server.auth_token",
-                "a non-loopback listener needs an auth_token".into(),
-            );
+        if self.server.allow_non_loopback && self.server.auth_token.as_deref().is_none_or(str::is_empty) {
+            bad("server.auth_token", "a non-loopback listener needs an auth_token".into());
         }
         if self.server.max_body == 0 {
             bad("server.max_body", "must be at least 1 byte".into());
         }
         if self.server.header_read_timeout_secs == 0 {
-            bad(
-                "server.header_read_timeout_secs",
-                "must be at least 1 second".into(),
-            );
+            bad("server.header_read_timeout_secs", "must be at least 1 second".into());
         }
         if self.server.max_headers == 0 {
             bad("server.max_headers", "must be at least 1".into());
         }
 
         match reqwest::Url::parse(&self.upstream.url) {
-            Err(e) => bad(
-                "upstream.url",
-                format!("`{}` is not a URL: {e}", self.upstream.url),
-            ),
-            Ok(url) if !matches!(url.scheme(), "http" | "https") => bad(
-                "upstream.url",
-                format!("`{}` must be http:// or https://", self.upstream.url),
-            ),
-            Ok(url) if url.host_str().is_none() => bad(
-                "upstream.url",
-                format!("`{}` has no host", self.upstream.url),
-            ),
-            Ok(url) if url.query().is_some() || url.fragment().is_some() => bad(
-                "upstream.url",
-                format!("`{}` must not carry a query or fragment", self.upstream.url),
-            ),
+            Err(e) => bad("upstream.url", format!("`{}` is not a URL: {e}", self.upstream.url)),
+            Ok(url) if !matches!(url.scheme(), "http" | "https") => {
+                bad("upstream.url", format!("`{}` must be http:// or https://", self.upstream.url))
+            }
+            Ok(url) if url.host_str().is_none() => bad("upstream.url", format!("`{}` has no host", self.upstream.url)),
+            Ok(url) if url.query().is_some() || url.fragment().is_some() => {
+                bad("upstream.url", format!("`{}` must not carry a query or fragment", self.upstream.url))
+            }
             Ok(_) => {}
         }
         if self.upstream.connect_timeout_secs == 0 {
-            bad(
-                "upstream.connect_timeout_secs",
-                "must be at least 1 second".into(),
-            );
+            bad("upstream.connect_timeout_secs", "must be at least 1 second".into());
         }
         if self.upstream.timeout_secs == 0 {
             bad("upstream.timeout_secs", "must be at least 1 second".into());
         }
 
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
-            bad(
-                "archive.flush_interval_ms",
-                format!("{} is outside 1..=10000", self.archive.flush_interval_ms),
-            );
+            bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));
         }
-        for (list, name) in [
-            (&self.archive.session_headers, "session_headers"),
-            (&self.archive.redact_headers, "redact_headers"),
-        ] {
+        for (list, name) in [(&self.archive.session_headers, "session_headers"), (&self.archive.redact_headers, "redact_headers")] {
             for (i, h) in list.iter().enumerate() {
                 if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
-                    bad(
-                        &format!("archive.{name}.{i}"),
-                        format!("`{h}` is not a valid header name"),
-                    );
+                    bad(&format!("archive.{name}.{i}"), format!("`{h}` is not a valid header name"));
                 }
             }
         }
 
         if self.compaction.pack.trim().is_empty() {
-            bad(
-                "compaction.pack",
-                "must name a built-in pack or a file".into(),
-            );
+            bad("compaction.pack", "must name a built-in pack or a file".into());
         }
 
         let b = &self.budget;
         if !(b.low_water > 0.0 && b.low_water < b.high_water && b.high_water <= 1.0) {
-            bad(
-                "budget.high_water",
-                format!(
-                    "need 0 < low_water ({}) < high_water ({}) <= 1",
-                    b.low_water, b.high_water
-                ),
-            );
+            bad("budget.high_water", format!("need 0 < low_water ({}) < high_water ({}) <= 1", b.low_water, b.high_water));
         }
         if b.default_context_window < 1024 {
-            bad(
-                "budget.default_context_window",
-                format!(
-                    "{} tokens is too small (at least 1024)",
-                    b.default_context_window
-                ),
-            );
+            bad("budget.default_context_window", format!("{} tokens is too small (at least 1024)", b.default_context_window));
         }
         if b.output_reserve >= b.default_context_window {
-            bad(
-                "budget.output_reserve",
-                "must be smaller than default_context_window".into(),
-            );
+            bad("budget.output_reserve", "must be smaller than default_context_window".into());
         }
         if b.polling == 0 {
             bad("budget.polling", "must be at least 1 turn".into());
         }
         if !ENCODINGS.contains(&b.encoding.as_str()) {
-            bad(
-                "budget.encoding",
-                format!(
-                    "unknown encoding `{}` (known: {})",
-                    b.encoding,
-                    ENCODINGS.join(", ")
-                ),
-            );
+            bad("budget.encoding", format!("unknown encoding `{}` (known: {})", b.encoding, ENCODINGS.join(", ")));
         }
         if b.max_sessions == 0 {
             bad("budget.max_sessions", "must be at least 1".into());
         }
         let s = &b.salience;
         if !(s.tau_turns > 0.0 && s.tau_turns.is_finite()) {
-            bad(
-                "budget.salience.tau_turns",
-                "must be a positive number of turns".into(),
-            );
+            bad("budget.salience.tau_turns", "must be a positive number of turns".into());
         }
-        for (name, w) in [
-            ("w_recency", s.w_recency),
-            ("w_error", s.w_error),
-            ("w_keywords", s.w_keywords),
-            ("w_files", s.w_files),
-        ] {
+        for (name, w) in [("w_recency", s.w_recency), ("w_error", s.w_error), ("w_keywords", s.w_keywords), ("w_files", s.w_files)] {
             if !(w >= 0.0 && w.is_finite()) {
-                bad(
-                    &format!("budget.salience.{name}"),
-                    format!("{w} must be a non-negative number"),
-                );
+                bad(&format!("budget.salience.{name}"), format!("{w} must be a non-negative number"));
             }
         }
         let t = &b.tiers;
-        let shares = [
-            ("focus", t.focus),
-            ("recent", t.recent),
-            ("summary", t.summary),
-            ("background", t.background),
-        ];
+        let shares = [("focus", t.focus), ("recent", t.recent), ("summary", t.summary), ("background", t.background)];
         for (name, v) in shares {
             if !(0.0..=1.0).contains(&v) {
-                bad(
-                    &format!("budget.tiers.{name}"),
-                    format!("{v} is outside 0..=1"),
-                );
+                bad(&format!("budget.tiers.{name}"), format!("{v} is outside 0..=1"));
             }
         }
         let sum: f64 = shares.iter().map(|(_, v)| v).sum();
@@ -559,36 +446,20 @@ impl Config {
 
         for (i, m) in self.models.iter().enumerate() {
             if let Err(e) = regex::Regex::new(&m.pattern) {
-                bad(
-                    &format!("models.{i}.match"),
-                    format!(
-                        "`{}` is not a valid regex: {}",
-                        m.pattern,
-                        first_line(&e.to_string())
-                    ),
-                );
+                bad(&format!("models.{i}.match"), format!("`{}` is not a valid regex: {}", m.pattern, first_line(&e.to_string())));
             }
             if m.context_window.is_some_and(|w| w < 1024) {
-                bad(
-                    &format!("models.{i}.context_window"),
-                    "too small (at least 1024)".into(),
-                );
+                bad(&format!("models.{i}.context_window"), "too small (at least 1024)".into());
             }
             if let (Some(w), Some(r)) = (m.context_window, m.output_reserve)
                 && r >= w
             {
-                bad(
-                    &format!("models.{i}.output_reserve"),
-                    "must be smaller than context_window".into(),
-                );
+                bad(&format!("models.{i}.output_reserve"), "must be smaller than context_window".into());
             }
             if let Some(enc) = &m.encoding
                 && !ENCODINGS.contains(&enc.as_str())
             {
-                bad(
-                    &format!("models.{i}.encoding"),
-                    format!("unknown encoding `{enc}`"),
-                );
+                bad(&format!("models.{i}.encoding"), format!("unknown encoding `{enc}`"));
             }
         }
 
@@ -603,11 +474,7 @@ impl Config {
 }
 
 fn first_line(s: &str) -> String {
-    s.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default()
-        .to_owned()
+    s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_owned()
 }
 
 #[cfg(test)]
@@ -618,10 +485,7 @@ mod tests {
     fn defaults_are_valid() {
         assert_eq!(Config::default().validate(), Vec::new());
         assert_eq!(Config::from_yaml("").unwrap(), Config::default());
-        assert_eq!(
-            Config::from_yaml("# only a comment\n").unwrap(),
-            Config::default()
-        );
+        assert_eq!(Config::from_yaml("# only a comment\n").unwrap(), Config::default());
     }
 
     #[test]
@@ -641,11 +505,7 @@ models:
     context_window: 100
 ";
         let err = Config::from_yaml(text).unwrap_err();
-        let got: Vec<(Option<u64>, &str)> = err
-            .problems
-            .iter()
-            .map(|p| (p.line, p.path.as_str()))
-            .collect();
+        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
         // Type errors and the semantic checks that run on what remains (bad nodes take defaults).
         assert_eq!(
             got,
@@ -677,11 +537,7 @@ models:
     context_window: 100
 ";
         let err = Config::from_yaml(text).unwrap_err();
-        let got: Vec<(Option<u64>, &str)> = err
-            .problems
-            .iter()
-            .map(|p| (p.line, p.path.as_str()))
-            .collect();
+        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
         assert_eq!(
             got,
             vec![
@@ -705,14 +561,10 @@ models:
 
     #[test]
     fn non_loopback_needs_both_the_flag_and_a_token() {
-        let err =
-            Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n")
-                .unwrap_err();
+        let err = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n").unwrap_err();
         assert_eq!(err.problems.len(), 1);
         assert_eq!(err.problems[0].path, "server.auth_token");
-        let ok = Config::from_yaml(
-            "server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: t\n",
-        );
+        let ok = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: t\n");
         assert!(ok.is_ok());
     }
 }

@@ -6,8 +6,8 @@
 //! default applies, and try again — until the type deserializes. Semantic checks then report by path
 //! through the same tree.
 
-use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
@@ -42,10 +42,7 @@ impl<'de> Deserialize<'de> for NodeValue {
 struct NodeVisitor;
 
 fn spanned(s: Spanned<NodeValue>) -> Node {
-    Node {
-        line: s.referenced.line(),
-        value: s.value,
-    }
+    Node { line: s.referenced.line(), value: s.value }
 }
 
 impl<'de> Visitor<'de> for NodeVisitor {
@@ -98,11 +95,7 @@ impl<'de> Visitor<'de> for NodeVisitor {
                 NodeValue::UInt(u) => u.to_string(),
                 NodeValue::Bool(b) => b.to_string(),
                 NodeValue::Null => "null".to_owned(),
-                _ => {
-                    return Err(de::Error::custom(format!(
-                        "line {key_line}: mapping keys must be scalars"
-                    )));
-                }
+                _ => return Err(de::Error::custom(format!("line {key_line}: mapping keys must be scalars"))),
             };
             let value = map.next_value::<Spanned<NodeValue>>()?;
             entries.push((key, key_line, spanned(value)));
@@ -114,20 +107,14 @@ impl<'de> Visitor<'de> for NodeVisitor {
 /// Parse YAML text into a line-aware tree. An empty document is an empty mapping.
 pub fn parse(text: &str) -> Result<Node, Problem> {
     if text.trim().is_empty() {
-        return Ok(Node {
-            line: 1,
-            value: NodeValue::Map(Vec::new()),
-        });
+        return Ok(Node { line: 1, value: NodeValue::Map(Vec::new()) });
     }
     // YAML 1.2 booleans only: `n`, `no`, `off` stay strings (a config key named `n` is not `false`).
     let mut options = serde_saphyr::Options::default();
     options.strict_booleans = true;
     match serde_saphyr::from_str_with_options::<Spanned<NodeValue>>(text, options) {
         // A document of only comments is empty, not null.
-        Ok(root) if root.value == NodeValue::Null => Ok(Node {
-            line: 1,
-            value: NodeValue::Map(Vec::new()),
-        }),
+        Ok(root) if root.value == NodeValue::Null => Ok(Node { line: 1, value: NodeValue::Map(Vec::new()) }),
         Ok(root) => Ok(spanned(root)),
         Err(err) => Err(Problem {
             line: err.location().map(|l| l.line()).filter(|&l| l > 0),
@@ -149,17 +136,12 @@ impl Node {
             NodeValue::Bool(b) => Value::Bool(*b),
             NodeValue::Int(i) => Value::from(*i),
             NodeValue::UInt(u) => Value::from(*u),
-            NodeValue::Float(f) => serde_json::Number::from_f64(*f)
-                .map(Value::Number)
-                .unwrap_or(Value::Null),
+            NodeValue::Float(f) => serde_json::Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
             NodeValue::Str(s) => Value::String(s.clone()),
             NodeValue::Seq(items) => Value::Array(items.iter().map(Node::to_json).collect()),
-            NodeValue::Map(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(k, _, v)| (k.clone(), v.to_json()))
-                    .collect(),
-            ),
+            NodeValue::Map(entries) => {
+                Value::Object(entries.iter().map(|(k, _, v)| (k.clone(), v.to_json())).collect())
+            }
         }
     }
 
@@ -170,15 +152,8 @@ impl Node {
         let mut line = (self.line > 0).then_some(self.line);
         for seg in path.split('.').filter(|s| !s.is_empty()) {
             let next = match &node.value {
-                NodeValue::Map(entries) => entries
-                    .iter()
-                    .find(|(k, _, _)| k == seg)
-                    .map(|(_, kl, v)| (*kl, v)),
-                NodeValue::Seq(items) => seg
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|i| items.get(i))
-                    .map(|v| (v.line, v)),
+                NodeValue::Map(entries) => entries.iter().find(|(k, _, _)| k == seg).map(|(_, kl, v)| (*kl, v)),
+                NodeValue::Seq(items) => seg.parse::<usize>().ok().and_then(|i| items.get(i)).map(|v| (v.line, v)),
                 _ => None,
             };
             match next {
@@ -197,9 +172,7 @@ impl Node {
 
 /// Remove the value at `path` from a JSON tree. Returns false when nothing was there to remove.
 fn remove_at(value: &mut Value, path: &[String]) -> bool {
-    let Some((last, parents)) = path.split_last() else {
-        return false;
-    };
+    let Some((last, parents)) = path.split_last() else { return false };
     let mut cur = value;
     for seg in parents {
         cur = match cur {
@@ -265,11 +238,7 @@ pub fn deserialize_all<T: DeserializeOwned>(root: &Node, problems: &mut Vec<Prob
                 }
                 segs.retain(|s| !s.is_empty());
                 let dotted = segs.join(".");
-                problems.push(Problem {
-                    line: root.line_of(&dotted),
-                    path: dotted,
-                    message,
-                });
+                problems.push(Problem { line: root.line_of(&dotted), path: dotted, message });
                 if !remove_at(&mut json, &segs) {
                     return None;
                 }
@@ -313,22 +282,11 @@ mod tests {
         let root = parse(text).unwrap();
         let mut problems = Vec::new();
         let out: Option<Outer> = deserialize_all(&root, &mut problems);
-        assert_eq!(
-            out.map(|o| o.list.len()),
-            Some(2),
-            "the good parts survive with defaults"
-        );
-        let got: Vec<(Option<u64>, &str)> =
-            problems.iter().map(|p| (p.line, p.path.as_str())).collect();
+        assert_eq!(out.map(|o| o.list.len()), Some(2), "the good parts survive with defaults");
+        let got: Vec<(Option<u64>, &str)> = problems.iter().map(|p| (p.line, p.path.as_str())).collect();
         assert_eq!(
             got,
-            vec![
-                (Some(2), "a.n"),
-                (Some(3), "a.typo"),
-                (Some(4), "b"),
-                (Some(7), "list.1.s"),
-                (Some(8), "extra")
-            ]
+            vec![(Some(2), "a.n"), (Some(3), "a.typo"), (Some(4), "b"), (Some(7), "list.1.s"), (Some(8), "extra")]
         );
     }
 

@@ -16,11 +16,7 @@ use pare::pipeline::{CompactionSummary, Pipeline, StreamEnd};
 use serde_json::{Value, json};
 
 fn start(dir: &Path) -> Arc<Archive> {
-    Archive::start(
-        dir.to_owned(),
-        Durability::Buffered,
-        Duration::from_millis(20),
-    )
+    Archive::start(dir.to_owned(), Durability::Buffered, Duration::from_millis(20))
 }
 
 fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeRecord {
@@ -33,11 +29,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         headers: vec![("user-agent".into(), "test".into())],
         raw: Bytes::copy_from_slice(raw),
         forwarded: forwarded.map(Bytes::copy_from_slice),
-        summary: Some(CompactionSummary {
-            tokens_raw: 100,
-            tokens_forwarded: 60,
-            ..Default::default()
-        }),
+        summary: Some(CompactionSummary { tokens_raw: 100, tokens_forwarded: 60, ..Default::default() }),
         skipped: None,
         key_req: Some(7),
     }
@@ -67,11 +59,7 @@ fn growing_session(n: usize, pretty: bool) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for k in 0..n {
         let body = json!({"model": "m", "messages": messages, "tools": tools, "stream": false});
-        out.push(if pretty {
-            serde_json::to_vec_pretty(&body).unwrap()
-        } else {
-            serde_json::to_vec(&body).unwrap()
-        });
+        out.push(if pretty { serde_json::to_vec_pretty(&body).unwrap() } else { serde_json::to_vec(&body).unwrap() });
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "bash", "arguments": format!("{{\"command\": \"cat file_{k}.rs\"}}")}}]}));
         messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": format!("fn f{k}() {{}}\n").repeat(30 + k)}));
     }
@@ -84,12 +72,7 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let archive = start(dir.path());
     let bodies = growing_session(40, false);
     let pretty = growing_session(5, true);
-    let odd: Vec<&[u8]> = vec![
-        b"not json {",
-        b"{\"model\":\"m\"}",
-        b"",
-        b"{ \"messages\" : [ ] }",
-    ];
+    let odd: Vec<&[u8]> = vec![b"not json {", b"{\"model\":\"m\"}", b"", b"{ \"messages\" : [ ] }"];
     for (k, body) in bodies.iter().enumerate() {
         // Forward a "compacted" body every third request: the raw body with its first message dropped.
         let forwarded = (k % 3 == 0).then(|| {
@@ -110,23 +93,13 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let reader = ArchiveReader::open(dir.path()).unwrap();
     for (k, body) in bodies.iter().enumerate() {
         let seq = k as i64 + 1;
-        assert!(
-            reader.body("s1", seq, BodyKind::Raw).unwrap() == *body,
-            "raw body {seq} differs"
-        );
+        assert!(reader.body("s1", seq, BodyKind::Raw).unwrap() == *body, "raw body {seq} differs");
         let forwarded = reader.body("s1", seq, BodyKind::Forwarded).unwrap();
         if k % 3 == 0 {
             assert!(forwarded != *body);
             assert_eq!(
-                serde_json::from_slice::<Value>(&forwarded).unwrap()["messages"]
-                    .as_array()
-                    .unwrap()
-                    .len(),
-                serde_json::from_slice::<Value>(body).unwrap()["messages"]
-                    .as_array()
-                    .unwrap()
-                    .len()
-                    - 1
+                serde_json::from_slice::<Value>(&forwarded).unwrap()["messages"].as_array().unwrap().len(),
+                serde_json::from_slice::<Value>(body).unwrap()["messages"].as_array().unwrap().len() - 1
             );
         } else {
             assert!(forwarded == *body, "forwarded body {seq} differs");
@@ -135,33 +108,22 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
         assert_eq!(answer.body, format!("{{\"answer\":{k}}}").as_bytes());
     }
     for (k, body) in pretty.iter().enumerate() {
-        assert!(
-            reader.body("s2", k as i64 + 1, BodyKind::Raw).unwrap() == *body,
-            "pretty body {k} differs"
-        );
+        assert!(reader.body("s2", k as i64 + 1, BodyKind::Raw).unwrap() == *body, "pretty body {k} differs");
     }
     for (k, body) in odd.iter().enumerate() {
-        assert_eq!(
-            &reader.body("s3", k as i64 + 1, BodyKind::Raw).unwrap(),
-            body
-        );
+        assert_eq!(&reader.body("s3", k as i64 + 1, BodyKind::Raw).unwrap(), body);
     }
     let last = reader.last_bodies("s1").unwrap().unwrap();
     let (last_raw, last_fwd) = (last.raw, last.forwarded);
     assert!(last_raw == *bodies.last().unwrap());
-    assert!(
-        last_fwd == reader.body("s1", 40, BodyKind::Forwarded).unwrap() && last_fwd != last_raw
-    );
+    assert!(last_fwd == reader.body("s1", 40, BodyKind::Forwarded).unwrap() && last_fwd != last_raw);
     let report = verify(reader.conn(), None).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
     assert_eq!(report.exchanges, 40 + 5 + 4);
     assert_eq!(report.responses, 40);
     let sessions = reader.sessions(&SessionFilter::default()).unwrap();
     let s1 = sessions.iter().find(|s| s.id == "s1").unwrap();
-    assert_eq!(
-        (s1.n_requests, s1.tokens_raw, s1.tokens_forwarded),
-        (40, 4000, 2400)
-    );
+    assert_eq!((s1.n_requests, s1.tokens_raw, s1.tokens_forwarded), (40, 4000, 2400));
 }
 
 #[test]
@@ -183,14 +145,8 @@ fn storage_grows_linearly_with_the_session() {
         .unwrap();
     let final_size = bodies.last().unwrap().len() as i64;
     let total_raw: i64 = bodies.iter().map(|b| b.len() as i64).sum();
-    assert!(
-        total_raw > 40 * final_size,
-        "the fixture must be quadratic to mean anything"
-    );
-    assert!(
-        stored * 2 < final_size * 3,
-        "stored {stored} bytes for a final transcript of {final_size}"
-    );
+    assert!(total_raw > 40 * final_size, "the fixture must be quadratic to mean anything");
+    assert!(stored * 2 < final_size * 3, "stored {stored} bytes for a final transcript of {final_size}");
 }
 
 fn tamper_and_verify(edit: &str) -> Vec<String> {
@@ -206,12 +162,7 @@ fn tamper_and_verify(edit: &str) -> Vec<String> {
     assert!(verify(&conn, None).unwrap().ok());
     conn.execute_batch(edit).unwrap();
     let report = verify(&conn, None).unwrap();
-    assert!(
-        report
-            .problems
-            .iter()
-            .all(|p| p.session.as_deref() != Some("bystander"))
-    );
+    assert!(report.problems.iter().all(|p| p.session.as_deref() != Some("bystander")));
     report.problems.iter().map(|p| p.to_string()).collect()
 }
 
@@ -221,35 +172,23 @@ fn tampering_is_detected_with_a_clear_report() {
         "UPDATE blobs SET data = CAST('{\"role\":\"user\",\"content\":\"Fix nothing\"}' AS BLOB), codec = 0, raw_len = 41
          WHERE id = (SELECT min(id) + 1 FROM blobs)",
     );
-    assert!(
-        altered_blob
-            .iter()
-            .any(|p| p.contains("does not match its SHA-256")),
-        "{altered_blob:?}"
-    );
+    assert!(altered_blob.iter().any(|p| p.contains("does not match its SHA-256")), "{altered_blob:?}");
 
-    let altered_field = tamper_and_verify(
-        "UPDATE exchanges SET path = '/v1/other' WHERE seq = 3 AND session = 'victim'",
-    );
+    let altered_field =
+        tamper_and_verify("UPDATE exchanges SET path = '/v1/other' WHERE seq = 3 AND session = 'victim'");
     assert_eq!(
         altered_field,
-        vec![
-            "session victim request 3: request record was altered: its hash does not match its fields"
-        ]
+        vec!["session victim request 3: request record was altered: its hash does not match its fields"]
     );
 
-    let removed =
-        tamper_and_verify("DELETE FROM responses WHERE session = 'victim' AND chain_idx = 5");
+    let removed = tamper_and_verify("DELETE FROM responses WHERE session = 'victim' AND chain_idx = 5");
     assert!(removed.iter().any(|p| p.contains("removed")), "{removed:?}");
 
     let removed_last = tamper_and_verify(
         "DELETE FROM responses WHERE session = 'victim' AND chain_idx = 11;
          UPDATE sessions SET n_records = 11 WHERE id = 'victim'",
     );
-    assert!(
-        removed_last.iter().any(|p| p.contains("head")),
-        "{removed_last:?}"
-    );
+    assert!(removed_last.iter().any(|p| p.contains("head")), "{removed_last:?}");
 
     let reordered = tamper_and_verify(
         "UPDATE exchanges SET at_ms = at_ms + 1 WHERE session = 'victim' AND seq = 2;
@@ -274,26 +213,21 @@ fn secrets_never_reach_the_store() {
     headers.insert("api-key", "sk-test-SECRET".parse().unwrap());
     headers.insert("x-api-key", "sk-test-SECRET".parse().unwrap());
     headers.insert("cookie", "session=sk-test-SECRET".parse().unwrap());
-    headers.insert(
-        "proxy-authorization",
-        "Basic sk-test-SECRET".parse().unwrap(),
-    );
+    headers.insert("proxy-authorization", "Basic sk-test-SECRET".parse().unwrap());
     headers.insert("x-pare-token", "sk-test-SECRET".parse().unwrap());
     headers.insert("x-custom-secret", "sk-test-SECRET".parse().unwrap());
     headers.insert("user-agent", "agent/1.0".parse().unwrap());
-    let body =
-        Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let prepared = runtime.block_on(pipeline.prepare_chat(&headers, body.clone()));
     let mut sink = prepared.sink.unwrap();
     let mut response_headers = HeaderMap::new();
     response_headers.insert("set-cookie", "sk-test-SECRET".parse().unwrap());
     response_headers.insert("content-type", "application/json".parse().unwrap());
     sink.head(200, &response_headers);
-    sink.chunk(&Bytes::from_static(br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#));
+    sink.chunk(&Bytes::from_static(
+        br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
+    ));
     sink.finish(StreamEnd::Complete);
     archive.close();
     let mut found = Vec::new();
@@ -308,14 +242,8 @@ fn secrets_never_reach_the_store() {
     let reader = ArchiveReader::open(dir.path()).unwrap();
     let session = prepared.session.unwrap();
     assert_eq!(reader.body(&session, 1, BodyKind::Raw).unwrap(), body);
-    let headers: String = reader
-        .conn()
-        .query_row(
-            "SELECT headers FROM exchanges WHERE session = ?1",
-            [&session],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let headers: String =
+        reader.conn().query_row("SELECT headers FROM exchanges WHERE session = ?1", [&session], |r| r.get(0)).unwrap();
     assert_eq!(headers, r#"{"user-agent":"agent/1.0"}"#);
 }
 
@@ -326,19 +254,11 @@ struct Agent {
 
 impl Agent {
     fn new(system: &str, task: &str) -> Agent {
-        Agent {
-            messages: vec![
-                json!({"role": "system", "content": system}),
-                json!({"role": "user", "content": task}),
-            ],
-        }
+        Agent { messages: vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": task})] }
     }
 
     fn body(&self) -> Bytes {
-        Bytes::from(
-            serde_json::to_vec(&json!({"model": "m", "stream": true, "messages": self.messages}))
-                .unwrap(),
-        )
+        Bytes::from(serde_json::to_vec(&json!({"model": "m", "stream": true, "messages": self.messages})).unwrap())
     }
 
     /// Send the current request, answer it with a streamed tool call, and append call + result.
@@ -357,7 +277,8 @@ impl Agent {
         sink.chunk(&Bytes::from(format!("data: {second}\n\ndata: [DONE]\n\n")));
         sink.finish(StreamEnd::Complete);
         self.messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "bash", "arguments": args}}]}));
-        self.messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": format!("output of step {k} for {tag}")}));
+        self.messages
+            .push(json!({"role": "tool", "tool_call_id": call_id, "content": format!("output of step {k} for {tag}")}));
         (prepared.session.unwrap(), body)
     }
 }
@@ -369,10 +290,7 @@ fn pipeline_with_archive(dir: &Path, durability: Durability) -> (Pipeline, Arc<A
     config.archive.flush_interval_ms = 20;
     let config = Arc::new(config);
     let archive = Archive::open(&config.archive);
-    (
-        Pipeline::identity(Arc::clone(&config)).with_archive(Arc::clone(&archive)),
-        archive,
-    )
+    (Pipeline::identity(Arc::clone(&config)).with_archive(Arc::clone(&archive)), archive)
 }
 
 #[tokio::test]
@@ -388,17 +306,11 @@ async fn strict_mode_commits_before_forwarding_and_sessions_follow_the_conversat
         assert!(reader.body(&session, k as i64 + 1, BodyKind::Raw).unwrap() == body);
         sent.push((session, body));
     }
-    assert!(
-        sent.iter().all(|(s, _)| *s == sent[0].0),
-        "one conversation, one session"
-    );
+    assert!(sent.iter().all(|(s, _)| *s == sent[0].0), "one conversation, one session");
     archive.flush().unwrap();
     let reader = ArchiveReader::open(dir.path()).unwrap();
     let answer = reader.response(&sent[0].0, 2).unwrap().unwrap();
-    assert_eq!(
-        answer.assembled.unwrap()["message"]["tool_calls"][0]["id"],
-        "call_a_1"
-    );
+    assert_eq!(answer.assembled.unwrap()["message"]["tool_calls"][0]["id"], "call_a_1");
     assert!(!answer.partial);
     assert!(verify(reader.conn(), None).unwrap().ok());
 
