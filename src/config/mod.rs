@@ -113,6 +113,9 @@ pub struct ArchiveConfig {
     pub session_headers: Vec<String>,
     /// Extra request headers never stored (Authorization, api-key, cookies are always dropped).
     pub redact_headers: Vec<String>,
+    /// Sessions the in-memory session tracker follows (least recently used are dropped; a dropped
+    /// session's next request starts a new session unless it names one by header).
+    pub tracked_sessions: usize,
 }
 
 impl Default for ArchiveConfig {
@@ -124,6 +127,7 @@ impl Default for ArchiveConfig {
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
+            tracked_sessions: 4096,
         }
     }
 }

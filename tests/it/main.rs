@@ -3,6 +3,7 @@
 
 mod support;
 
+mod archive;
 mod budget;
 mod compact;
 mod eval;
