@@ -15,10 +15,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     init_tracing(log_format(&args, &config)?);
     let config = Arc::new(config);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
     runtime.block_on(async {
         let listener = crate::proxy::bind(&config.server.listen, &config).await?;
         let pipeline = Arc::new(Pipeline::identity(config.clone()));
@@ -63,16 +61,10 @@ fn log_format(args: &ServeArgs, config: &Config) -> anyhow::Result<LogFormat> {
 /// Logs go to stderr; the level comes from `RUST_LOG` (default `info`).
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
     };
     if let Err(err) = result {
         eprintln!("pare: logging already initialised: {err}");

@@ -470,10 +470,7 @@ impl Config {
 
         for (i, m) in self.models.iter().enumerate() {
             if let Err(e) = regex::Regex::new(&m.pattern) {
-                bad(
-                    &format!("models.{i}.match"),
-                    format!("`{}` is not a valid regex: {}", m.pattern, first_line(&e.to_string())),
-                );
+                bad(&format!("models.{i}.match"), format!("`{}` is not a valid regex: {}", m.pattern, regex_error(&e)));
             }
             if m.context_window.is_some_and(|w| w < 1024) {
                 bad(&format!("models.{i}.context_window"), "too small (at least 1024)".into());
@@ -500,8 +497,16 @@ impl Config {
     }
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_owned()
+/// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).
+pub fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned()
 }
 
 #[cfg(test)]

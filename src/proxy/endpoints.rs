@@ -10,10 +10,7 @@ use super::handler::Proxy;
 pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     match (&parts.method, parts.uri.path()) {
         (&Method::GET | &Method::HEAD, "/_pare/health") => health(proxy).await,
-        _ => ProxyError::NotFound {
-            path: parts.uri.path().to_owned(),
-        }
-        .to_response(),
+        _ => ProxyError::NotFound { path: parts.uri.path().to_owned() }.to_response(),
     }
 }
 

@@ -30,11 +30,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn engine(pack: &str, overrides: Value) -> Engine {
-    let text = BUILTIN_PACKS
-        .iter()
-        .find(|(n, _)| *n == pack)
-        .expect("built-in pack")
-        .1;
+    let text = BUILTIN_PACKS.iter().find(|(n, _)| *n == pack).expect("built-in pack").1;
     let pack = load_pack(pack, text, Some(&overrides)).unwrap_or_else(|e| panic!("{e}"));
     Engine::from_pack(pack, SalienceConfig::default(), TierBudgets::default())
 }
@@ -42,19 +38,9 @@ fn engine(pack: &str, overrides: Value) -> Engine {
 /// Compact a body; returns the forwarded body and the engine's result.
 pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compacted) {
     let parsed = ChatBody::parse(body).expect("fixture parses");
-    let out = engine.compact(
-        &parsed,
-        &CompactOptions {
-            target_tokens: target,
-        },
-        &QuarterCounter,
-    );
+    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
-    messages.extend(
-        parsed.messages[out.boundary..]
-            .iter()
-            .map(|m| m.get().to_owned()),
-    );
+    messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
 }
 
@@ -64,18 +50,10 @@ fn check(expected_path: &Path, actual: &str) {
         std::fs::write(expected_path, actual).expect("write golden file");
         return;
     }
-    let expected = std::fs::read_to_string(expected_path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with PARE_BLESS=1 to create it)",
-            expected_path.display()
-        )
-    });
+    let expected = std::fs::read_to_string(expected_path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with PARE_BLESS=1 to create it)", expected_path.display()));
     if expected != actual {
-        let first_diff = expected
-            .chars()
-            .zip(actual.chars())
-            .position(|(a, b)| a != b)
-            .unwrap_or(0);
+        let first_diff = expected.chars().zip(actual.chars()).position(|(a, b)| a != b).unwrap_or(0);
         let from = first_diff.saturating_sub(120);
         panic!(
             "{} differs at char {first_diff}:\n expected …{}…\n   actual …{}…\n(PARE_BLESS=1 regenerates)",
@@ -107,10 +85,7 @@ fn golden_fixtures_by_pack() {
             let out = String::from_utf8(out).unwrap();
             check(&fixtures().join(format!("{input}.{pack}.out.json")), &out);
             let report = serde_json::to_string_pretty(&result.report).unwrap() + "\n";
-            check(
-                &fixtures().join(format!("{input}.{pack}.report.json")),
-                &report,
-            );
+            check(&fixtures().join(format!("{input}.{pack}.report.json")), &report);
             assert_invariants(&body, out.as_bytes(), &result);
         }
     }
@@ -121,58 +96,30 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
     let before = ChatBody::parse(input).unwrap();
     let after = ChatBody::parse(output).expect("output is valid JSON with messages");
     // Tail byte-identical.
-    let tail_in: Vec<&str> = before.messages[result.boundary..]
-        .iter()
-        .map(|m| m.get())
-        .collect();
-    let tail_out: Vec<&str> = after.messages[after.messages.len() - tail_in.len()..]
-        .iter()
-        .map(|m| m.get())
-        .collect();
+    let tail_in: Vec<&str> = before.messages[result.boundary..].iter().map(|m| m.get()).collect();
+    let tail_out: Vec<&str> = after.messages[after.messages.len() - tail_in.len()..].iter().map(|m| m.get()).collect();
     assert_eq!(tail_in, tail_out, "protected tail changed");
     // User messages byte-identical and in order.
     let users = |b: &ChatBody<'_>| -> Vec<String> {
         b.messages
             .iter()
-            .filter(|m| {
-                serde_json::from_str::<Value>(m.get())
-                    .ok()
-                    .is_some_and(|v| v["role"] == "user")
-            })
+            .filter(|m| serde_json::from_str::<Value>(m.get()).ok().is_some_and(|v| v["role"] == "user"))
             .map(|m| m.get().to_owned())
             .collect()
     };
     assert_eq!(users(&before), users(&after), "user messages changed");
     // Invariant 1.
-    let skeletons: Vec<_> = after
-        .messages
-        .iter()
-        .map(|m| pare::compact::validate::Skeleton::of(m.get()))
-        .collect();
+    let skeletons: Vec<_> = after.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
     pare::compact::validate::check(&skeletons).expect("output satisfies invariant 1");
     // Other top-level keys untouched.
     for (key, value) in &before.fields {
         if key != "messages" {
-            assert_eq!(
-                after.field(key).map(|v| v.get()),
-                Some(value.get()),
-                "top-level `{key}` changed"
-            );
+            assert_eq!(after.field(key).map(|v| v.get()), Some(value.get()), "top-level `{key}` changed");
         }
     }
     // Tokens never grow.
-    let tokens = |b: &ChatBody<'_>| -> u64 {
-        b.messages
-            .iter()
-            .map(|m| QuarterCounter.message(m.get()))
-            .sum()
-    };
-    assert!(
-        tokens(&after) <= tokens(&before),
-        "tokens grew: {} > {}",
-        tokens(&after),
-        tokens(&before)
-    );
+    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages.iter().map(|m| QuarterCounter.message(m.get())).sum() };
+    assert!(tokens(&after) <= tokens(&before), "tokens grew: {} > {}", tokens(&after), tokens(&before));
 }
 
 #[test]
