@@ -131,18 +131,23 @@ impl SuccessPolicy {
     /// The most telling error line: a Python exception line, else the first line matching an error
     /// pattern, else the JSON `error` text.
     fn first_error_line(&self, text: &str, shape: &Shape) -> Option<String> {
-        let mut first_match = None;
+        let mut first_match: Option<String> = None;
         let mut exception = None;
-        for line in text.lines() {
-            let l = line.trim();
-            if l.is_empty() {
-                continue;
-            }
+        let mut lines = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .peekable();
+        while let Some(l) = lines.next() {
             if EXCEPTION_LINE.is_match(l) {
                 exception = Some(l);
             }
-            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(line)) {
-                first_match = Some(l);
+            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(l)) {
+                // A bare `ERROR:` heading says nothing by itself: take the line that follows too.
+                first_match = Some(match lines.peek() {
+                    Some(next) if l.ends_with(':') && l.len() <= 16 => format!("{l} {next}"),
+                    _ => l.to_owned(),
+                });
             }
         }
         let json_error: Option<String> = match shape {
@@ -159,7 +164,7 @@ impl SuccessPolicy {
         };
         exception
             .map(str::to_owned)
-            .or(first_match.map(str::to_owned))
+            .or(first_match)
             .or(json_error.filter(|s| !s.is_empty()))
             .map(|l| super::markers::one_line(&l, 160))
             .filter(|l| !l.is_empty())
@@ -290,6 +295,15 @@ mod tests {
         assert_eq!(
             read("ok\n[Command finished with exit code 0]").status,
             Status::Ok
+        );
+    }
+
+    #[test]
+    fn bare_error_heading_takes_the_next_line() {
+        let r = read("ERROR:\nInvalid `path` parameter: /w/a.py. File already exists");
+        assert_eq!(
+            r.first_error.as_deref(),
+            Some("ERROR: Invalid `path` parameter: /w/a.py. File already exists")
         );
     }
 

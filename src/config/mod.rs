@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -141,7 +140,9 @@ impl ArchiveConfig {
         if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
             return PathBuf::from(xdg).join("pare");
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
         home.join(".local/share/pare")
     }
 }
@@ -172,7 +173,11 @@ pub struct CompactionConfig {
 
 impl Default for CompactionConfig {
     fn default() -> Self {
-        Self { mode: Mode::Epoch, pack: "default".into(), rules: None }
+        Self {
+            mode: Mode::Epoch,
+            pack: "default".into(),
+            rules: None,
+        }
     }
 }
 
@@ -233,7 +238,13 @@ pub struct SalienceConfig {
 
 impl Default for SalienceConfig {
     fn default() -> Self {
-        Self { tau_turns: 8.0, w_recency: 0.4, w_error: 0.3, w_keywords: 0.2, w_files: 0.1 }
+        Self {
+            tau_turns: 8.0,
+            w_recency: 0.4,
+            w_error: 0.3,
+            w_keywords: 0.2,
+            w_files: 0.1,
+        }
     }
 }
 
@@ -248,7 +259,12 @@ pub struct TierBudgets {
 
 impl Default for TierBudgets {
     fn default() -> Self {
-        Self { focus: 0.4, recent: 0.3, summary: 0.2, background: 0.1 }
+        Self {
+            focus: 0.4,
+            recent: 0.3,
+            summary: 0.2,
+            background: 0.1,
+        }
     }
 }
 
@@ -290,7 +306,11 @@ pub struct Problem {
 }
 
 fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
-    let name = path.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_else(|| "config".into());
+    let name = path
+        .as_deref()
+        .map(Path::display)
+        .map(|d| d.to_string())
+        .unwrap_or_else(|| "config".into());
     let mut out = format!("{} problem(s) in {name}", problems.len());
     for p in problems {
         match p.line {
@@ -306,17 +326,27 @@ impl Config {
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
         let config: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError {
             path: None,
-            problems: vec![Problem { line: None, path: String::new(), message: e.to_string() }],
+            problems: vec![Problem {
+                line: None,
+                path: String::new(),
+                message: e.to_string(),
+            }],
         })?;
         Ok(config)
     }
 
     /// Load a configuration file, or the built-in defaults when `path` is `None`.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let Some(path) = path else { return Ok(Config::default()) };
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: Some(path.to_owned()),
-            problems: vec![Problem { line: None, path: String::new(), message: format!("cannot read: {e}") }],
+            problems: vec![Problem {
+                line: None,
+                path: String::new(),
+                message: format!("cannot read: {e}"),
+            }],
         })?;
         Config::from_yaml(&text).map_err(|mut e| {
             e.path = Some(path.to_owned());
