@@ -1,2 +1,667 @@
 //! The metrics of MISSION.md (saved, peak, prefix reuse, uncached prefill, needle recall, validity)
 //! computed over replayed sessions.
+//!
+//! A session `R1..Rn` is replayed through the same [`SessionCompactor`] path as the proxy, giving
+//! `F1..Fn`; every figure is computed from those bytes, counted with the compactor's tokenizer:
+//!
+//! - **saved** `1 − ΣF/ΣR`; **peak** `max F` against the usable window (window − answer reserve);
+//!   a request *fits* when its first system message, user messages, protected tail and tools alone
+//!   are within the usable window (pare touches none of those), and then `F` must be too.
+//! - **uncached prefill** `Σ (F_k − reused_k)`, reused being the tools (when unchanged) plus the
+//!   longest common message prefix with the previous request, against the same sum over `R`.
+//! - **needle recall**: identifiers (paths, IDs, names, numbers of 4+ digits) in the assistant's reply
+//!   to request k (the message that follows in request k+1) that before appeared only in tool outputs;
+//!   the share still present in `F_k`.
+//! - **validity** (tool-call pairing, invariant 1), **preserved** (user messages and protected tail
+//!   byte-identical), **deterministic** (a second replay gives the same bytes).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::budget::replay::{replay_session, session_lines};
+use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
+use crate::budget::{CompactEngine, SessionCompactor};
+use crate::compact::CompactOptions;
+use crate::wire::{ChatBody, Message};
+
+/// Why a corpus could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot read corpus `{path}`: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("corpus `{0}` holds no *.jsonl session files")]
+    Empty(PathBuf),
+}
+
+/// Figures of one session, or sums over several.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    pub sessions: usize,
+    pub requests: usize,
+    /// Σ tokens(R_k).
+    pub tokens_raw: u64,
+    /// Σ tokens(F_k).
+    pub tokens_forwarded: u64,
+    pub peak_raw: u64,
+    pub peak_forwarded: u64,
+    /// Smallest usable window (window − answer reserve) met.
+    pub usable_window: u64,
+    /// Requests whose F exceeds the usable window.
+    pub over_window: usize,
+    /// Requests that fit (system + user + tail + tools within the window) whose F still exceeds it.
+    pub over_window_fitting: usize,
+    pub uncached_raw: u64,
+    pub uncached_forwarded: u64,
+    /// Needles (see module docs) and how many are still in F.
+    pub needles: u64,
+    pub needles_kept: u64,
+    /// Requests whose F satisfies invariant 1, and the same for R (for comparison).
+    pub valid_forwarded: usize,
+    pub valid_raw: usize,
+    /// Requests whose user messages and protected tail are byte-identical in F.
+    pub preserved: usize,
+    /// Sessions whose second replay gave the same bytes.
+    pub deterministic: usize,
+    /// Epochs (prefix rewrites) over all sessions.
+    pub epochs: u64,
+}
+
+impl Metrics {
+    pub fn add(&mut self, other: &Metrics) {
+        self.sessions += other.sessions;
+        self.requests += other.requests;
+        self.tokens_raw += other.tokens_raw;
+        self.tokens_forwarded += other.tokens_forwarded;
+        self.peak_raw = self.peak_raw.max(other.peak_raw);
+        self.peak_forwarded = self.peak_forwarded.max(other.peak_forwarded);
+        self.usable_window = match (self.usable_window, other.usable_window) {
+            (0, b) => b,
+            (a, 0) => a,
+            (a, b) => a.min(b),
+        };
+        self.over_window += other.over_window;
+        self.over_window_fitting += other.over_window_fitting;
+        self.uncached_raw += other.uncached_raw;
+        self.uncached_forwarded += other.uncached_forwarded;
+        self.needles += other.needles;
+        self.needles_kept += other.needles_kept;
+        self.valid_forwarded += other.valid_forwarded;
+        self.valid_raw += other.valid_raw;
+        self.preserved += other.preserved;
+        self.deterministic += other.deterministic;
+        self.epochs += other.epochs;
+    }
+
+    /// `1 − ΣF/ΣR`.
+    pub fn saved(&self) -> f64 {
+        if self.tokens_raw == 0 {
+            0.0
+        } else {
+            1.0 - self.tokens_forwarded as f64 / self.tokens_raw as f64
+        }
+    }
+
+    /// Uncached prefill of F over that of R.
+    pub fn prefill_ratio(&self) -> f64 {
+        if self.uncached_raw == 0 {
+            1.0
+        } else {
+            self.uncached_forwarded as f64 / self.uncached_raw as f64
+        }
+    }
+
+    /// Share of needles still present (1 when there are none).
+    pub fn recall(&self) -> f64 {
+        if self.needles == 0 {
+            1.0
+        } else {
+            self.needles_kept as f64 / self.needles as f64
+        }
+    }
+
+    fn share(n: usize, of: usize) -> f64 {
+        if of == 0 { 1.0 } else { n as f64 / of as f64 }
+    }
+
+    pub fn validity(&self) -> f64 {
+        Metrics::share(self.valid_forwarded, self.requests)
+    }
+
+    pub fn preserved_share(&self) -> f64 {
+        Metrics::share(self.preserved, self.requests)
+    }
+
+    pub fn deterministic_share(&self) -> f64 {
+        Metrics::share(self.deterministic, self.sessions)
+    }
+}
+
+/// One session's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionReport {
+    /// The corpus source: the session file's parent directory name.
+    pub source: String,
+    pub id: String,
+    #[serde(flatten)]
+    pub metrics: Metrics,
+}
+
+/// A whole corpus: per session, per source, and in total.
+#[derive(Debug, Clone, Serialize)]
+pub struct CorpusReport {
+    pub window: u64,
+    pub mode: String,
+    pub sessions: Vec<SessionReport>,
+    pub sources: BTreeMap<String, Metrics>,
+    pub total: Metrics,
+}
+
+/// Every `*.jsonl` file under `dir`, sorted by path (so reports are stable).
+pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), EvalError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| EvalError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        for entry in entries {
+            let path = entry
+                .map_err(|source| EvalError::Io {
+                    path: dir.to_owned(),
+                    source,
+                })?
+                .path();
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    files.sort();
+    if files.is_empty() {
+        return Err(EvalError::Empty(dir.to_owned()));
+    }
+    Ok(files)
+}
+
+/// Evaluate every session under `dir` at `window`.
+pub fn evaluate_corpus(
+    dir: &Path,
+    compactor: &SessionCompactor,
+    engine: &dyn CompactEngine,
+    window: u64,
+) -> Result<CorpusReport, EvalError> {
+    let mut sessions = Vec::new();
+    for path in session_files(dir)? {
+        let text = std::fs::read(&path).map_err(|source| EvalError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let source = path
+            .parent()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let id = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let requests = session_lines(&text);
+        let metrics = evaluate_session(
+            compactor,
+            engine,
+            &path.display().to_string(),
+            &requests,
+            window,
+        );
+        sessions.push(SessionReport {
+            source,
+            id,
+            metrics,
+        });
+    }
+    let mut sources: BTreeMap<String, Metrics> = BTreeMap::new();
+    let mut total = Metrics::default();
+    for s in &sessions {
+        sources.entry(s.source.clone()).or_default().add(&s.metrics);
+        total.add(&s.metrics);
+    }
+    let mode = format!("{:?}", compactor.policy().mode).to_lowercase();
+    Ok(CorpusReport {
+        window,
+        mode,
+        sessions,
+        sources,
+        total,
+    })
+}
+
+/// Evaluate one session (its request bodies in order).
+pub fn evaluate_session(
+    compactor: &SessionCompactor,
+    engine: &dyn CompactEngine,
+    session: &str,
+    requests: &[&[u8]],
+    window: u64,
+) -> Metrics {
+    compactor.forget(session);
+    let first = replay_session(compactor, session, requests, Some(window));
+    let again_id = format!("{session}#again");
+    compactor.forget(&again_id);
+    let again = replay_session(compactor, &again_id, requests, Some(window));
+    compactor.forget(session);
+    compactor.forget(&again_id);
+    let deterministic = first
+        .iter()
+        .zip(&again)
+        .all(|(a, b)| a.forwarded == b.forwarded);
+
+    let mut m = Metrics {
+        sessions: 1,
+        requests: requests.len(),
+        deterministic: deterministic as usize,
+        ..Metrics::default()
+    };
+    let needle_re = needle_regex();
+    let mut previous: Option<(Parsed<'_>, Parsed<'_>)> = None;
+    let parsed_raw: Vec<Option<ChatBody<'_>>> =
+        requests.iter().map(|r| ChatBody::parse(r).ok()).collect();
+    for (k, replayed) in first.iter().enumerate() {
+        let fwd_bytes = &replayed.forwarded;
+        let (Some(raw), Ok(fwd)) = (&parsed_raw[k], ChatBody::parse(fwd_bytes)) else {
+            // Not a chat request: forwarded as is; it only counts as a request.
+            m.valid_forwarded += 1;
+            m.valid_raw += 1;
+            m.preserved += 1;
+            continue;
+        };
+        let counter = compactor.counter(raw.model().as_deref());
+        let raw_p = Parsed::new(raw, counter);
+        let fwd_p = Parsed::new(&fwd, counter);
+        let (window, reserve) = compactor.window_and_reserve(raw, Some(window));
+        let usable = window.saturating_sub(reserve);
+        m.usable_window = if m.usable_window == 0 {
+            usable
+        } else {
+            m.usable_window.min(usable)
+        };
+        m.tokens_raw += raw_p.total;
+        m.tokens_forwarded += fwd_p.total;
+        m.peak_raw = m.peak_raw.max(raw_p.total);
+        m.peak_forwarded = m.peak_forwarded.max(fwd_p.total);
+        if let Some(summary) = &replayed.summary {
+            m.epochs = m.epochs.max(summary.epoch);
+        }
+
+        let boundary = engine
+            .compact(raw, &CompactOptions::default(), counter)
+            .boundary
+            .min(raw.messages.len());
+        if fwd_p.total > usable {
+            m.over_window += 1;
+            if floor_tokens(&raw_p, boundary) <= usable {
+                m.over_window_fitting += 1;
+            }
+        }
+        match &previous {
+            Some((prev_raw, prev_fwd)) => {
+                m.uncached_raw += raw_p.total - reused(prev_raw, &raw_p);
+                m.uncached_forwarded += fwd_p.total - reused(prev_fwd, &fwd_p);
+            }
+            None => {
+                m.uncached_raw += raw_p.total;
+                m.uncached_forwarded += fwd_p.total;
+            }
+        }
+        m.valid_forwarded += check_tool_pairing(&fwd_p.messages).is_ok() as usize;
+        m.valid_raw += check_tool_pairing(&raw_p.messages).is_ok() as usize;
+        m.preserved += preserves_user_and_tail(&raw_p.messages, &fwd_p.messages, boundary) as usize;
+
+        if let Some(next) = parsed_raw.get(k + 1).and_then(Option::as_ref) {
+            let (needles, kept) = next_step_needles(&needle_re, raw, next, &fwd_p.messages);
+            m.needles += needles;
+            m.needles_kept += kept;
+        }
+        // The previous request's bodies are re-parsed views over `requests` and `first`.
+        previous = Some((raw_p.detach(), fwd_p.detach()));
+    }
+    m
+}
+
+/// A request's messages with their token counts.
+struct Parsed<'a> {
+    messages: Vec<std::borrow::Cow<'a, str>>,
+    message_tokens: Vec<u64>,
+    roles: Vec<String>,
+    tools: Option<String>,
+    tools_tokens: u64,
+    total: u64,
+}
+
+impl<'a> Parsed<'a> {
+    fn new(body: &ChatBody<'a>, counter: &TokenCounter) -> Parsed<'a> {
+        let messages: Vec<std::borrow::Cow<'a, str>> = body
+            .messages
+            .iter()
+            .map(|m| std::borrow::Cow::Borrowed(m.get()))
+            .collect();
+        let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
+        let roles = messages.iter().map(|m| role_of(m)).collect();
+        let tools = body
+            .field("tools")
+            .map(|t| t.get().to_owned())
+            .filter(|t| t != "null");
+        let tools_tokens = tools.as_deref().map_or(0, |t| counter.tools(t));
+        let total = message_tokens.iter().sum::<u64>() + tools_tokens + REPLY_PRIMING;
+        Parsed {
+            messages,
+            message_tokens,
+            roles,
+            tools,
+            tools_tokens,
+            total,
+        }
+    }
+
+    fn detach(self) -> Parsed<'static> {
+        Parsed {
+            messages: self
+                .messages
+                .into_iter()
+                .map(|m| std::borrow::Cow::Owned(m.into_owned()))
+                .collect(),
+            message_tokens: self.message_tokens,
+            roles: self.roles,
+            tools: self.tools,
+            tools_tokens: self.tools_tokens,
+            total: self.total,
+        }
+    }
+}
+
+fn role_of(raw: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Role {
+        #[serde(default)]
+        role: Option<String>,
+    }
+    serde_json::from_str::<Role>(raw)
+        .ok()
+        .and_then(|r| r.role)
+        .unwrap_or_default()
+}
+
+/// Tokens a prompt cache can reuse from `previous`: the tools when unchanged (rendered first), then
+/// the longest common message prefix.
+fn reused(previous: &Parsed<'_>, current: &Parsed<'_>) -> u64 {
+    if previous.tools != current.tools {
+        return 0;
+    }
+    let common: u64 = previous
+        .messages
+        .iter()
+        .zip(&current.messages)
+        .take_while(|(a, b)| a == b)
+        .enumerate()
+        .map(|(i, _)| current.message_tokens[i])
+        .sum();
+    current.tools_tokens + common
+}
+
+/// What pare may not shrink: the first system message, user messages, the protected tail and tools.
+fn floor_tokens(raw: &Parsed<'_>, boundary: usize) -> u64 {
+    let first_system = raw
+        .roles
+        .iter()
+        .position(|r| r == "system" || r == "developer");
+    let kept: u64 = (0..raw.messages.len())
+        .filter(|i| *i >= boundary || Some(*i) == first_system || raw.roles[*i] == "user")
+        .map(|i| raw.message_tokens[i])
+        .sum();
+    kept + raw.tools_tokens + REPLY_PRIMING
+}
+
+/// Invariant 1: every assistant tool call is answered by a `tool` message before the next non-tool
+/// message, and every `tool` message answers a pending call. Returns the first violation.
+pub fn check_tool_pairing<M: AsRef<str>>(messages: &[M]) -> Result<(), String> {
+    let mut pending: Vec<String> = Vec::new();
+    let mut answered: Vec<String> = Vec::new();
+    for (i, raw) in messages.iter().enumerate() {
+        let message: Message = serde_json::from_str(raw.as_ref())
+            .map_err(|e| format!("message {i} is not a message object: {e}"))?;
+        if message.role == "tool" {
+            let id = message.tool_call_id.clone().unwrap_or_default();
+            match pending.iter().position(|p| *p == id) {
+                Some(at) => {
+                    answered.push(pending.remove(at));
+                }
+                None => {
+                    return Err(format!(
+                        "message {i}: tool result `{id}` answers no pending call"
+                    ));
+                }
+            }
+            continue;
+        }
+        if let Some(unanswered) = pending.first() {
+            return Err(format!(
+                "message {i}: call `{unanswered}` has no tool result before it"
+            ));
+        }
+        answered.clear();
+        if message.role == "assistant" {
+            pending = message
+                .tool_calls
+                .iter()
+                .flatten()
+                .map(|c| c.id.clone())
+                .collect();
+        }
+    }
+    match pending.first() {
+        Some(unanswered) => Err(format!("call `{unanswered}` has no tool result at the end")),
+        None => Ok(()),
+    }
+}
+
+/// User messages of `raw` appear, in order and byte-identical, in `fwd`; and `fwd` ends with
+/// `raw[boundary..]`.
+fn preserves_user_and_tail<A: AsRef<str>, B: AsRef<str>>(
+    raw: &[A],
+    fwd: &[B],
+    boundary: usize,
+) -> bool {
+    let tail = &raw[boundary.min(raw.len())..];
+    if tail.len() > fwd.len()
+        || !tail
+            .iter()
+            .zip(&fwd[fwd.len() - tail.len()..])
+            .all(|(a, b)| a.as_ref() == b.as_ref())
+    {
+        return false;
+    }
+    let mut forwarded = fwd.iter();
+    raw.iter()
+        .filter(|m| role_of(m.as_ref()) == "user")
+        .all(|user| forwarded.any(|f| f.as_ref() == user.as_ref()))
+}
+
+fn needle_regex() -> Regex {
+    Regex::new(r"[A-Za-z0-9_][A-Za-z0-9_./\-]*[A-Za-z0-9_]").expect("static regex")
+}
+
+/// Identifier-like tokens of a text: paths, IDs (letters and digits), snake/camel-case names, numbers
+/// of 4+ digits. Plain words are not needles.
+pub fn identifiers(re: &Regex, text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for m in re.find_iter(text) {
+        let token = m.as_str().trim_end_matches(['.', '-', '/']);
+        if token.len() < 4 || out.iter().any(|t| t == token) {
+            continue;
+        }
+        let has_alpha = token.chars().any(|c| c.is_ascii_alphabetic());
+        let has_digit = token.chars().any(|c| c.is_ascii_digit());
+        let is_number = token.chars().all(|c| c.is_ascii_digit());
+        let is_path = has_alpha && (token.contains('/') || has_file_extension(token));
+        let is_id = has_alpha && has_digit && !token.contains('.');
+        let is_name = has_alpha
+            && (token.contains('_') && token.chars().any(|c| c.is_ascii_lowercase())
+                || token
+                    .as_bytes()
+                    .windows(2)
+                    .any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()));
+        if is_number || is_path || is_id || is_name {
+            out.push(token.to_owned());
+        }
+    }
+    out
+}
+
+fn has_file_extension(token: &str) -> bool {
+    match token.rsplit_once('.') {
+        Some((stem, ext)) => {
+            !stem.is_empty()
+                && (1..=5).contains(&ext.len())
+                && ext.chars().all(|c| c.is_ascii_alphanumeric())
+                && ext.chars().any(|c| c.is_ascii_lowercase())
+        }
+        None => false,
+    }
+}
+
+/// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
+/// only in tool outputs) and how many of them `fwd` still contains.
+fn next_step_needles<M: AsRef<str>>(
+    re: &Regex,
+    raw: &ChatBody<'_>,
+    next: &ChatBody<'_>,
+    fwd: &[M],
+) -> (u64, u64) {
+    let n = raw.messages.len();
+    let extends = next.messages.len() > n
+        && raw
+            .messages
+            .iter()
+            .zip(&next.messages)
+            .all(|(a, b)| a.get() == b.get());
+    if !extends {
+        return (0, 0);
+    }
+    let Ok(reply) = Message::from_raw(next.messages[n]) else {
+        return (0, 0);
+    };
+    if reply.role != "assistant" {
+        return (0, 0);
+    }
+    let mut reply_text = reply.text();
+    for call in reply.tool_calls.iter().flatten() {
+        if let Some(f) = &call.function {
+            match &f.arguments {
+                Value::String(s) => reply_text.push_str(s),
+                other => reply_text.push_str(&other.to_string()),
+            }
+            reply_text.push('\n');
+        }
+    }
+    let (mut tool_text, mut other_text) = (String::new(), String::new());
+    for m in &raw.messages {
+        let text = m.get();
+        if role_of(text) == "tool" {
+            tool_text.push_str(text);
+        } else {
+            other_text.push_str(text);
+        }
+    }
+    if let Some(tools) = raw.field("tools") {
+        other_text.push_str(tools.get());
+    }
+    let mut needles = 0;
+    let mut kept = 0;
+    for id in identifiers(re, &reply_text) {
+        let escaped = id.replace('/', "\\/");
+        let occurs = |hay: &str| hay.contains(&id) || hay.contains(&escaped);
+        if !occurs(&tool_text) || occurs(&other_text) {
+            continue;
+        }
+        needles += 1;
+        kept += fwd.iter().any(|m| occurs(m.as_ref())) as u64;
+    }
+    (needles, kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_keep_paths_ids_names_and_long_numbers() {
+        let re = needle_regex();
+        let found = identifiers(
+            &re,
+            "Open src/core/loop.py and config.yaml, reservation ZFA04Y, call read_file, getUserId, 12345, 123, the word Hello.",
+        );
+        assert_eq!(
+            found,
+            vec![
+                "src/core/loop.py",
+                "config.yaml",
+                "ZFA04Y",
+                "read_file",
+                "getUserId",
+                "12345"
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_pairing_violations_are_found() {
+        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}"#;
+        let ans_a = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
+        let ans_b = r#"{"role":"tool","tool_call_id":"b","content":"y"}"#;
+        let user = r#"{"role":"user","content":"u"}"#;
+        assert!(check_tool_pairing(&[user, call, ans_b, ans_a, user]).is_ok());
+        assert!(
+            check_tool_pairing(&[user, call, ans_a, user])
+                .unwrap_err()
+                .contains("`b`")
+        );
+        assert!(
+            check_tool_pairing(&[user, ans_a])
+                .unwrap_err()
+                .contains("answers no pending call")
+        );
+        assert!(check_tool_pairing(&[user, call, ans_a, ans_b, ans_b]).is_err());
+        assert!(check_tool_pairing(&[user, call]).is_err());
+    }
+
+    #[test]
+    fn user_and_tail_preservation() {
+        let raw = [
+            "{\"role\":\"user\",\"content\":\"a\"}",
+            "{\"role\":\"tool\",\"content\":\"long\"}",
+            "{\"role\":\"assistant\",\"content\":\"t\"}",
+        ];
+        let good = [
+            "{\"role\":\"user\",\"content\":\"a\"}",
+            "{\"role\":\"tool\",\"content\":\"[short]\"}",
+            "{\"role\":\"assistant\",\"content\":\"t\"}",
+        ];
+        assert!(preserves_user_and_tail(&raw, &good, 2));
+        assert!(
+            !preserves_user_and_tail(&raw, &good, 1),
+            "the tool message is in the tail"
+        );
+        let lost_user = ["{\"role\":\"assistant\",\"content\":\"t\"}"];
+        assert!(!preserves_user_and_tail(&raw, &lost_user, 2));
+    }
+}

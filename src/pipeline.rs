@@ -54,10 +54,7 @@ pub struct IdentityCompactor;
 
 impl ChatCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput {
-            body: None,
-            summary: CompactionSummary::default(),
-        })
+        Ok(CompactOutput { body: None, summary: CompactionSummary::default() })
     }
 }
 
@@ -108,11 +105,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
-        Pipeline {
-            config,
-            compactor,
-            stats: PipelineStats::default(),
-        }
+        Pipeline { config, compactor, stats: PipelineStats::default() }
     }
 
     /// A pipeline that forwards everything unchanged.
@@ -136,46 +129,23 @@ impl Pipeline {
             }
         };
         let session = String::new();
-        let input = CompactInput {
-            session: &session,
-            raw: &raw,
-            body: &body,
-            window: None,
-        };
+        let input = CompactInput { session: &session, raw: &raw, body: &body, window: None };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
         let (forward, summary, skipped) = match result {
-            Ok(Ok(out)) => (
-                out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()),
-                Some(out.summary),
-                None,
-            ),
+            Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
             Ok(Err(err)) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %format!("{err:#}"), "compaction failed; forwarding the original request");
-                (
-                    raw.clone(),
-                    None,
-                    Some(format!("compaction failed: {err:#}")),
-                )
+                (raw.clone(), None, Some(format!("compaction failed: {err:#}")))
             }
             Err(panic) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 let what = panic_message(&panic);
                 tracing::error!(panic = %what, "compaction panicked; forwarding the original request");
-                (
-                    raw.clone(),
-                    None,
-                    Some(format!("compaction panicked: {what}")),
-                )
+                (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
         };
-        PreparedChat {
-            body: forward,
-            session: None,
-            summary,
-            skipped,
-            sink: None,
-        }
+        PreparedChat { body: forward, session: None, summary, skipped, sink: None }
     }
 }
 

@@ -1,4 +1,23 @@
 //! Token counting with tiktoken-rs, cached per message.
+//!
+//! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
+//! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its
+//! name, its arguments and 1; 3 tokens of reply priming per request ([`REPLY_PRIMING`]). Image parts
+//! count a fixed estimate and are never tokenized as text. Counts are cached by a hash of the message's
+//! raw bytes in a bounded LRU, so a warm request only tokenizes the messages it adds.
+
+use std::num::NonZeroUsize;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lru::LruCache;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tiktoken_rs::CoreBPE;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::wire::{Content, Message};
 
 /// Counts tokens of request parts as the upstream would see them.
 pub trait CountTokens: Send + Sync {
@@ -6,4 +25,252 @@ pub trait CountTokens: Send + Sync {
     fn message(&self, raw_json: &str) -> u64;
     /// Tokens of the `tools` array (raw JSON), counted once per distinct schema.
     fn tools(&self, raw_json: &str) -> u64;
+}
+
+/// Tokens OpenAI adds once per request to prime the reply (`<|start|>assistant<|message|>`).
+pub const REPLY_PRIMING: u64 = 3;
+/// Framing tokens per message.
+pub const TOKENS_PER_MESSAGE: u64 = 3;
+/// Extra token when a message carries a `name`.
+pub const TOKENS_PER_NAME: u64 = 1;
+/// Extra token per tool call.
+pub const TOKENS_PER_TOOL_CALL: u64 = 1;
+
+/// Tokens of a whole request: its messages, its `tools` (when present) and the reply priming.
+pub fn request_tokens<M: AsRef<str>>(
+    counter: &dyn CountTokens,
+    messages: &[M],
+    tools: Option<&str>,
+) -> u64 {
+    let messages: u64 = messages.iter().map(|m| counter.message(m.as_ref())).sum();
+    messages + tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING
+}
+
+/// A tiktoken encoding pare can count with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// GPT-4o and later; also a good estimate for most recent open models.
+    O200kBase,
+    /// GPT-4 / GPT-3.5.
+    Cl100kBase,
+}
+
+/// An encoding name pare does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown encoding `{0}` (expected `o200k_base` or `cl100k_base`)")]
+pub struct UnknownEncoding(pub String);
+
+impl FromStr for Encoding {
+    type Err = UnknownEncoding;
+    fn from_str(name: &str) -> Result<Encoding, UnknownEncoding> {
+        match name {
+            "o200k_base" | "o200k" => Ok(Encoding::O200kBase),
+            "cl100k_base" | "cl100k" => Ok(Encoding::Cl100kBase),
+            other => Err(UnknownEncoding(other.to_owned())),
+        }
+    }
+}
+
+impl Encoding {
+    /// The process-wide tokenizer of this encoding (built on first use, then shared).
+    pub fn bpe(self) -> &'static CoreBPE {
+        match self {
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+        }
+    }
+
+    /// Build the tokenizer now so that the first request does not pay for it.
+    pub fn warm(self) {
+        let _ = self.bpe().encode_ordinary("warm");
+    }
+}
+
+/// Tuning of a [`TokenCounter`].
+#[derive(Debug, Clone)]
+pub struct CounterConfig {
+    pub encoding: Encoding,
+    /// Tokens counted for one image part (never tokenized as text). OpenAI charges 85 + 170 per
+    /// 512-px tile; 765 is a 1024×1024 image at high detail.
+    pub image_tokens: u64,
+    /// Messages whose counts are remembered (least recently used are forgotten).
+    pub cache_entries: usize,
+}
+
+impl Default for CounterConfig {
+    fn default() -> Self {
+        CounterConfig {
+            encoding: Encoding::O200kBase,
+            image_tokens: 765,
+            cache_entries: 131_072,
+        }
+    }
+}
+
+/// The tiktoken counter with a bounded per-message cache.
+pub struct TokenCounter {
+    encoding: Encoding,
+    image_tokens: u64,
+    /// xxh3-128 of the raw bytes → tokens. Separate entries for messages and tool schemas cannot
+    /// collide in practice (128-bit hashes), and both are keyed by their exact bytes.
+    cache: Mutex<LruCache<u128, u64>>,
+    tokenizations: AtomicU64,
+}
+
+impl std::fmt::Debug for TokenCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCounter")
+            .field("encoding", &self.encoding)
+            .field("tokenizations", &self.tokenizations())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenCounter {
+    pub fn new(config: &CounterConfig) -> TokenCounter {
+        let capacity = NonZeroUsize::new(config.cache_entries.max(1)).expect("max(1) is non-zero");
+        TokenCounter {
+            encoding: config.encoding,
+            image_tokens: config.image_tokens,
+            cache: Mutex::new(LruCache::new(capacity)),
+            tokenizations: AtomicU64::new(0),
+        }
+    }
+
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
+    }
+
+    /// How many texts this counter has tokenized (cache misses); lets tests prove the cache works.
+    pub fn tokenizations(&self) -> u64 {
+        self.tokenizations.load(Ordering::Relaxed)
+    }
+
+    /// Tokens of a plain text, uncached.
+    pub fn text(&self, text: &str) -> u64 {
+        self.encoding.bpe().count_ordinary(text) as u64
+    }
+
+    fn cached(&self, raw: &str, count: impl FnOnce() -> u64) -> u64 {
+        let key = xxh3_128(raw.as_bytes());
+        if let Some(n) = self.lock().get(&key) {
+            return *n;
+        }
+        self.tokenizations.fetch_add(1, Ordering::Relaxed);
+        let n = count();
+        self.lock().put(key, n);
+        n
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<u128, u64>> {
+        // A panic while holding the lock cannot leave the cache inconsistent: keep using it.
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Uncached count of one message.
+    fn count_message(&self, raw: &str) -> u64 {
+        let Ok(message) = serde_json::from_str::<Message>(raw) else {
+            // Not a message object: the upstream will see its JSON text.
+            return TOKENS_PER_MESSAGE + self.text(raw);
+        };
+        let mut n = TOKENS_PER_MESSAGE + self.text(&message.role);
+        match &message.content {
+            Some(Content::Text(text)) => n += self.text(text),
+            Some(Content::Parts(parts)) => {
+                for part in parts {
+                    let kind = part.kind.as_deref().unwrap_or("");
+                    if let Some(text) = &part.text {
+                        n += self.text(text);
+                    } else if kind.contains("image") {
+                        n += self.image_tokens;
+                    } else if !part.extra.is_empty() {
+                        n += self.text(&Value::Object(part.extra.clone()).to_string());
+                    }
+                }
+            }
+            Some(Content::Other(Value::Null)) | None => {}
+            Some(Content::Other(other)) => n += self.text(&other.to_string()),
+        }
+        if let Some(name) = &message.name {
+            n += TOKENS_PER_NAME + self.text(name);
+        }
+        for call in message.tool_calls.iter().flatten() {
+            n += TOKENS_PER_TOOL_CALL;
+            if let Some(function) = &call.function {
+                n += self.text(&function.name);
+                n += match &function.arguments {
+                    Value::String(s) => self.text(s),
+                    Value::Null => 0,
+                    other => self.text(&other.to_string()),
+                };
+            }
+        }
+        for reasoning in [&message.reasoning_content, &message.reasoning]
+            .into_iter()
+            .flatten()
+        {
+            n += match reasoning {
+                Value::String(s) => self.text(s),
+                Value::Null => 0,
+                other => self.text(&other.to_string()),
+            };
+        }
+        n
+    }
+
+    /// Uncached count of a `tools` array: each distinct schema once (through the cache).
+    fn count_tools(&self, raw: &str) -> u64 {
+        match serde_json::from_str::<Vec<&RawValue>>(raw) {
+            Ok(tools) => tools
+                .iter()
+                .map(|tool| self.cached(tool.get(), || self.text(tool.get())))
+                .sum(),
+            Err(_) => self.text(raw),
+        }
+    }
+}
+
+impl CountTokens for TokenCounter {
+    fn message(&self, raw_json: &str) -> u64 {
+        self.cached(raw_json, || self.count_message(raw_json))
+    }
+
+    fn tools(&self, raw_json: &str) -> u64 {
+        // The whole array is cached too, so the common case (same tools every request) is one lookup.
+        self.cached(raw_json, || self.count_tools(raw_json))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter() -> TokenCounter {
+        TokenCounter::new(&CounterConfig::default())
+    }
+
+    #[test]
+    fn encoding_names_parse_and_unknown_is_named() {
+        assert_eq!("o200k_base".parse::<Encoding>(), Ok(Encoding::O200kBase));
+        assert_eq!("cl100k_base".parse::<Encoding>(), Ok(Encoding::Cl100kBase));
+        let err = "p50k".parse::<Encoding>().unwrap_err();
+        assert!(err.to_string().contains("`p50k`"));
+    }
+
+    #[test]
+    fn unparseable_message_counts_its_text() {
+        let c = counter();
+        assert_eq!(c.message("42"), TOKENS_PER_MESSAGE + c.text("42"));
+    }
+
+    #[test]
+    fn null_content_and_missing_content_count_the_same() {
+        let c = counter();
+        assert_eq!(
+            c.message(r#"{"role":"assistant","content":null}"#),
+            c.message(r#"{"role":"assistant"}"#)
+        );
+    }
 }

@@ -1,0 +1,500 @@
+//! The stateful compactor the proxy calls: per-session epochs, stickiness and the three modes.
+//!
+//! A session remembers one *frozen prefix*: the raw messages `0..n` it covers (by hash) and their
+//! forwarded form. While a request's raw messages still start with those `n` messages, pare forwards
+//! `frozen prefix ++ raw[n..]`, so successive forwarded requests extend each other as a pure append
+//! and the upstream's prompt cache stays warm.
+//!
+//! - **epoch** (default): when that forwarded request crosses the high-water mark (a share of the
+//!   usable window, i.e. window − answer reserve), the engine compacts it in one step down to the
+//!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up.
+//! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
+//!   token target only above it); between advances the frozen forms are reused.
+//! - **off**: forwarded unchanged; tokens are still counted for the headers.
+//!
+//! The engine is fed the *forwarded* form (frozen prefix + new raw messages), not the raw request:
+//! compacting compacted messages changes nothing, so the parts of the prefix an epoch does not need
+//! to touch stay byte-identical and the upstream keeps reusing their cache.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lru::LruCache;
+use serde::Deserialize;
+use serde_json::json;
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::tokens::CountTokens;
+use super::tokens::{CounterConfig, Encoding, TokenCounter, request_tokens};
+use super::window::{ModelTable, ModelTableError, answer_reserve};
+use crate::compact::{CompactOptions, Compacted, Engine};
+use crate::config::{Config, Mode};
+use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use crate::wire::{ChatBody, WireError};
+
+/// What the state machine needs from the engine: the pure `compact` seam. Implemented by
+/// [`Engine`]; tests substitute small engines with known behaviour.
+pub trait CompactEngine: Send + Sync {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> Compacted;
+}
+
+impl CompactEngine for Engine {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> Compacted {
+        Engine::compact(self, body, options, counter)
+    }
+}
+
+/// When compaction runs and how far it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochPolicy {
+    pub mode: Mode,
+    /// Share of the usable window at which an epoch starts.
+    pub high_water: f64,
+    /// Share of the usable window an epoch compacts down to.
+    pub low_water: f64,
+    /// Eager mode: turns between two advances of the frozen frontier.
+    pub polling: u32,
+}
+
+impl EpochPolicy {
+    pub fn from_config(config: &Config) -> EpochPolicy {
+        EpochPolicy {
+            mode: config.compaction.mode,
+            high_water: config.budget.high_water,
+            low_water: config.budget.low_water,
+            polling: config.budget.polling.max(1),
+        }
+    }
+}
+
+/// The forwarded form of the first `raw_hashes.len()` raw messages of a session.
+#[derive(Debug, Clone, PartialEq)]
+struct Frozen {
+    raw_hashes: Vec<u128>,
+    prefix: Vec<String>,
+}
+
+/// What pare remembers about one session.
+#[derive(Debug, Clone, Default)]
+struct SessionState {
+    epoch: u64,
+    frozen: Option<Frozen>,
+    /// Raw message count when the eager frontier last advanced.
+    advanced_at_len: usize,
+    /// The last compaction could not get under the high-water mark (system + user + tail too large);
+    /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded,
+    /// instead of re-compacting (and breaking the cache) on every request.
+    saturated: bool,
+}
+
+/// Why a session could not be seeded from an archived pair.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    #[error("archived raw body of session `{session}` is not a chat request: {source}")]
+    Raw { session: String, source: WireError },
+    #[error("archived forwarded body of session `{session}` is not a chat request: {source}")]
+    Forwarded { session: String, source: WireError },
+}
+
+/// The stateful [`ChatCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
+pub struct SessionCompactor {
+    engine: Arc<dyn CompactEngine>,
+    table: ModelTable,
+    policy: EpochPolicy,
+    counters: Vec<TokenCounter>,
+    sessions: Mutex<LruCache<String, Arc<Mutex<SessionState>>>>,
+}
+
+impl std::fmt::Debug for SessionCompactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionCompactor")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One request, resolved against the configuration.
+struct Request<'b, 'a> {
+    body: &'b ChatBody<'a>,
+    raw: Vec<&'a str>,
+    tools: Option<&'a str>,
+    window: u64,
+    reserve: u64,
+}
+
+impl<'b, 'a> Request<'b, 'a> {
+    fn usable(&self) -> u64 {
+        self.window.saturating_sub(self.reserve)
+    }
+}
+
+/// The result of one step of the state machine.
+struct Step {
+    messages: Vec<String>,
+    action: &'static str,
+    history_changed: bool,
+    engine_report: serde_json::Value,
+}
+
+impl SessionCompactor {
+    /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. Tokenizers are
+    /// warmed here so that the first request does not pay for building them.
+    pub fn new(
+        config: &Config,
+        engine: Arc<dyn CompactEngine>,
+    ) -> Result<SessionCompactor, ModelTableError> {
+        let table = ModelTable::from_config(config)?;
+        let counters = table
+            .encodings()
+            .into_iter()
+            .map(|encoding| {
+                encoding.warm();
+                TokenCounter::new(&CounterConfig {
+                    encoding,
+                    image_tokens: config.budget.image_tokens,
+                    cache_entries: config.budget.token_cache_entries,
+                })
+            })
+            .collect();
+        let capacity =
+            NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
+        Ok(SessionCompactor {
+            engine,
+            table,
+            policy: EpochPolicy::from_config(config),
+            counters,
+            sessions: Mutex::new(LruCache::new(capacity)),
+        })
+    }
+
+    pub fn policy(&self) -> &EpochPolicy {
+        &self.policy
+    }
+
+    /// The token counter used for `model` (its encoding from `models:`, else `budget.encoding`).
+    pub fn counter(&self, model: Option<&str>) -> &TokenCounter {
+        self.counter_for(self.table.settings(model).encoding)
+    }
+
+    fn counter_for(&self, encoding: Encoding) -> &TokenCounter {
+        self.counters
+            .iter()
+            .find(|c| c.encoding() == encoding)
+            .unwrap_or(&self.counters[0])
+    }
+
+    /// The window and answer reserve pare applies to `body` (`window` overrides config and default).
+    pub fn window_and_reserve(&self, body: &ChatBody<'_>, window: Option<u64>) -> (u64, u64) {
+        let settings = self.table.settings(body.model().as_deref());
+        let window = window
+            .or(settings.context_window)
+            .unwrap_or(self.table.default_window());
+        (
+            window,
+            answer_reserve(body, settings.output_reserve, window),
+        )
+    }
+
+    /// Sessions currently remembered.
+    pub fn n_sessions(&self) -> usize {
+        self.lock_sessions().len()
+    }
+
+    /// Rebuild a session's state from an archived pair (what the agent sent, what pare forwarded) so
+    /// that after a restart the next request reuses the same forwarded prefix instead of starting a
+    /// new epoch. The forwarded body is `prefix ++ raw[n..]`; `n` is found from the longest common
+    /// suffix of the two message lists.
+    pub fn seed(
+        &self,
+        session: &str,
+        raw: &[u8],
+        forwarded: &[u8],
+        epoch: u64,
+    ) -> Result<(), SeedError> {
+        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw {
+            session: session.to_owned(),
+            source,
+        })?;
+        let fwd_body = ChatBody::parse(forwarded).map_err(|source| SeedError::Forwarded {
+            session: session.to_owned(),
+            source,
+        })?;
+        let raw_msgs: Vec<&str> = raw_body.messages.iter().map(|m| m.get()).collect();
+        let fwd_msgs: Vec<&str> = fwd_body.messages.iter().map(|m| m.get()).collect();
+        let common = raw_msgs
+            .iter()
+            .rev()
+            .zip(fwd_msgs.iter().rev())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let n_raw = raw_msgs.len() - common;
+        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
+            raw_hashes: raw_msgs[..n_raw]
+                .iter()
+                .map(|m| xxh3_128(m.as_bytes()))
+                .collect(),
+            prefix: fwd_msgs[..fwd_msgs.len() - common]
+                .iter()
+                .map(|m| (*m).to_owned())
+                .collect(),
+        });
+        let state = SessionState {
+            epoch,
+            frozen,
+            advanced_at_len: raw_msgs.len(),
+            saturated: false,
+        };
+        self.lock_sessions()
+            .put(session.to_owned(), Arc::new(Mutex::new(state)));
+        Ok(())
+    }
+
+    /// Forget a session's state (its next request starts fresh).
+    pub fn forget(&self, session: &str) {
+        self.lock_sessions().pop(session);
+    }
+
+    fn lock_sessions(&self) -> MutexGuard<'_, LruCache<String, Arc<Mutex<SessionState>>>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn session(&self, id: &str) -> Arc<Mutex<SessionState>> {
+        let mut sessions = self.lock_sessions();
+        if let Some(state) = sessions.get(id) {
+            return state.clone();
+        }
+        let state = Arc::new(Mutex::new(SessionState::default()));
+        sessions.put(id.to_owned(), state.clone());
+        state
+    }
+
+    /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
+    pub fn compact_body(
+        &self,
+        session: &str,
+        body: &ChatBody<'_>,
+        window: Option<u64>,
+    ) -> CompactOutput {
+        let (window, reserve) = self.window_and_reserve(body, window);
+        let tools = body
+            .field("tools")
+            .map(|t| t.get())
+            .filter(|t| *t != "null");
+        let request = Request {
+            body,
+            raw: body.messages.iter().map(|m| m.get()).collect(),
+            tools,
+            window,
+            reserve,
+        };
+        let counter = self.counter(body.model().as_deref());
+        let tokens_raw = request_tokens(counter, &request.raw, tools);
+        let usable = request.usable();
+        let base_report =
+            json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
+
+        if self.policy.mode == Mode::Off {
+            let summary = CompactionSummary {
+                tokens_raw,
+                tokens_forwarded: tokens_raw,
+                epoch: 0,
+                over_window: tokens_raw > usable,
+                report: base_report,
+            };
+            return CompactOutput {
+                body: None,
+                summary,
+            };
+        }
+
+        let state = self.session(session);
+        let mut state = state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let step = self.step(&mut state, &request, counter);
+        let tokens_forwarded = request_tokens(counter, &step.messages, tools);
+        let unchanged = step.messages.len() == request.raw.len()
+            && step
+                .messages
+                .iter()
+                .zip(&request.raw)
+                .all(|(f, r)| f.as_str() == *r);
+        let mut report = base_report;
+        report["action"] = json!(step.action);
+        if step.history_changed {
+            report["history_changed"] = json!(true);
+        }
+        if !step.engine_report.is_null() {
+            report["engine"] = step.engine_report;
+        }
+        let summary = CompactionSummary {
+            tokens_raw,
+            tokens_forwarded,
+            epoch: state.epoch,
+            over_window: tokens_forwarded > usable,
+            report,
+        };
+        let body = (!unchanged).then(|| body.to_vec_with_messages(&step.messages));
+        CompactOutput { body, summary }
+    }
+
+    /// One transition of a session's state machine; returns the forwarded messages.
+    fn step(
+        &self,
+        state: &mut SessionState,
+        request: &Request<'_, '_>,
+        counter: &TokenCounter,
+    ) -> Step {
+        let hashes: Vec<u128> = request.raw.iter().map(|m| xxh3_128(m.as_bytes())).collect();
+        let history_changed = state
+            .frozen
+            .as_ref()
+            .is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
+        if history_changed {
+            // The agent edited or dropped earlier messages: the frozen prefix no longer describes
+            // this conversation. Start fresh (the epoch number keeps counting).
+            state.frozen = None;
+            state.saturated = false;
+            state.advanced_at_len = 0;
+        }
+        let candidate: Vec<String> = match &state.frozen {
+            Some(f) => f
+                .prefix
+                .iter()
+                .cloned()
+                .chain(
+                    request.raw[f.raw_hashes.len()..]
+                        .iter()
+                        .map(|m| (*m).to_owned()),
+                )
+                .collect(),
+            None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
+        };
+        let candidate_tokens = request_tokens(counter, &candidate, request.tools);
+        let usable = request.usable() as f64;
+        let trigger = if state.saturated {
+            usable
+        } else {
+            self.policy.high_water * usable
+        };
+        let over = candidate_tokens as f64 > trigger;
+        let target = (self.policy.low_water * usable) as u64;
+
+        let advance = match self.policy.mode {
+            Mode::Epoch | Mode::Off => over,
+            Mode::Eager => {
+                over || state.frozen.is_none() && state.advanced_at_len == 0
+                    || new_turns(&request.raw[state.advanced_at_len.min(request.raw.len())..])
+                        >= self.policy.polling as usize
+            }
+        };
+        if !advance {
+            return Step {
+                messages: candidate,
+                action: "append",
+                history_changed,
+                engine_report: serde_json::Value::Null,
+            };
+        }
+
+        let options = CompactOptions {
+            target_tokens: over.then_some(target),
+        };
+        let (raw_boundary, prefix, engine_report) =
+            self.run_engine(state, request, &candidate, &options, counter);
+        let mut messages = prefix.clone();
+        messages.extend(request.raw[raw_boundary..].iter().map(|m| (*m).to_owned()));
+        let changed = messages != candidate;
+        if changed {
+            state.epoch += 1;
+        }
+        state.frozen = Some(Frozen {
+            raw_hashes: hashes[..raw_boundary].to_vec(),
+            prefix,
+        });
+        state.advanced_at_len = request.raw.len();
+        let forwarded_tokens = request_tokens(counter, &messages, request.tools);
+        state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
+        let action = match (self.policy.mode, over) {
+            (Mode::Eager, false) => "advance",
+            _ => "epoch",
+        };
+        Step {
+            messages,
+            action,
+            history_changed,
+            engine_report,
+        }
+    }
+
+    /// Run the engine on the forwarded candidate (frozen prefix + new raw messages) and map its
+    /// boundary back to a raw index. Falls back to the raw request when the engine's boundary falls
+    /// inside the frozen prefix (then no raw index corresponds to it).
+    fn run_engine(
+        &self,
+        state: &SessionState,
+        request: &Request<'_, '_>,
+        candidate: &[String],
+        options: &CompactOptions,
+        counter: &TokenCounter,
+    ) -> (usize, Vec<String>, serde_json::Value) {
+        if let Some(frozen) = &state.frozen {
+            let bytes = request.body.to_vec_with_messages(candidate);
+            if let Ok(body) = ChatBody::parse(&bytes) {
+                let out = self.engine.compact(&body, options, counter);
+                let n_prefix = frozen.prefix.len();
+                if out.boundary >= n_prefix && out.boundary <= candidate.len() {
+                    let raw_boundary = frozen.raw_hashes.len() + (out.boundary - n_prefix);
+                    return (raw_boundary, out.prefix, out.report);
+                }
+            }
+        }
+        let out = self.engine.compact(request.body, options, counter);
+        let boundary = out.boundary.min(request.raw.len());
+        (boundary, out.prefix, out.report)
+    }
+}
+
+impl ChatCompactor for SessionCompactor {
+    fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
+        Ok(self.compact_body(input.session, input.body, input.window))
+    }
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Epoch => "epoch",
+        Mode::Eager => "eager",
+        Mode::Off => "off",
+    }
+}
+
+/// Assistant messages among `messages` (a turn starts at each).
+fn new_turns(messages: &[&str]) -> usize {
+    #[derive(Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow, default)]
+        role: Option<&'a str>,
+    }
+    messages
+        .iter()
+        .filter(|m| {
+            serde_json::from_str::<Role<'_>>(m)
+                .ok()
+                .and_then(|r| r.role)
+                == Some("assistant")
+        })
+        .count()
+}

@@ -1,0 +1,82 @@
+//! Replaying a session: its requests, in order, through the same [`ChatCompactor`] path the proxy
+//! uses, giving exactly the bodies the proxy would forward. Shared by `pare replay` and `pare eval`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::pipeline::{ChatCompactor, CompactInput, CompactionSummary};
+use crate::wire::ChatBody;
+
+/// One replayed request.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    /// The body pare forwards (the raw bytes when nothing changed or compaction did not apply).
+    pub forwarded: Vec<u8>,
+    /// `None` when the body was not compacted at all (unparseable, or the compactor failed).
+    pub summary: Option<CompactionSummary>,
+    /// Why compaction did not apply, as the proxy would log it.
+    pub skipped: Option<String>,
+}
+
+/// Forward one request of `session` as the proxy does: unparseable bodies and compactor failures
+/// (errors or panics) forward the raw bytes (fail-open).
+pub fn replay_request(
+    compactor: &dyn ChatCompactor,
+    session: &str,
+    raw: &[u8],
+    window: Option<u64>,
+) -> Replayed {
+    let body = match ChatBody::parse(raw) {
+        Ok(body) => body,
+        Err(err) => {
+            return Replayed {
+                forwarded: raw.to_vec(),
+                summary: None,
+                skipped: Some(err.to_string()),
+            };
+        }
+    };
+    let input = CompactInput {
+        session,
+        raw,
+        body: &body,
+        window,
+    };
+    match catch_unwind(AssertUnwindSafe(|| compactor.compact(&input))) {
+        Ok(Ok(out)) => Replayed {
+            forwarded: out.body.unwrap_or_else(|| raw.to_vec()),
+            summary: Some(out.summary),
+            skipped: None,
+        },
+        Ok(Err(err)) => Replayed {
+            forwarded: raw.to_vec(),
+            summary: None,
+            skipped: Some(format!("compaction failed: {err:#}")),
+        },
+        Err(_) => Replayed {
+            forwarded: raw.to_vec(),
+            summary: None,
+            skipped: Some("compaction panicked".into()),
+        },
+    }
+}
+
+/// The non-empty lines of a session file (one request body per line), without line endings.
+pub fn session_lines(text: &[u8]) -> Vec<&[u8]> {
+    text.split(|b| *b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| line.iter().any(|b| !b.is_ascii_whitespace()))
+        .collect()
+}
+
+/// Replay every request of one session in order.
+pub fn replay_session(
+    compactor: &dyn ChatCompactor,
+    session: &str,
+    requests: &[&[u8]],
+    window: Option<u64>,
+) -> Vec<Replayed> {
+    requests
+        .iter()
+        .map(|raw| replay_request(compactor, session, raw, window))
+        .collect()
+}

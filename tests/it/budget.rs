@@ -1,0 +1,760 @@
+//! Token counting, window detection and the epoch state machine (`budget`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pare::budget::tokens::{
+    CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens,
+};
+use pare::budget::window::{DetectConfig, ModelTable, WindowResolver};
+use pare::config::Config;
+use tiktoken_rs::{ChatCompletionRequestMessage, FunctionCall};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn counter(encoding: Encoding) -> TokenCounter {
+    TokenCounter::new(&CounterConfig {
+        encoding,
+        ..CounterConfig::default()
+    })
+}
+
+#[test]
+fn token_counts_match_tiktoken_for_known_strings() {
+    let c = counter(Encoding::O200kBase);
+    // Reference values from OpenAI's tiktoken (o200k_base / cl100k_base).
+    assert_eq!(c.text("hello world"), 2);
+    assert_eq!(c.text("tiktoken is great!"), 6);
+    assert_eq!(counter(Encoding::Cl100kBase).text("tiktoken is great!"), 6);
+    assert_eq!(c.text(""), 0);
+}
+
+#[test]
+fn message_counts_follow_openai_per_message_overhead() {
+    let reference = vec![
+        ChatCompletionRequestMessage {
+            role: "system".into(),
+            content: Some("You are a helpful assistant.".into()),
+            ..Default::default()
+        },
+        ChatCompletionRequestMessage {
+            role: "user".into(),
+            content: Some("What is in src/main.rs?".into()),
+            name: Some("alice".into()),
+            ..Default::default()
+        },
+        ChatCompletionRequestMessage {
+            role: "assistant".into(),
+            tool_calls: vec![
+                FunctionCall {
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"src/main.rs"}"#.into(),
+                },
+                FunctionCall {
+                    name: "terminal".into(),
+                    arguments: r#"{"command":"ls -la"}"#.into(),
+                },
+            ],
+            ..Default::default()
+        },
+        ChatCompletionRequestMessage {
+            role: "tool".into(),
+            content: Some("fn main() {\n    println!(\"hi\");\n}\n".into()),
+            ..Default::default()
+        },
+    ];
+    let ours = [
+        r#"{"role":"system","content":"You are a helpful assistant."}"#,
+        r#"{"role":"user","content":"What is in src/main.rs?","name":"alice"}"#,
+        r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"src/main.rs\"}"}},{"id":"c2","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la\"}"}}]}"#,
+        r#"{"role":"tool","tool_call_id":"c1","content":"fn main() {\n    println!(\"hi\");\n}\n"}"#,
+    ];
+    for (encoding, model) in [
+        (Encoding::O200kBase, "gpt-4o"),
+        (Encoding::Cl100kBase, "gpt-4"),
+    ] {
+        let expected = tiktoken_rs::num_tokens_from_messages(model, &reference).unwrap() as u64;
+        let c = counter(encoding);
+        assert_eq!(request_tokens(&c, &ours, None), expected, "{model}");
+    }
+}
+
+#[test]
+fn text_parts_count_as_text_and_images_as_a_fixed_estimate() {
+    let c = TokenCounter::new(&CounterConfig {
+        image_tokens: 1000,
+        ..CounterConfig::default()
+    });
+    let plain = c.message(r#"{"role":"user","content":"describe this picture"}"#);
+    let parts =
+        c.message(r#"{"role":"user","content":[{"type":"text","text":"describe this picture"}]}"#);
+    assert_eq!(plain, parts);
+    let long_data = "A".repeat(50_000);
+    let with_image = c.message(&format!(
+        r#"{{"role":"user","content":[{{"type":"text","text":"describe this picture"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{long_data}"}}}}]}}"#
+    ));
+    assert_eq!(with_image, plain + 1000);
+}
+
+#[test]
+fn warm_count_tokenizes_only_new_messages() {
+    let c = counter(Encoding::O200kBase);
+    let messages: Vec<String> = (0..50)
+        .map(|i| {
+            format!(r#"{{"role":"tool","tool_call_id":"c{i}","content":"output number {i}"}}"#)
+        })
+        .collect();
+    let cold = request_tokens(&c, &messages[..40], None);
+    assert_eq!(c.tokenizations(), 40);
+    let warm = request_tokens(&c, &messages[..40], None);
+    assert_eq!(warm, cold);
+    assert_eq!(
+        c.tokenizations(),
+        40,
+        "a repeated request tokenizes nothing"
+    );
+    request_tokens(&c, &messages, None);
+    assert_eq!(
+        c.tokenizations(),
+        50,
+        "an extended request tokenizes only the 10 new messages"
+    );
+}
+
+#[test]
+fn token_cache_is_bounded() {
+    let c = TokenCounter::new(&CounterConfig {
+        cache_entries: 4,
+        ..CounterConfig::default()
+    });
+    let messages: Vec<String> = (0..8)
+        .map(|i| format!(r#"{{"role":"user","content":"m{i}"}}"#))
+        .collect();
+    request_tokens(&c, &messages, None);
+    request_tokens(&c, &messages[..4], None);
+    assert_eq!(
+        c.tokenizations(),
+        12,
+        "the first four were evicted and counted again"
+    );
+}
+
+#[test]
+fn tools_are_counted_once_per_distinct_schema() {
+    let c = counter(Encoding::O200kBase);
+    let a = r#"{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}"#;
+    let b = r#"{"type":"function","function":{"name":"terminal","parameters":{"type":"object"}}}"#;
+    let both = c.tools(&format!("[{a},{b}]"));
+    assert_eq!(both, c.text(a) + c.text(b));
+    let before = c.tokenizations();
+    c.tools(&format!("[{b},{a}]"));
+    // The new array is one miss; its two schemas are already known.
+    assert_eq!(c.tokenizations(), before + 1);
+    assert_eq!(
+        request_tokens(
+            &c,
+            &[r#"{"role":"user","content":"x"}"#],
+            Some(&format!("[{a}]"))
+        ),
+        c.message(r#"{"role":"user","content":"x"}"#) + c.text(a) + REPLY_PRIMING
+    );
+}
+
+// ---- window detection against in-test stubs ----
+
+/// A one-route-per-path HTTP stub on 127.0.0.1:0 that counts the requests it gets.
+struct Stub {
+    url: String,
+    hits: Arc<AtomicUsize>,
+}
+
+async fn stub(routes: Vec<(&'static str, &'static str, String)>) -> Stub {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        for _ in 0..200 {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            counted.fetch_add(1, Ordering::SeqCst);
+            let routes = routes.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = socket.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let text = String::from_utf8_lossy(&buf).to_string();
+                let mut first = text.lines().next().unwrap_or("").split_whitespace();
+                let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+                let (status, body) =
+                    match routes.iter().find(|(m, p, _)| *m == method && *p == path) {
+                        Some((_, _, body)) => ("200 OK", body.clone()),
+                        None => ("404 Not Found", "{\"error\":\"not found\"}".to_owned()),
+                    };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    Stub { url, hits }
+}
+
+fn resolver(url: &str, yaml: &str) -> WindowResolver {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = Config::from_yaml(yaml).unwrap();
+    WindowResolver::new(
+        reqwest::Client::new(),
+        url,
+        ModelTable::from_config(&config).unwrap(),
+        DetectConfig::from_budget(&config.budget),
+    )
+}
+
+#[tokio::test]
+async fn detects_vllm_max_model_len() {
+    let s = stub(vec![("GET", "/v1/models", r#"{"object":"list","data":[{"id":"Qwen/Qwen2.5-14B","max_model_len":32768},{"id":"other","max_model_len":8192}]}"#.into())]).await;
+    let r = resolver(&format!("{}/v1", s.url), "");
+    assert_eq!(r.window(Some("Qwen/Qwen2.5-14B")).await, 32768);
+}
+
+#[tokio::test]
+async fn detects_llama_cpp_n_ctx() {
+    let s = stub(vec![(
+        "GET",
+        "/props",
+        r#"{"default_generation_settings":{"n_ctx":16384,"params":{}},"total_slots":1}"#.into(),
+    )])
+    .await;
+    let r = resolver(&s.url, "");
+    assert_eq!(r.window(Some("anything")).await, 16384);
+}
+
+#[tokio::test]
+async fn detects_ollama_context_length() {
+    let s = stub(vec![(
+        "POST",
+        "/api/show",
+        r#"{"model_info":{"general.architecture":"qwen2","qwen2.context_length":40960}}"#.into(),
+    )])
+    .await;
+    let r = resolver(&s.url, "");
+    assert_eq!(r.window(Some("qwen2.5:14b")).await, 40960);
+}
+
+#[tokio::test]
+async fn detects_lm_studio_max_context_length() {
+    let s = stub(vec![("GET", "/api/v0/models", r#"{"data":[{"id":"qwen2.5-14b-instruct","state":"not-loaded","max_context_length":24576}]}"#.into())]).await;
+    let r = resolver(&s.url, "");
+    assert_eq!(r.window(Some("qwen2.5-14b-instruct")).await, 24576);
+}
+
+#[tokio::test]
+async fn config_wins_over_detection_and_default_applies_last() {
+    let s = stub(vec![(
+        "GET",
+        "/props",
+        r#"{"default_generation_settings":{"n_ctx":16384}}"#.into(),
+    )])
+    .await;
+    let r = resolver(
+        &s.url,
+        "models:\n  - match: \"^qwen\"\n    context_window: 12000\nbudget:\n  default_context_window: 9000\n",
+    );
+    assert_eq!(r.window(Some("qwen-14b")).await, 12000);
+    assert_eq!(
+        s.hits.load(Ordering::SeqCst),
+        0,
+        "a configured window asks nothing upstream"
+    );
+    assert_eq!(r.window(Some("llama")).await, 16384);
+
+    let silent = stub(vec![]).await;
+    let r = resolver(&silent.url, "budget:\n  default_context_window: 9000\n");
+    assert_eq!(r.window(Some("llama")).await, 9000);
+    let r = resolver(
+        &s.url,
+        "budget:\n  default_context_window: 9000\n  detect_window: false\n",
+    );
+    assert_eq!(r.window(Some("llama")).await, 9000);
+}
+
+#[tokio::test]
+async fn detection_is_cached_including_failures() {
+    let found = stub(vec![(
+        "GET",
+        "/props",
+        r#"{"default_generation_settings":{"n_ctx":16384}}"#.into(),
+    )])
+    .await;
+    let r = resolver(&found.url, "");
+    assert_eq!(r.window(Some("m")).await, 16384);
+    let after_first = found.hits.load(Ordering::SeqCst);
+    assert_eq!(after_first, 4, "one probe per server kind");
+    assert_eq!(r.window(Some("m")).await, 16384);
+    assert_eq!(found.hits.load(Ordering::SeqCst), after_first);
+
+    let missing = stub(vec![]).await;
+    let r = resolver(&missing.url, "budget:\n  default_context_window: 7000\n");
+    assert_eq!(r.window(Some("m")).await, 7000);
+    let after_first = missing.hits.load(Ordering::SeqCst);
+    assert_eq!(r.window(Some("m")).await, 7000);
+    assert_eq!(
+        missing.hits.load(Ordering::SeqCst),
+        after_first,
+        "a failed detection is not retried at once"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_upstream_falls_back_within_the_timeout() {
+    // A listener that accepts and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let r = resolver(
+        &url,
+        "budget:\n  default_context_window: 5000\n  detect_timeout_ms: 200\n",
+    );
+    assert_eq!(r.window(Some("m")).await, 5000);
+    drop(listener);
+}
+
+// ---- the epoch state machine ----
+
+use std::sync::Mutex;
+
+use pare::budget::replay::{replay_session, session_lines};
+use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::{CompactOptions, Compacted};
+use pare::pipeline::CompactOutput;
+use pare::wire::ChatBody;
+use serde_json::{Value, json};
+
+/// A small engine with known behaviour: the last `tail_turns` assistant turns are protected; before
+/// them every tool output becomes `[elided]` (idempotent, keeps tool-call pairing). Records the
+/// targets it is given.
+pub(crate) struct MaskEngine {
+    tail_turns: usize,
+    targets: Mutex<Vec<Option<u64>>>,
+}
+
+impl MaskEngine {
+    pub(crate) fn new(tail_turns: usize) -> Arc<MaskEngine> {
+        Arc::new(MaskEngine {
+            tail_turns,
+            targets: Mutex::new(Vec::new()),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.targets.lock().unwrap().len()
+    }
+}
+
+fn role(raw: &str) -> String {
+    serde_json::from_str::<Value>(raw).unwrap()["role"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+impl CompactEngine for MaskEngine {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        _counter: &dyn CountTokens,
+    ) -> Compacted {
+        self.targets.lock().unwrap().push(options.target_tokens);
+        let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+        let assistants: Vec<usize> = (0..messages.len())
+            .filter(|i| role(messages[*i]) == "assistant")
+            .collect();
+        let boundary = if assistants.len() >= self.tail_turns {
+            assistants[assistants.len() - self.tail_turns]
+        } else {
+            0
+        };
+        let prefix = messages[..boundary]
+            .iter()
+            .map(|m| {
+                let mut v: Value = serde_json::from_str(m).unwrap();
+                if v["role"] == "tool" {
+                    v["content"] = json!("[elided]");
+                    v.to_string()
+                } else {
+                    (*m).to_owned()
+                }
+            })
+            .collect();
+        Compacted {
+            boundary,
+            prefix,
+            report: json!({"masked": boundary}),
+        }
+    }
+}
+
+/// A coding-agent-like session: system, user, then `n_turns` tool steps each with an output of
+/// about `words` tokens. Request k holds everything before the k-th assistant message.
+fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
+    ];
+    let mut requests = Vec::new();
+    for k in 0..n_turns {
+        requests.push(
+            json!({"model": "test-model", "messages": messages.clone(), "stream": true})
+                .to_string()
+                .into_bytes(),
+        );
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "terminal", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
+        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
+        messages
+            .push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
+    }
+    requests
+}
+
+fn compactor_with(yaml: &str, engine: Arc<dyn CompactEngine>) -> SessionCompactor {
+    SessionCompactor::new(&Config::from_yaml(yaml).unwrap(), engine).unwrap()
+}
+
+fn run(
+    compactor: &SessionCompactor,
+    session: &str,
+    requests: &[Vec<u8>],
+    window: u64,
+) -> Vec<(Vec<String>, CompactOutput)> {
+    requests
+        .iter()
+        .map(|raw| {
+            let body = ChatBody::parse(raw).unwrap();
+            let out = compactor.compact_body(session, &body, Some(window));
+            let forwarded = out.body.clone().unwrap_or_else(|| raw.clone());
+            let fb = ChatBody::parse(&forwarded).unwrap();
+            let messages = fb.messages.iter().map(|m| m.get().to_owned()).collect();
+            (messages, out)
+        })
+        .collect()
+}
+
+const WINDOW: u64 = 8192;
+const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n";
+
+#[test]
+fn epoch_mode_is_append_only_between_epochs() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
+    let epochs = results.last().unwrap().1.summary.epoch;
+    assert!(
+        epochs >= 2,
+        "the session should need several epochs, got {epochs}"
+    );
+    for pair in results.windows(2) {
+        let ((before, out_before), (after, out_after)) = (&pair[0], &pair[1]);
+        if out_before.summary.epoch == out_after.summary.epoch {
+            assert!(
+                after.len() >= before.len() && after[..before.len()] == before[..],
+                "not a pure append"
+            );
+        }
+    }
+}
+
+#[test]
+fn epoch_fires_at_high_water_and_lands_under_low_water() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let usable = (WINDOW - 1024) as f64;
+    let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
+    let mut previous_epoch = 0;
+    for (k, (_, out)) in results.iter().enumerate() {
+        let s = &out.summary;
+        if s.epoch == 0 {
+            assert!(
+                out.body.is_none(),
+                "request {k}: nothing compacted before the first epoch"
+            );
+            assert_eq!(s.tokens_raw, s.tokens_forwarded);
+        }
+        if s.epoch > previous_epoch {
+            assert_eq!(s.report["action"], "epoch");
+            assert!(
+                s.tokens_forwarded as f64 <= 0.5 * usable,
+                "request {k}: epoch landed at {}",
+                s.tokens_forwarded
+            );
+        } else {
+            assert!(
+                s.tokens_forwarded as f64 <= 0.75 * usable,
+                "request {k}: {} over high water",
+                s.tokens_forwarded
+            );
+        }
+        assert!(!s.over_window);
+        previous_epoch = s.epoch;
+    }
+    assert!(
+        results
+            .iter()
+            .any(|(_, o)| o.summary.tokens_raw as f64 > usable),
+        "raw must overflow for this test to mean something"
+    );
+}
+
+#[test]
+fn epoch_target_is_the_low_water_mark_of_the_usable_window() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with(RESERVE_YAML, engine.clone());
+    run(&compactor, "s", &coding_session(20, 150), WINDOW);
+    let targets = engine.targets.lock().unwrap().clone();
+    assert!(!targets.is_empty());
+    assert!(
+        targets
+            .iter()
+            .all(|t| *t == Some(((WINDOW - 1024) as f64 * 0.5) as u64)),
+        "{targets:?}"
+    );
+}
+
+#[test]
+fn compacted_prefix_is_sticky_across_requests() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with(RESERVE_YAML, engine.clone());
+    let requests = coding_session(40, 150);
+    let results = run(&compactor, "s", &requests, WINDOW);
+    let first_epoch = results
+        .iter()
+        .position(|(_, o)| o.summary.epoch == 1)
+        .unwrap();
+    let next = first_epoch + 1;
+    assert_eq!(results[next].1.summary.epoch, 1);
+    let (epoch_msgs, next_msgs) = (&results[first_epoch].0, &results[next].0);
+    assert_eq!(next_msgs[..epoch_msgs.len()], epoch_msgs[..]);
+    assert!(
+        next_msgs.iter().any(|m| m.contains("[elided]")),
+        "the compacted form is reused"
+    );
+    // Requests between epochs do not call the engine.
+    assert_eq!(
+        engine.calls() as u64,
+        results.last().unwrap().1.summary.epoch
+    );
+}
+
+#[test]
+fn edited_history_starts_fresh() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let requests = coding_session(30, 150);
+    let results = run(&compactor, "s", &requests[..20], WINDOW);
+    assert!(results.last().unwrap().1.summary.epoch >= 1);
+    // The agent rewrites its first user message (e.g. a retry with an edited prompt).
+    let edited = String::from_utf8(requests[20].clone())
+        .unwrap()
+        .replace("Fix the failing test", "Fix the flaky test");
+    let body = ChatBody::parse(edited.as_bytes()).unwrap();
+    let out = compactor.compact_body("s", &body, Some(WINDOW));
+    assert_eq!(out.summary.report["history_changed"], true);
+    let forwarded = out.body.unwrap_or_else(|| edited.clone().into_bytes());
+    let forwarded = String::from_utf8(forwarded).unwrap();
+    assert!(forwarded.contains("Fix the flaky test"));
+    assert!(out.summary.tokens_forwarded as f64 <= 0.75 * (WINDOW - 1024) as f64);
+}
+
+#[test]
+fn eager_mode_advances_every_polling_turns() {
+    let engine = MaskEngine::new(2);
+    let yaml = "compaction:\n  mode: eager\nbudget:\n  polling: 3\n  output_reserve: 1024\n";
+    let compactor = compactor_with(yaml, engine.clone());
+    // A large window: never at high water, so only polling advances the frontier.
+    let results = run(&compactor, "s", &coding_session(13, 40), 1_000_000);
+    let actions: Vec<&str> = results
+        .iter()
+        .map(|(_, o)| o.summary.report["action"].as_str().unwrap())
+        .collect();
+    let advances: Vec<usize> = actions
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a == "advance")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(advances, vec![0, 3, 6, 9, 12], "{actions:?}");
+    assert!(
+        engine.targets.lock().unwrap().iter().all(Option::is_none),
+        "no target below high water"
+    );
+    for (k, pair) in results.windows(2).enumerate() {
+        if actions[k + 1] == "append" {
+            let (before, after) = (&pair[0].0, &pair[1].0);
+            assert_eq!(
+                after[..before.len()],
+                before[..],
+                "request {}: not a pure append",
+                k + 1
+            );
+        }
+    }
+    let last = &results.last().unwrap().1.summary;
+    assert!(
+        last.tokens_forwarded < last.tokens_raw,
+        "eager compacts below high water"
+    );
+}
+
+#[test]
+fn off_mode_forwards_unchanged_and_still_counts() {
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with("compaction:\n  mode: off\n", engine.clone());
+    let requests = coding_session(30, 150);
+    let results = run(&compactor, "s", &requests, 4096);
+    for (_, out) in &results {
+        assert!(out.body.is_none());
+        assert_eq!(out.summary.tokens_raw, out.summary.tokens_forwarded);
+        assert!(out.summary.tokens_raw > 0);
+    }
+    assert!(results.last().unwrap().1.summary.over_window);
+    assert_eq!(engine.calls(), 0);
+}
+
+#[test]
+fn over_window_is_flagged_when_the_tail_alone_does_not_fit() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    // Two huge turns, both protected: nothing can be compacted.
+    let requests = coding_session(3, 3000);
+    let results = run(&compactor, "s", &requests, WINDOW);
+    let last = &results.last().unwrap().1.summary;
+    assert!(last.over_window);
+    assert_eq!(last.tokens_forwarded, last.tokens_raw, "forwarded anyway");
+}
+
+#[test]
+fn session_memory_is_bounded() {
+    let compactor = compactor_with("budget:\n  max_sessions: 2\n", MaskEngine::new(2));
+    let requests = coding_session(3, 10);
+    for session in ["a", "b", "c"] {
+        run(&compactor, session, &requests, WINDOW);
+    }
+    assert_eq!(compactor.n_sessions(), 2);
+}
+
+#[test]
+fn sessions_do_not_share_state() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let requests = coding_session(40, 150);
+    let a = run(&compactor, "a", &requests, WINDOW);
+    let b = run(&compactor, "b", &requests, WINDOW);
+    for ((fa, oa), (fb, ob)) in a.iter().zip(&b) {
+        assert_eq!(fa, fb);
+        assert_eq!(oa.summary, ob.summary);
+    }
+}
+
+#[test]
+fn seeding_from_an_archived_pair_restores_the_sticky_prefix() {
+    let requests = coding_session(40, 150);
+    let original = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let results = run(&original, "s", &requests, WINDOW);
+    let k = results
+        .iter()
+        .position(|(_, o)| o.summary.epoch == 1)
+        .unwrap()
+        + 1;
+    let forwarded_k = results[k].1.body.clone().unwrap();
+
+    let restarted = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    restarted
+        .seed("s", &requests[k], &forwarded_k, results[k].1.summary.epoch)
+        .unwrap();
+    let after = run(&restarted, "s", &requests[k + 1..], WINDOW);
+    for (i, (messages, out)) in after.iter().enumerate() {
+        assert_eq!(
+            messages,
+            &results[k + 1 + i].0,
+            "request {} differs after a restart",
+            k + 1 + i
+        );
+        assert_eq!(out.summary.epoch, results[k + 1 + i].1.summary.epoch);
+    }
+
+    let err = restarted
+        .seed("s", b"{not json", &forwarded_k, 1)
+        .unwrap_err();
+    assert!(err.to_string().contains("session `s`"), "{err}");
+}
+
+// ---- replay ----
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sessions");
+
+#[test]
+fn replay_is_deterministic_and_matches_the_compactor_path() {
+    let path = format!("{FIXTURES}/swe-agent/function_calling_simple.jsonl");
+    let run_cli = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+            .args(["replay", "--window", "4096", &path])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let first = run_cli();
+    assert_eq!(
+        first,
+        run_cli(),
+        "same input and config give the same bytes"
+    );
+
+    let text = std::fs::read(&path).unwrap();
+    let lines = session_lines(&text);
+    let compactor = SessionCompactor::new(
+        &Config::default(),
+        Arc::new(pare::compact::Engine::default_pack()),
+    )
+    .unwrap();
+    let library: Vec<u8> = replay_session(&compactor, &path, &lines, Some(4096))
+        .into_iter()
+        .flat_map(|r| r.forwarded.into_iter().chain(std::iter::once(b'\n')))
+        .collect();
+    assert_eq!(first, library);
+    assert_eq!(session_lines(&first).len(), lines.len());
+}
+
+#[test]
+fn replay_forwards_unparseable_lines_unchanged() {
+    let compactor = compactor_with("", MaskEngine::new(2));
+    let good = coding_session(2, 5);
+    let lines: Vec<&[u8]> = vec![&good[0], b"{broken", &good[1]];
+    let out = replay_session(&compactor, "s", &lines, Some(WINDOW));
+    assert_eq!(out[1].forwarded, b"{broken");
+    assert!(out[1].summary.is_none() && out[1].skipped.is_some());
+    assert!(out[2].summary.is_some());
+}

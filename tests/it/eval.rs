@@ -1,0 +1,241 @@
+//! `pare eval`'s metrics on tiny hand-made sessions with known answers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pare::budget::tokens::{CountTokens, REPLY_PRIMING};
+use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::{CompactOptions, Compacted};
+use pare::config::Config;
+use pare::eval::{Metrics, evaluate_session};
+use pare::wire::ChatBody;
+use serde_json::{Value, json};
+
+use crate::budget::MaskEngine;
+
+fn compactor(yaml: &str, engine: Arc<dyn CompactEngine>) -> SessionCompactor {
+    SessionCompactor::new(&Config::from_yaml(yaml).unwrap(), engine).unwrap()
+}
+
+fn call(id: &str, args: &str) -> Value {
+    json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "terminal", "arguments": args}}]})
+}
+
+fn tool(id: &str, content: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": content})
+}
+
+/// Requests ending before each assistant message of `conversation` (as the corpus records them).
+fn requests_of(conversation: &[Value]) -> Vec<Vec<u8>> {
+    (0..conversation.len())
+        .filter(|i| conversation[*i]["role"] == "assistant")
+        .map(|i| {
+            json!({"model": "m", "messages": conversation[..i]})
+                .to_string()
+                .into_bytes()
+        })
+        .collect()
+}
+
+/// A session whose 3rd assistant reply uses a path and a number seen only in the first tool output,
+/// and a file name the user gave.
+fn needle_session() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Please fix README.md"}),
+        call("c1", "{\"command\":\"grep -rn render .\"}"),
+        tool(
+            "c1",
+            &format!(
+                "src/widget/render.py:48213: def render(self): raise ValueError\n{}",
+                "lorem ".repeat(300)
+            ),
+        ),
+        call("c2", "{\"command\":\"ls\"}"),
+        tool("c2", "ok"),
+        json!({"role": "assistant", "content": "The bug is at src/widget/render.py line 48213; README.md is fine."}),
+        json!({"role": "user", "content": "Thanks."}),
+        json!({"role": "assistant", "content": "Done."}),
+    ]
+}
+
+fn eval(yaml: &str, engine: Arc<dyn CompactEngine>, requests: &[Vec<u8>], window: u64) -> Metrics {
+    let compactor = compactor(yaml, engine.clone());
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+    evaluate_session(&compactor, engine.as_ref(), "s", &lines, window)
+}
+
+#[test]
+fn needles_are_identifiers_seen_only_in_tool_outputs() {
+    let requests = requests_of(&needle_session());
+    assert_eq!(requests.len(), 4);
+    let off = eval(
+        "compaction:\n  mode: off\n",
+        MaskEngine::new(1),
+        &requests,
+        100_000,
+    );
+    // `src/widget/render.py` and `48213`; README.md was in the user message, not a needle.
+    assert_eq!((off.needles, off.needles_kept), (2, 2));
+    assert_eq!(off.recall(), 1.0);
+
+    // Eager, polling every turn, one protected turn: the first tool output is masked in the last
+    // request, just before the reply that needs it.
+    let eager = eval(
+        "compaction:\n  mode: eager\nbudget:\n  polling: 1\n",
+        MaskEngine::new(1),
+        &requests,
+        100_000,
+    );
+    assert_eq!((eager.needles, eager.needles_kept), (2, 0));
+    assert_eq!(eager.recall(), 0.0);
+    assert!(eager.saved() > 0.0);
+}
+
+#[test]
+fn uncached_prefill_of_an_append_only_session_is_its_last_request() {
+    let requests = requests_of(&needle_session());
+    let m = eval(
+        "compaction:\n  mode: off\n",
+        MaskEngine::new(1),
+        &requests,
+        100_000,
+    );
+    let compactor = compactor("", MaskEngine::new(1));
+    let counter = compactor.counter(Some("m"));
+    let last = ChatBody::parse(requests.last().unwrap()).unwrap();
+    let last_tokens: u64 = last
+        .messages
+        .iter()
+        .map(|x| counter.message(x.get()))
+        .sum::<u64>()
+        + REPLY_PRIMING;
+    // Each request re-sends the previous one plus new messages; only the reply priming repeats.
+    assert_eq!(
+        m.uncached_raw,
+        last_tokens + REPLY_PRIMING * (requests.len() as u64 - 1)
+    );
+    assert_eq!(m.uncached_forwarded, m.uncached_raw);
+    assert_eq!(m.prefill_ratio(), 1.0);
+    assert_eq!(m.saved(), 0.0);
+    assert_eq!(m.tokens_raw, m.tokens_forwarded);
+    assert_eq!(m.peak_raw, last_tokens);
+}
+
+#[test]
+fn over_window_counts_only_requests_that_could_fit() {
+    let requests = requests_of(&needle_session());
+    // Off mode, 200 usable tokens. Request 1 (system + user) fits. The 300-word tool output is in
+    // the protected tail of request 2 (floor over the window), and outside it in requests 3 and 4.
+    let m = eval(
+        "compaction:\n  mode: off\nbudget:\n  output_reserve: 200\n",
+        MaskEngine::new(1),
+        &requests,
+        400,
+    );
+    assert_eq!(m.usable_window, 200);
+    assert_eq!(m.over_window, 3);
+    assert_eq!(m.over_window_fitting, 2);
+    // Epoch mode masks the output once it leaves the tail: requests 3 and 4 then fit.
+    let m = eval(
+        "budget:\n  output_reserve: 200\n",
+        MaskEngine::new(1),
+        &requests,
+        400,
+    );
+    assert_eq!((m.over_window, m.over_window_fitting), (1, 0));
+}
+
+/// An engine that drops the tool results before the tail (breaking pairing) and edits user messages.
+struct BadEngine {
+    calls: AtomicUsize,
+    drop_tool_results: bool,
+    edit_users: bool,
+    nondeterministic: bool,
+}
+
+impl CompactEngine for BadEngine {
+    fn compact(
+        &self,
+        body: &ChatBody<'_>,
+        _options: &CompactOptions,
+        _counter: &dyn CountTokens,
+    ) -> Compacted {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let boundary = body.messages.len().saturating_sub(1);
+        let mut prefix = Vec::new();
+        for m in &body.messages[..boundary] {
+            let mut v: Value = serde_json::from_str(m.get()).unwrap();
+            if v["role"] == "tool" && self.drop_tool_results {
+                continue;
+            }
+            if v["role"] == "user" && self.edit_users {
+                v["content"] = json!("edited");
+            }
+            if v["role"] == "system" && self.nondeterministic {
+                v["content"] = json!(format!("call {n}"));
+            }
+            prefix.push(v.to_string());
+        }
+        Compacted {
+            boundary,
+            prefix,
+            report: Value::Null,
+        }
+    }
+}
+
+fn bad(drop_tool_results: bool, edit_users: bool, nondeterministic: bool) -> Arc<BadEngine> {
+    Arc::new(BadEngine {
+        calls: AtomicUsize::new(0),
+        drop_tool_results,
+        edit_users,
+        nondeterministic,
+    })
+}
+
+#[test]
+fn invalid_pairing_lost_users_and_nondeterminism_are_reported() {
+    let requests = requests_of(&needle_session());
+    let eager = "compaction:\n  mode: eager\nbudget:\n  polling: 1\n";
+
+    let m = eval(eager, bad(false, false, false), &requests, 100_000);
+    assert_eq!((m.valid_forwarded, m.preserved, m.deterministic), (4, 4, 1));
+
+    // Dropping results breaks pairing in requests 3 and 4 (in request 2 the only result is the
+    // protected last message).
+    let m = eval(eager, bad(true, false, false), &requests, 100_000);
+    assert_eq!(m.valid_forwarded, 2);
+    assert_eq!(m.valid_raw, 4);
+
+    // The first user message is protected only in request 1 (it is the last message there).
+    let m = eval(eager, bad(false, true, false), &requests, 100_000);
+    assert_eq!(m.preserved, 1);
+    assert_eq!(m.validity(), 1.0);
+
+    let m = eval(eager, bad(false, false, true), &requests, 100_000);
+    assert_eq!(m.deterministic, 0);
+}
+
+#[test]
+fn pare_eval_reports_fixture_corpus_as_json() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sessions");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(["eval", "--window", "8192", "--json", dir])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["window"], 8192);
+    assert_eq!(report["sessions"].as_array().unwrap().len(), 2);
+    let sources: Vec<&String> = report["sources"].as_object().unwrap().keys().collect();
+    assert_eq!(sources, ["swe-agent", "tau-bench"]);
+    let total = &report["total"];
+    assert_eq!(total["requests"], 7);
+    assert_eq!(total["deterministic"], 2);
+    assert_eq!(total["valid_forwarded"], 7);
+}
