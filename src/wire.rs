@@ -33,17 +33,10 @@ impl<'a> ChatBody<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<ChatBody<'a>, WireError> {
         let top: indexmap::IndexMap<String, &'a RawValue> = serde_json::from_slice(bytes)?;
         let fields: Vec<(String, &'a RawValue)> = top.into_iter().collect();
-        let messages_idx = fields
-            .iter()
-            .position(|(k, _)| k == "messages")
-            .ok_or(WireError::NoMessages)?;
-        let messages: Vec<&'a RawValue> = serde_json::from_str(fields[messages_idx].1.get())
-            .map_err(|_| WireError::NoMessages)?;
-        Ok(ChatBody {
-            fields,
-            messages_idx,
-            messages,
-        })
+        let messages_idx = fields.iter().position(|(k, _)| k == "messages").ok_or(WireError::NoMessages)?;
+        let messages: Vec<&'a RawValue> =
+            serde_json::from_str(fields[messages_idx].1.get()).map_err(|_| WireError::NoMessages)?;
+        Ok(ChatBody { fields, messages_idx, messages })
     }
 
     /// The raw value of a top-level key.
@@ -53,18 +46,12 @@ impl<'a> ChatBody<'a> {
 
     /// The request's `model`, when it is a string.
     pub fn model(&self) -> Option<String> {
-        self.field("model")
-            .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+        self.field("model").and_then(|v| serde_json::from_str::<String>(v.get()).ok())
     }
 
     /// Serialize the body with `messages` replaced; every other key keeps its position and bytes.
     pub fn to_vec_with_messages<M: AsRef<str>>(&self, messages: &[M]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            self.fields
-                .iter()
-                .map(|(k, v)| k.len() + v.get().len() + 4)
-                .sum(),
-        );
+        let mut out = Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum());
         out.push(b'{');
         for (i, (key, value)) in self.fields.iter().enumerate() {
             if i > 0 {
@@ -117,11 +104,7 @@ pub struct ContentPart {
 pub struct Message {
     #[serde(default)]
     pub role: String,
-    #[serde(
-        default,
-        deserialize_with = "deserialize_present",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, deserialize_with = "deserialize_present", skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -138,9 +121,7 @@ pub struct Message {
 }
 
 /// `content: null` must survive a round trip as `null`, distinct from an absent key.
-fn deserialize_present<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<Content>, D::Error> {
+fn deserialize_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Content>, D::Error> {
     let v = Value::deserialize(d)?;
     Ok(Some(match v {
         Value::String(s) => Content::Text(s),
@@ -186,11 +167,9 @@ impl Message {
     pub fn text(&self) -> String {
         match &self.content {
             Some(Content::Text(s)) => s.clone(),
-            Some(Content::Parts(parts)) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Some(Content::Parts(parts)) => {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n")
+            }
             _ => String::new(),
         }
     }
@@ -225,22 +204,17 @@ mod tests {
 
     #[test]
     fn body_without_messages_is_refused() {
-        assert!(matches!(
-            ChatBody::parse(br#"{"model":"m"}"#),
-            Err(WireError::NoMessages)
-        ));
+        assert!(matches!(ChatBody::parse(br#"{"model":"m"}"#), Err(WireError::NoMessages)));
         assert!(matches!(ChatBody::parse(b"{nope"), Err(WireError::Json(_))));
     }
 
     #[test]
     fn tool_call_round_trip_keeps_extras_at_every_level() {
-        let raw = r#"{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}","strict":true},"index":0}"#;
+        let raw =
+            r#"{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}","strict":true},"index":0}"#;
         let call: ToolCall = serde_json::from_str(raw).unwrap();
         assert_eq!(call.extra.get("index"), Some(&serde_json::json!(0)));
-        assert_eq!(
-            call.function.as_ref().unwrap().extra.get("strict"),
-            Some(&serde_json::json!(true))
-        );
+        assert_eq!(call.function.as_ref().unwrap().extra.get("strict"), Some(&serde_json::json!(true)));
         assert_eq!(serde_json::to_string(&call).unwrap(), raw);
         // Some clients send `arguments` as an object: it is carried as-is.
         let raw = r#"{"id":"c2","function":{"name":"g","arguments":{"x":[1,2]}}}"#;

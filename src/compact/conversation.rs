@@ -73,9 +73,7 @@ impl<'a> Conversation<'a> {
     ) -> Conversation<'a> {
         let msgs: Vec<Option<Message>> = raw.iter().map(|m| Message::from_raw(m).ok()).collect();
         let boundary = boundary(&msgs, protect_last_turns);
-        let first_system = msgs
-            .iter()
-            .position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
+        let first_system = msgs.iter().position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
 
         let mut calls = Vec::new();
         let mut by_id: HashMap<&str, usize> = HashMap::new();
@@ -92,14 +90,7 @@ impl<'a> Conversation<'a> {
                     };
                     let key_arg = key_argument(&arguments, key_arguments);
                     by_id.insert(tc.id.as_str(), calls.len());
-                    calls.push(Call {
-                        msg: idx,
-                        id: tc.id.clone(),
-                        name,
-                        arguments,
-                        key_arg,
-                        result: None,
-                    });
+                    calls.push(Call { msg: idx, id: tc.id.clone(), name, arguments, key_arg, result: None });
                 }
             } else if m.role == "tool" {
                 if let Some(&c) = m.tool_call_id.as_deref().and_then(|id| by_id.get(id)) {
@@ -117,10 +108,7 @@ impl<'a> Conversation<'a> {
                 None => GroupKind::Other,
                 Some(m) if is_system(&m.role) => GroupKind::System,
                 Some(m) if m.role == "user" => GroupKind::User,
-                Some(m)
-                    if m.role == "assistant"
-                        && m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) =>
-                {
+                Some(m) if m.role == "assistant" && m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) => {
                     GroupKind::ToolCalls
                 }
                 Some(m) if m.role == "assistant" => GroupKind::Assistant,
@@ -132,23 +120,10 @@ impl<'a> Conversation<'a> {
                     end += 1;
                 }
             }
-            groups.push(Group {
-                start: idx,
-                end,
-                kind,
-            });
+            groups.push(Group { start: idx, end, kind });
             idx = end;
         }
-        Conversation {
-            raw,
-            msgs,
-            boundary,
-            groups,
-            calls,
-            call_of_result,
-            outcomes,
-            first_system,
-        }
+        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system }
     }
 
     /// The facts about a tool result at message `idx` (a tool message).
@@ -164,10 +139,7 @@ impl<'a> Conversation<'a> {
             if files.len() >= 5 {
                 break;
             }
-            if !files
-                .iter()
-                .any(|g| g.ends_with(&f) || f.ends_with(g.as_str()))
-            {
+            if !files.iter().any(|g| g.ends_with(&f) || f.ends_with(g.as_str())) {
                 files.push(f);
             }
         }
@@ -177,14 +149,9 @@ impl<'a> Conversation<'a> {
             .unwrap_or_else(|| "tool".into());
         CallFacts {
             tool,
-            arg: call
-                .and_then(|c| c.key_arg.as_deref())
-                .map(quote_arg)
-                .unwrap_or_default(),
+            arg: call.and_then(|c| c.key_arg.as_deref()).map(quote_arg).unwrap_or_default(),
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
-            status: outcome
-                .map(|o| o.status.label())
-                .unwrap_or_else(|| "ok".into()),
+            status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
             chars: text.chars().count(),
             lines: text.lines().count(),
             first_error: outcome.and_then(|o| o.first_error.clone()),
@@ -194,10 +161,7 @@ impl<'a> Conversation<'a> {
 
     /// Number of assistant messages at or after `idx` (a turn count used as age).
     pub fn turns_from(&self, idx: usize) -> usize {
-        self.msgs[idx..]
-            .iter()
-            .filter(|m| m.as_ref().is_some_and(|m| m.role == "assistant"))
-            .count()
+        self.msgs[idx..].iter().filter(|m| m.as_ref().is_some_and(|m| m.role == "assistant")).count()
     }
 }
 
@@ -239,15 +203,8 @@ fn key_argument(arguments: &str, keys: &[String]) -> Option<String> {
     };
     let pick = keys
         .iter()
-        .find_map(|k| {
-            map.get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.trim().is_empty())
-        })
-        .or_else(|| {
-            map.values()
-                .find_map(|v| v.as_str().filter(|s| !s.trim().is_empty()))
-        })?;
+        .find_map(|k| map.get(k).and_then(Value::as_str).filter(|s| !s.trim().is_empty()))
+        .or_else(|| map.values().find_map(|v| v.as_str().filter(|s| !s.trim().is_empty())))?;
     let first = pick.trim().lines().next().unwrap_or("");
     let more = pick.trim().lines().nth(1).is_some();
     let mut out = shorten(first.trim(), 80);
@@ -262,18 +219,11 @@ pub fn path_argument(arguments: &str) -> Option<String> {
     let Ok(Value::Object(map)) = serde_json::from_str::<Value>(arguments) else {
         return None;
     };
-    [
-        "path",
-        "file_path",
-        "filepath",
-        "file",
-        "filename",
-        "file_name",
-    ]
-    .iter()
-    .find_map(|k| map.get(*k).and_then(Value::as_str))
-    .filter(|s| !s.is_empty() && !s.contains('\n') && s.len() < 300)
-    .map(str::to_owned)
+    ["path", "file_path", "filepath", "file", "filename", "file_name"]
+        .iter()
+        .find_map(|k| map.get(*k).and_then(Value::as_str))
+        .filter(|s| !s.is_empty() && !s.contains('\n') && s.len() < 300)
+        .map(str::to_owned)
 }
 
 /// The key argument as markers show it: a JSON string literal.
@@ -287,9 +237,7 @@ mod tests {
     use crate::compact::pack::SuccessSpec;
 
     fn raws(list: &[&str]) -> Vec<Box<RawValue>> {
-        list.iter()
-            .map(|s| RawValue::from_string((*s).to_owned()).unwrap())
-            .collect()
+        list.iter().map(|s| RawValue::from_string((*s).to_owned()).unwrap()).collect()
     }
 
     #[test]
@@ -309,11 +257,7 @@ mod tests {
         let keys = crate::compact::pack::RulesSpec::default().key_arguments;
         let conv = Conversation::analyse(&refs, 1, &keys, &policy);
         assert_eq!(conv.boundary, 7);
-        let kinds: Vec<(usize, usize, GroupKind)> = conv
-            .groups
-            .iter()
-            .map(|g| (g.start, g.end, g.kind))
-            .collect();
+        let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
         assert_eq!(
             kinds,
             vec![
@@ -337,14 +281,8 @@ mod tests {
     #[test]
     fn key_argument_prefers_configured_names() {
         let keys = crate::compact::pack::RulesSpec::default().key_arguments;
-        assert_eq!(
-            key_argument(r#"{"timeout":5,"command":"ls -la\nrm x"}"#, &keys).as_deref(),
-            Some("ls -la…")
-        );
-        assert_eq!(
-            key_argument(r#"{"user_id":"mia_li"}"#, &keys).as_deref(),
-            Some("mia_li")
-        );
+        assert_eq!(key_argument(r#"{"timeout":5,"command":"ls -la\nrm x"}"#, &keys).as_deref(), Some("ls -la…"));
+        assert_eq!(key_argument(r#"{"user_id":"mia_li"}"#, &keys).as_deref(), Some("mia_li"));
         assert_eq!(key_argument("{}", &keys), None);
     }
 }

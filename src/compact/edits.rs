@@ -96,14 +96,7 @@ impl Edits {
     }
 
     /// Replace the text of message `idx` on behalf of `rule`.
-    pub fn set_text(
-        &mut self,
-        conv: &Conversation<'_>,
-        idx: usize,
-        rule: RuleId,
-        text: String,
-        embed: bool,
-    ) {
+    pub fn set_text(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, text: String, embed: bool) {
         let before = self.current_chars(conv, idx) as i64;
         let after = text.chars().count() as i64;
         // A result already re-embedded stays embedded: the shape is a property of the message.
@@ -113,13 +106,7 @@ impl Edits {
     }
 
     /// Replace a tool result by a marker line (no later rule touches it).
-    pub fn set_marker(
-        &mut self,
-        conv: &Conversation<'_>,
-        idx: usize,
-        rule: RuleId,
-        marker: String,
-    ) {
+    pub fn set_marker(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) {
         self.set_text(conv, idx, rule, marker, false);
         self.claimed[idx] = true;
     }
@@ -172,11 +159,7 @@ impl Edits {
         } else if self.drop_thinking_parts[idx]
             && let Some(Value::Array(parts)) = object.get_mut("content")
         {
-            parts.retain(|p| {
-                !p.get("type")
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| THINKING_PARTS.contains(&t))
-            });
+            parts.retain(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| THINKING_PARTS.contains(&t)));
         }
         serde_json::to_string(&object).expect("a JSON map always serializes")
     }

@@ -18,12 +18,7 @@ pub fn placeholders(template: &str) -> Vec<&str> {
     while let Some(open) = rest.find('{') {
         let after = &rest[open + 1..];
         match after.find('}') {
-            Some(close)
-                if after[..close]
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && close > 0 =>
-            {
+            Some(close) if after[..close].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && close > 0 => {
                 out.push(&after[..close]);
                 rest = &after[close + 1..];
             }
@@ -41,12 +36,7 @@ pub fn render(template: &str, value_of: &dyn Fn(&str) -> Option<String>) -> Stri
         out.push_str(&rest[..open]);
         let after = &rest[open + 1..];
         match after.find('}') {
-            Some(close)
-                if close > 0
-                    && after[..close]
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_') =>
-            {
+            Some(close) if close > 0 && after[..close].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
                 let name = &after[..close];
                 match value_of(name) {
                     Some(v) => out.push_str(&v),
@@ -69,8 +59,7 @@ pub fn render(template: &str, value_of: &dyn Fn(&str) -> Option<String>) -> Stri
 }
 
 static COMPACTED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?m)^[ \t]*\[(?:pare\b|tool: |retried: |system prompt: |\.\.\.truncated \d)")
-        .expect("static regex")
+    Regex::new(r"(?m)^[ \t]*\[(?:pare\b|tool: |retried: |system prompt: |\.\.\.truncated \d)").expect("static regex")
 });
 
 /// Whether a text already carries a pare marker on one of its lines (then no rule touches it again).
@@ -126,11 +115,7 @@ impl CallFacts {
 
 /// `; files: a.py, b.rs` or nothing.
 pub fn files_suffix(files: &[String]) -> String {
-    if files.is_empty() {
-        String::new()
-    } else {
-        format!("; files: {}", files.join(", "))
-    }
+    if files.is_empty() { String::new() } else { format!("; files: {}", files.join(", ")) }
 }
 
 /// 12345 → `12,345` (markers are read by models and people).
@@ -206,21 +191,14 @@ mod tests {
 
     #[test]
     fn render_fills_known_and_keeps_unknown() {
-        let out = render("[tool: {a} {b} {} {c", &|n| {
-            (n == "a").then(|| "x".to_string())
-        });
+        let out = render("[tool: {a} {b} {} {c", &|n| (n == "a").then(|| "x".to_string()));
         assert_eq!(out, "[tool: x {b} {} {c");
-        assert_eq!(
-            placeholders("[pare: {n} x {tools}{files} {}"),
-            vec!["n", "tools", "files"]
-        );
+        assert_eq!(placeholders("[pare: {n} x {tools}{files} {}"), vec!["n", "tools", "files"]);
     }
 
     #[test]
     fn compacted_text_is_recognised_only_at_line_start() {
-        assert!(is_compacted(
-            "[tool: read_file(\"a\") → ok, 3 chars, 1 lines]"
-        ));
+        assert!(is_compacted("[tool: read_file(\"a\") → ok, 3 chars, 1 lines]"));
         assert!(is_compacted("a\nb\n[...truncated 12 lines...]\nc"));
         assert!(is_compacted("[pare: …truncated 10 chars…]"));
         assert!(!is_compacted("print('[tool: x')"));
@@ -248,14 +226,8 @@ mod tests {
 
     #[test]
     fn files_are_found_and_deduplicated() {
-        let files = mentioned_files(
-            "edit ./src/app.py then src/app.py and /w/x/util.rs; v1.2 and .gitignore",
-            5,
-        );
-        assert_eq!(
-            files,
-            vec!["src/app.py".to_string(), "/w/x/util.rs".to_string()]
-        );
+        let files = mentioned_files("edit ./src/app.py then src/app.py and /w/x/util.rs; v1.2 and .gitignore", 5);
+        assert_eq!(files, vec!["src/app.py".to_string(), "/w/x/util.rs".to_string()]);
     }
 
     #[test]

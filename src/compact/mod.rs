@@ -83,12 +83,7 @@ impl Policy {
         Policy {
             name: name.to_owned(),
             success: SuccessPolicy::new(&spec.success),
-            custom: spec
-                .custom
-                .iter()
-                .filter(|r| r.enabled)
-                .filter_map(CompiledCustom::compile)
-                .collect(),
+            custom: spec.custom.iter().filter(|r| r.enabled).filter_map(CompiledCustom::compile).collect(),
             collapse_except: spec
                 .collapse_succeeded
                 .except_tools
@@ -111,8 +106,7 @@ pub struct Engine {
 impl Engine {
     /// The engine with the built-in default pack.
     pub fn default_pack() -> Engine {
-        let pack = pack::load_pack("default", pack::BUILTIN_PACKS[0].1, None)
-            .expect("the built-in pack is valid");
+        let pack = pack::load_pack("default", pack::BUILTIN_PACKS[0].1, None).expect("the built-in pack is valid");
         Engine::from_pack(pack, SalienceConfig::default(), TierBudgets::default())
     }
 
@@ -122,33 +116,16 @@ impl Engine {
         let name = &config.compaction.pack;
         let text = pack::pack_text(name)?;
         let pack = pack::load_pack(name, &text, config.compaction.rules.as_ref())?;
-        Ok(Engine::from_pack(
-            pack,
-            config.budget.salience.clone(),
-            config.budget.tiers.clone(),
-        ))
+        Ok(Engine::from_pack(pack, config.budget.salience.clone(), config.budget.tiers.clone()))
     }
 
     pub fn from_pack(pack: Pack, salience: SalienceConfig, tiers: TierBudgets) -> Engine {
-        let name = if pack.name.is_empty() {
-            "custom".to_owned()
-        } else {
-            pack.name.clone()
-        };
-        Engine {
-            policy: Policy::new(&name, pack.rules),
-            salience,
-            tiers,
-        }
+        let name = if pack.name.is_empty() { "custom".to_owned() } else { pack.name.clone() };
+        Engine { policy: Policy::new(&name, pack.rules), salience, tiers }
     }
 
     /// Compact a request. Never fails: anything unexpected forwards the original messages.
-    pub fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        opts: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> Compacted {
+    pub fn compact(&self, body: &ChatBody<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
         let policy = &self.policy;
         let conv = Conversation::analyse(
             &body.messages,
@@ -162,11 +139,7 @@ impl Engine {
             boundary: conv.boundary,
             ..Report::default()
         };
-        let input_skeletons: Vec<Option<Skeleton>> = conv
-            .msgs
-            .iter()
-            .map(|m| m.as_ref().map(skeleton_of))
-            .collect();
+        let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
         if let Err(violation) = validate::check(&input_skeletons) {
             report.input_invalid = Some(violation.to_string());
             return unchanged(&conv, report);
@@ -213,11 +186,7 @@ impl Engine {
         }
 
         fill_report(&conv, &edits, &elided, &mut report, prefix.len());
-        Compacted {
-            boundary: conv.boundary,
-            prefix,
-            report: report.to_value(),
-        }
+        Compacted { boundary: conv.boundary, prefix, report: report.to_value() }
     }
 }
 
@@ -235,23 +204,14 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> Compacted {
 fn skeleton_of(m: &crate::wire::Message) -> Skeleton {
     Skeleton {
         role: m.role.clone(),
-        tool_calls: m
-            .tool_calls
-            .iter()
-            .flatten()
-            .map(|c| c.id.clone())
-            .collect(),
+        tool_calls: m.tool_calls.iter().flatten().map(|c| c.id.clone()).collect(),
         tool_call_id: m.tool_call_id.clone(),
     }
 }
 
 /// Render every changed message; revert any edit that does not save tokens (invariant 4), and
 /// share each message's token saving among the rules that changed it.
-fn finish_rules(
-    conv: &Conversation<'_>,
-    edits: &mut Edits,
-    counter: &dyn CountTokens,
-) -> Vec<Option<String>> {
+fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountTokens) -> Vec<Option<String>> {
     let mut rendered: Vec<Option<String>> = vec![None; conv.boundary];
     for (idx, slot) in rendered.iter_mut().enumerate() {
         if edits.dropped[idx] {

@@ -19,10 +19,7 @@ pub enum Shape {
     /// The content is the text.
     Plain,
     /// The content is a JSON object whose `field` holds the text (Hermes `{"output": …}`).
-    JsonField {
-        object: Map<String, Value>,
-        field: String,
-    },
+    JsonField { object: Map<String, Value>, field: String },
 }
 
 /// A tool result's outcome.
@@ -69,31 +66,19 @@ pub struct SuccessPolicy {
     trust_exit_code: bool,
 }
 
-static RETURNCODE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\s*<returncode>\s*(-?\d+)\s*</returncode>").expect("static regex")
-});
-static FINISHED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\[Command finished with exit code (-?\d+)\]").expect("static regex")
-});
-static EXCEPTION_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*").expect("static regex")
-});
+static RETURNCODE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\s*<returncode>\s*(-?\d+)\s*</returncode>").expect("static regex"));
+static FINISHED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\[Command finished with exit code (-?\d+)\]").expect("static regex"));
+static EXCEPTION_LINE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*").expect("static regex"));
 
 impl SuccessPolicy {
     /// Patterns were validated with the pack; an invalid one is skipped here rather than failing.
     pub fn new(spec: &super::pack::SuccessSpec) -> SuccessPolicy {
-        let patterns: Vec<Regex> = spec
-            .error_patterns
-            .iter()
-            .filter_map(|p| Regex::new(p).ok())
-            .collect();
-        let errors = RegexSet::new(patterns.iter().map(|r| r.as_str()))
-            .expect("patterns compiled one by one");
-        SuccessPolicy {
-            errors,
-            patterns,
-            trust_exit_code: spec.trust_exit_code,
-        }
+        let patterns: Vec<Regex> = spec.error_patterns.iter().filter_map(|p| Regex::new(p).ok()).collect();
+        let errors = RegexSet::new(patterns.iter().map(|r| r.as_str())).expect("patterns compiled one by one");
+        SuccessPolicy { errors, patterns, trust_exit_code: spec.trust_exit_code }
     }
 
     /// Read a tool result's content text.
@@ -102,30 +87,17 @@ impl SuccessPolicy {
         let exit = json_status.or_else(|| exit_from_text(&text));
         let matches_error = self.errors.is_match(&text);
         let status = match exit {
-            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true))
-                if self.trust_exit_code || !matches_error =>
-            {
+            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) if self.trust_exit_code || !matches_error => {
                 Status::Ok
             }
-            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) => {
-                Status::Failed { exit: None }
-            }
+            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) => Status::Failed { exit: None },
             Some(ExitInfo::Code(code)) => Status::Failed { exit: Some(code) },
             Some(ExitInfo::Success(false)) | Some(ExitInfo::Error) => Status::Failed { exit: None },
             None if matches_error => Status::Failed { exit: None },
             None => Status::Ok,
         };
-        let first_error = if matches_error || !status.is_ok() {
-            self.first_error_line(&text, &shape)
-        } else {
-            None
-        };
-        Outcome {
-            shape,
-            text,
-            status,
-            first_error,
-        }
+        let first_error = if matches_error || !status.is_ok() { self.first_error_line(&text, &shape) } else { None };
+        Outcome { shape, text, status, first_error }
     }
 
     /// The most telling error line: a Python exception line, else the first line matching an error
@@ -133,11 +105,7 @@ impl SuccessPolicy {
     fn first_error_line(&self, text: &str, shape: &Shape) -> Option<String> {
         let mut first_match: Option<String> = None;
         let mut exception = None;
-        let mut lines = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .peekable();
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty()).peekable();
         while let Some(l) = lines.next() {
             if EXCEPTION_LINE.is_match(l) {
                 exception = Some(l);
@@ -151,15 +119,10 @@ impl SuccessPolicy {
             }
         }
         let json_error: Option<String> = match shape {
-            Shape::JsonField { object, .. } => object
-                .get("error")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            Shape::Plain if text.trim_start().starts_with('{') => {
-                serde_json::from_str::<Value>(text)
-                    .ok()
-                    .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
-            }
+            Shape::JsonField { object, .. } => object.get("error").and_then(Value::as_str).map(str::to_owned),
+            Shape::Plain if text.trim_start().starts_with('{') => serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned)),
             Shape::Plain => None,
         };
         exception
@@ -205,19 +168,9 @@ fn split_shape(content: &str) -> (Shape, String, Option<ExitInfo>) {
         if status.is_none() && object.get("error").is_some_and(Value::is_null) {
             status = Some(ExitInfo::Success(true));
         }
-        if let Some(field) = TEXT_FIELDS
-            .iter()
-            .find(|k| object.get(**k).is_some_and(Value::is_string))
-        {
+        if let Some(field) = TEXT_FIELDS.iter().find(|k| object.get(**k).is_some_and(Value::is_string)) {
             let text = object[*field].as_str().unwrap_or_default().to_owned();
-            return (
-                Shape::JsonField {
-                    object,
-                    field: (*field).to_owned(),
-                },
-                text,
-                status,
-            );
+            return (Shape::JsonField { object, field: (*field).to_owned() }, text, status);
         }
         return (Shape::Plain, content.to_owned(), status);
     }
@@ -228,11 +181,7 @@ fn exit_from_text(text: &str) -> Option<ExitInfo> {
     if let Some(c) = RETURNCODE.captures(text) {
         return c[1].parse().ok().map(ExitInfo::Code);
     }
-    FINISHED
-        .captures_iter(text)
-        .last()
-        .and_then(|c| c[1].parse().ok())
-        .map(ExitInfo::Code)
+    FINISHED.captures_iter(text).last().and_then(|c| c[1].parse().ok()).map(ExitInfo::Code)
 }
 
 impl Shape {
@@ -273,38 +222,21 @@ mod tests {
         assert_eq!(err.first_error.as_deref(), Some("file not found: a.py"));
         let read_file = read(r#"{"content": "1|x", "total_lines": 1}"#);
         assert_eq!(read_file.status, Status::Ok);
-        assert!(
-            matches!(read_file.shape, Shape::JsonField { ref field, .. } if field == "content")
-        );
+        assert!(matches!(read_file.shape, Shape::JsonField { ref field, .. } if field == "content"));
     }
 
     #[test]
     fn returncode_and_openhands_exit() {
-        assert_eq!(
-            read("<returncode>0</returncode>\n<output>\nerror: x\n</output>").status,
-            Status::Ok
-        );
-        assert_eq!(
-            read("<returncode>2</returncode>\n<output>\n</output>").status,
-            Status::Failed { exit: Some(2) }
-        );
-        assert_eq!(
-            read("ok\n[Command finished with exit code 1]").status,
-            Status::Failed { exit: Some(1) }
-        );
-        assert_eq!(
-            read("ok\n[Command finished with exit code 0]").status,
-            Status::Ok
-        );
+        assert_eq!(read("<returncode>0</returncode>\n<output>\nerror: x\n</output>").status, Status::Ok);
+        assert_eq!(read("<returncode>2</returncode>\n<output>\n</output>").status, Status::Failed { exit: Some(2) });
+        assert_eq!(read("ok\n[Command finished with exit code 1]").status, Status::Failed { exit: Some(1) });
+        assert_eq!(read("ok\n[Command finished with exit code 0]").status, Status::Ok);
     }
 
     #[test]
     fn bare_error_heading_takes_the_next_line() {
         let r = read("ERROR:\nInvalid `path` parameter: /w/a.py. File already exists");
-        assert_eq!(
-            r.first_error.as_deref(),
-            Some("ERROR: Invalid `path` parameter: /w/a.py. File already exists")
-        );
+        assert_eq!(r.first_error.as_deref(), Some("ERROR: Invalid `path` parameter: /w/a.py. File already exists"));
     }
 
     #[test]
@@ -312,18 +244,12 @@ mod tests {
         assert_eq!(read("all good").status, Status::Ok);
         let r = read("running\nthread 'main' panicked at src/x.rs:3:5\nbye");
         assert_eq!(r.status, Status::Failed { exit: None });
-        assert_eq!(
-            r.first_error.as_deref(),
-            Some("thread 'main' panicked at src/x.rs:3:5")
-        );
+        assert_eq!(r.first_error.as_deref(), Some("thread 'main' panicked at src/x.rs:3:5"));
     }
 
     #[test]
     fn embed_keeps_other_json_keys() {
         let r = read(r#"{"output": "long", "exit_code": 0, "error": null}"#);
-        assert_eq!(
-            r.shape.embed("short"),
-            r#"{"output":"short","exit_code":0,"error":null}"#
-        );
+        assert_eq!(r.shape.embed("short"), r#"{"output":"short","exit_code":0,"error":null}"#);
     }
 }

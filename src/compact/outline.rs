@@ -55,8 +55,7 @@ pub struct Entry {
     pub signature: String,
 }
 
-static NUMBERED: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^\s*(\d+)(?:\t|\|)(.*)$").expect("static regex"));
+static NUMBERED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*(\d+)(?:\t|\|)(.*)$").expect("static regex"));
 
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
@@ -74,9 +73,7 @@ pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     }
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
-    if lines
-        .first()
-        .is_some_and(|l| l.trim_start().starts_with("<returncode>"))
+    if lines.first().is_some_and(|l| l.trim_start().starts_with("<returncode>"))
         && let Some(pos) = lines.iter().position(|l| l.trim() == "<output>")
     {
         start = pos + 1;
@@ -85,11 +82,7 @@ pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     if start > 0 && lines.last().is_some_and(|l| l.trim() == "</output>") {
         end -= 1;
     }
-    lines[start..end.max(start)]
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (i + 1, *l))
-        .collect()
+    lines[start..end.max(start)].iter().enumerate().map(|(i, l)| (i + 1, *l)).collect()
 }
 
 /// The definitions of a source text, or `None` when the language is unknown.
@@ -115,10 +108,7 @@ static PY_DEF: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^(\s*)(?:async\s+def|def|class)\s+\w+").expect("static regex"));
 
 fn indent_of(line: &str) -> usize {
-    line.chars()
-        .take_while(|c| c.is_whitespace())
-        .map(|c| if c == '\t' { 4 } else { 1 })
-        .sum()
+    line.chars().take_while(|c| c.is_whitespace()).map(|c| if c == '\t' { 4 } else { 1 }).sum()
 }
 
 fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
@@ -148,12 +138,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
             }
         }
         if PY_DEF.is_match(line) {
-            out.push(Entry {
-                depth: open.len(),
-                start: num,
-                end: num,
-                signature: signature(line),
-            });
+            out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
         for q in ["\"\"\"", "'''"] {
@@ -174,9 +159,8 @@ static RUST_DEF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:(?:default|async|const|unsafe|extern(?:\s+"[^"]*")?)\s+)*(?:fn|struct|enum|trait|impl|mod|union|macro_rules!)[\s<!]"#)
         .expect("static regex")
 });
-static GO_DEF: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?:func\s|type\s+\w+\s+(?:struct|interface)\b)").expect("static regex")
-});
+static GO_DEF: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(?:func\s|type\s+\w+\s+(?:struct|interface)\b)").expect("static regex"));
 static JAVA_TYPE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^\s*(?:@\w+\s+)*(?:(?:public|private|protected|internal|static|final|abstract|sealed|open|data|strictfp|partial)\s+)*(?:class|interface|enum|record|object|struct|@interface)\s+\w+")
         .expect("static regex")
@@ -194,12 +178,13 @@ static SCRIPT_METHOD: LazyLock<Regex> = LazyLock::new(|| {
         .expect("static regex")
 });
 static C_TYPE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\s*(?:typedef\s+)?(?:template\s*<[^>]*>\s*)?(?:struct|class|enum(?:\s+class)?|union|namespace)\s+\w+[^;]*$")
-        .expect("static regex")
+    Regex::new(
+        r"^\s*(?:typedef\s+)?(?:template\s*<[^>]*>\s*)?(?:struct|class|enum(?:\s+class)?|union|namespace)\s+\w+[^;]*$",
+    )
+    .expect("static regex")
 });
 static C_FUNC: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?:\s{0,4})(?:[\w:*&<>,~]+\s+)+[*&]*~?[\w:]+\s*\([^;]*(?:\)\s*;)?\s*$")
-        .expect("static regex")
+    Regex::new(r"^(?:\s{0,4})(?:[\w:*&<>,~]+\s+)+[*&]*~?[\w:]+\s*\([^;]*(?:\)\s*;)?\s*$").expect("static regex")
 });
 static KEYWORD_START: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^\s*(?:if|else|for|while|switch|return|case|do|catch|try|new|throw|sizeof|await|yield|delete|using|goto|import|package|#)\b")
@@ -210,17 +195,12 @@ fn is_definition(language: Language, line: &str) -> bool {
     match language {
         Language::Rust => RUST_DEF.is_match(line),
         Language::Go => GO_DEF.is_match(line),
-        Language::Java => {
-            JAVA_TYPE.is_match(line)
-                || (!KEYWORD_START.is_match(line) && JAVA_METHOD.is_match(line))
-        }
+        Language::Java => JAVA_TYPE.is_match(line) || (!KEYWORD_START.is_match(line) && JAVA_METHOD.is_match(line)),
         Language::Script => {
-            SCRIPT_DEF.is_match(line)
-                || (!KEYWORD_START.is_match(line) && SCRIPT_METHOD.is_match(line))
+            SCRIPT_DEF.is_match(line) || (!KEYWORD_START.is_match(line) && SCRIPT_METHOD.is_match(line))
         }
         Language::C => {
-            C_TYPE.is_match(line)
-                || (!KEYWORD_START.is_match(line) && !line.contains('=') && C_FUNC.is_match(line))
+            C_TYPE.is_match(line) || (!KEYWORD_START.is_match(line) && !line.contains('=') && C_FUNC.is_match(line))
         }
         Language::Python => false,
     }
@@ -267,11 +247,7 @@ fn clean(language: Language, line: &str, in_block: &mut bool) -> String {
             }
             b'\'' => {
                 // A char literal ('x', '\n', '{'); a Rust lifetime ('a) is left alone.
-                let close = if bytes.get(i + 1) == Some(&b'\\') {
-                    i + 3
-                } else {
-                    i + 2
-                };
+                let close = if bytes.get(i + 1) == Some(&b'\\') { i + 3 } else { i + 2 };
                 if bytes.get(close) == Some(&b'\'') {
                     i = close + 1;
                     out.push_str("' '");
@@ -283,9 +259,7 @@ fn clean(language: Language, line: &str, in_block: &mut bool) -> String {
             _ => {
                 // Copy one UTF-8 char.
                 let len = utf8_len(b);
-                out.push_str(
-                    std::str::from_utf8(&bytes[i..(i + len).min(bytes.len())]).unwrap_or(""),
-                );
+                out.push_str(std::str::from_utf8(&bytes[i..(i + len).min(bytes.len())]).unwrap_or(""));
                 i += len;
             }
         }
@@ -311,12 +285,7 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
     for &(num, line) in lines {
         let cleaned = clean(language, line, &mut in_block);
         if pending.is_none() && !cleaned.trim().is_empty() && is_definition(language, &cleaned) {
-            out.push(Entry {
-                depth: open.len(),
-                start: num,
-                end: num,
-                signature: signature(line),
-            });
+            out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             pending = Some((out.len() - 1, depth, 0));
         }
         for c in cleaned.chars() {
@@ -376,11 +345,7 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
     let mut out = String::new();
     for e in entries.iter().take(max_entries) {
-        let range = if e.start == e.end {
-            e.start.to_string()
-        } else {
-            format!("{}-{}", e.start, e.end)
-        };
+        let range = if e.start == e.end { e.start.to_string() } else { format!("{}-{}", e.start, e.end) };
         out.push_str(&"  ".repeat(e.depth + 1));
         out.push_str(&range);
         out.push_str("  ");
@@ -388,10 +353,7 @@ pub fn render(entries: &[Entry], max_entries: usize) -> String {
         out.push('\n');
     }
     if entries.len() > max_entries {
-        out.push_str(&format!(
-            "  … {} more definitions\n",
-            entries.len() - max_entries
-        ));
+        out.push_str(&format!("  … {} more definitions\n", entries.len() - max_entries));
     }
     out.trim_end().to_owned()
 }
@@ -401,10 +363,7 @@ mod tests {
     use super::*;
 
     fn ranges(language: Language, text: &str) -> Vec<(usize, usize, usize, String)> {
-        outline(language, text, 3)
-            .into_iter()
-            .map(|e| (e.depth, e.start, e.end, e.signature))
-            .collect()
+        outline(language, text, 3).into_iter().map(|e| (e.depth, e.start, e.end, e.signature)).collect()
     }
 
     #[test]
@@ -438,16 +397,11 @@ mod tests {
 
     #[test]
     fn numbered_views_keep_real_line_numbers() {
-        let cat_n = "Here's the result of running `cat -n` on /w/a.py:\n    40\tdef f():\n    41\t    return 1\n    42\t\n";
-        assert_eq!(
-            ranges(Language::Python, cat_n),
-            vec![(0, 40, 41, "def f()".into())]
-        );
+        let cat_n =
+            "Here's the result of running `cat -n` on /w/a.py:\n    40\tdef f():\n    41\t    return 1\n    42\t\n";
+        assert_eq!(ranges(Language::Python, cat_n), vec![(0, 40, 41, "def f()".into())]);
         let hermes = "1|def greet(name):\n2|    return name\n3|";
-        assert_eq!(
-            ranges(Language::Python, hermes),
-            vec![(0, 1, 2, "def greet(name)".into())]
-        );
+        assert_eq!(ranges(Language::Python, hermes), vec![(0, 1, 2, "def greet(name)".into())]);
     }
 
     #[test]
@@ -455,18 +409,12 @@ mod tests {
         let go = "package main\n\ntype S struct {\n\tA int\n}\n\nfunc (s *S) Run() error {\n\tif x {\n\t}\n\treturn nil\n}\n";
         assert_eq!(
             ranges(Language::Go, go),
-            vec![
-                (0, 3, 5, "type S struct".into()),
-                (0, 7, 11, "func (s *S) Run() error".into())
-            ]
+            vec![(0, 3, 5, "type S struct".into()), (0, 7, 11, "func (s *S) Run() error".into())]
         );
         let java = "public class A {\n    private int x;\n    public int get(int y) {\n        if (y) { return 1; }\n        return x;\n    }\n}\n";
         assert_eq!(
             ranges(Language::Java, java),
-            vec![
-                (0, 1, 7, "public class A".into()),
-                (1, 3, 6, "public int get(int y)".into())
-            ]
+            vec![(0, 1, 7, "public class A".into()), (1, 3, 6, "public int get(int y)".into())]
         );
         let ts = "export function f(a: string): number {\n  return 1;\n}\nexport const g = (x) => {\n  return '}';\n};\nclass C {\n  m(x) {\n    if (x) {\n    }\n  }\n}\n";
         assert_eq!(

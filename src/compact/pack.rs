@@ -149,10 +149,7 @@ pub struct MarkerRule {
 
 impl Default for MarkerRule {
     fn default() -> Self {
-        MarkerRule {
-            enabled: true,
-            template: String::new(),
-        }
+        MarkerRule { enabled: true, template: String::new() }
     }
 }
 
@@ -191,7 +188,8 @@ impl Default for DuplicateRule {
         DuplicateRule {
             enabled: true,
             min_chars: 200,
-            template: "[pare: output of {call} ({chars} chars) identical to the later result of call {later_id}]".into(),
+            template: "[pare: output of {call} ({chars} chars) identical to the later result of call {later_id}]"
+                .into(),
         }
     }
 }
@@ -217,8 +215,9 @@ impl Default for StructureRule {
             min_chars: 2000,
             max_entries: 150,
             max_depth: 2,
-            template: "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details)]"
-                .into(),
+            template:
+                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details)]"
+                    .into(),
         }
     }
 }
@@ -281,11 +280,7 @@ pub struct HardCapRule {
 
 impl Default for HardCapRule {
     fn default() -> Self {
-        HardCapRule {
-            enabled: true,
-            max_chars: 4000,
-            template: "[pare: …truncated {n} chars…]".into(),
-        }
+        HardCapRule { enabled: true, max_chars: 4000, template: "[pare: …truncated {n} chars…]".into() }
     }
 }
 
@@ -300,10 +295,7 @@ pub struct ReasoningRule {
 
 impl Default for ReasoningRule {
     fn default() -> Self {
-        ReasoningRule {
-            enabled: true,
-            think_tags: true,
-        }
+        ReasoningRule { enabled: true, think_tags: true }
     }
 }
 
@@ -320,11 +312,7 @@ pub struct SystemRule {
 
 impl Default for SystemRule {
     fn default() -> Self {
-        SystemRule {
-            enabled: true,
-            replace_first: false,
-            template: "[system prompt: {summary}]".into(),
-        }
+        SystemRule { enabled: true, replace_first: false, template: "[system prompt: {summary}]".into() }
     }
 }
 
@@ -412,8 +400,7 @@ impl Default for TierSpec {
             light_max_chars: 300,
             light_head: 5,
             light_tail: 3,
-            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}]"
-                .into(),
+            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}]".into(),
             heavy_text_chars: 200,
             facts_template: "[tool: {call} → {status}]".into(),
             facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
@@ -423,13 +410,7 @@ impl Default for TierSpec {
 }
 
 /// Prefixes every marker must start with, so that pare recognises its own output (idempotence).
-pub const MARKER_PREFIXES: &[&str] = &[
-    "[pare",
-    "[tool:",
-    "[retried:",
-    "[system prompt:",
-    "[...truncated",
-];
+pub const MARKER_PREFIXES: &[&str] = &["[pare", "[tool:", "[retried:", "[system prompt:", "[...truncated"];
 
 /// A placeholder-bearing template and the placeholders it may use.
 struct TemplateCheck<'a> {
@@ -438,66 +419,37 @@ struct TemplateCheck<'a> {
     allowed: &'static [&'static str],
 }
 
-const CALL_FACTS: &[&str] = &[
-    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files",
-];
+const CALL_FACTS: &[&str] = &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files"];
 
 impl RulesSpec {
     /// Every semantic problem, each with its dotted path under `rules`.
     pub fn validate(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
-        let mut push = |path: String, message: String| {
-            problems.push(Problem {
-                line: None,
-                path,
-                message,
-            })
-        };
+        let mut push = |path: String, message: String| problems.push(Problem { line: None, path, message });
         for (i, pattern) in self.success.error_patterns.iter().enumerate() {
             if let Err(e) = Regex::new(pattern) {
-                push(
-                    format!("rules.success.error_patterns.{i}"),
-                    format!("bad regex `{pattern}`: {e}"),
-                );
+                push(format!("rules.success.error_patterns.{i}"), format!("bad regex `{pattern}`: {e}"));
             }
         }
         for (i, pattern) in self.collapse_succeeded.except_tools.iter().enumerate() {
             if let Err(e) = Regex::new(pattern) {
-                push(
-                    format!("rules.collapse_succeeded.except_tools.{i}"),
-                    format!("bad regex `{pattern}`: {e}"),
-                );
+                push(format!("rules.collapse_succeeded.except_tools.{i}"), format!("bad regex `{pattern}`: {e}"));
             }
         }
         if self.loops.min_repeats < 2 {
-            push(
-                "rules.loops.min_repeats".into(),
-                format!("must be at least 2, got {}", self.loops.min_repeats),
-            );
+            push("rules.loops.min_repeats".into(), format!("must be at least 2, got {}", self.loops.min_repeats));
         }
         if self.truncate.head_lines + self.truncate.tail_lines == 0 {
-            push(
-                "rules.truncate.head_lines".into(),
-                "head_lines + tail_lines must be at least 1".into(),
-            );
+            push("rules.truncate.head_lines".into(), "head_lines + tail_lines must be at least 1".into());
         }
         if self.hard_cap.max_chars < 100 {
-            push(
-                "rules.hard_cap.max_chars".into(),
-                format!("must be at least 100, got {}", self.hard_cap.max_chars),
-            );
+            push("rules.hard_cap.max_chars".into(), format!("must be at least 100, got {}", self.hard_cap.max_chars));
         }
         if self.structure.max_depth == 0 {
-            push(
-                "rules.structure.max_depth".into(),
-                "must be at least 1".into(),
-            );
+            push("rules.structure.max_depth".into(), "must be at least 1".into());
         }
         if self.tiers.light_head + self.tiers.light_tail == 0 {
-            push(
-                "rules.tiers.light_head".into(),
-                "light_head + light_tail must be at least 1".into(),
-            );
+            push("rules.tiers.light_head".into(), "light_head + light_tail must be at least 1".into());
         }
         let mut seen_names = std::collections::BTreeSet::new();
         for (i, rule) in self.custom.iter().enumerate() {
@@ -505,18 +457,12 @@ impl RulesSpec {
             if rule.name.trim().is_empty() {
                 push(format!("{at}.name"), "must not be empty".into());
             } else if !seen_names.insert(rule.name.clone()) {
-                push(
-                    format!("{at}.name"),
-                    format!("duplicate rule name `{}`", rule.name),
-                );
+                push(format!("{at}.name"), format!("duplicate rule name `{}`", rule.name));
             }
             if let Some(role) = &rule.matches.role {
                 match role.as_str() {
                     "tool" | "assistant" | "system" => {}
-                    "user" => push(
-                        format!("{at}.match.role"),
-                        "user messages are never touched".into(),
-                    ),
+                    "user" => push(format!("{at}.match.role"), "user messages are never touched".into()),
                     other => push(
                         format!("{at}.match.role"),
                         format!("unknown role `{other}` (expected tool, assistant or system)"),
@@ -531,37 +477,26 @@ impl RulesSpec {
                 if let Some(pattern) = pattern
                     && let Err(e) = Regex::new(pattern)
                 {
-                    push(
-                        format!("{at}.match.{key}"),
-                        format!("bad regex `{pattern}`: {e}"),
-                    );
+                    push(format!("{at}.match.{key}"), format!("bad regex `{pattern}`: {e}"));
                 }
             }
             if let Some(status) = &rule.matches.status
                 && !matches!(status.as_str(), "ok" | "failed" | "any")
             {
-                push(
-                    format!("{at}.match.status"),
-                    format!("unknown status `{status}` (expected ok, failed or any)"),
-                );
+                push(format!("{at}.match.status"), format!("unknown status `{status}` (expected ok, failed or any)"));
             }
             if let (Some(lo), Some(hi)) = (rule.matches.min_chars, rule.matches.max_chars)
                 && lo > hi
             {
-                push(
-                    format!("{at}.match.min_chars"),
-                    format!("min_chars {lo} is larger than max_chars {hi}"),
-                );
+                push(format!("{at}.match.min_chars"), format!("min_chars {lo} is larger than max_chars {hi}"));
             }
             match rule.action {
-                CustomAction::Marker if rule.template.is_none() => push(
-                    format!("{at}.template"),
-                    "action `marker` needs a template".into(),
-                ),
-                CustomAction::Truncate if rule.head + rule.tail == 0 => push(
-                    format!("{at}.head"),
-                    "head + tail must be at least 1".into(),
-                ),
+                CustomAction::Marker if rule.template.is_none() => {
+                    push(format!("{at}.template"), "action `marker` needs a template".into())
+                }
+                CustomAction::Truncate if rule.head + rule.tail == 0 => {
+                    push(format!("{at}.head"), "head + tail must be at least 1".into())
+                }
                 _ => {}
             }
         }
@@ -574,41 +509,25 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.loops.template".into(),
                 text: &self.loops.template,
-                allowed: &[
-                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "k",
-                    "total",
-                ],
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "k", "total"],
             },
             TemplateCheck {
                 path: "rules.duplicates.template".into(),
                 text: &self.duplicates.template,
-                allowed: &[
-                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files",
-                    "later_id",
-                ],
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "later_id"],
             },
             TemplateCheck {
                 path: "rules.structure.template".into(),
                 text: &self.structure.template,
-                allowed: &[
-                    "tool", "arg", "call", "id", "path", "lines", "chars", "language",
-                ],
+                allowed: &["tool", "arg", "call", "id", "path", "lines", "chars", "language"],
             },
             TemplateCheck {
                 path: "rules.collapse_succeeded.template".into(),
                 text: &self.collapse_succeeded.template,
                 allowed: CALL_FACTS,
             },
-            TemplateCheck {
-                path: "rules.truncate.template".into(),
-                text: &self.truncate.template,
-                allowed: &["n"],
-            },
-            TemplateCheck {
-                path: "rules.hard_cap.template".into(),
-                text: &self.hard_cap.template,
-                allowed: &["n"],
-            },
+            TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
+            TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
             TemplateCheck {
                 path: "rules.system_messages.template".into(),
                 text: &self.system_messages.template,
@@ -659,10 +578,7 @@ impl RulesSpec {
                 if !t.allowed.contains(&name) {
                     push(
                         t.path.clone(),
-                        format!(
-                            "unknown placeholder `{{{name}}}` (allowed: {})",
-                            t.allowed.join(", ")
-                        ),
+                        format!("unknown placeholder `{{{name}}}` (allowed: {})", t.allowed.join(", ")),
                     );
                 }
             }
@@ -675,17 +591,11 @@ impl RulesSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
     #[error("cannot read rule pack {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("rule pack {name} is not valid YAML: {message}")]
     Yaml { name: String, message: String },
     #[error("{}", render(.name, .problems))]
-    Invalid {
-        name: String,
-        problems: Vec<Problem>,
-    },
+    Invalid { name: String, problems: Vec<Problem> },
 }
 
 fn render(name: &str, problems: &[Problem]) -> String {
@@ -701,18 +611,13 @@ pub fn pack_text(name_or_path: &str) -> Result<String, PackError> {
     if let Some((_, text)) = BUILTIN_PACKS.iter().find(|(n, _)| *n == name_or_path) {
         return Ok((*text).to_owned());
     }
-    std::fs::read_to_string(name_or_path).map_err(|source| PackError::Read {
-        path: name_or_path.to_owned(),
-        source,
-    })
+    std::fs::read_to_string(name_or_path).map_err(|source| PackError::Read { path: name_or_path.to_owned(), source })
 }
 
 /// Parse a pack's text, deep-merge `overrides` onto its `rules:`, and validate the result.
 pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pack, PackError> {
-    let mut tree: Value = serde_saphyr::from_str(text).map_err(|e| PackError::Yaml {
-        name: name.to_owned(),
-        message: e.to_string(),
-    })?;
+    let mut tree: Value =
+        serde_saphyr::from_str(text).map_err(|e| PackError::Yaml { name: name.to_owned(), message: e.to_string() })?;
     if tree.is_null() {
         tree = Value::Object(Default::default());
     }
@@ -720,35 +625,18 @@ pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pa
         let Value::Object(top) = &mut tree else {
             return Err(PackError::Invalid {
                 name: name.to_owned(),
-                problems: vec![Problem {
-                    line: None,
-                    path: String::new(),
-                    message: "a rule pack is a mapping".into(),
-                }],
+                problems: vec![Problem { line: None, path: String::new(), message: "a rule pack is a mapping".into() }],
             });
         };
-        let rules = top
-            .entry("rules")
-            .or_insert_with(|| Value::Object(Default::default()));
+        let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
         deep_merge(rules, overrides);
     }
     let pack: Pack = serde_path_to_error::deserialize(tree).map_err(|e| PackError::Invalid {
         name: name.to_owned(),
-        problems: vec![Problem {
-            line: None,
-            path: e.path().to_string(),
-            message: e.inner().to_string(),
-        }],
+        problems: vec![Problem { line: None, path: e.path().to_string(), message: e.inner().to_string() }],
     })?;
     let problems = pack.rules.validate();
-    if problems.is_empty() {
-        Ok(pack)
-    } else {
-        Err(PackError::Invalid {
-            name: name.to_owned(),
-            problems,
-        })
-    }
+    if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name: name.to_owned(), problems }) }
 }
 
 /// Maps merge key by key; anything else (scalars, lists) replaces.
@@ -775,11 +663,7 @@ pub fn check_pack(text: &str) -> Vec<Problem> {
         Ok(pack) => pack,
         Err(e) => {
             let line = e.location().map(|l| l.line());
-            return vec![Problem {
-                line,
-                path: String::new(),
-                message: e.to_string(),
-            }];
+            return vec![Problem { line, path: String::new(), message: e.to_string() }];
         }
     };
     pack.rules.validate()
@@ -794,24 +678,16 @@ mod tests {
         for (name, text) in BUILTIN_PACKS {
             let pack = load_pack(name, text, None).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(&pack.name, name);
-            assert!(
-                check_pack(text).is_empty(),
-                "{name}: {:?}",
-                check_pack(text)
-            );
+            assert!(check_pack(text).is_empty(), "{name}: {:?}", check_pack(text));
         }
     }
 
     #[test]
     fn overrides_merge_deeply() {
-        let overrides =
-            serde_json::json!({"truncate": {"max_chars": 900}, "protect_last_turns": 2});
+        let overrides = serde_json::json!({"truncate": {"max_chars": 900}, "protect_last_turns": 2});
         let pack = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides)).unwrap();
         assert_eq!(pack.rules.truncate.max_chars, 900);
-        assert_eq!(
-            pack.rules.truncate.head_lines, 10,
-            "siblings of an override keep the pack's value"
-        );
+        assert_eq!(pack.rules.truncate.head_lines, 10, "siblings of an override keep the pack's value");
         assert_eq!(pack.rules.protect_last_turns, 2);
     }
 
@@ -819,15 +695,9 @@ mod tests {
     fn unknown_key_is_refused_with_its_path() {
         let overrides = serde_json::json!({"truncate": {"max_char": 900}});
         let err = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides)).unwrap_err();
-        let PackError::Invalid { problems, .. } = err else {
-            panic!("expected Invalid, got {err}")
-        };
+        let PackError::Invalid { problems, .. } = err else { panic!("expected Invalid, got {err}") };
         assert_eq!(problems[0].path, "rules.truncate.max_char");
-        assert!(
-            problems[0].message.contains("max_char"),
-            "{}",
-            problems[0].message
-        );
+        assert!(problems[0].message.contains("max_char"), "{}", problems[0].message);
     }
 
     #[test]
@@ -858,13 +728,7 @@ rules:
             assert!(paths.contains(&want), "missing {want} in {paths:?}");
         }
         // Both the prefix and the unknown placeholder of the collapse template are reported.
-        assert_eq!(
-            paths
-                .iter()
-                .filter(|p| **p == "rules.collapse_succeeded.template")
-                .count(),
-            2
-        );
+        assert_eq!(paths.iter().filter(|p| **p == "rules.collapse_succeeded.template").count(), 2);
     }
 
     #[test]

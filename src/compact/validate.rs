@@ -25,11 +25,7 @@ struct IdOnly {
 
 fn call_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     let calls: Option<Vec<IdOnly>> = Option::deserialize(d)?;
-    Ok(calls
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id.unwrap_or_default())
-        .collect())
+    Ok(calls.unwrap_or_default().into_iter().map(|c| c.id.unwrap_or_default()).collect())
 }
 
 impl Skeleton {
@@ -55,11 +51,7 @@ pub enum Violation {
     #[error("tool message {idx} answers `{id}`, which is not an open call")]
     OrphanResult { idx: usize, id: String },
     #[error("tool call `{id}` of assistant message {call_idx} has no answer before message {idx}")]
-    Unanswered {
-        call_idx: usize,
-        id: String,
-        idx: usize,
-    },
+    Unanswered { call_idx: usize, id: String, idx: usize },
 }
 
 /// Check invariant 1 over a sequence of skeletons (`None` = not a message object).
@@ -75,20 +67,13 @@ pub fn check(messages: &[Option<Skeleton>]) -> Result<(), Violation> {
                     open.swap_remove(pos);
                 }
                 None => {
-                    return Err(Violation::OrphanResult {
-                        idx,
-                        id: id.to_owned(),
-                    });
+                    return Err(Violation::OrphanResult { idx, id: id.to_owned() });
                 }
             }
             continue;
         }
         if let Some(id) = open.first() {
-            return Err(Violation::Unanswered {
-                call_idx: open_from,
-                id: (*id).to_owned(),
-                idx,
-            });
+            return Err(Violation::Unanswered { call_idx: open_from, id: (*id).to_owned(), idx });
         }
         if m.role == "assistant" && !m.tool_calls.is_empty() {
             for (j, id) in m.tool_calls.iter().enumerate() {
@@ -96,10 +81,7 @@ pub fn check(messages: &[Option<Skeleton>]) -> Result<(), Violation> {
                     return Err(Violation::EmptyCallId { idx });
                 }
                 if m.tool_calls[..j].contains(id) {
-                    return Err(Violation::DuplicateCallId {
-                        idx,
-                        id: id.clone(),
-                    });
+                    return Err(Violation::DuplicateCallId { idx, id: id.clone() });
                 }
             }
             open = m.tool_calls.iter().map(String::as_str).collect();
@@ -107,11 +89,7 @@ pub fn check(messages: &[Option<Skeleton>]) -> Result<(), Violation> {
         }
     }
     if let Some(id) = open.first() {
-        return Err(Violation::Unanswered {
-            call_idx: open_from,
-            id: (*id).to_owned(),
-            idx: messages.len(),
-        });
+        return Err(Violation::Unanswered { call_idx: open_from, id: (*id).to_owned(), idx: messages.len() });
     }
     Ok(())
 }
@@ -136,29 +114,14 @@ mod tests {
 
     #[test]
     fn partial_answer_is_refused() {
-        assert!(matches!(
-            check(&skel(&[USER, CALL2, RES_A, USER])),
-            Err(Violation::Unanswered { call_idx: 1, .. })
-        ));
-        assert!(matches!(
-            check(&skel(&[USER, CALL2, RES_A])),
-            Err(Violation::Unanswered { .. })
-        ));
+        assert!(matches!(check(&skel(&[USER, CALL2, RES_A, USER])), Err(Violation::Unanswered { call_idx: 1, .. })));
+        assert!(matches!(check(&skel(&[USER, CALL2, RES_A])), Err(Violation::Unanswered { .. })));
     }
 
     #[test]
     fn orphan_and_duplicate_results_are_refused() {
-        assert!(matches!(
-            check(&skel(&[USER, RES_A])),
-            Err(Violation::OrphanResult { idx: 1, .. })
-        ));
-        assert!(matches!(
-            check(&skel(&[CALL2, RES_A, RES_A, RES_B])),
-            Err(Violation::OrphanResult { idx: 2, .. })
-        ));
-        assert!(matches!(
-            check(&skel(&[USER, "42"])),
-            Err(Violation::NotAMessage { idx: 1 })
-        ));
+        assert!(matches!(check(&skel(&[USER, RES_A])), Err(Violation::OrphanResult { idx: 1, .. })));
+        assert!(matches!(check(&skel(&[CALL2, RES_A, RES_A, RES_B])), Err(Violation::OrphanResult { idx: 2, .. })));
+        assert!(matches!(check(&skel(&[USER, "42"])), Err(Violation::NotAMessage { idx: 1 })));
     }
 }

@@ -30,11 +30,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn engine(pack: &str, overrides: Value) -> Engine {
-    let text = BUILTIN_PACKS
-        .iter()
-        .find(|(n, _)| *n == pack)
-        .expect("built-in pack")
-        .1;
+    let text = BUILTIN_PACKS.iter().find(|(n, _)| *n == pack).expect("built-in pack").1;
     let pack = load_pack(pack, text, Some(&overrides)).unwrap_or_else(|e| panic!("{e}"));
     Engine::from_pack(pack, SalienceConfig::default(), TierBudgets::default())
 }
@@ -42,19 +38,9 @@ fn engine(pack: &str, overrides: Value) -> Engine {
 /// Compact a body; returns the forwarded body and the engine's result.
 pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compacted) {
     let parsed = ChatBody::parse(body).expect("fixture parses");
-    let out = engine.compact(
-        &parsed,
-        &CompactOptions {
-            target_tokens: target,
-        },
-        &QuarterCounter,
-    );
+    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
-    messages.extend(
-        parsed.messages[out.boundary..]
-            .iter()
-            .map(|m| m.get().to_owned()),
-    );
+    messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
 }
 
@@ -64,18 +50,10 @@ fn check(expected_path: &Path, actual: &str) {
         std::fs::write(expected_path, actual).expect("write golden file");
         return;
     }
-    let expected = std::fs::read_to_string(expected_path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with PARE_BLESS=1 to create it)",
-            expected_path.display()
-        )
-    });
+    let expected = std::fs::read_to_string(expected_path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with PARE_BLESS=1 to create it)", expected_path.display()));
     if expected != actual {
-        let first_diff = expected
-            .chars()
-            .zip(actual.chars())
-            .position(|(a, b)| a != b)
-            .unwrap_or(0);
+        let first_diff = expected.chars().zip(actual.chars()).position(|(a, b)| a != b).unwrap_or(0);
         let from = first_diff.saturating_sub(120);
         panic!(
             "{} differs at char {first_diff}:\n expected …{}…\n   actual …{}…\n(PARE_BLESS=1 regenerates)",
@@ -107,10 +85,7 @@ fn golden_fixtures_by_pack() {
             let out = String::from_utf8(out).unwrap();
             check(&fixtures().join(format!("{input}.{pack}.out.json")), &out);
             let report = serde_json::to_string_pretty(&result.report).unwrap() + "\n";
-            check(
-                &fixtures().join(format!("{input}.{pack}.report.json")),
-                &report,
-            );
+            check(&fixtures().join(format!("{input}.{pack}.report.json")), &report);
             assert_invariants(&body, out.as_bytes(), &result);
         }
     }
@@ -121,58 +96,30 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
     let before = ChatBody::parse(input).unwrap();
     let after = ChatBody::parse(output).expect("output is valid JSON with messages");
     // Tail byte-identical.
-    let tail_in: Vec<&str> = before.messages[result.boundary..]
-        .iter()
-        .map(|m| m.get())
-        .collect();
-    let tail_out: Vec<&str> = after.messages[after.messages.len() - tail_in.len()..]
-        .iter()
-        .map(|m| m.get())
-        .collect();
+    let tail_in: Vec<&str> = before.messages[result.boundary..].iter().map(|m| m.get()).collect();
+    let tail_out: Vec<&str> = after.messages[after.messages.len() - tail_in.len()..].iter().map(|m| m.get()).collect();
     assert_eq!(tail_in, tail_out, "protected tail changed");
     // User messages byte-identical and in order.
     let users = |b: &ChatBody<'_>| -> Vec<String> {
         b.messages
             .iter()
-            .filter(|m| {
-                serde_json::from_str::<Value>(m.get())
-                    .ok()
-                    .is_some_and(|v| v["role"] == "user")
-            })
+            .filter(|m| serde_json::from_str::<Value>(m.get()).ok().is_some_and(|v| v["role"] == "user"))
             .map(|m| m.get().to_owned())
             .collect()
     };
     assert_eq!(users(&before), users(&after), "user messages changed");
     // Invariant 1.
-    let skeletons: Vec<_> = after
-        .messages
-        .iter()
-        .map(|m| pare::compact::validate::Skeleton::of(m.get()))
-        .collect();
+    let skeletons: Vec<_> = after.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
     pare::compact::validate::check(&skeletons).expect("output satisfies invariant 1");
     // Other top-level keys untouched.
     for (key, value) in &before.fields {
         if key != "messages" {
-            assert_eq!(
-                after.field(key).map(|v| v.get()),
-                Some(value.get()),
-                "top-level `{key}` changed"
-            );
+            assert_eq!(after.field(key).map(|v| v.get()), Some(value.get()), "top-level `{key}` changed");
         }
     }
     // Tokens never grow.
-    let tokens = |b: &ChatBody<'_>| -> u64 {
-        b.messages
-            .iter()
-            .map(|m| QuarterCounter.message(m.get()))
-            .sum()
-    };
-    assert!(
-        tokens(&after) <= tokens(&before),
-        "tokens grew: {} > {}",
-        tokens(&after),
-        tokens(&before)
-    );
+    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages.iter().map(|m| QuarterCounter.message(m.get())).sum() };
+    assert!(tokens(&after) <= tokens(&before), "tokens grew: {} > {}", tokens(&after), tokens(&before));
 }
 
 #[test]
@@ -227,8 +174,7 @@ mod build {
         json!({"role": "tool", "tool_call_id": id, "content": content})
     }
     pub fn body(messages: &[Value]) -> Vec<u8> {
-        serde_json::to_vec(&json!({"model": "m", "messages": messages, "temperature": 0.2}))
-            .unwrap()
+        serde_json::to_vec(&json!({"model": "m", "messages": messages, "temperature": 0.2})).unwrap()
     }
 }
 
@@ -248,11 +194,7 @@ fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Ve
     let (again, _) = run(engine, &input, target);
     assert_eq!(out, again, "not deterministic");
     let (twice, _) = run(engine, &out, target);
-    assert_eq!(
-        String::from_utf8_lossy(&out),
-        String::from_utf8_lossy(&twice),
-        "not idempotent"
-    );
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent");
     let v: Value = serde_json::from_slice(&out).unwrap();
     (v["messages"].as_array().unwrap().clone(), result.report)
 }
@@ -260,20 +202,13 @@ fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Ve
 fn text(m: &Value) -> String {
     match &m["content"] {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"),
         _ => String::new(),
     }
 }
 
 fn lines(n: usize, word: &str) -> String {
-    (1..=n)
-        .map(|i| format!("{word} line {i} of the output"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    (1..=n).map(|i| format!("{word} line {i} of the output")).collect::<Vec<_>>().join("\n")
 }
 
 /// The tail of every case: one more turn, protected with `protect_last_turns: 1`.
@@ -296,22 +231,14 @@ fn collapse_replaces_succeeded_results_and_keeps_the_call() {
         call("c1", "read_file", json!({"path": "src/config.yaml"})),
         result("c1", &lines(12, "ok")),
         call("c2", "terminal", json!({"command": "pytest -x"})),
-        result(
-            "c2",
-            "Traceback (most recent call last):\n  File \"t.py\", line 1\nAssertionError: boom",
-        ),
+        result("c2", "Traceback (most recent call last):\n  File \"t.py\", line 1\nAssertionError: boom"),
     ]);
     let (out, report) = forward(ONE(), &msgs);
-    assert_eq!(
-        out[2], msgs[2],
-        "the assistant's call is kept byte for byte"
-    );
+    assert_eq!(out[2], msgs[2], "the assistant's call is kept byte for byte");
     let chars = lines(12, "ok").chars().count();
     assert_eq!(
         text(&out[3]),
-        format!(
-            "[tool: read_file(\"src/config.yaml\") → ok, {chars} chars, 12 lines; files: src/config.yaml]"
-        )
+        format!("[tool: read_file(\"src/config.yaml\") → ok, {chars} chars, 12 lines; files: src/config.yaml]")
     );
     assert_eq!(out[5], msgs[5], "a failed result is kept");
     assert_eq!(report["rules"]["collapse_succeeded"]["messages"], 1);
@@ -358,69 +285,42 @@ fn truncate_keeps_head_and_tail_of_large_failures_only() {
 fn hermes_json_results_are_truncated_inside_their_text_field() {
     let inner = format!("{}\nerror: nope", lines(50, "out"));
     let content = json!({"output": inner, "exit_code": 2, "error": null}).to_string();
-    let msgs = with_tail(vec![
-        user("x"),
-        call("c1", "terminal", json!({"command": "cargo build"})),
-        result("c1", &content),
-    ]);
+    let msgs =
+        with_tail(vec![user("x"), call("c1", "terminal", json!({"command": "cargo build"})), result("c1", &content)]);
     let (out, _) = forward(ONE(), &msgs);
     let v: Value = serde_json::from_str(&text(&out[2])).expect("still a JSON result");
     assert_eq!(v["exit_code"], 2);
     assert!(v["error"].is_null());
     let cut = inner.lines().count() - 15;
-    assert!(
-        v["output"]
-            .as_str()
-            .unwrap()
-            .contains(&format!("\n[...truncated {cut} lines...]\n"))
-    );
+    assert!(v["output"].as_str().unwrap().contains(&format!("\n[...truncated {cut} lines...]\n")));
 }
 
 #[test]
 fn hard_cap_cuts_long_single_line_failures() {
     let long = format!("Error: {}", "x".repeat(20_000));
-    let msgs = with_tail(vec![
-        user("x"),
-        call("c1", "api", json!({"q": 1})),
-        result("c1", &long),
-    ]);
+    let msgs = with_tail(vec![user("x"), call("c1", "api", json!({"q": 1})), result("c1", &long)]);
     let (out, report) = forward(ONE(), &msgs);
     let t = text(&out[2]);
     assert!(t.chars().count() <= 4000, "{}", t.len());
     assert!(t.contains("\n[pare: …truncated "));
     assert_eq!(report["rules"]["hard_cap"]["messages"], 1);
-    let (out, _) = forward(
-        json!({"protect_last_turns": 1, "hard_cap": {"enabled": false}}),
-        &msgs,
-    );
+    let (out, _) = forward(json!({"protect_last_turns": 1, "hard_cap": {"enabled": false}}), &msgs);
     assert_eq!(out[2], msgs[2]);
 }
 
 #[test]
 fn later_system_messages_become_markers_and_the_first_is_kept() {
     let msgs = with_tail(vec![
-        system(&format!(
-            "You are an agent.\n# Tools\n{}",
-            lines(10, "tool")
-        )),
+        system(&format!("You are an agent.\n# Tools\n{}", lines(10, "tool"))),
         user("hi"),
         assistant("hello"),
-        system(&format!(
-            "# Skills loaded\nSOUL.md\n# MCP servers\ngithub, fs\n{}",
-            lines(5, "detail")
-        )),
+        system(&format!("# Skills loaded\nSOUL.md\n# MCP servers\ngithub, fs\n{}", lines(5, "detail"))),
     ]);
     let chars = text(&msgs[3]).chars().count();
     let (out, _) = forward(ONE(), &msgs);
     assert_eq!(out[0], msgs[0]);
-    assert_eq!(
-        text(&out[3]),
-        format!("[system prompt: \"Skills loaded\" ({chars} chars; sections: MCP servers)]")
-    );
-    let (out, _) = forward(
-        json!({"protect_last_turns": 1, "system_messages": {"replace_first": true}}),
-        &msgs,
-    );
+    assert_eq!(text(&out[3]), format!("[system prompt: \"Skills loaded\" ({chars} chars; sections: MCP servers)]"));
+    let (out, _) = forward(json!({"protect_last_turns": 1, "system_messages": {"replace_first": true}}), &msgs);
     assert!(text(&out[0]).starts_with("[system prompt: \"You are an agent.\""));
 }
 
@@ -439,10 +339,7 @@ fn consecutive_assistant_messages_keep_the_last_and_every_call() {
     ]);
     let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
     let texts: Vec<String> = out.iter().map(text).collect();
-    assert_eq!(
-        texts[..6],
-        ["go", "", "Error: failed", "second", "ok", "alone"]
-    );
+    assert_eq!(texts[..6], ["go", "", "Error: failed", "second", "ok", "alone"]);
     assert_eq!(report["rules"]["consecutive_assistant"]["messages"], 3);
 }
 
@@ -501,15 +398,8 @@ fn retry_pruning_needs_a_later_success() {
 fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     let mut msgs = vec![user("poll")];
     for i in 1..=3 {
-        msgs.push(call(
-            &format!("c{i}"),
-            "terminal",
-            json!({"command": "git status"}),
-        ));
-        msgs.push(result(
-            &format!("c{i}"),
-            &format!("Error: lock held (attempt {i})\n{}", lines(3, "waiting")),
-        ));
+        msgs.push(call(&format!("c{i}"), "terminal", json!({"command": "git status"})));
+        msgs.push(result(&format!("c{i}"), &format!("Error: lock held (attempt {i})\n{}", lines(3, "waiting"))));
     }
     let msgs = with_tail(msgs);
     let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
@@ -522,10 +412,7 @@ fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     assert_eq!(out[6], msgs[6], "the latest occurrence is kept");
     assert_eq!(report["rules"]["loops"]["messages"], 2);
     // Two occurrences are not a loop.
-    let (out, _) = forward(
-        json!({"protect_last_turns": 1}),
-        &[&msgs[..5], &tail()[..]].concat(),
-    );
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &[&msgs[..5], &tail()[..]].concat());
     assert_eq!(out[2], msgs[2]);
 }
 
@@ -547,9 +434,7 @@ fn duplicate_outputs_point_to_the_later_copy() {
     let chars = listing.chars().count();
     assert_eq!(
         text(&out[2]),
-        format!(
-            "[pare: output of terminal(\"ls -la\") ({chars} chars) identical to the later result of call c2]"
-        )
+        format!("[pare: output of terminal(\"ls -la\") ({chars} chars) identical to the later result of call c2]")
     );
     assert_eq!(out[4], msgs[4], "the latest copy is kept");
     assert_eq!(out[6], msgs[6], "short outputs are not folded");
@@ -559,9 +444,7 @@ fn duplicate_outputs_point_to_the_later_copy() {
 fn large_source_reads_become_structural_maps() {
     let mut src = String::from("use std::io;\n\n");
     for i in 0..40 {
-        src.push_str(&format!(
-            "pub fn handler_{i}(x: u32) -> u32 {{\n    let y = x + {i};\n    y * 2\n}}\n\n"
-        ));
+        src.push_str(&format!("pub fn handler_{i}(x: u32) -> u32 {{\n    let y = x + {i};\n    y * 2\n}}\n\n"));
     }
     let msgs = with_tail(vec![
         user("read"),
@@ -573,24 +456,10 @@ fn large_source_reads_become_structural_maps() {
     let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
     let map = text(&out[2]);
     let n_lines = src.lines().count();
-    assert!(
-        map.starts_with(&format!(
-            "[pare: structure of src/handlers.rs ({n_lines} lines, "
-        )),
-        "{map}"
-    );
-    assert!(
-        map.contains("\n  3-6  pub fn handler_0(x: u32) -> u32\n"),
-        "{map}"
-    );
-    assert!(
-        map.contains("  198-201  pub fn handler_39(x: u32) -> u32"),
-        "{map}"
-    );
-    assert!(
-        text(&out[4]).starts_with("[tool: read_file(\"notes.txt\") → ok"),
-        "unknown languages are collapsed"
-    );
+    assert!(map.starts_with(&format!("[pare: structure of src/handlers.rs ({n_lines} lines, ")), "{map}");
+    assert!(map.contains("\n  3-6  pub fn handler_0(x: u32) -> u32\n"), "{map}");
+    assert!(map.contains("  198-201  pub fn handler_39(x: u32) -> u32"), "{map}");
+    assert!(text(&out[4]).starts_with("[tool: read_file(\"notes.txt\") → ok"), "unknown languages are collapsed");
 }
 
 #[test]
@@ -605,25 +474,10 @@ fn old_reasoning_is_stripped_outside_the_tail_only() {
     let think_tags = assistant("<think>private</think>\nPublic answer");
     let mut tail_thinking = assistant("final");
     tail_thinking["reasoning_content"] = json!("current reasoning");
-    let msgs = vec![
-        user("q"),
-        thinking,
-        user("q2"),
-        parts,
-        user("q3"),
-        think_tags,
-        user("q4"),
-        tail_thinking,
-    ];
+    let msgs = vec![user("q"), thinking, user("q2"), parts, user("q3"), think_tags, user("q4"), tail_thinking];
     let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
-    assert_eq!(
-        out[1],
-        json!({"role": "assistant", "content": "visible", "x_vendor": {"keep": true}})
-    );
-    assert_eq!(
-        out[3]["content"],
-        json!([{"type": "text", "text": "answer"}])
-    );
+    assert_eq!(out[1], json!({"role": "assistant", "content": "visible", "x_vendor": {"keep": true}}));
+    assert_eq!(out[3]["content"], json!([{"type": "text", "text": "answer"}]));
     assert_eq!(text(&out[5]), "Public answer");
     assert_eq!(out[7], msgs[7], "the tail keeps its reasoning");
     assert_eq!(report["rules"]["reasoning"]["messages"], 3);
@@ -635,11 +489,7 @@ fn user_rules_keep_truncate_mark_and_clear() {
         user("x"),
         call("c1", "terminal", json!({"command": "pytest tests/"})),
         result("c1", &lines(30, "passed")),
-        call(
-            "c2",
-            "browser_snapshot",
-            json!({"url": "https://example.com"}),
-        ),
+        call("c2", "browser_snapshot", json!({"url": "https://example.com"})),
         result("c2", &lines(30, "dom")),
         call("c3", "terminal", json!({"command": "env"})),
         result("c3", &lines(30, "SECRET=1")),
@@ -655,10 +505,7 @@ fn user_rules_keep_truncate_mark_and_clear() {
     let (out, report) = forward(overrides, &msgs);
     assert_eq!(out[2], msgs[2], "keep wins over collapse");
     let chars = lines(30, "dom").chars().count();
-    assert_eq!(
-        text(&out[4]),
-        format!("[pare: page \"https://example.com\" ({chars} chars)]")
-    );
+    assert_eq!(text(&out[4]), format!("[pare: page \"https://example.com\" ({chars} chars)]"));
     assert_eq!(text(&out[6]), "");
     assert_eq!(
         text(&out[8]),
@@ -672,11 +519,7 @@ fn edited_messages_keep_key_order_unknown_keys_and_content_parts() {
     let mut res = json!({"tool_call_id": "c1", "x_meta": {"b": 1, "a": 2}, "role": "tool", "name": "execute_bash",
         "content": [{"type": "text", "text": lines(20, "ok"), "cache_control": {"type": "ephemeral"}}]});
     res["zz"] = json!(null);
-    let msgs = with_tail(vec![
-        user("x"),
-        call("c1", "execute_bash", json!({"command": "ls"})),
-        res,
-    ]);
+    let msgs = with_tail(vec![user("x"), call("c1", "execute_bash", json!({"command": "ls"})), res]);
     let input = body(&msgs);
     let (out, _) = run(&engine("default", ONE()), &input, None);
     let out = String::from_utf8(out).unwrap();
@@ -702,14 +545,7 @@ fn invalid_input_is_forwarded_unchanged_and_reported() {
     let (out, result) = run(&engine("default", ONE()), &input, None);
     assert_eq!(out, input);
     assert_eq!(result.boundary, msgs.len());
-    assert!(
-        result.report["input_invalid"]
-            .as_str()
-            .unwrap()
-            .contains("`c1`"),
-        "{}",
-        result.report
-    );
+    assert!(result.report["input_invalid"].as_str().unwrap().contains("`c1`"), "{}", result.report);
 }
 
 #[test]
@@ -719,13 +555,7 @@ fn markers_from_an_earlier_compaction_are_left_alone() {
         call("c1", "terminal", json!({"command": "ls"})),
         result("c1", "[tool: terminal(\"ls\") → ok, 10 chars, 1 lines]"),
         call("c2", "terminal", json!({"command": "make"})),
-        result(
-            "c2",
-            &format!(
-                "a\nb\n[...truncated 40 lines...]\n{}",
-                "Error: long line ".repeat(40)
-            ),
-        ),
+        result("c2", &format!("a\nb\n[...truncated 40 lines...]\n{}", "Error: long line ".repeat(40))),
     ]);
     let (out, report) = forward(ONE(), &msgs);
     assert_eq!(out[2], msgs[2]);

@@ -22,8 +22,7 @@ pub fn apply(_policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             continue;
         };
         let next_counts = next.role == "assistant"
-            && (next.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
-                || !is_compacted(&next.text()));
+            && (next.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) || !is_compacted(&next.text()));
         if next_counts {
             edits.drop_message(conv, idx, RuleId::ConsecutiveAssistant);
         }

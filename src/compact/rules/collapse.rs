@@ -10,25 +10,14 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.collapse_succeeded;
     let candidates: Vec<usize> = super::open_results(conv, edits).collect();
     for idx in candidates {
-        let outcome = conv.outcomes[idx]
-            .as_ref()
-            .expect("open results have an outcome");
+        let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
         if !outcome.status.is_ok() || outcome.text.len() < rule.min_chars {
             continue;
         }
         let facts = conv.facts(idx);
-        if policy
-            .collapse_except
-            .iter()
-            .any(|re| re.is_match(&facts.tool))
-        {
+        if policy.collapse_except.iter().any(|re| re.is_match(&facts.tool)) {
             continue;
         }
-        edits.set_marker(
-            conv,
-            idx,
-            RuleId::CollapseSucceeded,
-            facts.render(&rule.template),
-        );
+        edits.set_marker(conv, idx, RuleId::CollapseSucceeded, facts.render(&rule.template));
     }
 }

@@ -24,13 +24,10 @@ impl CompiledCustom {
     /// Regexes were validated with the pack; a rule whose regex fails here is skipped (never matches).
     pub fn compile(rule: &CustomRule) -> Option<CompiledCustom> {
         let compile = |p: &Option<String>| -> Result<Option<Regex>, regex::Error> {
-            p.as_deref()
-                .map(|p| Regex::new(&format!("^(?:{p})$")))
-                .transpose()
+            p.as_deref().map(|p| Regex::new(&format!("^(?:{p})$"))).transpose()
         };
-        let search = |p: &Option<String>| -> Result<Option<Regex>, regex::Error> {
-            p.as_deref().map(Regex::new).transpose()
-        };
+        let search =
+            |p: &Option<String>| -> Result<Option<Regex>, regex::Error> { p.as_deref().map(Regex::new).transpose() };
         Some(CompiledCustom {
             rule: rule.clone(),
             tool: compile(&rule.matches.tool).ok()?,
@@ -54,10 +51,7 @@ impl CompiledCustom {
         }
         // The calls this message is about: its own (assistant) or the one it answers (tool).
         let calls: Vec<&super::super::conversation::Call> = match role {
-            "tool" => conv.call_of_result[idx]
-                .map(|c| &conv.calls[c])
-                .into_iter()
-                .collect(),
+            "tool" => conv.call_of_result[idx].map(|c| &conv.calls[c]).into_iter().collect(),
             "assistant" => conv.calls.iter().filter(|c| c.msg == idx).collect(),
             _ => Vec::new(),
         };
@@ -113,8 +107,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             CustomAction::Truncate => {
                 let text = edits.current_text(conv, idx);
                 let template = &policy.spec.truncate.template;
-                if let Some(short) = truncate_lines(&text, rule.rule.head, rule.rule.tail, template)
-                {
+                if let Some(short) = truncate_lines(&text, rule.rule.head, rule.rule.tail, template) {
                     edits.set_text(conv, idx, RuleId::Custom, short, true);
                 }
             }
@@ -125,10 +118,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
                 } else {
                     let text = edits.current_text(conv, idx);
                     let facts = super::super::markers::CallFacts {
-                        tool: conv.msgs[idx]
-                            .as_ref()
-                            .map(|m| m.role.clone())
-                            .unwrap_or_default(),
+                        tool: conv.msgs[idx].as_ref().map(|m| m.role.clone()).unwrap_or_default(),
                         status: "ok".into(),
                         chars: text.chars().count(),
                         lines: text.lines().count(),

@@ -32,10 +32,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if later == idx || !edits.open(idx) {
             continue;
         }
-        let later_id = conv.msgs[later]
-            .as_ref()
-            .and_then(|m| m.tool_call_id.clone())
-            .unwrap_or_default();
+        let later_id = conv.msgs[later].as_ref().and_then(|m| m.tool_call_id.clone()).unwrap_or_default();
         let facts = conv.facts(idx);
         let marker = render(&rule.template, &|name| match name {
             "later_id" => Some(later_id.clone()),

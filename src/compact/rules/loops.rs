@@ -14,10 +14,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let mut occurrences: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
     for (c, call) in conv.calls.iter().enumerate() {
         if call.result.is_some() {
-            occurrences
-                .entry((call.name.as_str(), call.arguments.trim()))
-                .or_default()
-                .push(c);
+            occurrences.entry((call.name.as_str(), call.arguments.trim())).or_default().push(c);
         }
     }
     let mut keys: Vec<_> = occurrences.keys().copied().collect();
@@ -29,9 +26,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         }
         let total = list.len();
         for (k, &c) in list[..total - 1].iter().enumerate() {
-            let idx = conv.calls[c]
-                .result
-                .expect("only answered calls are listed");
+            let idx = conv.calls[c].result.expect("only answered calls are listed");
             if idx >= conv.boundary || !edits.open(idx) {
                 continue;
             }

@@ -62,9 +62,6 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
 }
 
 /// Tool results before the boundary that rules may still change.
-fn open_results<'c>(
-    conv: &'c Conversation<'_>,
-    edits: &'c Edits,
-) -> impl Iterator<Item = usize> + 'c {
+fn open_results<'c>(conv: &'c Conversation<'_>, edits: &'c Edits) -> impl Iterator<Item = usize> + 'c {
     (0..conv.boundary).filter(move |&i| conv.outcomes[i].is_some() && edits.open(i))
 }

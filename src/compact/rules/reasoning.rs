@@ -15,10 +15,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             continue;
         }
         let mut saved = 0i64;
-        for (key, value) in [
-            ("reasoning_content", &m.reasoning_content),
-            ("reasoning", &m.reasoning),
-        ] {
+        for (key, value) in [("reasoning_content", &m.reasoning_content), ("reasoning", &m.reasoning)] {
             if let Some(v) = value
                 && !v.is_null()
             {
@@ -27,20 +24,12 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             }
         }
         if let Some(Content::Parts(parts)) = &m.content {
-            let thinking: Vec<_> = parts
-                .iter()
-                .filter(|p| {
-                    p.kind
-                        .as_deref()
-                        .is_some_and(|k| THINKING_PARTS.contains(&k))
-                })
-                .collect();
+            let thinking: Vec<_> =
+                parts.iter().filter(|p| p.kind.as_deref().is_some_and(|k| THINKING_PARTS.contains(&k))).collect();
             if !thinking.is_empty() && edits.text[idx].is_none() {
                 edits.drop_thinking_parts[idx] = true;
-                saved += thinking
-                    .iter()
-                    .map(|p| serde_json::to_string(p).map(|s| s.len()).unwrap_or(0) as i64)
-                    .sum::<i64>();
+                saved +=
+                    thinking.iter().map(|p| serde_json::to_string(p).map(|s| s.len()).unwrap_or(0) as i64).sum::<i64>();
             }
         }
         if saved > 0 {
@@ -67,10 +56,7 @@ fn strip_think(text: &str) -> Option<String> {
 mod tests {
     #[test]
     fn strips_only_a_leading_think_block() {
-        assert_eq!(
-            super::strip_think("<think>hmm</think>\nAnswer").as_deref(),
-            Some("Answer")
-        );
+        assert_eq!(super::strip_think("<think>hmm</think>\nAnswer").as_deref(), Some("Answer"));
         assert_eq!(super::strip_think("Answer <think>x</think>"), None);
         assert_eq!(super::strip_think("<think>unclosed"), None);
     }

@@ -12,10 +12,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     // For each (tool, key argument), the index of the last call whose result succeeded.
     let mut last_success: HashMap<(&str, &str), usize> = HashMap::new();
     for (c, call) in conv.calls.iter().enumerate() {
-        let ok = call
-            .result
-            .and_then(|r| conv.outcomes[r].as_ref())
-            .is_some_and(|o| o.status.is_ok());
+        let ok = call.result.and_then(|r| conv.outcomes[r].as_ref()).is_some_and(|o| o.status.is_ok());
         if ok {
             last_success.insert((call.name.as_str(), retry_key(call)), c);
         }
@@ -25,12 +22,8 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if idx >= conv.boundary || !edits.open(idx) {
             continue;
         }
-        let failed = conv.outcomes[idx]
-            .as_ref()
-            .is_some_and(|o| !o.status.is_ok());
-        let retried = last_success
-            .get(&(call.name.as_str(), retry_key(call)))
-            .is_some_and(|&later| later > c);
+        let failed = conv.outcomes[idx].as_ref().is_some_and(|o| !o.status.is_ok());
+        let retried = last_success.get(&(call.name.as_str(), retry_key(call))).is_some_and(|&later| later > c);
         if failed && retried {
             let marker = conv.facts(idx).render(&policy.spec.retry_pruning.template);
             edits.set_marker(conv, idx, RuleId::RetryPruning, marker);

@@ -32,9 +32,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.structure;
     let candidates: Vec<usize> = super::open_results(conv, edits).collect();
     for idx in candidates {
-        let outcome = conv.outcomes[idx]
-            .as_ref()
-            .expect("open results have an outcome");
+        let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
         if !outcome.status.is_ok() || outcome.text.len() < rule.min_chars {
             continue;
         }
@@ -59,10 +57,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             "language" => Some(language.name().to_owned()),
             other => facts.value(other),
         });
-        let map = format!(
-            "{header}\n{}",
-            super::super::outline::render(&entries, rule.max_entries)
-        );
+        let map = format!("{header}\n{}", super::super::outline::render(&entries, rule.max_entries));
         if map.len() < outcome.text.len() {
             edits.set_marker(conv, idx, RuleId::Structure, map);
         }
@@ -73,22 +68,10 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
 mod tests {
     #[test]
     fn read_commands_name_their_file() {
-        assert_eq!(
-            super::read_path(r#"{"path":"/w/a.py","command":"view"}"#).as_deref(),
-            Some("/w/a.py")
-        );
-        assert_eq!(
-            super::read_path(r#"{"command":"cat src/x.rs"}"#).as_deref(),
-            Some("src/x.rs")
-        );
-        assert_eq!(
-            super::read_path(r#"{"command":"nl -ba src/x.rs"}"#).as_deref(),
-            Some("src/x.rs")
-        );
-        assert_eq!(
-            super::read_path(r#"{"command":"sed -n '1,200p' a/b.go"}"#).as_deref(),
-            Some("a/b.go")
-        );
+        assert_eq!(super::read_path(r#"{"path":"/w/a.py","command":"view"}"#).as_deref(), Some("/w/a.py"));
+        assert_eq!(super::read_path(r#"{"command":"cat src/x.rs"}"#).as_deref(), Some("src/x.rs"));
+        assert_eq!(super::read_path(r#"{"command":"nl -ba src/x.rs"}"#).as_deref(), Some("src/x.rs"));
+        assert_eq!(super::read_path(r#"{"command":"sed -n '1,200p' a/b.go"}"#).as_deref(), Some("a/b.go"));
         assert_eq!(super::read_path(r#"{"command":"cat a.py | grep x"}"#), None);
         assert_eq!(super::read_path(r#"{"command":"pytest"}"#), None);
     }

@@ -37,11 +37,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
 
 /// `"first line…" (4,210 chars; sections: Tools, Memory)`.
 pub fn summarize(text: &str) -> String {
-    let first = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("");
+    let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
     let first = shorten(first.trim_start_matches('#').trim(), 80);
     let headings: Vec<String> = text
         .lines()

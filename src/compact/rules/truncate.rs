@@ -38,8 +38,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if text.chars().count() <= rule.max_chars {
             continue;
         }
-        if let Some(short) = truncate_lines(&text, rule.head_lines, rule.tail_lines, &rule.template)
-        {
+        if let Some(short) = truncate_lines(&text, rule.head_lines, rule.tail_lines, &rule.template) {
             edits.set_text(conv, idx, RuleId::Truncate, short, true);
         }
     }
@@ -56,32 +55,16 @@ pub fn cap_chars(text: &str, max_chars: usize, template: &str) -> Option<String>
     let tail = budget - head;
     let cut = n - head - tail;
     let marker = render(template, &|name| (name == "n").then(|| cut.to_string()));
-    let head_end = text
-        .char_indices()
-        .nth(head)
-        .map(|(i, _)| i)
-        .unwrap_or(text.len());
-    let tail_start = text
-        .char_indices()
-        .nth(n - tail)
-        .map(|(i, _)| i)
-        .unwrap_or(text.len());
-    Some(format!(
-        "{}\n{marker}\n{}",
-        &text[..head_end],
-        &text[tail_start..]
-    ))
+    let head_end = text.char_indices().nth(head).map(|(i, _)| i).unwrap_or(text.len());
+    let tail_start = text.char_indices().nth(n - tail).map(|(i, _)| i).unwrap_or(text.len());
+    Some(format!("{}\n{marker}\n{}", &text[..head_end], &text[tail_start..]))
 }
 
 pub fn apply_hard_cap(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.hard_cap;
     for idx in 0..conv.boundary {
         // Truncation leaves a result open to the cap; a marker or a kept result is never capped.
-        if conv.outcomes[idx].is_none()
-            || edits.kept[idx]
-            || edits.claimed[idx]
-            || edits.dropped[idx]
-        {
+        if conv.outcomes[idx].is_none() || edits.kept[idx] || edits.claimed[idx] || edits.dropped[idx] {
             continue;
         }
         if edits.compacted[idx] && edits.text[idx].is_none() {
@@ -107,10 +90,7 @@ mod tests {
         assert_eq!(lines[9], "line 10");
         assert_eq!(lines[10], "[...truncated 15 lines...]");
         assert_eq!(lines[15], "line 30");
-        assert_eq!(
-            truncate_lines("a\nb\nc", 1, 1, "[...truncated {n} lines...]"),
-            None
-        );
+        assert_eq!(truncate_lines("a\nb\nc", 1, 1, "[...truncated {n} lines...]"), None);
     }
 
     #[test]
