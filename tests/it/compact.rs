@@ -399,7 +399,7 @@ fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     let mut msgs = vec![user("poll")];
     for i in 1..=3 {
         msgs.push(call(&format!("c{i}"), "terminal", json!({"command": "git status"})));
-        msgs.push(result(&format!("c{i}"), &format!("Error: lock held (attempt {i})\n{}", lines(3, "waiting"))));
+        msgs.push(result(&format!("c{i}"), &format!("Error: lock held (attempt {i})\n{}", lines(8, "waiting"))));
     }
     let msgs = with_tail(msgs);
     let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
@@ -561,4 +561,56 @@ fn markers_from_an_earlier_compaction_are_left_alone() {
     assert_eq!(out[2], msgs[2]);
     assert_eq!(out[4], msgs[4]);
     assert_eq!(report["messages_changed"], 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// `pare compact`
+
+fn pare_compact(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+        .arg("compact")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pare");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn cli_compacts_a_real_request_and_reports_per_rule() {
+    let path = fixtures().join("openhands_django_11066.json");
+    let input = std::fs::read(&path).unwrap();
+    let out = pare_compact(&["--stats", "--diff", path.to_str().unwrap()], b"");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = out.stdout.strip_suffix(b"\n").expect("body ends with a newline");
+    assert!(stdout.len() < input.len());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("pack default · messages 24 → 24"), "{stderr}");
+    assert!(stderr.contains("collapse_succeeded"), "{stderr}");
+    assert!(stderr.contains("\n  + [tool: execute_bash(\"ls -R /workspace/django__django__3.0\") → ok"), "{stderr}");
+    let parsed = ChatBody::parse(stdout).unwrap();
+    let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
+    pare::compact::validate::check(&skeletons).unwrap();
+}
+
+#[test]
+fn cli_window_enables_tiers_and_stdin_works() {
+    let input = std::fs::read(fixtures().join("mini_swe_agent_sqlfluff.json")).unwrap();
+    let out = pare_compact(&["--window", "3000", "--stats", "-"], &input);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("\ntarget "), "{stderr}");
+    assert!(stderr.contains("tiers focus"), "{stderr}");
+}
+
+#[test]
+fn cli_forwards_what_it_cannot_parse_and_says_so() {
+    let out = pare_compact(&[], b"{\"model\": \"m\"}");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, b"{\"model\": \"m\"}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not compacted: body has no `messages` array"));
 }
