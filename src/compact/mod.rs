@@ -170,8 +170,13 @@ impl Engine {
         rules::apply(policy, &conv, &mut edits);
         let mut rendered = finish_rules(&conv, &mut edits, counter);
 
-        let elided = salience::Elided::default();
-        let _ = opts.target_tokens;
+        let mut elided = salience::Elided::default();
+        if let Some(target) = opts.target_tokens {
+            let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
+            let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, target);
+            report.tiers = Some(fit.report);
+            elided = fit.elided;
+        }
 
         // Assemble the prefix and check invariant 1 on the whole forwarded array.
         let mut prefix = Vec::with_capacity(conv.boundary);

@@ -614,3 +614,103 @@ fn cli_forwards_what_it_cannot_parse_and_says_so() {
     assert_eq!(out.stdout, b"{\"model\": \"m\"}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not compacted: body has no `messages` array"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Salience tiers and elision (with a token target).
+
+/// A long session: `n` turns of reads and test runs (every third fails), then a protected tail.
+fn long_session(n: usize) -> Vec<Value> {
+    let mut msgs = vec![system("You are a coding agent."), user("Fix the parser bug in src/parser.py")];
+    for i in 0..n {
+        msgs.push(assistant(&format!("Step {i}: looking at module_{i}.")));
+        msgs.push(call(&format!("r{i}"), "read_file", json!({"path": format!("src/module_{i}.py")})));
+        let body = format!("Error: {}", lines(30 + i % 7, &format!("module_{i} source")));
+        msgs.push(result(&format!("r{i}"), &body));
+        msgs.push(call(&format!("t{i}"), "terminal", json!({"command": format!("pytest tests/test_{i}.py")})));
+        let outcome =
+            if i % 3 == 0 { format!("FAILED tests/test_{i}.py\n{}", lines(20, "trace")) } else { "3 passed".into() };
+        msgs.push(result(&format!("t{i}"), &outcome));
+    }
+    msgs.push(user("now focus on src/parser.py"));
+    msgs.push(call("p", "read_file", json!({"path": "src/parser.py"})));
+    msgs.push(result("p", &lines(40, "parser")));
+    msgs.push(assistant("The bug is on line 12."));
+    msgs
+}
+
+fn tokens_of(messages: &[Value], tools: u64) -> u64 {
+    messages.iter().map(|m| QuarterCounter.message(&m.to_string())).sum::<u64>() + tools + 3
+}
+
+#[test]
+fn no_tiers_when_the_rules_reach_the_target() {
+    let msgs = long_session(6);
+    let engine = engine("default", ONE());
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let (with_target, report) = forward_with(&engine, &msgs, Some(1_000_000));
+    assert_eq!(rules_only, with_target);
+    assert_eq!(report["tiers"]["focus"], 0);
+    assert_eq!(report["tiers"]["over_target"], false);
+}
+
+#[test]
+fn tiers_and_elision_bring_the_request_under_target() {
+    let msgs = long_session(30);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let after_rules = tokens_of(&rules_only, 0);
+    for target in [after_rules * 3 / 4, after_rules / 2, after_rules / 4] {
+        let (out, report) = forward_with(&engine, &msgs, Some(target));
+        let got = tokens_of(&out, 0);
+        assert!(got <= target, "target {target}: got {got}; {report}");
+        assert_eq!(report["tiers"]["over_target"], false);
+        assert_eq!(out[0], msgs[0], "the first system message is kept");
+        let tiers = &report["tiers"];
+        let groups =
+            ["focus", "recent", "summary", "background"].iter().map(|t| tiers[t].as_u64().unwrap()).sum::<u64>();
+        assert!(groups > 0, "{report}");
+    }
+    // The tightest target elides: one marker per run, listing the tools that went.
+    let (out, report) = forward_with(&engine, &msgs, Some(after_rules / 4));
+    assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 0, "{report}");
+    let marker =
+        out.iter().map(text).find(|t| t.starts_with("[pare: ") && t.contains("earlier messages elided")).unwrap();
+    assert!(marker.contains("read_file ×") && marker.contains("terminal ×"), "{marker}");
+    assert!(marker.contains("; files: src/module_"), "{marker}");
+}
+
+#[test]
+fn an_unreachable_target_says_so_and_still_never_grows() {
+    let msgs = long_session(3);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (out, report) = forward_with(&engine, &msgs, Some(10));
+    assert_eq!(report["tiers"]["over_target"], true);
+    assert!(tokens_of(&out, 0) <= tokens_of(&msgs, 0));
+    // Users, the first system message and the tail survive even elision.
+    assert_eq!(out[0], msgs[0]);
+    assert_eq!(out[1], msgs[1]);
+}
+
+#[test]
+fn errors_and_focused_files_outrank_older_successes() {
+    // Two old groups of the same size and age order; the failing one must keep a richer form.
+    let big = lines(40, "listing");
+    let msgs = vec![
+        system("sys"),
+        user("make the build pass"),
+        call("a", "terminal", json!({"command": "make build"})),
+        result("a", &format!("Error: compile failed\n{big}")),
+        call("b", "terminal", json!({"command": "make docs"})),
+        result("b", &format!("Error: warning only\n{big}").replace("Error: warning only", "built docs")),
+        user("continue"),
+        assistant("ok"),
+    ];
+    let engine = engine(
+        "default",
+        json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}, "truncate": {"enabled": false}}),
+    );
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let target = tokens_of(&rules_only, 0) - 200;
+    let (out, report) = forward_with(&engine, &msgs, Some(target));
+    assert!(text(&out[3]).len() > text(&out[5]).len(), "{report}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
+}
