@@ -314,15 +314,15 @@ fn units(
         let forms = TIERS.map(|tier| {
             let mut texts = Vec::with_capacity(g.end - g.start);
             let mut size = 0;
-            for idx in g.start..g.end {
+            for (idx, &now) in tokens.iter().enumerate().take(g.end).skip(g.start) {
                 if edits.dropped[idx] {
                     texts.push(None);
                     continue;
                 }
                 let form = form(engine, conv, edits, idx, tier);
                 size += match &form {
-                    Some(edit) => counter.message(&edits.render_as(conv, idx, Some(edit))).min(tokens[idx]),
-                    None => tokens[idx],
+                    Some(edit) => counter.message(&edits.render_as(conv, idx, Some(edit))).min(now),
+                    None => now,
                 };
                 texts.push(form);
             }
