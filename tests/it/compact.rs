@@ -714,3 +714,194 @@ fn errors_and_focused_files_outrank_older_successes() {
     let (out, report) = forward_with(&engine, &msgs, Some(target));
     assert!(text(&out[3]).len() > text(&out[5]).len(), "{report}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Property tests over generated conversations.
+
+mod generated {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    #[derive(Debug, Clone)]
+    pub enum Output {
+        Tiny,
+        Lines(usize),
+        Huge,
+        Traceback,
+        HermesOk(usize),
+        HermesFail,
+        ReturnCode(i32, usize),
+        Unicode(usize),
+        Parts(usize),
+        Source(usize),
+        Empty,
+    }
+
+    #[derive(Debug, Clone)]
+    pub enum Turn {
+        Text(usize),
+        Calls { calls: Vec<(usize, usize, Output)>, reversed: bool, reasoning: bool },
+        User(usize),
+        System(usize),
+    }
+
+    const TOOLS: &[&str] =
+        &["read_file", "terminal", "search_files", "execute_bash", "str_replace_editor", "browser_snapshot"];
+    const ARGS: &[&str] = &["src/a.py", "src/lib.rs", "main.go", "notes.txt", "pytest -x", "ls -la"];
+
+    fn output() -> impl Strategy<Value = Output> {
+        prop_oneof![
+            Just(Output::Tiny),
+            (1usize..80).prop_map(Output::Lines),
+            Just(Output::Huge),
+            Just(Output::Traceback),
+            (1usize..60).prop_map(Output::HermesOk),
+            Just(Output::HermesFail),
+            ((-1i32..3), (0usize..40)).prop_map(|(c, n)| Output::ReturnCode(c, n)),
+            (1usize..50).prop_map(Output::Unicode),
+            (1usize..40).prop_map(Output::Parts),
+            (5usize..60).prop_map(Output::Source),
+            Just(Output::Empty),
+        ]
+    }
+
+    pub fn turns() -> impl Strategy<Value = Vec<Turn>> {
+        let turn = prop_oneof![
+            (0usize..4).prop_map(Turn::Text),
+            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len(), output()), 1..4), any::<bool>(), any::<bool>())
+                .prop_map(|(calls, reversed, reasoning)| Turn::Calls { calls, reversed, reasoning }),
+            (0usize..3).prop_map(Turn::User),
+            (0usize..2).prop_map(Turn::System),
+        ];
+        prop::collection::vec(turn, 0..28)
+    }
+
+    fn lines(n: usize, word: &str) -> String {
+        (0..n).map(|i| format!("{word} {i} {}", "x".repeat(i % 13))).collect::<Vec<_>>().join("\n")
+    }
+
+    fn content(o: &Output) -> Value {
+        Value::String(match o {
+            Output::Tiny => "ok".into(),
+            Output::Lines(n) => lines(*n, "line"),
+            Output::Huge => "y".repeat(9000),
+            Output::Traceback => {
+                format!("Traceback (most recent call last):\n{}\nValueError: bad", lines(12, "  File"))
+            }
+            Output::HermesOk(n) => json!({"output": lines(*n, "out"), "exit_code": 0, "error": null}).to_string(),
+            Output::HermesFail => json!({"output": "", "exit_code": 1, "error": "boom: failed"}).to_string(),
+            Output::ReturnCode(c, n) => {
+                format!("<returncode>{c}</returncode>\n<output>\n{}\n</output>", lines(*n, "o"))
+            }
+            Output::Unicode(n) => {
+                (0..*n).map(|i| format!("行{i} ✓ ünïcödé 🚀 {}", "é".repeat(i % 9))).collect::<Vec<_>>().join("\n")
+            }
+            Output::Parts(n) => {
+                return json!([{"type": "text", "text": lines(*n, "part"), "cache_control": {"type": "ephemeral"}}]);
+            }
+            Output::Source(n) => (0..*n)
+                .map(|i| format!("pub fn f{i}(x: u32) -> u32 {{\n    let s = \"}}\";\n    x + {i}\n}}\n"))
+                .collect(),
+            Output::Empty => String::new(),
+        })
+    }
+
+    /// A valid conversation: system, user, the turns, then at least one closing assistant message.
+    pub fn build(turns: &[Turn]) -> Vec<Value> {
+        let mut msgs = vec![
+            json!({"role": "system", "content": "You are an agent.", "x_sys": 1}),
+            json!({"role": "user", "content": "fix src/lib.rs"}),
+        ];
+        let mut id = 0;
+        for t in turns {
+            match t {
+                Turn::Text(k) => msgs.push(json!({"role": "assistant", "content": format!("note {k}: {}", lines(*k * 3, "thought")), "x_a": [k]})),
+                Turn::User(k) => msgs.push(json!({"role": "user", "content": format!("user says {k}"), "x_u": true})),
+                Turn::System(k) => msgs.push(json!({"role": "system", "content": format!("# Skills\n{}", lines(k * 10 + 1, "skill"))})),
+                Turn::Calls { calls, reversed, reasoning } => {
+                    let mut tool_calls = Vec::new();
+                    let mut results = Vec::new();
+                    for (tool, arg, out) in calls {
+                        id += 1;
+                        let key = if ARGS[*arg].contains(' ') { "command" } else { "path" };
+                        tool_calls.push(json!({"id": format!("call_{id}"), "type": "function", "x_tc": id,
+                            "function": {"name": TOOLS[*tool], "arguments": json!({key: ARGS[*arg]}).to_string()}}));
+                        results.push(json!({"role": "tool", "tool_call_id": format!("call_{id}"), "content": content(out), "x_t": {"n": id}}));
+                    }
+                    if *reversed {
+                        results.reverse();
+                    }
+                    let mut a = json!({"role": "assistant", "content": null, "tool_calls": tool_calls});
+                    if *reasoning {
+                        a["reasoning_content"] = json!(lines(5, "because"));
+                    }
+                    msgs.push(a);
+                    msgs.extend(results);
+                }
+            }
+        }
+        msgs.push(json!({"role": "assistant", "content": "done"}));
+        msgs
+    }
+}
+
+/// Keys a rule may change: everything else of an edited message must survive unchanged.
+const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning"];
+
+fn check_generated(
+    msgs: &[Value],
+    pack: &str,
+    turns: u32,
+    target: Option<u64>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prop_assert;
+    use proptest::prop_assert_eq;
+    let engine = engine(pack, json!({"protect_last_turns": turns}));
+    let input = body(msgs);
+    let parsed = ChatBody::parse(&input).unwrap();
+    let (result, sources) = engine.compact_traced(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
+    prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
+    prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
+    let (out, again) = run(&engine, &input, target);
+    assert_invariants(&input, &out, &again);
+    // Unknown keys of every edited message survive; untouched messages are their original bytes.
+    for (entry, source) in result.prefix.iter().zip(&sources) {
+        match *source {
+            pare::compact::Source::Raw(idx) => prop_assert_eq!(entry.as_str(), parsed.messages[idx].get()),
+            pare::compact::Source::Edited(idx) => {
+                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx].get()).unwrap();
+                let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
+                for (k, v) in &before {
+                    if !EDITABLE_KEYS.contains(&k.as_str()) {
+                        prop_assert_eq!(after.get(k), Some(v), "key {} of message {}", k, idx);
+                    }
+                }
+            }
+            pare::compact::Source::Elided { .. } => {
+                let m: Value = serde_json::from_str(entry).unwrap();
+                prop_assert_eq!(&m["role"], "assistant");
+            }
+        }
+    }
+    let (same, _) = run(&engine, &input, target);
+    prop_assert_eq!(&out, &same, "not deterministic");
+    let (twice, r2) = run(&engine, &out, target);
+    prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent: {}", r2.report);
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 96, failure_persistence: None, ..Default::default() })]
+
+    #[test]
+    fn generated_conversations_keep_every_invariant(
+        turns in generated::turns(),
+        pack in 0usize..3,
+        protect in 0u32..6,
+        target_share in proptest::option::of(5u64..100),
+    ) {
+        let msgs = generated::build(&turns);
+        let target = target_share.map(|s| tokens_of(&msgs, 0) * s / 100);
+        check_generated(&msgs, BUILTIN_PACKS[pack].0, protect, target)?;
+    }
+}
