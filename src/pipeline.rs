@@ -273,6 +273,7 @@ impl Pipeline {
     pub fn from_config(config: Arc<Config>) -> Result<Pipeline, BuildError> {
         let engine = crate::compact::Engine::from_config(&config)?;
         let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(engine))?);
+        crate::proxy::upstream::install_crypto_provider();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
