@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::config::Config;
+use crate::archive::response::ArchiveSink;
+use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
+use crate::config::{Config, Durability};
+use crate::session::SessionTracker;
 use crate::wire::ChatBody;
 
 /// A session's id (time-sortable, see [`crate::session`]).
@@ -94,6 +97,8 @@ pub struct PreparedChat {
 pub struct PipelineStats {
     pub fail_open: AtomicU64,
     pub unparseable: AtomicU64,
+    /// `strict` requests forwarded although their raw record was not confirmed committed.
+    pub strict_unconfirmed: AtomicU64,
 }
 
 /// Session → archive → compaction for one chat request.
@@ -101,11 +106,47 @@ pub struct Pipeline {
     pub config: Arc<Config>,
     compactor: Arc<dyn ChatCompactor>,
     pub stats: PipelineStats,
+    sessions: Arc<SessionTracker>,
+    archive: Option<Arc<Archive>>,
 }
+
+/// The path recorded for a chat request when the caller does not give one.
+pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
-        Pipeline { config, compactor, stats: PipelineStats::default() }
+        let sessions = Arc::new(SessionTracker::new(&config.archive));
+        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None }
+    }
+
+    /// Record every exchange in `archive`, and rebuild the session tracker from the sessions it holds
+    /// (so a restarted pare keeps assigning requests to their sessions). Reads the store: call at start.
+    pub fn with_archive(mut self, archive: Arc<Archive>) -> Pipeline {
+        match archive::query::ArchiveReader::open(archive.dir())
+            .and_then(|r| r.recent_session_keys(self.config.archive.tracked_sessions))
+        {
+            Ok(sessions) => {
+                for (session, keys) in sessions {
+                    self.sessions.seed(&session, keys);
+                }
+            }
+            Err(archive::ArchiveError::NoStore(_)) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot rebuild sessions from the archive; starting empty")
+            }
+        }
+        self.archive = Some(archive);
+        self
+    }
+
+    /// The archive exchanges are recorded in, if any.
+    pub fn archive(&self) -> Option<&Arc<Archive>> {
+        self.archive.as_ref()
+    }
+
+    /// The session tracker.
+    pub fn sessions(&self) -> &Arc<SessionTracker> {
+        &self.sessions
     }
 
     /// A pipeline that forwards everything unchanged.
@@ -114,18 +155,77 @@ impl Pipeline {
     }
 
     /// Prepare one chat request for forwarding. Never fails: the worst case forwards `raw` unchanged.
-    pub async fn prepare_chat(&self, _headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        let body = match ChatBody::parse(&raw) {
-            Ok(body) => body,
+    pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
+    }
+
+    /// [`Pipeline::prepare_chat`] recording the request's method and path.
+    ///
+    /// Order: assign the session, compact (pure, in memory, fail-open), hand the raw and forwarded
+    /// bodies to the archive — in `strict` durability wait until that record is committed — and return
+    /// the body to forward with a [`ResponseSink`] that records the answer.
+    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+        let parsed = ChatBody::parse(&raw);
+        let assignment = self.sessions.assign(headers, parsed.as_ref().ok());
+        let session = assignment.session.clone();
+        let (model, request_stream) = match &parsed {
+            Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
+            Err(_) => (None, false),
+        };
+        let (forward, summary, skipped) = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                return PreparedChat { body: raw.clone(), session: None, summary: None, skipped: Some(err.to_string()), sink: None };
+                (raw.clone(), None, Some(err.to_string()))
+            }
+            Ok(body) => self.compact(&session, &raw, body),
+        };
+        drop(parsed);
+        let ticket = match &self.archive {
+            None => None,
+            Some(archive) => {
+                let record = ExchangeRecord {
+                    session: session.clone(),
+                    at_ms: now_ms(),
+                    method: method.to_owned(),
+                    path: path.to_owned(),
+                    model,
+                    headers: keep_headers(headers, &self.config.archive.redact_headers),
+                    raw: raw.clone(),
+                    forwarded: (forward != raw).then(|| forward.clone()),
+                    summary: summary.clone(),
+                    skipped: skipped.clone(),
+                    key_req: assignment.key_req,
+                };
+                let ticket = match archive.durability() {
+                    Durability::Buffered => archive.record_exchange(record),
+                    Durability::Strict => {
+                        let (ticket, committed) = archive.record_exchange_committed(record).await;
+                        if let Err(err) = committed {
+                            self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(session = %session, error = %err,
+                                "strict archive: raw request not confirmed committed; forwarding anyway");
+                        }
+                        ticket
+                    }
+                };
+                Some((Arc::clone(archive), ticket))
             }
         };
-        let session = String::new();
-        let input = CompactInput { session: &session, raw: &raw, body: &body, window: None };
+        let sink =
+            ArchiveSink::new(ticket, Arc::clone(&self.sessions), session.clone(), assignment.key_req, request_stream);
+        PreparedChat { body: forward, session: Some(session), summary, skipped, sink: Some(Box::new(sink)) }
+    }
+
+    /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged.
+    fn compact(
+        &self,
+        session: &str,
+        raw: &Bytes,
+        body: &ChatBody<'_>,
+    ) -> (Bytes, Option<CompactionSummary>, Option<String>) {
+        let input = CompactInput { session, raw, body, window: None };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
-        let (forward, summary, skipped) = match result {
+        match result {
             Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
             Ok(Err(err)) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
@@ -138,8 +238,7 @@ impl Pipeline {
                 tracing::error!(panic = %what, "compaction panicked; forwarding the original request");
                 (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
-        };
-        PreparedChat { body: forward, session: None, summary, skipped, sink: None }
+        }
     }
 }
 

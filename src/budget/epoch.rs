@@ -35,21 +35,11 @@ use crate::wire::{ChatBody, WireError};
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> Compacted;
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted;
 }
 
 impl CompactEngine for Engine {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
         Engine::compact(self, body, options, counter)
     }
 }
@@ -117,9 +107,7 @@ pub struct SessionCompactor {
 
 impl std::fmt::Debug for SessionCompactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionCompactor")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
+        f.debug_struct("SessionCompactor").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
@@ -149,10 +137,7 @@ struct Step {
 impl SessionCompactor {
     /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. Tokenizers are
     /// warmed here so that the first request does not pay for building them.
-    pub fn new(
-        config: &Config,
-        engine: Arc<dyn CompactEngine>,
-    ) -> Result<SessionCompactor, ModelTableError> {
+    pub fn new(config: &Config, engine: Arc<dyn CompactEngine>) -> Result<SessionCompactor, ModelTableError> {
         let table = ModelTable::from_config(config)?;
         let counters = table
             .encodings()
@@ -166,8 +151,7 @@ impl SessionCompactor {
                 })
             })
             .collect();
-        let capacity =
-            NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
+        let capacity = NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
         Ok(SessionCompactor {
             engine,
             table,
@@ -187,22 +171,14 @@ impl SessionCompactor {
     }
 
     fn counter_for(&self, encoding: Encoding) -> &TokenCounter {
-        self.counters
-            .iter()
-            .find(|c| c.encoding() == encoding)
-            .unwrap_or(&self.counters[0])
+        self.counters.iter().find(|c| c.encoding() == encoding).unwrap_or(&self.counters[0])
     }
 
     /// The window and answer reserve pare applies to `body` (`window` overrides config and default).
     pub fn window_and_reserve(&self, body: &ChatBody<'_>, window: Option<u64>) -> (u64, u64) {
         let settings = self.table.settings(body.model().as_deref());
-        let window = window
-            .or(settings.context_window)
-            .unwrap_or(self.table.default_window());
-        (
-            window,
-            answer_reserve(body, settings.output_reserve, window),
-        )
+        let window = window.or(settings.context_window).unwrap_or(self.table.default_window());
+        (window, answer_reserve(body, settings.output_reserve, window))
     }
 
     /// Sessions currently remembered.
@@ -214,48 +190,20 @@ impl SessionCompactor {
     /// that after a restart the next request reuses the same forwarded prefix instead of starting a
     /// new epoch. The forwarded body is `prefix ++ raw[n..]`; `n` is found from the longest common
     /// suffix of the two message lists.
-    pub fn seed(
-        &self,
-        session: &str,
-        raw: &[u8],
-        forwarded: &[u8],
-        epoch: u64,
-    ) -> Result<(), SeedError> {
-        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw {
-            session: session.to_owned(),
-            source,
-        })?;
-        let fwd_body = ChatBody::parse(forwarded).map_err(|source| SeedError::Forwarded {
-            session: session.to_owned(),
-            source,
-        })?;
+    pub fn seed(&self, session: &str, raw: &[u8], forwarded: &[u8], epoch: u64) -> Result<(), SeedError> {
+        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw { session: session.to_owned(), source })?;
+        let fwd_body = ChatBody::parse(forwarded)
+            .map_err(|source| SeedError::Forwarded { session: session.to_owned(), source })?;
         let raw_msgs: Vec<&str> = raw_body.messages.iter().map(|m| m.get()).collect();
         let fwd_msgs: Vec<&str> = fwd_body.messages.iter().map(|m| m.get()).collect();
-        let common = raw_msgs
-            .iter()
-            .rev()
-            .zip(fwd_msgs.iter().rev())
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
-            raw_hashes: raw_msgs[..n_raw]
-                .iter()
-                .map(|m| xxh3_128(m.as_bytes()))
-                .collect(),
-            prefix: fwd_msgs[..fwd_msgs.len() - common]
-                .iter()
-                .map(|m| (*m).to_owned())
-                .collect(),
+            raw_hashes: raw_msgs[..n_raw].iter().map(|m| xxh3_128(m.as_bytes())).collect(),
+            prefix: fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
         });
-        let state = SessionState {
-            epoch,
-            frozen,
-            advanced_at_len: raw_msgs.len(),
-            saturated: false,
-        };
-        self.lock_sessions()
-            .put(session.to_owned(), Arc::new(Mutex::new(state)));
+        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false };
+        self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
     }
 
@@ -265,9 +213,7 @@ impl SessionCompactor {
     }
 
     fn lock_sessions(&self) -> MutexGuard<'_, LruCache<String, Arc<Mutex<SessionState>>>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn session(&self, id: &str) -> Arc<Mutex<SessionState>> {
@@ -281,29 +227,14 @@ impl SessionCompactor {
     }
 
     /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
-    pub fn compact_body(
-        &self,
-        session: &str,
-        body: &ChatBody<'_>,
-        window: Option<u64>,
-    ) -> CompactOutput {
+    pub fn compact_body(&self, session: &str, body: &ChatBody<'_>, window: Option<u64>) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
-        let tools = body
-            .field("tools")
-            .map(|t| t.get())
-            .filter(|t| *t != "null");
-        let request = Request {
-            body,
-            raw: body.messages.iter().map(|m| m.get()).collect(),
-            tools,
-            window,
-            reserve,
-        };
+        let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
+        let request = Request { body, raw: body.messages.iter().map(|m| m.get()).collect(), tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
         let tokens_raw = request_tokens(counter, &request.raw, tools);
         let usable = request.usable();
-        let base_report =
-            json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
+        let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
         if self.policy.mode == Mode::Off {
             let summary = CompactionSummary {
@@ -313,24 +244,15 @@ impl SessionCompactor {
                 over_window: tokens_raw > usable,
                 report: base_report,
             };
-            return CompactOutput {
-                body: None,
-                summary,
-            };
+            return CompactOutput { body: None, summary };
         }
 
         let state = self.session(session);
-        let mut state = state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let step = self.step(&mut state, &request, counter);
         let tokens_forwarded = request_tokens(counter, &step.messages, tools);
         let unchanged = step.messages.len() == request.raw.len()
-            && step
-                .messages
-                .iter()
-                .zip(&request.raw)
-                .all(|(f, r)| f.as_str() == *r);
+            && step.messages.iter().zip(&request.raw).all(|(f, r)| f.as_str() == *r);
         let mut report = base_report;
         report["action"] = json!(step.action);
         if step.history_changed {
@@ -351,17 +273,9 @@ impl SessionCompactor {
     }
 
     /// One transition of a session's state machine; returns the forwarded messages.
-    fn step(
-        &self,
-        state: &mut SessionState,
-        request: &Request<'_, '_>,
-        counter: &TokenCounter,
-    ) -> Step {
+    fn step(&self, state: &mut SessionState, request: &Request<'_, '_>, counter: &TokenCounter) -> Step {
         let hashes: Vec<u128> = request.raw.iter().map(|m| xxh3_128(m.as_bytes())).collect();
-        let history_changed = state
-            .frozen
-            .as_ref()
-            .is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
+        let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
             // The agent edited or dropped earlier messages: the frozen prefix no longer describes
             // this conversation. Start fresh (the epoch number keeps counting).
@@ -374,21 +288,13 @@ impl SessionCompactor {
                 .prefix
                 .iter()
                 .cloned()
-                .chain(
-                    request.raw[f.raw_hashes.len()..]
-                        .iter()
-                        .map(|m| (*m).to_owned()),
-                )
+                .chain(request.raw[f.raw_hashes.len()..].iter().map(|m| (*m).to_owned()))
                 .collect(),
             None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
         };
         let candidate_tokens = request_tokens(counter, &candidate, request.tools);
         let usable = request.usable() as f64;
-        let trigger = if state.saturated {
-            usable
-        } else {
-            self.policy.high_water * usable
-        };
+        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
         let over = candidate_tokens as f64 > trigger;
         let target = (self.policy.low_water * usable) as u64;
 
@@ -409,21 +315,15 @@ impl SessionCompactor {
             };
         }
 
-        let options = CompactOptions {
-            target_tokens: over.then_some(target),
-        };
-        let (raw_boundary, prefix, engine_report) =
-            self.run_engine(state, request, &candidate, &options, counter);
+        let options = CompactOptions { target_tokens: over.then_some(target) };
+        let (raw_boundary, prefix, engine_report) = self.run_engine(state, request, &candidate, &options, counter);
         let mut messages = prefix.clone();
         messages.extend(request.raw[raw_boundary..].iter().map(|m| (*m).to_owned()));
         let changed = messages != candidate;
         if changed {
             state.epoch += 1;
         }
-        state.frozen = Some(Frozen {
-            raw_hashes: hashes[..raw_boundary].to_vec(),
-            prefix,
-        });
+        state.frozen = Some(Frozen { raw_hashes: hashes[..raw_boundary].to_vec(), prefix });
         state.advanced_at_len = request.raw.len();
         let forwarded_tokens = request_tokens(counter, &messages, request.tools);
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
@@ -431,12 +331,7 @@ impl SessionCompactor {
             (Mode::Eager, false) => "advance",
             _ => "epoch",
         };
-        Step {
-            messages,
-            action,
-            history_changed,
-            engine_report,
-        }
+        Step { messages, action, history_changed, engine_report }
     }
 
     /// Run the engine on the forwarded candidate (frozen prefix + new raw messages) and map its
@@ -490,11 +385,6 @@ fn new_turns(messages: &[&str]) -> usize {
     }
     messages
         .iter()
-        .filter(|m| {
-            serde_json::from_str::<Role<'_>>(m)
-                .ok()
-                .and_then(|r| r.role)
-                == Some("assistant")
-        })
+        .filter(|m| serde_json::from_str::<Role<'_>>(m).ok().and_then(|r| r.role) == Some("assistant"))
         .count()
 }

@@ -37,11 +37,7 @@ pub const TOKENS_PER_NAME: u64 = 1;
 pub const TOKENS_PER_TOOL_CALL: u64 = 1;
 
 /// Tokens of a whole request: its messages, its `tools` (when present) and the reply priming.
-pub fn request_tokens<M: AsRef<str>>(
-    counter: &dyn CountTokens,
-    messages: &[M],
-    tools: Option<&str>,
-) -> u64 {
+pub fn request_tokens<M: AsRef<str>>(counter: &dyn CountTokens, messages: &[M], tools: Option<&str>) -> u64 {
     let messages: u64 = messages.iter().map(|m| counter.message(m.as_ref())).sum();
     messages + tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING
 }
@@ -99,11 +95,7 @@ pub struct CounterConfig {
 
 impl Default for CounterConfig {
     fn default() -> Self {
-        CounterConfig {
-            encoding: Encoding::O200kBase,
-            image_tokens: 765,
-            cache_entries: 131_072,
-        }
+        CounterConfig { encoding: Encoding::O200kBase, image_tokens: 765, cache_entries: 131_072 }
     }
 }
 
@@ -164,9 +156,7 @@ impl TokenCounter {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<u128, u64>> {
         // A panic while holding the lock cannot leave the cache inconsistent: keep using it.
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Uncached count of one message.
@@ -207,10 +197,7 @@ impl TokenCounter {
                 };
             }
         }
-        for reasoning in [&message.reasoning_content, &message.reasoning]
-            .into_iter()
-            .flatten()
-        {
+        for reasoning in [&message.reasoning_content, &message.reasoning].into_iter().flatten() {
             n += match reasoning {
                 Value::String(s) => self.text(s),
                 Value::Null => 0,
@@ -223,10 +210,7 @@ impl TokenCounter {
     /// Uncached count of a `tools` array: each distinct schema once (through the cache).
     fn count_tools(&self, raw: &str) -> u64 {
         match serde_json::from_str::<Vec<&RawValue>>(raw) {
-            Ok(tools) => tools
-                .iter()
-                .map(|tool| self.cached(tool.get(), || self.text(tool.get())))
-                .sum(),
+            Ok(tools) => tools.iter().map(|tool| self.cached(tool.get(), || self.text(tool.get()))).sum(),
             Err(_) => self.text(raw),
         }
     }
@@ -268,9 +252,6 @@ mod tests {
     #[test]
     fn null_content_and_missing_content_count_the_same() {
         let c = counter();
-        assert_eq!(
-            c.message(r#"{"role":"assistant","content":null}"#),
-            c.message(r#"{"role":"assistant"}"#)
-        );
+        assert_eq!(c.message(r#"{"role":"assistant","content":null}"#), c.message(r#"{"role":"assistant"}"#));
     }
 }

@@ -66,9 +66,9 @@ pub struct ServeArgs {
     /// Compaction mode.
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// Log format.
-    #[arg(long, value_enum, default_value = "text", env = "PARE_LOG_FORMAT")]
-    pub log_format: LogFormat,
+    /// Log format (default `log.format` from the config, else text).
+    #[arg(long, value_enum, env = "PARE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,7 +1,100 @@
-//! `pare serve`.
+//! `pare serve`: load the configuration, apply command-line overrides, set up logging, build the
+//! tokio runtime and run the proxy until SIGINT or SIGTERM.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-pub fn run(_args: super::ServeArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pare serve` is not built yet")
+use anyhow::Context;
+use tracing_subscriber::EnvFilter;
+
+use super::{LogFormat, ModeArg, ServeArgs};
+use crate::config::{Config, Mode};
+use crate::pipeline::Pipeline;
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(&args)?;
+    init_tracing(log_format(&args, &config)?);
+    let config = Arc::new(config);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
+    runtime.block_on(async {
+        let listener = crate::proxy::bind(&config.server.listen, &config).await?;
+        let pipeline = Arc::new(Pipeline::identity(config.clone()));
+        crate::proxy::run(listener, config, pipeline, shutdown_signal()).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The configuration file (or the defaults) with the command line's overrides applied.
+pub fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut config = Config::load(args.config.as_deref())?;
+    if let Some(listen) = &args.listen {
+        config.server.listen = listen.clone();
+    }
+    if let Some(upstream) = &args.upstream {
+        config.upstream.url = upstream.clone();
+    }
+    if let Some(archive) = &args.archive {
+        config.archive.dir = Some(archive.clone());
+    }
+    if let Some(mode) = args.mode {
+        config.compaction.mode = match mode {
+            ModeArg::Epoch => Mode::Epoch,
+            ModeArg::Eager => Mode::Eager,
+            ModeArg::Off => Mode::Off,
+        };
+    }
+    Ok(config)
+}
+
+fn log_format(args: &ServeArgs, config: &Config) -> anyhow::Result<LogFormat> {
+    if let Some(format) = args.log_format {
+        return Ok(format);
+    }
+    match config.log.format.as_deref() {
+        None | Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        Some(other) => anyhow::bail!("log.format {other:?} is neither \"text\" nor \"json\""),
+    }
+}
+
+/// Logs go to stderr; the level comes from `RUST_LOG` (default `info`).
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+    };
+    if let Err(err) = result {
+        eprintln!("pare: logging already initialised: {err}");
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
 }

@@ -7,9 +7,46 @@
 //! [`Engine::compact`] returns the forwarded form of the messages *before* `boundary`; the messages
 //! from `boundary` on (the protected tail) are forwarded byte-identical. That split is what lets the
 //! epoch machinery keep a compacted prefix sticky and append new raw messages after it.
+//!
+//! # Code map
+//!
+//! - [`pack`]: the rule-pack schema, built-in packs, overrides, validation (`pare check`).
+//! - [`conversation`]: messages parsed once, the protected tail, tool-call groups, calls.
+//! - [`outcome`]: a tool result's shape and success. [`markers`]: templates and facts.
+//! - [`rules`]: one module per rule, run in priority order. [`outline`]: structural maps.
+//! - [`salience`]: scores, tiers and elision when a token target is given.
+//! - [`edits`]: what rules changed and how it is serialized. [`validate`]: invariant 1.
+//! - [`report`]: what each rule saved.
+
+pub mod conversation;
+pub mod edits;
+pub mod markers;
+pub mod outcome;
+pub mod outline;
+pub mod pack;
+pub mod report;
+pub mod rules;
+pub mod salience;
+pub mod validate;
+
+use regex::Regex;
 
 use crate::budget::tokens::CountTokens;
+use crate::config::{Config, SalienceConfig, TierBudgets};
 use crate::wire::ChatBody;
+
+use conversation::Conversation;
+use edits::Edits;
+use outcome::SuccessPolicy;
+use pack::{Pack, PackError, RulesSpec};
+use report::{Report, RuleId, RuleStats};
+use rules::custom::CompiledCustom;
+use validate::Skeleton;
+
+pub use pack::check_pack;
+
+/// Why an engine could not be built from a configuration.
+pub type EngineConfigError = PackError;
 
 /// Options of one compaction.
 #[derive(Debug, Clone, Default)]
@@ -27,26 +64,241 @@ pub struct Compacted {
     /// The forwarded form of raw messages `0..boundary`, each a complete JSON message (an elided run is
     /// one marker message, so `prefix.len()` may be smaller than `boundary`).
     pub prefix: Vec<String>,
-    /// What each rule did.
+    /// What each rule did (a serialized [`Report`]).
     pub report: serde_json::Value,
 }
 
-/// The compiled policy (rule pack + overrides, regexes compiled once).
+/// The compiled rule policy: the pack's rules with their regexes compiled once.
 #[derive(Debug)]
-pub struct Engine {}
+pub struct Policy {
+    pub name: String,
+    pub spec: RulesSpec,
+    pub success: SuccessPolicy,
+    pub custom: Vec<CompiledCustom>,
+    pub collapse_except: Vec<Regex>,
+}
+
+impl Policy {
+    pub fn new(name: &str, spec: RulesSpec) -> Policy {
+        Policy {
+            name: name.to_owned(),
+            success: SuccessPolicy::new(&spec.success),
+            custom: spec.custom.iter().filter(|r| r.enabled).filter_map(CompiledCustom::compile).collect(),
+            collapse_except: spec
+                .collapse_succeeded
+                .except_tools
+                .iter()
+                .filter_map(|p| Regex::new(&format!("^(?:{p})$")).ok())
+                .collect(),
+            spec,
+        }
+    }
+}
+
+/// The compiled policy (rule pack + overrides, regexes compiled once) and the salience settings.
+#[derive(Debug)]
+pub struct Engine {
+    pub policy: Policy,
+    pub salience: SalienceConfig,
+    pub tiers: TierBudgets,
+}
 
 impl Engine {
     /// The engine with the built-in default pack.
     pub fn default_pack() -> Engine {
-        Engine {}
+        let pack = pack::load_pack("default", pack::BUILTIN_PACKS[0].1, None).expect("the built-in pack is valid");
+        Engine::from_pack(pack, SalienceConfig::default(), TierBudgets::default())
     }
 
-    /// Compact a request. Identity until the rules land.
-    pub fn compact(&self, body: &ChatBody<'_>, _opts: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
-        Compacted {
-            boundary: body.messages.len(),
-            prefix: body.messages.iter().map(|m| m.get().to_owned()).collect(),
-            report: serde_json::Value::Null,
+    /// The engine of a configuration: `compaction.pack` (a built-in name or a path) with
+    /// `compaction.rules` deep-merged onto its `rules:`, and `budget.salience` / `budget.tiers`.
+    pub fn from_config(config: &Config) -> Result<Engine, EngineConfigError> {
+        let name = &config.compaction.pack;
+        let text = pack::pack_text(name)?;
+        let pack = pack::load_pack(name, &text, config.compaction.rules.as_ref())?;
+        Ok(Engine::from_pack(pack, config.budget.salience.clone(), config.budget.tiers.clone()))
+    }
+
+    pub fn from_pack(pack: Pack, salience: SalienceConfig, tiers: TierBudgets) -> Engine {
+        let name = if pack.name.is_empty() { "custom".to_owned() } else { pack.name.clone() };
+        Engine { policy: Policy::new(&name, pack.rules), salience, tiers }
+    }
+
+    /// Compact a request. Never fails: anything unexpected forwards the original messages.
+    pub fn compact(&self, body: &ChatBody<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        let policy = &self.policy;
+        let conv = Conversation::analyse(
+            &body.messages,
+            policy.spec.protect_last_turns,
+            &policy.spec.key_arguments,
+            &policy.success,
+        );
+        let mut report = Report {
+            pack: policy.name.clone(),
+            messages_in: conv.msgs.len(),
+            boundary: conv.boundary,
+            ..Report::default()
+        };
+        let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
+        if let Err(violation) = validate::check(&input_skeletons) {
+            report.input_invalid = Some(violation.to_string());
+            return unchanged(&conv, report);
+        }
+
+        let mut edits = Edits::new(&conv);
+        rules::apply(policy, &conv, &mut edits);
+        let mut rendered = finish_rules(&conv, &mut edits, counter);
+
+        let elided = salience::Elided::default();
+        let _ = opts.target_tokens;
+
+        // Assemble the prefix and check invariant 1 on the whole forwarded array.
+        let mut prefix = Vec::with_capacity(conv.boundary);
+        let mut skeletons = Vec::with_capacity(conv.msgs.len());
+        let mut idx = 0;
+        while idx < conv.boundary {
+            if let Some((end, marker)) = elided.runs.get(&idx) {
+                skeletons.push(Skeleton::of(marker));
+                prefix.push(marker.clone());
+                idx = *end;
+                continue;
+            }
+            if !edits.dropped[idx] {
+                match rendered[idx].take() {
+                    Some(text) => {
+                        skeletons.push(Skeleton::of(&text));
+                        prefix.push(text);
+                    }
+                    None => {
+                        skeletons.push(input_skeletons[idx].clone());
+                        prefix.push(conv.raw[idx].get().to_owned());
+                    }
+                }
+            }
+            idx += 1;
+        }
+        skeletons.extend(input_skeletons[conv.boundary..].iter().cloned());
+        if let Err(violation) = validate::check(&skeletons) {
+            report.validation_failed = Some(violation.to_string());
+            report.rules.clear();
+            report.tiers = None;
+            return unchanged(&conv, report);
+        }
+
+        fill_report(&conv, &edits, &elided, &mut report, prefix.len());
+        Compacted { boundary: conv.boundary, prefix, report: report.to_value() }
+    }
+}
+
+/// The original messages, forwarded unchanged.
+fn unchanged(conv: &Conversation<'_>, mut report: Report) -> Compacted {
+    report.boundary = conv.msgs.len();
+    report.messages_out = conv.msgs.len();
+    Compacted {
+        boundary: conv.msgs.len(),
+        prefix: conv.raw.iter().map(|m| m.get().to_owned()).collect(),
+        report: report.to_value(),
+    }
+}
+
+fn skeleton_of(m: &crate::wire::Message) -> Skeleton {
+    Skeleton {
+        role: m.role.clone(),
+        tool_calls: m.tool_calls.iter().flatten().map(|c| c.id.clone()).collect(),
+        tool_call_id: m.tool_call_id.clone(),
+    }
+}
+
+/// Render every changed message; revert any edit that does not save tokens (invariant 4), and
+/// share each message's token saving among the rules that changed it.
+fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountTokens) -> Vec<Option<String>> {
+    let mut rendered: Vec<Option<String>> = vec![None; conv.boundary];
+    for (idx, slot) in rendered.iter_mut().enumerate() {
+        if edits.dropped[idx] {
+            edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64;
+            continue;
+        }
+        if !edits.changed(idx) {
+            continue;
+        }
+        let text = edits.render(conv, idx);
+        if text == conv.raw[idx].get() {
+            edits.revert(idx);
+            continue;
+        }
+        let before = counter.message(conv.raw[idx].get());
+        let after = counter.message(&text);
+        if after >= before {
+            edits.revert(idx);
+            continue;
+        }
+        edits.tokens_saved[idx] = before as i64 - after as i64;
+        *slot = Some(text);
+    }
+    rendered
+}
+
+/// Token saving of one message, shared among its rules by the characters each removed.
+fn share(savings: &[(RuleId, i64)], tokens: i64) -> Vec<(RuleId, i64, i64)> {
+    let positive: i64 = savings.iter().map(|(_, c)| (*c).max(0)).sum();
+    let mut out: Vec<(RuleId, i64, i64)> = Vec::new();
+    let mut given = 0;
+    for (n, (rule, chars)) in savings.iter().enumerate() {
+        let t = if n + 1 == savings.len() {
+            tokens - given
+        } else if positive > 0 {
+            tokens * (*chars).max(0) / positive
+        } else {
+            0
+        };
+        given += t;
+        match out.iter_mut().find(|(r, _, _)| r == rule) {
+            Some(slot) => {
+                slot.1 += chars;
+                slot.2 += t;
+            }
+            None => out.push((*rule, *chars, t)),
         }
     }
+    out
+}
+
+fn fill_report(
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    elided: &salience::Elided,
+    report: &mut Report,
+    prefix_len: usize,
+) {
+    let mut per_rule: std::collections::BTreeMap<RuleId, RuleStats> = Default::default();
+    for idx in 0..conv.boundary {
+        if edits.savings[idx].is_empty() || elided.messages.contains(&idx) {
+            continue;
+        }
+        let tokens = edits.tokens_saved[idx];
+        if edits.dropped[idx] {
+            report.messages_dropped += 1;
+        } else {
+            report.messages_changed += 1;
+        }
+        for (rule, chars, t) in share(&edits.savings[idx], tokens) {
+            let s = per_rule.entry(rule).or_default();
+            s.messages += 1;
+            s.chars_saved += chars;
+            s.tokens_saved += t;
+        }
+    }
+    if !elided.runs.is_empty() {
+        let s = per_rule.entry(RuleId::Elision).or_default();
+        s.messages = elided.messages.len() as u64;
+        s.chars_saved = elided.chars_saved;
+        s.tokens_saved = elided.tokens_saved;
+        report.messages_dropped += elided.messages.len() as u64;
+    }
+    for (rule, stats) in per_rule {
+        report.chars_saved += stats.chars_saved;
+        report.tokens_saved += stats.tokens_saved;
+        report.rules.insert(rule.name(), stats);
+    }
+    report.messages_out = prefix_len + (conv.msgs.len() - conv.boundary);
 }

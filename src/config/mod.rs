@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod yaml;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -74,12 +75,7 @@ pub struct UpstreamConfig {
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
-        Self {
-            url: "http://127.0.0.1:8080".into(),
-            api_key: None,
-            connect_timeout_secs: 10,
-            timeout_secs: 600,
-        }
+        Self { url: "http://127.0.0.1:8080".into(), api_key: None, connect_timeout_secs: 10, timeout_secs: 600 }
     }
 }
 
@@ -117,6 +113,9 @@ pub struct ArchiveConfig {
     pub session_headers: Vec<String>,
     /// Extra request headers never stored (Authorization, api-key, cookies are always dropped).
     pub redact_headers: Vec<String>,
+    /// Sessions the in-memory session tracker follows (least recently used are dropped; a dropped
+    /// session's next request starts a new session unless it names one by header).
+    pub tracked_sessions: usize,
 }
 
 impl Default for ArchiveConfig {
@@ -128,6 +127,7 @@ impl Default for ArchiveConfig {
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
+            tracked_sessions: 4096,
         }
     }
 }
@@ -319,14 +319,27 @@ fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
     out
 }
 
+/// Tokenizer encodings pare can count with.
+pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base", "p50k_base", "r50k_base"];
+
 impl Config {
-    /// Parse and validate a configuration from YAML text.
+    /// Parse and validate a configuration from YAML text, reporting every problem.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError {
-            path: None,
-            problems: vec![Problem { line: None, path: String::new(), message: e.to_string() }],
-        })?;
-        Ok(config)
+        let root = yaml::parse(text).map_err(|p| ConfigError { path: None, problems: vec![p] })?;
+        let mut problems = Vec::new();
+        let config: Option<Config> = yaml::deserialize_all(&root, &mut problems);
+        if let Some(config) = &config {
+            for mut p in config.validate() {
+                p.line = p.line.or_else(|| root.line_of(&p.path));
+                problems.push(p);
+            }
+        }
+        // Read top to bottom: problems in line order, unplaceable ones last.
+        problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
+        match config {
+            Some(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigError { path: None, problems }),
+        }
     }
 
     /// Load a configuration file, or the built-in defaults when `path` is `None`.
@@ -340,5 +353,250 @@ impl Config {
             e.path = Some(path.to_owned());
             e
         })
+    }
+
+    /// Semantic checks that the types alone cannot express. Every problem, not only the first.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut bad = |path: &str, message: String| {
+            problems.push(Problem { line: None, path: path.to_owned(), message });
+        };
+
+        match self.server.listen.parse::<std::net::SocketAddr>() {
+            Err(_) => bad("server.listen", format!("`{}` is not an IP:port address", self.server.listen)),
+            Ok(addr) if !addr.ip().is_loopback() && !self.server.allow_non_loopback => bad(
+                "server.listen",
+                format!(
+                    "`{addr}` is not a loopback address; set server.allow_non_loopback: true (with server.auth_token) to expose pare"
+                ),
+            ),
+            Ok(_) => {}
+        }
+        if self.server.allow_non_loopback && self.server.auth_token.as_deref().is_none_or(str::is_empty) {
+            bad("server.auth_token", "a non-loopback listener needs an auth_token".into());
+        }
+        if self.server.max_body == 0 {
+            bad("server.max_body", "must be at least 1 byte".into());
+        }
+        if self.server.header_read_timeout_secs == 0 {
+            bad("server.header_read_timeout_secs", "must be at least 1 second".into());
+        }
+        if self.server.max_headers == 0 {
+            bad("server.max_headers", "must be at least 1".into());
+        }
+
+        match reqwest::Url::parse(&self.upstream.url) {
+            Err(e) => bad("upstream.url", format!("`{}` is not a URL: {e}", self.upstream.url)),
+            Ok(url) if !matches!(url.scheme(), "http" | "https") => {
+                bad("upstream.url", format!("`{}` must be http:// or https://", self.upstream.url))
+            }
+            Ok(url) if url.host_str().is_none() => bad("upstream.url", format!("`{}` has no host", self.upstream.url)),
+            Ok(url) if url.query().is_some() || url.fragment().is_some() => {
+                bad("upstream.url", format!("`{}` must not carry a query or fragment", self.upstream.url))
+            }
+            Ok(_) => {}
+        }
+        if self.upstream.connect_timeout_secs == 0 {
+            bad("upstream.connect_timeout_secs", "must be at least 1 second".into());
+        }
+        if self.upstream.timeout_secs == 0 {
+            bad("upstream.timeout_secs", "must be at least 1 second".into());
+        }
+
+        if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
+            bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));
+        }
+        for (list, name) in
+            [(&self.archive.session_headers, "session_headers"), (&self.archive.redact_headers, "redact_headers")]
+        {
+            for (i, h) in list.iter().enumerate() {
+                if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    bad(&format!("archive.{name}.{i}"), format!("`{h}` is not a valid header name"));
+                }
+            }
+        }
+
+        if self.compaction.pack.trim().is_empty() {
+            bad("compaction.pack", "must name a built-in pack or a file".into());
+        }
+
+        let b = &self.budget;
+        if !(b.low_water > 0.0 && b.low_water < b.high_water && b.high_water <= 1.0) {
+            bad(
+                "budget.high_water",
+                format!("need 0 < low_water ({}) < high_water ({}) <= 1", b.low_water, b.high_water),
+            );
+        }
+        if b.default_context_window < 1024 {
+            bad(
+                "budget.default_context_window",
+                format!("{} tokens is too small (at least 1024)", b.default_context_window),
+            );
+        }
+        if b.output_reserve >= b.default_context_window {
+            bad("budget.output_reserve", "must be smaller than default_context_window".into());
+        }
+        if b.polling == 0 {
+            bad("budget.polling", "must be at least 1 turn".into());
+        }
+        if !ENCODINGS.contains(&b.encoding.as_str()) {
+            bad("budget.encoding", format!("unknown encoding `{}` (known: {})", b.encoding, ENCODINGS.join(", ")));
+        }
+        if b.max_sessions == 0 {
+            bad("budget.max_sessions", "must be at least 1".into());
+        }
+        let s = &b.salience;
+        if !(s.tau_turns > 0.0 && s.tau_turns.is_finite()) {
+            bad("budget.salience.tau_turns", "must be a positive number of turns".into());
+        }
+        for (name, w) in
+            [("w_recency", s.w_recency), ("w_error", s.w_error), ("w_keywords", s.w_keywords), ("w_files", s.w_files)]
+        {
+            if !(w >= 0.0 && w.is_finite()) {
+                bad(&format!("budget.salience.{name}"), format!("{w} must be a non-negative number"));
+            }
+        }
+        let t = &b.tiers;
+        let shares = [("focus", t.focus), ("recent", t.recent), ("summary", t.summary), ("background", t.background)];
+        for (name, v) in shares {
+            if !(0.0..=1.0).contains(&v) {
+                bad(&format!("budget.tiers.{name}"), format!("{v} is outside 0..=1"));
+            }
+        }
+        let sum: f64 = shares.iter().map(|(_, v)| v).sum();
+        if (sum - 1.0).abs() > 1e-6 {
+            bad("budget.tiers", format!("shares add up to {sum}, not 1"));
+        }
+
+        for (i, m) in self.models.iter().enumerate() {
+            if let Err(e) = regex::Regex::new(&m.pattern) {
+                bad(&format!("models.{i}.match"), format!("`{}` is not a valid regex: {}", m.pattern, regex_error(&e)));
+            }
+            if m.context_window.is_some_and(|w| w < 1024) {
+                bad(&format!("models.{i}.context_window"), "too small (at least 1024)".into());
+            }
+            if let (Some(w), Some(r)) = (m.context_window, m.output_reserve)
+                && r >= w
+            {
+                bad(&format!("models.{i}.output_reserve"), "must be smaller than context_window".into());
+            }
+            if let Some(enc) = &m.encoding
+                && !ENCODINGS.contains(&enc.as_str())
+            {
+                bad(&format!("models.{i}.encoding"), format!("unknown encoding `{enc}`"));
+            }
+        }
+
+        if let Some(f) = &self.log.format
+            && f != "text"
+            && f != "json"
+        {
+            bad("log.format", format!("`{f}` is not `text` or `json`"));
+        }
+        problems
+    }
+}
+
+/// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).
+pub fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Config::default().validate(), Vec::new());
+        assert_eq!(Config::from_yaml("").unwrap(), Config::default());
+        assert_eq!(Config::from_yaml("# only a comment\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_type_and_semantic_problem_is_listed_with_its_line() {
+        let text = "\
+server:
+  listen: 0.0.0.0:8787
+  max_body: lots
+upstream:
+  url: ftp://example
+budget:
+  high_water: 0.4
+  low_water: 0.6
+  encodng: o200k_base
+models:
+  - match: '('
+    context_window: 100
+";
+        let err = Config::from_yaml(text).unwrap_err();
+        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
+        // Type errors and the semantic checks that run on what remains (bad nodes take defaults).
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), "server.listen"),
+                (Some(3), "server.max_body"),
+                (Some(5), "upstream.url"),
+                (Some(7), "budget.high_water"),
+                (Some(9), "budget.encodng"),
+                (Some(11), "models.0.match"),
+                (Some(12), "models.0.context_window"),
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn semantic_problems_all_reported_when_types_are_fine() {
+        let text = "\
+server:
+  listen: 0.0.0.0:8787
+upstream:
+  url: ftp://example
+budget:
+  high_water: 0.4
+  low_water: 0.6
+models:
+  - match: '('
+    context_window: 100
+";
+        let err = Config::from_yaml(text).unwrap_err();
+        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), "server.listen"),
+                (Some(4), "upstream.url"),
+                (Some(6), "budget.high_water"),
+                (Some(9), "models.0.match"),
+                (Some(10), "models.0.context_window"),
+            ],
+            "{err}"
+        );
+        let rendered = err.to_string();
+        assert!(rendered.starts_with("5 problem(s) in config"), "{rendered}");
+    }
+
+    #[test]
+    fn the_example_file_is_the_built_in_default() {
+        let text = include_str!("../../compaction.example.yaml");
+        assert_eq!(Config::from_yaml(text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn non_loopback_needs_both_the_flag_and_a_token() {
+        let err = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n").unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert_eq!(err.problems[0].path, "server.auth_token");
+        let ok = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: t\n");
+        assert!(ok.is_ok());
     }
 }

@@ -1,1 +1,22 @@
 //! The HTTP shell: server, upstream client, streaming pass-through, pare's own endpoints and errors.
+//!
+//! - [`server`]: listener, connections (HTTP/1.1 + h2c), graceful shutdown; [`run`] is the entry point.
+//! - [`upstream`]: path mapping, header rules, the pooled upstream client.
+//! - [`handler`]: one exchange — bounded body read, chat interception through the pipeline, forwarding.
+//! - [`body`]: the streamed response body and the exactly-once completion (archive sink, access log).
+//! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
+//! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
+//! - [`access`]: the one log line per request.
+
+pub mod access;
+pub mod body;
+pub mod endpoints;
+pub mod error;
+pub mod handler;
+pub mod server;
+pub mod upstream;
+
+pub use error::{Culprit, ProxyError};
+pub use handler::{PARE_PREFIX, Proxy, ProxyBody};
+pub use server::{ServeError, bind, check_exposure, run};
+pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase, install_crypto_provider};

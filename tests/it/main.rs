@@ -1,4 +1,10 @@
-//! The integration tests: one binary, one module per area.
+//! The integration tests: one binary, one module per area. `support` holds the stub upstream and an
+//! in-process pare that other modules reuse.
 
+mod support;
+
+mod archive;
 mod budget;
+mod compact;
 mod eval;
+mod proxy;

@@ -1,0 +1,288 @@
+//! Conversation analysis: messages parsed once, the protected tail's boundary, tool-call groups
+//! (an assistant message with `tool_calls` and all the tool messages answering it, kept, rewritten or
+//! elided together), and one [`Call`] per tool call with its result's outcome.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::markers::{CallFacts, mentioned_files, one_line, shorten};
+use super::outcome::{Outcome, SuccessPolicy};
+use crate::wire::Message;
+
+/// What kind of unit a group is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKind {
+    System,
+    User,
+    /// An assistant message without tool calls.
+    Assistant,
+    /// An assistant message with tool calls and its answers.
+    ToolCalls,
+    /// Anything pare does not understand; never touched.
+    Other,
+}
+
+/// A run of messages `start..end` that rules and elision treat as one unit.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub start: usize,
+    pub end: usize,
+    pub kind: GroupKind,
+}
+
+/// One tool call and its answer.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Index of the assistant message.
+    pub msg: usize,
+    pub id: String,
+    pub name: String,
+    /// The arguments as sent (a JSON-encoded string, usually).
+    pub arguments: String,
+    /// The key argument's value (path, command, pattern…), when there is one.
+    pub key_arg: Option<String>,
+    /// Index of the tool message answering it.
+    pub result: Option<usize>,
+}
+
+/// A request's messages, analysed once.
+pub struct Conversation<'a> {
+    pub raw: &'a [&'a RawValue],
+    /// Parsed messages; `None` when a message is not an object pare understands (never touched).
+    pub msgs: Vec<Option<Message>>,
+    /// First index of the protected tail.
+    pub boundary: usize,
+    /// Groups covering `0..boundary`, in order.
+    pub groups: Vec<Group>,
+    pub calls: Vec<Call>,
+    /// For each message, the call it answers (tool messages).
+    pub call_of_result: Vec<Option<usize>>,
+    /// For each tool message, its outcome.
+    pub outcomes: Vec<Option<Outcome>>,
+    pub first_system: Option<usize>,
+}
+
+impl<'a> Conversation<'a> {
+    pub fn analyse(
+        raw: &'a [&'a RawValue],
+        protect_last_turns: u32,
+        key_arguments: &[String],
+        success: &SuccessPolicy,
+    ) -> Conversation<'a> {
+        let msgs: Vec<Option<Message>> = raw.iter().map(|m| Message::from_raw(m).ok()).collect();
+        let boundary = boundary(&msgs, protect_last_turns);
+        let first_system = msgs.iter().position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
+
+        let mut calls = Vec::new();
+        let mut by_id: HashMap<&str, usize> = HashMap::new();
+        let mut call_of_result = vec![None; msgs.len()];
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; msgs.len()];
+        for (idx, m) in msgs.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if m.role == "assistant" {
+                by_id.clear();
+                for tc in m.tool_calls.iter().flatten() {
+                    let (name, arguments) = match &tc.function {
+                        Some(f) => (f.name.clone(), arguments_text(&f.arguments)),
+                        None => (String::new(), String::new()),
+                    };
+                    let key_arg = key_argument(&arguments, key_arguments);
+                    by_id.insert(tc.id.as_str(), calls.len());
+                    calls.push(Call { msg: idx, id: tc.id.clone(), name, arguments, key_arg, result: None });
+                }
+            } else if m.role == "tool" {
+                if let Some(&c) = m.tool_call_id.as_deref().and_then(|id| by_id.get(id)) {
+                    calls[c].result = Some(idx);
+                    call_of_result[idx] = Some(c);
+                }
+                outcomes[idx] = Some(success.read(&m.text()));
+            }
+        }
+
+        let mut groups = Vec::new();
+        let mut idx = 0;
+        while idx < boundary {
+            let kind = match &msgs[idx] {
+                None => GroupKind::Other,
+                Some(m) if is_system(&m.role) => GroupKind::System,
+                Some(m) if m.role == "user" => GroupKind::User,
+                Some(m) if m.role == "assistant" && m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) => {
+                    GroupKind::ToolCalls
+                }
+                Some(m) if m.role == "assistant" => GroupKind::Assistant,
+                Some(_) => GroupKind::Other,
+            };
+            let mut end = idx + 1;
+            if kind == GroupKind::ToolCalls {
+                while end < boundary && msgs[end].as_ref().is_some_and(|m| m.role == "tool") {
+                    end += 1;
+                }
+            }
+            groups.push(Group { start: idx, end, kind });
+            idx = end;
+        }
+        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system }
+    }
+
+    /// The facts about a tool result at message `idx` (a tool message).
+    pub fn facts(&self, idx: usize) -> CallFacts {
+        let call = self.call_of_result[idx].map(|c| &self.calls[c]);
+        let outcome = self.outcomes[idx].as_ref();
+        let text = outcome.map(|o| o.text.as_str()).unwrap_or("");
+        let mut files: Vec<String> = Vec::new();
+        if let Some(path) = call.and_then(|c| path_argument(&c.arguments)) {
+            files.push(path);
+        }
+        for f in mentioned_files(text, 8) {
+            if files.len() >= 5 {
+                break;
+            }
+            if !files.iter().any(|g| g.ends_with(&f) || f.ends_with(g.as_str())) {
+                files.push(f);
+            }
+        }
+        let tool = call
+            .map(|c| c.name.clone())
+            .or_else(|| self.msgs[idx].as_ref().and_then(|m| m.name.clone()))
+            .unwrap_or_else(|| "tool".into());
+        CallFacts {
+            tool,
+            arg: call.and_then(|c| c.key_arg.as_deref()).map(quote_arg).unwrap_or_default(),
+            id: call.map(|c| c.id.clone()).unwrap_or_default(),
+            status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
+            chars: text.chars().count(),
+            lines: text.lines().count(),
+            first_error: outcome.and_then(|o| o.first_error.clone()),
+            files,
+        }
+    }
+
+    /// Number of assistant messages at or after `idx` (a turn count used as age).
+    pub fn turns_from(&self, idx: usize) -> usize {
+        self.msgs[idx..].iter().filter(|m| m.as_ref().is_some_and(|m| m.role == "assistant")).count()
+    }
+}
+
+/// `system`, or `developer` (OpenAI's newer name for it).
+pub fn is_system(role: &str) -> bool {
+    role == "system" || role == "developer"
+}
+
+/// The tail starts at the N-th last assistant message; with fewer than N, everything is protected.
+fn boundary(msgs: &[Option<Message>], protect_last_turns: u32) -> usize {
+    if protect_last_turns == 0 {
+        return msgs.len();
+    }
+    let mut seen = 0;
+    for (idx, m) in msgs.iter().enumerate().rev() {
+        if m.as_ref().is_some_and(|m| m.role == "assistant") {
+            seen += 1;
+            if seen == protect_last_turns {
+                return idx;
+            }
+        }
+    }
+    0
+}
+
+/// The arguments as text: the JSON-encoded string, or the JSON of an object some clients send.
+fn arguments_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The first configured key argument present as a non-empty string (or the first string argument).
+fn key_argument(arguments: &str, keys: &[String]) -> Option<String> {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(arguments) else {
+        return (!arguments.trim().is_empty()).then(|| one_line(arguments, 80));
+    };
+    let pick = keys
+        .iter()
+        .find_map(|k| map.get(k).and_then(Value::as_str).filter(|s| !s.trim().is_empty()))
+        .or_else(|| map.values().find_map(|v| v.as_str().filter(|s| !s.trim().is_empty())))?;
+    let first = pick.trim().lines().next().unwrap_or("");
+    let more = pick.trim().lines().nth(1).is_some();
+    let mut out = shorten(first.trim(), 80);
+    if more && !out.ends_with('…') {
+        out.push('…');
+    }
+    Some(out)
+}
+
+/// A `path`-like argument, used as a file the call touched.
+pub fn path_argument(arguments: &str) -> Option<String> {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(arguments) else {
+        return None;
+    };
+    ["path", "file_path", "filepath", "file", "filename", "file_name"]
+        .iter()
+        .find_map(|k| map.get(*k).and_then(Value::as_str))
+        .filter(|s| !s.is_empty() && !s.contains('\n') && s.len() < 300)
+        .map(str::to_owned)
+}
+
+/// The key argument as markers show it: a JSON string literal.
+fn quote_arg(arg: &str) -> String {
+    serde_json::to_string(arg).expect("a string always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compact::pack::SuccessSpec;
+
+    fn raws(list: &[&str]) -> Vec<Box<RawValue>> {
+        list.iter().map(|s| RawValue::from_string((*s).to_owned()).unwrap()).collect()
+    }
+
+    #[test]
+    fn groups_and_boundary() {
+        let owned = raws(&[
+            r#"{"role":"system","content":"s"}"#,
+            r#"{"role":"user","content":"u"}"#,
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"x.py\"}"}},{"id":"b","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"a","content":"data"}"#,
+            r#"{"role":"tool","tool_call_id":"b","content":"Traceback (most recent call last):\nKeyError: 'k'"}"#,
+            r#"{"role":"assistant","content":"done"}"#,
+            r#"{"role":"user","content":"more"}"#,
+            r#"{"role":"assistant","content":"ok"}"#,
+        ]);
+        let refs: Vec<&RawValue> = owned.iter().map(|b| b.as_ref()).collect();
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let conv = Conversation::analyse(&refs, 1, &keys, &policy);
+        assert_eq!(conv.boundary, 7);
+        let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (0, 1, GroupKind::System),
+                (1, 2, GroupKind::User),
+                (2, 5, GroupKind::ToolCalls),
+                (5, 6, GroupKind::Assistant),
+                (6, 7, GroupKind::User)
+            ]
+        );
+        let f = conv.facts(4);
+        assert_eq!(f.call(), "terminal(\"ls\")");
+        assert_eq!(f.status, "error");
+        assert_eq!(f.first_error.as_deref(), Some("KeyError: 'k'"));
+        assert_eq!(conv.facts(3).files, vec!["x.py".to_string()]);
+        assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy).boundary, 2);
+        assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy).boundary, 0);
+        assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy).boundary, 8);
+    }
+
+    #[test]
+    fn key_argument_prefers_configured_names() {
+        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        assert_eq!(key_argument(r#"{"timeout":5,"command":"ls -la\nrm x"}"#, &keys).as_deref(), Some("ls -la…"));
+        assert_eq!(key_argument(r#"{"user_id":"mia_li"}"#, &keys).as_deref(), Some("mia_li"));
+        assert_eq!(key_argument("{}", &keys), None);
+    }
+}

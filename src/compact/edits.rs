@@ -1,0 +1,185 @@
+//! The edits rules make to the messages before the boundary, and turning them into forwarded
+//! message bytes. A message no rule touched is forwarded as its original bytes; an edited one is
+//! re-serialized from its original JSON object with only the edited keys changed, so key order and
+//! unknown keys survive.
+
+use serde_json::{Map, Value};
+
+use super::conversation::Conversation;
+use super::markers::is_compacted;
+use super::report::RuleId;
+use crate::wire::Content;
+
+/// New text for a message's content.
+#[derive(Debug, Clone)]
+pub struct TextEdit {
+    pub text: String,
+    /// Put the text back into the result's original shape (e.g. Hermes' `{"output": …}`); when false
+    /// the text replaces the whole content.
+    pub embed: bool,
+}
+
+/// Content part types that carry reasoning.
+pub const THINKING_PARTS: &[&str] = &["thinking", "redacted_thinking", "reasoning"];
+
+/// All edits of one compaction.
+#[derive(Debug)]
+pub struct Edits {
+    pub text: Vec<Option<TextEdit>>,
+    /// Keys removed from the message (reasoning).
+    pub removed: Vec<Vec<&'static str>>,
+    /// Drop content parts of the [`THINKING_PARTS`] types.
+    pub drop_thinking_parts: Vec<bool>,
+    pub dropped: Vec<bool>,
+    /// A rule replaced the result by a marker: later rules leave it alone.
+    pub claimed: Vec<bool>,
+    /// A user rule said `keep`: no rule and no tier touches it.
+    pub kept: Vec<bool>,
+    /// The message already carries a pare marker (an earlier compaction): nothing touches it.
+    pub compacted: Vec<bool>,
+    /// Per message, the characters each rule removed (for the report).
+    pub savings: Vec<Vec<(RuleId, i64)>>,
+    /// Per message, tokens saved (raw count minus forwarded count), once rendered.
+    pub tokens_saved: Vec<i64>,
+}
+
+impl Edits {
+    pub fn new(conv: &Conversation<'_>) -> Edits {
+        let n = conv.boundary;
+        let compacted = (0..n)
+            .map(|i| match (&conv.outcomes[i], &conv.msgs[i]) {
+                (Some(o), _) => is_compacted(&o.text),
+                (None, Some(m)) => m.role != "user" && is_compacted(&m.text()),
+                (None, None) => false,
+            })
+            .collect();
+        Edits {
+            text: vec![None; n],
+            removed: vec![Vec::new(); n],
+            drop_thinking_parts: vec![false; n],
+            dropped: vec![false; n],
+            claimed: vec![false; n],
+            kept: vec![false; n],
+            compacted,
+            savings: vec![Vec::new(); n],
+            tokens_saved: vec![0; n],
+        }
+    }
+
+    /// Whether rules may still change message `idx`.
+    pub fn open(&self, idx: usize) -> bool {
+        !self.kept[idx] && !self.claimed[idx] && !self.compacted[idx] && !self.dropped[idx]
+    }
+
+    /// The text rules currently see for message `idx`: a tool result's inner text, else the content text.
+    pub fn current_text(&self, conv: &Conversation<'_>, idx: usize) -> String {
+        if let Some(edit) = &self.text[idx] {
+            return edit.text.clone();
+        }
+        match (&conv.outcomes[idx], &conv.msgs[idx]) {
+            (Some(o), _) => o.text.clone(),
+            (None, Some(m)) => m.text(),
+            _ => String::new(),
+        }
+    }
+
+    /// Length in chars of [`Edits::current_text`], without copying.
+    pub fn current_chars(&self, conv: &Conversation<'_>, idx: usize) -> usize {
+        if let Some(edit) = &self.text[idx] {
+            return edit.text.chars().count();
+        }
+        match (&conv.outcomes[idx], &conv.msgs[idx]) {
+            (Some(o), _) => o.text.chars().count(),
+            (None, Some(m)) => m.text().chars().count(),
+            _ => 0,
+        }
+    }
+
+    /// Replace the text of message `idx` on behalf of `rule`.
+    pub fn set_text(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, text: String, embed: bool) {
+        let before = self.current_chars(conv, idx) as i64;
+        let after = text.chars().count() as i64;
+        // A result already re-embedded stays embedded: the shape is a property of the message.
+        let embed = embed && self.text[idx].as_ref().is_none_or(|e| e.embed);
+        self.text[idx] = Some(TextEdit { text, embed });
+        self.savings[idx].push((rule, before - after));
+    }
+
+    /// Replace a tool result by a marker line (no later rule touches it).
+    pub fn set_marker(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) {
+        self.set_text(conv, idx, rule, marker, false);
+        self.claimed[idx] = true;
+    }
+
+    pub fn drop_message(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId) {
+        self.dropped[idx] = true;
+        self.savings[idx].push((rule, conv.raw[idx].get().len() as i64));
+    }
+
+    pub fn changed(&self, idx: usize) -> bool {
+        self.text[idx].is_some() || !self.removed[idx].is_empty() || self.drop_thinking_parts[idx]
+    }
+
+    /// Undo every edit of message `idx` (used when an edit would not save tokens).
+    pub fn revert(&mut self, idx: usize) {
+        self.text[idx] = None;
+        self.removed[idx].clear();
+        self.drop_thinking_parts[idx] = false;
+        self.dropped[idx] = false;
+        self.claimed[idx] = false;
+        self.savings[idx].clear();
+        self.tokens_saved[idx] = 0;
+    }
+
+    /// The forwarded JSON of message `idx`: the original bytes when unchanged.
+    pub fn render(&self, conv: &Conversation<'_>, idx: usize) -> String {
+        let raw = conv.raw[idx].get();
+        if !self.changed(idx) {
+            return raw.to_owned();
+        }
+        let Ok(mut object) = serde_json::from_str::<Map<String, Value>>(raw) else {
+            return raw.to_owned();
+        };
+        for key in &self.removed[idx] {
+            object.shift_remove(*key);
+        }
+        let original = conv.msgs[idx].as_ref().and_then(|m| m.content.as_ref());
+        if let Some(edit) = &self.text[idx] {
+            let text = match (&conv.outcomes[idx], edit.embed) {
+                (Some(o), true) => o.shape.embed(&edit.text),
+                _ => edit.text.clone(),
+            };
+            let content = content_with_text(original, text);
+            match object.get_mut("content") {
+                Some(slot) => *slot = content,
+                None => {
+                    object.insert("content".into(), content);
+                }
+            }
+        } else if self.drop_thinking_parts[idx]
+            && let Some(Value::Array(parts)) = object.get_mut("content")
+        {
+            parts.retain(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| THINKING_PARTS.contains(&t)));
+        }
+        serde_json::to_string(&object).expect("a JSON map always serializes")
+    }
+}
+
+/// A content value holding `text`, in the original's form: a string stays a string; an array of
+/// parts becomes one text part that keeps the first text part's other keys (e.g. `cache_control`).
+pub fn content_with_text(original: Option<&Content>, text: String) -> Value {
+    match original {
+        Some(Content::Parts(parts)) => {
+            let mut part = Map::new();
+            part.insert("type".into(), Value::String("text".into()));
+            part.insert("text".into(), Value::String(text));
+            if let Some(first) = parts.iter().find(|p| p.kind.as_deref() == Some("text")) {
+                for (k, v) in &first.extra {
+                    part.insert(k.clone(), v.clone());
+                }
+            }
+            Value::Array(vec![Value::Object(part)])
+        }
+        _ => Value::String(text),
+    }
+}

@@ -1,0 +1,248 @@
+//! Reading a tool result: its shape (plain text, or a JSON object carrying the text in a field, as
+//! Hermes sends), whether it succeeded, and its first error line.
+//!
+//! Success is read from an explicit status when there is one — JSON `exit_code`/`returncode`,
+//! `error`, `success`; mini-swe-agent's `<returncode>N</returncode>`; OpenHands'
+//! `[Command finished with exit code N]` — and otherwise from the configured error patterns.
+
+use std::sync::LazyLock;
+
+use regex::{Regex, RegexSet};
+use serde_json::{Map, Value};
+
+/// The JSON keys that carry a result's main text, tried in order.
+const TEXT_FIELDS: &[&str] = &["output", "content", "stdout", "result", "text"];
+
+/// How a tool result's text is laid out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    /// The content is the text.
+    Plain,
+    /// The content is a JSON object whose `field` holds the text (Hermes `{"output": …}`).
+    JsonField { object: Map<String, Value>, field: String },
+}
+
+/// A tool result's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// `exit` when an exit status said so.
+    Failed {
+        exit: Option<i64>,
+    },
+}
+
+impl Status {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Status::Ok)
+    }
+
+    /// How markers show it.
+    pub fn label(&self) -> String {
+        match self {
+            Status::Ok => "ok".into(),
+            Status::Failed { exit: Some(code) } => format!("failed (exit {code})"),
+            Status::Failed { exit: None } => "error".into(),
+        }
+    }
+}
+
+/// What the engine knows about one tool result.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub shape: Shape,
+    /// The text the rules work on (the JSON field's value, or the whole content).
+    pub text: String,
+    pub status: Status,
+    pub first_error: Option<String>,
+}
+
+/// The compiled success policy.
+#[derive(Debug)]
+pub struct SuccessPolicy {
+    errors: RegexSet,
+    /// The same patterns, to find the first matching line.
+    patterns: Vec<Regex>,
+    trust_exit_code: bool,
+}
+
+static RETURNCODE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\s*<returncode>\s*(-?\d+)\s*</returncode>").expect("static regex"));
+static FINISHED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\[Command finished with exit code (-?\d+)\]").expect("static regex"));
+static EXCEPTION_LINE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*").expect("static regex"));
+
+impl SuccessPolicy {
+    /// Patterns were validated with the pack; an invalid one is skipped here rather than failing.
+    pub fn new(spec: &super::pack::SuccessSpec) -> SuccessPolicy {
+        let patterns: Vec<Regex> = spec.error_patterns.iter().filter_map(|p| Regex::new(p).ok()).collect();
+        let errors = RegexSet::new(patterns.iter().map(|r| r.as_str())).expect("patterns compiled one by one");
+        SuccessPolicy { errors, patterns, trust_exit_code: spec.trust_exit_code }
+    }
+
+    /// Read a tool result's content text.
+    pub fn read(&self, content: &str) -> Outcome {
+        let (shape, text, json_status) = split_shape(content);
+        let exit = json_status.or_else(|| exit_from_text(&text));
+        let matches_error = self.errors.is_match(&text);
+        let status = match exit {
+            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) if self.trust_exit_code || !matches_error => {
+                Status::Ok
+            }
+            Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) => Status::Failed { exit: None },
+            Some(ExitInfo::Code(code)) => Status::Failed { exit: Some(code) },
+            Some(ExitInfo::Success(false)) | Some(ExitInfo::Error) => Status::Failed { exit: None },
+            None if matches_error => Status::Failed { exit: None },
+            None => Status::Ok,
+        };
+        let first_error = if matches_error || !status.is_ok() { self.first_error_line(&text, &shape) } else { None };
+        Outcome { shape, text, status, first_error }
+    }
+
+    /// The most telling error line: a Python exception line, else the first line matching an error
+    /// pattern, else the JSON `error` text.
+    fn first_error_line(&self, text: &str, shape: &Shape) -> Option<String> {
+        let mut first_match = None;
+        let mut exception = None;
+        for line in text.lines() {
+            let l = line.trim();
+            if l.is_empty() {
+                continue;
+            }
+            if EXCEPTION_LINE.is_match(l) {
+                exception = Some(l);
+            }
+            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(line)) {
+                first_match = Some(l);
+            }
+        }
+        let json_error: Option<String> = match shape {
+            Shape::JsonField { object, .. } => object.get("error").and_then(Value::as_str).map(str::to_owned),
+            Shape::Plain if text.trim_start().starts_with('{') => serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned)),
+            Shape::Plain => None,
+        };
+        exception
+            .map(str::to_owned)
+            .or(first_match.map(str::to_owned))
+            .or(json_error.filter(|s| !s.is_empty()))
+            .map(|l| super::markers::one_line(&l, 160))
+            .filter(|l| !l.is_empty())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ExitInfo {
+    Code(i64),
+    Success(bool),
+    Error,
+}
+
+/// Split the content into shape and text, reading any explicit status in a JSON object.
+fn split_shape(content: &str) -> (Shape, String, Option<ExitInfo>) {
+    let trimmed = content.trim_start();
+    if trimmed.starts_with('{')
+        && let Ok(Value::Object(object)) = serde_json::from_str::<Value>(content)
+    {
+        let mut status = None;
+        for key in ["exit_code", "returncode", "exitCode", "return_code"] {
+            if let Some(code) = object.get(key).and_then(Value::as_i64) {
+                status = Some(ExitInfo::Code(code));
+                break;
+            }
+        }
+        if status.is_none()
+            && let Some(ok) = object.get("success").and_then(Value::as_bool)
+        {
+            status = Some(ExitInfo::Success(ok));
+        }
+        match object.get("error") {
+            Some(Value::Null) | None => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(Value::Bool(false)) => {}
+            Some(_) => status = Some(ExitInfo::Error),
+        }
+        if status.is_none() && object.get("error").is_some_and(Value::is_null) {
+            status = Some(ExitInfo::Success(true));
+        }
+        if let Some(field) = TEXT_FIELDS.iter().find(|k| object.get(**k).is_some_and(Value::is_string)) {
+            let text = object[*field].as_str().unwrap_or_default().to_owned();
+            return (Shape::JsonField { object, field: (*field).to_owned() }, text, status);
+        }
+        return (Shape::Plain, content.to_owned(), status);
+    }
+    (Shape::Plain, content.to_owned(), None)
+}
+
+fn exit_from_text(text: &str) -> Option<ExitInfo> {
+    if let Some(c) = RETURNCODE.captures(text) {
+        return c[1].parse().ok().map(ExitInfo::Code);
+    }
+    FINISHED.captures_iter(text).last().and_then(|c| c[1].parse().ok()).map(ExitInfo::Code)
+}
+
+impl Shape {
+    /// The content with the text replaced, keeping the shape (a JSON object keeps its other keys).
+    pub fn embed(&self, text: &str) -> String {
+        match self {
+            Shape::Plain => text.to_owned(),
+            Shape::JsonField { object, field } => {
+                let mut object = object.clone();
+                object.insert(field.clone(), Value::String(text.to_owned()));
+                serde_json::to_string(&object).expect("a JSON map always serializes")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compact::pack::SuccessSpec;
+
+    fn read(s: &str) -> Outcome {
+        SuccessPolicy::new(&SuccessSpec::default()).read(s)
+    }
+
+    #[test]
+    fn hermes_json_success_and_failure() {
+        let ok = read(r#"{"output": "a\nb", "exit_code": 0, "error": null}"#);
+        assert_eq!(ok.status, Status::Ok);
+        assert_eq!(ok.text, "a\nb");
+        let bad = read(
+            r#"{"output": "Traceback (most recent call last):\n  x\nValueError: nope", "exit_code": 1, "error": null}"#,
+        );
+        assert_eq!(bad.status, Status::Failed { exit: Some(1) });
+        assert_eq!(bad.first_error.as_deref(), Some("ValueError: nope"));
+        let err = read(r#"{"error": "file not found: a.py"}"#);
+        assert_eq!(err.status, Status::Failed { exit: None });
+        assert_eq!(err.first_error.as_deref(), Some("file not found: a.py"));
+        let read_file = read(r#"{"content": "1|x", "total_lines": 1}"#);
+        assert_eq!(read_file.status, Status::Ok);
+        assert!(matches!(read_file.shape, Shape::JsonField { ref field, .. } if field == "content"));
+    }
+
+    #[test]
+    fn returncode_and_openhands_exit() {
+        assert_eq!(read("<returncode>0</returncode>\n<output>\nerror: x\n</output>").status, Status::Ok);
+        assert_eq!(read("<returncode>2</returncode>\n<output>\n</output>").status, Status::Failed { exit: Some(2) });
+        assert_eq!(read("ok\n[Command finished with exit code 1]").status, Status::Failed { exit: Some(1) });
+        assert_eq!(read("ok\n[Command finished with exit code 0]").status, Status::Ok);
+    }
+
+    #[test]
+    fn text_patterns_decide_without_status() {
+        assert_eq!(read("all good").status, Status::Ok);
+        let r = read("running\nthread 'main' panicked at src/x.rs:3:5\nbye");
+        assert_eq!(r.status, Status::Failed { exit: None });
+        assert_eq!(r.first_error.as_deref(), Some("thread 'main' panicked at src/x.rs:3:5"));
+    }
+
+    #[test]
+    fn embed_keeps_other_json_keys() {
+        let r = read(r#"{"output": "long", "exit_code": 0, "error": null}"#);
+        assert_eq!(r.shape.embed("short"), r#"{"output":"short","exit_code":0,"error":null}"#);
+    }
+}

@@ -1,0 +1,447 @@
+//! Structural maps of source files: the definitions (functions, types, impls, classes…) with their
+//! 1-based line ranges, chosen by file extension. A careful line scanner, not a parser: braces are
+//! counted outside strings and comments (Rust, Go, Java, JS/TS, C/C++), indentation is tracked for
+//! Python. Line-numbered views (`cat -n`, Hermes' `12|code`) keep their real line numbers.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// A language family the scanner knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    Rust,
+    Python,
+    Script,
+    Go,
+    Java,
+    C,
+}
+
+impl Language {
+    /// The language of a path, by extension.
+    pub fn of_path(path: &str) -> Option<Language> {
+        let ext = path.rsplit_once('.')?.1.to_ascii_lowercase();
+        Some(match ext.as_str() {
+            "rs" => Language::Rust,
+            "py" | "pyi" => Language::Python,
+            "js" | "jsx" | "mjs" | "cjs" | "ts" | "tsx" | "mts" | "cts" => Language::Script,
+            "go" => Language::Go,
+            "java" | "kt" | "scala" | "cs" => Language::Java,
+            "c" | "h" | "cc" | "cpp" | "cxx" | "hpp" | "hh" | "hxx" => Language::C,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Rust => "rust",
+            Language::Python => "python",
+            Language::Script => "javascript/typescript",
+            Language::Go => "go",
+            Language::Java => "java",
+            Language::C => "c/c++",
+        }
+    }
+}
+
+/// One definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// 0 = top level.
+    pub depth: usize,
+    pub start: usize,
+    pub end: usize,
+    pub signature: String,
+}
+
+static NUMBERED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*(\d+)(?:\t|\|)(.*)$").expect("static regex"));
+
+/// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
+pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let numbered = lines.iter().filter(|l| NUMBERED.is_match(l)).count();
+    if numbered * 10 >= lines.len() * 6 && numbered > 0 {
+        return lines
+            .iter()
+            .filter_map(|l| {
+                let c = NUMBERED.captures(l)?;
+                let n = c[1].parse().ok()?;
+                Some((n, c.get(2).map_or("", |m| m.as_str())))
+            })
+            .collect();
+    }
+    // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
+    let mut start = 0;
+    if lines.first().is_some_and(|l| l.trim_start().starts_with("<returncode>"))
+        && let Some(pos) = lines.iter().position(|l| l.trim() == "<output>")
+    {
+        start = pos + 1;
+    }
+    let mut end = lines.len();
+    if start > 0 && lines.last().is_some_and(|l| l.trim() == "</output>") {
+        end -= 1;
+    }
+    lines[start..end.max(start)].iter().enumerate().map(|(i, l)| (i + 1, *l)).collect()
+}
+
+/// The definitions of a source text, or `None` when the language is unknown.
+pub fn outline(language: Language, text: &str, max_depth: usize) -> Vec<Entry> {
+    let lines = numbered_lines(text);
+    let mut entries = match language {
+        Language::Python => python(&lines),
+        other => braces(other, &lines),
+    };
+    entries.retain(|e| e.depth < max_depth);
+    entries.sort_by_key(|e| (e.start, e.depth));
+    entries
+}
+
+fn signature(line: &str) -> String {
+    let s = line.trim();
+    let s = s.split('{').next().unwrap_or(s).trim_end();
+    let s = s.strip_suffix(':').unwrap_or(s).trim_end();
+    super::markers::shorten(s, 100)
+}
+
+static PY_DEF: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(\s*)(?:async\s+def|def|class)\s+\w+").expect("static regex"));
+
+fn indent_of(line: &str) -> usize {
+    line.chars().take_while(|c| c.is_whitespace()).map(|c| if c == '\t' { 4 } else { 1 }).sum()
+}
+
+fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
+    let mut out: Vec<Entry> = Vec::new();
+    let mut open: Vec<(usize, usize)> = Vec::new(); // (index in out, indent)
+    let mut last_code = 0;
+    let mut in_string: Option<&str> = None;
+    for &(num, line) in lines {
+        let trimmed = line.trim();
+        if let Some(q) = in_string {
+            if trimmed.matches(q).count() % 2 == 1 {
+                in_string = None;
+            }
+            last_code = num;
+            continue;
+        }
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = indent_of(line);
+        while let Some(&(i, ind)) = open.last() {
+            if indent <= ind {
+                out[i].end = last_code.max(out[i].start);
+                open.pop();
+            } else {
+                break;
+            }
+        }
+        if PY_DEF.is_match(line) {
+            out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
+            open.push((out.len() - 1, indent));
+        }
+        for q in ["\"\"\"", "'''"] {
+            if trimmed.matches(q).count() % 2 == 1 {
+                in_string = Some(q);
+                break;
+            }
+        }
+        last_code = num;
+    }
+    for (i, _) in open {
+        out[i].end = last_code.max(out[i].start);
+    }
+    out
+}
+
+static RUST_DEF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:(?:default|async|const|unsafe|extern(?:\s+"[^"]*")?)\s+)*(?:fn|struct|enum|trait|impl|mod|union|macro_rules!)[\s<!]"#)
+        .expect("static regex")
+});
+static GO_DEF: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(?:func\s|type\s+\w+\s+(?:struct|interface)\b)").expect("static regex"));
+static JAVA_TYPE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s*(?:@\w+\s+)*(?:(?:public|private|protected|internal|static|final|abstract|sealed|open|data|strictfp|partial)\s+)*(?:class|interface|enum|record|object|struct|@interface)\s+\w+")
+        .expect("static regex")
+});
+static JAVA_METHOD: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s*(?:@\w+\s+)*(?:(?:public|private|protected|internal|static|final|abstract|synchronized|native|default|override|virtual|async)\s+)*(?:<[^>]+>\s+)?[\w<>\[\],.?]+(?:\s*<[^>]*>)?\s+\w+\s*\([^;]*$")
+        .expect("static regex")
+});
+static SCRIPT_DEF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s*(?:export\s+)?(?:default\s+)?(?:declare\s+)?(?:abstract\s+)?(?:async\s+)?(?:function\*?\s*\w*\s*[(<]|class\s+\w+|interface\s+\w+|enum\s+\w+|namespace\s+\w+|(?:const|let|var)\s+\w+\s*(?::[^=]+)?=\s*(?:async\s+)?(?:function\b|\([^)]*\)\s*(?::[^=]+)?=>|\w+\s*=>))")
+        .expect("static regex")
+});
+static SCRIPT_METHOD: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s+(?:(?:public|private|protected|static|async|readonly|get|set|override)\s+)*\*?\w+\s*(?:<[^>]*>)?\s*\([^;]*\)\s*(?::\s*[^{;=]+)?\{\s*$")
+        .expect("static regex")
+});
+static C_TYPE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"^\s*(?:typedef\s+)?(?:template\s*<[^>]*>\s*)?(?:struct|class|enum(?:\s+class)?|union|namespace)\s+\w+[^;]*$",
+    )
+    .expect("static regex")
+});
+static C_FUNC: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?:\s{0,4})(?:[\w:*&<>,~]+\s+)+[*&]*~?[\w:]+\s*\([^;]*(?:\)\s*;)?\s*$").expect("static regex")
+});
+static KEYWORD_START: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s*(?:if|else|for|while|switch|return|case|do|catch|try|new|throw|sizeof|await|yield|delete|using|goto|import|package|#)\b")
+        .expect("static regex")
+});
+
+fn is_definition(language: Language, line: &str) -> bool {
+    match language {
+        Language::Rust => RUST_DEF.is_match(line),
+        Language::Go => GO_DEF.is_match(line),
+        Language::Java => JAVA_TYPE.is_match(line) || (!KEYWORD_START.is_match(line) && JAVA_METHOD.is_match(line)),
+        Language::Script => {
+            SCRIPT_DEF.is_match(line) || (!KEYWORD_START.is_match(line) && SCRIPT_METHOD.is_match(line))
+        }
+        Language::C => {
+            C_TYPE.is_match(line) || (!KEYWORD_START.is_match(line) && !line.contains('=') && C_FUNC.is_match(line))
+        }
+        Language::Python => false,
+    }
+}
+
+/// Remove string/char literals and comments from a line; `in_block` carries `/* … */` across lines.
+fn clean(language: Language, line: &str, in_block: &mut bool) -> String {
+    let mut out = String::with_capacity(line.len());
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if *in_block {
+            if bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/') {
+                *in_block = false;
+                i += 2;
+            } else {
+                i += 1;
+            }
+            continue;
+        }
+        let b = bytes[i];
+        match b {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => break,
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                *in_block = true;
+                i += 2;
+            }
+            b'"' | b'`' => {
+                let quote = b;
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                out.push_str("\"\"");
+            }
+            b'\'' if language == Language::Script => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'\'' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                out.push_str("''");
+            }
+            b'\'' => {
+                // A char literal ('x', '\n', '{'); a Rust lifetime ('a) is left alone.
+                let close = if bytes.get(i + 1) == Some(&b'\\') { i + 3 } else { i + 2 };
+                if bytes.get(close) == Some(&b'\'') {
+                    i = close + 1;
+                    out.push_str("' '");
+                } else {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+            _ => {
+                // Copy one UTF-8 char.
+                let len = utf8_len(b);
+                out.push_str(std::str::from_utf8(&bytes[i..(i + len).min(bytes.len())]).unwrap_or(""));
+                i += len;
+            }
+        }
+    }
+    out
+}
+
+fn utf8_len(first: u8) -> usize {
+    match first {
+        0x00..=0x7f => 1,
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        _ => 4,
+    }
+}
+
+fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
+    let mut out: Vec<Entry> = Vec::new();
+    let mut open: Vec<(usize, i64)> = Vec::new(); // (index in out, depth before its `{`)
+    let mut pending: Option<(usize, i64, usize)> = None; // (index in out, depth, lines waited)
+    let mut depth: i64 = 0;
+    let mut in_block = false;
+    for &(num, line) in lines {
+        let cleaned = clean(language, line, &mut in_block);
+        if pending.is_none() && !cleaned.trim().is_empty() && is_definition(language, &cleaned) {
+            out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
+            pending = Some((out.len() - 1, depth, 0));
+        }
+        for c in cleaned.chars() {
+            match c {
+                '{' => {
+                    if let Some((i, d, _)) = pending
+                        && d == depth
+                    {
+                        open.push((i, d));
+                        pending = None;
+                    }
+                    depth += 1;
+                }
+                '}' => {
+                    depth -= 1;
+                    while let Some(&(i, d)) = open.last() {
+                        if depth <= d {
+                            out[i].end = num;
+                            open.pop();
+                        } else {
+                            break;
+                        }
+                    }
+                }
+                ';' => {
+                    if let Some((i, d, _)) = pending
+                        && d == depth
+                    {
+                        out[i].end = num;
+                        pending = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some((i, d, waited)) = pending {
+            if waited >= 6 {
+                // No body and no `;` soon after: not a definition.
+                out.remove(i);
+                pending = None;
+            } else {
+                pending = Some((i, d, waited + 1));
+            }
+        }
+    }
+    if let Some((i, _, _)) = pending {
+        out.remove(i);
+    }
+    let last = lines.last().map_or(0, |l| l.0);
+    for (i, _) in open {
+        out[i].end = last;
+    }
+    out
+}
+
+/// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
+pub fn render(entries: &[Entry], max_entries: usize) -> String {
+    let mut out = String::new();
+    for e in entries.iter().take(max_entries) {
+        let range = if e.start == e.end { e.start.to_string() } else { format!("{}-{}", e.start, e.end) };
+        out.push_str(&"  ".repeat(e.depth + 1));
+        out.push_str(&range);
+        out.push_str("  ");
+        out.push_str(&e.signature);
+        out.push('\n');
+    }
+    if entries.len() > max_entries {
+        out.push_str(&format!("  … {} more definitions\n", entries.len() - max_entries));
+    }
+    out.trim_end().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(language: Language, text: &str) -> Vec<(usize, usize, usize, String)> {
+        outline(language, text, 3).into_iter().map(|e| (e.depth, e.start, e.end, e.signature)).collect()
+    }
+
+    #[test]
+    fn rust_items_with_nesting_and_tricky_literals() {
+        let src = "use x;\n\npub struct A { a: u32 }\n\nimpl A {\n    pub fn new() -> Self {\n        let s = \"}\";\n        let c = '{';\n        A { a: 1 }\n    }\n\n    fn get<'a>(&'a self) -> &'a u32 {\n        &self.a\n    }\n}\n\n// fn commented() {}\nfn main() {}\n";
+        assert_eq!(
+            ranges(Language::Rust, src),
+            vec![
+                (0, 3, 3, "pub struct A".into()),
+                (0, 5, 15, "impl A".into()),
+                (1, 6, 10, "pub fn new() -> Self".into()),
+                (1, 12, 14, "fn get<'a>(&'a self) -> &'a u32".into()),
+                (0, 18, 18, "fn main()".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn python_indentation_and_docstrings() {
+        let src = "import os\n\nclass A:\n    \"\"\"Doc.\n\nnot code\n\"\"\"\n    def f(self):\n        return 1\n\n    async def g(self):\n        pass\n\ndef top():\n    x = 1\n";
+        assert_eq!(
+            ranges(Language::Python, src),
+            vec![
+                (0, 3, 12, "class A".into()),
+                (1, 8, 9, "def f(self)".into()),
+                (1, 11, 12, "async def g(self)".into()),
+                (0, 14, 15, "def top()".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn numbered_views_keep_real_line_numbers() {
+        let cat_n =
+            "Here's the result of running `cat -n` on /w/a.py:\n    40\tdef f():\n    41\t    return 1\n    42\t\n";
+        assert_eq!(ranges(Language::Python, cat_n), vec![(0, 40, 41, "def f()".into())]);
+        let hermes = "1|def greet(name):\n2|    return name\n3|";
+        assert_eq!(ranges(Language::Python, hermes), vec![(0, 1, 2, "def greet(name)".into())]);
+    }
+
+    #[test]
+    fn go_java_script_and_c() {
+        let go = "package main\n\ntype S struct {\n\tA int\n}\n\nfunc (s *S) Run() error {\n\tif x {\n\t}\n\treturn nil\n}\n";
+        assert_eq!(
+            ranges(Language::Go, go),
+            vec![(0, 3, 5, "type S struct".into()), (0, 7, 11, "func (s *S) Run() error".into())]
+        );
+        let java = "public class A {\n    private int x;\n    public int get(int y) {\n        if (y) { return 1; }\n        return x;\n    }\n}\n";
+        assert_eq!(
+            ranges(Language::Java, java),
+            vec![(0, 1, 7, "public class A".into()), (1, 3, 6, "public int get(int y)".into())]
+        );
+        let ts = "export function f(a: string): number {\n  return 1;\n}\nexport const g = (x) => {\n  return '}';\n};\nclass C {\n  m(x) {\n    if (x) {\n    }\n  }\n}\n";
+        assert_eq!(
+            ranges(Language::Script, ts),
+            vec![
+                (0, 1, 3, "export function f(a: string): number".into()),
+                (0, 4, 6, "export const g = (x) =>".into()),
+                (0, 7, 12, "class C".into()),
+                (1, 8, 11, "m(x)".into()),
+            ]
+        );
+        let c = "#include <x.h>\nstatic int add(int a, int b)\n{\n    return a + b;\n}\nint proto(void);\nstruct P {\n  int x;\n};\n";
+        assert_eq!(
+            ranges(Language::C, c),
+            vec![
+                (0, 2, 5, "static int add(int a, int b)".into()),
+                (0, 6, 6, "int proto(void);".into()),
+                (0, 7, 9, "struct P".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn languages_by_extension() {
+        assert_eq!(Language::of_path("src/a.RS"), Some(Language::Rust));
+        assert_eq!(Language::of_path("a.tsx"), Some(Language::Script));
+        assert_eq!(Language::of_path("Makefile"), None);
+        assert_eq!(Language::of_path("notes.md"), None);
+    }
+}

@@ -1,0 +1,740 @@
+//! Rule packs: the strict YAML schema of `rules/*.yaml`, the built-in packs, deep-merging the
+//! config's `compaction.rules` overrides onto a pack, and validation that reports every problem.
+//!
+//! The schema is strict (`deny_unknown_fields` everywhere) and every field has a default, so an
+//! override only names what it changes. Structural errors come from serde (the first one, with its
+//! path); [`RulesSpec::validate`] then lists every semantic problem (bad regex, out-of-range number,
+//! unknown placeholder, a rule that would touch user messages) with its dotted path.
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::Problem;
+
+/// The built-in packs, embedded in the binary.
+pub const BUILTIN_PACKS: &[(&str, &str)] = &[
+    ("default", include_str!("../../rules/default.yaml")),
+    ("hermes", include_str!("../../rules/hermes.yaml")),
+    ("openai", include_str!("../../rules/openai.yaml")),
+];
+
+/// A rule pack file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pack {
+    /// Short name shown in reports.
+    pub name: String,
+    /// What the pack is for.
+    pub description: String,
+    pub rules: RulesSpec,
+}
+
+/// Every rule's switch and parameters. The order in which rules run is fixed (see `docs/engine.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RulesSpec {
+    /// Turns at the end that are never touched: the tail starts at the N-th last assistant message.
+    pub protect_last_turns: u32,
+    /// How a tool result's success is read.
+    pub success: SuccessSpec,
+    /// Argument names tried, in order, for a call's key argument shown in markers.
+    pub key_arguments: Vec<String>,
+    pub custom: Vec<CustomRule>,
+    pub retry_pruning: MarkerRule,
+    pub loops: LoopRule,
+    pub duplicates: DuplicateRule,
+    pub structure: StructureRule,
+    pub collapse_succeeded: CollapseRule,
+    pub truncate: TruncateRule,
+    pub hard_cap: HardCapRule,
+    pub reasoning: ReasoningRule,
+    pub system_messages: SystemRule,
+    pub consecutive_assistant: Toggle,
+    pub tiers: TierSpec,
+}
+
+impl Default for RulesSpec {
+    fn default() -> Self {
+        RulesSpec {
+            protect_last_turns: 5,
+            success: SuccessSpec::default(),
+            key_arguments: [
+                "path",
+                "file_path",
+                "filepath",
+                "file",
+                "filename",
+                "file_name",
+                "command",
+                "cmd",
+                "pattern",
+                "query",
+                "url",
+                "code",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            custom: Vec::new(),
+            retry_pruning: MarkerRule {
+                enabled: true,
+                template: "[retried: {call} failed{error}; a later retry succeeded]".into(),
+            },
+            loops: LoopRule::default(),
+            duplicates: DuplicateRule::default(),
+            structure: StructureRule::default(),
+            collapse_succeeded: CollapseRule::default(),
+            truncate: TruncateRule::default(),
+            hard_cap: HardCapRule::default(),
+            reasoning: ReasoningRule::default(),
+            system_messages: SystemRule::default(),
+            consecutive_assistant: Toggle { enabled: true },
+            tiers: TierSpec::default(),
+        }
+    }
+}
+
+/// How success and failure are read from a tool result.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SuccessSpec {
+    /// Regexes that mark a text result as failed when no exit status is present.
+    pub error_patterns: Vec<String>,
+    /// An explicit exit status (`exit_code`, `<returncode>`, `[Command finished with exit code N]`)
+    /// decides success even when the text matches an error pattern (e.g. `grep error` exiting 0).
+    pub trust_exit_code: bool,
+}
+
+impl Default for SuccessSpec {
+    fn default() -> Self {
+        SuccessSpec {
+            error_patterns: [
+                r"Traceback \(most recent call last\)",
+                r"(?m)^\s*(error|ERROR|Error)(\[\w+\])?:",
+                r"(?m)^\w*(Error|Exception): ",
+                r"\bFAILED\b",
+                r"panicked at",
+                r"command not found",
+                r"(?m)^fatal: ",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            trust_exit_code: true,
+        }
+    }
+}
+
+/// A rule with only a switch.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Toggle {
+    pub enabled: bool,
+}
+
+impl Default for Toggle {
+    fn default() -> Self {
+        Toggle { enabled: true }
+    }
+}
+
+/// A rule whose output is one marker line.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MarkerRule {
+    pub enabled: bool,
+    pub template: String,
+}
+
+impl Default for MarkerRule {
+    fn default() -> Self {
+        MarkerRule { enabled: true, template: String::new() }
+    }
+}
+
+/// The same call (tool and arguments) made `min_repeats` times or more.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoopRule {
+    pub enabled: bool,
+    pub min_repeats: u32,
+    pub template: String,
+}
+
+impl Default for LoopRule {
+    fn default() -> Self {
+        LoopRule {
+            enabled: true,
+            min_repeats: 3,
+            template: "[pare: repeated call {k} of {total}: {call} → {status}, {chars} chars; see the latest result]"
+                .into(),
+        }
+    }
+}
+
+/// The same output seen again later: the older copy points to the newer one.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DuplicateRule {
+    pub enabled: bool,
+    /// Outputs shorter than this are left alone (the pointer would not be much shorter).
+    pub min_chars: usize,
+    pub template: String,
+}
+
+impl Default for DuplicateRule {
+    fn default() -> Self {
+        DuplicateRule {
+            enabled: true,
+            min_chars: 200,
+            template: "[pare: output of {call} ({chars} chars) identical to the later result of call {later_id}]"
+                .into(),
+        }
+    }
+}
+
+/// Large successful reads of source files become a map of their definitions.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StructureRule {
+    pub enabled: bool,
+    /// Reads shorter than this are left to the other rules.
+    pub min_chars: usize,
+    /// Largest number of definitions listed.
+    pub max_entries: usize,
+    /// Deepest nesting listed (1 = top level only).
+    pub max_depth: usize,
+    pub template: String,
+}
+
+impl Default for StructureRule {
+    fn default() -> Self {
+        StructureRule {
+            enabled: true,
+            min_chars: 2000,
+            max_entries: 150,
+            max_depth: 2,
+            template:
+                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details)]"
+                    .into(),
+        }
+    }
+}
+
+/// Rule 1 of the spec.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CollapseRule {
+    pub enabled: bool,
+    /// Results shorter than this are left alone.
+    pub min_chars: usize,
+    /// Tool names (regexes, whole name) never collapsed.
+    pub except_tools: Vec<String>,
+    pub template: String,
+}
+
+impl Default for CollapseRule {
+    fn default() -> Self {
+        CollapseRule {
+            enabled: true,
+            min_chars: 0,
+            except_tools: Vec::new(),
+            template: "[tool: {call} → {status}, {chars} chars, {lines} lines{files}]".into(),
+        }
+    }
+}
+
+/// Rule 2 of the spec.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TruncateRule {
+    pub enabled: bool,
+    pub max_chars: usize,
+    pub head_lines: usize,
+    pub tail_lines: usize,
+    /// The line put between head and tail.
+    pub template: String,
+}
+
+impl Default for TruncateRule {
+    fn default() -> Self {
+        TruncateRule {
+            enabled: true,
+            max_chars: 500,
+            head_lines: 10,
+            tail_lines: 5,
+            template: "[...truncated {n} lines...]".into(),
+        }
+    }
+}
+
+/// A hard cap on one tool result, in characters (for outputs with few, very long lines).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HardCapRule {
+    pub enabled: bool,
+    pub max_chars: usize,
+    pub template: String,
+}
+
+impl Default for HardCapRule {
+    fn default() -> Self {
+        HardCapRule { enabled: true, max_chars: 4000, template: "[pare: …truncated {n} chars…]".into() }
+    }
+}
+
+/// Old reasoning: `reasoning_content`, `reasoning`, thinking parts and `<think>` blocks.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReasoningRule {
+    pub enabled: bool,
+    /// Also remove `<think>…</think>` blocks at the start of assistant text.
+    pub think_tags: bool,
+}
+
+impl Default for ReasoningRule {
+    fn default() -> Self {
+        ReasoningRule { enabled: true, think_tags: true }
+    }
+}
+
+/// Rule 3 of the spec.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SystemRule {
+    pub enabled: bool,
+    /// Also condense the first system message. Off by default: it is the agent's instructions and
+    /// the start of every prompt cache; replacing it changes the model's behaviour and the cache.
+    pub replace_first: bool,
+    pub template: String,
+}
+
+impl Default for SystemRule {
+    fn default() -> Self {
+        SystemRule { enabled: true, replace_first: false, template: "[system prompt: {summary}]".into() }
+    }
+}
+
+/// What a user-defined rule does to a matched message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CustomAction {
+    /// Leave it alone: no later rule and no tier compression touches it (elision still may).
+    Keep,
+    /// Keep `head` first and `tail` last lines.
+    Truncate,
+    /// Replace by `template`.
+    Marker,
+    /// Replace by an empty string.
+    Clear,
+}
+
+/// Which messages a user-defined rule applies to. Every given condition must hold.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CustomMatch {
+    /// `tool`, `assistant` or `system` (user messages are never touched).
+    pub role: Option<String>,
+    /// Regex over the whole tool name (tool results and assistant calls).
+    pub tool: Option<String>,
+    /// Regex searched in the call's raw arguments.
+    pub arguments: Option<String>,
+    /// Regex searched in the content text.
+    pub content: Option<String>,
+    pub min_chars: Option<usize>,
+    pub max_chars: Option<usize>,
+    /// `ok`, `failed` or `any` (tool results).
+    pub status: Option<String>,
+}
+
+/// A user-defined rule.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomRule {
+    pub name: String,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(rename = "match", default)]
+    pub matches: CustomMatch,
+    pub action: CustomAction,
+    #[serde(default = "ten")]
+    pub head: usize,
+    #[serde(default = "five")]
+    pub tail: usize,
+    #[serde(default)]
+    pub template: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn ten() -> usize {
+    10
+}
+fn five() -> usize {
+    5
+}
+
+/// How each salience tier is compressed (used only when a token target is given).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TierSpec {
+    /// Recent tier: results over `light_max_chars` keep `light_head` + `light_tail` lines.
+    pub light_max_chars: usize,
+    pub light_head: usize,
+    pub light_tail: usize,
+    /// Summary tier: results become this marker; assistant text is cut to `heavy_text_chars`.
+    pub heavy_template: String,
+    pub heavy_text_chars: usize,
+    /// Background tier: results become this marker; assistant text becomes `facts_text_template`.
+    pub facts_template: String,
+    pub facts_text_template: String,
+    /// One message replacing each run of elided groups.
+    pub elision_template: String,
+}
+
+impl Default for TierSpec {
+    fn default() -> Self {
+        TierSpec {
+            light_max_chars: 300,
+            light_head: 5,
+            light_tail: 3,
+            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}]".into(),
+            heavy_text_chars: 200,
+            facts_template: "[tool: {call} → {status}]".into(),
+            facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
+            elision_template: "[pare: {n} earlier messages elided — {tools}{files}]".into(),
+        }
+    }
+}
+
+/// Prefixes every marker must start with, so that pare recognises its own output (idempotence).
+pub const MARKER_PREFIXES: &[&str] = &["[pare", "[tool:", "[retried:", "[system prompt:", "[...truncated"];
+
+/// A placeholder-bearing template and the placeholders it may use.
+struct TemplateCheck<'a> {
+    path: String,
+    text: &'a str,
+    allowed: &'static [&'static str],
+}
+
+const CALL_FACTS: &[&str] = &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files"];
+
+impl RulesSpec {
+    /// Every semantic problem, each with its dotted path under `rules`.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut push = |path: String, message: String| problems.push(Problem { line: None, path, message });
+        for (i, pattern) in self.success.error_patterns.iter().enumerate() {
+            if let Err(e) = Regex::new(pattern) {
+                push(format!("rules.success.error_patterns.{i}"), format!("bad regex `{pattern}`: {e}"));
+            }
+        }
+        for (i, pattern) in self.collapse_succeeded.except_tools.iter().enumerate() {
+            if let Err(e) = Regex::new(pattern) {
+                push(format!("rules.collapse_succeeded.except_tools.{i}"), format!("bad regex `{pattern}`: {e}"));
+            }
+        }
+        if self.loops.min_repeats < 2 {
+            push("rules.loops.min_repeats".into(), format!("must be at least 2, got {}", self.loops.min_repeats));
+        }
+        if self.truncate.head_lines + self.truncate.tail_lines == 0 {
+            push("rules.truncate.head_lines".into(), "head_lines + tail_lines must be at least 1".into());
+        }
+        if self.hard_cap.max_chars < 100 {
+            push("rules.hard_cap.max_chars".into(), format!("must be at least 100, got {}", self.hard_cap.max_chars));
+        }
+        if self.structure.max_depth == 0 {
+            push("rules.structure.max_depth".into(), "must be at least 1".into());
+        }
+        if self.tiers.light_head + self.tiers.light_tail == 0 {
+            push("rules.tiers.light_head".into(), "light_head + light_tail must be at least 1".into());
+        }
+        let mut seen_names = std::collections::BTreeSet::new();
+        for (i, rule) in self.custom.iter().enumerate() {
+            let at = format!("rules.custom.{i}");
+            if rule.name.trim().is_empty() {
+                push(format!("{at}.name"), "must not be empty".into());
+            } else if !seen_names.insert(rule.name.clone()) {
+                push(format!("{at}.name"), format!("duplicate rule name `{}`", rule.name));
+            }
+            if let Some(role) = &rule.matches.role {
+                match role.as_str() {
+                    "tool" | "assistant" | "system" => {}
+                    "user" => push(format!("{at}.match.role"), "user messages are never touched".into()),
+                    other => push(
+                        format!("{at}.match.role"),
+                        format!("unknown role `{other}` (expected tool, assistant or system)"),
+                    ),
+                }
+            }
+            for (key, pattern) in [
+                ("tool", &rule.matches.tool),
+                ("arguments", &rule.matches.arguments),
+                ("content", &rule.matches.content),
+            ] {
+                if let Some(pattern) = pattern
+                    && let Err(e) = Regex::new(pattern)
+                {
+                    push(format!("{at}.match.{key}"), format!("bad regex `{pattern}`: {e}"));
+                }
+            }
+            if let Some(status) = &rule.matches.status
+                && !matches!(status.as_str(), "ok" | "failed" | "any")
+            {
+                push(format!("{at}.match.status"), format!("unknown status `{status}` (expected ok, failed or any)"));
+            }
+            if let (Some(lo), Some(hi)) = (rule.matches.min_chars, rule.matches.max_chars)
+                && lo > hi
+            {
+                push(format!("{at}.match.min_chars"), format!("min_chars {lo} is larger than max_chars {hi}"));
+            }
+            match rule.action {
+                CustomAction::Marker if rule.template.is_none() => {
+                    push(format!("{at}.template"), "action `marker` needs a template".into())
+                }
+                CustomAction::Truncate if rule.head + rule.tail == 0 => {
+                    push(format!("{at}.head"), "head + tail must be at least 1".into())
+                }
+                _ => {}
+            }
+        }
+        let mut templates = vec![
+            TemplateCheck {
+                path: "rules.retry_pruning.template".into(),
+                text: &self.retry_pruning.template,
+                allowed: CALL_FACTS,
+            },
+            TemplateCheck {
+                path: "rules.loops.template".into(),
+                text: &self.loops.template,
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "k", "total"],
+            },
+            TemplateCheck {
+                path: "rules.duplicates.template".into(),
+                text: &self.duplicates.template,
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "later_id"],
+            },
+            TemplateCheck {
+                path: "rules.structure.template".into(),
+                text: &self.structure.template,
+                allowed: &["tool", "arg", "call", "id", "path", "lines", "chars", "language"],
+            },
+            TemplateCheck {
+                path: "rules.collapse_succeeded.template".into(),
+                text: &self.collapse_succeeded.template,
+                allowed: CALL_FACTS,
+            },
+            TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
+            TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
+            TemplateCheck {
+                path: "rules.system_messages.template".into(),
+                text: &self.system_messages.template,
+                allowed: &["summary", "chars", "lines"],
+            },
+            TemplateCheck {
+                path: "rules.tiers.heavy_template".into(),
+                text: &self.tiers.heavy_template,
+                allowed: CALL_FACTS,
+            },
+            TemplateCheck {
+                path: "rules.tiers.facts_template".into(),
+                text: &self.tiers.facts_template,
+                allowed: CALL_FACTS,
+            },
+            TemplateCheck {
+                path: "rules.tiers.facts_text_template".into(),
+                text: &self.tiers.facts_text_template,
+                allowed: &["chars", "lines"],
+            },
+            TemplateCheck {
+                path: "rules.tiers.elision_template".into(),
+                text: &self.tiers.elision_template,
+                allowed: &["n", "tools", "files"],
+            },
+        ];
+        for (i, rule) in self.custom.iter().enumerate() {
+            if let Some(t) = &rule.template {
+                templates.push(TemplateCheck {
+                    path: format!("rules.custom.{i}.template"),
+                    text: t,
+                    allowed: CALL_FACTS,
+                });
+            }
+        }
+        for t in templates {
+            if !MARKER_PREFIXES.iter().any(|p| t.text.starts_with(p)) {
+                push(
+                    t.path.clone(),
+                    format!(
+                        "template `{}` must start with one of {} so that pare recognises its own markers",
+                        t.text,
+                        MARKER_PREFIXES.join(", ")
+                    ),
+                );
+            }
+            for name in crate::compact::markers::placeholders(t.text) {
+                if !t.allowed.contains(&name) {
+                    push(
+                        t.path.clone(),
+                        format!("unknown placeholder `{{{name}}}` (allowed: {})", t.allowed.join(", ")),
+                    );
+                }
+            }
+        }
+        problems
+    }
+}
+
+/// Why a pack could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("cannot read rule pack {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("rule pack {name} is not valid YAML: {message}")]
+    Yaml { name: String, message: String },
+    #[error("{}", render(.name, .problems))]
+    Invalid { name: String, problems: Vec<Problem> },
+}
+
+fn render(name: &str, problems: &[Problem]) -> String {
+    let mut out = format!("{} problem(s) in rule pack {name}", problems.len());
+    for p in problems {
+        out.push_str(&format!("\n  {}: {}", p.path, p.message));
+    }
+    out
+}
+
+/// The text of a pack named `default|hermes|openai`, or read from a path.
+pub fn pack_text(name_or_path: &str) -> Result<String, PackError> {
+    if let Some((_, text)) = BUILTIN_PACKS.iter().find(|(n, _)| *n == name_or_path) {
+        return Ok((*text).to_owned());
+    }
+    std::fs::read_to_string(name_or_path).map_err(|source| PackError::Read { path: name_or_path.to_owned(), source })
+}
+
+/// Parse a pack's text, deep-merge `overrides` onto its `rules:`, and validate the result.
+pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pack, PackError> {
+    let mut tree: Value =
+        serde_saphyr::from_str(text).map_err(|e| PackError::Yaml { name: name.to_owned(), message: e.to_string() })?;
+    if tree.is_null() {
+        tree = Value::Object(Default::default());
+    }
+    if let Some(overrides) = overrides {
+        let Value::Object(top) = &mut tree else {
+            return Err(PackError::Invalid {
+                name: name.to_owned(),
+                problems: vec![Problem { line: None, path: String::new(), message: "a rule pack is a mapping".into() }],
+            });
+        };
+        let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
+        deep_merge(rules, overrides);
+    }
+    let pack: Pack = serde_path_to_error::deserialize(tree).map_err(|e| PackError::Invalid {
+        name: name.to_owned(),
+        problems: vec![Problem { line: None, path: e.path().to_string(), message: e.inner().to_string() }],
+    })?;
+    let problems = pack.rules.validate();
+    if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name: name.to_owned(), problems }) }
+}
+
+/// Maps merge key by key; anything else (scalars, lists) replaces.
+pub fn deep_merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => deep_merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+/// Validate a rule pack's text for `pare check`: every problem, with its line when the parser
+/// gives one and its dotted path otherwise.
+pub fn check_pack(text: &str) -> Vec<Problem> {
+    let pack: Pack = match serde_saphyr::from_str(text) {
+        Ok(pack) => pack,
+        Err(e) => {
+            let line = e.location().map(|l| l.line());
+            return vec![Problem { line, path: String::new(), message: e.to_string() }];
+        }
+    };
+    pack.rules.validate()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_packs_load_and_validate() {
+        for (name, text) in BUILTIN_PACKS {
+            let pack = load_pack(name, text, None).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&pack.name, name);
+            assert!(check_pack(text).is_empty(), "{name}: {:?}", check_pack(text));
+        }
+    }
+
+    #[test]
+    fn overrides_merge_deeply() {
+        let overrides = serde_json::json!({"truncate": {"max_chars": 900}, "protect_last_turns": 2});
+        let pack = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides)).unwrap();
+        assert_eq!(pack.rules.truncate.max_chars, 900);
+        assert_eq!(pack.rules.truncate.head_lines, 10, "siblings of an override keep the pack's value");
+        assert_eq!(pack.rules.protect_last_turns, 2);
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_path() {
+        let overrides = serde_json::json!({"truncate": {"max_char": 900}});
+        let err = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides)).unwrap_err();
+        let PackError::Invalid { problems, .. } = err else { panic!("expected Invalid, got {err}") };
+        assert_eq!(problems[0].path, "rules.truncate.max_char");
+        assert!(problems[0].message.contains("max_char"), "{}", problems[0].message);
+    }
+
+    #[test]
+    fn every_semantic_problem_is_listed() {
+        let text = r#"
+name: bad
+rules:
+  success:
+    error_patterns: ["(unclosed"]
+  loops:
+    min_repeats: 1
+  collapse_succeeded:
+    template: "done: {call} {nope}"
+  custom:
+    - name: x
+      match: { role: user }
+      action: marker
+"#;
+        let problems = check_pack(text);
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        for want in [
+            "rules.success.error_patterns.0",
+            "rules.loops.min_repeats",
+            "rules.collapse_succeeded.template",
+            "rules.custom.0.match.role",
+            "rules.custom.0.template",
+        ] {
+            assert!(paths.contains(&want), "missing {want} in {paths:?}");
+        }
+        // Both the prefix and the unknown placeholder of the collapse template are reported.
+        assert_eq!(paths.iter().filter(|p| **p == "rules.collapse_succeeded.template").count(), 2);
+    }
+
+    #[test]
+    fn yaml_syntax_error_has_a_line() {
+        let problems = check_pack("name: x\nrules:\n  truncate: [\n");
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].line.is_some(), "{problems:?}");
+    }
+}

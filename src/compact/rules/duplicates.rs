@@ -1,0 +1,43 @@
+//! Duplicate-output folding: a tool output seen again, identical, in a later result (the same file
+//! read twice, the same listing) becomes a pointer to the later call.
+
+use std::collections::HashMap;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::super::Policy;
+use super::super::conversation::Conversation;
+use super::super::edits::Edits;
+use super::super::markers::render;
+use super::super::report::RuleId;
+
+pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
+    let rule = &policy.spec.duplicates;
+    // The last tool message carrying each output (the whole conversation, tail included).
+    let mut last: HashMap<u64, usize> = HashMap::new();
+    let mut hashes: Vec<Option<u64>> = vec![None; conv.msgs.len()];
+    for (idx, outcome) in conv.outcomes.iter().enumerate() {
+        let Some(outcome) = outcome else { continue };
+        let text = outcome.text.trim();
+        if text.len() < rule.min_chars {
+            continue;
+        }
+        let h = xxh3_64(text.as_bytes());
+        hashes[idx] = Some(h);
+        last.insert(h, idx);
+    }
+    for (idx, hash) in hashes.iter().enumerate().take(conv.boundary) {
+        let Some(h) = *hash else { continue };
+        let later = last[&h];
+        if later == idx || !edits.open(idx) {
+            continue;
+        }
+        let later_id = conv.msgs[later].as_ref().and_then(|m| m.tool_call_id.clone()).unwrap_or_default();
+        let facts = conv.facts(idx);
+        let marker = render(&rule.template, &|name| match name {
+            "later_id" => Some(later_id.clone()),
+            other => facts.value(other),
+        });
+        edits.set_marker(conv, idx, RuleId::Duplicates, marker);
+    }
+}

@@ -1,0 +1,78 @@
+//! Structural maps: a large successful read of a source file (by the call's `path` argument, or a
+//! `cat`/`nl`/`head`/`sed -n` command on one file) becomes the list of its definitions with 1-based
+//! line ranges — what the model needs to navigate the file again — instead of its whole body.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use super::super::Policy;
+use super::super::conversation::{Conversation, path_argument};
+use super::super::edits::Edits;
+use super::super::markers::{group_digits, render};
+use super::super::outline::{Language, outline};
+use super::super::report::RuleId;
+
+static READ_COMMAND: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\s*(?:cd\s+\S+\s*&&\s*)?(?:cat(?:\s+-n)?|nl(?:\s+-\w+)*|head(?:\s+-n?\s*\d+)?|sed\s+-n\s+['"]?\d+,\d+p['"]?)\s+['"]?([^\s'"|;&>]+)['"]?\s*$"#)
+        .expect("static regex")
+});
+
+/// The source file a call read, when it is one.
+fn read_path(arguments: &str) -> Option<String> {
+    if let Some(path) = path_argument(arguments) {
+        return Some(path);
+    }
+    let v: serde_json::Value = serde_json::from_str(arguments).ok()?;
+    let command = v.get("command").or_else(|| v.get("cmd"))?.as_str()?;
+    READ_COMMAND.captures(command).map(|c| c[1].to_owned())
+}
+
+pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
+    let rule = &policy.spec.structure;
+    let candidates: Vec<usize> = super::open_results(conv, edits).collect();
+    for idx in candidates {
+        let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
+        if !outcome.status.is_ok() || outcome.text.len() < rule.min_chars {
+            continue;
+        }
+        let Some(call) = conv.call_of_result[idx].map(|c| &conv.calls[c]) else {
+            continue;
+        };
+        let Some(path) = read_path(&call.arguments) else {
+            continue;
+        };
+        let Some(language) = Language::of_path(&path) else {
+            continue;
+        };
+        let entries = outline(language, &outcome.text, rule.max_depth);
+        if entries.is_empty() {
+            continue;
+        }
+        let facts = conv.facts(idx);
+        let header = render(&rule.template, &|name| match name {
+            "path" => Some(path.clone()),
+            "lines" => Some(group_digits(facts.lines)),
+            "chars" => Some(group_digits(facts.chars)),
+            "language" => Some(language.name().to_owned()),
+            other => facts.value(other),
+        });
+        let map = format!("{header}\n{}", super::super::outline::render(&entries, rule.max_entries));
+        if map.len() < outcome.text.len() {
+            edits.set_marker(conv, idx, RuleId::Structure, map);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn read_commands_name_their_file() {
+        assert_eq!(super::read_path(r#"{"path":"/w/a.py","command":"view"}"#).as_deref(), Some("/w/a.py"));
+        assert_eq!(super::read_path(r#"{"command":"cat src/x.rs"}"#).as_deref(), Some("src/x.rs"));
+        assert_eq!(super::read_path(r#"{"command":"nl -ba src/x.rs"}"#).as_deref(), Some("src/x.rs"));
+        assert_eq!(super::read_path(r#"{"command":"sed -n '1,200p' a/b.go"}"#).as_deref(), Some("a/b.go"));
+        assert_eq!(super::read_path(r#"{"command":"cat a.py | grep x"}"#), None);
+        assert_eq!(super::read_path(r#"{"command":"pytest"}"#), None);
+    }
+}

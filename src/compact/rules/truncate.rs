@@ -1,0 +1,104 @@
+//! Spec rule 2 and the hard cap: a large tool output keeps its first and last lines around a
+//! `[...truncated {n} lines...]` line; an output still over the hard cap (few, very long lines) keeps
+//! its first two thirds and last third of the allowed characters around a marker line.
+
+use super::super::Policy;
+use super::super::conversation::Conversation;
+use super::super::edits::Edits;
+use super::super::markers::render;
+use super::super::report::RuleId;
+
+/// `head` first and `tail` last lines with a marker line between, or `None` when there is nothing
+/// to cut.
+pub fn truncate_lines(text: &str, head: usize, tail: usize, template: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.len() <= head + tail + 1 {
+        return None;
+    }
+    let cut = lines.len() - head - tail;
+    let marker = render(template, &|name| (name == "n").then(|| cut.to_string()));
+    let mut out = String::with_capacity(text.len().min(4096));
+    for line in &lines[..head] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&marker);
+    for line in &lines[lines.len() - tail..] {
+        out.push('\n');
+        out.push_str(line);
+    }
+    Some(out)
+}
+
+pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
+    let rule = &policy.spec.truncate;
+    let candidates: Vec<usize> = super::open_results(conv, edits).collect();
+    for idx in candidates {
+        let text = edits.current_text(conv, idx);
+        if text.chars().count() <= rule.max_chars {
+            continue;
+        }
+        if let Some(short) = truncate_lines(&text, rule.head_lines, rule.tail_lines, &rule.template) {
+            edits.set_text(conv, idx, RuleId::Truncate, short, true);
+        }
+    }
+}
+
+/// Keep `max_chars` at most: the first two thirds and the last third of the budget.
+pub fn cap_chars(text: &str, max_chars: usize, template: &str) -> Option<String> {
+    let n = text.chars().count();
+    if n <= max_chars {
+        return None;
+    }
+    let budget = max_chars.saturating_sub(template.chars().count() + 16);
+    let head = budget * 2 / 3;
+    let tail = budget - head;
+    let cut = n - head - tail;
+    let marker = render(template, &|name| (name == "n").then(|| cut.to_string()));
+    let head_end = text.char_indices().nth(head).map(|(i, _)| i).unwrap_or(text.len());
+    let tail_start = text.char_indices().nth(n - tail).map(|(i, _)| i).unwrap_or(text.len());
+    Some(format!("{}\n{marker}\n{}", &text[..head_end], &text[tail_start..]))
+}
+
+pub fn apply_hard_cap(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
+    let rule = &policy.spec.hard_cap;
+    for idx in 0..conv.boundary {
+        // Truncation leaves a result open to the cap; a marker or a kept result is never capped.
+        if conv.outcomes[idx].is_none() || edits.kept[idx] || edits.claimed[idx] || edits.dropped[idx] {
+            continue;
+        }
+        if edits.compacted[idx] && edits.text[idx].is_none() {
+            continue;
+        }
+        let text = edits.current_text(conv, idx);
+        if let Some(short) = cap_chars(&text, rule.max_chars, &rule.template) {
+            edits.set_text(conv, idx, RuleId::HardCap, short, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_head_and_tail_lines() {
+        let text: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+        let out = truncate_lines(&text, 10, 5, "[...truncated {n} lines...]").unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 16);
+        assert_eq!(lines[9], "line 10");
+        assert_eq!(lines[10], "[...truncated 15 lines...]");
+        assert_eq!(lines[15], "line 30");
+        assert_eq!(truncate_lines("a\nb\nc", 1, 1, "[...truncated {n} lines...]"), None);
+    }
+
+    #[test]
+    fn cap_respects_the_limit_and_char_boundaries() {
+        let text = "é".repeat(10_000);
+        let out = cap_chars(&text, 1000, "[pare: …truncated {n} chars…]").unwrap();
+        assert!(out.chars().count() <= 1000, "{}", out.chars().count());
+        assert!(out.contains("\n[pare: …truncated "));
+        assert_eq!(cap_chars("short", 1000, "[pare: x {n}]"), None);
+    }
+}

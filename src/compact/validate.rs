@@ -1,0 +1,127 @@
+//! Invariant 1 of MISSION.md: every assistant `tool_calls[].id` is answered by a `role: tool`
+//! message before the next non-tool message, no tool message answers a call that is not open, and
+//! parallel calls are answered all-or-none. Checked on the input (an invalid input is forwarded
+//! unchanged: pare does not repair what it did not break) and on every output.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The part of a message invariant 1 is about.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Skeleton {
+    #[serde(default)]
+    pub role: String,
+    #[serde(default, deserialize_with = "call_ids")]
+    pub tool_calls: Vec<String>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct IdOnly {
+    #[serde(default)]
+    id: Option<String>,
+}
+
+fn call_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let calls: Option<Vec<IdOnly>> = Option::deserialize(d)?;
+    Ok(calls.unwrap_or_default().into_iter().map(|c| c.id.unwrap_or_default()).collect())
+}
+
+impl Skeleton {
+    /// The skeleton of a raw message; a message that is not an object of this shape has none.
+    pub fn of(raw: &str) -> Option<Skeleton> {
+        serde_json::from_str(raw).ok()
+    }
+
+    pub fn of_raw(raw: &RawValue) -> Option<Skeleton> {
+        Skeleton::of(raw.get())
+    }
+}
+
+/// Why a `messages` array breaks invariant 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("message {idx} is not a chat message object")]
+    NotAMessage { idx: usize },
+    #[error("assistant message {idx} has a tool call without an id")]
+    EmptyCallId { idx: usize },
+    #[error("assistant message {idx} repeats tool call id `{id}`")]
+    DuplicateCallId { idx: usize, id: String },
+    #[error("tool message {idx} answers `{id}`, which is not an open call")]
+    OrphanResult { idx: usize, id: String },
+    #[error("tool call `{id}` of assistant message {call_idx} has no answer before message {idx}")]
+    Unanswered { call_idx: usize, id: String, idx: usize },
+}
+
+/// Check invariant 1 over a sequence of skeletons (`None` = not a message object).
+pub fn check(messages: &[Option<Skeleton>]) -> Result<(), Violation> {
+    let mut open: Vec<&str> = Vec::new();
+    let mut open_from = 0;
+    for (idx, m) in messages.iter().enumerate() {
+        let m = m.as_ref().ok_or(Violation::NotAMessage { idx })?;
+        if m.role == "tool" {
+            let id = m.tool_call_id.as_deref().unwrap_or("");
+            match open.iter().position(|o| *o == id) {
+                Some(pos) => {
+                    open.swap_remove(pos);
+                }
+                None => {
+                    return Err(Violation::OrphanResult { idx, id: id.to_owned() });
+                }
+            }
+            continue;
+        }
+        if let Some(id) = open.first() {
+            return Err(Violation::Unanswered { call_idx: open_from, id: (*id).to_owned(), idx });
+        }
+        if m.role == "assistant" && !m.tool_calls.is_empty() {
+            for (j, id) in m.tool_calls.iter().enumerate() {
+                if id.is_empty() {
+                    return Err(Violation::EmptyCallId { idx });
+                }
+                if m.tool_calls[..j].contains(id) {
+                    return Err(Violation::DuplicateCallId { idx, id: id.clone() });
+                }
+            }
+            open = m.tool_calls.iter().map(String::as_str).collect();
+            open_from = idx;
+        }
+    }
+    if let Some(id) = open.first() {
+        return Err(Violation::Unanswered { call_idx: open_from, id: (*id).to_owned(), idx: messages.len() });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn skel(list: &[&str]) -> Vec<Option<Skeleton>> {
+        list.iter().map(|s| Skeleton::of(s)).collect()
+    }
+
+    const CALL2: &str = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}},{"id":"b","function":{"name":"g","arguments":"{}"}}]}"#;
+    const RES_A: &str = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
+    const RES_B: &str = r#"{"role":"tool","tool_call_id":"b","content":"y"}"#;
+    const USER: &str = r#"{"role":"user","content":"hi"}"#;
+
+    #[test]
+    fn parallel_calls_answered_in_any_order_are_valid() {
+        assert_eq!(check(&skel(&[USER, CALL2, RES_B, RES_A, USER])), Ok(()));
+    }
+
+    #[test]
+    fn partial_answer_is_refused() {
+        assert!(matches!(check(&skel(&[USER, CALL2, RES_A, USER])), Err(Violation::Unanswered { call_idx: 1, .. })));
+        assert!(matches!(check(&skel(&[USER, CALL2, RES_A])), Err(Violation::Unanswered { .. })));
+    }
+
+    #[test]
+    fn orphan_and_duplicate_results_are_refused() {
+        assert!(matches!(check(&skel(&[USER, RES_A])), Err(Violation::OrphanResult { idx: 1, .. })));
+        assert!(matches!(check(&skel(&[CALL2, RES_A, RES_A, RES_B])), Err(Violation::OrphanResult { idx: 2, .. })));
+        assert!(matches!(check(&skel(&[USER, "42"])), Err(Violation::NotAMessage { idx: 1 })));
+    }
+}

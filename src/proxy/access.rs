@@ -1,0 +1,72 @@
+//! The one log line per request: what was asked, what came back, how long the upstream took and how
+//! long pare itself took, and what compaction did.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use crate::pipeline::{CompactionSummary, StreamEnd};
+
+/// Everything the access line reports, filled in as the exchange progresses.
+#[derive(Debug)]
+pub struct AccessLog {
+    pub method: Method,
+    /// The path only: query strings may carry keys.
+    pub path: String,
+    pub started: Instant,
+    pub status: u16,
+    /// Upstream dispatch → response headers.
+    pub upstream: Option<Duration>,
+    /// Time pare itself spent on the request (after the body was read, before dispatch; and on the
+    /// response head).
+    pub pare: Duration,
+    pub summary: Option<CompactionSummary>,
+    pub session: Option<String>,
+    /// Why compaction did not apply, when it did not.
+    pub skipped: Option<String>,
+    pub bytes_out: u64,
+}
+
+impl AccessLog {
+    pub fn new(method: Method, path: &str, started: Instant) -> AccessLog {
+        AccessLog {
+            method,
+            path: path.to_owned(),
+            started,
+            status: 0,
+            upstream: None,
+            pare: Duration::ZERO,
+            summary: None,
+            session: None,
+            skipped: None,
+            bytes_out: 0,
+        }
+    }
+
+    /// Emit the line; `end` says how the response body ended.
+    pub fn emit(self, end: &StreamEnd) {
+        let end_text = match end {
+            StreamEnd::Complete => "complete".to_owned(),
+            StreamEnd::ClientGone => "client_gone".to_owned(),
+            StreamEnd::UpstreamError(e) => format!("upstream_error: {e}"),
+            StreamEnd::NoResponse(e) => format!("no_response: {e}"),
+        };
+        tracing::info!(
+            target: "pare::access",
+            method = %self.method,
+            path = %self.path,
+            status = self.status,
+            upstream_ms = self.upstream.map(|d| d.as_secs_f64() * 1e3),
+            pare_us = self.pare.as_micros() as u64,
+            total_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            bytes_out = self.bytes_out,
+            tokens_raw = self.summary.as_ref().map(|s| s.tokens_raw),
+            tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
+            epoch = self.summary.as_ref().map(|s| s.epoch),
+            session = self.session.as_deref(),
+            skipped = self.skipped.as_deref(),
+            end = %end_text,
+            "request"
+        );
+    }
+}

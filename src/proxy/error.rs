@@ -1,0 +1,164 @@
+//! Errors pare itself answers with, in the OpenAI error shape, each naming who failed: the client,
+//! the upstream or pare.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// Who is at fault for a failed exchange (decides the status and the error `type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Culprit {
+    Client,
+    Upstream,
+    Pare,
+}
+
+/// An exchange pare could not complete; turned into an OpenAI-shaped error response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("request body of {size} bytes is over the limit of {limit} bytes (server.max_body)")]
+    BodyTooLarge { size: u64, limit: u64 },
+    #[error("request body is over the limit of {limit} bytes (server.max_body)")]
+    BodyTooLargeStreamed { limit: u64 },
+    #[error("cannot read the request body: {cause}")]
+    ClientBody { cause: String },
+    #[error("missing or wrong x-pare-token header")]
+    Unauthorized,
+    #[error("no pare endpoint at {path}")]
+    NotFound { path: String },
+    #[error("upstream {url} is unreachable: {cause}")]
+    UpstreamUnreachable { url: String, cause: String },
+    #[error("upstream {url} did not answer within {secs} s (upstream.timeout_secs / connect_timeout_secs)")]
+    UpstreamTimeout { url: String, secs: u64 },
+    #[error("pare failed: {cause}")]
+    Internal { cause: String },
+}
+
+impl ProxyError {
+    pub fn culprit(&self) -> Culprit {
+        match self {
+            ProxyError::BodyTooLarge { .. }
+            | ProxyError::BodyTooLargeStreamed { .. }
+            | ProxyError::ClientBody { .. }
+            | ProxyError::Unauthorized
+            | ProxyError::NotFound { .. } => Culprit::Client,
+            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => Culprit::Upstream,
+            ProxyError::Internal { .. } => Culprit::Pare,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI `error.code` value: stable, machine-readable.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => "request_too_large",
+            ProxyError::ClientBody { .. } => "bad_request_body",
+            ProxyError::Unauthorized => "invalid_pare_token",
+            ProxyError::NotFound { .. } => "not_found",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::Internal { .. } => "pare_internal_error",
+        }
+    }
+
+    /// The OpenAI `error.type` value, naming who failed.
+    pub fn kind(&self) -> &'static str {
+        match self.culprit() {
+            Culprit::Client => "invalid_request_error",
+            Culprit::Upstream => "upstream_error",
+            Culprit::Pare => "pare_error",
+        }
+    }
+
+    /// `{"error": {"message", "type", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": format!("pare: {self}"),
+                "type": self.kind(),
+                "code": self.code(),
+            }
+        })
+    }
+
+    pub fn to_response(&self) -> Response<Bytes> {
+        json_response(self.status(), &self.body())
+    }
+}
+
+/// A JSON response pare writes itself.
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Bytes> {
+    let mut body = serde_json::to_vec(value).expect("serializing a json value cannot fail");
+    body.push(b'\n');
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The chain of causes of an error, outermost first, joined with `: ` (repeated messages skipped).
+pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_unreachable_is_a_502_naming_the_upstream() {
+        let err =
+            ProxyError::UpstreamUnreachable { url: "http://127.0.0.1:9/v1".into(), cause: "connection refused".into() };
+        assert_eq!(err.status(), StatusCode::BAD_GATEWAY);
+        let body = err.body();
+        assert_eq!(body["error"]["type"], "upstream_error");
+        assert_eq!(body["error"]["code"], "upstream_unreachable");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("http://127.0.0.1:9/v1") && message.contains("connection refused"), "{message}");
+    }
+
+    #[test]
+    fn each_culprit_maps_to_its_status_class() {
+        let client = ProxyError::BodyTooLarge { size: 10, limit: 5 };
+        let pare = ProxyError::Internal { cause: "boom".into() };
+        let upstream = ProxyError::UpstreamTimeout { url: "http://x".into(), secs: 1 };
+        assert_eq!((client.status().as_u16(), client.kind()), (413, "invalid_request_error"));
+        assert_eq!((pare.status().as_u16(), pare.kind()), (500, "pare_error"));
+        assert_eq!((upstream.status().as_u16(), upstream.kind()), (504, "upstream_error"));
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Layer {
+        text: &'static str,
+        #[source]
+        inner: Option<Box<Layer>>,
+    }
+
+    #[test]
+    fn cause_chain_joins_sources_without_repeats() {
+        let refused = Layer { text: "connection refused", inner: None };
+        let repeated = Layer { text: "tcp connect error: connection refused", inner: Some(Box::new(refused)) };
+        let outer = Layer { text: "client error (Connect)", inner: Some(Box::new(repeated)) };
+        assert_eq!(cause_chain(&outer), "client error (Connect): tcp connect error: connection refused");
+    }
+}

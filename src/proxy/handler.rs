@@ -1,0 +1,226 @@
+//! One exchange: read the request (bounded), hand chat completions to the [`Pipeline`], forward to
+//! the upstream, and stream its answer back. Anything that fails here becomes an OpenAI-shaped error
+//! naming who failed; a panic becomes a 500 instead of a dropped connection.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+
+use super::access::AccessLog;
+use super::body::{BoxError, Completion, ObservedBody};
+use super::endpoints;
+use super::error::{ProxyError, cause_chain};
+use super::upstream::{self, Upstream};
+use crate::config::Config;
+use crate::pipeline::{Pipeline, ResponseSink, StreamEnd};
+
+/// The body type of every response pare sends.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Everything one exchange needs, shared by all connections.
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub pipeline: Arc<Pipeline>,
+    pub upstream: Upstream,
+}
+
+/// The prefix of pare's own endpoints; nothing under it is forwarded.
+pub const PARE_PREFIX: &str = "/_pare";
+
+/// Answer one request. Never fails and never panics: errors and panics become error responses.
+pub async fn handle<B>(proxy: Arc<Proxy>, request: Request<B>) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    match AssertUnwindSafe(exchange(&proxy, request, started)).catch_unwind().await {
+        Ok(response) => response,
+        Err(panic) => {
+            let what = panic_message(panic.as_ref());
+            tracing::error!(panic = %what, %method, %path, "request handling panicked");
+            let access = AccessLog::new(method, &path, started);
+            fail(ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
+        }
+    }
+}
+
+async fn exchange<B>(proxy: &Proxy, request: Request<B>, started: Instant) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path();
+    let mut access = AccessLog::new(parts.method.clone(), path, started);
+
+    if path == PARE_PREFIX || path.starts_with("/_pare/") {
+        let response = endpoints::handle(proxy, &parts).await;
+        tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
+        return response.map(full);
+    }
+
+    let raw = match read_body(body, &parts.headers, proxy.config.server.max_body).await {
+        Ok(raw) => raw,
+        Err(err) => return fail(err, access, None),
+    };
+    let body_read = Instant::now();
+
+    let is_chat = parts.method == Method::POST && path.ends_with("/chat/completions") && is_json_ish(&parts.headers);
+    let mut sink: Option<Box<dyn ResponseSink>> = None;
+    let forward = if is_chat {
+        let prepared = proxy.pipeline.prepare_chat(&parts.headers, raw).await;
+        access.summary = prepared.summary;
+        access.session = prepared.session;
+        access.skipped = prepared.skipped;
+        sink = prepared.sink;
+        prepared.body
+    } else {
+        raw
+    };
+
+    let url = proxy.upstream.base.map(path, parts.uri.query());
+    let headers = upstream::request_headers(&parts.headers, proxy.upstream.api_key());
+    let send_body = (!forward.is_empty() || had_body(&parts.headers)).then_some(forward);
+    let dispatched = Instant::now();
+    access.pare = dispatched - body_read;
+
+    let response = match proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await {
+        Ok(response) => response,
+        Err(err) => return fail(err, access, sink),
+    };
+    let head_received = Instant::now();
+    access.upstream = Some(head_received - dispatched);
+    access.status = response.status().as_u16();
+
+    let status = response.status();
+    let mut headers = upstream::response_headers(response.headers());
+    if let Some(sink) = sink.as_mut() {
+        sink.head(status.as_u16(), &headers);
+    }
+    if is_chat {
+        add_pare_headers(&mut headers, &access);
+    }
+    let upstream_body = reqwest::Body::from(response);
+    access.pare += head_received.elapsed();
+    let body = ObservedBody::new(upstream_body, Completion::new(sink, access));
+    let mut out = Response::new(body.boxed_unsync());
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    out
+}
+
+/// Read the whole request body, refusing more than `limit` bytes: early from `Content-Length`,
+/// and while reading for bodies that do not declare their length.
+async fn read_body<B>(body: B, headers: &HeaderMap, limit: u64) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if let Some(size) = content_length(headers)
+        && size > limit
+    {
+        return Err(ProxyError::BodyTooLarge { size, limit });
+    }
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit_usize).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<LengthLimitError>() => Err(ProxyError::BodyTooLargeStreamed { limit }),
+        Err(err) => Err(ProxyError::ClientBody { cause: cause_chain(&*err) }),
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn had_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::CONTENT_LENGTH) || headers.contains_key(header::TRANSFER_ENCODING)
+}
+
+/// A chat body pare may parse: declared JSON, or no content type at all (some clients omit it).
+fn is_json_ish(headers: &HeaderMap) -> bool {
+    match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(content_type) => content_type.to_ascii_lowercase().contains("json"),
+    }
+}
+
+fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
+    if let Some(summary) = &access.summary {
+        headers.insert("x-pare-tokens-raw", HeaderValue::from(summary.tokens_raw));
+        headers.insert("x-pare-tokens-forwarded", HeaderValue::from(summary.tokens_forwarded));
+        headers.insert("x-pare-epoch", HeaderValue::from(summary.epoch));
+    }
+    if let Some(value) = access.session.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+        headers.insert("x-pare-session", value);
+    }
+}
+
+/// Answer with pare's own error, finishing the sink and logging the exchange.
+fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSink>>) -> Response<ProxyBody> {
+    tracing::warn!(error = %err, culprit = ?err.culprit(), method = %access.method, path = %access.path, "request failed");
+    access.status = err.status().as_u16();
+    let end = StreamEnd::NoResponse(err.to_string());
+    if let Some(sink) = sink {
+        sink.finish(end.clone());
+    }
+    access.emit(&end);
+    err.to_response().map(full)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
+fn full(bytes: Bytes) -> ProxyBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn declared_length_over_the_limit_is_refused_before_reading() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2048"));
+        let err = read_body(Full::new(Bytes::from_static(b"x")), &headers, 1024).await.unwrap_err();
+        assert_eq!(err, ProxyError::BodyTooLarge { size: 2048, limit: 1024 });
+    }
+
+    #[tokio::test]
+    async fn undeclared_length_over_the_limit_is_refused_while_reading() {
+        let body = Full::new(Bytes::from(vec![b'x'; 1025]));
+        let err = read_body(body, &HeaderMap::new(), 1024).await.unwrap_err();
+        assert_eq!(err, ProxyError::BodyTooLargeStreamed { limit: 1024 });
+        let ok = read_body(Full::new(Bytes::from(vec![b'x'; 1024])), &HeaderMap::new(), 1024).await.unwrap();
+        assert_eq!(ok.len(), 1024);
+    }
+
+    #[test]
+    fn json_ish_content_types() {
+        let mut headers = HeaderMap::new();
+        assert!(is_json_ish(&headers));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        assert!(is_json_ish(&headers));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("multipart/form-data; boundary=x"));
+        assert!(!is_json_ish(&headers));
+    }
+}

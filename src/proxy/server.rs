@@ -1,0 +1,155 @@
+//! The listening side: accept connections (HTTP/1.1 and h2c), serve each with the request handler,
+//! and on shutdown stop accepting and let in-flight exchanges finish within the grace period.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use super::handler::{self, Proxy};
+use super::upstream::{Upstream, UpstreamError};
+use crate::config::Config;
+use crate::pipeline::Pipeline;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error(
+        "listen address {addr} is not loopback; set server.allow_non_loopback and server.auth_token to expose pare"
+    )]
+    NotLoopback { addr: SocketAddr },
+    #[error("server.allow_non_loopback needs server.auth_token: pare forwards the agent's credentials")]
+    MissingToken,
+    #[error("listen address {addr:?} is not host:port ({cause})")]
+    BadListen { addr: String, cause: String },
+}
+
+/// Bind the listening socket for `server.listen` (or an override), refusing a non-loopback address
+/// unless the configuration explicitly allows it with an inbound token.
+pub async fn bind(addr: &str, config: &Config) -> Result<TcpListener, ServeError> {
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| ServeError::BadListen { addr: addr.to_owned(), cause: e.to_string() })?
+        .collect();
+    for candidate in &resolved {
+        check_exposure(*candidate, config)?;
+    }
+    TcpListener::bind(resolved.as_slice()).await.map_err(|source| ServeError::Bind { addr: addr.to_owned(), source })
+}
+
+/// Loopback is always fine; anything else needs `server.allow_non_loopback` and `server.auth_token`.
+pub fn check_exposure(addr: SocketAddr, config: &Config) -> Result<(), ServeError> {
+    if addr.ip().is_loopback() {
+        return Ok(());
+    }
+    if !config.server.allow_non_loopback {
+        return Err(ServeError::NotLoopback { addr });
+    }
+    if config.server.auth_token.as_deref().is_none_or(str::is_empty) {
+        return Err(ServeError::MissingToken);
+    }
+    Ok(())
+}
+
+/// Serve on `listener` until `shutdown` resolves, then drain in-flight exchanges for at most
+/// `server.shutdown_grace_secs` and return.
+pub async fn run<F>(
+    listener: TcpListener,
+    config: Arc<Config>,
+    pipeline: Arc<Pipeline>,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()>,
+{
+    let upstream = Upstream::new(&config.upstream)?;
+    let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    let builder = connection_builder(&config);
+    let proxy = Arc::new(Proxy { config, pipeline, upstream });
+    let graceful = GracefulShutdown::new();
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");
+    }
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Usually out of file descriptors: back off briefly instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let proxy = proxy.clone();
+                let service = service_fn(move |request| {
+                    let proxy = proxy.clone();
+                    async move { Ok::<_, Infallible>(handler::handle(proxy, request).await) }
+                });
+                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(err) = connection.await {
+                        tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(connections = graceful.count(), grace_secs = grace.as_secs(), "shutting down; draining connections");
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections drained"),
+        () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing the remaining connections"),
+    }
+    Ok(())
+}
+
+fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let header_timeout = Duration::from_secs(config.server.header_read_timeout_secs.max(1));
+    let mut http1 = builder.http1();
+    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    // hyper keeps up to 100 headers on the stack; any other limit moves them to the heap.
+    if config.server.max_headers != 100 {
+        http1.max_headers(config.server.max_headers);
+    }
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_needs_both_the_flag_and_a_token() {
+        let mut config = Config::default();
+        let public: SocketAddr = "0.0.0.0:8787".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:8787".parse().unwrap();
+        let local6: SocketAddr = "[::1]:8787".parse().unwrap();
+        assert!(check_exposure(local, &config).is_ok());
+        assert!(check_exposure(local6, &config).is_ok());
+        assert!(matches!(check_exposure(public, &config), Err(ServeError::NotLoopback { .. })));
+        config.server.allow_non_loopback = true;
+        assert!(matches!(check_exposure(public, &config), Err(ServeError::MissingToken)));
+        config.server.auth_token = Some("s3cret".into());
+        assert!(check_exposure(public, &config).is_ok());
+    }
+}

@@ -1,0 +1,309 @@
+//! The upstream side: where an incoming path goes (path mapping), which headers cross (hop-by-hop
+//! rules, `Host`, `upstream.api_key`), and the one pooled HTTP client that carries every exchange.
+//!
+//! # Path mapping
+//!
+//! The upstream URL names the endpoint's OpenAI base, with or without its trailing `/v1`
+//! (`http://h:p`, `http://h:p/v1`, `https://openrouter.ai/api/v1`). pare removes one trailing `/v1`
+//! from its path to get the upstream *root*, and forwards an incoming path `P?Q` to `root + P?Q`:
+//!
+//! | upstream.url                 | incoming                 | forwarded to                                   |
+//! |------------------------------|--------------------------|------------------------------------------------|
+//! | `http://h:8080`              | `/v1/chat/completions`   | `http://h:8080/v1/chat/completions`            |
+//! | `http://h:8080/v1`           | `/v1/chat/completions`   | `http://h:8080/v1/chat/completions`            |
+//! | `http://h:8080/v1`           | `/props`                 | `http://h:8080/props`                          |
+//! | `https://openrouter.ai/api/v1` | `/v1/models?x=1`       | `https://openrouter.ai/api/v1/models?x=1`      |
+//!
+//! Both spellings of the same server therefore behave identically and a path never becomes `/v1/v1`.
+
+use std::sync::Once;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use super::error::{ProxyError, cause_chain};
+use crate::config::UpstreamConfig;
+
+/// A bad `upstream.url` (refused at start).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    #[error("upstream url {url:?} is not a valid url: {cause}")]
+    Invalid { url: String, cause: String },
+    #[error("upstream url {url:?} must start with http:// or https://")]
+    Scheme { url: String },
+    #[error("upstream url {url:?} must not carry a query, a fragment or credentials (use upstream.api_key)")]
+    Extras { url: String },
+}
+
+/// Errors building the upstream side.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error(transparent)]
+    Url(#[from] UpstreamUrlError),
+    #[error("upstream.api_key is not a valid header value")]
+    ApiKey,
+    #[error("cannot build the upstream http client: {0}")]
+    Client(String),
+}
+
+/// The upstream base URL, split into what path mapping needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamBase {
+    /// `scheme://host[:port]`.
+    origin: String,
+    /// Path prefix without a trailing `/` and without a trailing `/v1` (often empty).
+    root: String,
+    /// The URL as configured, for messages and `/_pare/health`.
+    configured: String,
+}
+
+impl UpstreamBase {
+    pub fn parse(url: &str) -> Result<UpstreamBase, UpstreamUrlError> {
+        let parsed = reqwest::Url::parse(url.trim())
+            .map_err(|e| UpstreamUrlError::Invalid { url: url.to_owned(), cause: e.to_string() })?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(UpstreamUrlError::Scheme { url: url.to_owned() });
+        }
+        if parsed.query().is_some()
+            || parsed.fragment().is_some()
+            || !parsed.username().is_empty()
+            || parsed.password().is_some()
+        {
+            return Err(UpstreamUrlError::Extras { url: url.to_owned() });
+        }
+        let origin = parsed.origin().ascii_serialization();
+        let path = parsed.path().trim_end_matches('/');
+        let root = path.strip_suffix("/v1").unwrap_or(path).to_owned();
+        let configured = url.trim().trim_end_matches('/').to_owned();
+        Ok(UpstreamBase { origin, root, configured })
+    }
+
+    /// The upstream URL for an incoming path (starting with `/`) and optional query string.
+    pub fn map(&self, path: &str, query: Option<&str>) -> String {
+        let mut url =
+            String::with_capacity(self.origin.len() + self.root.len() + path.len() + 1 + query.map_or(0, str::len));
+        url.push_str(&self.origin);
+        url.push_str(&self.root);
+        if !path.starts_with('/') {
+            url.push('/');
+        }
+        url.push_str(path);
+        if let Some(query) = query {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    /// The upstream as configured (without a trailing `/`), for users and logs.
+    pub fn display(&self) -> &str {
+        &self.configured
+    }
+
+    /// `host:port` for a reachability probe.
+    pub fn authority(&self) -> Option<(String, u16)> {
+        let url = reqwest::Url::parse(&self.origin).ok()?;
+        Some((url.host_str()?.trim_matches(['[', ']']).to_owned(), url.port_or_known_default()?))
+    }
+}
+
+/// The headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// The header a client presents pare's inbound token in (never forwarded).
+pub const PARE_TOKEN_HEADER: &str = "x-pare-token";
+
+/// Remove hop-by-hop headers, including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// The headers sent upstream for an incoming request's headers.
+pub fn request_headers(incoming: &HeaderMap, api_key: Option<&HeaderValue>) -> HeaderMap {
+    let mut headers = incoming.clone();
+    strip_hop_by_hop(&mut headers);
+    // The client sets Host from the upstream URL and Content-Length from the body it sends.
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(PARE_TOKEN_HEADER);
+    // pare has read the whole body already; the upstream must not wait for a 100-continue.
+    headers.remove(header::EXPECT);
+    if let Some(key) = api_key {
+        headers.insert(header::AUTHORIZATION, key.clone());
+    }
+    headers
+}
+
+/// The headers passed back to the client for an upstream response's headers.
+pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut headers = upstream.clone();
+    strip_hop_by_hop(&mut headers);
+    headers
+}
+
+/// Install rustls' ring provider for the process (https upstreams); safe to call any number of times.
+pub fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Another part of the process may have installed one already; either way one is in place.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The upstream endpoint and the pooled client that reaches it.
+pub struct Upstream {
+    client: reqwest::Client,
+    pub base: UpstreamBase,
+    api_key: Option<HeaderValue>,
+    connect_timeout: Duration,
+    timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
+        install_crypto_provider();
+        let base = UpstreamBase::parse(&config.url)?;
+        let api_key = match &config.api_key {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| UpstreamError::ApiKey)?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        // Transparency: no redirects followed, no system proxy, no decompression (reqwest's gzip/brotli
+        // features stay off), no default headers beyond an `Accept: */*` when the client sent none.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(config.connect_timeout())
+            .timeout(config.timeout())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| UpstreamError::Client(cause_chain(&e)))?;
+        Ok(Upstream { client, base, api_key, connect_timeout: config.connect_timeout(), timeout: config.timeout() })
+    }
+
+    /// Send one request upstream; resolves when the response headers arrive.
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, ProxyError> {
+        let mut request = self.client.request(method, url).headers(headers);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        request.send().await.map_err(|e| self.classify(url, &e))
+    }
+
+    /// The `Authorization` value that replaces the agent's, when `upstream.api_key` is set.
+    pub fn api_key(&self) -> Option<&HeaderValue> {
+        self.api_key.as_ref()
+    }
+
+    fn classify(&self, url: &str, err: &reqwest::Error) -> ProxyError {
+        // Never echo the query string: it may carry a key.
+        let url = url.split('?').next().unwrap_or(url).to_owned();
+        if err.is_timeout() {
+            let secs = if err.is_connect() { self.connect_timeout } else { self.timeout }.as_secs();
+            return ProxyError::UpstreamTimeout { url, secs };
+        }
+        // Skip reqwest's outer message: it repeats the URL with its query.
+        let cause = std::error::Error::source(err).map(cause_chain).unwrap_or_else(|| "request failed".into());
+        ProxyError::UpstreamUnreachable { url, cause }
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_map(base: &str, path: &str, query: Option<&str>, expected: &str) {
+        let base = UpstreamBase::parse(base).unwrap();
+        assert_eq!(base.map(path, query), expected, "{base:?} {path}");
+    }
+
+    #[test]
+    fn path_mapping_never_doubles_v1() {
+        check_map("http://h:8080", "/v1/chat/completions", None, "http://h:8080/v1/chat/completions");
+        check_map("http://h:8080/v1", "/v1/chat/completions", None, "http://h:8080/v1/chat/completions");
+        check_map("http://h:8080/v1/", "/v1/models", None, "http://h:8080/v1/models");
+        check_map("http://h:8080/v1", "/props", None, "http://h:8080/props");
+        check_map("http://h:8080", "/api/tags", None, "http://h:8080/api/tags");
+        check_map(
+            "https://openrouter.ai/api/v1",
+            "/v1/models",
+            Some("a=1&b=2"),
+            "https://openrouter.ai/api/v1/models?a=1&b=2",
+        );
+        check_map("http://h/openai", "/v1/chat/completions", None, "http://h/openai/v1/chat/completions");
+        check_map("http://[::1]:9000/v1", "/v1/models", None, "http://[::1]:9000/v1/models");
+    }
+
+    #[test]
+    fn bad_upstream_urls_are_refused_naming_the_url() {
+        for url in ["localhost:8080", "ftp://h/v1", "http://h/v1?key=1", "http://user:pw@h/v1", "not a url"] {
+            let err = UpstreamBase::parse(url).unwrap_err();
+            assert!(err.to_string().contains(url), "{err}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("trailer", "x-t"),
+            ("host", "127.0.0.1:8787"),
+            ("content-length", "12"),
+            ("authorization", "Bearer agent"),
+            ("x-pare-token", "secret"),
+            ("x-custom", "kept"),
+        ] {
+            headers.append(k, HeaderValue::from_static(v));
+        }
+        let forwarded = request_headers(&headers, None);
+        let names: Vec<&str> = forwarded.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["authorization", "x-custom"]);
+        assert_eq!(forwarded["authorization"], "Bearer agent");
+
+        let key = HeaderValue::from_static("Bearer real");
+        assert_eq!(request_headers(&headers, Some(&key))["authorization"], "Bearer real");
+    }
+}
