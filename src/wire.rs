@@ -207,4 +207,42 @@ mod tests {
         assert!(matches!(ChatBody::parse(br#"{"model":"m"}"#), Err(WireError::NoMessages)));
         assert!(matches!(ChatBody::parse(b"{nope"), Err(WireError::Json(_))));
     }
+
+    #[test]
+    fn tool_call_round_trip_keeps_extras_at_every_level() {
+        let raw =
+            r#"{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}","strict":true},"index":0}"#;
+        let call: ToolCall = serde_json::from_str(raw).unwrap();
+        assert_eq!(call.extra.get("index"), Some(&serde_json::json!(0)));
+        assert_eq!(call.function.as_ref().unwrap().extra.get("strict"), Some(&serde_json::json!(true)));
+        assert_eq!(serde_json::to_string(&call).unwrap(), raw);
+        // Some clients send `arguments` as an object: it is carried as-is.
+        let raw = r#"{"id":"c2","function":{"name":"g","arguments":{"x":[1,2]}}}"#;
+        let call: ToolCall = serde_json::from_str(raw).unwrap();
+        assert_eq!(serde_json::to_string(&call).unwrap(), raw);
+    }
+
+    #[test]
+    fn content_part_round_trip() {
+        for raw in [
+            r#"{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}"#,
+            r#"{"type":"image_url","image_url":{"url":"data:x","detail":"low"}}"#,
+            r#"{"type":"thinking","thinking":"hmm","signature":"s"}"#,
+        ] {
+            let part: ContentPart = serde_json::from_str(raw).unwrap();
+            assert_eq!(serde_json::to_string(&part).unwrap(), raw);
+        }
+    }
+
+    #[test]
+    fn message_with_reasoning_and_odd_content_round_trips() {
+        for raw in [
+            r#"{"role":"assistant","content":"x","reasoning_content":"why","reasoning":{"effort":"low"}}"#,
+            r#"{"role":"tool","content":42,"tool_call_id":"c","name":"f"}"#,
+            r#"{"role":"user"}"#,
+        ] {
+            let m: Message = serde_json::from_str(raw).unwrap();
+            assert_eq!(serde_json::to_string(&m).unwrap(), raw);
+        }
+    }
 }

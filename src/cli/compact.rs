@@ -1,7 +1,167 @@
-//! `pare compact`.
+//! `pare compact [--config FILE] [--window TOKENS] [--stats] [--diff] [FILE|-]`: one request body in,
+//! the body pare would forward out (stdout). `--stats` prints per rule what it saved, `--diff` prints
+//! each changed message before → after (both to stderr).
+//!
+//! Tokens are counted with tiktoken (the encoding of the request's model from `models:`, else
+//! `budget.encoding`). With `--window`, the engine also applies salience tiers and elision down to
+//! the low-water mark of the usable window (window minus the answer's reserve), as an epoch would.
+//! A body that is not a chat request is written back unchanged and the exit status is 1.
 
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
-pub fn run(_args: super::CompactArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pare compact` is not built yet")
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
+use crate::budget::window::{ModelTable, answer_reserve};
+use crate::compact::markers::shorten;
+use crate::compact::{CompactOptions, Compacted, Engine, Source};
+use crate::config::Config;
+use crate::wire::{ChatBody, Message};
+
+pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let engine = Engine::from_config(&config)?;
+    let input = read_input(&args.input)?;
+    let body = match ChatBody::parse(&input) {
+        Ok(body) => body,
+        Err(err) => {
+            std::io::stdout().write_all(&input).context("cannot write to stdout")?;
+            eprintln!("pare: {}: not compacted: {err}", args.input);
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let models = ModelTable::from_config(&config)?;
+    let settings = models.settings(body.model().as_deref());
+    let counter = TokenCounter::new(&CounterConfig { encoding: settings.encoding, ..CounterConfig::default() });
+    let target_tokens = args.window.map(|window| {
+        let usable = window.saturating_sub(answer_reserve(&body, settings.output_reserve, window));
+        (usable as f64 * config.budget.low_water) as u64
+    });
+    let (out, sources) = engine.compact_traced(&body, &CompactOptions { target_tokens }, &counter);
+    let mut messages = out.prefix.clone();
+    messages.extend(body.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
+    let forwarded = body.to_vec_with_messages(&messages);
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(&forwarded).context("cannot write to stdout")?;
+    stdout.write_all(b"\n").context("cannot write to stdout")?;
+
+    let tools = body.field("tools").map(|t| t.get());
+    if args.stats {
+        let raw: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+        let before = request_tokens(&counter, &raw, tools);
+        let after = request_tokens(&counter, &messages, tools);
+        let encoding = settings.encoding.name();
+        eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
+    }
+    if args.diff {
+        eprint!("{}", diff(&body, &out, &sources));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_input(path: &str) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    if path == "-" {
+        std::io::stdin().read_to_end(&mut bytes).context("cannot read stdin")?;
+    } else {
+        bytes = std::fs::read(path).with_context(|| format!("cannot read {path}"))?;
+    }
+    Ok(bytes)
+}
+
+/// The `--stats` table.
+pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, target: Option<u64>) -> String {
+    let r = &out.report;
+    let pct = if before > 0 { 100.0 * (before as f64 - after as f64) / before as f64 } else { 0.0 };
+    let mut s = format!(
+        "pack {} · messages {} → {} (tail from #{}) · tokens {before} → {after} (−{pct:.1} %, {encoding})\n",
+        r["pack"].as_str().unwrap_or("?"),
+        r["messages_in"],
+        r["messages_out"],
+        out.boundary,
+    );
+    if let Some(target) = target {
+        s.push_str(&format!("target {target} tokens"));
+        if let Some(t) = r.get("tiers") {
+            s.push_str(&format!(
+                " · tiers focus {} recent {} summary {} background {} · elided {} groups{}",
+                t["focus"],
+                t["recent"],
+                t["summary"],
+                t["background"],
+                t["elided_groups"],
+                if t["over_target"] == true { " · still over target" } else { "" }
+            ));
+        }
+        s.push('\n');
+    }
+    for key in ["input_invalid", "validation_failed"] {
+        if let Some(why) = r.get(key).and_then(Value::as_str) {
+            s.push_str(&format!("{key}: {why} (forwarded unchanged)\n"));
+        }
+    }
+    s.push_str(&format!("{:<24}{:>10}{:>14}{:>14}\n", "rule", "messages", "chars saved", "tokens saved"));
+    if let Some(rules) = r["rules"].as_object() {
+        for (name, v) in rules {
+            s.push_str(&format!(
+                "{name:<24}{:>10}{:>14}{:>14}\n",
+                v["messages"].as_u64().unwrap_or(0),
+                v["chars_saved"].as_i64().unwrap_or(0),
+                v["tokens_saved"].as_i64().unwrap_or(0)
+            ));
+        }
+    }
+    s
+}
+
+fn preview(raw: &str) -> String {
+    let text = serde_json::from_str::<Message>(raw).ok().map(|m| m.text()).unwrap_or_else(|| raw.to_owned());
+    shorten(&text.replace('\n', "⏎"), 240)
+}
+
+fn role(raw: &str) -> String {
+    serde_json::from_str::<Message>(raw).ok().map(|m| m.role).unwrap_or_else(|| "?".into())
+}
+
+/// The `--diff` listing: each changed, dropped or elided message, before → after.
+pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String {
+    let mut entries: Vec<(usize, String)> = Vec::new();
+    let mut covered = vec![false; out.boundary];
+    for (entry, source) in out.prefix.iter().zip(sources) {
+        match *source {
+            Source::Raw(idx) => covered[idx] = true,
+            Source::Edited(idx) => {
+                covered[idx] = true;
+                let before = body.messages[idx].get();
+                entries.push((
+                    idx,
+                    format!(
+                        "#{idx} {} ({} → {} bytes)\n  - {}\n  + {}\n",
+                        role(before),
+                        before.len(),
+                        entry.len(),
+                        preview(before),
+                        preview(entry)
+                    ),
+                ));
+            }
+            Source::Elided { start, end } => {
+                covered[start..end].iter_mut().for_each(|c| *c = true);
+                entries.push((
+                    start,
+                    format!("#{start}..#{} elided ({} messages)\n  + {}\n", end - 1, end - start, preview(entry)),
+                ));
+            }
+        }
+    }
+    for (idx, seen) in covered.iter().enumerate() {
+        if !seen {
+            let before = body.messages[idx].get();
+            entries.push((idx, format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before))));
+        }
+    }
+    entries.sort_by_key(|(idx, _)| *idx);
+    entries.into_iter().map(|(_, e)| e).collect()
 }

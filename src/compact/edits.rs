@@ -133,8 +133,13 @@ impl Edits {
 
     /// The forwarded JSON of message `idx`: the original bytes when unchanged.
     pub fn render(&self, conv: &Conversation<'_>, idx: usize) -> String {
+        self.render_as(conv, idx, self.text[idx].as_ref())
+    }
+
+    /// The forwarded JSON of message `idx` if its text were `text` (used to price tier forms).
+    pub fn render_as(&self, conv: &Conversation<'_>, idx: usize, text: Option<&TextEdit>) -> String {
         let raw = conv.raw[idx].get();
-        if !self.changed(idx) {
+        if text.is_none() && self.removed[idx].is_empty() && !self.drop_thinking_parts[idx] {
             return raw.to_owned();
         }
         let Ok(mut object) = serde_json::from_str::<Map<String, Value>>(raw) else {
@@ -144,7 +149,7 @@ impl Edits {
             object.shift_remove(*key);
         }
         let original = conv.msgs[idx].as_ref().and_then(|m| m.content.as_ref());
-        if let Some(edit) = &self.text[idx] {
+        if let Some(edit) = text {
             let text = match (&conv.outcomes[idx], edit.embed) {
                 (Some(o), true) => o.shape.embed(&edit.text),
                 _ => edit.text.clone(),

@@ -68,6 +68,17 @@ pub struct Compacted {
     pub report: serde_json::Value,
 }
 
+/// The origin of one forwarded message of the prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Raw message `idx`, forwarded as its original bytes.
+    Raw(usize),
+    /// Raw message `idx`, rewritten by rules or tiers.
+    Edited(usize),
+    /// One marker standing for raw messages `start..end`, elided.
+    Elided { start: usize, end: usize },
+}
+
 /// The compiled rule policy: the pack's rules with their regexes compiled once.
 #[derive(Debug)]
 pub struct Policy {
@@ -126,6 +137,16 @@ impl Engine {
 
     /// Compact a request. Never fails: anything unexpected forwards the original messages.
     pub fn compact(&self, body: &ChatBody<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(body, opts, counter).0
+    }
+
+    /// [`Engine::compact`], with the origin of each entry of the prefix (for `pare compact --diff`).
+    pub fn compact_traced(
+        &self,
+        body: &ChatBody<'_>,
+        opts: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> (Compacted, Vec<Source>) {
         let policy = &self.policy;
         let conv = Conversation::analyse(
             &body.messages,
@@ -149,17 +170,24 @@ impl Engine {
         rules::apply(policy, &conv, &mut edits);
         let mut rendered = finish_rules(&conv, &mut edits, counter);
 
-        let elided = salience::Elided::default();
-        let _ = opts.target_tokens;
+        let mut elided = salience::Elided::default();
+        if let Some(target) = opts.target_tokens {
+            let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
+            let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, target);
+            report.tiers = Some(fit.report);
+            elided = fit.elided;
+        }
 
         // Assemble the prefix and check invariant 1 on the whole forwarded array.
         let mut prefix = Vec::with_capacity(conv.boundary);
+        let mut sources = Vec::with_capacity(conv.boundary);
         let mut skeletons = Vec::with_capacity(conv.msgs.len());
         let mut idx = 0;
         while idx < conv.boundary {
             if let Some((end, marker)) = elided.runs.get(&idx) {
                 skeletons.push(Skeleton::of(marker));
                 prefix.push(marker.clone());
+                sources.push(Source::Elided { start: idx, end: *end });
                 idx = *end;
                 continue;
             }
@@ -168,10 +196,12 @@ impl Engine {
                     Some(text) => {
                         skeletons.push(Skeleton::of(&text));
                         prefix.push(text);
+                        sources.push(Source::Edited(idx));
                     }
                     None => {
                         skeletons.push(input_skeletons[idx].clone());
                         prefix.push(conv.raw[idx].get().to_owned());
+                        sources.push(Source::Raw(idx));
                     }
                 }
             }
@@ -186,19 +216,20 @@ impl Engine {
         }
 
         fill_report(&conv, &edits, &elided, &mut report, prefix.len());
-        Compacted { boundary: conv.boundary, prefix, report: report.to_value() }
+        (Compacted { boundary: conv.boundary, prefix, report: report.to_value() }, sources)
     }
 }
 
 /// The original messages, forwarded unchanged.
-fn unchanged(conv: &Conversation<'_>, mut report: Report) -> Compacted {
+fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Source>) {
     report.boundary = conv.msgs.len();
     report.messages_out = conv.msgs.len();
-    Compacted {
+    let compacted = Compacted {
         boundary: conv.msgs.len(),
         prefix: conv.raw.iter().map(|m| m.get().to_owned()).collect(),
         report: report.to_value(),
-    }
+    };
+    (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
 }
 
 fn skeleton_of(m: &crate::wire::Message) -> Skeleton {

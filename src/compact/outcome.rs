@@ -103,20 +103,32 @@ impl SuccessPolicy {
     /// The most telling error line: a Python exception line, else the first line matching an error
     /// pattern, else the JSON `error` text.
     fn first_error_line(&self, text: &str, shape: &Shape) -> Option<String> {
-        let mut first_match = None;
+        let mut first_match: Option<String> = None;
         let mut exception = None;
-        for line in text.lines() {
-            let l = line.trim();
-            if l.is_empty() {
-                continue;
+        let mut traceback_end = None;
+        let mut in_traceback = false;
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty()).peekable();
+        while let Some(raw_line) = lines.next() {
+            let l = raw_line.trim();
+            // A Python traceback ends at its first unindented line: `module.Error: message`.
+            if l.starts_with("Traceback (most recent call last)") {
+                in_traceback = true;
+            } else if in_traceback && !raw_line.starts_with(char::is_whitespace) {
+                traceback_end = Some(l);
+                in_traceback = false;
             }
             if EXCEPTION_LINE.is_match(l) {
                 exception = Some(l);
             }
-            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(line)) {
-                first_match = Some(l);
+            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(l)) {
+                // A bare `ERROR:` heading says nothing by itself: take the line that follows too.
+                first_match = Some(match lines.peek() {
+                    Some(next) if l.ends_with(':') && l.len() <= 16 => format!("{l} {}", next.trim()),
+                    _ => l.to_owned(),
+                });
             }
         }
+        let exception = traceback_end.or(exception);
         let json_error: Option<String> = match shape {
             Shape::JsonField { object, .. } => object.get("error").and_then(Value::as_str).map(str::to_owned),
             Shape::Plain if text.trim_start().starts_with('{') => serde_json::from_str::<Value>(text)
@@ -126,7 +138,7 @@ impl SuccessPolicy {
         };
         exception
             .map(str::to_owned)
-            .or(first_match.map(str::to_owned))
+            .or(first_match)
             .or(json_error.filter(|s| !s.is_empty()))
             .map(|l| super::markers::one_line(&l, 160))
             .filter(|l| !l.is_empty())
@@ -230,6 +242,20 @@ mod tests {
         assert_eq!(read("<returncode>2</returncode>\n<output>\n</output>").status, Status::Failed { exit: Some(2) });
         assert_eq!(read("ok\n[Command finished with exit code 1]").status, Status::Failed { exit: Some(1) });
         assert_eq!(read("ok\n[Command finished with exit code 0]").status, Status::Ok);
+    }
+
+    #[test]
+    fn python_traceback_reports_its_exception_line() {
+        let r = read(
+            "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n    x()\ndjango.core.exceptions.ImproperlyConfigured: settings missing\nafter",
+        );
+        assert_eq!(r.first_error.as_deref(), Some("django.core.exceptions.ImproperlyConfigured: settings missing"));
+    }
+
+    #[test]
+    fn bare_error_heading_takes_the_next_line() {
+        let r = read("ERROR:\nInvalid `path` parameter: /w/a.py. File already exists");
+        assert_eq!(r.first_error.as_deref(), Some("ERROR: Invalid `path` parameter: /w/a.py. File already exists"));
     }
 
     #[test]

@@ -167,8 +167,9 @@ impl Default for LoopRule {
         LoopRule {
             enabled: true,
             min_repeats: 3,
-            template: "[pare: repeated call {k} of {total}: {call} → {status}, {chars} chars; see the latest result]"
-                .into(),
+            template:
+                "[pare: repeated call {k} of {total}: {call} → {status}, {chars} chars{error}; see the latest result]"
+                    .into(),
         }
     }
 }

@@ -1,7 +1,27 @@
 //! Salience tiers and elision, used when a token target is given and the rules alone leave the
-//! request over it.
+//! request over it (the hyle design).
+//!
+//! Each group outside the protected tail (a tool-call group, a lone assistant message, a later
+//! system message) gets `S = w_r·R + w_e·E + w_k·K + w_f·F`: `R = exp(−age/τ)` with the age in turns
+//! (assistant messages after it; no clock, so the result is deterministic), `E` = an error in its
+//! results, `K` = overlap of its words with the task (first and latest user message), `F` = it
+//! mentions a file the protected tail touches. In descending `S` (the more recent first on ties),
+//! groups fill the Focus / Recent / Summary / Background shares of the budget left after everything
+//! that is never compressed, each at that tier's size: as is / light (tool outputs truncated) /
+//! heavy (results become markers with their facts, assistant text cut) / facts only. A group that
+//! fits no tier, and then the lowest-salience groups while the request is still over target, are
+//! elided: each run of elided groups becomes one assistant message (valid between complete groups)
+//! listing what went. Never the first system message, a user message, a kept message or the tail.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use super::Engine;
+use super::conversation::{Conversation, GroupKind, is_system, path_argument};
+use super::edits::{Edits, TextEdit};
+use super::markers::{files_suffix, group_digits, is_compacted, mentioned_files, render};
+use super::report::{RuleId, TierReport};
+use super::rules::truncate_lines;
+use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
 
 /// Groups elided by [`fit`]: each run of elided groups is replaced by one marker message.
 #[derive(Debug, Default)]
@@ -12,4 +32,509 @@ pub struct Elided {
     pub messages: BTreeSet<usize>,
     pub chars_saved: i64,
     pub tokens_saved: i64,
+}
+
+/// What [`fit`] did.
+pub struct Fit {
+    pub report: TierReport,
+    pub elided: Elided,
+}
+
+/// The four tiers, most salient first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Tier {
+    Focus,
+    Recent,
+    Summary,
+    Background,
+}
+
+const TIERS: [Tier; 4] = [Tier::Focus, Tier::Recent, Tier::Summary, Tier::Background];
+
+/// A group the tiers may compress or elide.
+struct Unit {
+    start: usize,
+    end: usize,
+    score: f64,
+    /// Per tier, the text edit of each message (`None`: unchanged) and the group's tokens.
+    forms: [(Vec<Option<TextEdit>>, u64); 4],
+}
+
+/// Bring the request under `target` tokens with tiers, then elision. `rendered` holds the forwarded
+/// form of each changed message before the boundary and is updated in place.
+pub fn fit(
+    engine: &Engine,
+    conv: &Conversation<'_>,
+    edits: &mut Edits,
+    rendered: &mut [Option<String>],
+    counter: &dyn CountTokens,
+    tools_tokens: u64,
+    target: u64,
+) -> Fit {
+    let current = |edits: &Edits, rendered: &[Option<String>], idx: usize| -> u64 {
+        if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx].get())) }
+    };
+    let tail: u64 = conv.raw[conv.boundary..].iter().map(|m| counter.message(m.get())).sum();
+    let mut tokens: Vec<u64> = (0..conv.boundary).map(|i| current(edits, rendered, i)).collect();
+    let fixed_extra = tail + tools_tokens + REPLY_PRIMING;
+    let after_rules = tokens.iter().sum::<u64>() + fixed_extra;
+    let mut report = TierReport { target_tokens: target, tokens_after_rules: after_rules, ..TierReport::default() };
+    let mut elided = Elided::default();
+    if after_rules <= target {
+        return Fit { report, elided };
+    }
+
+    let mut units = units(engine, conv, edits, counter, &tokens);
+    let scored: u64 = units.iter().map(|u| u.forms[0].1).sum();
+    let budget = target.saturating_sub(after_rules - scored) as f64;
+    // Descending salience; on ties the more recent group first.
+    let mut order: Vec<usize> = (0..units.len()).collect();
+    order.sort_by(|&a, &b| units[b].score.total_cmp(&units[a].score).then(units[b].start.cmp(&units[a].start)));
+
+    let shares = &engine.tiers;
+    let mut remaining = [shares.focus, shares.recent, shares.summary, shares.background].map(|s| s.max(0.0) * budget);
+    let mut tier_of: Vec<Option<Tier>> = vec![None; units.len()];
+    let mut t = 0;
+    for &u in &order {
+        while t < TIERS.len() && units[u].forms[t].1 as f64 > remaining[t] {
+            if t + 1 < TIERS.len() {
+                remaining[t + 1] += remaining[t];
+            }
+            t += 1;
+        }
+        if t < TIERS.len() {
+            remaining[t] -= units[u].forms[t].1 as f64;
+            tier_of[u] = Some(TIERS[t]);
+        }
+    }
+
+    // Compress each group at its tier (a group that fits no tier is compressed to facts first, and
+    // elided below).
+    for (u, unit) in units.iter_mut().enumerate() {
+        let tier = tier_of[u].unwrap_or(Tier::Background);
+        match tier {
+            Tier::Focus => report.focus += 1,
+            Tier::Recent => report.recent += 1,
+            Tier::Summary => report.summary += 1,
+            Tier::Background => report.background += 1,
+        }
+        let rule = match tier {
+            Tier::Focus => continue,
+            Tier::Recent => RuleId::TierLight,
+            Tier::Summary => RuleId::TierHeavy,
+            Tier::Background => RuleId::TierFacts,
+        };
+        let forms = std::mem::take(&mut unit.forms[tier as usize].0);
+        for (k, form) in forms.into_iter().enumerate() {
+            let idx = unit.start + k;
+            let Some(form) = form else { continue };
+            let text = edits.render_as(conv, idx, Some(&form));
+            let new_tokens = counter.message(&text);
+            if new_tokens >= tokens[idx] {
+                continue;
+            }
+            edits.set_text(conv, idx, rule, form.text, form.embed);
+            edits.claimed[idx] = true;
+            let text = edits.render(conv, idx);
+            tokens[idx] = counter.message(&text);
+            edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64 - tokens[idx] as i64;
+            rendered[idx] = Some(text);
+        }
+    }
+
+    // Elide: first the groups that fit no tier, then the least salient, while over target.
+    let mut total = tokens.iter().sum::<u64>() + fixed_extra;
+    let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
+    candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
+    let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
+    for u in candidates {
+        if total <= target && tier_of[u].is_some() {
+            break;
+        }
+        gone.insert(u);
+        let runs = elision_runs(engine, conv, edits, &units, &gone);
+        let new_total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+        if new_total < total {
+            total = new_total;
+        } else {
+            gone.remove(&u);
+        }
+    }
+    let runs = elision_runs(engine, conv, edits, &units, &gone);
+    for (start, (end, marker)) in &runs {
+        let mut raw_tokens = 0i64;
+        let mut raw_chars = 0i64;
+        for idx in *start..*end {
+            if !edits.dropped[idx] {
+                elided.messages.insert(idx);
+                raw_tokens += counter.message(conv.raw[idx].get()) as i64;
+                raw_chars += conv.raw[idx].get().len() as i64;
+            }
+        }
+        elided.tokens_saved += raw_tokens - counter.message(marker) as i64;
+        elided.chars_saved += raw_chars - marker.len() as i64;
+    }
+    report.elided_groups = gone.len() as u64;
+    report.elided_messages = elided.messages.len() as u64;
+    report.over_target = total > target;
+    elided.runs = runs;
+    Fit { report, elided }
+}
+
+/// Total tokens of the prefix with `runs` elided.
+fn elided_total(
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    tokens: &[u64],
+    runs: &BTreeMap<usize, (usize, String)>,
+    counter: &dyn CountTokens,
+) -> u64 {
+    let mut total = 0;
+    let mut idx = 0;
+    while idx < conv.boundary {
+        if let Some((end, marker)) = runs.get(&idx) {
+            total += counter.message(marker);
+            idx = *end;
+            continue;
+        }
+        if !edits.dropped[idx] {
+            total += tokens[idx];
+        }
+        idx += 1;
+    }
+    total
+}
+
+/// Maximal runs of elided units (dropped messages between them do not break a run), each with its
+/// marker message.
+fn elision_runs(
+    engine: &Engine,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    units: &[Unit],
+    gone: &BTreeSet<usize>,
+) -> BTreeMap<usize, (usize, String)> {
+    let mut spans: Vec<(usize, usize)> = gone.iter().map(|&u| (units[u].start, units[u].end)).collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (start, end) in spans {
+        if let Some(last) = merged.last_mut()
+            && (last.1..start).all(|i| edits.dropped[i])
+        {
+            last.1 = end;
+            continue;
+        }
+        merged.push((start, end));
+    }
+    merged.into_iter().map(|(start, end)| (start, (end, elision_marker(engine, conv, edits, start, end)))).collect()
+}
+
+/// `{"role":"assistant","content":"[pare: 12 earlier messages elided — read_file ×5, terminal ×7; files: …]"}`.
+fn elision_marker(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, start: usize, end: usize) -> String {
+    let n = (start..end).filter(|&i| !edits.dropped[i]).count();
+    let mut tools: BTreeMap<String, usize> = BTreeMap::new();
+    let mut files: Vec<String> = Vec::new();
+    let mut notes = 0;
+    for idx in start..end {
+        let Some(m) = &conv.msgs[idx] else { continue };
+        if edits.dropped[idx] {
+            continue;
+        }
+        if m.role == "tool" {
+            let facts = conv.facts(idx);
+            *tools.entry(facts.tool.clone()).or_default() += 1;
+            for f in facts.files {
+                if files.len() < 8 && !files.contains(&f) {
+                    files.push(f);
+                }
+            }
+        } else if m.role == "assistant" && m.tool_calls.as_ref().is_none_or(|t| t.is_empty()) {
+            notes += 1;
+        } else if is_system(&m.role) {
+            *tools.entry("system".into()).or_default() += 1;
+        }
+    }
+    let mut what: Vec<String> = tools.iter().map(|(t, k)| format!("{t} ×{k}")).collect();
+    if notes > 0 {
+        what.push(format!("assistant notes ×{notes}"));
+    }
+    let text = render(&engine.policy.spec.tiers.elision_template, &|name| match name {
+        "n" => Some(group_digits(n)),
+        "tools" => Some(what.join(", ")),
+        "files" => Some(files_suffix(&files)),
+        _ => None,
+    });
+    serde_json::json!({"role": "assistant", "content": text}).to_string()
+}
+
+/// The groups tiers may touch, scored, with their forms at each tier.
+fn units(
+    engine: &Engine,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    counter: &dyn CountTokens,
+    tokens: &[u64],
+) -> Vec<Unit> {
+    let sal = &engine.salience;
+    let task = task_words(conv);
+    let tail_files = tail_files(conv);
+    let mut assistants_from = vec![0usize; conv.msgs.len() + 1];
+    for idx in (0..conv.msgs.len()).rev() {
+        let is_assistant = conv.msgs[idx].as_ref().is_some_and(|m| m.role == "assistant");
+        assistants_from[idx] = assistants_from[idx + 1] + usize::from(is_assistant);
+    }
+    let mut out = Vec::new();
+    for g in &conv.groups {
+        let elidable_kind = match g.kind {
+            GroupKind::ToolCalls | GroupKind::Assistant => true,
+            GroupKind::System => conv.first_system != Some(g.start),
+            GroupKind::User | GroupKind::Other => false,
+        };
+        let live: Vec<usize> = (g.start..g.end).filter(|&i| !edits.dropped[i]).collect();
+        if !elidable_kind || live.is_empty() || live.iter().any(|&i| edits.kept[i]) {
+            continue;
+        }
+        // pare's own elision markers stay: re-eliding them would lose what they list.
+        if g.kind == GroupKind::Assistant && edits.compacted[g.start] {
+            continue;
+        }
+        let age = assistants_from[g.start].saturating_sub(1) as f64;
+        let recency = (-age / sal.tau_turns.max(1e-9)).exp();
+        let error = (g.start..g.end)
+            .any(|i| conv.outcomes[i].as_ref().is_some_and(|o| !o.status.is_ok() || o.first_error.is_some()));
+        let words = group_words(conv, g.start, g.end);
+        let overlap = task.iter().filter(|w| words.contains(w.as_str())).count();
+        let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
+        let files = group_files(conv, g.start, g.end);
+        let focused = files.iter().any(|f| tail_files.iter().any(|t| same_file(f, t)));
+        let score = sal.w_recency * recency
+            + sal.w_error * f64::from(u8::from(error))
+            + sal.w_keywords * keywords
+            + sal.w_files * f64::from(u8::from(focused));
+        let forms = TIERS.map(|tier| {
+            let mut texts = Vec::with_capacity(g.end - g.start);
+            let mut size = 0;
+            for (idx, &now) in tokens.iter().enumerate().take(g.end).skip(g.start) {
+                if edits.dropped[idx] {
+                    texts.push(None);
+                    continue;
+                }
+                let form = form(engine, conv, edits, idx, tier);
+                size += match &form {
+                    Some(edit) => counter.message(&edits.render_as(conv, idx, Some(edit))).min(now),
+                    None => now,
+                };
+                texts.push(form);
+            }
+            (texts, size)
+        });
+        out.push(Unit { start: g.start, end: g.end, score, forms });
+    }
+    out
+}
+
+/// The text of message `idx` at `tier`, or `None` when it stays as it is.
+fn form(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, idx: usize, tier: Tier) -> Option<TextEdit> {
+    let spec = &engine.policy.spec.tiers;
+    if tier == Tier::Focus || edits.compacted[idx] || edits.kept[idx] {
+        return None;
+    }
+    let m = conv.msgs[idx].as_ref()?;
+    let current = edits.current_text(conv, idx);
+    let candidate = if conv.outcomes[idx].is_some() {
+        match tier {
+            Tier::Focus => return None,
+            Tier::Recent => {
+                if edits.claimed[idx] || current.chars().count() <= spec.light_max_chars || is_compacted(&current) {
+                    return None;
+                }
+                let short =
+                    truncate_lines(&current, spec.light_head, spec.light_tail, &engine.policy.spec.truncate.template)
+                        .unwrap_or_else(|| current.clone());
+                let cap = spec.light_max_chars * 4;
+                let short =
+                    super::rules::cap_chars(&short, cap, &engine.policy.spec.hard_cap.template).unwrap_or(short);
+                TextEdit { text: short, embed: true }
+            }
+            Tier::Summary => TextEdit { text: conv.facts(idx).render(&spec.heavy_template), embed: false },
+            Tier::Background => TextEdit { text: conv.facts(idx).render(&spec.facts_template), embed: false },
+        }
+    } else if m.role == "assistant" {
+        if current.trim().is_empty() || is_compacted(&current) {
+            return None;
+        }
+        let chars = current.chars().count();
+        match tier {
+            Tier::Focus | Tier::Recent => return None,
+            Tier::Summary => {
+                if chars <= spec.heavy_text_chars {
+                    return None;
+                }
+                let head: String = current.chars().take(spec.heavy_text_chars).collect();
+                let cut = chars - spec.heavy_text_chars;
+                TextEdit {
+                    text: format!(
+                        "{}…\n[pare: {} more chars of this note omitted]",
+                        head.trim_end(),
+                        group_digits(cut)
+                    ),
+                    embed: false,
+                }
+            }
+            Tier::Background => TextEdit {
+                text: render(&spec.facts_text_template, &|name| match name {
+                    "chars" => Some(group_digits(chars)),
+                    "lines" => Some(group_digits(current.lines().count())),
+                    _ => None,
+                }),
+                embed: false,
+            },
+        }
+    } else {
+        return None;
+    };
+    (candidate.text != current).then_some(candidate)
+}
+
+const STOP_WORDS: &[&str] = &[
+    "this",
+    "that",
+    "with",
+    "from",
+    "have",
+    "will",
+    "would",
+    "should",
+    "could",
+    "there",
+    "their",
+    "them",
+    "then",
+    "than",
+    "what",
+    "when",
+    "where",
+    "which",
+    "while",
+    "your",
+    "about",
+    "into",
+    "some",
+    "such",
+    "also",
+    "only",
+    "like",
+    "just",
+    "make",
+    "sure",
+    "need",
+    "please",
+    "following",
+    "file",
+    "files",
+    "code",
+    "none",
+    "true",
+    "false",
+    "self",
+    "return",
+    "def",
+    "class",
+    "import",
+];
+
+/// Words of 4+ characters (identifiers included), lowercased, without common English filler.
+fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| w.chars().count() >= 4)
+        .map(str::to_lowercase)
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+}
+
+/// The task: the first and the latest user message (the first 8 KiB of each).
+fn task_words(conv: &Conversation<'_>) -> Vec<String> {
+    let users: Vec<&crate::wire::Message> = conv.msgs.iter().flatten().filter(|m| m.role == "user").collect();
+    let mut set = BTreeSet::new();
+    for m in [users.first(), users.last()].into_iter().flatten() {
+        let text = m.text();
+        set.extend(words(super::markers::prefix_at_char_boundary(&text, 8 * 1024)));
+    }
+    set.into_iter().collect()
+}
+
+/// The words of a group: its assistant text, its calls' arguments and the start of its results.
+fn group_words(conv: &Conversation<'_>, start: usize, end: usize) -> HashSet<String> {
+    let mut set = HashSet::new();
+    for idx in start..end {
+        let Some(m) = &conv.msgs[idx] else { continue };
+        let text = match &conv.outcomes[idx] {
+            Some(o) => o.text.clone(),
+            None => m.text(),
+        };
+        set.extend(words(super::markers::prefix_at_char_boundary(&text, 8 * 1024)));
+        for call in conv.calls.iter().filter(|c| c.msg == idx) {
+            set.extend(words(&call.arguments));
+        }
+    }
+    set
+}
+
+/// Files a group touches: its calls' path arguments and the paths its messages mention.
+fn group_files(conv: &Conversation<'_>, start: usize, end: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for idx in start..end {
+        if conv.outcomes[idx].is_some() {
+            out.extend(conv.facts(idx).files);
+        } else if let Some(m) = &conv.msgs[idx] {
+            out.extend(mentioned_files(&m.text(), 8));
+            for call in conv.calls.iter().filter(|c| c.msg == idx) {
+                out.extend(path_argument(&call.arguments));
+                out.extend(mentioned_files(&call.arguments, 4));
+            }
+        }
+    }
+    out
+}
+
+/// Files the protected tail works on: its calls' paths and the paths its calls and notes mention.
+fn tail_files(conv: &Conversation<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    for idx in conv.boundary..conv.msgs.len() {
+        let Some(m) = &conv.msgs[idx] else { continue };
+        if m.role == "assistant" {
+            out.extend(mentioned_files(&m.text(), 8));
+            for call in conv.calls.iter().filter(|c| c.msg == idx) {
+                out.extend(path_argument(&call.arguments));
+                out.extend(mentioned_files(&call.arguments, 4));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `src/a.py` and `/repo/src/a.py` name the same file.
+fn same_file(a: &str, b: &str) -> bool {
+    let (long, short) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+    long == short || (long.ends_with(short) && long.as_bytes()[long.len() - short.len() - 1] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_file_matches_path_suffixes_only_at_a_slash() {
+        assert!(same_file("/repo/src/a.py", "src/a.py"));
+        assert!(same_file("a.py", "a.py"));
+        assert!(!same_file("/repo/src/ba.py", "a.py"));
+    }
+
+    #[test]
+    fn words_skip_filler_and_short_tokens() {
+        let w: Vec<String> =
+            words("Please fix the separability_matrix for nested CompoundModels in file x.py").collect();
+        assert_eq!(w, vec!["separability_matrix", "nested", "compoundmodels"]);
+    }
 }

@@ -141,3 +141,767 @@ fn golden_outputs_are_idempotent_and_deterministic() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rule by rule: a few lines per case, each rule checked where it must fire and where it must not.
+
+mod build {
+    use serde_json::{Value, json};
+
+    pub fn system(text: &str) -> Value {
+        json!({"role": "system", "content": text})
+    }
+    pub fn user(text: &str) -> Value {
+        json!({"role": "user", "content": text})
+    }
+    pub fn assistant(text: &str) -> Value {
+        json!({"role": "assistant", "content": text})
+    }
+    /// An assistant message with one call per `(id, tool, arguments)`.
+    pub fn calls(list: &[(&str, &str, Value)]) -> Value {
+        let calls: Vec<Value> = list
+            .iter()
+            .map(|(id, name, args)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}})
+            })
+            .collect();
+        json!({"role": "assistant", "content": null, "tool_calls": calls})
+    }
+    pub fn call(id: &str, tool: &str, args: Value) -> Value {
+        calls(&[(id, tool, args)])
+    }
+    pub fn result(id: &str, content: &str) -> Value {
+        json!({"role": "tool", "tool_call_id": id, "content": content})
+    }
+    pub fn body(messages: &[Value]) -> Vec<u8> {
+        serde_json::to_vec(&json!({"model": "m", "messages": messages, "temperature": 0.2})).unwrap()
+    }
+}
+
+use build::*;
+
+/// Compact `messages` with the default pack (+ overrides); returns the forwarded messages and the
+/// report, after checking the invariants, determinism and idempotence.
+fn forward(overrides: Value, messages: &[Value]) -> (Vec<Value>, Value) {
+    let engine = engine("default", overrides);
+    forward_with(&engine, messages, None)
+}
+
+fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Vec<Value>, Value) {
+    let input = body(messages);
+    let (out, result) = run(engine, &input, target);
+    assert_invariants(&input, &out, &result);
+    let (again, _) = run(engine, &input, target);
+    assert_eq!(out, again, "not deterministic");
+    let (twice, _) = run(engine, &out, target);
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent");
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    (v["messages"].as_array().unwrap().clone(), result.report)
+}
+
+fn text(m: &Value) -> String {
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn lines(n: usize, word: &str) -> String {
+    (1..=n).map(|i| format!("{word} line {i} of the output")).collect::<Vec<_>>().join("\n")
+}
+
+/// The tail of every case: one more turn, protected with `protect_last_turns: 1`.
+fn tail() -> Vec<Value> {
+    vec![user("thanks"), assistant("done")]
+}
+
+fn with_tail(mut messages: Vec<Value>) -> Vec<Value> {
+    messages.extend(tail());
+    messages
+}
+
+const ONE: fn() -> Value = || json!({"protect_last_turns": 1});
+
+#[test]
+fn collapse_replaces_succeeded_results_and_keeps_the_call() {
+    let msgs = with_tail(vec![
+        system("sys"),
+        user("read it"),
+        call("c1", "read_file", json!({"path": "src/config.yaml"})),
+        result("c1", &lines(12, "ok")),
+        call("c2", "terminal", json!({"command": "pytest -x"})),
+        result("c2", "Traceback (most recent call last):\n  File \"t.py\", line 1\nAssertionError: boom"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    assert_eq!(out[2], msgs[2], "the assistant's call is kept byte for byte");
+    let chars = lines(12, "ok").chars().count();
+    assert_eq!(
+        text(&out[3]),
+        format!("[tool: read_file(\"src/config.yaml\") → ok, {chars} chars, 12 lines; files: src/config.yaml]")
+    );
+    assert_eq!(out[5], msgs[5], "a failed result is kept");
+    assert_eq!(report["rules"]["collapse_succeeded"]["messages"], 1);
+}
+
+#[test]
+fn nothing_in_the_protected_tail_is_touched() {
+    let msgs = vec![
+        user("go"),
+        call("c1", "terminal", json!({"command": "ls"})),
+        result("c1", &lines(40, "file")),
+        assistant("seen"),
+    ];
+    // Two assistant messages, two protected turns: everything from the first call on is tail.
+    let (out, report) = forward(json!({"protect_last_turns": 2}), &msgs);
+    assert_eq!(out, msgs);
+    assert_eq!(report["boundary"], 1);
+    let (out, _) = forward(ONE(), &msgs);
+    assert_ne!(out[2], msgs[2]);
+}
+
+#[test]
+fn truncate_keeps_head_and_tail_of_large_failures_only() {
+    let big = format!("{}\nError: it broke", lines(40, "log"));
+    let small = "Error: small failure\nsecond line";
+    let msgs = with_tail(vec![
+        user("run"),
+        call("c1", "terminal", json!({"command": "make"})),
+        result("c1", &big),
+        call("c2", "terminal", json!({"command": "make again"})),
+        result("c2", small),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    let t = text(&out[2]);
+    assert!(t.starts_with("log line 1 of the output\n"), "{t}");
+    assert!(t.contains("\n[...truncated 26 lines...]\n"), "{t}");
+    assert!(t.ends_with("Error: it broke"), "{t}");
+    assert_eq!(t.lines().count(), 16);
+    assert_eq!(out[4], msgs[4], "a result under 500 chars is not truncated");
+    assert_eq!(report["rules"]["truncate"]["messages"], 1);
+}
+
+#[test]
+fn hermes_json_results_are_truncated_inside_their_text_field() {
+    let inner = format!("{}\nerror: nope", lines(50, "out"));
+    let content = json!({"output": inner, "exit_code": 2, "error": null}).to_string();
+    let msgs =
+        with_tail(vec![user("x"), call("c1", "terminal", json!({"command": "cargo build"})), result("c1", &content)]);
+    let (out, _) = forward(ONE(), &msgs);
+    let v: Value = serde_json::from_str(&text(&out[2])).expect("still a JSON result");
+    assert_eq!(v["exit_code"], 2);
+    assert!(v["error"].is_null());
+    let cut = inner.lines().count() - 15;
+    assert!(v["output"].as_str().unwrap().contains(&format!("\n[...truncated {cut} lines...]\n")));
+}
+
+#[test]
+fn hard_cap_cuts_long_single_line_failures() {
+    let long = format!("Error: {}", "x".repeat(20_000));
+    let msgs = with_tail(vec![user("x"), call("c1", "api", json!({"q": 1})), result("c1", &long)]);
+    let (out, report) = forward(ONE(), &msgs);
+    let t = text(&out[2]);
+    assert!(t.chars().count() <= 4000, "{}", t.len());
+    assert!(t.contains("\n[pare: …truncated "));
+    assert_eq!(report["rules"]["hard_cap"]["messages"], 1);
+    let (out, _) = forward(json!({"protect_last_turns": 1, "hard_cap": {"enabled": false}}), &msgs);
+    assert_eq!(out[2], msgs[2]);
+}
+
+#[test]
+fn later_system_messages_become_markers_and_the_first_is_kept() {
+    let msgs = with_tail(vec![
+        system(&format!("You are an agent.\n# Tools\n{}", lines(10, "tool"))),
+        user("hi"),
+        assistant("hello"),
+        system(&format!("# Skills loaded\nSOUL.md\n# MCP servers\ngithub, fs\n{}", lines(5, "detail"))),
+    ]);
+    let chars = text(&msgs[3]).chars().count();
+    let (out, _) = forward(ONE(), &msgs);
+    assert_eq!(out[0], msgs[0]);
+    assert_eq!(text(&out[3]), format!("[system prompt: \"Skills loaded\" ({chars} chars; sections: MCP servers)]"));
+    let (out, _) = forward(json!({"protect_last_turns": 1, "system_messages": {"replace_first": true}}), &msgs);
+    assert!(text(&out[0]).starts_with("[system prompt: \"You are an agent.\""));
+}
+
+#[test]
+fn consecutive_assistant_messages_keep_the_last_and_every_call() {
+    let msgs = with_tail(vec![
+        user("go"),
+        assistant("thinking out loud"),
+        assistant("more"),
+        call("c1", "terminal", json!({"command": "false"})),
+        result("c1", "Error: failed"),
+        assistant("first"),
+        assistant("second"),
+        user("ok"),
+        assistant("alone"),
+    ]);
+    let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
+    let texts: Vec<String> = out.iter().map(text).collect();
+    assert_eq!(texts[..6], ["go", "", "Error: failed", "second", "ok", "alone"]);
+    assert_eq!(report["rules"]["consecutive_assistant"]["messages"], 3);
+}
+
+#[test]
+fn user_messages_are_never_touched_even_by_user_rules() {
+    let huge = lines(200, "pasted");
+    let msgs = with_tail(vec![
+        user(&huge),
+        assistant("ok"),
+        user(&format!("Traceback (most recent call last)\n{huge}")),
+        assistant("ok again"),
+    ]);
+    let overrides = json!({"protect_last_turns": 1, "custom": [{"name": "all", "match": {"content": "pasted"}, "action": "clear"}]});
+    let (out, _) = forward(overrides, &msgs);
+    assert_eq!(out[0], msgs[0]);
+    assert_eq!(out[2], msgs[2]);
+}
+
+#[test]
+fn retry_pruning_marks_failures_that_a_later_retry_fixed() {
+    let fail = &format!(
+        "Traceback (most recent call last):\n{}\nModuleNotFoundError: No module named 'foo'",
+        lines(4, "  File x.py")
+    );
+    let msgs = with_tail(vec![
+        user("test"),
+        call("c1", "terminal", json!({"command": "pytest -x"})),
+        result("c1", fail),
+        call("c2", "terminal", json!({"command": "pip install foo"})),
+        result("c2", "Error: network down"),
+        call("c3", "terminal", json!({"command": "pytest -x"})),
+        result("c3", "1 passed"),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    assert_eq!(
+        text(&out[2]),
+        "[retried: terminal(\"pytest -x\") failed: ModuleNotFoundError: No module named 'foo'; a later retry succeeded]"
+    );
+    assert_eq!(out[4], msgs[4], "a failure never retried is kept");
+}
+
+#[test]
+fn retry_pruning_needs_a_later_success() {
+    let msgs = with_tail(vec![
+        user("test"),
+        call("c1", "terminal", json!({"command": "pytest"})),
+        result("c1", "FAILED test_a"),
+        call("c2", "terminal", json!({"command": "pytest"})),
+        result("c2", "FAILED test_a again"),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    assert_eq!(out[2], msgs[2]);
+}
+
+#[test]
+fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
+    let mut msgs = vec![user("poll")];
+    for i in 1..=3 {
+        msgs.push(call(&format!("c{i}"), "terminal", json!({"command": "git status"})));
+        msgs.push(result(&format!("c{i}"), &format!("Error: lock held (attempt {i})\n{}", lines(8, "waiting"))));
+    }
+    let msgs = with_tail(msgs);
+    let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
+    assert!(
+        text(&out[2]).starts_with("[pare: repeated call 1 of 3: terminal(\"git status\") → error"),
+        "{}",
+        text(&out[2])
+    );
+    assert!(text(&out[4]).starts_with("[pare: repeated call 2 of 3:"));
+    assert_eq!(out[6], msgs[6], "the latest occurrence is kept");
+    assert_eq!(report["rules"]["loops"]["messages"], 2);
+    // Two occurrences are not a loop.
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &[&msgs[..5], &tail()[..]].concat());
+    assert_eq!(out[2], msgs[2]);
+}
+
+#[test]
+fn duplicate_outputs_point_to_the_later_copy() {
+    let listing = format!("Error: {}", lines(8, "same"));
+    let msgs = with_tail(vec![
+        user("x"),
+        call("c1", "terminal", json!({"command": "ls -la"})),
+        result("c1", &listing),
+        call("c2", "terminal", json!({"command": "ls -la ."})),
+        result("c2", &listing),
+        call("c3", "terminal", json!({"command": "echo"})),
+        result("c3", "Error: tiny"),
+        call("c4", "terminal", json!({"command": "echo again"})),
+        result("c4", "Error: tiny"),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    let chars = listing.chars().count();
+    assert_eq!(
+        text(&out[2]),
+        format!("[pare: output of terminal(\"ls -la\") ({chars} chars) identical to the later result of call c2]")
+    );
+    assert_eq!(out[4], msgs[4], "the latest copy is kept");
+    assert_eq!(out[6], msgs[6], "short outputs are not folded");
+}
+
+#[test]
+fn large_source_reads_become_structural_maps() {
+    let mut src = String::from("use std::io;\n\n");
+    for i in 0..40 {
+        src.push_str(&format!("pub fn handler_{i}(x: u32) -> u32 {{\n    let y = x + {i};\n    y * 2\n}}\n\n"));
+    }
+    let msgs = with_tail(vec![
+        user("read"),
+        call("c1", "read_file", json!({"path": "src/handlers.rs"})),
+        result("c1", &src),
+        call("c2", "read_file", json!({"path": "notes.txt"})),
+        result("c2", &src.replace("handler", "note")),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    let map = text(&out[2]);
+    let n_lines = src.lines().count();
+    assert!(map.starts_with(&format!("[pare: structure of src/handlers.rs ({n_lines} lines, ")), "{map}");
+    assert!(map.contains("\n  3-6  pub fn handler_0(x: u32) -> u32\n"), "{map}");
+    assert!(map.contains("  198-201  pub fn handler_39(x: u32) -> u32"), "{map}");
+    assert!(text(&out[4]).starts_with("[tool: read_file(\"notes.txt\") → ok"), "unknown languages are collapsed");
+}
+
+#[test]
+fn old_reasoning_is_stripped_outside_the_tail_only() {
+    let mut thinking = assistant("visible");
+    thinking["reasoning_content"] = json!("a long chain of thought");
+    thinking["x_vendor"] = json!({"keep": true});
+    let parts = json!({"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+        {"type": "text", "text": "answer"}
+    ]});
+    let think_tags = assistant("<think>private</think>\nPublic answer");
+    let mut tail_thinking = assistant("final");
+    tail_thinking["reasoning_content"] = json!("current reasoning");
+    let msgs = vec![user("q"), thinking, user("q2"), parts, user("q3"), think_tags, user("q4"), tail_thinking];
+    let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
+    assert_eq!(out[1], json!({"role": "assistant", "content": "visible", "x_vendor": {"keep": true}}));
+    assert_eq!(out[3]["content"], json!([{"type": "text", "text": "answer"}]));
+    assert_eq!(text(&out[5]), "Public answer");
+    assert_eq!(out[7], msgs[7], "the tail keeps its reasoning");
+    assert_eq!(report["rules"]["reasoning"]["messages"], 3);
+}
+
+#[test]
+fn user_rules_keep_truncate_mark_and_clear() {
+    let msgs = with_tail(vec![
+        user("x"),
+        call("c1", "terminal", json!({"command": "pytest tests/"})),
+        result("c1", &lines(30, "passed")),
+        call("c2", "browser_snapshot", json!({"url": "https://example.com"})),
+        result("c2", &lines(30, "dom")),
+        call("c3", "terminal", json!({"command": "env"})),
+        result("c3", &lines(30, "SECRET=1")),
+        call("c4", "terminal", json!({"command": "cat log"})),
+        result("c4", &format!("Error: x\n{}", lines(30, "log"))),
+    ]);
+    let overrides = json!({"protect_last_turns": 1, "custom": [
+        {"name": "keep-tests", "match": {"tool": "terminal", "arguments": "pytest"}, "action": "keep"},
+        {"name": "browser", "match": {"tool": "browser_.*"}, "action": "marker", "template": "[pare: page {arg} ({chars} chars)]"},
+        {"name": "secrets", "match": {"role": "tool", "content": "SECRET="}, "action": "clear"},
+        {"name": "logs", "match": {"arguments": "cat log", "status": "failed"}, "action": "truncate", "head": 2, "tail": 1}
+    ]});
+    let (out, report) = forward(overrides, &msgs);
+    assert_eq!(out[2], msgs[2], "keep wins over collapse");
+    let chars = lines(30, "dom").chars().count();
+    assert_eq!(text(&out[4]), format!("[pare: page \"https://example.com\" ({chars} chars)]"));
+    assert_eq!(text(&out[6]), "");
+    assert_eq!(
+        text(&out[8]),
+        "Error: x\nlog line 1 of the output\n[...truncated 28 lines...]\nlog line 30 of the output"
+    );
+    assert_eq!(report["rules"]["custom"]["messages"], 3);
+}
+
+#[test]
+fn edited_messages_keep_key_order_unknown_keys_and_content_parts() {
+    let mut res = json!({"tool_call_id": "c1", "x_meta": {"b": 1, "a": 2}, "role": "tool", "name": "execute_bash",
+        "content": [{"type": "text", "text": lines(20, "ok"), "cache_control": {"type": "ephemeral"}}]});
+    res["zz"] = json!(null);
+    let msgs = with_tail(vec![user("x"), call("c1", "execute_bash", json!({"command": "ls"})), res]);
+    let input = body(&msgs);
+    let (out, _) = run(&engine("default", ONE()), &input, None);
+    let out = String::from_utf8(out).unwrap();
+    let chars = lines(20, "ok").chars().count();
+    let want = format!(
+        r#"{{"tool_call_id":"c1","x_meta":{{"b":1,"a":2}},"role":"tool","name":"execute_bash","content":[{{"type":"text","text":"[tool: execute_bash(\"ls\") → ok, {chars} chars, 20 lines]","cache_control":{{"type":"ephemeral"}}}}],"zz":null}}"#
+    );
+    assert!(out.contains(&want), "{out}");
+}
+
+#[test]
+fn invalid_input_is_forwarded_unchanged_and_reported() {
+    let msgs = vec![
+        user("x"),
+        call("c1", "terminal", json!({"command": "ls"})),
+        user("interrupted before the result"),
+        call("c2", "terminal", json!({"command": "ls"})),
+        result("c2", &lines(30, "x")),
+        assistant("a"),
+        assistant("b"),
+    ];
+    let input = body(&msgs);
+    let (out, result) = run(&engine("default", ONE()), &input, None);
+    assert_eq!(out, input);
+    assert_eq!(result.boundary, msgs.len());
+    assert!(result.report["input_invalid"].as_str().unwrap().contains("`c1`"), "{}", result.report);
+}
+
+#[test]
+fn markers_from_an_earlier_compaction_are_left_alone() {
+    let msgs = with_tail(vec![
+        user("x"),
+        call("c1", "terminal", json!({"command": "ls"})),
+        result("c1", "[tool: terminal(\"ls\") → ok, 10 chars, 1 lines]"),
+        call("c2", "terminal", json!({"command": "make"})),
+        result("c2", &format!("a\nb\n[...truncated 40 lines...]\n{}", "Error: long line ".repeat(40))),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    assert_eq!(out[2], msgs[2]);
+    assert_eq!(out[4], msgs[4]);
+    assert_eq!(report["messages_changed"], 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// `pare compact`
+
+fn pare_compact(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+        .arg("compact")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pare");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn cli_compacts_a_real_request_and_reports_per_rule() {
+    let path = fixtures().join("openhands_django_11066.json");
+    let input = std::fs::read(&path).unwrap();
+    let out = pare_compact(&["--stats", "--diff", path.to_str().unwrap()], b"");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = out.stdout.strip_suffix(b"\n").expect("body ends with a newline");
+    assert!(stdout.len() < input.len());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("pack default · messages 24 → 24"), "{stderr}");
+    assert!(stderr.contains("collapse_succeeded"), "{stderr}");
+    assert!(stderr.contains("\n  + [tool: execute_bash(\"ls -R /workspace/django__django__3.0\") → ok"), "{stderr}");
+    let parsed = ChatBody::parse(stdout).unwrap();
+    let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
+    pare::compact::validate::check(&skeletons).unwrap();
+}
+
+#[test]
+fn cli_window_enables_tiers_and_stdin_works() {
+    let input = std::fs::read(fixtures().join("mini_swe_agent_sqlfluff.json")).unwrap();
+    let out = pare_compact(&["--window", "3000", "--stats", "-"], &input);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("\ntarget "), "{stderr}");
+    assert!(stderr.contains("tiers focus"), "{stderr}");
+}
+
+#[test]
+fn cli_forwards_what_it_cannot_parse_and_says_so() {
+    let out = pare_compact(&[], b"{\"model\": \"m\"}");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, b"{\"model\": \"m\"}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not compacted: body has no `messages` array"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Salience tiers and elision (with a token target).
+
+/// A long session: `n` turns of reads and test runs (every third fails), then a protected tail.
+fn long_session(n: usize) -> Vec<Value> {
+    let mut msgs = vec![system("You are a coding agent."), user("Fix the parser bug in src/parser.py")];
+    for i in 0..n {
+        msgs.push(assistant(&format!("Step {i}: looking at module_{i}.")));
+        msgs.push(call(&format!("r{i}"), "read_file", json!({"path": format!("src/module_{i}.py")})));
+        let body = format!("Error: {}", lines(30 + i % 7, &format!("module_{i} source")));
+        msgs.push(result(&format!("r{i}"), &body));
+        msgs.push(call(&format!("t{i}"), "terminal", json!({"command": format!("pytest tests/test_{i}.py")})));
+        let outcome =
+            if i % 3 == 0 { format!("FAILED tests/test_{i}.py\n{}", lines(20, "trace")) } else { "3 passed".into() };
+        msgs.push(result(&format!("t{i}"), &outcome));
+    }
+    msgs.push(user("now focus on src/parser.py"));
+    msgs.push(call("p", "read_file", json!({"path": "src/parser.py"})));
+    msgs.push(result("p", &lines(40, "parser")));
+    msgs.push(assistant("The bug is on line 12."));
+    msgs
+}
+
+fn tokens_of(messages: &[Value], tools: u64) -> u64 {
+    messages.iter().map(|m| QuarterCounter.message(&m.to_string())).sum::<u64>() + tools + 3
+}
+
+#[test]
+fn no_tiers_when_the_rules_reach_the_target() {
+    let msgs = long_session(6);
+    let engine = engine("default", ONE());
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let (with_target, report) = forward_with(&engine, &msgs, Some(1_000_000));
+    assert_eq!(rules_only, with_target);
+    assert_eq!(report["tiers"]["focus"], 0);
+    assert_eq!(report["tiers"]["over_target"], false);
+}
+
+#[test]
+fn tiers_and_elision_bring_the_request_under_target() {
+    let msgs = long_session(30);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let after_rules = tokens_of(&rules_only, 0);
+    for target in [after_rules * 3 / 4, after_rules / 2, after_rules / 4] {
+        let (out, report) = forward_with(&engine, &msgs, Some(target));
+        let got = tokens_of(&out, 0);
+        assert!(got <= target, "target {target}: got {got}; {report}");
+        assert_eq!(report["tiers"]["over_target"], false);
+        assert_eq!(out[0], msgs[0], "the first system message is kept");
+        let tiers = &report["tiers"];
+        let groups =
+            ["focus", "recent", "summary", "background"].iter().map(|t| tiers[t].as_u64().unwrap()).sum::<u64>();
+        assert!(groups > 0, "{report}");
+    }
+    // The tightest target elides: one marker per run, listing the tools that went.
+    let (out, report) = forward_with(&engine, &msgs, Some(after_rules / 4));
+    assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 0, "{report}");
+    let marker =
+        out.iter().map(text).find(|t| t.starts_with("[pare: ") && t.contains("earlier messages elided")).unwrap();
+    assert!(marker.contains("read_file ×") && marker.contains("terminal ×"), "{marker}");
+    assert!(marker.contains("; files: src/module_"), "{marker}");
+}
+
+#[test]
+fn an_unreachable_target_says_so_and_still_never_grows() {
+    let msgs = long_session(3);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (out, report) = forward_with(&engine, &msgs, Some(10));
+    assert_eq!(report["tiers"]["over_target"], true);
+    assert!(tokens_of(&out, 0) <= tokens_of(&msgs, 0));
+    // Users, the first system message and the tail survive even elision.
+    assert_eq!(out[0], msgs[0]);
+    assert_eq!(out[1], msgs[1]);
+}
+
+#[test]
+fn errors_and_focused_files_outrank_older_successes() {
+    // Two old groups of the same size and age order; the failing one must keep a richer form.
+    let big = lines(40, "listing");
+    let msgs = vec![
+        system("sys"),
+        user("make the build pass"),
+        call("a", "terminal", json!({"command": "make build"})),
+        result("a", &format!("Error: compile failed\n{big}")),
+        call("b", "terminal", json!({"command": "make docs"})),
+        result("b", &format!("Error: warning only\n{big}").replace("Error: warning only", "built docs")),
+        user("continue"),
+        assistant("ok"),
+    ];
+    let engine = engine(
+        "default",
+        json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}, "truncate": {"enabled": false}}),
+    );
+    let (rules_only, _) = forward_with(&engine, &msgs, None);
+    let target = tokens_of(&rules_only, 0) - 200;
+    let (out, report) = forward_with(&engine, &msgs, Some(target));
+    assert!(text(&out[3]).len() > text(&out[5]).len(), "{report}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property tests over generated conversations.
+
+mod generated {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    #[derive(Debug, Clone)]
+    pub enum Output {
+        Tiny,
+        Lines(usize),
+        Huge,
+        Traceback,
+        HermesOk(usize),
+        HermesFail,
+        ReturnCode(i32, usize),
+        Unicode(usize),
+        Parts(usize),
+        Source(usize),
+        Empty,
+    }
+
+    #[derive(Debug, Clone)]
+    pub enum Turn {
+        Text(usize),
+        Calls { calls: Vec<(usize, usize, Output)>, reversed: bool, reasoning: bool },
+        User(usize),
+        System(usize),
+    }
+
+    const TOOLS: &[&str] =
+        &["read_file", "terminal", "search_files", "execute_bash", "str_replace_editor", "browser_snapshot"];
+    const ARGS: &[&str] = &["src/a.py", "src/lib.rs", "main.go", "notes.txt", "pytest -x", "ls -la"];
+
+    fn output() -> impl Strategy<Value = Output> {
+        prop_oneof![
+            Just(Output::Tiny),
+            (1usize..80).prop_map(Output::Lines),
+            Just(Output::Huge),
+            Just(Output::Traceback),
+            (1usize..60).prop_map(Output::HermesOk),
+            Just(Output::HermesFail),
+            ((-1i32..3), (0usize..40)).prop_map(|(c, n)| Output::ReturnCode(c, n)),
+            (1usize..50).prop_map(Output::Unicode),
+            (1usize..40).prop_map(Output::Parts),
+            (5usize..60).prop_map(Output::Source),
+            Just(Output::Empty),
+        ]
+    }
+
+    pub fn turns() -> impl Strategy<Value = Vec<Turn>> {
+        let turn = prop_oneof![
+            (0usize..4).prop_map(Turn::Text),
+            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len(), output()), 1..4), any::<bool>(), any::<bool>())
+                .prop_map(|(calls, reversed, reasoning)| Turn::Calls { calls, reversed, reasoning }),
+            (0usize..3).prop_map(Turn::User),
+            (0usize..2).prop_map(Turn::System),
+        ];
+        prop::collection::vec(turn, 0..28)
+    }
+
+    fn lines(n: usize, word: &str) -> String {
+        (0..n).map(|i| format!("{word} {i} {}", "x".repeat(i % 13))).collect::<Vec<_>>().join("\n")
+    }
+
+    fn content(o: &Output) -> Value {
+        Value::String(match o {
+            Output::Tiny => "ok".into(),
+            Output::Lines(n) => lines(*n, "line"),
+            Output::Huge => "y".repeat(9000),
+            Output::Traceback => {
+                format!("Traceback (most recent call last):\n{}\nValueError: bad", lines(12, "  File"))
+            }
+            Output::HermesOk(n) => json!({"output": lines(*n, "out"), "exit_code": 0, "error": null}).to_string(),
+            Output::HermesFail => json!({"output": "", "exit_code": 1, "error": "boom: failed"}).to_string(),
+            Output::ReturnCode(c, n) => {
+                format!("<returncode>{c}</returncode>\n<output>\n{}\n</output>", lines(*n, "o"))
+            }
+            Output::Unicode(n) => {
+                (0..*n).map(|i| format!("行{i} ✓ ünïcödé 🚀 {}", "é".repeat(i % 9))).collect::<Vec<_>>().join("\n")
+            }
+            Output::Parts(n) => {
+                return json!([{"type": "text", "text": lines(*n, "part"), "cache_control": {"type": "ephemeral"}}]);
+            }
+            Output::Source(n) => (0..*n)
+                .map(|i| format!("pub fn f{i}(x: u32) -> u32 {{\n    let s = \"}}\";\n    x + {i}\n}}\n"))
+                .collect(),
+            Output::Empty => String::new(),
+        })
+    }
+
+    /// A valid conversation: system, user, the turns, then at least one closing assistant message.
+    pub fn build(turns: &[Turn]) -> Vec<Value> {
+        let mut msgs = vec![
+            json!({"role": "system", "content": "You are an agent.", "x_sys": 1}),
+            json!({"role": "user", "content": "fix src/lib.rs"}),
+        ];
+        let mut id = 0;
+        for t in turns {
+            match t {
+                Turn::Text(k) => msgs.push(json!({"role": "assistant", "content": format!("note {k}: {}", lines(*k * 3, "thought")), "x_a": [k]})),
+                Turn::User(k) => msgs.push(json!({"role": "user", "content": format!("user says {k}"), "x_u": true})),
+                Turn::System(k) => msgs.push(json!({"role": "system", "content": format!("# Skills\n{}", lines(k * 10 + 1, "skill"))})),
+                Turn::Calls { calls, reversed, reasoning } => {
+                    let mut tool_calls = Vec::new();
+                    let mut results = Vec::new();
+                    for (tool, arg, out) in calls {
+                        id += 1;
+                        let key = if ARGS[*arg].contains(' ') { "command" } else { "path" };
+                        tool_calls.push(json!({"id": format!("call_{id}"), "type": "function", "x_tc": id,
+                            "function": {"name": TOOLS[*tool], "arguments": json!({key: ARGS[*arg]}).to_string()}}));
+                        results.push(json!({"role": "tool", "tool_call_id": format!("call_{id}"), "content": content(out), "x_t": {"n": id}}));
+                    }
+                    if *reversed {
+                        results.reverse();
+                    }
+                    let mut a = json!({"role": "assistant", "content": null, "tool_calls": tool_calls});
+                    if *reasoning {
+                        a["reasoning_content"] = json!(lines(5, "because"));
+                    }
+                    msgs.push(a);
+                    msgs.extend(results);
+                }
+            }
+        }
+        msgs.push(json!({"role": "assistant", "content": "done"}));
+        msgs
+    }
+}
+
+/// Keys a rule may change: everything else of an edited message must survive unchanged.
+const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning"];
+
+fn check_generated(
+    msgs: &[Value],
+    pack: &str,
+    turns: u32,
+    target: Option<u64>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prop_assert;
+    use proptest::prop_assert_eq;
+    let engine = engine(pack, json!({"protect_last_turns": turns}));
+    let input = body(msgs);
+    let parsed = ChatBody::parse(&input).unwrap();
+    let (result, sources) = engine.compact_traced(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
+    prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
+    prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
+    let (out, again) = run(&engine, &input, target);
+    assert_invariants(&input, &out, &again);
+    // Unknown keys of every edited message survive; untouched messages are their original bytes.
+    for (entry, source) in result.prefix.iter().zip(&sources) {
+        match *source {
+            pare::compact::Source::Raw(idx) => prop_assert_eq!(entry.as_str(), parsed.messages[idx].get()),
+            pare::compact::Source::Edited(idx) => {
+                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx].get()).unwrap();
+                let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
+                for (k, v) in &before {
+                    if !EDITABLE_KEYS.contains(&k.as_str()) {
+                        prop_assert_eq!(after.get(k), Some(v), "key {} of message {}", k, idx);
+                    }
+                }
+            }
+            pare::compact::Source::Elided { .. } => {
+                let m: Value = serde_json::from_str(entry).unwrap();
+                prop_assert_eq!(&m["role"], "assistant");
+            }
+        }
+    }
+    let (same, _) = run(&engine, &input, target);
+    prop_assert_eq!(&out, &same, "not deterministic");
+    let (twice, r2) = run(&engine, &out, target);
+    prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent: {}", r2.report);
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 96, failure_persistence: None, ..Default::default() })]
+
+    #[test]
+    fn generated_conversations_keep_every_invariant(
+        turns in generated::turns(),
+        pack in 0usize..3,
+        protect in 0u32..6,
+        target_share in proptest::option::of(5u64..100),
+    ) {
+        let msgs = generated::build(&turns);
+        let target = target_share.map(|s| tokens_of(&msgs, 0) * s / 100);
+        check_generated(&msgs, BUILTIN_PACKS[pack].0, protect, target)?;
+    }
+}

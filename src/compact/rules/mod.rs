@@ -19,7 +19,7 @@ mod structure;
 mod system;
 mod truncate;
 
-pub use truncate::truncate_lines;
+pub use truncate::{cap_chars, truncate_lines};
 
 use super::Policy;
 use super::conversation::Conversation;
