@@ -22,12 +22,7 @@ const WINDOW: u64 = 65_536;
 fn tool_output(turn: usize, lines: usize) -> String {
     (0..lines)
         .map(|l| {
-            format!(
-                "{:>4}    let value_{turn}_{l} = compute_{}(&input[{l}..], {});\n",
-                l + 1,
-                l % 7,
-                turn * 31 + l
-            )
+            format!("{:>4}    let value_{turn}_{l} = compute_{}(&input[{l}..], {});\n", l + 1, l % 7, turn * 31 + l)
         })
         .collect()
 }
@@ -47,21 +42,17 @@ fn session(tokens: u64, compactor: &SessionCompactor) -> Vec<Value> {
         }
         let id = format!("call_{turn}");
         messages.push(json!({"role": "assistant", "content": format!("Reading part {turn}."), "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/mod_{turn}.rs\"}}")}}]}));
-        messages
-            .push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 60)}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 60)}));
         turn += 1;
     }
 }
 
 fn body(messages: &[Value]) -> Vec<u8> {
-    json!({"model": "bench", "messages": messages, "stream": true})
-        .to_string()
-        .into_bytes()
+    json!({"model": "bench", "messages": messages, "stream": true}).to_string().into_bytes()
 }
 
 fn compactor() -> SessionCompactor {
-    SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack()))
-        .expect("default config is valid")
+    SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack())).expect("default config is valid")
 }
 
 fn budget(c: &mut Criterion) {
