@@ -11,6 +11,8 @@ use http::HeaderMap;
 
 use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
+use crate::budget::epoch::SessionCompactor;
+use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability};
 use crate::session::SessionTracker;
 use crate::wire::ChatBody;
@@ -108,6 +110,8 @@ pub struct Pipeline {
     pub stats: PipelineStats,
     sessions: Arc<SessionTracker>,
     archive: Option<Arc<Archive>>,
+    /// Resolves the model's context window (config, detection, default) before compaction.
+    windows: Option<Arc<WindowResolver>>,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -116,7 +120,7 @@ pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
         let sessions = Arc::new(SessionTracker::new(&config.archive));
-        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None }
+        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None, windows: None }
     }
 
     /// Record every exchange in `archive`, and rebuild the session tracker from the sessions it holds
@@ -177,7 +181,13 @@ impl Pipeline {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 (raw.clone(), None, Some(err.to_string()))
             }
-            Ok(body) => self.compact(&session, &raw, body),
+            Ok(body) => {
+                let window = match &self.windows {
+                    Some(windows) => Some(windows.window(model.as_deref()).await),
+                    None => None,
+                };
+                self.compact(&session, &raw, body, window)
+            }
         };
         drop(parsed);
         let ticket = match &self.archive {
@@ -222,8 +232,9 @@ impl Pipeline {
         session: &str,
         raw: &Bytes,
         body: &ChatBody<'_>,
+        window: Option<u64>,
     ) -> (Bytes, Option<CompactionSummary>, Option<String>) {
-        let input = CompactInput { session, raw, body, window: None };
+        let input = CompactInput { session, raw, body, window };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
         match result {
             Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
@@ -239,6 +250,92 @@ impl Pipeline {
                 (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
         }
+    }
+}
+
+/// Why the pipeline of a configuration cannot be built (reported at start, before listening).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Engine(#[from] crate::compact::EngineConfigError),
+    #[error(transparent)]
+    Models(#[from] crate::budget::window::ModelTableError),
+    #[error("cannot build the http client for window detection: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+impl Pipeline {
+    /// Everything `pare serve` runs for chat requests, built from a configuration: the engine with its
+    /// rule pack, the per-session compactor (epochs, stickiness; mode `off` forwards unchanged), the
+    /// window resolver, and — when `archive.enabled` — the archive, from which the session tracker and
+    /// each recent session's compacted prefix are rebuilt so that a restart does not break the
+    /// upstream's prompt cache.
+    pub fn from_config(config: Arc<Config>) -> Result<Pipeline, BuildError> {
+        let engine = crate::compact::Engine::from_config(&config)?;
+        let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(engine))?);
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(config.upstream.connect_timeout())
+            .build()?;
+        let windows = WindowResolver::new(
+            client,
+            &config.upstream.url,
+            ModelTable::from_config(&config)?,
+            DetectConfig::from_budget(&config.budget),
+        );
+        let mut pipeline = Pipeline::new(config.clone(), compactor.clone());
+        pipeline.windows = Some(Arc::new(windows));
+        if config.archive.enabled {
+            let archive = Archive::open(&config.archive);
+            pipeline = pipeline.with_archive(archive.clone());
+            seed_compaction_state(&compactor, &archive, config.budget.max_sessions);
+        }
+        Ok(pipeline)
+    }
+}
+
+/// Rebuild the compacted prefix of the most recently active sessions from their last archived
+/// (raw, forwarded) pair. Best effort: a session that cannot be rebuilt starts a fresh epoch.
+fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit: usize) {
+    let reader = match archive::query::ArchiveReader::open(archive.dir()) {
+        Ok(reader) => reader,
+        Err(archive::ArchiveError::NoStore(_)) => return,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the archive; compaction state starts fresh");
+            return;
+        }
+    };
+    let sessions = match reader.recent_session_keys(limit) {
+        Ok(sessions) => sessions,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list archived sessions; compaction state starts fresh");
+            return;
+        }
+    };
+    let mut n_seeded = 0usize;
+    for (session, _) in sessions {
+        let last = match reader.last_bodies(&session) {
+            Ok(Some(last)) => last,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!(session = %session, error = %err, "cannot read the session's last request");
+                continue;
+            }
+        };
+        let epoch = reader
+            .exchanges(&session)
+            .ok()
+            .and_then(|xs| xs.into_iter().rev().find_map(|x| x.summary))
+            .and_then(|summary| summary.get("epoch").and_then(serde_json::Value::as_u64))
+            .unwrap_or(0);
+        match compactor.seed(&session, &last.raw, &last.forwarded, epoch) {
+            Ok(()) => n_seeded += 1,
+            Err(err) => tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state"),
+        }
+    }
+    if n_seeded > 0 {
+        tracing::info!(sessions = n_seeded, "compaction state rebuilt from the archive");
     }
 }
 

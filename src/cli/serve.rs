@@ -17,10 +17,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
+    let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
     runtime.block_on(async {
         let listener = crate::proxy::bind(&config.server.listen, &config).await?;
-        let pipeline = Arc::new(Pipeline::identity(config.clone()));
-        crate::proxy::run(listener, config, pipeline, shutdown_signal()).await
+        let served = crate::proxy::run(listener, config, pipeline.clone(), shutdown_signal()).await;
+        // In-flight exchanges are done (or past the grace deadline): commit every queued record.
+        if let Some(archive) = pipeline.archive() {
+            archive.close_async().await;
+        }
+        served
     })?;
     Ok(ExitCode::SUCCESS)
 }
