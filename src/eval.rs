@@ -241,6 +241,15 @@ pub fn evaluate_session(
         m.peak_forwarded = m.peak_forwarded.max(fwd_p.total);
         if let Some(summary) = &replayed.summary {
             m.epochs = m.epochs.max(summary.epoch);
+            if std::env::var_os("PARE_EVAL_DEBUG").is_some() {
+                eprintln!(
+                    "request {k}: raw {} fwd {} epoch {} {}",
+                    raw_p.total,
+                    fwd_p.total,
+                    summary.epoch,
+                    summary.report.get("action").unwrap_or(&Value::Null)
+                );
+            }
         }
 
         let boundary = engine.compact(raw, &CompactOptions::default(), counter).boundary.min(raw.messages.len());
@@ -448,9 +457,13 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
     let mut reply_text = reply.text();
     for call in reply.tool_calls.iter().flatten() {
         if let Some(f) = &call.function {
+            // Arguments are JSON text on the wire: read the strings inside, not their escapes.
             match &f.arguments {
-                Value::String(s) => reply_text.push_str(s),
-                other => reply_text.push_str(&other.to_string()),
+                Value::String(s) => match serde_json::from_str::<Value>(s) {
+                    Ok(decoded) => push_strings(&decoded, &mut reply_text),
+                    Err(_) => reply_text.push_str(s),
+                },
+                other => push_strings(other, &mut reply_text),
             }
             reply_text.push('\n');
         }
@@ -476,9 +489,30 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
             continue;
         }
         needles += 1;
-        kept += fwd.iter().any(|m| occurs(m.as_ref())) as u64;
+        let present = fwd.iter().any(|m| occurs(m.as_ref()));
+        if !present && std::env::var_os("PARE_EVAL_DEBUG").is_some() {
+            eprintln!("lost needle at request {n}: {id}");
+        }
+        kept += present as u64;
     }
     (needles, kept)
+}
+
+/// Every string (and number) inside a JSON value, newline-separated.
+fn push_strings(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Number(n) => {
+            out.push_str(&n.to_string());
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|v| push_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| push_strings(v, out)),
+        Value::Bool(_) | Value::Null => {}
+    }
 }
 
 #[cfg(test)]

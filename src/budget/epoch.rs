@@ -25,7 +25,7 @@ use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::tokens::CountTokens;
-use super::tokens::{CounterConfig, Encoding, TokenCounter, request_tokens};
+use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::{Config, Mode};
@@ -315,8 +315,27 @@ impl SessionCompactor {
             };
         }
 
-        let options = CompactOptions { target_tokens: over.then_some(target) };
-        let (raw_boundary, prefix, engine_report) = self.run_engine(state, request, &candidate, &options, counter);
+        let n_frozen = state.frozen.as_ref().map_or(0, |f| f.prefix.len());
+        let attempt = match self.policy.mode {
+            Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
+            Mode::Eager => {
+                let options = CompactOptions { target_tokens: over.then_some(target) };
+                self.attempt(request, &candidate, candidate.len(), &options, counter)
+            }
+        };
+        let (raw_boundary, prefix, engine_report) = match attempt {
+            Some(a) if a.boundary >= n_frozen => {
+                let frozen_raw = state.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report)
+            }
+            // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
+            // Compact the raw request instead (a fresh start for this session's prefix).
+            _ => {
+                let options = CompactOptions { target_tokens: over.then_some(target) };
+                let out = self.engine.compact(request.body, &options, counter);
+                (out.boundary.min(request.raw.len()), out.prefix, out.report)
+            }
+        };
         let mut messages = prefix.clone();
         messages.extend(request.raw[raw_boundary..].iter().map(|m| (*m).to_owned()));
         let changed = messages != candidate;
@@ -334,32 +353,71 @@ impl SessionCompactor {
         Step { messages, action, history_changed, engine_report }
     }
 
-    /// Run the engine on the forwarded candidate (frozen prefix + new raw messages) and map its
-    /// boundary back to a raw index. Falls back to the raw request when the engine's boundary falls
-    /// inside the frozen prefix (then no raw index corresponds to it).
-    fn run_engine(
+    /// An epoch that compacts as little as it can: the shortest leading part of the candidate whose
+    /// compaction by the rules alone brings the request to `target` (the rest is forwarded raw, so
+    /// the recent tool outputs the model is likely to use next stay whole). When the rules over the
+    /// whole candidate are not enough, the engine gets the target (salience tiers, then elision).
+    fn lightest_fitting(
         &self,
-        state: &SessionState,
         request: &Request<'_, '_>,
         candidate: &[String],
-        options: &CompactOptions,
+        n_frozen: usize,
+        target: u64,
         counter: &TokenCounter,
-    ) -> (usize, Vec<String>, serde_json::Value) {
-        if let Some(frozen) = &state.frozen {
-            let bytes = request.body.to_vec_with_messages(candidate);
-            if let Ok(body) = ChatBody::parse(&bytes) {
-                let out = self.engine.compact(&body, options, counter);
-                let n_prefix = frozen.prefix.len();
-                if out.boundary >= n_prefix && out.boundary <= candidate.len() {
-                    let raw_boundary = frozen.raw_hashes.len() + (out.boundary - n_prefix);
-                    return (raw_boundary, out.prefix, out.report);
+    ) -> Option<Attempt> {
+        let rules_only = CompactOptions { target_tokens: None };
+        let fits = |a: &Attempt| a.tokens <= target && a.boundary >= n_frozen;
+        let whole = self.attempt(request, candidate, candidate.len(), &rules_only, counter)?;
+        if !fits(&whole) {
+            let with_target = CompactOptions { target_tokens: Some(target) };
+            return self.attempt(request, candidate, candidate.len(), &with_target, counter);
+        }
+        // Cut points: before an assistant or user message, so no tool-call group is split.
+        let cuts: Vec<usize> =
+            (n_frozen + 1..candidate.len()).filter(|i| matches!(role(&candidate[*i]), "assistant" | "user")).collect();
+        let (mut lo, mut hi) = (0, cuts.len());
+        let mut best = whole;
+        // Binary search for the smallest fitting cut (compaction grows with the cut).
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.attempt(request, candidate, cuts[mid], &rules_only, counter) {
+                Some(a) if fits(&a) => {
+                    best = a;
+                    hi = mid;
                 }
+                _ => lo = mid + 1,
             }
         }
-        let out = self.engine.compact(request.body, options, counter);
-        let boundary = out.boundary.min(request.raw.len());
-        (boundary, out.prefix, out.report)
+        Some(best)
     }
+
+    /// The engine over `candidate[..cut]`; the rest of the candidate is forwarded raw after it.
+    fn attempt(
+        &self,
+        request: &Request<'_, '_>,
+        candidate: &[String],
+        cut: usize,
+        options: &CompactOptions,
+        counter: &TokenCounter,
+    ) -> Option<Attempt> {
+        let bytes = request.body.to_vec_with_messages(&candidate[..cut]);
+        let body = ChatBody::parse(&bytes).ok()?;
+        let out = self.engine.compact(&body, options, counter);
+        let boundary = out.boundary.min(cut);
+        let tokens = out.prefix.iter().map(|m| counter.message(m)).sum::<u64>()
+            + candidate[boundary..].iter().map(|m| counter.message(m)).sum::<u64>()
+            + request.tools.map_or(0, |t| counter.tools(t))
+            + REPLY_PRIMING;
+        Some(Attempt { boundary, prefix: out.prefix, report: out.report, tokens })
+    }
+}
+
+/// The engine's result in candidate space: forwarded = `prefix ++ candidate[boundary..]`.
+struct Attempt {
+    boundary: usize,
+    prefix: Vec<String>,
+    report: serde_json::Value,
+    tokens: u64,
 }
 
 impl ChatCompactor for SessionCompactor {
@@ -376,15 +434,17 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// Assistant messages among `messages` (a turn starts at each).
-fn new_turns(messages: &[&str]) -> usize {
+/// The `role` of a raw message ("" when it has none).
+fn role(raw: &str) -> &str {
     #[derive(Deserialize)]
     struct Role<'a> {
         #[serde(borrow, default)]
         role: Option<&'a str>,
     }
-    messages
-        .iter()
-        .filter(|m| serde_json::from_str::<Role<'_>>(m).ok().and_then(|r| r.role) == Some("assistant"))
-        .count()
+    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or("")
+}
+
+/// Assistant messages among `messages` (a turn starts at each).
+fn new_turns(messages: &[&str]) -> usize {
+    messages.iter().filter(|m| role(m) == "assistant").count()
 }

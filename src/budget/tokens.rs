@@ -49,11 +49,15 @@ pub enum Encoding {
     O200kBase,
     /// GPT-4 / GPT-3.5.
     Cl100kBase,
+    /// Codex-era models.
+    P50kBase,
+    /// GPT-3-era models.
+    R50kBase,
 }
 
 /// An encoding name pare does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown encoding `{0}` (expected `o200k_base` or `cl100k_base`)")]
+#[error("unknown encoding `{0}` (expected `o200k_base`, `cl100k_base`, `p50k_base` or `r50k_base`)")]
 pub struct UnknownEncoding(pub String);
 
 impl FromStr for Encoding {
@@ -62,6 +66,8 @@ impl FromStr for Encoding {
         match name {
             "o200k_base" | "o200k" => Ok(Encoding::O200kBase),
             "cl100k_base" | "cl100k" => Ok(Encoding::Cl100kBase),
+            "p50k_base" | "p50k" => Ok(Encoding::P50kBase),
+            "r50k_base" | "r50k" => Ok(Encoding::R50kBase),
             other => Err(UnknownEncoding(other.to_owned())),
         }
     }
@@ -73,6 +79,18 @@ impl Encoding {
         match self {
             Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
             Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+            Encoding::P50kBase => tiktoken_rs::p50k_base_singleton(),
+            Encoding::R50kBase => tiktoken_rs::r50k_base_singleton(),
+        }
+    }
+
+    /// The encoding's tiktoken name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::O200kBase => "o200k_base",
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::P50kBase => "p50k_base",
+            Encoding::R50kBase => "r50k_base",
         }
     }
 
@@ -239,8 +257,8 @@ mod tests {
     fn encoding_names_parse_and_unknown_is_named() {
         assert_eq!("o200k_base".parse::<Encoding>(), Ok(Encoding::O200kBase));
         assert_eq!("cl100k_base".parse::<Encoding>(), Ok(Encoding::Cl100kBase));
-        let err = "p50k".parse::<Encoding>().unwrap_err();
-        assert!(err.to_string().contains("`p50k`"));
+        let err = "gpt2".parse::<Encoding>().unwrap_err();
+        assert!(err.to_string().contains("`gpt2`"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::eval::{CorpusReport, Metrics, evaluate_corpus};
 
 pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
-    let engine = Arc::new(Engine::default_pack());
+    let engine = Arc::new(Engine::from_config(&config)?);
     let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
     let report = evaluate_corpus(&args.corpus, &compactor, engine.as_ref(), args.window)?;
     if args.json {

@@ -23,7 +23,7 @@ pub(crate) fn mode_of(arg: ModeArg) -> Mode {
 
 /// The compactor the proxy would run for `config` with `--mode` applied.
 pub(crate) fn compactor(config: &Config, mode: Option<ModeArg>) -> anyhow::Result<SessionCompactor> {
-    compactor_with_engine(config, mode, Arc::new(Engine::default_pack()))
+    compactor_with_engine(config, mode, Arc::new(Engine::from_config(config)?))
 }
 
 /// [`compactor`] over a given engine (eval shares the engine to find protected tails).
