@@ -83,6 +83,8 @@ pub struct PreparedChat {
     /// The body to forward (the original bytes when nothing changed).
     pub body: Bytes,
     pub session: Option<SessionId>,
+    /// The request's `model`, when the body parsed (labels metrics per model).
+    pub model: Option<String>,
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply (unparseable body, engine failure), for the log line.
     pub skipped: Option<String>,
@@ -119,7 +121,14 @@ impl Pipeline {
             Ok(body) => body,
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                return PreparedChat { body: raw.clone(), session: None, summary: None, skipped: Some(err.to_string()), sink: None };
+                return PreparedChat {
+                    body: raw.clone(),
+                    session: None,
+                    model: None,
+                    summary: None,
+                    skipped: Some(err.to_string()),
+                    sink: None,
+                };
             }
         };
         let session = String::new();
@@ -139,7 +148,7 @@ impl Pipeline {
                 (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
         };
-        PreparedChat { body: forward, session: None, summary, skipped, sink: None }
+        PreparedChat { body: forward, session: None, model: body.model(), summary, skipped, sink: None }
     }
 }
 

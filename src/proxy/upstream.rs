@@ -85,7 +85,11 @@ impl UpstreamBase {
         let path = parsed.path().trim_end_matches('/');
         let root = path.strip_suffix("/v1").unwrap_or(path).to_owned();
         let configured = url.trim().trim_end_matches('/').to_owned();
-        Ok(UpstreamBase { origin, root, configured })
+        Ok(UpstreamBase {
+            origin,
+            root,
+            configured,
+        })
     }
 
     /// The upstream URL for an incoming path (starting with `/`) and optional query string.

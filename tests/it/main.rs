@@ -4,3 +4,4 @@
 mod support;
 
 mod proxy;
+mod proxy_hardening;
