@@ -45,8 +45,8 @@ pub struct ServerConfig {
     pub header_read_timeout_secs: u64,
     /// Largest number of request headers accepted.
     pub max_headers: usize,
-    /// Largest total size of a request's headers in bytes (HTTP/1 read buffer, HTTP/2 header
-    /// list); larger heads get 431.
+    /// Largest total size of a request's headers in bytes (`name: value` lines; the HTTP/2 header
+    /// list too); larger heads get 431.
     pub max_header_bytes: usize,
 }
 

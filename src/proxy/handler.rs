@@ -77,6 +77,19 @@ where
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
 
+    let header_bytes = head_size(&parts.headers);
+    if header_bytes > proxy.config.server.max_header_bytes {
+        let err = ProxyError::HeadersTooLarge {
+            size: header_bytes,
+            limit: proxy.config.server.max_header_bytes,
+        };
+        return fail(
+            err,
+            AccessLog::new(parts.method.clone(), path, started),
+            None,
+        );
+    }
+
     if let Some(token) = proxy.config.server.auth_token.as_deref()
         && path != HEALTH_PATH
         && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
@@ -190,6 +203,14 @@ fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
         .zip(expected)
         .fold(0u8, |acc, (a, b)| acc | (a ^ b))
         == 0
+}
+
+/// The size of the headers as sent on the wire (`name: value\r\n` each).
+fn head_size(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum()
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {

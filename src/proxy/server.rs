@@ -171,11 +171,11 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     let header_timeout = Duration::from_secs(config.server.header_read_timeout_secs.max(1));
     let mut http1 = builder.http1();
-    // The read buffer bounds the request head: a larger head gets 431.
+    // hyper's read buffer (~400 KB) bounds a head's memory; the handler enforces
+    // server.max_header_bytes with an OpenAI-shaped 431. Shrinking the buffer would slow large bodies.
     http1
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .max_buf_size(config.server.max_header_bytes.max(8192));
+        .header_read_timeout(header_timeout);
     // hyper keeps up to 100 headers on the stack; any other limit moves them to the heap.
     if config.server.max_headers != 100 {
         http1.max_headers(config.server.max_headers);

@@ -333,6 +333,8 @@ async fn too_many_or_too_large_headers_get_431() {
     );
     let response = raw::exchange(pare.addr, &big, b"").await;
     assert_eq!(response.status, 431);
+    let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    assert_eq!(body["error"]["code"], "request_headers_too_large");
 
     let fine = raw::exchange(
         pare.addr,
