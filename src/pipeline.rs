@@ -88,6 +88,8 @@ pub struct PreparedChat {
     /// The body to forward (the original bytes when nothing changed).
     pub body: Bytes,
     pub session: Option<SessionId>,
+    /// The request's `model`, when the body parsed (labels metrics per model).
+    pub model: Option<String>,
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply (unparseable body, engine failure), for the log line.
     pub skipped: Option<String>,
@@ -198,7 +200,7 @@ impl Pipeline {
                     at_ms: now_ms(),
                     method: method.to_owned(),
                     path: path.to_owned(),
-                    model,
+                    model: model.clone(),
                     headers: keep_headers(headers, &self.config.archive.redact_headers),
                     raw: raw.clone(),
                     forwarded: (forward != raw).then(|| forward.clone()),
@@ -223,7 +225,7 @@ impl Pipeline {
         };
         let sink =
             ArchiveSink::new(ticket, Arc::clone(&self.sessions), session.clone(), assignment.key_req, request_stream);
-        PreparedChat { body: forward, session: Some(session), summary, skipped, sink: Some(Box::new(sink)) }
+        PreparedChat { body: forward, session: Some(session), model, summary, skipped, sink: Some(Box::new(sink)) }
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged.

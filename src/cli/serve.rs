@@ -103,3 +103,45 @@ async fn shutdown_signal() {
         () = terminate => tracing::info!("SIGTERM received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs { config: None, listen: None, upstream: None, archive: None, mode: None, log_format: None }
+    }
+
+    #[test]
+    fn flags_override_the_config() {
+        let mut args = args();
+        args.listen = Some("127.0.0.1:9999".into());
+        args.upstream = Some("http://10.0.0.5:8000/v1".into());
+        args.archive = Some(PathBuf::from("/tmp/pare-archive"));
+        args.mode = Some(ModeArg::Off);
+        let config = load_config(&args).unwrap();
+        assert_eq!(config.server.listen, "127.0.0.1:9999");
+        assert_eq!(config.upstream.url, "http://10.0.0.5:8000/v1");
+        assert_eq!(config.archive.dir, Some(PathBuf::from("/tmp/pare-archive")));
+        assert_eq!(config.compaction.mode, Mode::Off);
+    }
+
+    #[test]
+    fn without_flags_the_defaults_apply() {
+        assert_eq!(load_config(&args()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_log_format_flag_wins_over_the_config() {
+        let mut config = Config::default();
+        config.log.format = Some("json".into());
+        assert_eq!(log_format(&args(), &config).unwrap(), LogFormat::Json);
+        let mut text = args();
+        text.log_format = Some(LogFormat::Text);
+        assert_eq!(log_format(&text, &config).unwrap(), LogFormat::Text);
+        config.log.format = Some("yaml".into());
+        assert!(log_format(&args(), &config).unwrap_err().to_string().contains("yaml"));
+    }
+}

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub header_read_timeout_secs: u64,
     /// Largest number of request headers accepted.
     pub max_headers: usize,
+    /// Largest total size of a request's headers in bytes (`name: value` lines; the HTTP/2 header
+    /// list too); larger heads get 431.
+    pub max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             header_read_timeout_secs: 30,
             max_headers: 100,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -380,6 +384,9 @@ impl Config {
         }
         if self.server.header_read_timeout_secs == 0 {
             bad("server.header_read_timeout_secs", "must be at least 1 second".into());
+        }
+        if self.server.max_header_bytes < 8192 {
+            bad("server.max_header_bytes", format!("{} is below the minimum of 8192", self.server.max_header_bytes));
         }
         if self.server.max_headers == 0 {
             bad("server.max_headers", "must be at least 1".into());

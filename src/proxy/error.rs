@@ -19,6 +19,8 @@ pub enum ProxyError {
     BodyTooLarge { size: u64, limit: u64 },
     #[error("request body is over the limit of {limit} bytes (server.max_body)")]
     BodyTooLargeStreamed { limit: u64 },
+    #[error("request headers of {size} bytes are over the limit of {limit} bytes (server.max_header_bytes)")]
+    HeadersTooLarge { size: usize, limit: usize },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
     #[error("missing or wrong x-pare-token header")]
@@ -38,6 +40,7 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::BodyTooLargeStreamed { .. }
+            | ProxyError::HeadersTooLarge { .. }
             | ProxyError::ClientBody { .. }
             | ProxyError::Unauthorized
             | ProxyError::NotFound { .. } => Culprit::Client,
@@ -49,6 +52,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -62,6 +66,7 @@ impl ProxyError {
     pub fn code(&self) -> &'static str {
         match self {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => "request_too_large",
+            ProxyError::HeadersTooLarge { .. } => "request_headers_too_large",
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::Unauthorized => "invalid_pare_token",
             ProxyError::NotFound { .. } => "not_found",

@@ -18,7 +18,8 @@ use super::access::AccessLog;
 use super::body::{BoxError, Completion, ObservedBody};
 use super::endpoints;
 use super::error::{ProxyError, cause_chain};
-use super::upstream::{self, Upstream};
+use super::metrics::Metrics;
+use super::upstream::{self, PARE_TOKEN_HEADER, Upstream};
 use crate::config::Config;
 use crate::pipeline::{Pipeline, ResponseSink, StreamEnd};
 
@@ -30,10 +31,14 @@ pub struct Proxy {
     pub config: Arc<Config>,
     pub pipeline: Arc<Pipeline>,
     pub upstream: Upstream,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
 pub const PARE_PREFIX: &str = "/_pare";
+
+/// The one endpoint answered without `x-pare-token` (process supervisors probe it).
+pub const HEALTH_PATH: &str = "/_pare/health";
 
 /// Answer one request. Never fails and never panics: errors and panics become error responses.
 pub async fn handle<B>(proxy: Arc<Proxy>, request: Request<B>) -> Response<ProxyBody>
@@ -62,13 +67,27 @@ where
 {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
-    let mut access = AccessLog::new(parts.method.clone(), path, started);
+
+    let header_bytes = head_size(&parts.headers);
+    if header_bytes > proxy.config.server.max_header_bytes {
+        let err = ProxyError::HeadersTooLarge { size: header_bytes, limit: proxy.config.server.max_header_bytes };
+        return fail(err, AccessLog::new(parts.method.clone(), path, started), None);
+    }
+
+    if let Some(token) = proxy.config.server.auth_token.as_deref()
+        && path != HEALTH_PATH
+        && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
+    {
+        return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
+    }
 
     if path == PARE_PREFIX || path.starts_with("/_pare/") {
         let response = endpoints::handle(proxy, &parts).await;
         tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
         return response.map(full);
     }
+
+    let mut access = AccessLog::new(parts.method.clone(), path, started).with_metrics(proxy.metrics.clone());
 
     let raw = match read_body(body, &parts.headers, proxy.config.server.max_body).await {
         Ok(raw) => raw,
@@ -82,6 +101,7 @@ where
         let prepared = proxy.pipeline.prepare_chat(&parts.headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
+        access.model = prepared.model;
         access.skipped = prepared.skipped;
         sink = prepared.sink;
         prepared.body
@@ -138,6 +158,23 @@ where
         Err(err) if err.is::<LengthLimitError>() => Err(ProxyError::BodyTooLargeStreamed { limit }),
         Err(err) => Err(ProxyError::ClientBody { cause: cause_chain(&*err) }),
     }
+}
+
+/// Compare the presented token with the configured one in time independent of where they differ.
+fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
+    let Some(presented) = presented else {
+        return false;
+    };
+    let (presented, expected) = (presented.as_bytes(), expected.as_bytes());
+    if presented.len() != expected.len() {
+        return false;
+    }
+    presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// The size of the headers as sent on the wire (`name: value\r\n` each).
+fn head_size(headers: &HeaderMap) -> usize {
+    headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum()
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -212,6 +249,14 @@ mod tests {
         assert_eq!(err, ProxyError::BodyTooLargeStreamed { limit: 1024 });
         let ok = read_body(Full::new(Bytes::from(vec![b'x'; 1024])), &HeaderMap::new(), 1024).await.unwrap();
         assert_eq!(ok.len(), 1024);
+    }
+
+    #[test]
+    fn tokens_must_match_exactly() {
+        assert!(token_matches(Some(&HeaderValue::from_static("s3cret")), "s3cret"));
+        assert!(!token_matches(Some(&HeaderValue::from_static("s3cre")), "s3cret"));
+        assert!(!token_matches(Some(&HeaderValue::from_static("s3creT")), "s3cret"));
+        assert!(!token_matches(None, "s3cret"));
     }
 
     #[test]

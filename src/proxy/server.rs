@@ -13,7 +13,10 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use prometheus_client::registry::Registry;
+
 use super::handler::{self, Proxy};
+use super::metrics::Metrics;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::Config;
 use crate::pipeline::Pipeline;
@@ -73,10 +76,26 @@ pub async fn run<F>(
 where
     F: Future<Output = ()>,
 {
+    run_with_registry(listener, config, pipeline, Registry::default(), shutdown).await
+}
+
+/// [`run`], with metrics other parts of pare registered in `registry` served on `/_pare/metrics`
+/// next to the proxy's own.
+pub async fn run_with_registry<F>(
+    listener: TcpListener,
+    config: Arc<Config>,
+    pipeline: Arc<Pipeline>,
+    registry: Registry,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()>,
+{
     let upstream = Upstream::new(&config.upstream)?;
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
-    let proxy = Arc::new(Proxy { config, pipeline, upstream });
+    let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
+    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");
@@ -125,12 +144,15 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     let header_timeout = Duration::from_secs(config.server.header_read_timeout_secs.max(1));
     let mut http1 = builder.http1();
+    // hyper's read buffer (~400 KB) bounds a head's memory; the handler enforces
+    // server.max_header_bytes with an OpenAI-shaped 431. Shrinking the buffer would slow large bodies.
     http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
     // hyper keeps up to 100 headers on the stack; any other limit moves them to the heap.
     if config.server.max_headers != 100 {
         http1.max_headers(config.server.max_headers);
     }
-    builder.http2().timer(TokioTimer::new());
+    let header_list = u32::try_from(config.server.max_header_bytes).unwrap_or(u32::MAX);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(header_list);
     builder
 }
 

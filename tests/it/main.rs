@@ -8,3 +8,4 @@ mod budget;
 mod compact;
 mod eval;
 mod proxy;
+mod proxy_hardening;
