@@ -18,6 +18,7 @@
 
 pub mod body;
 pub mod chain;
+pub mod export;
 pub mod query;
 pub mod read;
 pub mod response;

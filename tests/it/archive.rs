@@ -322,3 +322,142 @@ async fn strict_mode_commits_before_forwarding_and_sessions_follow_the_conversat
     assert_eq!(session, sent[0].0);
     archive.close();
 }
+
+/// Build an archive from `tests/fixtures/archive/crafted_sessions.json`: each session has a transcript,
+/// and each exchange sends its first `prefix` messages and gets `answer` (a transcript index, a literal
+/// message, or null for no answer).
+fn crafted_archive(dir: &Path) {
+    let fixture: Value =
+        serde_json::from_str(include_str!("../fixtures/archive/crafted_sessions.json")).expect("fixture is JSON");
+    let archive = start(dir);
+    for session in fixture.as_array().unwrap() {
+        let id = session["id"].as_str().unwrap();
+        let transcript = session["transcript"].as_array().unwrap();
+        for ex in session["exchanges"].as_array().unwrap() {
+            let n = ex["prefix"].as_u64().unwrap() as usize;
+            let mut messages: Vec<Value> = transcript[..n].to_vec();
+            if ex["strip_tool_names"] == json!(true) {
+                for m in &mut messages {
+                    if m["role"] == "tool" {
+                        m.as_object_mut().unwrap().remove("name");
+                    }
+                }
+            }
+            let mut body = json!({"model": "crafted", "messages": messages});
+            if let Some(tools) = session.get("tools") {
+                body["tools"] = tools.clone();
+            }
+            let raw = serde_json::to_vec(&body).unwrap();
+            let mut record = exchange(id, &raw, None);
+            record.summary = None;
+            let ticket = archive.record_exchange(record);
+            let answer = match &ex["answer"] {
+                Value::Number(i) => Some(transcript[i.as_u64().unwrap() as usize].clone()),
+                Value::Null => None,
+                literal => Some(literal.clone()),
+            };
+            if let Some(answer) = answer {
+                let body = json!({"choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]});
+                let mut resp = response(&serde_json::to_vec(&body).unwrap());
+                resp.assembled = Some(json!({"message": answer, "finish_reason": "stop"}));
+                archive.record_response(ticket, resp);
+            }
+        }
+    }
+    archive.close();
+}
+
+/// Compare with a golden file; `PARE_BLESS=1` rewrites it.
+fn check_golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archive/golden").join(name);
+    if std::env::var_os("PARE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("golden {}: {e}", path.display()));
+    assert_eq!(actual, expected, "export differs from {}", path.display());
+}
+
+fn export_to_string(dir: &Path, f: impl FnOnce(&ArchiveReader, &mut Vec<u8>)) -> String {
+    let reader = ArchiveReader::open(dir).unwrap();
+    let mut out = Vec::new();
+    f(&reader, &mut out);
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn dpo_pairs_mined_from_crafted_sessions_are_exactly_the_expected_ones() {
+    use pare::archive::export::export_dpo;
+    let dir = tempfile::tempdir().unwrap();
+    crafted_archive(dir.path());
+    let out = export_to_string(dir.path(), |r, out| {
+        export_dpo(r, &SessionFilter::default(), out).unwrap();
+    });
+    let rows: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let summary: Vec<(String, String, Value, Value)> = rows
+        .iter()
+        .map(|r| {
+            let p = &r["provenance"];
+            (
+                p["session"].as_str().unwrap().into(),
+                p["mined"].as_str().unwrap().into(),
+                p["request"].clone(),
+                p["chosen_request"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("branchy".into(), "branch".into(), json!(1), json!(2)),
+            ("retrying".into(), "retry".into(), json!(1), json!(2)),
+        ]
+    );
+    check_golden("dpo.jsonl", &out);
+    // Filters: one session only.
+    let only = export_to_string(dir.path(), |r, out| {
+        let filter = SessionFilter { session: Some("retrying".into()), ..SessionFilter::default() };
+        export_dpo(r, &filter, out).unwrap();
+    });
+    assert_eq!(only.lines().count(), 1);
+}
+
+#[test]
+fn sft_export_in_both_formats_matches_the_golden_files() {
+    use pare::archive::export::{SftFormat, export_sft};
+    let dir = tempfile::tempdir().unwrap();
+    crafted_archive(dir.path());
+    for (format, name) in [(SftFormat::OpenAi, "sft_openai.jsonl"), (SftFormat::ShareGpt, "sft_sharegpt.jsonl")] {
+        let out = export_to_string(dir.path(), |r, out| {
+            let stats = export_sft(r, &SessionFilter::default(), format, out).unwrap();
+            assert_eq!((stats.sessions, stats.rows), (3, 2), "the unanswered session gives no conversation");
+        });
+        check_golden(name, &out);
+    }
+}
+
+/// The archive the Python `datasets` test exports from (`tests/e2e/test_export_datasets.py`) is the
+/// crafted one, committed under `tests/fixtures/archive/crafted/`; `PARE_BLESS=1` rebuilds it. This test
+/// keeps it current: it must verify and export exactly the golden files.
+#[test]
+fn committed_e2e_archive_verifies_and_exports_the_goldens() {
+    use pare::archive::export::export_dpo;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archive/crafted");
+    if std::env::var_os("PARE_BLESS").is_some() {
+        let dir = tempfile::tempdir().unwrap();
+        crafted_archive(dir.path());
+        let conn = rusqlite::Connection::open(dir.path().join(store::DB_FILE)).unwrap();
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE; VACUUM;").unwrap();
+        drop(conn);
+        std::fs::create_dir_all(&fixture).unwrap();
+        std::fs::copy(dir.path().join(store::DB_FILE), fixture.join(store::DB_FILE)).unwrap();
+    }
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture.join(store::DB_FILE), copy.path().join(store::DB_FILE)).unwrap();
+    let reader = ArchiveReader::open(copy.path()).unwrap();
+    assert!(verify(reader.conn(), None).unwrap().ok());
+    let out = export_to_string(copy.path(), |r, out| {
+        export_dpo(r, &SessionFilter::default(), out).unwrap();
+    });
+    check_golden("dpo.jsonl", &out);
+}
