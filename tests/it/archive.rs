@@ -461,3 +461,191 @@ fn committed_e2e_archive_verifies_and_exports_the_goldens() {
     });
     check_golden("dpo.jsonl", &out);
 }
+
+/// The child half of `kill_9_loses_nothing_acknowledged_and_corrupts_nothing`: writes a bounded load
+/// (strict records in three sessions, buffered ones in a fourth) and prints `ACK session seq sha256` for
+/// each strict record once its commit is confirmed.
+fn crash_child(dir: &Path) {
+    use std::io::Write;
+    let strict = Archive::start(dir.to_owned(), Durability::Strict, Duration::from_millis(20));
+    let buffered = Archive::start(dir.to_owned(), Durability::Buffered, Duration::from_millis(20));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let bodies = growing_session(60, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut stdout = std::io::stdout().lock();
+    for (k, body) in bodies.iter().cycle().take(3_000).enumerate() {
+        if std::time::Instant::now() > deadline {
+            break;
+        }
+        let session = format!("strict-{}", k % 3);
+        let (_, committed) = runtime.block_on(strict.record_exchange_committed(exchange(&session, body, None)));
+        committed.unwrap();
+        writeln!(stdout, "ACK {session} {} {}", k / 3 + 1, hex::encode(store::sha256(body))).unwrap();
+        stdout.flush().unwrap();
+        buffered.record_exchange(exchange("buffered", body, None));
+    }
+}
+
+/// kill -9 of a process writing the archive: earlier records are intact (verify passes) and every
+/// strict record acknowledged before the kill is there, byte for byte. The writer is a child process
+/// running this same test binary in "child" mode (the proxy is not needed to exercise the writer, and
+/// killing a real process is the only honest way to test a crash).
+#[test]
+fn kill_9_loses_nothing_acknowledged_and_corrupts_nothing() {
+    use std::io::BufRead;
+    if let Some(dir) = std::env::var_os("PARE_ARCHIVE_CRASH_CHILD") {
+        crash_child(Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["archive::kill_9_loses_nothing_acknowledged_and_corrupts_nothing", "--exact", "--nocapture"])
+        .env("PARE_ARCHIVE_CRASH_CHILD", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut acked: Vec<(String, i64, String)> = Vec::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        let Some(rest) = line.strip_prefix("ACK ") else { continue };
+        let parts: Vec<&str> = rest.split(' ').collect();
+        acked.push((parts[0].to_string(), parts[1].parse().unwrap(), parts[2].to_string()));
+        if acked.len() == 150 {
+            child.kill().unwrap(); // SIGKILL
+            break;
+        }
+    }
+    child.wait().unwrap();
+    assert_eq!(acked.len(), 150, "the child stopped before the kill");
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    let report = verify(reader.conn(), None).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    for (session, seq, sha) in &acked {
+        let body = reader.body(session, *seq, BodyKind::Raw).unwrap();
+        assert_eq!(hex::encode(store::sha256(&body)), *sha, "{session} request {seq}");
+    }
+    // The archive keeps working after the crash: a new writer appends to the same chains.
+    let archive = start(dir.path());
+    archive.record_exchange(exchange("strict-0", b"{\"messages\":[]}", None));
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert!(verify(reader.conn(), None).unwrap().ok());
+}
+
+#[test]
+fn two_hundred_concurrent_sessions_with_identical_openings_stay_separate_and_ordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let (pipeline, archive) = pipeline_with_archive(dir.path(), Durability::Buffered);
+    let pipeline = Arc::new(pipeline);
+    const AGENTS: usize = 200;
+    const STEPS: usize = 5;
+    let sent: Vec<Vec<Bytes>> = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for a in 0..AGENTS {
+            let pipeline = Arc::clone(&pipeline);
+            tasks.push(tokio::spawn(async move {
+                // Agents 2i and 2i+1 share their system prompt, first message and first answer.
+                let opening = a / 2;
+                let mut agent = Agent::new("You are a coding agent.", &format!("task {opening}"));
+                let mut bodies = Vec::new();
+                for k in 0..STEPS {
+                    let tag = if k == 0 { format!("opening{opening}") } else { format!("agent{a}") };
+                    let (_, body) = agent.step(&pipeline, &tag, k).await;
+                    // The tool result of step 0 differs between the two agents of a pair.
+                    if k == 0 {
+                        let last = agent.messages.last_mut().unwrap();
+                        last["content"] = json!(format!("output for agent {a}"));
+                    }
+                    bodies.push(body);
+                    tokio::task::yield_now().await;
+                }
+                bodies
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.push(t.await.unwrap());
+        }
+        all
+    });
+    archive.flush().unwrap();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    let sessions = reader.sessions(&SessionFilter::default()).unwrap();
+    assert_eq!(sessions.len(), AGENTS, "one session per agent");
+    let mut matched = vec![false; AGENTS];
+    for s in &sessions {
+        let bodies: Vec<Vec<u8>> =
+            (1..=s.n_requests).map(|seq| reader.body(&s.id, seq, BodyKind::Raw).unwrap()).collect();
+        let agent = sent
+            .iter()
+            .enumerate()
+            .position(|(a, b)| !matched[a] && b.iter().map(|x| x.to_vec()).collect::<Vec<_>>() == bodies);
+        let agent =
+            agent.unwrap_or_else(|| panic!("session {} is not exactly one agent's conversation in order", s.id));
+        matched[agent] = true;
+    }
+    assert!(matched.iter().all(|m| *m));
+    assert!(verify(reader.conn(), None).unwrap().ok());
+    archive.close();
+}
+
+#[test]
+fn an_archive_that_cannot_be_opened_keeps_the_pipeline_working_and_counts_losses() {
+    let parent = tempfile::tempdir().unwrap();
+    let not_a_dir = parent.path().join("archive");
+    std::fs::write(&not_a_dir, b"a file where the archive directory should be").unwrap();
+    let (pipeline, archive) = pipeline_with_archive(&not_a_dir, Durability::Strict);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+    let prepared = runtime.block_on(pipeline.prepare_chat(&HeaderMap::new(), body.clone()));
+    assert_eq!(prepared.body, body, "the request is still forwarded");
+    prepared.sink.unwrap().finish(StreamEnd::NoResponse("upstream down".into()));
+    archive.flush().unwrap();
+    let health = archive.health();
+    assert!(!health.writable);
+    assert!(health.lost_records >= 2, "{health:?}");
+    assert!(health.last_error.as_deref().unwrap().contains("archive"), "{health:?}");
+    assert_eq!(pipeline.stats.strict_unconfirmed.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive =
+        Archive::start_limited(dir.path().to_owned(), Durability::Buffered, Duration::from_millis(5), Some(128 * 1024));
+    let bodies = growing_session(200, false);
+    let mut recorded = 0;
+    for (k, body) in bodies.iter().enumerate() {
+        // Distinct content per request, so the store must grow.
+        let mut v: Value = serde_json::from_slice(body).unwrap();
+        let noise: Vec<String> = (0..40).map(|i| hex::encode(store::sha256(format!("{k}-{i}").as_bytes()))).collect();
+        v["messages"].as_array_mut().unwrap().push(json!({"role": "user", "content": noise.join(" ")}));
+        archive.record_exchange(exchange("s", &serde_json::to_vec(&v).unwrap(), None));
+        archive.flush().unwrap();
+        if archive.health().lost_records > 0 {
+            break;
+        }
+        recorded += 1;
+    }
+    let health = archive.health();
+    assert!(health.lost_records > 0 && !health.writable, "the quota was never reached: {health:?}");
+    assert!(health.last_error.as_deref().unwrap().contains("full"), "{health:?}");
+    let lost = health.lost_records;
+    // Another large record is lost too; a small one still fits and the archive reports it recovered.
+    let big: Vec<String> = (0..400).map(|i| hex::encode(store::sha256(format!("big-{i}").as_bytes()))).collect();
+    archive.record_exchange(exchange("s", big.join(" ").as_bytes(), None));
+    archive.flush().unwrap();
+    assert_eq!(archive.health().lost_records, lost + 1);
+    archive.record_exchange(exchange("s", b"{}", None));
+    archive.flush().unwrap();
+    assert!(archive.health().writable);
+    recorded += 1;
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert!(recorded > 0);
+    assert_eq!(reader.session("s").unwrap().n_requests, recorded);
+    assert!(verify(reader.conn(), None).unwrap().ok());
+}
