@@ -575,7 +575,7 @@ fn two_hundred_concurrent_sessions_with_identical_openings_stay_separate_and_ord
     let reader = ArchiveReader::open(dir.path()).unwrap();
     let sessions = reader.sessions(&SessionFilter::default()).unwrap();
     assert_eq!(sessions.len(), AGENTS, "one session per agent");
-    let mut matched = vec![false; AGENTS];
+    let mut matched = [false; AGENTS];
     for s in &sessions {
         let bodies: Vec<Vec<u8>> =
             (1..=s.n_requests).map(|seq| reader.body(&s.id, seq, BodyKind::Raw).unwrap()).collect();
