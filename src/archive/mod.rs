@@ -18,6 +18,7 @@
 
 pub mod body;
 pub mod chain;
+pub mod export;
 pub mod query;
 pub mod read;
 pub mod response;
@@ -234,11 +235,26 @@ impl Archive {
     /// directory, a file where the directory should be…) gives an archive that counts every record as
     /// lost, reports it in [`Archive::health`], and retries opening every few seconds.
     pub fn open(config: &ArchiveConfig) -> Arc<Archive> {
-        Archive::start(config.resolved_dir(), config.durability, Duration::from_millis(config.flush_interval_ms))
+        Archive::start_limited(
+            config.resolved_dir(),
+            config.durability,
+            Duration::from_millis(config.flush_interval_ms),
+            config.max_bytes,
+        )
     }
 
-    /// Start the archive in `dir`.
+    /// Start the archive in `dir`, without a size limit.
     pub fn start(dir: PathBuf, durability: Durability, flush_interval: Duration) -> Arc<Archive> {
+        Archive::start_limited(dir, durability, flush_interval, None)
+    }
+
+    /// Start the archive in `dir`; past `max_bytes` the store refuses records as a full disk would.
+    pub fn start_limited(
+        dir: PathBuf,
+        durability: Durability,
+        flush_interval: Duration,
+        max_bytes: Option<u64>,
+    ) -> Arc<Archive> {
         let shared = Arc::new(Shared {
             dir: dir.clone(),
             queue_depth: AtomicU64::new(0),
@@ -249,7 +265,7 @@ impl Archive {
             last_error: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel();
-        let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval);
+        let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
         let thread = std::thread::Builder::new()
             .name("pare-archive".into())
             .spawn(move || writer.run(rx))

@@ -62,6 +62,7 @@ pub(crate) struct Writer {
     dir: PathBuf,
     shared: Arc<Shared>,
     flush_interval: Duration,
+    max_bytes: Option<u64>,
     conn: Option<Connection>,
     last_open_attempt: Option<Instant>,
     cursors: LruCache<String, Cursor>,
@@ -70,11 +71,12 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn new(dir: PathBuf, shared: Arc<Shared>, flush_interval: Duration) -> Writer {
+    pub(crate) fn new(dir: PathBuf, shared: Arc<Shared>, flush_interval: Duration, max_bytes: Option<u64>) -> Writer {
         Writer {
             dir,
             shared,
             flush_interval,
+            max_bytes,
             conn: None,
             last_open_attempt: None,
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
@@ -92,7 +94,14 @@ impl Writer {
             return Err(last.unwrap_or_else(|| "archive is not open".into()));
         }
         self.last_open_attempt = Some(Instant::now());
-        match store::open_rw(&self.dir) {
+        match store::open_rw(&self.dir).and_then(|conn| {
+            if let Some(max) = self.max_bytes {
+                let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+                let pages = (max / page_size.max(512) as u64).max(1);
+                conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+            }
+            Ok(conn)
+        }) {
             Ok(conn) => {
                 self.conn = Some(conn);
                 Ok(())

@@ -120,6 +120,9 @@ pub struct ArchiveConfig {
     /// Sessions the in-memory session tracker follows (least recently used are dropped; a dropped
     /// session's next request starts a new session unless it names one by header).
     pub tracked_sessions: usize,
+    /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
+    /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for ArchiveConfig {
@@ -132,6 +135,7 @@ impl Default for ArchiveConfig {
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
             tracked_sessions: 4096,
+            max_bytes: None,
         }
     }
 }
