@@ -277,6 +277,8 @@ impl Pipeline {
         let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(engine))?);
         crate::proxy::upstream::install_crypto_provider();
         let client = reqwest::Client::builder()
+            // Upstream logs (and pare's e2e suite) can tell pare's own probes from the agent's requests.
+            .user_agent(concat!("pare/", env!("CARGO_PKG_VERSION"), " window-detection"))
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .connect_timeout(config.upstream.connect_timeout())
