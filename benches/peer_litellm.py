@@ -15,6 +15,7 @@ import argparse
 import http.client
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,13 @@ def post(conn, path, body, headers):
     return elapsed
 
 
+def connect(port):
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
 def percentile(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -63,6 +71,8 @@ def main():
     args = parser.parse_args()
 
     stub = StubUpstream()
+    # A zero-delay upstream must not wait on Nagle + delayed ACK (the stub writes head and body apart).
+    stub.server.RequestHandlerClass.disable_nagle_algorithm = True
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         pare_port, litellm_port = 18931, 18932
@@ -93,10 +103,9 @@ def main():
             wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness")
             body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "Say hello."}]})
             targets = {
-                "direct": (http.client.HTTPConnection("127.0.0.1", stub.port), {}),
-                "pare": (http.client.HTTPConnection("127.0.0.1", pare_port), {}),
-                "litellm": (http.client.HTTPConnection("127.0.0.1", litellm_port),
-                            {"Authorization": f"Bearer {MASTER_KEY}"}),
+                "direct": (connect(stub.port), {}),
+                "pare": (connect(pare_port), {}),
+                "litellm": (connect(litellm_port), {"Authorization": f"Bearer {MASTER_KEY}"}),
             }
             times = {name: [] for name in targets}
             for i in range(args.requests + 20):
