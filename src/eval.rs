@@ -32,10 +32,7 @@ use crate::wire::{ChatBody, Message};
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error("cannot read corpus `{path}`: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("corpus `{0}` holds no *.jsonl session files")]
     Empty(PathBuf),
 }
@@ -101,29 +98,17 @@ impl Metrics {
 
     /// `1 − ΣF/ΣR`.
     pub fn saved(&self) -> f64 {
-        if self.tokens_raw == 0 {
-            0.0
-        } else {
-            1.0 - self.tokens_forwarded as f64 / self.tokens_raw as f64
-        }
+        if self.tokens_raw == 0 { 0.0 } else { 1.0 - self.tokens_forwarded as f64 / self.tokens_raw as f64 }
     }
 
     /// Uncached prefill of F over that of R.
     pub fn prefill_ratio(&self) -> f64 {
-        if self.uncached_raw == 0 {
-            1.0
-        } else {
-            self.uncached_forwarded as f64 / self.uncached_raw as f64
-        }
+        if self.uncached_raw == 0 { 1.0 } else { self.uncached_forwarded as f64 / self.uncached_raw as f64 }
     }
 
     /// Share of needles still present (1 when there are none).
     pub fn recall(&self) -> f64 {
-        if self.needles == 0 {
-            1.0
-        } else {
-            self.needles_kept as f64 / self.needles as f64
-        }
+        if self.needles == 0 { 1.0 } else { self.needles_kept as f64 / self.needles as f64 }
     }
 
     fn share(n: usize, of: usize) -> f64 {
@@ -166,17 +151,9 @@ pub struct CorpusReport {
 /// Every `*.jsonl` file under `dir`, sorted by path (so reports are stable).
 pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), EvalError> {
-        let entries = std::fs::read_dir(dir).map_err(|source| EvalError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
+        let entries = std::fs::read_dir(dir).map_err(|source| EvalError::Io { path: dir.to_owned(), source })?;
         for entry in entries {
-            let path = entry
-                .map_err(|source| EvalError::Io {
-                    path: dir.to_owned(),
-                    source,
-                })?
-                .path();
+            let path = entry.map_err(|source| EvalError::Io { path: dir.to_owned(), source })?.path();
             if path.is_dir() {
                 walk(&path, out)?;
             } else if path.extension().is_some_and(|e| e == "jsonl") {
@@ -203,32 +180,13 @@ pub fn evaluate_corpus(
 ) -> Result<CorpusReport, EvalError> {
     let mut sessions = Vec::new();
     for path in session_files(dir)? {
-        let text = std::fs::read(&path).map_err(|source| EvalError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let source = path
-            .parent()
-            .and_then(Path::file_name)
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let id = path
-            .file_stem()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let text = std::fs::read(&path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
+        let source =
+            path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let id = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let requests = session_lines(&text);
-        let metrics = evaluate_session(
-            compactor,
-            engine,
-            &path.display().to_string(),
-            &requests,
-            window,
-        );
-        sessions.push(SessionReport {
-            source,
-            id,
-            metrics,
-        });
+        let metrics = evaluate_session(compactor, engine, &path.display().to_string(), &requests, window);
+        sessions.push(SessionReport { source, id, metrics });
     }
     let mut sources: BTreeMap<String, Metrics> = BTreeMap::new();
     let mut total = Metrics::default();
@@ -237,13 +195,7 @@ pub fn evaluate_corpus(
         total.add(&s.metrics);
     }
     let mode = format!("{:?}", compactor.policy().mode).to_lowercase();
-    Ok(CorpusReport {
-        window,
-        mode,
-        sessions,
-        sources,
-        total,
-    })
+    Ok(CorpusReport { window, mode, sessions, sources, total })
 }
 
 /// Evaluate one session (its request bodies in order).
@@ -261,21 +213,13 @@ pub fn evaluate_session(
     let again = replay_session(compactor, &again_id, requests, Some(window));
     compactor.forget(session);
     compactor.forget(&again_id);
-    let deterministic = first
-        .iter()
-        .zip(&again)
-        .all(|(a, b)| a.forwarded == b.forwarded);
+    let deterministic = first.iter().zip(&again).all(|(a, b)| a.forwarded == b.forwarded);
 
-    let mut m = Metrics {
-        sessions: 1,
-        requests: requests.len(),
-        deterministic: deterministic as usize,
-        ..Metrics::default()
-    };
+    let mut m =
+        Metrics { sessions: 1, requests: requests.len(), deterministic: deterministic as usize, ..Metrics::default() };
     let needle_re = needle_regex();
     let mut previous: Option<(Parsed<'_>, Parsed<'_>)> = None;
-    let parsed_raw: Vec<Option<ChatBody<'_>>> =
-        requests.iter().map(|r| ChatBody::parse(r).ok()).collect();
+    let parsed_raw: Vec<Option<ChatBody<'_>>> = requests.iter().map(|r| ChatBody::parse(r).ok()).collect();
     for (k, replayed) in first.iter().enumerate() {
         let fwd_bytes = &replayed.forwarded;
         let (Some(raw), Ok(fwd)) = (&parsed_raw[k], ChatBody::parse(fwd_bytes)) else {
@@ -290,23 +234,25 @@ pub fn evaluate_session(
         let fwd_p = Parsed::new(&fwd, counter);
         let (window, reserve) = compactor.window_and_reserve(raw, Some(window));
         let usable = window.saturating_sub(reserve);
-        m.usable_window = if m.usable_window == 0 {
-            usable
-        } else {
-            m.usable_window.min(usable)
-        };
+        m.usable_window = if m.usable_window == 0 { usable } else { m.usable_window.min(usable) };
         m.tokens_raw += raw_p.total;
         m.tokens_forwarded += fwd_p.total;
         m.peak_raw = m.peak_raw.max(raw_p.total);
         m.peak_forwarded = m.peak_forwarded.max(fwd_p.total);
         if let Some(summary) = &replayed.summary {
             m.epochs = m.epochs.max(summary.epoch);
+            if std::env::var_os("PARE_EVAL_DEBUG").is_some() {
+                eprintln!(
+                    "request {k}: raw {} fwd {} epoch {} {}",
+                    raw_p.total,
+                    fwd_p.total,
+                    summary.epoch,
+                    summary.report.get("action").unwrap_or(&Value::Null)
+                );
+            }
         }
 
-        let boundary = engine
-            .compact(raw, &CompactOptions::default(), counter)
-            .boundary
-            .min(raw.messages.len());
+        let boundary = engine.compact(raw, &CompactOptions::default(), counter).boundary.min(raw.messages.len());
         if fwd_p.total > usable {
             m.over_window += 1;
             if floor_tokens(&raw_p, boundary) <= usable {
@@ -350,36 +296,19 @@ struct Parsed<'a> {
 
 impl<'a> Parsed<'a> {
     fn new(body: &ChatBody<'a>, counter: &TokenCounter) -> Parsed<'a> {
-        let messages: Vec<std::borrow::Cow<'a, str>> = body
-            .messages
-            .iter()
-            .map(|m| std::borrow::Cow::Borrowed(m.get()))
-            .collect();
+        let messages: Vec<std::borrow::Cow<'a, str>> =
+            body.messages.iter().map(|m| std::borrow::Cow::Borrowed(m.get())).collect();
         let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
         let roles = messages.iter().map(|m| role_of(m)).collect();
-        let tools = body
-            .field("tools")
-            .map(|t| t.get().to_owned())
-            .filter(|t| t != "null");
+        let tools = body.field("tools").map(|t| t.get().to_owned()).filter(|t| t != "null");
         let tools_tokens = tools.as_deref().map_or(0, |t| counter.tools(t));
         let total = message_tokens.iter().sum::<u64>() + tools_tokens + REPLY_PRIMING;
-        Parsed {
-            messages,
-            message_tokens,
-            roles,
-            tools,
-            tools_tokens,
-            total,
-        }
+        Parsed { messages, message_tokens, roles, tools, tools_tokens, total }
     }
 
     fn detach(self) -> Parsed<'static> {
         Parsed {
-            messages: self
-                .messages
-                .into_iter()
-                .map(|m| std::borrow::Cow::Owned(m.into_owned()))
-                .collect(),
+            messages: self.messages.into_iter().map(|m| std::borrow::Cow::Owned(m.into_owned())).collect(),
             message_tokens: self.message_tokens,
             roles: self.roles,
             tools: self.tools,
@@ -395,10 +324,7 @@ fn role_of(raw: &str) -> String {
         #[serde(default)]
         role: Option<String>,
     }
-    serde_json::from_str::<Role>(raw)
-        .ok()
-        .and_then(|r| r.role)
-        .unwrap_or_default()
+    serde_json::from_str::<Role>(raw).ok().and_then(|r| r.role).unwrap_or_default()
 }
 
 /// Tokens a prompt cache can reuse from `previous`: the tools when unchanged (rendered first), then
@@ -420,10 +346,7 @@ fn reused(previous: &Parsed<'_>, current: &Parsed<'_>) -> u64 {
 
 /// What pare may not shrink: the first system message, user messages, the protected tail and tools.
 fn floor_tokens(raw: &Parsed<'_>, boundary: usize) -> u64 {
-    let first_system = raw
-        .roles
-        .iter()
-        .position(|r| r == "system" || r == "developer");
+    let first_system = raw.roles.iter().position(|r| r == "system" || r == "developer");
     let kept: u64 = (0..raw.messages.len())
         .filter(|i| *i >= boundary || Some(*i) == first_system || raw.roles[*i] == "user")
         .map(|i| raw.message_tokens[i])
@@ -437,8 +360,8 @@ pub fn check_tool_pairing<M: AsRef<str>>(messages: &[M]) -> Result<(), String> {
     let mut pending: Vec<String> = Vec::new();
     let mut answered: Vec<String> = Vec::new();
     for (i, raw) in messages.iter().enumerate() {
-        let message: Message = serde_json::from_str(raw.as_ref())
-            .map_err(|e| format!("message {i} is not a message object: {e}"))?;
+        let message: Message =
+            serde_json::from_str(raw.as_ref()).map_err(|e| format!("message {i} is not a message object: {e}"))?;
         if message.role == "tool" {
             let id = message.tool_call_id.clone().unwrap_or_default();
             match pending.iter().position(|p| *p == id) {
@@ -446,26 +369,17 @@ pub fn check_tool_pairing<M: AsRef<str>>(messages: &[M]) -> Result<(), String> {
                     answered.push(pending.remove(at));
                 }
                 None => {
-                    return Err(format!(
-                        "message {i}: tool result `{id}` answers no pending call"
-                    ));
+                    return Err(format!("message {i}: tool result `{id}` answers no pending call"));
                 }
             }
             continue;
         }
         if let Some(unanswered) = pending.first() {
-            return Err(format!(
-                "message {i}: call `{unanswered}` has no tool result before it"
-            ));
+            return Err(format!("message {i}: call `{unanswered}` has no tool result before it"));
         }
         answered.clear();
         if message.role == "assistant" {
-            pending = message
-                .tool_calls
-                .iter()
-                .flatten()
-                .map(|c| c.id.clone())
-                .collect();
+            pending = message.tool_calls.iter().flatten().map(|c| c.id.clone()).collect();
         }
     }
     match pending.first() {
@@ -476,24 +390,14 @@ pub fn check_tool_pairing<M: AsRef<str>>(messages: &[M]) -> Result<(), String> {
 
 /// User messages of `raw` appear, in order and byte-identical, in `fwd`; and `fwd` ends with
 /// `raw[boundary..]`.
-fn preserves_user_and_tail<A: AsRef<str>, B: AsRef<str>>(
-    raw: &[A],
-    fwd: &[B],
-    boundary: usize,
-) -> bool {
+fn preserves_user_and_tail<A: AsRef<str>, B: AsRef<str>>(raw: &[A], fwd: &[B], boundary: usize) -> bool {
     let tail = &raw[boundary.min(raw.len())..];
-    if tail.len() > fwd.len()
-        || !tail
-            .iter()
-            .zip(&fwd[fwd.len() - tail.len()..])
-            .all(|(a, b)| a.as_ref() == b.as_ref())
+    if tail.len() > fwd.len() || !tail.iter().zip(&fwd[fwd.len() - tail.len()..]).all(|(a, b)| a.as_ref() == b.as_ref())
     {
         return false;
     }
     let mut forwarded = fwd.iter();
-    raw.iter()
-        .filter(|m| role_of(m.as_ref()) == "user")
-        .all(|user| forwarded.any(|f| f.as_ref() == user.as_ref()))
+    raw.iter().filter(|m| role_of(m.as_ref()) == "user").all(|user| forwarded.any(|f| f.as_ref() == user.as_ref()))
 }
 
 fn needle_regex() -> Regex {
@@ -516,10 +420,7 @@ pub fn identifiers(re: &Regex, text: &str) -> Vec<String> {
         let is_id = has_alpha && has_digit && !token.contains('.');
         let is_name = has_alpha
             && (token.contains('_') && token.chars().any(|c| c.is_ascii_lowercase())
-                || token
-                    .as_bytes()
-                    .windows(2)
-                    .any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()));
+                || token.as_bytes().windows(2).any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()));
         if is_number || is_path || is_id || is_name {
             out.push(token.to_owned());
         }
@@ -541,19 +442,9 @@ fn has_file_extension(token: &str) -> bool {
 
 /// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
 /// only in tool outputs) and how many of them `fwd` still contains.
-fn next_step_needles<M: AsRef<str>>(
-    re: &Regex,
-    raw: &ChatBody<'_>,
-    next: &ChatBody<'_>,
-    fwd: &[M],
-) -> (u64, u64) {
+fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatBody<'_>, fwd: &[M]) -> (u64, u64) {
     let n = raw.messages.len();
-    let extends = next.messages.len() > n
-        && raw
-            .messages
-            .iter()
-            .zip(&next.messages)
-            .all(|(a, b)| a.get() == b.get());
+    let extends = next.messages.len() > n && raw.messages.iter().zip(&next.messages).all(|(a, b)| a.get() == b.get());
     if !extends {
         return (0, 0);
     }
@@ -566,9 +457,13 @@ fn next_step_needles<M: AsRef<str>>(
     let mut reply_text = reply.text();
     for call in reply.tool_calls.iter().flatten() {
         if let Some(f) = &call.function {
+            // Arguments are JSON text on the wire: read the strings inside, not their escapes.
             match &f.arguments {
-                Value::String(s) => reply_text.push_str(s),
-                other => reply_text.push_str(&other.to_string()),
+                Value::String(s) => match serde_json::from_str::<Value>(s) {
+                    Ok(decoded) => push_strings(&decoded, &mut reply_text),
+                    Err(_) => reply_text.push_str(s),
+                },
+                other => push_strings(other, &mut reply_text),
             }
             reply_text.push('\n');
         }
@@ -594,9 +489,30 @@ fn next_step_needles<M: AsRef<str>>(
             continue;
         }
         needles += 1;
-        kept += fwd.iter().any(|m| occurs(m.as_ref())) as u64;
+        let present = fwd.iter().any(|m| occurs(m.as_ref()));
+        if !present && std::env::var_os("PARE_EVAL_DEBUG").is_some() {
+            eprintln!("lost needle at request {n}: {id}");
+        }
+        kept += present as u64;
     }
     (needles, kept)
+}
+
+/// Every string (and number) inside a JSON value, newline-separated.
+fn push_strings(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Number(n) => {
+            out.push_str(&n.to_string());
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|v| push_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| push_strings(v, out)),
+        Value::Bool(_) | Value::Null => {}
+    }
 }
 
 #[cfg(test)]
@@ -610,17 +526,7 @@ mod tests {
             &re,
             "Open src/core/loop.py and config.yaml, reservation ZFA04Y, call read_file, getUserId, 12345, 123, the word Hello.",
         );
-        assert_eq!(
-            found,
-            vec![
-                "src/core/loop.py",
-                "config.yaml",
-                "ZFA04Y",
-                "read_file",
-                "getUserId",
-                "12345"
-            ]
-        );
+        assert_eq!(found, vec!["src/core/loop.py", "config.yaml", "ZFA04Y", "read_file", "getUserId", "12345"]);
     }
 
     #[test]
@@ -630,16 +536,8 @@ mod tests {
         let ans_b = r#"{"role":"tool","tool_call_id":"b","content":"y"}"#;
         let user = r#"{"role":"user","content":"u"}"#;
         assert!(check_tool_pairing(&[user, call, ans_b, ans_a, user]).is_ok());
-        assert!(
-            check_tool_pairing(&[user, call, ans_a, user])
-                .unwrap_err()
-                .contains("`b`")
-        );
-        assert!(
-            check_tool_pairing(&[user, ans_a])
-                .unwrap_err()
-                .contains("answers no pending call")
-        );
+        assert!(check_tool_pairing(&[user, call, ans_a, user]).unwrap_err().contains("`b`"));
+        assert!(check_tool_pairing(&[user, ans_a]).unwrap_err().contains("answers no pending call"));
         assert!(check_tool_pairing(&[user, call, ans_a, ans_b, ans_b]).is_err());
         assert!(check_tool_pairing(&[user, call]).is_err());
     }
@@ -657,10 +555,7 @@ mod tests {
             "{\"role\":\"assistant\",\"content\":\"t\"}",
         ];
         assert!(preserves_user_and_tail(&raw, &good, 2));
-        assert!(
-            !preserves_user_and_tail(&raw, &good, 1),
-            "the tool message is in the tail"
-        );
+        assert!(!preserves_user_and_tail(&raw, &good, 1), "the tool message is in the tail");
         let lost_user = ["{\"role\":\"assistant\",\"content\":\"t\"}"];
         assert!(!preserves_user_and_tail(&raw, &lost_user, 2));
     }

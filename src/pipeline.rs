@@ -9,7 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::config::Config;
+use crate::archive::response::ArchiveSink;
+use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
+use crate::budget::epoch::SessionCompactor;
+use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
+use crate::config::{Config, Durability};
+use crate::session::SessionTracker;
 use crate::wire::ChatBody;
 
 /// A session's id (time-sortable, see [`crate::session`]).
@@ -83,6 +88,8 @@ pub struct PreparedChat {
     /// The body to forward (the original bytes when nothing changed).
     pub body: Bytes,
     pub session: Option<SessionId>,
+    /// The request's `model`, when the body parsed (labels metrics per model).
+    pub model: Option<String>,
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply (unparseable body, engine failure), for the log line.
     pub skipped: Option<String>,
@@ -94,6 +101,8 @@ pub struct PreparedChat {
 pub struct PipelineStats {
     pub fail_open: AtomicU64,
     pub unparseable: AtomicU64,
+    /// `strict` requests forwarded although their raw record was not confirmed committed.
+    pub strict_unconfirmed: AtomicU64,
 }
 
 /// Session → archive → compaction for one chat request.
@@ -101,11 +110,49 @@ pub struct Pipeline {
     pub config: Arc<Config>,
     compactor: Arc<dyn ChatCompactor>,
     pub stats: PipelineStats,
+    sessions: Arc<SessionTracker>,
+    archive: Option<Arc<Archive>>,
+    /// Resolves the model's context window (config, detection, default) before compaction.
+    windows: Option<Arc<WindowResolver>>,
 }
+
+/// The path recorded for a chat request when the caller does not give one.
+pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
-        Pipeline { config, compactor, stats: PipelineStats::default() }
+        let sessions = Arc::new(SessionTracker::new(&config.archive));
+        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None, windows: None }
+    }
+
+    /// Record every exchange in `archive`, and rebuild the session tracker from the sessions it holds
+    /// (so a restarted pare keeps assigning requests to their sessions). Reads the store: call at start.
+    pub fn with_archive(mut self, archive: Arc<Archive>) -> Pipeline {
+        match archive::query::ArchiveReader::open(archive.dir())
+            .and_then(|r| r.recent_session_keys(self.config.archive.tracked_sessions))
+        {
+            Ok(sessions) => {
+                for (session, keys) in sessions {
+                    self.sessions.seed(&session, keys);
+                }
+            }
+            Err(archive::ArchiveError::NoStore(_)) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot rebuild sessions from the archive; starting empty")
+            }
+        }
+        self.archive = Some(archive);
+        self
+    }
+
+    /// The archive exchanges are recorded in, if any.
+    pub fn archive(&self) -> Option<&Arc<Archive>> {
+        self.archive.as_ref()
+    }
+
+    /// The session tracker.
+    pub fn sessions(&self) -> &Arc<SessionTracker> {
+        &self.sessions
     }
 
     /// A pipeline that forwards everything unchanged.
@@ -114,24 +161,84 @@ impl Pipeline {
     }
 
     /// Prepare one chat request for forwarding. Never fails: the worst case forwards `raw` unchanged.
-    pub async fn prepare_chat(&self, _headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        let body = match ChatBody::parse(&raw) {
-            Ok(body) => body,
+    pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
+    }
+
+    /// [`Pipeline::prepare_chat`] recording the request's method and path.
+    ///
+    /// Order: assign the session, compact (pure, in memory, fail-open), hand the raw and forwarded
+    /// bodies to the archive — in `strict` durability wait until that record is committed — and return
+    /// the body to forward with a [`ResponseSink`] that records the answer.
+    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+        let parsed = ChatBody::parse(&raw);
+        let assignment = self.sessions.assign(headers, parsed.as_ref().ok());
+        let session = assignment.session.clone();
+        let (model, request_stream) = match &parsed {
+            Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
+            Err(_) => (None, false),
+        };
+        let (forward, summary, skipped) = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                return PreparedChat {
-                    body: raw.clone(),
-                    session: None,
-                    summary: None,
-                    skipped: Some(err.to_string()),
-                    sink: None,
+                (raw.clone(), None, Some(err.to_string()))
+            }
+            Ok(body) => {
+                let window = match &self.windows {
+                    Some(windows) => Some(windows.window(model.as_deref()).await),
+                    None => None,
                 };
+                self.compact(&session, &raw, body, window)
             }
         };
-        let session = String::new();
-        let input = CompactInput { session: &session, raw: &raw, body: &body, window: None };
+        drop(parsed);
+        let ticket = match &self.archive {
+            None => None,
+            Some(archive) => {
+                let record = ExchangeRecord {
+                    session: session.clone(),
+                    at_ms: now_ms(),
+                    method: method.to_owned(),
+                    path: path.to_owned(),
+                    model: model.clone(),
+                    headers: keep_headers(headers, &self.config.archive.redact_headers),
+                    raw: raw.clone(),
+                    forwarded: (forward != raw).then(|| forward.clone()),
+                    summary: summary.clone(),
+                    skipped: skipped.clone(),
+                    key_req: assignment.key_req,
+                };
+                let ticket = match archive.durability() {
+                    Durability::Buffered => archive.record_exchange(record),
+                    Durability::Strict => {
+                        let (ticket, committed) = archive.record_exchange_committed(record).await;
+                        if let Err(err) = committed {
+                            self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(session = %session, error = %err,
+                                "strict archive: raw request not confirmed committed; forwarding anyway");
+                        }
+                        ticket
+                    }
+                };
+                Some((Arc::clone(archive), ticket))
+            }
+        };
+        let sink =
+            ArchiveSink::new(ticket, Arc::clone(&self.sessions), session.clone(), assignment.key_req, request_stream);
+        PreparedChat { body: forward, session: Some(session), model, summary, skipped, sink: Some(Box::new(sink)) }
+    }
+
+    /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged.
+    fn compact(
+        &self,
+        session: &str,
+        raw: &Bytes,
+        body: &ChatBody<'_>,
+        window: Option<u64>,
+    ) -> (Bytes, Option<CompactionSummary>, Option<String>) {
+        let input = CompactInput { session, raw, body, window };
         let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
-        let (forward, summary, skipped) = match result {
+        match result {
             Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
             Ok(Err(err)) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
@@ -144,8 +251,94 @@ impl Pipeline {
                 tracing::error!(panic = %what, "compaction panicked; forwarding the original request");
                 (raw.clone(), None, Some(format!("compaction panicked: {what}")))
             }
+        }
+    }
+}
+
+/// Why the pipeline of a configuration cannot be built (reported at start, before listening).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Engine(#[from] crate::compact::EngineConfigError),
+    #[error(transparent)]
+    Models(#[from] crate::budget::window::ModelTableError),
+    #[error("cannot build the http client for window detection: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+impl Pipeline {
+    /// Everything `pare serve` runs for chat requests, built from a configuration: the engine with its
+    /// rule pack, the per-session compactor (epochs, stickiness; mode `off` forwards unchanged), the
+    /// window resolver, and — when `archive.enabled` — the archive, from which the session tracker and
+    /// each recent session's compacted prefix are rebuilt so that a restart does not break the
+    /// upstream's prompt cache.
+    pub fn from_config(config: Arc<Config>) -> Result<Pipeline, BuildError> {
+        let engine = crate::compact::Engine::from_config(&config)?;
+        let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(engine))?);
+        crate::proxy::upstream::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(config.upstream.connect_timeout())
+            .build()?;
+        let windows = WindowResolver::new(
+            client,
+            &config.upstream.url,
+            ModelTable::from_config(&config)?,
+            DetectConfig::from_budget(&config.budget),
+        );
+        let mut pipeline = Pipeline::new(config.clone(), compactor.clone());
+        pipeline.windows = Some(Arc::new(windows));
+        if config.archive.enabled {
+            let archive = Archive::open(&config.archive);
+            pipeline = pipeline.with_archive(archive.clone());
+            seed_compaction_state(&compactor, &archive, config.budget.max_sessions);
+        }
+        Ok(pipeline)
+    }
+}
+
+/// Rebuild the compacted prefix of the most recently active sessions from their last archived
+/// (raw, forwarded) pair. Best effort: a session that cannot be rebuilt starts a fresh epoch.
+fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit: usize) {
+    let reader = match archive::query::ArchiveReader::open(archive.dir()) {
+        Ok(reader) => reader,
+        Err(archive::ArchiveError::NoStore(_)) => return,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read the archive; compaction state starts fresh");
+            return;
+        }
+    };
+    let sessions = match reader.recent_session_keys(limit) {
+        Ok(sessions) => sessions,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list archived sessions; compaction state starts fresh");
+            return;
+        }
+    };
+    let mut n_seeded = 0usize;
+    for (session, _) in sessions {
+        let last = match reader.last_bodies(&session) {
+            Ok(Some(last)) => last,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!(session = %session, error = %err, "cannot read the session's last request");
+                continue;
+            }
         };
-        PreparedChat { body: forward, session: None, summary, skipped, sink: None }
+        let epoch = reader
+            .exchanges(&session)
+            .ok()
+            .and_then(|xs| xs.into_iter().rev().find_map(|x| x.summary))
+            .and_then(|summary| summary.get("epoch").and_then(serde_json::Value::as_u64))
+            .unwrap_or(0);
+        match compactor.seed(&session, &last.raw, &last.forwarded, epoch) {
+            Ok(()) => n_seeded += 1,
+            Err(err) => tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state"),
+        }
+    }
+    if n_seeded > 0 {
+        tracing::info!(sessions = n_seeded, "compaction state rebuilt from the archive");
     }
 }
 

@@ -1,3 +1,534 @@
 //! Which conversation a request belongs to: an explicit header wins; otherwise the session whose last
 //! raw request plus its answer this request extends (prefix match over message hashes); otherwise a new
-//! session with a time-sortable id.
+//! session with a time-sortable id (ULID).
+//!
+//! # Keys
+//!
+//! Each message gets a 64-bit key over a *normalized* form — role, content text (a string and a list of
+//! text parts give the same key; surrounding whitespace ignored), tool calls (id, name, arguments with
+//! JSON re-serialized compactly) and `tool_call_id`. Cosmetic keys are ignored: `name` on tool messages
+//! (Hermes drops it when it resumes a session), reasoning fields (agents strip them), `refusal`,
+//! `cache_control`… The key of a message *list* is a rolling hash of its message keys, so every prefix
+//! of a request has a key, computed in one pass.
+//!
+//! # Matching
+//!
+//! When an answer completes, the session registers the key of "its request + that answer" (an *ext*
+//! key); the newest one is the session's *head*. A new request with message-prefix keys `c1..cm` looks
+//! for the longest prefix `ci` that is a registered ext key:
+//! - among sessions whose **head** is `ci`, the one that registered it first is chosen and the head is
+//!   consumed (so two concurrent conversations with identical openings and identical answers each take
+//!   one session, in the order their answers arrived);
+//! - otherwise `ci` is an older ext key of some session: the request is a **branch** (a regenerate, or
+//!   a retry after an error) and joins the session that registered `ci` most recently.
+//! - If no ext key matches, a request that extends exactly one session's request still waiting for its
+//!   answer joins it (the agent was faster than the end of the stream).
+//! - Otherwise it starts a new session. A request equal to an earlier *request* (not request + answer)
+//!   never joins it: identical openings start separate sessions. The price: re-sending the very first
+//!   request of a conversation (a retry before any answer) starts a new session too.
+//!
+//! The tracker is in memory and bounded (`archive.tracked_sessions`, least recently used dropped); at
+//! start it is rebuilt from the archive's stored keys.
+
+use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+
+use http::HeaderMap;
+use lru::LruCache;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+
+use crate::config::ArchiveConfig;
+use crate::wire::ChatBody;
+
+/// Ext keys remembered per session (older branches beyond this can no longer be joined).
+const EXT_KEYS_PER_SESSION: usize = 4096;
+/// Raw message bytes → normalized key, so unchanged messages are not re-parsed on every request.
+const KEY_MEMO: usize = 200_000;
+
+/// A valid explicit session id: 1 to 128 characters among `A-Z a-z 0-9 . _ : -`, not starting with a
+/// dot. Session ids are printed and used as database keys, never as paths; the check keeps them tame.
+pub fn valid_session_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && !id.starts_with('.')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// A new time-sortable session id (a ULID; monotonic within the process, so ids sort in creation order).
+pub fn new_session_id() -> String {
+    static GENERATOR: Mutex<ulid::Generator> = Mutex::new(ulid::Generator::new());
+    let mut generator = GENERATOR.lock().unwrap_or_else(|p| p.into_inner());
+    generator.generate().unwrap_or_else(|_| ulid::Ulid::generate()).to_string()
+}
+
+/// The normalized key of a message given as JSON text.
+pub fn message_key(raw: &str) -> u64 {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v @ Value::Object(_)) => message_key_value(&v),
+        _ => xxh3_64(raw.as_bytes()),
+    }
+}
+
+/// The normalized key of a parsed message (see the module docs for what is ignored).
+pub fn message_key_value(message: &Value) -> u64 {
+    let mut buf = Vec::with_capacity(256);
+    let field = |v: &Value, k: &str| v.get(k).cloned().unwrap_or(Value::Null);
+    buf.extend_from_slice(field(message, "role").as_str().unwrap_or("").as_bytes());
+    buf.push(0xff);
+    buf.extend_from_slice(content_text(message.get("content")).trim().as_bytes());
+    buf.push(0xff);
+    if let Some(Value::Array(calls)) = message.get("tool_calls") {
+        for call in calls {
+            buf.extend_from_slice(call.get("id").and_then(Value::as_str).unwrap_or("").as_bytes());
+            buf.push(0xfe);
+            let function = field(call, "function");
+            buf.extend_from_slice(function.get("name").and_then(Value::as_str).unwrap_or("").as_bytes());
+            buf.push(0xfe);
+            buf.extend_from_slice(canonical_arguments(function.get("arguments")).as_bytes());
+            buf.push(0xfd);
+        }
+    }
+    buf.push(0xff);
+    buf.extend_from_slice(message.get("tool_call_id").and_then(Value::as_str).unwrap_or("").as_bytes());
+    xxh3_64(&buf)
+}
+
+/// A message's content as text: the string, or its text parts joined by newlines (other parts as
+/// their JSON), or empty for null/absent.
+pub fn content_text(content: Option<&Value>) -> String {
+    match content {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("text").and_then(Value::as_str) {
+                Some(t) => t.to_string(),
+                None => p.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn canonical_arguments(arguments: Option<&Value>) -> String {
+    match arguments {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v) => v.to_string(),
+            Err(_) => s.clone(),
+        },
+        Some(other) => other.to_string(),
+    }
+}
+
+/// The key of a message list extended by one message.
+pub fn chain_key(prefix: u64, message: u64) -> u64 {
+    let mut buf = [0u8; 16];
+    buf[..8].copy_from_slice(&prefix.to_le_bytes());
+    buf[8..].copy_from_slice(&message.to_le_bytes());
+    xxh3_64(&buf)
+}
+
+/// Keys of every prefix of a message list: `out[i]` is the key of the first `i + 1` messages.
+pub fn prefix_keys(message_keys: &[u64]) -> Vec<u64> {
+    let mut acc = 0u64;
+    message_keys
+        .iter()
+        .map(|k| {
+            acc = chain_key(acc, *k);
+            acc
+        })
+        .collect()
+}
+
+/// How a request was assigned to its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assigned {
+    /// Named by a session header.
+    Header,
+    /// Extends the session's latest request + answer.
+    Extends,
+    /// Extends an older request + answer of the session (a regenerate or retry).
+    Branch,
+    /// Extends a request whose answer had not finished yet.
+    Pending,
+    /// Starts a new session.
+    New,
+}
+
+/// The outcome of [`SessionTracker::assign`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub session: String,
+    /// Key of the request's whole message list (`None` for a body that is not a chat request).
+    pub key_req: Option<u64>,
+    pub how: Assigned,
+}
+
+#[derive(Default)]
+struct Tracked {
+    ext_keys: VecDeque<u64>,
+    head: Option<u64>,
+    pending: Vec<u64>,
+}
+
+struct Inner {
+    sessions: LruCache<String, Tracked>,
+    /// Ext key → sessions that registered it, in registration order.
+    ext: HashMap<u64, Vec<String>>,
+    /// Request key → sessions whose request with that key is waiting for its answer.
+    pending: HashMap<u64, Vec<String>>,
+}
+
+fn remove_from(map: &mut HashMap<u64, Vec<String>>, key: u64, session: &str) {
+    if let Some(list) = map.get_mut(&key) {
+        if let Some(pos) = list.iter().position(|s| s == session) {
+            list.remove(pos);
+        }
+        if list.is_empty() {
+            map.remove(&key);
+        }
+    }
+}
+
+impl Inner {
+    /// Make `session` the most recently used, tracking it if new; forgets evicted sessions' keys.
+    fn touch(&mut self, session: &str) -> &mut Tracked {
+        if !self.sessions.contains(session)
+            && let Some((evicted, state)) = self.sessions.push(session.to_owned(), Tracked::default())
+            && evicted != session
+        {
+            for key in state.ext_keys {
+                remove_from(&mut self.ext, key, &evicted);
+            }
+            for key in state.pending {
+                remove_from(&mut self.pending, key, &evicted);
+            }
+        }
+        self.sessions.get_mut(session).expect("just inserted")
+    }
+
+    fn register_ext(&mut self, session: &str, key: u64) {
+        let tracked = self.touch(session);
+        tracked.head = Some(key);
+        if tracked.ext_keys.contains(&key) {
+            return;
+        }
+        tracked.ext_keys.push_back(key);
+        let dropped = (tracked.ext_keys.len() > EXT_KEYS_PER_SESSION).then(|| tracked.ext_keys.pop_front()).flatten();
+        if let Some(old) = dropped {
+            remove_from(&mut self.ext, old, session);
+        }
+        self.ext.entry(key).or_default().push(session.to_owned());
+    }
+}
+
+/// Assigns requests to sessions (see the module docs). Cheap to share; all methods take `&self`.
+pub struct SessionTracker {
+    headers: Vec<String>,
+    inner: Mutex<Inner>,
+    memo: Mutex<LruCache<u128, u64>>,
+}
+
+impl SessionTracker {
+    pub fn new(config: &ArchiveConfig) -> SessionTracker {
+        let capacity = NonZeroUsize::new(config.tracked_sessions.max(1)).expect("max(1)");
+        SessionTracker {
+            headers: config.session_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            inner: Mutex::new(Inner {
+                sessions: LruCache::new(capacity),
+                ext: HashMap::new(),
+                pending: HashMap::new(),
+            }),
+            memo: Mutex::new(LruCache::new(NonZeroUsize::new(KEY_MEMO).expect("non-zero"))),
+        }
+    }
+
+    /// The explicit session named by the request's headers, if a valid one is present.
+    pub fn header_session(&self, headers: &HeaderMap) -> Option<String> {
+        for name in &self.headers {
+            let Some(value) = headers.get(name.as_str()) else {
+                continue;
+            };
+            match value.to_str() {
+                Ok(id) if valid_session_id(id.trim()) => return Some(id.trim().to_owned()),
+                _ => {
+                    tracing::warn!(header = %name, "ignoring an invalid session id (1-128 of A-Z a-z 0-9 . _ : -)");
+                }
+            }
+        }
+        None
+    }
+
+    /// Normalized keys of a request's messages, reusing the keys of messages seen before.
+    pub fn message_keys(&self, messages: &[&RawValue]) -> Vec<u64> {
+        let raw_hashes: Vec<u128> = messages.iter().map(|m| xxh3_128(m.get().as_bytes())).collect();
+        let mut keys: Vec<Option<u64>> = {
+            let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+            raw_hashes.iter().map(|h| memo.get(h).copied()).collect()
+        };
+        let mut fresh = Vec::new();
+        for (idx, key) in keys.iter_mut().enumerate() {
+            if key.is_none() {
+                let k = message_key(messages[idx].get());
+                *key = Some(k);
+                fresh.push((raw_hashes[idx], k));
+            }
+        }
+        if !fresh.is_empty() {
+            let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+            for (h, k) in fresh {
+                memo.put(h, k);
+            }
+        }
+        keys.into_iter().map(|k| k.unwrap_or_default()).collect()
+    }
+
+    /// Assign a request to a session and remember it as waiting for its answer.
+    pub fn assign(&self, headers: &HeaderMap, body: Option<&ChatBody<'_>>) -> Assignment {
+        let explicit = self.header_session(headers);
+        let Some(body) = body else {
+            let (session, how) = match explicit {
+                Some(s) => (s, Assigned::Header),
+                None => (new_session_id(), Assigned::New),
+            };
+            return Assignment { session, key_req: None, how };
+        };
+        let prefixes = prefix_keys(&self.message_keys(&body.messages));
+        let key_req = prefixes.last().copied();
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (session, how) = match explicit {
+            Some(s) => (s, Assigned::Header),
+            None => choose(&mut inner, &prefixes),
+        };
+        let tracked = inner.touch(&session);
+        if let Some(key) = key_req {
+            tracked.pending.push(key);
+            inner.pending.entry(key).or_default().push(session.clone());
+        }
+        Assignment { session, key_req, how }
+    }
+
+    /// The answer to a request completed: register "request + answer" as the session's head.
+    /// Returns the ext key (stored with the response, so the tracker can be rebuilt).
+    pub fn answered(&self, session: &str, key_req: Option<u64>, answer: &Value) -> Option<u64> {
+        let key_req = key_req?;
+        let ext = chain_key(key_req, message_key_value(answer));
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        forget_pending(&mut inner, session, key_req);
+        inner.register_ext(session, ext);
+        Some(ext)
+    }
+
+    /// The request got no usable answer (error, cut short): it no longer waits.
+    pub fn unanswered(&self, session: &str, key_req: Option<u64>) {
+        if let Some(key) = key_req {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            forget_pending(&mut inner, session, key);
+        }
+    }
+
+    /// Rebuild a session's state from its stored ext keys (oldest first).
+    pub fn seed(&self, session: &str, ext_keys: impl IntoIterator<Item = u64>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for key in ext_keys {
+            inner.register_ext(session, key);
+        }
+    }
+
+    /// Number of sessions currently tracked in memory.
+    pub fn n_tracked(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).sessions.len()
+    }
+}
+
+fn forget_pending(inner: &mut Inner, session: &str, key: u64) {
+    if let Some(tracked) = inner.sessions.peek_mut(session)
+        && let Some(pos) = tracked.pending.iter().position(|k| *k == key)
+    {
+        tracked.pending.remove(pos);
+    }
+    remove_from(&mut inner.pending, key, session);
+}
+
+fn choose(inner: &mut Inner, prefixes: &[u64]) -> (String, Assigned) {
+    for key in prefixes.iter().rev() {
+        let Some(candidates) = inner.ext.get(key) else {
+            continue;
+        };
+        let head = candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
+        if let Some(session) = head.cloned() {
+            if let Some(t) = inner.sessions.get_mut(&session) {
+                t.head = None;
+            }
+            return (session, Assigned::Extends);
+        }
+        if let Some(session) = candidates.last().cloned() {
+            return (session, Assigned::Branch);
+        }
+    }
+    let proper = prefixes.len().saturating_sub(1);
+    for key in prefixes[..proper].iter().rev() {
+        if let Some(candidates) = inner.pending.get(key)
+            && let [only] = candidates.as_slice()
+        {
+            return (only.clone(), Assigned::Pending);
+        }
+    }
+    (new_session_id(), Assigned::New)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tracker() -> SessionTracker {
+        SessionTracker::new(&ArchiveConfig::default())
+    }
+
+    fn body(messages: &[Value]) -> Vec<u8> {
+        serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    fn assign(t: &SessionTracker, messages: &[Value]) -> Assignment {
+        let bytes = body(messages);
+        let parsed = ChatBody::parse(&bytes).unwrap();
+        t.assign(&HeaderMap::new(), Some(&parsed))
+    }
+
+    fn sys() -> Value {
+        json!({"role": "system", "content": "you are an agent"})
+    }
+    fn user(s: &str) -> Value {
+        json!({"role": "user", "content": s})
+    }
+    fn call(id: &str) -> Value {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}}]})
+    }
+    fn result(id: &str, out: &str) -> Value {
+        json!({"role": "tool", "tool_call_id": id, "name": "read_file", "content": out})
+    }
+
+    #[test]
+    fn normalization_ignores_cosmetic_differences() {
+        let a = json!({"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "out"});
+        let b = json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "out\n"}]});
+        assert_eq!(message_key_value(&a), message_key_value(&b));
+        let c1 = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}], "reasoning_content": "hmm"});
+        let c2 = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "x", "function": {"name": "f", "arguments": "{\"a\":1}"}}]});
+        assert_eq!(message_key_value(&c1), message_key_value(&c2));
+        assert_ne!(
+            message_key_value(&a),
+            message_key_value(&json!({"role": "tool", "tool_call_id": "c2", "content": "out"}))
+        );
+        assert_ne!(message_key_value(&user("a")), message_key_value(&json!({"role": "system", "content": "a"})));
+    }
+
+    #[test]
+    fn a_request_extending_request_plus_answer_joins_the_session() {
+        let t = tracker();
+        let first = assign(&t, &[sys(), user("fix it")]);
+        assert_eq!(first.how, Assigned::New);
+        t.answered(&first.session, first.key_req, &call("c1"));
+        let second = assign(&t, &[sys(), user("fix it"), call("c1"), result("c1", "code")]);
+        assert_eq!((second.session.as_str(), second.how), (first.session.as_str(), Assigned::Extends));
+        // Hermes resumes without the tool `name`: still the same session.
+        t.answered(&second.session, second.key_req, &call("c2"));
+        let third = assign(
+            &t,
+            &[
+                sys(),
+                user("fix it"),
+                call("c1"),
+                json!({"role": "tool", "tool_call_id": "c1", "content": "code"}),
+                call("c2"),
+                result("c2", "more"),
+            ],
+        );
+        assert_eq!((third.session.as_str(), third.how), (first.session.as_str(), Assigned::Extends));
+    }
+
+    #[test]
+    fn identical_openings_start_separate_sessions_and_stay_apart() {
+        let t = tracker();
+        let a1 = assign(&t, &[sys(), user("same")]);
+        let b1 = assign(&t, &[sys(), user("same")]);
+        assert_ne!(a1.session, b1.session);
+        assert_eq!(b1.how, Assigned::New);
+        // Identical answers: both sessions now have the same head.
+        t.answered(&a1.session, a1.key_req, &call("c1"));
+        t.answered(&b1.session, b1.key_req, &call("c1"));
+        let a2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "A")]);
+        let b2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "B")]);
+        assert_eq!(a2.session, a1.session, "the first to answer is continued first");
+        assert_eq!(b2.session, b1.session);
+        assert_eq!((a2.how, b2.how), (Assigned::Extends, Assigned::Extends));
+    }
+
+    #[test]
+    fn a_regenerate_is_a_branch_of_the_same_session() {
+        let t = tracker();
+        let s = assign(&t, &[sys(), user("go")]);
+        t.answered(&s.session, s.key_req, &call("c1"));
+        let r2 = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
+        t.answered(&r2.session, r2.key_req, &call("c2"));
+        let again = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
+        assert_eq!((again.session.as_str(), again.how), (s.session.as_str(), Assigned::Branch));
+    }
+
+    #[test]
+    fn a_request_overtaking_its_answer_joins_the_only_pending_session() {
+        let t = tracker();
+        let s = assign(&t, &[sys(), user("go")]);
+        let next = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
+        assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Pending));
+    }
+
+    #[test]
+    fn explicit_header_wins_and_is_validated() {
+        let t = tracker();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-pare-session", "agent-7".parse().unwrap());
+        let bytes = body(&[sys(), user("x")]);
+        let parsed = ChatBody::parse(&bytes).unwrap();
+        let a = t.assign(&headers, Some(&parsed));
+        assert_eq!((a.session.as_str(), a.how), ("agent-7", Assigned::Header));
+        headers.insert("x-pare-session", "../../etc/passwd".parse().unwrap());
+        let b = t.assign(&headers, Some(&parsed));
+        assert_ne!(b.session, "../../etc/passwd");
+        assert!(valid_session_id(&b.session));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id(".hidden"));
+        assert!(!valid_session_id(&"a".repeat(129)));
+    }
+
+    #[test]
+    fn the_tracker_is_bounded_and_forgets_evicted_sessions() {
+        let config = ArchiveConfig { tracked_sessions: 2, ..ArchiveConfig::default() };
+        let t = SessionTracker::new(&config);
+        let first = assign(&t, &[sys(), user("one")]);
+        t.answered(&first.session, first.key_req, &call("c1"));
+        for n in 0..3 {
+            let s = assign(&t, &[sys(), user(&format!("other {n}"))]);
+            t.answered(&s.session, s.key_req, &call("c1"));
+        }
+        assert_eq!(t.n_tracked(), 2);
+        let late = assign(&t, &[sys(), user("one"), call("c1"), result("c1", "x")]);
+        assert_eq!(late.how, Assigned::New);
+    }
+
+    #[test]
+    fn seeding_restores_matching_after_a_restart() {
+        let before = tracker();
+        let s = assign(&before, &[sys(), user("go")]);
+        let ext = before.answered(&s.session, s.key_req, &call("c1")).unwrap();
+        let after = tracker();
+        after.seed(&s.session, [ext]);
+        let next = assign(&after, &[sys(), user("go"), call("c1"), result("c1", "x")]);
+        assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Extends));
+    }
+}

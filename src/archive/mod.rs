@@ -1,2 +1,396 @@
 //! The raw archive: a durable embedded store of every chat exchange, the audit queries over it, and
 //! DPO/SFT export from the raw sessions.
+//!
+//! # Layout
+//!
+//! - [`store`]: the SQLite file (WAL, private permissions), its schema, content-addressed blobs.
+//! - [`body`]: splitting a body into message blobs + a template, so storage grows linearly.
+//! - [`chain`]: the per-session hash chain that `verify` checks.
+//! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
+//! - [`read`]: reassembling exact body bytes from templates and blobs.
+//! - [`response`]: the [`crate::pipeline::ResponseSink`] that assembles the assistant's answer.
+//! - [`query`]: the audit side: list, load, delete sessions.
+//! - [`verify`]: recompute every body hash and the chains.
+//! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
+//!
+//! The request path only hands a record to a channel ([`Archive::record_exchange`]); in `strict`
+//! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]).
+
+pub mod body;
+pub mod chain;
+pub mod export;
+pub mod query;
+pub mod read;
+pub mod response;
+pub mod store;
+pub mod verify;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::config::{ArchiveConfig, Durability};
+use crate::pipeline::{CompactionSummary, StreamEnd};
+
+/// Errors of the archive. Writing never surfaces them to the proxy (fail-open); the CLI reports them.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("cannot open archive {path}: {source}")]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("no archive at {0} (run `pare serve` first, or pass --archive DIR)")]
+    NoStore(PathBuf),
+    #[error("archive i/o on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("archive database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("blob {0} is missing")]
+    MissingBlob(i64),
+    #[error("exchange {0} is missing")]
+    MissingExchange(i64),
+    #[error("blob {id} is corrupt: {why}")]
+    CorruptBlob { id: i64, why: String },
+    #[error("exchange {exchange} has a corrupt template: {why}")]
+    CorruptTemplate { exchange: i64, why: &'static str },
+    #[error("no session {0:?} in the archive")]
+    NoSession(String),
+    #[error("session {session:?} has no request {seq}")]
+    NoRequest { session: String, seq: i64 },
+    #[error("archive is closed")]
+    Closed,
+    #[error("archive is not writable: {0}")]
+    NotWritable(String),
+    #[error("archive queue is full ({0} bytes waiting)")]
+    QueueFull(u64),
+    #[error("archive writer did not confirm the commit within {0:?}")]
+    CommitTimeout(Duration),
+}
+
+impl ArchiveError {
+    fn open(path: &Path, source: rusqlite::Error) -> ArchiveError {
+        ArchiveError::Open { path: path.to_owned(), source }
+    }
+}
+
+/// Request headers never stored, whatever the configuration says.
+pub const ALWAYS_REDACTED: &[&str] =
+    &["authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie", "x-pare-token"];
+
+/// The request headers worth keeping, secrets removed (see [`ALWAYS_REDACTED`] and `archive.redact_headers`).
+pub fn keep_headers(headers: &HeaderMap, redact: &[String]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            !ALWAYS_REDACTED.contains(&name) && !redact.iter().any(|r| r.eq_ignore_ascii_case(name))
+        })
+        .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+        .collect()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+/// One chat request, as handed to the archive.
+#[derive(Debug, Clone)]
+pub struct ExchangeRecord {
+    pub session: String,
+    pub at_ms: i64,
+    pub method: String,
+    pub path: String,
+    pub model: Option<String>,
+    /// Request headers, secrets already removed ([`keep_headers`]).
+    pub headers: Vec<(String, String)>,
+    /// Exactly what the agent sent.
+    pub raw: Bytes,
+    /// What was forwarded; `None` when it is `raw` unchanged.
+    pub forwarded: Option<Bytes>,
+    pub summary: Option<CompactionSummary>,
+    /// Why compaction did not apply.
+    pub skipped: Option<String>,
+    /// Session key of the request's messages (see [`crate::session`]).
+    pub key_req: Option<u64>,
+}
+
+/// The upstream's answer to one exchange.
+#[derive(Debug, Clone)]
+pub struct ResponseRecord {
+    pub at_ms: i64,
+    /// `None` when no response head was received (pare answered itself).
+    pub status: Option<u16>,
+    pub headers: Vec<(String, String)>,
+    pub stream: bool,
+    pub end: StreamEnd,
+    /// The body as received (for streams, the raw SSE bytes), possibly capped (see `truncated`).
+    pub body: Vec<u8>,
+    /// The body exceeded [`response::MAX_BODY`] and was cut there.
+    pub truncated: bool,
+    /// The assistant message, assembled from the stream or read from the JSON body.
+    pub assembled: Option<serde_json::Value>,
+    /// Session key of the request plus this answer (see [`crate::session`]).
+    pub key_ext: Option<u64>,
+}
+
+impl ResponseRecord {
+    /// Whether the body is incomplete: the stream was cut short or the body was capped.
+    pub fn partial(&self) -> bool {
+        self.truncated || self.end != StreamEnd::Complete
+    }
+}
+
+/// Identifies an exchange handed to the writer, so its response can follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// The archive's state, for `/_pare/health` and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ArchiveHealth {
+    pub dir: PathBuf,
+    /// False after a failed open or commit, until the next successful commit.
+    pub writable: bool,
+    /// Records waiting for the writer.
+    pub queue_depth: u64,
+    /// Records committed since start.
+    pub committed_records: u64,
+    /// Records that could not be stored (disk full, read-only, queue full…) since start.
+    pub lost_records: u64,
+    pub last_error: Option<String>,
+}
+
+/// Most bytes of records allowed to wait for the writer; beyond it records are dropped and counted
+/// (the proxy must never run out of memory because the disk stalled).
+pub const MAX_QUEUE_BYTES: u64 = 512 * 1024 * 1024;
+
+/// How long a `strict` request waits for its commit before it is forwarded anyway (and counted).
+pub const STRICT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) enum Job {
+    Exchange {
+        ticket: Ticket,
+        record: Box<ExchangeRecord>,
+        ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    },
+    Response {
+        ticket: Ticket,
+        record: Box<ResponseRecord>,
+    },
+    Flush(mpsc::Sender<()>),
+    Shutdown(mpsc::Sender<()>),
+}
+
+impl Job {
+    fn size(&self) -> u64 {
+        match self {
+            Job::Exchange { record, .. } => {
+                (record.raw.len() + record.forwarded.as_ref().map_or(0, Bytes::len) + 512) as u64
+            }
+            Job::Response { record, .. } => (record.body.len() + 512) as u64,
+            Job::Flush(_) | Job::Shutdown(_) => 0,
+        }
+    }
+}
+
+/// State shared between the handle and the writer thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    dir: PathBuf,
+    queue_depth: AtomicU64,
+    queue_bytes: AtomicU64,
+    committed: AtomicU64,
+    lost: AtomicU64,
+    writable: AtomicBool,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn fail(&self, n_lost: u64, error: String) {
+        self.lost.fetch_add(n_lost, Ordering::Relaxed);
+        self.writable.store(false, Ordering::Relaxed);
+        let total = self.lost.load(Ordering::Relaxed);
+        tracing::error!(archive = %self.dir.display(), error = %error, lost_now = n_lost, lost_total = total,
+            "ARCHIVE WRITE FAILED: records were not stored; pare keeps proxying");
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+    }
+}
+
+/// Handle on the archive: cheap to share (`Arc`), safe to call from any thread or task.
+pub struct Archive {
+    shared: Arc<Shared>,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    next_ticket: AtomicU64,
+    durability: Durability,
+}
+
+impl Archive {
+    /// Start the archive for a configuration. Never fails: a store that cannot be opened (read-only
+    /// directory, a file where the directory should be…) gives an archive that counts every record as
+    /// lost, reports it in [`Archive::health`], and retries opening every few seconds.
+    pub fn open(config: &ArchiveConfig) -> Arc<Archive> {
+        Archive::start_limited(
+            config.resolved_dir(),
+            config.durability,
+            Duration::from_millis(config.flush_interval_ms),
+            config.max_bytes,
+        )
+    }
+
+    /// Start the archive in `dir`, without a size limit.
+    pub fn start(dir: PathBuf, durability: Durability, flush_interval: Duration) -> Arc<Archive> {
+        Archive::start_limited(dir, durability, flush_interval, None)
+    }
+
+    /// Start the archive in `dir`; past `max_bytes` the store refuses records as a full disk would.
+    pub fn start_limited(
+        dir: PathBuf,
+        durability: Durability,
+        flush_interval: Duration,
+        max_bytes: Option<u64>,
+    ) -> Arc<Archive> {
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            queue_depth: AtomicU64::new(0),
+            queue_bytes: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            writable: AtomicBool::new(true),
+            last_error: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel();
+        let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
+        let thread = std::thread::Builder::new()
+            .name("pare-archive".into())
+            .spawn(move || writer.run(rx))
+            .expect("spawning the archive writer thread");
+        Arc::new(Archive {
+            shared,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            next_ticket: AtomicU64::new(1),
+            durability,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    fn send(&self, job: Job) -> Result<(), ArchiveError> {
+        let size = job.size();
+        let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
+        if size > 0 && waiting + size > MAX_QUEUE_BYTES {
+            self.shared.fail(1, format!("queue full: {waiting} bytes waiting for the disk"));
+            return Err(ArchiveError::QueueFull(waiting));
+        }
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = tx.as_ref() else {
+            if size > 0 {
+                self.shared.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(ArchiveError::Closed);
+        };
+        self.shared.queue_bytes.fetch_add(size, Ordering::Relaxed);
+        self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+        tx.send(job).map_err(|_| {
+            self.shared.lost.fetch_add(1, Ordering::Relaxed);
+            ArchiveError::Closed
+        })
+    }
+
+    fn ticket(&self) -> Ticket {
+        Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Hand an exchange to the writer; never waits on the disk.
+    pub fn record_exchange(&self, record: ExchangeRecord) -> Ticket {
+        let ticket = self.ticket();
+        let _ = self.send(Job::Exchange { ticket, record: Box::new(record), ack: None });
+        ticket
+    }
+
+    /// Hand an exchange to the writer and wait until it is committed (at most
+    /// [`STRICT_COMMIT_TIMEOUT`]). An error means the record may not be stored; it is already
+    /// counted and logged, the caller forwards anyway (fail-open).
+    pub async fn record_exchange_committed(&self, record: ExchangeRecord) -> (Ticket, Result<(), ArchiveError>) {
+        let ticket = self.ticket();
+        let (ack, done) = tokio::sync::oneshot::channel();
+        if let Err(e) = self.send(Job::Exchange { ticket, record: Box::new(record), ack: Some(ack) }) {
+            return (ticket, Err(e));
+        }
+        let result = match tokio::time::timeout(STRICT_COMMIT_TIMEOUT, done).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(ArchiveError::NotWritable(e)),
+            Ok(Err(_)) => Err(ArchiveError::Closed),
+            Err(_) => Err(ArchiveError::CommitTimeout(STRICT_COMMIT_TIMEOUT)),
+        };
+        (ticket, result)
+    }
+
+    /// Hand the response of an exchange to the writer; never waits on the disk.
+    pub fn record_response(&self, ticket: Ticket, record: ResponseRecord) {
+        let _ = self.send(Job::Response { ticket, record: Box::new(record) });
+    }
+
+    /// Wait until every record handed over before this call is committed (or counted as lost).
+    pub fn flush(&self) -> Result<(), ArchiveError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Flush(tx))?;
+        rx.recv().map_err(|_| ArchiveError::Closed)
+    }
+
+    /// [`Archive::flush`] for async callers (runs on the blocking pool).
+    pub async fn flush_async(self: &Arc<Self>) -> Result<(), ArchiveError> {
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || me.flush()).await.unwrap_or(Err(ArchiveError::Closed))
+    }
+
+    /// Commit everything queued, stop the writer and wait for it. Later records are counted as lost.
+    /// Called on graceful shutdown; also done on drop.
+    pub fn close(&self) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let (done_tx, done) = mpsc::channel();
+            if tx.send(Job::Shutdown(done_tx)).is_ok() {
+                let _ = done.recv();
+            }
+        }
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// [`Archive::close`] for async callers.
+    pub async fn close_async(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        let _ = tokio::task::spawn_blocking(move || me.close()).await;
+    }
+
+    pub fn health(&self) -> ArchiveHealth {
+        ArchiveHealth {
+            dir: self.shared.dir.clone(),
+            writable: self.shared.writable.load(Ordering::Relaxed),
+            queue_depth: self.shared.queue_depth.load(Ordering::Relaxed),
+            committed_records: self.shared.committed.load(Ordering::Relaxed),
+            lost_records: self.shared.lost.load(Ordering::Relaxed),
+            last_error: self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
+}
+
+impl Drop for Archive {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

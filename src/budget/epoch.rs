@@ -25,7 +25,7 @@ use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::tokens::CountTokens;
-use super::tokens::{CounterConfig, Encoding, TokenCounter, request_tokens};
+use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::{Config, Mode};
@@ -35,21 +35,11 @@ use crate::wire::{ChatBody, WireError};
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> Compacted;
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted;
 }
 
 impl CompactEngine for Engine {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
         Engine::compact(self, body, options, counter)
     }
 }
@@ -117,9 +107,7 @@ pub struct SessionCompactor {
 
 impl std::fmt::Debug for SessionCompactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionCompactor")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
+        f.debug_struct("SessionCompactor").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
@@ -149,10 +137,7 @@ struct Step {
 impl SessionCompactor {
     /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. Tokenizers are
     /// warmed here so that the first request does not pay for building them.
-    pub fn new(
-        config: &Config,
-        engine: Arc<dyn CompactEngine>,
-    ) -> Result<SessionCompactor, ModelTableError> {
+    pub fn new(config: &Config, engine: Arc<dyn CompactEngine>) -> Result<SessionCompactor, ModelTableError> {
         let table = ModelTable::from_config(config)?;
         let counters = table
             .encodings()
@@ -166,8 +151,7 @@ impl SessionCompactor {
                 })
             })
             .collect();
-        let capacity =
-            NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
+        let capacity = NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
         Ok(SessionCompactor {
             engine,
             table,
@@ -187,22 +171,14 @@ impl SessionCompactor {
     }
 
     fn counter_for(&self, encoding: Encoding) -> &TokenCounter {
-        self.counters
-            .iter()
-            .find(|c| c.encoding() == encoding)
-            .unwrap_or(&self.counters[0])
+        self.counters.iter().find(|c| c.encoding() == encoding).unwrap_or(&self.counters[0])
     }
 
     /// The window and answer reserve pare applies to `body` (`window` overrides config and default).
     pub fn window_and_reserve(&self, body: &ChatBody<'_>, window: Option<u64>) -> (u64, u64) {
         let settings = self.table.settings(body.model().as_deref());
-        let window = window
-            .or(settings.context_window)
-            .unwrap_or(self.table.default_window());
-        (
-            window,
-            answer_reserve(body, settings.output_reserve, window),
-        )
+        let window = window.or(settings.context_window).unwrap_or(self.table.default_window());
+        (window, answer_reserve(body, settings.output_reserve, window))
     }
 
     /// Sessions currently remembered.
@@ -214,48 +190,20 @@ impl SessionCompactor {
     /// that after a restart the next request reuses the same forwarded prefix instead of starting a
     /// new epoch. The forwarded body is `prefix ++ raw[n..]`; `n` is found from the longest common
     /// suffix of the two message lists.
-    pub fn seed(
-        &self,
-        session: &str,
-        raw: &[u8],
-        forwarded: &[u8],
-        epoch: u64,
-    ) -> Result<(), SeedError> {
-        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw {
-            session: session.to_owned(),
-            source,
-        })?;
-        let fwd_body = ChatBody::parse(forwarded).map_err(|source| SeedError::Forwarded {
-            session: session.to_owned(),
-            source,
-        })?;
+    pub fn seed(&self, session: &str, raw: &[u8], forwarded: &[u8], epoch: u64) -> Result<(), SeedError> {
+        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw { session: session.to_owned(), source })?;
+        let fwd_body = ChatBody::parse(forwarded)
+            .map_err(|source| SeedError::Forwarded { session: session.to_owned(), source })?;
         let raw_msgs: Vec<&str> = raw_body.messages.iter().map(|m| m.get()).collect();
         let fwd_msgs: Vec<&str> = fwd_body.messages.iter().map(|m| m.get()).collect();
-        let common = raw_msgs
-            .iter()
-            .rev()
-            .zip(fwd_msgs.iter().rev())
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
-            raw_hashes: raw_msgs[..n_raw]
-                .iter()
-                .map(|m| xxh3_128(m.as_bytes()))
-                .collect(),
-            prefix: fwd_msgs[..fwd_msgs.len() - common]
-                .iter()
-                .map(|m| (*m).to_owned())
-                .collect(),
+            raw_hashes: raw_msgs[..n_raw].iter().map(|m| xxh3_128(m.as_bytes())).collect(),
+            prefix: fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
         });
-        let state = SessionState {
-            epoch,
-            frozen,
-            advanced_at_len: raw_msgs.len(),
-            saturated: false,
-        };
-        self.lock_sessions()
-            .put(session.to_owned(), Arc::new(Mutex::new(state)));
+        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false };
+        self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
     }
 
@@ -265,9 +213,7 @@ impl SessionCompactor {
     }
 
     fn lock_sessions(&self) -> MutexGuard<'_, LruCache<String, Arc<Mutex<SessionState>>>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn session(&self, id: &str) -> Arc<Mutex<SessionState>> {
@@ -281,29 +227,14 @@ impl SessionCompactor {
     }
 
     /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
-    pub fn compact_body(
-        &self,
-        session: &str,
-        body: &ChatBody<'_>,
-        window: Option<u64>,
-    ) -> CompactOutput {
+    pub fn compact_body(&self, session: &str, body: &ChatBody<'_>, window: Option<u64>) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
-        let tools = body
-            .field("tools")
-            .map(|t| t.get())
-            .filter(|t| *t != "null");
-        let request = Request {
-            body,
-            raw: body.messages.iter().map(|m| m.get()).collect(),
-            tools,
-            window,
-            reserve,
-        };
+        let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
+        let request = Request { body, raw: body.messages.iter().map(|m| m.get()).collect(), tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
         let tokens_raw = request_tokens(counter, &request.raw, tools);
         let usable = request.usable();
-        let base_report =
-            json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
+        let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
         if self.policy.mode == Mode::Off {
             let summary = CompactionSummary {
@@ -313,24 +244,15 @@ impl SessionCompactor {
                 over_window: tokens_raw > usable,
                 report: base_report,
             };
-            return CompactOutput {
-                body: None,
-                summary,
-            };
+            return CompactOutput { body: None, summary };
         }
 
         let state = self.session(session);
-        let mut state = state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let step = self.step(&mut state, &request, counter);
         let tokens_forwarded = request_tokens(counter, &step.messages, tools);
         let unchanged = step.messages.len() == request.raw.len()
-            && step
-                .messages
-                .iter()
-                .zip(&request.raw)
-                .all(|(f, r)| f.as_str() == *r);
+            && step.messages.iter().zip(&request.raw).all(|(f, r)| f.as_str() == *r);
         let mut report = base_report;
         report["action"] = json!(step.action);
         if step.history_changed {
@@ -351,17 +273,9 @@ impl SessionCompactor {
     }
 
     /// One transition of a session's state machine; returns the forwarded messages.
-    fn step(
-        &self,
-        state: &mut SessionState,
-        request: &Request<'_, '_>,
-        counter: &TokenCounter,
-    ) -> Step {
+    fn step(&self, state: &mut SessionState, request: &Request<'_, '_>, counter: &TokenCounter) -> Step {
         let hashes: Vec<u128> = request.raw.iter().map(|m| xxh3_128(m.as_bytes())).collect();
-        let history_changed = state
-            .frozen
-            .as_ref()
-            .is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
+        let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
             // The agent edited or dropped earlier messages: the frozen prefix no longer describes
             // this conversation. Start fresh (the epoch number keeps counting).
@@ -374,21 +288,13 @@ impl SessionCompactor {
                 .prefix
                 .iter()
                 .cloned()
-                .chain(
-                    request.raw[f.raw_hashes.len()..]
-                        .iter()
-                        .map(|m| (*m).to_owned()),
-                )
+                .chain(request.raw[f.raw_hashes.len()..].iter().map(|m| (*m).to_owned()))
                 .collect(),
             None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
         };
         let candidate_tokens = request_tokens(counter, &candidate, request.tools);
         let usable = request.usable() as f64;
-        let trigger = if state.saturated {
-            usable
-        } else {
-            self.policy.high_water * usable
-        };
+        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
         let over = candidate_tokens as f64 > trigger;
         let target = (self.policy.low_water * usable) as u64;
 
@@ -409,21 +315,34 @@ impl SessionCompactor {
             };
         }
 
-        let options = CompactOptions {
-            target_tokens: over.then_some(target),
+        let n_frozen = state.frozen.as_ref().map_or(0, |f| f.prefix.len());
+        let attempt = match self.policy.mode {
+            Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
+            Mode::Eager => {
+                let options = CompactOptions { target_tokens: over.then_some(target) };
+                self.attempt(request, &candidate, candidate.len(), &options, counter)
+            }
         };
-        let (raw_boundary, prefix, engine_report) =
-            self.run_engine(state, request, &candidate, &options, counter);
+        let (raw_boundary, prefix, engine_report) = match attempt {
+            Some(a) if a.boundary >= n_frozen => {
+                let frozen_raw = state.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report)
+            }
+            // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
+            // Compact the raw request instead (a fresh start for this session's prefix).
+            _ => {
+                let options = CompactOptions { target_tokens: over.then_some(target) };
+                let out = self.engine.compact(request.body, &options, counter);
+                (out.boundary.min(request.raw.len()), out.prefix, out.report)
+            }
+        };
         let mut messages = prefix.clone();
         messages.extend(request.raw[raw_boundary..].iter().map(|m| (*m).to_owned()));
         let changed = messages != candidate;
         if changed {
             state.epoch += 1;
         }
-        state.frozen = Some(Frozen {
-            raw_hashes: hashes[..raw_boundary].to_vec(),
-            prefix,
-        });
+        state.frozen = Some(Frozen { raw_hashes: hashes[..raw_boundary].to_vec(), prefix });
         state.advanced_at_len = request.raw.len();
         let forwarded_tokens = request_tokens(counter, &messages, request.tools);
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
@@ -431,40 +350,74 @@ impl SessionCompactor {
             (Mode::Eager, false) => "advance",
             _ => "epoch",
         };
-        Step {
-            messages,
-            action,
-            history_changed,
-            engine_report,
-        }
+        Step { messages, action, history_changed, engine_report }
     }
 
-    /// Run the engine on the forwarded candidate (frozen prefix + new raw messages) and map its
-    /// boundary back to a raw index. Falls back to the raw request when the engine's boundary falls
-    /// inside the frozen prefix (then no raw index corresponds to it).
-    fn run_engine(
+    /// An epoch that compacts as little as it can: the shortest leading part of the candidate whose
+    /// compaction by the rules alone brings the request to `target` (the rest is forwarded raw, so
+    /// the recent tool outputs the model is likely to use next stay whole). When the rules over the
+    /// whole candidate are not enough, the engine gets the target (salience tiers, then elision).
+    fn lightest_fitting(
         &self,
-        state: &SessionState,
         request: &Request<'_, '_>,
         candidate: &[String],
-        options: &CompactOptions,
+        n_frozen: usize,
+        target: u64,
         counter: &TokenCounter,
-    ) -> (usize, Vec<String>, serde_json::Value) {
-        if let Some(frozen) = &state.frozen {
-            let bytes = request.body.to_vec_with_messages(candidate);
-            if let Ok(body) = ChatBody::parse(&bytes) {
-                let out = self.engine.compact(&body, options, counter);
-                let n_prefix = frozen.prefix.len();
-                if out.boundary >= n_prefix && out.boundary <= candidate.len() {
-                    let raw_boundary = frozen.raw_hashes.len() + (out.boundary - n_prefix);
-                    return (raw_boundary, out.prefix, out.report);
+    ) -> Option<Attempt> {
+        let rules_only = CompactOptions { target_tokens: None };
+        let fits = |a: &Attempt| a.tokens <= target && a.boundary >= n_frozen;
+        let whole = self.attempt(request, candidate, candidate.len(), &rules_only, counter)?;
+        if !fits(&whole) {
+            let with_target = CompactOptions { target_tokens: Some(target) };
+            return self.attempt(request, candidate, candidate.len(), &with_target, counter);
+        }
+        // Cut points: before an assistant or user message, so no tool-call group is split.
+        let cuts: Vec<usize> =
+            (n_frozen + 1..candidate.len()).filter(|i| matches!(role(&candidate[*i]), "assistant" | "user")).collect();
+        let (mut lo, mut hi) = (0, cuts.len());
+        let mut best = whole;
+        // Binary search for the smallest fitting cut (compaction grows with the cut).
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.attempt(request, candidate, cuts[mid], &rules_only, counter) {
+                Some(a) if fits(&a) => {
+                    best = a;
+                    hi = mid;
                 }
+                _ => lo = mid + 1,
             }
         }
-        let out = self.engine.compact(request.body, options, counter);
-        let boundary = out.boundary.min(request.raw.len());
-        (boundary, out.prefix, out.report)
+        Some(best)
     }
+
+    /// The engine over `candidate[..cut]`; the rest of the candidate is forwarded raw after it.
+    fn attempt(
+        &self,
+        request: &Request<'_, '_>,
+        candidate: &[String],
+        cut: usize,
+        options: &CompactOptions,
+        counter: &TokenCounter,
+    ) -> Option<Attempt> {
+        let bytes = request.body.to_vec_with_messages(&candidate[..cut]);
+        let body = ChatBody::parse(&bytes).ok()?;
+        let out = self.engine.compact(&body, options, counter);
+        let boundary = out.boundary.min(cut);
+        let tokens = out.prefix.iter().map(|m| counter.message(m)).sum::<u64>()
+            + candidate[boundary..].iter().map(|m| counter.message(m)).sum::<u64>()
+            + request.tools.map_or(0, |t| counter.tools(t))
+            + REPLY_PRIMING;
+        Some(Attempt { boundary, prefix: out.prefix, report: out.report, tokens })
+    }
+}
+
+/// The engine's result in candidate space: forwarded = `prefix ++ candidate[boundary..]`.
+struct Attempt {
+    boundary: usize,
+    prefix: Vec<String>,
+    report: serde_json::Value,
+    tokens: u64,
 }
 
 impl ChatCompactor for SessionCompactor {
@@ -481,20 +434,17 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// Assistant messages among `messages` (a turn starts at each).
-fn new_turns(messages: &[&str]) -> usize {
+/// The `role` of a raw message ("" when it has none).
+fn role(raw: &str) -> &str {
     #[derive(Deserialize)]
     struct Role<'a> {
         #[serde(borrow, default)]
         role: Option<&'a str>,
     }
-    messages
-        .iter()
-        .filter(|m| {
-            serde_json::from_str::<Role<'_>>(m)
-                .ok()
-                .and_then(|r| r.role)
-                == Some("assistant")
-        })
-        .count()
+    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or("")
+}
+
+/// Assistant messages among `messages` (a turn starts at each).
+fn new_turns(messages: &[&str]) -> usize {
+    messages.iter().filter(|m| role(m) == "assistant").count()
 }

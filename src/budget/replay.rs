@@ -19,44 +19,22 @@ pub struct Replayed {
 
 /// Forward one request of `session` as the proxy does: unparseable bodies and compactor failures
 /// (errors or panics) forward the raw bytes (fail-open).
-pub fn replay_request(
-    compactor: &dyn ChatCompactor,
-    session: &str,
-    raw: &[u8],
-    window: Option<u64>,
-) -> Replayed {
+pub fn replay_request(compactor: &dyn ChatCompactor, session: &str, raw: &[u8], window: Option<u64>) -> Replayed {
     let body = match ChatBody::parse(raw) {
         Ok(body) => body,
         Err(err) => {
-            return Replayed {
-                forwarded: raw.to_vec(),
-                summary: None,
-                skipped: Some(err.to_string()),
-            };
+            return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(err.to_string()) };
         }
     };
-    let input = CompactInput {
-        session,
-        raw,
-        body: &body,
-        window,
-    };
+    let input = CompactInput { session, raw, body: &body, window };
     match catch_unwind(AssertUnwindSafe(|| compactor.compact(&input))) {
-        Ok(Ok(out)) => Replayed {
-            forwarded: out.body.unwrap_or_else(|| raw.to_vec()),
-            summary: Some(out.summary),
-            skipped: None,
-        },
-        Ok(Err(err)) => Replayed {
-            forwarded: raw.to_vec(),
-            summary: None,
-            skipped: Some(format!("compaction failed: {err:#}")),
-        },
-        Err(_) => Replayed {
-            forwarded: raw.to_vec(),
-            summary: None,
-            skipped: Some("compaction panicked".into()),
-        },
+        Ok(Ok(out)) => {
+            Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }
+        }
+        Ok(Err(err)) => {
+            Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(format!("compaction failed: {err:#}")) }
+        }
+        Err(_) => Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some("compaction panicked".into()) },
     }
 }
 
@@ -75,8 +53,5 @@ pub fn replay_session(
     requests: &[&[u8]],
     window: Option<u64>,
 ) -> Vec<Replayed> {
-    requests
-        .iter()
-        .map(|raw| replay_request(compactor, session, raw, window))
-        .collect()
+    requests.iter().map(|raw| replay_request(compactor, session, raw, window)).collect()
 }

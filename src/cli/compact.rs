@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::budget::tokens::{CounterConfig, Encoding, TokenCounter, request_tokens};
+use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::shorten;
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
@@ -52,10 +52,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         let raw: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
         let before = request_tokens(&counter, &raw, tools);
         let after = request_tokens(&counter, &messages, tools);
-        let encoding = match settings.encoding {
-            Encoding::O200kBase => "o200k_base",
-            Encoding::Cl100kBase => "cl100k_base",
-        };
+        let encoding = settings.encoding.name();
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
     }
     if args.diff {

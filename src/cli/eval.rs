@@ -10,7 +10,7 @@ use crate::eval::{CorpusReport, Metrics, evaluate_corpus};
 
 pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
-    let engine = Arc::new(Engine::default_pack());
+    let engine = Arc::new(Engine::from_config(&config)?);
     let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
     let report = evaluate_corpus(&args.corpus, &compactor, engine.as_ref(), args.window)?;
     if args.json {
@@ -28,11 +28,7 @@ fn pct(x: f64) -> String {
 }
 
 fn row(out: &mut String, name: &str, m: &Metrics) {
-    let name = if name.len() > 40 {
-        format!("…{}", &name[name.len() - 39..])
-    } else {
-        name.to_owned()
-    };
+    let name = if name.len() > 40 { format!("…{}", &name[name.len() - 39..]) } else { name.to_owned() };
     let _ = writeln!(
         out,
         "{name:<41} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<6} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
@@ -56,27 +52,15 @@ fn row(out: &mut String, name: &str, m: &Metrics) {
 /// The human-readable report: sessions grouped by source, a line per source, then the total.
 pub fn render_table(report: &CorpusReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "pare eval: window {} tokens, mode {}",
-        report.window, report.mode
-    );
+    let _ = writeln!(out, "pare eval: window {} tokens, mode {}", report.window, report.mode);
     let _ = writeln!(out, "{HEADER}");
     for (source, metrics) in &report.sources {
         for s in report.sessions.iter().filter(|s| &s.source == source) {
             row(&mut out, &format!("  {}", s.id), &s.metrics);
         }
-        row(
-            &mut out,
-            &format!("{source} ({} sessions)", metrics.sessions),
-            metrics,
-        );
+        row(&mut out, &format!("{source} ({} sessions)", metrics.sessions), metrics);
     }
-    row(
-        &mut out,
-        &format!("TOTAL ({} sessions)", report.total.sessions),
-        &report.total,
-    );
+    row(&mut out, &format!("TOTAL ({} sessions)", report.total.sessions), &report.total);
     let t = &report.total;
     let _ = writeln!(
         out,
@@ -93,11 +77,7 @@ pub fn render_table(report: &CorpusReport) -> String {
         t.needles_kept,
         t.needles,
         pct(t.validity()),
-        pct(if t.requests == 0 {
-            1.0
-        } else {
-            t.valid_raw as f64 / t.requests as f64
-        }),
+        pct(if t.requests == 0 { 1.0 } else { t.valid_raw as f64 / t.requests as f64 }),
         pct(t.preserved_share()),
         pct(t.deterministic_share()),
     );

@@ -1,7 +1,43 @@
-//! `pare export`.
+//! `pare export sft|dpo`: training data from the raw archived sessions (see [`crate::archive::export`]).
 
+use std::io::Write;
 use std::process::ExitCode;
 
-pub fn run(_args: super::ExportArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pare export` is not built yet")
+use anyhow::Context;
+
+use super::sessions::{archive_dir, parse_since};
+use super::{ExportArgs, ExportCommand, SftFormat as SftFormatArg};
+use crate::archive::export::{SftFormat, export_dpo, export_sft};
+use crate::archive::query::{ArchiveReader, SessionFilter};
+
+pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    let reader = ArchiveReader::open(&dir)?;
+    let filter = SessionFilter {
+        since_ms: args.since.as_deref().map(parse_since).transpose()?,
+        model: None,
+        session: args.session.clone(),
+    };
+    if let Some(id) = &args.session {
+        reader.session(id)?;
+    }
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let (what, stats) = match args.command {
+        ExportCommand::Dpo => ("preference pair(s)", export_dpo(&reader, &filter, &mut out)?),
+        ExportCommand::Sft { format } => {
+            let format = match format {
+                SftFormatArg::Openai => SftFormat::OpenAi,
+                SftFormatArg::Sharegpt => SftFormat::ShareGpt,
+            };
+            ("conversation(s)", export_sft(&reader, &filter, format, &mut out)?)
+        }
+    };
+    out.flush()?;
+    eprintln!("exported {} {what} from {} session(s)", stats.rows, stats.sessions);
+    Ok(ExitCode::SUCCESS)
 }

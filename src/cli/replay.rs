@@ -22,11 +22,8 @@ pub(crate) fn mode_of(arg: ModeArg) -> Mode {
 }
 
 /// The compactor the proxy would run for `config` with `--mode` applied.
-pub(crate) fn compactor(
-    config: &Config,
-    mode: Option<ModeArg>,
-) -> anyhow::Result<SessionCompactor> {
-    compactor_with_engine(config, mode, Arc::new(Engine::default_pack()))
+pub(crate) fn compactor(config: &Config, mode: Option<ModeArg>) -> anyhow::Result<SessionCompactor> {
+    compactor_with_engine(config, mode, Arc::new(Engine::from_config(config)?))
 }
 
 /// [`compactor`] over a given engine (eval shares the engine to find protected tails).
@@ -45,19 +42,15 @@ pub(crate) fn compactor_with_engine(
 pub fn run(args: super::ReplayArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let compactor = compactor(&config, args.mode)?;
-    let text = std::fs::read(&args.session)
-        .with_context(|| format!("cannot read session `{}`", args.session.display()))?;
+    let text =
+        std::fs::read(&args.session).with_context(|| format!("cannot read session `{}`", args.session.display()))?;
     let session = args.session.display().to_string();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for (i, raw) in session_lines(&text).into_iter().enumerate() {
         let replayed = replay_request(&compactor, &session, raw, args.window);
         if let Some(why) = &replayed.skipped {
-            eprintln!(
-                "pare: {}: request {}: forwarded unchanged: {why}",
-                args.session.display(),
-                i + 1
-            );
+            eprintln!("pare: {}: request {}: forwarded unchanged: {why}", args.session.display(), i + 1);
         }
         out.write_all(&replayed.forwarded)?;
         out.write_all(b"\n")?;

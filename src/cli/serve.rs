@@ -15,14 +15,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     init_tracing(log_format(&args, &config)?);
     let config = Arc::new(config);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
+    let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
     runtime.block_on(async {
         let listener = crate::proxy::bind(&config.server.listen, &config).await?;
-        let pipeline = Arc::new(Pipeline::identity(config.clone()));
-        crate::proxy::run(listener, config, pipeline, shutdown_signal()).await
+        let served = crate::proxy::run(listener, config, pipeline.clone(), shutdown_signal()).await;
+        // In-flight exchanges are done (or past the grace deadline): commit every queued record.
+        if let Some(archive) = pipeline.archive() {
+            archive.close_async().await;
+        }
+        served
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -63,16 +66,10 @@ fn log_format(args: &ServeArgs, config: &Config) -> anyhow::Result<LogFormat> {
 /// Logs go to stderr; the level comes from `RUST_LOG` (default `info`).
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
     };
     if let Err(err) = result {
         eprintln!("pare: logging already initialised: {err}");
@@ -104,5 +101,47 @@ async fn shutdown_signal() {
     tokio::select! {
         () = interrupt => tracing::info!("SIGINT received"),
         () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs { config: None, listen: None, upstream: None, archive: None, mode: None, log_format: None }
+    }
+
+    #[test]
+    fn flags_override_the_config() {
+        let mut args = args();
+        args.listen = Some("127.0.0.1:9999".into());
+        args.upstream = Some("http://10.0.0.5:8000/v1".into());
+        args.archive = Some(PathBuf::from("/tmp/pare-archive"));
+        args.mode = Some(ModeArg::Off);
+        let config = load_config(&args).unwrap();
+        assert_eq!(config.server.listen, "127.0.0.1:9999");
+        assert_eq!(config.upstream.url, "http://10.0.0.5:8000/v1");
+        assert_eq!(config.archive.dir, Some(PathBuf::from("/tmp/pare-archive")));
+        assert_eq!(config.compaction.mode, Mode::Off);
+    }
+
+    #[test]
+    fn without_flags_the_defaults_apply() {
+        assert_eq!(load_config(&args()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_log_format_flag_wins_over_the_config() {
+        let mut config = Config::default();
+        config.log.format = Some("json".into());
+        assert_eq!(log_format(&args(), &config).unwrap(), LogFormat::Json);
+        let mut text = args();
+        text.log_format = Some(LogFormat::Text);
+        assert_eq!(log_format(&text, &config).unwrap(), LogFormat::Text);
+        config.log.format = Some("yaml".into());
+        assert!(log_format(&args(), &config).unwrap_err().to_string().contains("yaml"));
     }
 }

@@ -1,7 +1,290 @@
-//! `pare sessions`.
+//! `pare sessions list|show|verify|delete`: audit the raw archive.
+//!
+//! `show` prints a readable transcript by default; `--raw`/`--forwarded` print exact body bytes (one
+//! request with `--request N`, else every request, each followed by a newline: a session file `pare
+//! replay` reads); `--diff` shows, per request, what compaction changed.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-pub fn run(_args: super::SessionsArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pare sessions` is not built yet")
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{SessionsArgs, SessionsCommand};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
+use crate::archive::read::BodyKind;
+use crate::archive::verify::{summary_line, verify};
+use crate::config::Config;
+use crate::session::content_text;
+
+/// The archive directory in force: `--archive`, else `archive.dir` from `--config`, else the default.
+pub(crate) fn archive_dir(archive: Option<PathBuf>, config: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = archive {
+        return Ok(dir);
+    }
+    let config = Config::load(config)?;
+    Ok(config.archive.resolved_dir())
+}
+
+/// Parse `--since`: `YYYY-MM-DD` (midnight UTC) or an RFC 3339 timestamp; milliseconds since the epoch.
+pub(crate) fn parse_since(text: &str) -> anyhow::Result<i64> {
+    if let Ok(ts) = text.parse::<jiff::Timestamp>() {
+        return Ok(ts.as_millisecond());
+    }
+    let date: jiff::civil::Date =
+        text.parse().with_context(|| format!("--since {text:?} is neither YYYY-MM-DD nor an RFC 3339 timestamp"))?;
+    let ts = date.to_zoned(jiff::tz::TimeZone::UTC).with_context(|| format!("--since {text:?} is out of range"))?;
+    Ok(ts.timestamp().as_millisecond())
+}
+
+/// A timestamp for people: RFC 3339, UTC, to the second.
+pub(crate) fn show_time(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
+    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    match args.command {
+        SessionsCommand::List { since, model, json } => {
+            let reader = ArchiveReader::open(&dir)?;
+            let filter =
+                SessionFilter { since_ms: since.as_deref().map(parse_since).transpose()?, model, session: None };
+            list(&reader.sessions(&filter)?, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionsCommand::Show { id, raw, forwarded, diff, request } => {
+            let reader = ArchiveReader::open(&dir)?;
+            let info = reader.session(&id)?;
+            let request = request.map(|n| n as i64);
+            if raw || forwarded {
+                let kind = if raw { BodyKind::Raw } else { BodyKind::Forwarded };
+                print_bodies(&reader, &info, kind, request)?;
+            } else if diff {
+                print_diff(&reader, &info, request)?;
+            } else {
+                print_transcript(&reader, &info, request)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionsCommand::Verify { id } => {
+            let reader = ArchiveReader::open(&dir)?;
+            let report = verify(reader.conn(), id.as_deref())?;
+            for problem in &report.problems {
+                println!("FAIL {problem}");
+            }
+            println!("{}", summary_line(&report));
+            Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        SessionsCommand::Delete { id } => {
+            let report = delete_session(&dir, &id)?;
+            println!(
+                "deleted session {id}: {} request(s), {} response(s), {} blob(s) freed",
+                report.exchanges, report.responses, report.blobs_freed
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        for s in sessions {
+            let line = serde_json::json!({
+                "id": s.id,
+                "started": show_time(s.started_ms),
+                "last_activity": show_time(s.last_ms),
+                "requests": s.n_requests,
+                "model": s.model,
+                "tokens_raw": s.tokens_raw,
+                "tokens_forwarded": s.tokens_forwarded,
+            });
+            writeln!(out, "{line}")?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<26}  {:<20}  {:<20}  {:>5}  {:<24}  tokens raw → forwarded",
+        "ID", "STARTED", "LAST", "REQS", "MODEL"
+    )?;
+    for s in sessions {
+        writeln!(
+            out,
+            "{:<26}  {:<20}  {:<20}  {:>5}  {:<24}  {} → {}",
+            s.id,
+            show_time(s.started_ms),
+            show_time(s.last_ms),
+            s.n_requests,
+            s.model.as_deref().unwrap_or("-"),
+            s.tokens_raw,
+            s.tokens_forwarded
+        )?;
+    }
+    Ok(())
+}
+
+fn print_bodies(
+    reader: &ArchiveReader,
+    info: &SessionInfo,
+    kind: BodyKind,
+    request: Option<i64>,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match request {
+        Some(seq) => out.write_all(&reader.body(&info.id, seq, kind)?)?,
+        None => {
+            for seq in 1..=info.n_requests {
+                out.write_all(&reader.body(&info.id, seq, kind)?)?;
+                out.write_all(b"\n")?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn messages_of(body: &[u8]) -> Vec<Value> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("messages").and_then(Value::as_array).cloned())
+        .unwrap_or_default()
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// One message as a readable block: role, tool calls, content.
+pub(crate) fn render_message(idx: usize, m: &Value) -> String {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+    let mut head = format!("[{idx}] {role}");
+    if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+        head.push_str(&format!(" (answers {id})"));
+    }
+    if let Some(name) = m.get("name").and_then(Value::as_str) {
+        head.push_str(&format!(" {name}"));
+    }
+    let mut out = head;
+    let text = content_text(m.get("content"));
+    if !text.trim().is_empty() {
+        out.push('\n');
+        out.push_str(&indent(&text));
+    }
+    for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        let f = call.get("function").cloned().unwrap_or(Value::Null);
+        let name = f.get("name").and_then(Value::as_str).unwrap_or("?");
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        let id = call.get("id").and_then(Value::as_str).unwrap_or("");
+        out.push_str(&format!("\n    → {name}({args})  [{id}]"));
+    }
+    out
+}
+
+fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<i64>) -> anyhow::Result<()> {
+    let seq = request.unwrap_or(info.n_requests);
+    let exchanges = reader.exchanges(&info.id)?;
+    let ex = exchanges
+        .iter()
+        .find(|e| e.seq == seq)
+        .ok_or_else(|| anyhow::anyhow!("session {} has no request {seq}", info.id))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "session {} · request {seq} of {} · {} · model {} · {} bytes raw{}",
+        info.id,
+        info.n_requests,
+        show_time(ex.at_ms),
+        ex.model.as_deref().unwrap_or("-"),
+        ex.raw_len,
+        match ex.fwd_len {
+            Some(n) => format!(" → {n} bytes forwarded"),
+            None => ", forwarded unchanged".into(),
+        }
+    )?;
+    let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
+    let messages = messages_of(&raw);
+    if messages.is_empty() {
+        writeln!(out, "(not a chat request: {} bytes; see --raw)", raw.len())?;
+    }
+    for (idx, m) in messages.iter().enumerate() {
+        writeln!(out, "{}", render_message(idx + 1, m))?;
+    }
+    match reader.response(&info.id, seq)? {
+        None => writeln!(out, "── no answer recorded")?,
+        Some(resp) => {
+            let finish = resp.assembled.as_ref().and_then(|a| a.get("finish_reason")).cloned().unwrap_or(Value::Null);
+            writeln!(
+                out,
+                "── answer (status {}, {}{}, finish_reason {finish})",
+                resp.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                resp.end_reason,
+                if resp.partial { ", PARTIAL" } else { "" },
+            )?;
+            match resp.assembled.as_ref().and_then(|a| a.get("message")) {
+                Some(m) => writeln!(out, "{}", render_message(messages.len() + 1, m))?,
+                None => writeln!(out, "{}", indent(&String::from_utf8_lossy(&resp.body)))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_diff(reader: &ArchiveReader, info: &SessionInfo, request: Option<i64>) -> anyhow::Result<()> {
+    let exchanges = reader.exchanges(&info.id)?;
+    let mut out = std::io::stdout().lock();
+    for ex in exchanges.iter().filter(|e| request.is_none_or(|n| n == e.seq)) {
+        write_diff(&mut out, reader, &info.id, ex)?;
+    }
+    Ok(())
+}
+
+fn write_diff(out: &mut impl Write, reader: &ArchiveReader, session: &str, ex: &ExchangeInfo) -> anyhow::Result<()> {
+    let tokens = ex
+        .summary
+        .as_ref()
+        .map(|s| format!(", tokens {} → {}", s["tokens_raw"], s["tokens_forwarded"]))
+        .unwrap_or_default();
+    let Some(fwd_len) = ex.fwd_len else {
+        let why = ex.skipped.as_deref().map(|s| format!(" ({s})")).unwrap_or_default();
+        writeln!(out, "request {}: forwarded unchanged, {} bytes{tokens}{why}", ex.seq, ex.raw_len)?;
+        return Ok(());
+    };
+    let raw = messages_of(&reader.body(session, ex.seq, BodyKind::Raw)?);
+    let fwd = messages_of(&reader.body(session, ex.seq, BodyKind::Forwarded)?);
+    writeln!(
+        out,
+        "request {}: {} → {} bytes, {} → {} messages{tokens}",
+        ex.seq,
+        ex.raw_len,
+        fwd_len,
+        raw.len(),
+        fwd.len()
+    )?;
+    let fwd_set: std::collections::HashSet<String> = fwd.iter().map(Value::to_string).collect();
+    let raw_set: std::collections::HashSet<String> = raw.iter().map(Value::to_string).collect();
+    for (idx, m) in raw.iter().enumerate() {
+        if !fwd_set.contains(&m.to_string()) {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+            let size = content_text(m.get("content")).chars().count();
+            writeln!(out, "  - [{}] {role}, {size} chars: rewritten or dropped", idx + 1)?;
+        }
+    }
+    for (idx, m) in fwd.iter().enumerate() {
+        if !raw_set.contains(&m.to_string()) {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+            let text = content_text(m.get("content"));
+            let preview: String = text.chars().take(160).collect();
+            let more = if text.chars().count() > 160 { "…" } else { "" };
+            writeln!(out, "  + [{}] {role}: {preview}{more}", idx + 1)?;
+        }
+    }
+    Ok(())
 }

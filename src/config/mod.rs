@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub header_read_timeout_secs: u64,
     /// Largest number of request headers accepted.
     pub max_headers: usize,
+    /// Largest total size of a request's headers in bytes (`name: value` lines; the HTTP/2 header
+    /// list too); larger heads get 431.
+    pub max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             header_read_timeout_secs: 30,
             max_headers: 100,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -113,6 +117,12 @@ pub struct ArchiveConfig {
     pub session_headers: Vec<String>,
     /// Extra request headers never stored (Authorization, api-key, cookies are always dropped).
     pub redact_headers: Vec<String>,
+    /// Sessions the in-memory session tracker follows (least recently used are dropped; a dropped
+    /// session's next request starts a new session unless it names one by header).
+    pub tracked_sessions: usize,
+    /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
+    /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for ArchiveConfig {
@@ -124,6 +134,8 @@ impl Default for ArchiveConfig {
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
+            tracked_sessions: 4096,
+            max_bytes: None,
         }
     }
 }
@@ -377,6 +389,9 @@ impl Config {
         if self.server.header_read_timeout_secs == 0 {
             bad("server.header_read_timeout_secs", "must be at least 1 second".into());
         }
+        if self.server.max_header_bytes < 8192 {
+            bad("server.max_header_bytes", format!("{} is below the minimum of 8192", self.server.max_header_bytes));
+        }
         if self.server.max_headers == 0 {
             bad("server.max_headers", "must be at least 1".into());
         }
@@ -466,10 +481,7 @@ impl Config {
 
         for (i, m) in self.models.iter().enumerate() {
             if let Err(e) = regex::Regex::new(&m.pattern) {
-                bad(
-                    &format!("models.{i}.match"),
-                    format!("`{}` is not a valid regex: {}", m.pattern, first_line(&e.to_string())),
-                );
+                bad(&format!("models.{i}.match"), format!("`{}` is not a valid regex: {}", m.pattern, regex_error(&e)));
             }
             if m.context_window.is_some_and(|w| w < 1024) {
                 bad(&format!("models.{i}.context_window"), "too small (at least 1024)".into());
@@ -496,8 +508,16 @@ impl Config {
     }
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_owned()
+/// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).
+pub fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned()
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The one log line per request: what was asked, what came back, how long the upstream took and how
 //! long pare itself took, and what compaction did.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Method;
 
+use super::metrics::{Exchange, Metrics};
 use crate::pipeline::{CompactionSummary, StreamEnd};
 
 /// Everything the access line reports, filled in as the exchange progresses.
@@ -22,9 +24,12 @@ pub struct AccessLog {
     pub pare: Duration,
     pub summary: Option<CompactionSummary>,
     pub session: Option<String>,
+    pub model: Option<String>,
     /// Why compaction did not apply, when it did not.
     pub skipped: Option<String>,
     pub bytes_out: u64,
+    /// Counted here when the exchange ends; `None` in unit tests.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl AccessLog {
@@ -38,13 +43,34 @@ impl AccessLog {
             pare: Duration::ZERO,
             summary: None,
             session: None,
+            model: None,
             skipped: None,
             bytes_out: 0,
+            metrics: None,
         }
     }
 
-    /// Emit the line; `end` says how the response body ended.
-    pub fn emit(self, end: &StreamEnd) {
+    /// Count this exchange in `metrics` (in flight now, finished when the line is emitted).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> AccessLog {
+        metrics.started();
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Emit the line and count the exchange; `end` says how the response body ended.
+    pub fn emit(mut self, end: &StreamEnd) {
+        if let Some(metrics) = self.metrics.take() {
+            metrics.finished(&Exchange {
+                path: &self.path,
+                status: self.status,
+                end,
+                upstream: self.upstream,
+                overhead: self.pare,
+                summary: self.summary.as_ref(),
+                model: self.model.as_deref(),
+                session: self.session.as_deref(),
+            });
+        }
         let end_text = match end {
             StreamEnd::Complete => "complete".to_owned(),
             StreamEnd::ClientGone => "client_gone".to_owned(),
@@ -63,10 +89,29 @@ impl AccessLog {
             tokens_raw = self.summary.as_ref().map(|s| s.tokens_raw),
             tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
             epoch = self.summary.as_ref().map(|s| s.epoch),
+            model = self.model.as_deref(),
             session = self.session.as_deref(),
             skipped = self.skipped.as_deref(),
             end = %end_text,
             "request"
         );
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        // Dropped without a line (a panic unwound through the exchange): still leave the in-flight gauge.
+        if let Some(metrics) = self.metrics.take() {
+            metrics.finished(&Exchange {
+                path: &self.path,
+                status: 500,
+                end: &StreamEnd::NoResponse("request handling panicked".into()),
+                upstream: self.upstream,
+                overhead: self.pare,
+                summary: None,
+                model: None,
+                session: None,
+            });
+        }
     }
 }

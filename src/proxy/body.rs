@@ -23,10 +23,7 @@ pub struct Completion {
 
 impl Completion {
     pub fn new(sink: Option<Box<dyn ResponseSink>>, access: AccessLog) -> Completion {
-        Completion {
-            sink,
-            access: Some(access),
-        }
+        Completion { sink, access: Some(access) }
     }
 
     fn chunk(&mut self, bytes: &Bytes) {
@@ -69,10 +66,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => Poll::Pending,
@@ -83,8 +77,7 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
-                this.completion
-                    .finish(StreamEnd::UpstreamError(cause_chain(&err)));
+                this.completion.finish(StreamEnd::UpstreamError(cause_chain(&err)));
                 Poll::Ready(Some(Err(Box::new(err))))
             }
             Poll::Ready(None) => {
@@ -107,11 +100,7 @@ impl<B: Body> Drop for ObservedBody<B> {
     fn drop(&mut self) {
         // A body that was never polled because it was empty from the start ended normally; any
         // other body still unfinished here was dropped because the client went away.
-        let end = if self.inner.is_end_stream() {
-            StreamEnd::Complete
-        } else {
-            StreamEnd::ClientGone
-        };
+        let end = if self.inner.is_end_stream() { StreamEnd::Complete } else { StreamEnd::ClientGone };
         self.completion.finish(end);
     }
 }
@@ -134,10 +123,7 @@ mod tests {
             self.0.lock().unwrap().push(format!("head {status}"));
         }
         fn chunk(&mut self, bytes: &Bytes) {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("chunk {}", String::from_utf8_lossy(bytes)));
+            self.0.lock().unwrap().push(format!("chunk {}", String::from_utf8_lossy(bytes)));
         }
         fn finish(self: Box<Self>, end: StreamEnd) {
             self.0.lock().unwrap().push(format!("finish {end:?}"));
@@ -154,68 +140,39 @@ mod tests {
     #[tokio::test]
     async fn finishes_once_on_end_after_every_chunk() {
         let recorder = Recorder::default();
-        let chunks = vec![
-            Ok::<_, std::io::Error>(Frame::data(Bytes::from("a"))),
-            Ok(Frame::data(Bytes::from("b"))),
-        ];
-        let body = ObservedBody::new(
-            StreamBody::new(futures_util::stream::iter(chunks)),
-            completion(&recorder),
-        );
+        let chunks = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from("a"))), Ok(Frame::data(Bytes::from("b")))];
+        let body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(chunks)), completion(&recorder));
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(collected, "ab");
-        assert_eq!(
-            *recorder.0.lock().unwrap(),
-            ["chunk a", "chunk b", "finish Complete"]
-        );
+        assert_eq!(*recorder.0.lock().unwrap(), ["chunk a", "chunk b", "finish Complete"]);
     }
 
     #[tokio::test]
     async fn finishes_with_the_upstream_error() {
         let recorder = Recorder::default();
-        let chunks = vec![
-            Ok(Frame::data(Bytes::from("a"))),
-            Err(std::io::Error::other("connection reset")),
-        ];
-        let body = ObservedBody::new(
-            StreamBody::new(futures_util::stream::iter(chunks)),
-            completion(&recorder),
-        );
+        let chunks = vec![Ok(Frame::data(Bytes::from("a"))), Err(std::io::Error::other("connection reset"))];
+        let body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(chunks)), completion(&recorder));
         let err = body.collect().await.unwrap_err();
         assert_eq!(err.to_string(), "connection reset");
-        assert_eq!(
-            *recorder.0.lock().unwrap(),
-            ["chunk a", "finish UpstreamError(\"connection reset\")"]
-        );
+        assert_eq!(*recorder.0.lock().unwrap(), ["chunk a", "finish UpstreamError(\"connection reset\")"]);
     }
 
     #[test]
     fn an_empty_body_never_polled_is_complete() {
         let recorder = Recorder::default();
-        drop(ObservedBody::new(
-            http_body_util::Empty::<Bytes>::new(),
-            completion(&recorder),
-        ));
+        drop(ObservedBody::new(http_body_util::Empty::<Bytes>::new(), completion(&recorder)));
         assert_eq!(*recorder.0.lock().unwrap(), ["finish Complete"]);
     }
 
     #[tokio::test]
     async fn dropped_before_the_end_finishes_as_client_gone() {
         let recorder = Recorder::default();
-        let chunks = vec![
-            Ok::<_, std::io::Error>(Frame::data(Bytes::from("first"))),
-            Ok(Frame::data(Bytes::from("second"))),
-        ];
-        let mut body = ObservedBody::new(
-            StreamBody::new(futures_util::stream::iter(chunks)),
-            completion(&recorder),
-        );
+        let chunks =
+            vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from("first"))), Ok(Frame::data(Bytes::from("second")))];
+        let mut body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(chunks)), completion(&recorder));
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "first");
         drop(body);
-        assert_eq!(
-            *recorder.0.lock().unwrap(),
-            ["chunk first", "finish ClientGone"]
-        );
+        assert_eq!(*recorder.0.lock().unwrap(), ["chunk first", "finish ClientGone"]);
     }
 }

@@ -19,6 +19,8 @@ pub enum ProxyError {
     BodyTooLarge { size: u64, limit: u64 },
     #[error("request body is over the limit of {limit} bytes (server.max_body)")]
     BodyTooLargeStreamed { limit: u64 },
+    #[error("request headers of {size} bytes are over the limit of {limit} bytes (server.max_header_bytes)")]
+    HeadersTooLarge { size: usize, limit: usize },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
     #[error("missing or wrong x-pare-token header")]
@@ -27,9 +29,7 @@ pub enum ProxyError {
     NotFound { path: String },
     #[error("upstream {url} is unreachable: {cause}")]
     UpstreamUnreachable { url: String, cause: String },
-    #[error(
-        "upstream {url} did not answer within {secs} s (upstream.timeout_secs / connect_timeout_secs)"
-    )]
+    #[error("upstream {url} did not answer within {secs} s (upstream.timeout_secs / connect_timeout_secs)")]
     UpstreamTimeout { url: String, secs: u64 },
     #[error("pare failed: {cause}")]
     Internal { cause: String },
@@ -40,21 +40,19 @@ impl ProxyError {
         match self {
             ProxyError::BodyTooLarge { .. }
             | ProxyError::BodyTooLargeStreamed { .. }
+            | ProxyError::HeadersTooLarge { .. }
             | ProxyError::ClientBody { .. }
             | ProxyError::Unauthorized
             | ProxyError::NotFound { .. } => Culprit::Client,
-            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => {
-                Culprit::Upstream
-            }
+            ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => Culprit::Upstream,
             ProxyError::Internal { .. } => Culprit::Pare,
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
+            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -67,9 +65,8 @@ impl ProxyError {
     /// The OpenAI `error.code` value: stable, machine-readable.
     pub fn code(&self) -> &'static str {
         match self {
-            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => {
-                "request_too_large"
-            }
+            ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => "request_too_large",
+            ProxyError::HeadersTooLarge { .. } => "request_headers_too_large",
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::Unauthorized => "invalid_pare_token",
             ProxyError::NotFound { .. } => "not_found",
@@ -110,10 +107,7 @@ pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<
     body.push(b'\n');
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
@@ -137,40 +131,24 @@ mod tests {
 
     #[test]
     fn upstream_unreachable_is_a_502_naming_the_upstream() {
-        let err = ProxyError::UpstreamUnreachable {
-            url: "http://127.0.0.1:9/v1".into(),
-            cause: "connection refused".into(),
-        };
+        let err =
+            ProxyError::UpstreamUnreachable { url: "http://127.0.0.1:9/v1".into(), cause: "connection refused".into() };
         assert_eq!(err.status(), StatusCode::BAD_GATEWAY);
         let body = err.body();
         assert_eq!(body["error"]["type"], "upstream_error");
         assert_eq!(body["error"]["code"], "upstream_unreachable");
         let message = body["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains("http://127.0.0.1:9/v1") && message.contains("connection refused"),
-            "{message}"
-        );
+        assert!(message.contains("http://127.0.0.1:9/v1") && message.contains("connection refused"), "{message}");
     }
 
     #[test]
     fn each_culprit_maps_to_its_status_class() {
         let client = ProxyError::BodyTooLarge { size: 10, limit: 5 };
-        let pare = ProxyError::Internal {
-            cause: "boom".into(),
-        };
-        let upstream = ProxyError::UpstreamTimeout {
-            url: "http://x".into(),
-            secs: 1,
-        };
-        assert_eq!(
-            (client.status().as_u16(), client.kind()),
-            (413, "invalid_request_error")
-        );
+        let pare = ProxyError::Internal { cause: "boom".into() };
+        let upstream = ProxyError::UpstreamTimeout { url: "http://x".into(), secs: 1 };
+        assert_eq!((client.status().as_u16(), client.kind()), (413, "invalid_request_error"));
         assert_eq!((pare.status().as_u16(), pare.kind()), (500, "pare_error"));
-        assert_eq!(
-            (upstream.status().as_u16(), upstream.kind()),
-            (504, "upstream_error")
-        );
+        assert_eq!((upstream.status().as_u16(), upstream.kind()), (504, "upstream_error"));
     }
 
     #[derive(Debug, thiserror::Error)]
@@ -183,21 +161,9 @@ mod tests {
 
     #[test]
     fn cause_chain_joins_sources_without_repeats() {
-        let refused = Layer {
-            text: "connection refused",
-            inner: None,
-        };
-        let repeated = Layer {
-            text: "tcp connect error: connection refused",
-            inner: Some(Box::new(refused)),
-        };
-        let outer = Layer {
-            text: "client error (Connect)",
-            inner: Some(Box::new(repeated)),
-        };
-        assert_eq!(
-            cause_chain(&outer),
-            "client error (Connect): tcp connect error: connection refused"
-        );
+        let refused = Layer { text: "connection refused", inner: None };
+        let repeated = Layer { text: "tcp connect error: connection refused", inner: Some(Box::new(refused)) };
+        let outer = Layer { text: "client error (Connect)", inner: Some(Box::new(repeated)) };
+        assert_eq!(cause_chain(&outer), "client error (Connect): tcp connect error: connection refused");
     }
 }

@@ -18,7 +18,8 @@ use super::access::AccessLog;
 use super::body::{BoxError, Completion, ObservedBody};
 use super::endpoints;
 use super::error::{ProxyError, cause_chain};
-use super::upstream::{self, Upstream};
+use super::metrics::Metrics;
+use super::upstream::{self, PARE_TOKEN_HEADER, Upstream};
 use crate::config::Config;
 use crate::pipeline::{Pipeline, ResponseSink, StreamEnd};
 
@@ -30,10 +31,14 @@ pub struct Proxy {
     pub config: Arc<Config>,
     pub pipeline: Arc<Pipeline>,
     pub upstream: Upstream,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
 pub const PARE_PREFIX: &str = "/_pare";
+
+/// The one endpoint answered without `x-pare-token` (process supervisors probe it).
+pub const HEALTH_PATH: &str = "/_pare/health";
 
 /// Answer one request. Never fails and never panics: errors and panics become error responses.
 pub async fn handle<B>(proxy: Arc<Proxy>, request: Request<B>) -> Response<ProxyBody>
@@ -44,22 +49,13 @@ where
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    match AssertUnwindSafe(exchange(&proxy, request, started))
-        .catch_unwind()
-        .await
-    {
+    match AssertUnwindSafe(exchange(&proxy, request, started)).catch_unwind().await {
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());
             tracing::error!(panic = %what, %method, %path, "request handling panicked");
             let access = AccessLog::new(method, &path, started);
-            fail(
-                ProxyError::Internal {
-                    cause: format!("request handling panicked: {what}"),
-                },
-                access,
-                None,
-            )
+            fail(ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
         }
     }
 }
@@ -71,7 +67,19 @@ where
 {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
-    let mut access = AccessLog::new(parts.method.clone(), path, started);
+
+    let header_bytes = head_size(&parts.headers);
+    if header_bytes > proxy.config.server.max_header_bytes {
+        let err = ProxyError::HeadersTooLarge { size: header_bytes, limit: proxy.config.server.max_header_bytes };
+        return fail(err, AccessLog::new(parts.method.clone(), path, started), None);
+    }
+
+    if let Some(token) = proxy.config.server.auth_token.as_deref()
+        && path != HEALTH_PATH
+        && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
+    {
+        return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
+    }
 
     if path == PARE_PREFIX || path.starts_with("/_pare/") {
         let response = endpoints::handle(proxy, &parts).await;
@@ -79,20 +87,21 @@ where
         return response.map(full);
     }
 
+    let mut access = AccessLog::new(parts.method.clone(), path, started).with_metrics(proxy.metrics.clone());
+
     let raw = match read_body(body, &parts.headers, proxy.config.server.max_body).await {
         Ok(raw) => raw,
         Err(err) => return fail(err, access, None),
     };
     let body_read = Instant::now();
 
-    let is_chat = parts.method == Method::POST
-        && path.ends_with("/chat/completions")
-        && is_json_ish(&parts.headers);
+    let is_chat = parts.method == Method::POST && path.ends_with("/chat/completions") && is_json_ish(&parts.headers);
     let mut sink: Option<Box<dyn ResponseSink>> = None;
     let forward = if is_chat {
         let prepared = proxy.pipeline.prepare_chat(&parts.headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
+        access.model = prepared.model;
         access.skipped = prepared.skipped;
         sink = prepared.sink;
         prepared.body
@@ -106,11 +115,7 @@ where
     let dispatched = Instant::now();
     access.pare = dispatched - body_read;
 
-    let response = match proxy
-        .upstream
-        .send(parts.method.clone(), &url, headers, send_body)
-        .await
-    {
+    let response = match proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await {
         Ok(response) => response,
         Err(err) => return fail(err, access, sink),
     };
@@ -151,20 +156,29 @@ where
     match Limited::new(body, limit_usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.is::<LengthLimitError>() => Err(ProxyError::BodyTooLargeStreamed { limit }),
-        Err(err) => Err(ProxyError::ClientBody {
-            cause: cause_chain(&*err),
-        }),
+        Err(err) => Err(ProxyError::ClientBody { cause: cause_chain(&*err) }),
     }
 }
 
+/// Compare the presented token with the configured one in time independent of where they differ.
+fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
+    let Some(presented) = presented else {
+        return false;
+    };
+    let (presented, expected) = (presented.as_bytes(), expected.as_bytes());
+    if presented.len() != expected.len() {
+        return false;
+    }
+    presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// The size of the headers as sent on the wire (`name: value\r\n` each).
+fn head_size(headers: &HeaderMap) -> usize {
+    headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum()
+}
+
 fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
 }
 
 fn had_body(headers: &HeaderMap) -> bool {
@@ -173,10 +187,7 @@ fn had_body(headers: &HeaderMap) -> bool {
 
 /// A chat body pare may parse: declared JSON, or no content type at all (some clients omit it).
 fn is_json_ish(headers: &HeaderMap) -> bool {
-    match headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    {
+    match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         None => true,
         Some(content_type) => content_type.to_ascii_lowercase().contains("json"),
     }
@@ -185,27 +196,16 @@ fn is_json_ish(headers: &HeaderMap) -> bool {
 fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
     if let Some(summary) = &access.summary {
         headers.insert("x-pare-tokens-raw", HeaderValue::from(summary.tokens_raw));
-        headers.insert(
-            "x-pare-tokens-forwarded",
-            HeaderValue::from(summary.tokens_forwarded),
-        );
+        headers.insert("x-pare-tokens-forwarded", HeaderValue::from(summary.tokens_forwarded));
         headers.insert("x-pare-epoch", HeaderValue::from(summary.epoch));
     }
-    if let Some(value) = access
-        .session
-        .as_deref()
-        .and_then(|s| HeaderValue::from_str(s).ok())
-    {
+    if let Some(value) = access.session.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
         headers.insert("x-pare-session", value);
     }
 }
 
 /// Answer with pare's own error, finishing the sink and logging the exchange.
-fn fail(
-    err: ProxyError,
-    mut access: AccessLog,
-    sink: Option<Box<dyn ResponseSink>>,
-) -> Response<ProxyBody> {
+fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSink>>) -> Response<ProxyBody> {
     tracing::warn!(error = %err, culprit = ?err.culprit(), method = %access.method, path = %access.path, "request failed");
     access.status = err.status().as_u16();
     let end = StreamEnd::NoResponse(err.to_string());
@@ -227,9 +227,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn full(bytes: Bytes) -> ProxyBody {
-    Full::new(bytes)
-        .map_err(|never| match never {})
-        .boxed_unsync()
+    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
 }
 
 #[cfg(test)]
@@ -240,16 +238,8 @@ mod tests {
     async fn declared_length_over_the_limit_is_refused_before_reading() {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2048"));
-        let err = read_body(Full::new(Bytes::from_static(b"x")), &headers, 1024)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err,
-            ProxyError::BodyTooLarge {
-                size: 2048,
-                limit: 1024
-            }
-        );
+        let err = read_body(Full::new(Bytes::from_static(b"x")), &headers, 1024).await.unwrap_err();
+        assert_eq!(err, ProxyError::BodyTooLarge { size: 2048, limit: 1024 });
     }
 
     #[tokio::test]
@@ -257,29 +247,25 @@ mod tests {
         let body = Full::new(Bytes::from(vec![b'x'; 1025]));
         let err = read_body(body, &HeaderMap::new(), 1024).await.unwrap_err();
         assert_eq!(err, ProxyError::BodyTooLargeStreamed { limit: 1024 });
-        let ok = read_body(
-            Full::new(Bytes::from(vec![b'x'; 1024])),
-            &HeaderMap::new(),
-            1024,
-        )
-        .await
-        .unwrap();
+        let ok = read_body(Full::new(Bytes::from(vec![b'x'; 1024])), &HeaderMap::new(), 1024).await.unwrap();
         assert_eq!(ok.len(), 1024);
+    }
+
+    #[test]
+    fn tokens_must_match_exactly() {
+        assert!(token_matches(Some(&HeaderValue::from_static("s3cret")), "s3cret"));
+        assert!(!token_matches(Some(&HeaderValue::from_static("s3cre")), "s3cret"));
+        assert!(!token_matches(Some(&HeaderValue::from_static("s3creT")), "s3cret"));
+        assert!(!token_matches(None, "s3cret"));
     }
 
     #[test]
     fn json_ish_content_types() {
         let mut headers = HeaderMap::new();
         assert!(is_json_ish(&headers));
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json; charset=utf-8"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
         assert!(is_json_ish(&headers));
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("multipart/form-data; boundary=x"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("multipart/form-data; boundary=x"));
         assert!(!is_json_ish(&headers));
     }
 }

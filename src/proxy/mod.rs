@@ -7,16 +7,18 @@
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
 //! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
 //! - [`access`]: the one log line per request.
+//! - [`metrics`]: the Prometheus series behind `/_pare/metrics`.
 
 pub mod access;
 pub mod body;
 pub mod endpoints;
 pub mod error;
 pub mod handler;
+pub mod metrics;
 pub mod server;
 pub mod upstream;
 
 pub use error::{Culprit, ProxyError};
 pub use handler::{PARE_PREFIX, Proxy, ProxyBody};
-pub use server::{ServeError, bind, check_exposure, run};
+pub use server::{ServeError, bind, check_exposure, run, run_with_registry};
 pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase, install_crypto_provider};

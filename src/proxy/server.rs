@@ -13,7 +13,10 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use prometheus_client::registry::Registry;
+
 use super::handler::{self, Proxy};
+use super::metrics::Metrics;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::Config;
 use crate::pipeline::Pipeline;
@@ -24,17 +27,12 @@ pub enum ServeError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    Bind { addr: String, source: std::io::Error },
     #[error(
         "listen address {addr} is not loopback; set server.allow_non_loopback and server.auth_token to expose pare"
     )]
     NotLoopback { addr: SocketAddr },
-    #[error(
-        "server.allow_non_loopback needs server.auth_token: pare forwards the agent's credentials"
-    )]
+    #[error("server.allow_non_loopback needs server.auth_token: pare forwards the agent's credentials")]
     MissingToken,
     #[error("listen address {addr:?} is not host:port ({cause})")]
     BadListen { addr: String, cause: String },
@@ -45,20 +43,12 @@ pub enum ServeError {
 pub async fn bind(addr: &str, config: &Config) -> Result<TcpListener, ServeError> {
     let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr)
         .await
-        .map_err(|e| ServeError::BadListen {
-            addr: addr.to_owned(),
-            cause: e.to_string(),
-        })?
+        .map_err(|e| ServeError::BadListen { addr: addr.to_owned(), cause: e.to_string() })?
         .collect();
     for candidate in &resolved {
         check_exposure(*candidate, config)?;
     }
-    TcpListener::bind(resolved.as_slice())
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: addr.to_owned(),
-            source,
-        })
+    TcpListener::bind(resolved.as_slice()).await.map_err(|source| ServeError::Bind { addr: addr.to_owned(), source })
 }
 
 /// Loopback is always fine; anything else needs `server.allow_non_loopback` and `server.auth_token`.
@@ -69,12 +59,7 @@ pub fn check_exposure(addr: SocketAddr, config: &Config) -> Result<(), ServeErro
     if !config.server.allow_non_loopback {
         return Err(ServeError::NotLoopback { addr });
     }
-    if config
-        .server
-        .auth_token
-        .as_deref()
-        .is_none_or(str::is_empty)
-    {
+    if config.server.auth_token.as_deref().is_none_or(str::is_empty) {
         return Err(ServeError::MissingToken);
     }
     Ok(())
@@ -91,14 +76,26 @@ pub async fn run<F>(
 where
     F: Future<Output = ()>,
 {
+    run_with_registry(listener, config, pipeline, Registry::default(), shutdown).await
+}
+
+/// [`run`], with metrics other parts of pare registered in `registry` served on `/_pare/metrics`
+/// next to the proxy's own.
+pub async fn run_with_registry<F>(
+    listener: TcpListener,
+    config: Arc<Config>,
+    pipeline: Arc<Pipeline>,
+    registry: Registry,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()>,
+{
     let upstream = Upstream::new(&config.upstream)?;
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
-    let proxy = Arc::new(Proxy {
-        config,
-        pipeline,
-        upstream,
-    });
+    let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
+    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");
@@ -135,11 +132,7 @@ where
         }
     }
     drop(listener);
-    tracing::info!(
-        connections = graceful.count(),
-        grace_secs = grace.as_secs(),
-        "shutting down; draining connections"
-    );
+    tracing::info!(connections = graceful.count(), grace_secs = grace.as_secs(), "shutting down; draining connections");
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("all connections drained"),
         () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing the remaining connections"),
@@ -151,14 +144,15 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     let header_timeout = Duration::from_secs(config.server.header_read_timeout_secs.max(1));
     let mut http1 = builder.http1();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+    // hyper's read buffer (~400 KB) bounds a head's memory; the handler enforces
+    // server.max_header_bytes with an OpenAI-shaped 431. Shrinking the buffer would slow large bodies.
+    http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
     // hyper keeps up to 100 headers on the stack; any other limit moves them to the heap.
     if config.server.max_headers != 100 {
         http1.max_headers(config.server.max_headers);
     }
-    builder.http2().timer(TokioTimer::new());
+    let header_list = u32::try_from(config.server.max_header_bytes).unwrap_or(u32::MAX);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(header_list);
     builder
 }
 
@@ -174,15 +168,9 @@ mod tests {
         let local6: SocketAddr = "[::1]:8787".parse().unwrap();
         assert!(check_exposure(local, &config).is_ok());
         assert!(check_exposure(local6, &config).is_ok());
-        assert!(matches!(
-            check_exposure(public, &config),
-            Err(ServeError::NotLoopback { .. })
-        ));
+        assert!(matches!(check_exposure(public, &config), Err(ServeError::NotLoopback { .. })));
         config.server.allow_non_loopback = true;
-        assert!(matches!(
-            check_exposure(public, &config),
-            Err(ServeError::MissingToken)
-        ));
+        assert!(matches!(check_exposure(public, &config), Err(ServeError::MissingToken)));
         config.server.auth_token = Some("s3cret".into());
         assert!(check_exposure(public, &config).is_ok());
     }

@@ -33,9 +33,7 @@ pub enum UpstreamUrlError {
     Invalid { url: String, cause: String },
     #[error("upstream url {url:?} must start with http:// or https://")]
     Scheme { url: String },
-    #[error(
-        "upstream url {url:?} must not carry a query, a fragment or credentials (use upstream.api_key)"
-    )]
+    #[error("upstream url {url:?} must not carry a query, a fragment or credentials (use upstream.api_key)")]
     Extras { url: String },
 }
 
@@ -63,23 +61,17 @@ pub struct UpstreamBase {
 
 impl UpstreamBase {
     pub fn parse(url: &str) -> Result<UpstreamBase, UpstreamUrlError> {
-        let parsed = reqwest::Url::parse(url.trim()).map_err(|e| UpstreamUrlError::Invalid {
-            url: url.to_owned(),
-            cause: e.to_string(),
-        })?;
+        let parsed = reqwest::Url::parse(url.trim())
+            .map_err(|e| UpstreamUrlError::Invalid { url: url.to_owned(), cause: e.to_string() })?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            return Err(UpstreamUrlError::Scheme {
-                url: url.to_owned(),
-            });
+            return Err(UpstreamUrlError::Scheme { url: url.to_owned() });
         }
         if parsed.query().is_some()
             || parsed.fragment().is_some()
             || !parsed.username().is_empty()
             || parsed.password().is_some()
         {
-            return Err(UpstreamUrlError::Extras {
-                url: url.to_owned(),
-            });
+            return Err(UpstreamUrlError::Extras { url: url.to_owned() });
         }
         let origin = parsed.origin().ascii_serialization();
         let path = parsed.path().trim_end_matches('/');
@@ -90,9 +82,8 @@ impl UpstreamBase {
 
     /// The upstream URL for an incoming path (starting with `/`) and optional query string.
     pub fn map(&self, path: &str, query: Option<&str>) -> String {
-        let mut url = String::with_capacity(
-            self.origin.len() + self.root.len() + path.len() + 1 + query.map_or(0, str::len),
-        );
+        let mut url =
+            String::with_capacity(self.origin.len() + self.root.len() + path.len() + 1 + query.map_or(0, str::len));
         url.push_str(&self.origin);
         url.push_str(&self.root);
         if !path.starts_with('/') {
@@ -114,10 +105,7 @@ impl UpstreamBase {
     /// `host:port` for a reachability probe.
     pub fn authority(&self) -> Option<(String, u16)> {
         let url = reqwest::Url::parse(&self.origin).ok()?;
-        Some((
-            url.host_str()?.trim_matches(['[', ']']).to_owned(),
-            url.port_or_known_default()?,
-        ))
+        Some((url.host_str()?.trim_matches(['[', ']']).to_owned(), url.port_or_known_default()?))
     }
 }
 
@@ -198,8 +186,7 @@ impl Upstream {
         let base = UpstreamBase::parse(&config.url)?;
         let api_key = match &config.api_key {
             Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
-                    .map_err(|_| UpstreamError::ApiKey)?;
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| UpstreamError::ApiKey)?;
                 value.set_sensitive(true);
                 Some(value)
             }
@@ -216,13 +203,7 @@ impl Upstream {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| UpstreamError::Client(cause_chain(&e)))?;
-        Ok(Upstream {
-            client,
-            base,
-            api_key,
-            connect_timeout: config.connect_timeout(),
-            timeout: config.timeout(),
-        })
+        Ok(Upstream { client, base, api_key, connect_timeout: config.connect_timeout(), timeout: config.timeout() })
     }
 
     /// Send one request upstream; resolves when the response headers arrive.
@@ -249,18 +230,11 @@ impl Upstream {
         // Never echo the query string: it may carry a key.
         let url = url.split('?').next().unwrap_or(url).to_owned();
         if err.is_timeout() {
-            let secs = if err.is_connect() {
-                self.connect_timeout
-            } else {
-                self.timeout
-            }
-            .as_secs();
+            let secs = if err.is_connect() { self.connect_timeout } else { self.timeout }.as_secs();
             return ProxyError::UpstreamTimeout { url, secs };
         }
         // Skip reqwest's outer message: it repeats the URL with its query.
-        let cause = std::error::Error::source(err)
-            .map(cause_chain)
-            .unwrap_or_else(|| "request failed".into());
+        let cause = std::error::Error::source(err).map(cause_chain).unwrap_or_else(|| "request failed".into());
         ProxyError::UpstreamUnreachable { url, cause }
     }
 
@@ -280,24 +254,9 @@ mod tests {
 
     #[test]
     fn path_mapping_never_doubles_v1() {
-        check_map(
-            "http://h:8080",
-            "/v1/chat/completions",
-            None,
-            "http://h:8080/v1/chat/completions",
-        );
-        check_map(
-            "http://h:8080/v1",
-            "/v1/chat/completions",
-            None,
-            "http://h:8080/v1/chat/completions",
-        );
-        check_map(
-            "http://h:8080/v1/",
-            "/v1/models",
-            None,
-            "http://h:8080/v1/models",
-        );
+        check_map("http://h:8080", "/v1/chat/completions", None, "http://h:8080/v1/chat/completions");
+        check_map("http://h:8080/v1", "/v1/chat/completions", None, "http://h:8080/v1/chat/completions");
+        check_map("http://h:8080/v1/", "/v1/models", None, "http://h:8080/v1/models");
         check_map("http://h:8080/v1", "/props", None, "http://h:8080/props");
         check_map("http://h:8080", "/api/tags", None, "http://h:8080/api/tags");
         check_map(
@@ -306,29 +265,13 @@ mod tests {
             Some("a=1&b=2"),
             "https://openrouter.ai/api/v1/models?a=1&b=2",
         );
-        check_map(
-            "http://h/openai",
-            "/v1/chat/completions",
-            None,
-            "http://h/openai/v1/chat/completions",
-        );
-        check_map(
-            "http://[::1]:9000/v1",
-            "/v1/models",
-            None,
-            "http://[::1]:9000/v1/models",
-        );
+        check_map("http://h/openai", "/v1/chat/completions", None, "http://h/openai/v1/chat/completions");
+        check_map("http://[::1]:9000/v1", "/v1/models", None, "http://[::1]:9000/v1/models");
     }
 
     #[test]
     fn bad_upstream_urls_are_refused_naming_the_url() {
-        for url in [
-            "localhost:8080",
-            "ftp://h/v1",
-            "http://h/v1?key=1",
-            "http://user:pw@h/v1",
-            "not a url",
-        ] {
+        for url in ["localhost:8080", "ftp://h/v1", "http://h/v1?key=1", "http://user:pw@h/v1", "not a url"] {
             let err = UpstreamBase::parse(url).unwrap_err();
             assert!(err.to_string().contains(url), "{err}");
         }
@@ -361,9 +304,6 @@ mod tests {
         assert_eq!(forwarded["authorization"], "Bearer agent");
 
         let key = HeaderValue::from_static("Bearer real");
-        assert_eq!(
-            request_headers(&headers, Some(&key))["authorization"],
-            "Bearer real"
-        );
+        assert_eq!(request_headers(&headers, Some(&key))["authorization"], "Bearer real");
     }
 }

@@ -3,19 +3,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pare::budget::tokens::{
-    CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens,
-};
+use pare::budget::tokens::{CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use pare::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use pare::config::Config;
 use tiktoken_rs::{ChatCompletionRequestMessage, FunctionCall};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn counter(encoding: Encoding) -> TokenCounter {
-    TokenCounter::new(&CounterConfig {
-        encoding,
-        ..CounterConfig::default()
-    })
+    TokenCounter::new(&CounterConfig { encoding, ..CounterConfig::default() })
 }
 
 #[test]
@@ -45,14 +40,8 @@ fn message_counts_follow_openai_per_message_overhead() {
         ChatCompletionRequestMessage {
             role: "assistant".into(),
             tool_calls: vec![
-                FunctionCall {
-                    name: "read_file".into(),
-                    arguments: r#"{"path":"src/main.rs"}"#.into(),
-                },
-                FunctionCall {
-                    name: "terminal".into(),
-                    arguments: r#"{"command":"ls -la"}"#.into(),
-                },
+                FunctionCall { name: "read_file".into(), arguments: r#"{"path":"src/main.rs"}"#.into() },
+                FunctionCall { name: "terminal".into(), arguments: r#"{"command":"ls -la"}"#.into() },
             ],
             ..Default::default()
         },
@@ -68,10 +57,7 @@ fn message_counts_follow_openai_per_message_overhead() {
         r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"src/main.rs\"}"}},{"id":"c2","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la\"}"}}]}"#,
         r#"{"role":"tool","tool_call_id":"c1","content":"fn main() {\n    println!(\"hi\");\n}\n"}"#,
     ];
-    for (encoding, model) in [
-        (Encoding::O200kBase, "gpt-4o"),
-        (Encoding::Cl100kBase, "gpt-4"),
-    ] {
+    for (encoding, model) in [(Encoding::O200kBase, "gpt-4o"), (Encoding::Cl100kBase, "gpt-4")] {
         let expected = tiktoken_rs::num_tokens_from_messages(model, &reference).unwrap() as u64;
         let c = counter(encoding);
         assert_eq!(request_tokens(&c, &ours, None), expected, "{model}");
@@ -80,13 +66,9 @@ fn message_counts_follow_openai_per_message_overhead() {
 
 #[test]
 fn text_parts_count_as_text_and_images_as_a_fixed_estimate() {
-    let c = TokenCounter::new(&CounterConfig {
-        image_tokens: 1000,
-        ..CounterConfig::default()
-    });
+    let c = TokenCounter::new(&CounterConfig { image_tokens: 1000, ..CounterConfig::default() });
     let plain = c.message(r#"{"role":"user","content":"describe this picture"}"#);
-    let parts =
-        c.message(r#"{"role":"user","content":[{"type":"text","text":"describe this picture"}]}"#);
+    let parts = c.message(r#"{"role":"user","content":[{"type":"text","text":"describe this picture"}]}"#);
     assert_eq!(plain, parts);
     let long_data = "A".repeat(50_000);
     let with_image = c.message(&format!(
@@ -98,44 +80,24 @@ fn text_parts_count_as_text_and_images_as_a_fixed_estimate() {
 #[test]
 fn warm_count_tokenizes_only_new_messages() {
     let c = counter(Encoding::O200kBase);
-    let messages: Vec<String> = (0..50)
-        .map(|i| {
-            format!(r#"{{"role":"tool","tool_call_id":"c{i}","content":"output number {i}"}}"#)
-        })
-        .collect();
+    let messages: Vec<String> =
+        (0..50).map(|i| format!(r#"{{"role":"tool","tool_call_id":"c{i}","content":"output number {i}"}}"#)).collect();
     let cold = request_tokens(&c, &messages[..40], None);
     assert_eq!(c.tokenizations(), 40);
     let warm = request_tokens(&c, &messages[..40], None);
     assert_eq!(warm, cold);
-    assert_eq!(
-        c.tokenizations(),
-        40,
-        "a repeated request tokenizes nothing"
-    );
+    assert_eq!(c.tokenizations(), 40, "a repeated request tokenizes nothing");
     request_tokens(&c, &messages, None);
-    assert_eq!(
-        c.tokenizations(),
-        50,
-        "an extended request tokenizes only the 10 new messages"
-    );
+    assert_eq!(c.tokenizations(), 50, "an extended request tokenizes only the 10 new messages");
 }
 
 #[test]
 fn token_cache_is_bounded() {
-    let c = TokenCounter::new(&CounterConfig {
-        cache_entries: 4,
-        ..CounterConfig::default()
-    });
-    let messages: Vec<String> = (0..8)
-        .map(|i| format!(r#"{{"role":"user","content":"m{i}"}}"#))
-        .collect();
+    let c = TokenCounter::new(&CounterConfig { cache_entries: 4, ..CounterConfig::default() });
+    let messages: Vec<String> = (0..8).map(|i| format!(r#"{{"role":"user","content":"m{i}"}}"#)).collect();
     request_tokens(&c, &messages, None);
     request_tokens(&c, &messages[..4], None);
-    assert_eq!(
-        c.tokenizations(),
-        12,
-        "the first four were evicted and counted again"
-    );
+    assert_eq!(c.tokenizations(), 12, "the first four were evicted and counted again");
 }
 
 #[test]
@@ -150,11 +112,7 @@ fn tools_are_counted_once_per_distinct_schema() {
     // The new array is one miss; its two schemas are already known.
     assert_eq!(c.tokenizations(), before + 1);
     assert_eq!(
-        request_tokens(
-            &c,
-            &[r#"{"role":"user","content":"x"}"#],
-            Some(&format!("[{a}]"))
-        ),
+        request_tokens(&c, &[r#"{"role":"user","content":"x"}"#], Some(&format!("[{a}]"))),
         c.message(r#"{"role":"user","content":"x"}"#) + c.text(a) + REPLY_PRIMING
     );
 }
@@ -208,11 +166,10 @@ async fn stub(routes: Vec<(&'static str, &'static str, String)>) -> Stub {
                 let text = String::from_utf8_lossy(&buf).to_string();
                 let mut first = text.lines().next().unwrap_or("").split_whitespace();
                 let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-                let (status, body) =
-                    match routes.iter().find(|(m, p, _)| *m == method && *p == path) {
-                        Some((_, _, body)) => ("200 OK", body.clone()),
-                        None => ("404 Not Found", "{\"error\":\"not found\"}".to_owned()),
-                    };
+                let (status, body) = match routes.iter().find(|(m, p, _)| *m == method && *p == path) {
+                    Some((_, _, body)) => ("200 OK", body.clone()),
+                    None => ("404 Not Found", "{\"error\":\"not found\"}".to_owned()),
+                };
                 let response = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -269,49 +226,37 @@ async fn detects_ollama_context_length() {
 
 #[tokio::test]
 async fn detects_lm_studio_max_context_length() {
-    let s = stub(vec![("GET", "/api/v0/models", r#"{"data":[{"id":"qwen2.5-14b-instruct","state":"not-loaded","max_context_length":24576}]}"#.into())]).await;
+    let s = stub(vec![(
+        "GET",
+        "/api/v0/models",
+        r#"{"data":[{"id":"qwen2.5-14b-instruct","state":"not-loaded","max_context_length":24576}]}"#.into(),
+    )])
+    .await;
     let r = resolver(&s.url, "");
     assert_eq!(r.window(Some("qwen2.5-14b-instruct")).await, 24576);
 }
 
 #[tokio::test]
 async fn config_wins_over_detection_and_default_applies_last() {
-    let s = stub(vec![(
-        "GET",
-        "/props",
-        r#"{"default_generation_settings":{"n_ctx":16384}}"#.into(),
-    )])
-    .await;
+    let s = stub(vec![("GET", "/props", r#"{"default_generation_settings":{"n_ctx":16384}}"#.into())]).await;
     let r = resolver(
         &s.url,
         "models:\n  - match: \"^qwen\"\n    context_window: 12000\nbudget:\n  default_context_window: 9000\n",
     );
     assert_eq!(r.window(Some("qwen-14b")).await, 12000);
-    assert_eq!(
-        s.hits.load(Ordering::SeqCst),
-        0,
-        "a configured window asks nothing upstream"
-    );
+    assert_eq!(s.hits.load(Ordering::SeqCst), 0, "a configured window asks nothing upstream");
     assert_eq!(r.window(Some("llama")).await, 16384);
 
     let silent = stub(vec![]).await;
     let r = resolver(&silent.url, "budget:\n  default_context_window: 9000\n");
     assert_eq!(r.window(Some("llama")).await, 9000);
-    let r = resolver(
-        &s.url,
-        "budget:\n  default_context_window: 9000\n  detect_window: false\n",
-    );
+    let r = resolver(&s.url, "budget:\n  default_context_window: 9000\n  detect_window: false\n");
     assert_eq!(r.window(Some("llama")).await, 9000);
 }
 
 #[tokio::test]
 async fn detection_is_cached_including_failures() {
-    let found = stub(vec![(
-        "GET",
-        "/props",
-        r#"{"default_generation_settings":{"n_ctx":16384}}"#.into(),
-    )])
-    .await;
+    let found = stub(vec![("GET", "/props", r#"{"default_generation_settings":{"n_ctx":16384}}"#.into())]).await;
     let r = resolver(&found.url, "");
     assert_eq!(r.window(Some("m")).await, 16384);
     let after_first = found.hits.load(Ordering::SeqCst);
@@ -324,11 +269,7 @@ async fn detection_is_cached_including_failures() {
     assert_eq!(r.window(Some("m")).await, 7000);
     let after_first = missing.hits.load(Ordering::SeqCst);
     assert_eq!(r.window(Some("m")).await, 7000);
-    assert_eq!(
-        missing.hits.load(Ordering::SeqCst),
-        after_first,
-        "a failed detection is not retried at once"
-    );
+    assert_eq!(missing.hits.load(Ordering::SeqCst), after_first, "a failed detection is not retried at once");
 }
 
 #[tokio::test]
@@ -336,10 +277,7 @@ async fn unreachable_upstream_falls_back_within_the_timeout() {
     // A listener that accepts and never answers.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let r = resolver(
-        &url,
-        "budget:\n  default_context_window: 5000\n  detect_timeout_ms: 200\n",
-    );
+    let r = resolver(&url, "budget:\n  default_context_window: 5000\n  detect_timeout_ms: 200\n");
     assert_eq!(r.window(Some("m")).await, 5000);
     drop(listener);
 }
@@ -365,10 +303,7 @@ pub(crate) struct MaskEngine {
 
 impl MaskEngine {
     pub(crate) fn new(tail_turns: usize) -> Arc<MaskEngine> {
-        Arc::new(MaskEngine {
-            tail_turns,
-            targets: Mutex::new(Vec::new()),
-        })
+        Arc::new(MaskEngine { tail_turns, targets: Mutex::new(Vec::new()) })
     }
     fn calls(&self) -> usize {
         self.targets.lock().unwrap().len()
@@ -376,29 +311,16 @@ impl MaskEngine {
 }
 
 fn role(raw: &str) -> String {
-    serde_json::from_str::<Value>(raw).unwrap()["role"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
+    serde_json::from_str::<Value>(raw).unwrap()["role"].as_str().unwrap_or("").to_owned()
 }
 
 impl CompactEngine for MaskEngine {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        options: &CompactOptions,
-        _counter: &dyn CountTokens,
-    ) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
         self.targets.lock().unwrap().push(options.target_tokens);
         let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
-        let assistants: Vec<usize> = (0..messages.len())
-            .filter(|i| role(messages[*i]) == "assistant")
-            .collect();
-        let boundary = if assistants.len() >= self.tail_turns {
-            assistants[assistants.len() - self.tail_turns]
-        } else {
-            0
-        };
+        let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
+        let boundary =
+            if assistants.len() >= self.tail_turns { assistants[assistants.len() - self.tail_turns] } else { 0 };
         let prefix = messages[..boundary]
             .iter()
             .map(|m| {
@@ -411,11 +333,7 @@ impl CompactEngine for MaskEngine {
                 }
             })
             .collect();
-        Compacted {
-            boundary,
-            prefix,
-            report: json!({"masked": boundary}),
-        }
+        Compacted { boundary, prefix, report: json!({"masked": boundary}) }
     }
 }
 
@@ -429,14 +347,11 @@ fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
     let mut requests = Vec::new();
     for k in 0..n_turns {
         requests.push(
-            json!({"model": "test-model", "messages": messages.clone(), "stream": true})
-                .to_string()
-                .into_bytes(),
+            json!({"model": "test-model", "messages": messages.clone(), "stream": true}).to_string().into_bytes(),
         );
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "terminal", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
         let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
-        messages
-            .push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
     }
     requests
 }
@@ -472,17 +387,11 @@ fn epoch_mode_is_append_only_between_epochs() {
     let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
     let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
     let epochs = results.last().unwrap().1.summary.epoch;
-    assert!(
-        epochs >= 2,
-        "the session should need several epochs, got {epochs}"
-    );
+    assert!(epochs >= 2, "the session should need several epochs, got {epochs}");
     for pair in results.windows(2) {
         let ((before, out_before), (after, out_after)) = (&pair[0], &pair[1]);
         if out_before.summary.epoch == out_after.summary.epoch {
-            assert!(
-                after.len() >= before.len() && after[..before.len()] == before[..],
-                "not a pure append"
-            );
+            assert!(after.len() >= before.len() && after[..before.len()] == before[..], "not a pure append");
         }
     }
 }
@@ -496,50 +405,65 @@ fn epoch_fires_at_high_water_and_lands_under_low_water() {
     for (k, (_, out)) in results.iter().enumerate() {
         let s = &out.summary;
         if s.epoch == 0 {
-            assert!(
-                out.body.is_none(),
-                "request {k}: nothing compacted before the first epoch"
-            );
+            assert!(out.body.is_none(), "request {k}: nothing compacted before the first epoch");
             assert_eq!(s.tokens_raw, s.tokens_forwarded);
         }
         if s.epoch > previous_epoch {
             assert_eq!(s.report["action"], "epoch");
-            assert!(
-                s.tokens_forwarded as f64 <= 0.5 * usable,
-                "request {k}: epoch landed at {}",
-                s.tokens_forwarded
-            );
+            assert!(s.tokens_forwarded as f64 <= 0.5 * usable, "request {k}: epoch landed at {}", s.tokens_forwarded);
         } else {
-            assert!(
-                s.tokens_forwarded as f64 <= 0.75 * usable,
-                "request {k}: {} over high water",
-                s.tokens_forwarded
-            );
+            assert!(s.tokens_forwarded as f64 <= 0.75 * usable, "request {k}: {} over high water", s.tokens_forwarded);
         }
         assert!(!s.over_window);
         previous_epoch = s.epoch;
     }
     assert!(
-        results
-            .iter()
-            .any(|(_, o)| o.summary.tokens_raw as f64 > usable),
+        results.iter().any(|(_, o)| o.summary.tokens_raw as f64 > usable),
         "raw must overflow for this test to mean something"
     );
 }
 
 #[test]
-fn epoch_target_is_the_low_water_mark_of_the_usable_window() {
+fn epoch_gives_the_engine_the_low_water_target_only_when_rules_are_not_enough() {
+    // Tool outputs dominate: masking them (the "rules") reaches low water without a target.
     let engine = MaskEngine::new(2);
     let compactor = compactor_with(RESERVE_YAML, engine.clone());
     run(&compactor, "s", &coding_session(20, 150), WINDOW);
+    assert!(engine.calls() > 0);
+    assert!(engine.targets.lock().unwrap().iter().all(Option::is_none));
+
+    // Assistant prose dominates: masking tool outputs cannot reach low water, so the engine is
+    // asked for the target (tiers and elision in the real engine).
+    let engine = MaskEngine::new(2);
+    let compactor = compactor_with(RESERVE_YAML, engine.clone());
+    let chatty: Vec<Vec<u8>> = coding_session(20, 5)
+        .into_iter()
+        .map(|raw| {
+            let mut v: Value = serde_json::from_slice(&raw).unwrap();
+            for m in v["messages"].as_array_mut().unwrap() {
+                if m["role"] == "assistant" {
+                    m["content"] = json!("thinking out loud ".repeat(100));
+                }
+            }
+            v.to_string().into_bytes()
+        })
+        .collect();
+    run(&compactor, "s", &chatty, WINDOW);
     let targets = engine.targets.lock().unwrap().clone();
-    assert!(!targets.is_empty());
-    assert!(
-        targets
-            .iter()
-            .all(|t| *t == Some(((WINDOW - 1024) as f64 * 0.5) as u64)),
-        "{targets:?}"
-    );
+    assert_eq!(targets.last(), Some(&Some(((WINDOW - 1024) as f64 * 0.5) as u64)), "{targets:?}");
+}
+
+#[test]
+fn epoch_compacts_only_as_much_as_needed() {
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let results = run(&compactor, "s", &coding_session(40, 150), WINDOW);
+    let k = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap();
+    let messages = &results[k].0;
+    let tools_before_tail: Vec<&String> = messages[..messages.len() - 4].iter().filter(|m| role(m) == "tool").collect();
+    let masked = tools_before_tail.iter().filter(|m| m.contains("[elided]")).count();
+    assert!(masked > 0, "the epoch compacted something");
+    assert!(masked < tools_before_tail.len(), "the newer outputs outside the engine's tail stay whole");
+    assert!(results[k].1.summary.tokens_forwarded as f64 <= 0.5 * (WINDOW - 1024) as f64);
 }
 
 #[test]
@@ -547,24 +471,23 @@ fn compacted_prefix_is_sticky_across_requests() {
     let engine = MaskEngine::new(2);
     let compactor = compactor_with(RESERVE_YAML, engine.clone());
     let requests = coding_session(40, 150);
-    let results = run(&compactor, "s", &requests, WINDOW);
-    let first_epoch = results
-        .iter()
-        .position(|(_, o)| o.summary.epoch == 1)
-        .unwrap();
+    let mut results = Vec::new();
+    let mut epoch = 0;
+    for raw in &requests {
+        let calls_before = engine.calls();
+        let out = run(&compactor, "s", std::slice::from_ref(raw), WINDOW).pop().unwrap();
+        if out.1.summary.epoch == epoch {
+            assert_eq!(engine.calls(), calls_before, "requests between epochs do not call the engine");
+        }
+        epoch = out.1.summary.epoch;
+        results.push(out);
+    }
+    let first_epoch = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap();
     let next = first_epoch + 1;
     assert_eq!(results[next].1.summary.epoch, 1);
     let (epoch_msgs, next_msgs) = (&results[first_epoch].0, &results[next].0);
     assert_eq!(next_msgs[..epoch_msgs.len()], epoch_msgs[..]);
-    assert!(
-        next_msgs.iter().any(|m| m.contains("[elided]")),
-        "the compacted form is reused"
-    );
-    // Requests between epochs do not call the engine.
-    assert_eq!(
-        engine.calls() as u64,
-        results.last().unwrap().1.summary.epoch
-    );
+    assert!(next_msgs.iter().any(|m| m.contains("[elided]")), "the compacted form is reused");
 }
 
 #[test]
@@ -574,9 +497,7 @@ fn edited_history_starts_fresh() {
     let results = run(&compactor, "s", &requests[..20], WINDOW);
     assert!(results.last().unwrap().1.summary.epoch >= 1);
     // The agent rewrites its first user message (e.g. a retry with an edited prompt).
-    let edited = String::from_utf8(requests[20].clone())
-        .unwrap()
-        .replace("Fix the failing test", "Fix the flaky test");
+    let edited = String::from_utf8(requests[20].clone()).unwrap().replace("Fix the failing test", "Fix the flaky test");
     let body = ChatBody::parse(edited.as_bytes()).unwrap();
     let out = compactor.compact_body("s", &body, Some(WINDOW));
     assert_eq!(out.summary.report["history_changed"], true);
@@ -593,37 +514,18 @@ fn eager_mode_advances_every_polling_turns() {
     let compactor = compactor_with(yaml, engine.clone());
     // A large window: never at high water, so only polling advances the frontier.
     let results = run(&compactor, "s", &coding_session(13, 40), 1_000_000);
-    let actions: Vec<&str> = results
-        .iter()
-        .map(|(_, o)| o.summary.report["action"].as_str().unwrap())
-        .collect();
-    let advances: Vec<usize> = actions
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| **a == "advance")
-        .map(|(i, _)| i)
-        .collect();
+    let actions: Vec<&str> = results.iter().map(|(_, o)| o.summary.report["action"].as_str().unwrap()).collect();
+    let advances: Vec<usize> = actions.iter().enumerate().filter(|(_, a)| **a == "advance").map(|(i, _)| i).collect();
     assert_eq!(advances, vec![0, 3, 6, 9, 12], "{actions:?}");
-    assert!(
-        engine.targets.lock().unwrap().iter().all(Option::is_none),
-        "no target below high water"
-    );
+    assert!(engine.targets.lock().unwrap().iter().all(Option::is_none), "no target below high water");
     for (k, pair) in results.windows(2).enumerate() {
         if actions[k + 1] == "append" {
             let (before, after) = (&pair[0].0, &pair[1].0);
-            assert_eq!(
-                after[..before.len()],
-                before[..],
-                "request {}: not a pure append",
-                k + 1
-            );
+            assert_eq!(after[..before.len()], before[..], "request {}: not a pure append", k + 1);
         }
     }
     let last = &results.last().unwrap().1.summary;
-    assert!(
-        last.tokens_forwarded < last.tokens_raw,
-        "eager compacts below high water"
-    );
+    assert!(last.tokens_forwarded < last.tokens_raw, "eager compacts below high water");
 }
 
 #[test]
@@ -679,31 +581,18 @@ fn seeding_from_an_archived_pair_restores_the_sticky_prefix() {
     let requests = coding_session(40, 150);
     let original = compactor_with(RESERVE_YAML, MaskEngine::new(2));
     let results = run(&original, "s", &requests, WINDOW);
-    let k = results
-        .iter()
-        .position(|(_, o)| o.summary.epoch == 1)
-        .unwrap()
-        + 1;
+    let k = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap() + 1;
     let forwarded_k = results[k].1.body.clone().unwrap();
 
     let restarted = compactor_with(RESERVE_YAML, MaskEngine::new(2));
-    restarted
-        .seed("s", &requests[k], &forwarded_k, results[k].1.summary.epoch)
-        .unwrap();
+    restarted.seed("s", &requests[k], &forwarded_k, results[k].1.summary.epoch).unwrap();
     let after = run(&restarted, "s", &requests[k + 1..], WINDOW);
     for (i, (messages, out)) in after.iter().enumerate() {
-        assert_eq!(
-            messages,
-            &results[k + 1 + i].0,
-            "request {} differs after a restart",
-            k + 1 + i
-        );
+        assert_eq!(messages, &results[k + 1 + i].0, "request {} differs after a restart", k + 1 + i);
         assert_eq!(out.summary.epoch, results[k + 1 + i].1.summary.epoch);
     }
 
-    let err = restarted
-        .seed("s", b"{not json", &forwarded_k, 1)
-        .unwrap_err();
+    let err = restarted.seed("s", b"{not json", &forwarded_k, 1).unwrap_err();
     assert!(err.to_string().contains("session `s`"), "{err}");
 }
 
@@ -719,27 +608,15 @@ fn replay_is_deterministic_and_matches_the_compactor_path() {
             .args(["replay", "--window", "4096", &path])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         out.stdout
     };
     let first = run_cli();
-    assert_eq!(
-        first,
-        run_cli(),
-        "same input and config give the same bytes"
-    );
+    assert_eq!(first, run_cli(), "same input and config give the same bytes");
 
     let text = std::fs::read(&path).unwrap();
     let lines = session_lines(&text);
-    let compactor = SessionCompactor::new(
-        &Config::default(),
-        Arc::new(pare::compact::Engine::default_pack()),
-    )
-    .unwrap();
+    let compactor = SessionCompactor::new(&Config::default(), Arc::new(pare::compact::Engine::default_pack())).unwrap();
     let library: Vec<u8> = replay_session(&compactor, &path, &lines, Some(4096))
         .into_iter()
         .flat_map(|r| r.forwarded.into_iter().chain(std::iter::once(b'\n')))

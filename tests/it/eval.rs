@@ -29,11 +29,7 @@ fn tool(id: &str, content: &str) -> Value {
 fn requests_of(conversation: &[Value]) -> Vec<Vec<u8>> {
     (0..conversation.len())
         .filter(|i| conversation[*i]["role"] == "assistant")
-        .map(|i| {
-            json!({"model": "m", "messages": conversation[..i]})
-                .to_string()
-                .into_bytes()
-        })
+        .map(|i| json!({"model": "m", "messages": conversation[..i]}).to_string().into_bytes())
         .collect()
 }
 
@@ -46,10 +42,7 @@ fn needle_session() -> Vec<Value> {
         call("c1", "{\"command\":\"grep -rn render .\"}"),
         tool(
             "c1",
-            &format!(
-                "src/widget/render.py:48213: def render(self): raise ValueError\n{}",
-                "lorem ".repeat(300)
-            ),
+            &format!("src/widget/render.py:48213: def render(self): raise ValueError\n{}", "lorem ".repeat(300)),
         ),
         call("c2", "{\"command\":\"ls\"}"),
         tool("c2", "ok"),
@@ -69,24 +62,14 @@ fn eval(yaml: &str, engine: Arc<dyn CompactEngine>, requests: &[Vec<u8>], window
 fn needles_are_identifiers_seen_only_in_tool_outputs() {
     let requests = requests_of(&needle_session());
     assert_eq!(requests.len(), 4);
-    let off = eval(
-        "compaction:\n  mode: off\n",
-        MaskEngine::new(1),
-        &requests,
-        100_000,
-    );
+    let off = eval("compaction:\n  mode: off\n", MaskEngine::new(1), &requests, 100_000);
     // `src/widget/render.py` and `48213`; README.md was in the user message, not a needle.
     assert_eq!((off.needles, off.needles_kept), (2, 2));
     assert_eq!(off.recall(), 1.0);
 
     // Eager, polling every turn, one protected turn: the first tool output is masked in the last
     // request, just before the reply that needs it.
-    let eager = eval(
-        "compaction:\n  mode: eager\nbudget:\n  polling: 1\n",
-        MaskEngine::new(1),
-        &requests,
-        100_000,
-    );
+    let eager = eval("compaction:\n  mode: eager\nbudget:\n  polling: 1\n", MaskEngine::new(1), &requests, 100_000);
     assert_eq!((eager.needles, eager.needles_kept), (2, 0));
     assert_eq!(eager.recall(), 0.0);
     assert!(eager.saved() > 0.0);
@@ -95,26 +78,13 @@ fn needles_are_identifiers_seen_only_in_tool_outputs() {
 #[test]
 fn uncached_prefill_of_an_append_only_session_is_its_last_request() {
     let requests = requests_of(&needle_session());
-    let m = eval(
-        "compaction:\n  mode: off\n",
-        MaskEngine::new(1),
-        &requests,
-        100_000,
-    );
+    let m = eval("compaction:\n  mode: off\n", MaskEngine::new(1), &requests, 100_000);
     let compactor = compactor("", MaskEngine::new(1));
     let counter = compactor.counter(Some("m"));
     let last = ChatBody::parse(requests.last().unwrap()).unwrap();
-    let last_tokens: u64 = last
-        .messages
-        .iter()
-        .map(|x| counter.message(x.get()))
-        .sum::<u64>()
-        + REPLY_PRIMING;
+    let last_tokens: u64 = last.messages.iter().map(|x| counter.message(x.get())).sum::<u64>() + REPLY_PRIMING;
     // Each request re-sends the previous one plus new messages; only the reply priming repeats.
-    assert_eq!(
-        m.uncached_raw,
-        last_tokens + REPLY_PRIMING * (requests.len() as u64 - 1)
-    );
+    assert_eq!(m.uncached_raw, last_tokens + REPLY_PRIMING * (requests.len() as u64 - 1));
     assert_eq!(m.uncached_forwarded, m.uncached_raw);
     assert_eq!(m.prefill_ratio(), 1.0);
     assert_eq!(m.saved(), 0.0);
@@ -127,22 +97,12 @@ fn over_window_counts_only_requests_that_could_fit() {
     let requests = requests_of(&needle_session());
     // Off mode, 200 usable tokens. Request 1 (system + user) fits. The 300-word tool output is in
     // the protected tail of request 2 (floor over the window), and outside it in requests 3 and 4.
-    let m = eval(
-        "compaction:\n  mode: off\nbudget:\n  output_reserve: 200\n",
-        MaskEngine::new(1),
-        &requests,
-        400,
-    );
+    let m = eval("compaction:\n  mode: off\nbudget:\n  output_reserve: 200\n", MaskEngine::new(1), &requests, 400);
     assert_eq!(m.usable_window, 200);
     assert_eq!(m.over_window, 3);
     assert_eq!(m.over_window_fitting, 2);
     // Epoch mode masks the output once it leaves the tail: requests 3 and 4 then fit.
-    let m = eval(
-        "budget:\n  output_reserve: 200\n",
-        MaskEngine::new(1),
-        &requests,
-        400,
-    );
+    let m = eval("budget:\n  output_reserve: 200\n", MaskEngine::new(1), &requests, 400);
     assert_eq!((m.over_window, m.over_window_fitting), (1, 0));
 }
 
@@ -155,12 +115,7 @@ struct BadEngine {
 }
 
 impl CompactEngine for BadEngine {
-    fn compact(
-        &self,
-        body: &ChatBody<'_>,
-        _options: &CompactOptions,
-        _counter: &dyn CountTokens,
-    ) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, _options: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let boundary = body.messages.len().saturating_sub(1);
         let mut prefix = Vec::new();
@@ -177,21 +132,12 @@ impl CompactEngine for BadEngine {
             }
             prefix.push(v.to_string());
         }
-        Compacted {
-            boundary,
-            prefix,
-            report: Value::Null,
-        }
+        Compacted { boundary, prefix, report: Value::Null }
     }
 }
 
 fn bad(drop_tool_results: bool, edit_users: bool, nondeterministic: bool) -> Arc<BadEngine> {
-    Arc::new(BadEngine {
-        calls: AtomicUsize::new(0),
-        drop_tool_results,
-        edit_users,
-        nondeterministic,
-    })
+    Arc::new(BadEngine { calls: AtomicUsize::new(0), drop_tool_results, edit_users, nondeterministic })
 }
 
 #[test]
@@ -224,11 +170,7 @@ fn pare_eval_reports_fixture_corpus_as_json() {
         .args(["eval", "--window", "8192", "--json", dir])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["window"], 8192);
     assert_eq!(report["sessions"].as_array().unwrap().len(), 2);

@@ -3,7 +3,9 @@
 
 mod support;
 
+mod archive;
 mod budget;
 mod compact;
 mod eval;
 mod proxy;
+mod proxy_hardening;

@@ -27,30 +27,16 @@ async fn pare_for(stub: &Stub) -> pare_support::Pare {
 async fn models_are_passed_through_unchanged() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
-    let direct = client()
-        .get(format!("{}/v1/models", stub.url()))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let direct = client().get(format!("{}/v1/models", stub.url())).send().await.unwrap().bytes().await.unwrap();
     let response = client().get(pare.url("/v1/models")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "application/json");
     assert_eq!(response.bytes().await.unwrap(), direct);
     let requests = stub.requests();
     assert_eq!(requests.len(), 2);
-    assert_eq!(
-        (requests[1].method.as_str(), requests[1].path.as_str()),
-        ("GET", "/v1/models")
-    );
+    assert_eq!((requests[1].method.as_str(), requests[1].path.as_str()), ("GET", "/v1/models"));
     assert!(requests[1].body.is_empty());
-    assert_eq!(
-        requests[1].header("content-length"),
-        None,
-        "a GET without a body must not gain one"
-    );
+    assert_eq!(requests[1].header("content-length"), None, "a GET without a body must not gain one");
 }
 
 #[tokio::test]
@@ -73,22 +59,14 @@ async fn non_stream_chat_round_trips_byte_for_byte() {
     let seen = stub.single();
     assert_eq!(seen.path, "/v1/chat/completions");
     assert_eq!(seen.body, CHAT_BODY.as_bytes());
-    assert_eq!(
-        seen.header("content-length"),
-        Some(CHAT_BODY.len().to_string().as_str())
-    );
+    assert_eq!(seen.header("content-length"), Some(CHAT_BODY.len().to_string().as_str()));
 }
 
 #[tokio::test]
 async fn streamed_chat_arrives_as_the_upstream_sent_it() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(stream_body())
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions")).body(stream_body()).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let text = response.text().await.unwrap();
@@ -108,31 +86,16 @@ async fn unknown_paths_and_probes_pass_through_to_the_upstream_root() {
     let stub = Stub::start(Stub::openai).await;
     // Configured with a trailing /v1: root paths must still reach the upstream's root.
     let pare = pare_for(&stub).await;
-    for path in PROBES
-        .iter()
-        .chain(&["/v1/embeddings", "/some/unknown/path"])
-    {
+    for path in PROBES.iter().chain(&["/v1/embeddings", "/some/unknown/path"]) {
         let response = client().get(pare.url(path)).send().await.unwrap();
         assert_eq!(response.status(), 404, "{path}");
         let body = json_body(response).await;
-        assert_eq!(
-            body["error"]["message"],
-            format!("no route for {path}"),
-            "answered by the stub, not pare"
-        );
+        assert_eq!(body["error"]["message"], format!("no route for {path}"), "answered by the stub, not pare");
     }
     let paths: Vec<String> = stub.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(
         paths,
-        [
-            "/api/v1/models",
-            "/api/tags",
-            "/v1/props",
-            "/props",
-            "/version",
-            "/v1/embeddings",
-            "/some/unknown/path"
-        ]
+        ["/api/v1/models", "/api/tags", "/v1/props", "/props", "/version", "/v1/embeddings", "/some/unknown/path"]
     );
 }
 
@@ -142,15 +105,7 @@ async fn upstream_without_v1_maps_paths_the_same_way() {
     let mut config = config_for(&stub);
     config.upstream.url = stub.url();
     let pare = pare_support::start(config).await;
-    assert_eq!(
-        client()
-            .get(pare.url("/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(client().get(pare.url("/v1/models")).send().await.unwrap().status(), 200);
     client().get(pare.url("/props")).send().await.unwrap();
     let paths: Vec<String> = stub.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(paths, ["/v1/models", "/props"]);
@@ -182,15 +137,7 @@ X-Custom: kept";
     let response = raw::exchange(pare.addr, head, b"").await;
     assert_eq!(response.status, 200);
     let seen = stub.single();
-    for name in [
-        "x-hop-listed",
-        "keep-alive",
-        "te",
-        "proxy-authorization",
-        "proxy-connection",
-        "upgrade",
-        "trailer",
-    ] {
+    for name in ["x-hop-listed", "keep-alive", "te", "proxy-authorization", "proxy-connection", "upgrade", "trailer"] {
         assert_eq!(seen.header(name), None, "{name} reached the upstream");
     }
     assert_ne!(seen.header("connection"), Some("close, x-hop-listed"));
@@ -249,12 +196,7 @@ async fn upstream_errors_pass_through_unchanged() {
     })
     .await;
     let pare = pare_for(&stub).await;
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(CHAT_BODY)
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "7");
     let body = json_body(response).await;
@@ -269,12 +211,7 @@ async fn a_body_over_the_limit_gets_413_and_is_not_forwarded() {
     config.server.max_body = 1024;
     let pare = pare_support::start(config).await;
 
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(vec![b' '; 2048])
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions")).body(vec![b' '; 2048]).send().await.unwrap();
     assert_eq!(response.status(), 413);
     let body = json_body(response).await;
     assert_eq!(body["error"]["code"], "request_too_large");
@@ -282,29 +219,14 @@ async fn a_body_over_the_limit_gets_413_and_is_not_forwarded() {
     assert!(body["error"]["message"].as_str().unwrap().contains("2048"));
 
     // Without a Content-Length the limit is enforced while reading.
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-        (0..4).map(|_| Ok(vec![b' '; 512])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..4).map(|_| Ok(vec![b' '; 512])).collect();
     let streamed = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(streamed)
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions")).body(streamed).send().await.unwrap();
     assert_eq!(response.status(), 413);
 
     // Exactly at the limit is fine.
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(vec![b' '; 1024])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.status(),
-        400,
-        "forwarded; the stub rejects the blank body"
-    );
+    let response = client().post(pare.url("/v1/chat/completions")).body(vec![b' '; 1024]).send().await.unwrap();
+    assert_eq!(response.status(), 400, "forwarded; the stub rejects the blank body");
     assert_eq!(stub.requests().len(), 1);
 }
 
@@ -316,26 +238,15 @@ async fn an_unreachable_upstream_gets_502_naming_it() {
     let mut config = pare::config::Config::default();
     config.upstream.url = format!("http://{addr}/v1");
     let pare = pare_support::start(config).await;
-    let response = client()
-        .post(pare.url("/v1/chat/completions?key=secret"))
-        .body(CHAT_BODY)
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions?key=secret")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(response.status(), 502);
     let body = json_body(response).await;
     assert_eq!(body["error"]["type"], "upstream_error");
     assert_eq!(body["error"]["code"], "upstream_unreachable");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains(&format!("http://{addr}/v1/chat/completions")),
-        "{message}"
-    );
+    assert!(message.contains(&format!("http://{addr}/v1/chat/completions")), "{message}");
     assert!(message.to_lowercase().contains("refused"), "{message}");
-    assert!(
-        !message.contains("secret"),
-        "query strings never reach error bodies: {message}"
-    );
+    assert!(!message.contains("secret"), "query strings never reach error bodies: {message}");
 }
 
 #[tokio::test]
@@ -344,12 +255,7 @@ async fn an_upstream_that_stalls_gets_504_and_is_cancelled() {
     let mut config = config_for(&stub);
     config.upstream.timeout_secs = 1;
     let pare = pare_support::start(config).await;
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(CHAT_BODY)
-        .send()
-        .await
-        .unwrap();
+    let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(response.status(), 504);
     let body = json_body(response).await;
     assert_eq!(body["error"]["code"], "upstream_timeout");
@@ -360,8 +266,7 @@ async fn an_upstream_that_stalls_gets_504_and_is_cancelled() {
 async fn malformed_json_is_forwarded_unchanged() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
-    let broken =
-        br#"{"model": "stub-model", "messages": [{"role": "user", "content": "unterminated"#;
+    let broken = br#"{"model": "stub-model", "messages": [{"role": "user", "content": "unterminated"#;
     let response = client()
         .post(pare.url("/v1/chat/completions"))
         .header("content-type", "application/json")
@@ -369,16 +274,9 @@ async fn malformed_json_is_forwarded_unchanged() {
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        response.status(),
-        400,
-        "the upstream answers as it would have"
-    );
+    assert_eq!(response.status(), 400, "the upstream answers as it would have");
     let body = json_body(response).await;
-    assert_eq!(
-        body["error"]["message"],
-        "we could not parse the JSON body of your request"
-    );
+    assert_eq!(body["error"]["message"], "we could not parse the JSON body of your request");
     assert_eq!(stub.single().body, broken.as_slice());
     assert_eq!(pare.pipeline.stats.unparseable.load(Ordering::Relaxed), 1);
 }
@@ -408,42 +306,22 @@ impl ChatCompactor for LastMessageCompactor {
         let body = input.body.to_vec_with_messages(&[last]);
         Ok(CompactOutput {
             body: Some(body),
-            summary: CompactionSummary {
-                tokens_raw: 20,
-                tokens_forwarded: 9,
-                epoch: 1,
-                ..Default::default()
-            },
+            summary: CompactionSummary { tokens_raw: 20, tokens_forwarded: 9, epoch: 1, ..Default::default() },
         })
     }
 }
 
 #[tokio::test]
 async fn compaction_errors_and_panics_fail_open() {
-    for compactor in [
-        Arc::new(FailingCompactor) as Arc<dyn ChatCompactor>,
-        Arc::new(PanickingCompactor),
-    ] {
+    for compactor in [Arc::new(FailingCompactor) as Arc<dyn ChatCompactor>, Arc::new(PanickingCompactor)] {
         let stub = Stub::start(Stub::openai).await;
         let pare = pare_support::start_with_compactor(config_for(&stub), compactor).await;
-        let response = client()
-            .post(pare.url("/v1/chat/completions"))
-            .body(CHAT_BODY)
-            .send()
-            .await
-            .unwrap();
+        let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
         assert_eq!(response.status(), 200);
-        assert!(
-            !response.headers().contains_key("x-pare-tokens-raw"),
-            "no summary when compaction failed"
-        );
+        assert!(!response.headers().contains_key("x-pare-tokens-raw"), "no summary when compaction failed");
         let body = json_body(response).await;
         assert_eq!(body["choices"][0]["message"]["content"], stub::ANSWER);
-        assert_eq!(
-            stub.single().body,
-            CHAT_BODY.as_bytes(),
-            "the original bytes are forwarded"
-        );
+        assert_eq!(stub.single().body, CHAT_BODY.as_bytes(), "the original bytes are forwarded");
         assert_eq!(pare.pipeline.stats.fail_open.load(Ordering::Relaxed), 1);
     }
 }
@@ -451,30 +329,18 @@ async fn compaction_errors_and_panics_fail_open() {
 #[tokio::test]
 async fn a_rewritten_body_gets_its_own_content_length_and_pare_headers() {
     let stub = Stub::start(Stub::openai).await;
-    let pare =
-        pare_support::start_with_compactor(config_for(&stub), Arc::new(LastMessageCompactor)).await;
-    let response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(CHAT_BODY)
-        .send()
-        .await
-        .unwrap();
+    let pare = pare_support::start_with_compactor(config_for(&stub), Arc::new(LastMessageCompactor)).await;
+    let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-pare-tokens-raw"], "20");
     assert_eq!(response.headers()["x-pare-tokens-forwarded"], "9");
     assert_eq!(response.headers()["x-pare-epoch"], "1");
     let seen = stub.single();
     let forwarded = seen.json();
-    assert_eq!(
-        forwarded["messages"],
-        json!([{"role": "user", "content": "hi"}])
-    );
+    assert_eq!(forwarded["messages"], json!([{"role": "user", "content": "hi"}]));
     assert_eq!(forwarded["x_unknown"], json!({"kept": [1, 2, 3]}));
     assert!(seen.body.len() < CHAT_BODY.len());
-    assert_eq!(
-        seen.header("content-length"),
-        Some(seen.body.len().to_string().as_str())
-    );
+    assert_eq!(seen.header("content-length"), Some(seen.body.len().to_string().as_str()));
 }
 
 #[tokio::test]
@@ -483,84 +349,45 @@ async fn streaming_is_not_buffered() {
     let script_gate = gate.clone();
     let stub = Stub::start(move |_: &Recorded| {
         Reply::sse(vec![
-            Step::Send(stub::chunk_event(
-                "stub-model",
-                json!({"content": "first"}),
-                None,
-            )),
+            Step::Send(stub::chunk_event("stub-model", json!({"content": "first"}), None)),
             Step::Gate(script_gate.clone()),
-            Step::Send(stub::chunk_event(
-                "stub-model",
-                json!({"content": "second"}),
-                Some("stop"),
-            )),
+            Step::Send(stub::chunk_event("stub-model", json!({"content": "second"}), Some("stop"))),
             Step::Send(stub::sse_done()),
         ])
     })
     .await;
     let pare = pare_for(&stub).await;
-    let mut response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(stream_body())
-        .send()
-        .await
-        .unwrap();
+    let mut response = client().post(pare.url("/v1/chat/completions")).body(stream_body()).send().await.unwrap();
     assert_eq!(response.status(), 200);
     // The stub cannot send "second" before the gate opens, so this only completes if pare
     // forwarded "first" on its own.
     let mut received = Vec::new();
     while !String::from_utf8_lossy(&received).contains("\n\n") {
-        let chunk = within("the first chunk before the second exists", response.chunk())
-            .await
-            .unwrap()
-            .expect("more body");
+        let chunk =
+            within("the first chunk before the second exists", response.chunk()).await.unwrap().expect("more body");
         received.extend_from_slice(&chunk);
     }
     let first = String::from_utf8(received.clone()).unwrap();
-    assert!(
-        first.contains("first") && !first.contains("second"),
-        "{first}"
-    );
+    assert!(first.contains("first") && !first.contains("second"), "{first}");
     gate.notify_one();
-    while let Some(chunk) = within("the rest of the stream", response.chunk())
-        .await
-        .unwrap()
-    {
+    while let Some(chunk) = within("the rest of the stream", response.chunk()).await.unwrap() {
         received.extend_from_slice(&chunk);
     }
     let text = String::from_utf8(received).unwrap();
-    assert!(
-        text.contains("second") && text.ends_with("data: [DONE]\n\n"),
-        "{text}"
-    );
+    assert!(text.contains("second") && text.ends_with("data: [DONE]\n\n"), "{text}");
     assert_eq!(stub.n_cancelled(), 0);
 }
 
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_the_upstream_request() {
     let stub = Stub::start(|_: &Recorded| {
-        Reply::sse(vec![
-            Step::Send(stub::chunk_event(
-                "stub-model",
-                json!({"content": "first"}),
-                None,
-            )),
-            Step::Hold,
-        ])
+        Reply::sse(vec![Step::Send(stub::chunk_event("stub-model", json!({"content": "first"}), None)), Step::Hold])
     })
     .await;
     let pare = pare_for(&stub).await;
     let client = client();
-    let mut response = client
-        .post(pare.url("/v1/chat/completions"))
-        .body(stream_body())
-        .send()
-        .await
-        .unwrap();
-    let chunk = within("the first chunk", response.chunk())
-        .await
-        .unwrap()
-        .expect("a chunk");
+    let mut response = client.post(pare.url("/v1/chat/completions")).body(stream_body()).send().await.unwrap();
+    let chunk = within("the first chunk", response.chunk()).await.unwrap().expect("a chunk");
     assert!(String::from_utf8_lossy(&chunk).contains("first"));
     assert_eq!(stub.n_cancelled(), 0);
     drop(response);
@@ -572,12 +399,7 @@ async fn a_client_that_disconnects_cancels_the_upstream_request() {
 async fn a_client_that_disconnects_while_waiting_for_headers_cancels_upstream() {
     let stub = Stub::start(|_: &Recorded| Reply::Stall).await;
     let pare = pare_for(&stub).await;
-    let request = tokio::spawn(
-        client()
-            .post(pare.url("/v1/chat/completions"))
-            .body(CHAT_BODY)
-            .send(),
-    );
+    let request = tokio::spawn(client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send());
     stub.wait_requests(1).await;
     request.abort();
     stub.wait_cancelled(1).await;
@@ -589,33 +411,17 @@ async fn graceful_shutdown_lets_an_in_flight_stream_finish() {
     let script_gate = gate.clone();
     let stub = Stub::start(move |_: &Recorded| {
         Reply::sse(vec![
-            Step::Send(stub::chunk_event(
-                "stub-model",
-                json!({"content": "before"}),
-                None,
-            )),
+            Step::Send(stub::chunk_event("stub-model", json!({"content": "before"}), None)),
             Step::Gate(script_gate.clone()),
-            Step::Send(stub::chunk_event(
-                "stub-model",
-                json!({"content": "after"}),
-                Some("stop"),
-            )),
+            Step::Send(stub::chunk_event("stub-model", json!({"content": "after"}), Some("stop"))),
             Step::Send(stub::sse_done()),
         ])
     })
     .await;
     let mut pare = pare_for(&stub).await;
     let addr = pare.addr;
-    let mut response = client()
-        .post(pare.url("/v1/chat/completions"))
-        .body(stream_body())
-        .send()
-        .await
-        .unwrap();
-    let first = within("the first chunk", response.chunk())
-        .await
-        .unwrap()
-        .expect("a chunk");
+    let mut response = client().post(pare.url("/v1/chat/completions")).body(stream_body()).send().await.unwrap();
+    let first = within("the first chunk", response.chunk()).await.unwrap().expect("a chunk");
     assert!(String::from_utf8_lossy(&first).contains("before"));
 
     pare.trigger_shutdown();
@@ -631,24 +437,15 @@ async fn graceful_shutdown_lets_an_in_flight_stream_finish() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert!(
-        pare.is_running(),
-        "run returned while a stream was still in flight"
-    );
+    assert!(pare.is_running(), "run returned while a stream was still in flight");
 
     gate.notify_one();
     let mut rest = Vec::new();
-    while let Some(chunk) = within("the rest of the stream", response.chunk())
-        .await
-        .unwrap()
-    {
+    while let Some(chunk) = within("the rest of the stream", response.chunk()).await.unwrap() {
         rest.extend_from_slice(&chunk);
     }
     let rest = String::from_utf8(rest).unwrap();
-    assert!(
-        rest.contains("after") && rest.ends_with("data: [DONE]\n\n"),
-        "{rest}"
-    );
+    assert!(rest.contains("after") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
     pare.shutdown().await.unwrap();
     assert_eq!(stub.n_cancelled(), 0);
 }
@@ -658,20 +455,11 @@ async fn h2c_prior_knowledge_is_served() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
     ::pare::proxy::install_crypto_provider();
-    let h2 = reqwest::Client::builder()
-        .no_proxy()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    let h2 = reqwest::Client::builder().no_proxy().http2_prior_knowledge().build().unwrap();
     let response = h2.get(pare.url("/v1/models")).send().await.unwrap();
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     assert_eq!(response.status(), 200);
-    let response = h2
-        .post(pare.url("/v1/chat/completions"))
-        .body(CHAT_BODY)
-        .send()
-        .await
-        .unwrap();
+    let response = h2.post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(stub.requests()[1].body, CHAT_BODY.as_bytes());
 }
@@ -680,20 +468,12 @@ async fn h2c_prior_knowledge_is_served() {
 async fn pare_endpoints_are_answered_locally_and_never_forwarded() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
-    let response = client()
-        .get(pare.url("/_pare/health"))
-        .send()
-        .await
-        .unwrap();
+    let response = client().get(pare.url("/_pare/health")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let health = json_body(response).await;
     assert_eq!(health["status"], "ok");
     assert_eq!(health["upstream"]["url"], format!("{}/v1", stub.url()));
-    let response = client()
-        .get(pare.url("/_pare/nothing-here"))
-        .send()
-        .await
-        .unwrap();
+    let response = client().get(pare.url("/_pare/nothing-here")).send().await.unwrap();
     assert_eq!(response.status(), 404);
     let body = json_body(response).await;
     assert_eq!(body["error"]["code"], "not_found");

@@ -34,6 +34,5 @@ pub async fn within<F: std::future::Future>(what: &str, future: F) -> F::Output 
 /// A response body parsed as JSON (reqwest's `json` feature is off in this crate).
 pub async fn json(response: reqwest::Response) -> serde_json::Value {
     let bytes = response.bytes().await.expect("response body");
-    serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("not json ({e}): {}", String::from_utf8_lossy(&bytes)))
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not json ({e}): {}", String::from_utf8_lossy(&bytes)))
 }

@@ -59,18 +59,8 @@ pub async fn start_with_pipeline(config: Arc<Config>, pipeline: Arc<Pipeline>) -
     let shutdown = async move {
         let _ = triggered.await;
     };
-    let task = tokio::spawn(pare::proxy::run(
-        listener,
-        config,
-        pipeline.clone(),
-        shutdown,
-    ));
-    Pare {
-        addr,
-        pipeline,
-        trigger: Some(trigger),
-        task: Some(task),
-    }
+    let task = tokio::spawn(pare::proxy::run(listener, config, pipeline.clone(), shutdown));
+    Pare { addr, pipeline, trigger: Some(trigger), task: Some(task) }
 }
 
 impl Pare {
@@ -95,8 +85,6 @@ impl Pare {
     pub async fn shutdown(mut self) -> Result<(), ServeError> {
         self.trigger_shutdown();
         let task = self.task.take().expect("pare task");
-        super::within("pare to shut down", task)
-            .await
-            .expect("pare task panicked")
+        super::within("pare to shut down", task).await.expect("pare task panicked")
     }
 }

@@ -17,10 +17,7 @@ pub struct RawResponse {
 
 impl RawResponse {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -29,11 +26,7 @@ impl RawResponse {
 pub async fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> RawResponse {
     super::within("a raw exchange", async {
         let mut stream = TcpStream::connect(addr).await.expect("connect");
-        let mut request = head
-            .replace('\n', "\r\n")
-            .trim_end()
-            .to_owned()
-            .into_bytes();
+        let mut request = head.replace('\n', "\r\n").trim_end().to_owned().into_bytes();
         request.extend_from_slice(b"\r\n\r\n");
         request.extend_from_slice(body);
         stream.write_all(&request).await.expect("write");
@@ -45,27 +38,13 @@ pub async fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> RawResponse 
 }
 
 fn parse(bytes: &[u8]) -> RawResponse {
-    let split = bytes
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("response head");
+    let split = bytes.windows(4).position(|w| w == b"\r\n\r\n").expect("response head");
     let head = std::str::from_utf8(&bytes[..split]).expect("utf-8 head");
     let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
     let headers = lines
         .filter_map(|line| line.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    RawResponse {
-        status,
-        headers,
-        body: bytes[split + 4..].to_vec(),
-    }
+    RawResponse { status, headers, body: bytes[split + 4..].to_vec() }
 }

@@ -79,17 +79,9 @@ pub const HOLD_LIMIT: Duration = Duration::from_secs(30);
 /// What the stub answers.
 pub enum Reply {
     /// A complete body with a status and headers.
-    Full {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Bytes,
-    },
+    Full { status: u16, headers: Vec<(String, String)>, body: Bytes },
     /// A body sent step by step.
-    Stream {
-        status: u16,
-        headers: Vec<(String, String)>,
-        steps: Vec<Step>,
-    },
+    Stream { status: u16, headers: Vec<(String, String)>, steps: Vec<Step> },
     /// Never answer (until the client goes away or [`HOLD_LIMIT`] passes).
     Stall,
 }
@@ -105,10 +97,7 @@ impl Reply {
 
     /// An OpenAI-shaped error body.
     pub fn error(status: u16, message: &str) -> Reply {
-        Reply::json(
-            status,
-            json!({"error": {"message": message, "type": "invalid_request_error", "code": null}}),
-        )
+        Reply::json(status, json!({"error": {"message": message, "type": "invalid_request_error", "code": null}}))
     }
 
     /// An SSE stream from pre-built steps.
@@ -126,10 +115,7 @@ impl Reply {
 
 /// `data: {json}\n\n`.
 pub fn sse_event(value: &Value) -> Bytes {
-    Bytes::from(format!(
-        "data: {}\n\n",
-        serde_json::to_string(value).unwrap()
-    ))
+    Bytes::from(format!("data: {}\n\n", serde_json::to_string(value).unwrap()))
 }
 
 /// `data: [DONE]\n\n`.
@@ -177,22 +163,10 @@ pub fn completion(model: &str, content: &str) -> Value {
 
 /// The steps of a streamed answer with `content`, split into words, ending with `[DONE]`.
 pub fn stream_steps(model: &str, content: &str, include_usage: bool) -> Vec<Step> {
-    let mut steps = vec![Step::Send(chunk_event(
-        model,
-        json!({"role": "assistant", "content": ""}),
-        None,
-    ))];
+    let mut steps = vec![Step::Send(chunk_event(model, json!({"role": "assistant", "content": ""}), None))];
     for (i, word) in content.split(' ').enumerate() {
-        let piece = if i == 0 {
-            word.to_owned()
-        } else {
-            format!(" {word}")
-        };
-        steps.push(Step::Send(chunk_event(
-            model,
-            json!({"content": piece}),
-            None,
-        )));
+        let piece = if i == 0 { word.to_owned() } else { format!(" {word}") };
+        steps.push(Step::Send(chunk_event(model, json!({"content": piece}), None)));
     }
     steps.push(Step::Send(chunk_event(model, json!({}), Some("stop"))));
     if include_usage {
@@ -250,9 +224,7 @@ impl Stub {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(serve(state, request).await) }
                 });
-                let connection = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
+                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 tokio::spawn(connection);
             }
         });
@@ -343,18 +315,10 @@ impl Drop for CancelGuard {
 
 async fn serve(state: Arc<State>, request: Request<Incoming>) -> Response<StubBody> {
     let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let recorded = Recorded {
         method: parts.method,
-        path: parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_else(|| parts.uri.path().to_owned()),
+        path: parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_else(|| parts.uri.path().to_owned()),
         version: parts.version,
         headers: parts.headers,
         body,
@@ -364,53 +328,27 @@ async fn serve(state: Arc<State>, request: Request<Incoming>) -> Response<StubBo
     state.received.notify_waiters();
 
     match reply {
-        Reply::Full {
-            status,
-            headers,
-            body,
-        } => build(
-            status,
-            &headers,
-            Full::new(body)
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        ),
+        Reply::Full { status, headers, body } => {
+            build(status, &headers, Full::new(body).map_err(|never| match never {}).boxed_unsync())
+        }
         Reply::Stall => {
-            let guard = CancelGuard {
-                state: state.clone(),
-                armed: true,
-            };
+            let guard = CancelGuard { state: state.clone(), armed: true };
             tokio::time::sleep(HOLD_LIMIT).await;
             guard.disarm();
-            build(
-                503,
-                &[],
-                Full::new(Bytes::from_static(b"stalled"))
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-            )
+            build(503, &[], Full::new(Bytes::from_static(b"stalled")).map_err(|never| match never {}).boxed_unsync())
         }
-        Reply::Stream {
-            status,
-            headers,
-            steps,
-        } => {
+        Reply::Stream { status, headers, steps } => {
             let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
             tokio::spawn(play(state.clone(), steps, tx));
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|item| (item, rx))
-            });
+            let stream =
+                futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
             build(status, &headers, StreamBody::new(stream).boxed_unsync())
         }
     }
 }
 
 /// Play the steps of a streamed reply into the body channel, noticing when the client goes away.
-async fn play(
-    state: Arc<State>,
-    steps: Vec<Step>,
-    tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>,
-) {
+async fn play(state: Arc<State>, steps: Vec<Step>, tx: mpsc::Sender<Result<Frame<Bytes>, BoxError>>) {
     let guard = CancelGuard { state, armed: true };
     for step in steps {
         let gone = match step {
@@ -444,22 +382,15 @@ fn build(status: u16, headers: &[(String, String)], body: StubBody) -> Response<
     let mut response = Response::new(body);
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
     for (name, value) in headers {
-        response.headers_mut().append(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
+        response
+            .headers_mut()
+            .append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
     }
     response
 }
 
 /// The probes Hermes and other clients send to guess the server kind; a plain OpenAI server 404s.
-pub const PROBES: [&str; 5] = [
-    "/api/v1/models",
-    "/api/tags",
-    "/v1/props",
-    "/props",
-    "/version",
-];
+pub const PROBES: [&str; 5] = ["/api/v1/models", "/api/tags", "/v1/props", "/props", "/version"];
 
 fn openai_reply(request: &Recorded) -> Reply {
     let path = request.path_only();
@@ -474,10 +405,8 @@ fn openai_reply(request: &Recorded) -> Reply {
                 return Reply::error(400, "we could not parse the JSON body of your request");
             };
             if body.get("stream").and_then(Value::as_bool) == Some(true) {
-                let include_usage = body
-                    .pointer("/stream_options/include_usage")
-                    .and_then(Value::as_bool)
-                    == Some(true);
+                let include_usage =
+                    body.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
                 Reply::sse(stream_steps(model, ANSWER, include_usage))
             } else {
                 Reply::json(200, completion(model, ANSWER))

@@ -1,0 +1,106 @@
+//! Compaction overhead of the budget layer on a 200k-token session: *warm* (the session's state and
+//! token counts are known; the request adds one turn) and *cold* (a fresh compactor meets the whole
+//! session at once, tokenizes every message and runs an epoch). Targets: warm ≤ 2 ms, cold ≤ 40 ms.
+//!
+//! `cargo bench --bench budget`
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use pare::budget::SessionCompactor;
+use pare::budget::tokens::request_tokens;
+use pare::compact::Engine;
+use pare::config::Config;
+use pare::wire::ChatBody;
+use serde_json::{Value, json};
+
+const WINDOW: u64 = 65_536;
+
+/// A source-file-like tool output, distinct per turn.
+fn tool_output(turn: usize, lines: usize) -> String {
+    (0..lines)
+        .map(|l| {
+            format!("{:>4}    let value_{turn}_{l} = compute_{}(&input[{l}..], {});\n", l + 1, l % 7, turn * 31 + l)
+        })
+        .collect()
+}
+
+/// A coding session: system prompt, task, then tool steps until the request holds `tokens` tokens.
+fn session(tokens: u64, compactor: &SessionCompactor) -> Vec<Value> {
+    let counter = compactor.counter(Some("bench"));
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. ".repeat(200)}),
+        json!({"role": "user", "content": "Fix the failing test in src/parser.rs and explain the cause."}),
+    ];
+    let mut turn = 0;
+    loop {
+        let raw: Vec<String> = messages.iter().map(Value::to_string).collect();
+        if request_tokens(counter, &raw, None) >= tokens {
+            return messages;
+        }
+        let id = format!("call_{turn}");
+        messages.push(json!({"role": "assistant", "content": format!("Reading part {turn}."), "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/mod_{turn}.rs\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 60)}));
+        turn += 1;
+    }
+}
+
+fn body(messages: &[Value]) -> Vec<u8> {
+    json!({"model": "bench", "messages": messages, "stream": true}).to_string().into_bytes()
+}
+
+fn compactor() -> SessionCompactor {
+    SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack())).expect("default config is valid")
+}
+
+fn budget(c: &mut Criterion) {
+    let builder = compactor();
+    let messages = session(200_000, &builder);
+    let full = body(&messages);
+
+    c.bench_function("cold_200k_tokens", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let fresh = compactor();
+                let started = Instant::now();
+                let parsed = ChatBody::parse(&full).expect("valid body");
+                black_box(fresh.compact_body("s", &parsed, Some(WINDOW)));
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+
+    let warm = compactor();
+    let parsed = ChatBody::parse(&full).expect("valid body");
+    warm.compact_body("s", &parsed, Some(WINDOW));
+    let mut turn = 1_000_000;
+    c.bench_function("warm_200k_tokens_one_new_turn", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let id = format!("call_{turn}");
+                let mut grown = messages.clone();
+                grown.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"cargo test\"}"}}]}));
+                grown.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 3)}));
+                turn += 1;
+                let request = body(&grown);
+                let started = Instant::now();
+                let parsed = ChatBody::parse(&request).expect("valid body");
+                black_box(warm.compact_body("s", &parsed, Some(WINDOW)));
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(10));
+    targets = budget
+}
+criterion_main!(benches);

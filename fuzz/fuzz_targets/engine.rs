@@ -1,0 +1,56 @@
+//! Fuzz the compaction engine: arbitrary bytes that parse as a chat request are compacted with the
+//! default pack, with and without a token target; the engine must not panic and the output must keep
+//! the invariants — valid tool pairing whenever the input had it, the protected tail and every user
+//! message byte-identical, tokens never growing, and the same bytes on a second run.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pare::budget::tokens::CountTokens;
+use pare::compact::validate::{Skeleton, check};
+use pare::compact::{CompactOptions, Engine};
+use pare::wire::ChatBody;
+
+/// A cheap deterministic counter (a quarter of the bytes, at least one).
+struct Quarter;
+
+impl CountTokens for Quarter {
+    fn message(&self, raw_json: &str) -> u64 {
+        (raw_json.len() as u64 / 4).max(1)
+    }
+    fn tools(&self, raw_json: &str) -> u64 {
+        raw_json.len() as u64 / 4
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(body) = ChatBody::parse(data) else { return };
+    let engine = Engine::default_pack();
+    let raw: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+    let raw_tokens: u64 = raw.iter().map(|m| Quarter.message(m)).sum();
+    let input_valid = check(&raw.iter().map(|m| Skeleton::of(m)).collect::<Vec<_>>()).is_ok();
+    for target in [None, Some(raw_tokens / 2)] {
+        let opts = CompactOptions { target_tokens: target, ..CompactOptions::default() };
+        let out = engine.compact(&body, &opts, &Quarter);
+        assert!(out.boundary <= raw.len());
+        let forwarded: Vec<&str> =
+            out.prefix.iter().map(String::as_str).chain(raw[out.boundary..].iter().copied()).collect();
+        for m in &forwarded {
+            assert!(serde_json::from_str::<serde_json::Value>(m).is_ok(), "forwarded message is not JSON: {m}");
+        }
+        if input_valid {
+            let skeletons: Vec<_> = forwarded.iter().map(|m| Skeleton::of(m)).collect();
+            assert!(check(&skeletons).is_ok(), "compaction broke tool pairing");
+        } else {
+            assert_eq!(forwarded, raw, "an invalid input must be forwarded unchanged");
+        }
+        let fwd_tokens: u64 = forwarded.iter().map(|m| Quarter.message(m)).sum();
+        assert!(fwd_tokens <= raw_tokens, "tokens grew: {raw_tokens} -> {fwd_tokens}");
+        let users_in = raw.iter().filter(|m| Skeleton::of(m).is_some_and(|s| s.role == "user")).count();
+        let users_out: Vec<&&str> =
+            forwarded.iter().filter(|m| Skeleton::of(m).is_some_and(|s| s.role == "user")).collect();
+        assert_eq!(users_in, users_out.len(), "a user message was dropped or added");
+        assert!(users_out.iter().all(|u| raw.contains(u)), "a user message changed");
+        let again = engine.compact(&body, &opts, &Quarter);
+        assert_eq!(again.prefix, out.prefix, "not deterministic");
+    }
+});

@@ -1,0 +1,358 @@
+//! Splitting a request body into content-addressed pieces (one per message, one per large top-level
+//! value) plus a small template, and the template's binary encoding.
+//!
+//! An agent re-sends its whole history on every request, so storing bodies whole grows with the square
+//! of a session. Here a body becomes a list of [`Part`]s: literal bytes (the JSON punctuation and small
+//! fields), references to blobs (large top-level values such as `tools`), and the `messages` array as a
+//! list of message blobs with the exact separator bytes between them. The message list is stored as a
+//! delta against the session's previous body ("the first `n_shared` messages of exchange `base`, then
+//! these"), so a request costs only its new messages plus a few bytes. Concatenating the parts gives
+//! back the original bytes exactly, whitespace included.
+
+use serde_json::value::RawValue;
+
+/// Top-level values at least this long are stored as blobs (deduplicated across requests).
+const BLOB_MIN_LEN: usize = 64;
+
+/// Every this many requests a session's message list is stored whole (a key frame), so reading one
+/// body never walks more than this many deltas.
+pub const KEYFRAME_EVERY: u64 = 32;
+
+/// One piece of a body as split from its bytes (borrowing the body).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Lit(&'a [u8]),
+    Blob(&'a [u8]),
+    Messages(MessagesPiece<'a>),
+}
+
+/// The `messages` array: bytes up to the first message, each message with the bytes before it, and the
+/// bytes after the last message up to and including `]`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MessagesPiece<'a> {
+    pub open: &'a [u8],
+    /// `(separator before the message, message bytes)`; the first separator is empty.
+    pub items: Vec<(&'a [u8], &'a [u8])>,
+    pub close: &'a [u8],
+}
+
+/// Split a body. A body that is not a JSON object with a `messages` array is one blob.
+pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
+    split_json(body).unwrap_or_else(|| if body.is_empty() { Vec::new() } else { vec![Piece::Blob(body)] })
+}
+
+fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
+    let start = (inner.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    (start + inner.len() <= body.len()).then_some(start)
+}
+
+fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
+    let top: indexmap::IndexMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
+    let messages_raw = top.get("messages")?;
+    let messages: Vec<&RawValue> = serde_json::from_str(messages_raw.get()).ok()?;
+    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(top.len());
+    for (key, value) in &top {
+        let start = offset_in(body, value.get())?;
+        let is_messages = key == "messages";
+        if is_messages || value.get().len() >= BLOB_MIN_LEN {
+            spans.push((start, start + value.get().len(), is_messages));
+        }
+    }
+    spans.sort_unstable();
+    let mut pieces = Vec::with_capacity(spans.len() * 2 + 1);
+    let mut at = 0;
+    for (start, end, is_messages) in spans {
+        if start < at {
+            return None;
+        }
+        if start > at {
+            pieces.push(Piece::Lit(&body[at..start]));
+        }
+        if is_messages {
+            pieces.push(Piece::Messages(split_messages(body, start, end, &messages)?));
+        } else {
+            pieces.push(Piece::Blob(&body[start..end]));
+        }
+        at = end;
+    }
+    if at < body.len() {
+        pieces.push(Piece::Lit(&body[at..]));
+    }
+    Some(pieces)
+}
+
+fn split_messages<'a>(body: &'a [u8], start: usize, end: usize, messages: &[&RawValue]) -> Option<MessagesPiece<'a>> {
+    let mut items = Vec::with_capacity(messages.len());
+    let mut at = start;
+    let mut open: &[u8] = &body[start..start];
+    for (idx, message) in messages.iter().enumerate() {
+        let m_start = offset_in(body, message.get())?;
+        let m_end = m_start + message.get().len();
+        if m_start < at || m_end > end {
+            return None;
+        }
+        if idx == 0 {
+            open = &body[at..m_start];
+            items.push((&body[m_start..m_start], &body[m_start..m_end]));
+        } else {
+            items.push((&body[at..m_start], &body[m_start..m_end]));
+        }
+        at = m_end;
+    }
+    Some(MessagesPiece { open, items, close: &body[at..end] })
+}
+
+/// One entry of a stored message list: the separator before the message and the message's blob id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Item {
+    pub sep: Vec<u8>,
+    pub blob: i64,
+}
+
+/// A body as stored: what [`Piece`]s became once their blobs have ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Lit(Vec<u8>),
+    Blob(i64),
+    Messages(StoredMessages),
+}
+
+/// A message list stored as a delta: the first `n_shared` items of exchange `base`'s list of the same
+/// kind (raw or forwarded), then `new`. `base == 0` means a key frame (no base).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessages {
+    pub base: i64,
+    pub n_shared: u64,
+    pub open: Vec<u8>,
+    pub new: Vec<Item>,
+    pub close: Vec<u8>,
+}
+
+/// Why a stored template could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("template is corrupt: {0}")]
+pub struct TemplateError(pub &'static str);
+
+const TEMPLATE_VERSION: u8 = 1;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, TemplateError> {
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = self.buf.split_first().ok_or(TemplateError("truncated varint"))?;
+            self.buf = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(TemplateError("varint too long"))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], TemplateError> {
+        let len = usize::try_from(self.varint()?).map_err(|_| TemplateError("length too large"))?;
+        if len > self.buf.len() {
+            return Err(TemplateError("truncated bytes"));
+        }
+        let (head, rest) = self.buf.split_at(len);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn id(&mut self) -> Result<i64, TemplateError> {
+        i64::try_from(self.varint()?).map_err(|_| TemplateError("id out of range"))
+    }
+}
+
+/// Encode a template.
+pub fn encode(parts: &[Part]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(TEMPLATE_VERSION);
+    put_varint(&mut out, parts.len() as u64);
+    for part in parts {
+        match part {
+            Part::Lit(bytes) => {
+                out.push(0);
+                put_bytes(&mut out, bytes);
+            }
+            Part::Blob(id) => {
+                out.push(1);
+                put_varint(&mut out, *id as u64);
+            }
+            Part::Messages(m) => {
+                out.push(2);
+                put_varint(&mut out, m.base as u64);
+                put_varint(&mut out, m.n_shared);
+                put_bytes(&mut out, &m.open);
+                put_bytes(&mut out, &m.close);
+                put_varint(&mut out, m.new.len() as u64);
+                for item in &m.new {
+                    put_bytes(&mut out, &item.sep);
+                    put_varint(&mut out, item.blob as u64);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Decode a template written by [`encode`].
+pub fn decode(buf: &[u8]) -> Result<Vec<Part>, TemplateError> {
+    let (&version, rest) = buf.split_first().ok_or(TemplateError("empty"))?;
+    if version != TEMPLATE_VERSION {
+        return Err(TemplateError("unknown version"));
+    }
+    let mut r = Reader { buf: rest };
+    let n = r.varint()?;
+    let mut parts = Vec::with_capacity(n.min(1024) as usize);
+    for _ in 0..n {
+        let (&tag, rest) = r.buf.split_first().ok_or(TemplateError("truncated part"))?;
+        r.buf = rest;
+        parts.push(match tag {
+            0 => Part::Lit(r.bytes()?.to_vec()),
+            1 => Part::Blob(r.id()?),
+            2 => {
+                let base = r.id()?;
+                let n_shared = r.varint()?;
+                let open = r.bytes()?.to_vec();
+                let close = r.bytes()?.to_vec();
+                let n_new = r.varint()?;
+                let mut new = Vec::with_capacity(n_new.min(4096) as usize);
+                for _ in 0..n_new {
+                    let sep = r.bytes()?.to_vec();
+                    new.push(Item { sep, blob: r.id()? });
+                }
+                Part::Messages(StoredMessages { base, n_shared, open, new, close })
+            }
+            _ => return Err(TemplateError("unknown part tag")),
+        });
+    }
+    if !r.buf.is_empty() {
+        return Err(TemplateError("trailing bytes"));
+    }
+    Ok(parts)
+}
+
+/// A body as a flat sequence of segments once its message list is resolved: what is hashed and
+/// concatenated to recover the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Lit(Vec<u8>),
+    Blob(i64),
+}
+
+/// Flatten parts whose message list has been resolved to `items`.
+pub fn flatten(parts: &[Part], items: &[Item]) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(items.len() * 2 + parts.len() + 2);
+    for part in parts {
+        match part {
+            Part::Lit(b) => out.push(Segment::Lit(b.clone())),
+            Part::Blob(id) => out.push(Segment::Blob(*id)),
+            Part::Messages(m) => {
+                out.push(Segment::Lit(m.open.clone()));
+                for item in items {
+                    if !item.sep.is_empty() {
+                        out.push(Segment::Lit(item.sep.clone()));
+                    }
+                    out.push(Segment::Blob(item.blob));
+                }
+                out.push(Segment::Lit(m.close.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The message part of a template, if any.
+pub fn messages_part(parts: &[Part]) -> Option<&StoredMessages> {
+    parts.iter().find_map(|p| match p {
+        Part::Messages(m) => Some(m),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(pieces: &[Piece<'_>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Lit(b) | Piece::Blob(b) => out.extend_from_slice(b),
+                Piece::Messages(m) => {
+                    out.extend_from_slice(m.open);
+                    for (sep, msg) in &m.items {
+                        out.extend_from_slice(sep);
+                        out.extend_from_slice(msg);
+                    }
+                    out.extend_from_slice(m.close);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn split_rejoins_byte_for_byte() {
+        let cases: &[&[u8]] = &[
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            b"{ \"messages\" : [ \n {\"role\":\"system\",\"content\":\"s\"} ,\n\t{\"role\":\"user\",\"content\":\"\\u00e9\"}  ] , \"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{}}}] }\n",
+            br#"{"messages":[],"model":"m"}"#,
+            b"not json at all",
+            br#"{"model":"m"}"#,
+            b"",
+        ];
+        for body in cases {
+            let pieces = split(body);
+            assert_eq!(join(&pieces), body.to_vec(), "body {:?}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn messages_and_large_values_become_blobs() {
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]}"#;
+        let pieces = split(body);
+        let Some(Piece::Messages(m)) = pieces.iter().find(|p| matches!(p, Piece::Messages(_))) else {
+            panic!("no messages piece in {pieces:?}")
+        };
+        assert_eq!(m.items.len(), 2);
+        assert_eq!(m.items[1].0, b",");
+        assert!(pieces.iter().any(|p| matches!(p, Piece::Blob(b) if b.starts_with(b"[{\"type\""))));
+    }
+
+    #[test]
+    fn template_round_trips_and_rejects_garbage() {
+        let parts = vec![
+            Part::Lit(b"{\"model\":\"m\",\"messages\":".to_vec()),
+            Part::Messages(StoredMessages {
+                base: 17,
+                n_shared: 300,
+                open: b"[".to_vec(),
+                new: vec![Item { sep: b",".to_vec(), blob: 1 << 40 }, Item { sep: Vec::new(), blob: 3 }],
+                close: b"]".to_vec(),
+            }),
+            Part::Blob(5),
+            Part::Lit(b"}".to_vec()),
+        ];
+        let encoded = encode(&parts);
+        assert_eq!(decode(&encoded).unwrap(), parts);
+        assert!(decode(&encoded[..encoded.len() - 1]).is_err());
+        assert_eq!(decode(&[9]), Err(TemplateError("unknown version")));
+    }
+}

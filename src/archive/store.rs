@@ -1,0 +1,286 @@
+//! The SQLite store: opening it (directory 0700, files 0600, WAL, `synchronous=NORMAL`), the schema,
+//! and blob storage (content-addressed by SHA-256, zstd-compressed when that pays).
+//!
+//! Why `synchronous=NORMAL` in WAL mode: a commit is written to the WAL before `COMMIT` returns, so a
+//! crash of pare itself (kill -9, panic, OOM) loses nothing committed and never corrupts earlier
+//! records; only an OS crash or power loss can roll back the last commits (never corrupt). `FULL` would
+//! add an fsync per group commit for that last case; the background writer would absorb it, but the
+//! requirement (at most ~100 ms lost on a crash) is met without it.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use sha2::{Digest, Sha256};
+
+use super::ArchiveError;
+
+/// File name of the store inside the archive directory.
+pub const DB_FILE: &str = "archive.sqlite3";
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Content-addressed pieces of bodies: messages, large top-level values, response bodies.
+CREATE TABLE IF NOT EXISTS blobs (
+    id      INTEGER PRIMARY KEY,
+    sha256  BLOB NOT NULL UNIQUE,
+    codec   INTEGER NOT NULL,      -- 0 = stored as is, 1 = zstd
+    raw_len INTEGER NOT NULL,
+    data    BLOB NOT NULL
+);
+
+-- Which sessions use which blobs (so deleting a session can free its blobs).
+CREATE TABLE IF NOT EXISTS session_blobs (
+    session TEXT NOT NULL,
+    blob    INTEGER NOT NULL,
+    PRIMARY KEY (session, blob)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS session_blobs_blob ON session_blobs (blob);
+
+CREATE TABLE IF NOT EXISTS sessions (
+    id               TEXT PRIMARY KEY,
+    started_ms       INTEGER NOT NULL,
+    last_ms          INTEGER NOT NULL,
+    n_requests       INTEGER NOT NULL,
+    n_records        INTEGER NOT NULL,  -- exchanges + responses: length of the hash chain
+    head_hash        BLOB NOT NULL,     -- hash of the last record of the chain
+    model            TEXT,
+    tokens_raw       INTEGER NOT NULL DEFAULT 0,
+    tokens_forwarded INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_last ON sessions (last_ms);
+
+-- One chat request: the raw body as a template over blobs, the forwarded body the same way.
+CREATE TABLE IF NOT EXISTS exchanges (
+    id           INTEGER PRIMARY KEY,
+    session      TEXT NOT NULL,
+    seq          INTEGER NOT NULL,      -- 1-based within the session
+    chain_idx    INTEGER NOT NULL,      -- 0-based position in the session's hash chain
+    at_ms        INTEGER NOT NULL,
+    method       TEXT NOT NULL,
+    path         TEXT NOT NULL,
+    model        TEXT,
+    headers      TEXT NOT NULL,         -- JSON object of the stored (non-secret) request headers
+    raw_sha256   BLOB NOT NULL,
+    raw_len      INTEGER NOT NULL,
+    raw_template BLOB NOT NULL,
+    fwd_sha256   BLOB,                  -- NULL: forwarded unchanged
+    fwd_len      INTEGER,
+    fwd_template BLOB,
+    summary      TEXT,                  -- CompactionSummary as JSON
+    skipped      TEXT,                  -- why compaction did not apply
+    key_req      INTEGER,               -- session key of the request's messages (session tracking)
+    prev_hash    BLOB NOT NULL,
+    hash         BLOB NOT NULL,
+    UNIQUE (session, seq)
+);
+CREATE INDEX IF NOT EXISTS exchanges_at ON exchanges (at_ms);
+
+-- The upstream's answer to one exchange.
+CREATE TABLE IF NOT EXISTS responses (
+    exchange    INTEGER PRIMARY KEY REFERENCES exchanges (id),
+    session     TEXT NOT NULL,
+    chain_idx   INTEGER NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    status      INTEGER,               -- NULL: no response head (pare answered itself)
+    headers     TEXT NOT NULL,
+    stream      INTEGER NOT NULL,
+    partial     INTEGER NOT NULL,      -- 1: the body was cut short
+    end_reason  TEXT NOT NULL,
+    body_blob   INTEGER,               -- raw body bytes (the SSE stream for streams)
+    body_sha256 BLOB NOT NULL,
+    body_len    INTEGER NOT NULL,
+    assembled   TEXT,                  -- the assistant message as JSON
+    key_ext     INTEGER,
+    prev_hash   BLOB NOT NULL,
+    hash        BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_session ON responses (session);
+"#;
+
+/// Blobs shorter than this are stored as is; compression would not pay for its frame.
+const COMPRESS_MIN_LEN: usize = 128;
+const ZSTD_LEVEL: i32 = 3;
+
+/// Create the archive directory (0700) if needed and open the store read-write (file 0600).
+pub fn open_rw(dir: &Path) -> Result<Connection, ArchiveError> {
+    create_private_dir(dir)?;
+    let path = dir.join(DB_FILE);
+    create_private_file(&path)?;
+    let conn = Connection::open_with_flags(
+        &path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| ArchiveError::open(&path, e))?;
+    restrict_file(&path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(|e| ArchiveError::open(&path, e))?;
+    conn.execute_batch(SCHEMA).map_err(|e| ArchiveError::open(&path, e))?;
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '1')", [])
+        .map_err(|e| ArchiveError::open(&path, e))?;
+    for suffix in ["-wal", "-shm"] {
+        let side = PathBuf::from(format!("{}{suffix}", path.display()));
+        if side.exists() {
+            restrict_file(&side)?;
+        }
+    }
+    Ok(conn)
+}
+
+/// Open an existing store for reading (the CLI). Fails when there is no store in `dir`.
+pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
+    let path = dir.join(DB_FILE);
+    if !path.exists() {
+        return Err(ArchiveError::NoStore(path));
+    }
+    let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .map_err(|e| ArchiveError::open(&path, e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
+    Ok(conn)
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), ArchiveError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir).map_err(|e| ArchiveError::Io { path: dir.to_owned(), source: e })
+}
+
+/// Create the database file 0600 before SQLite opens it: SQLite gives the `-wal` and `-shm` files the
+/// main file's permissions, so no file of the store is ever readable by others, not even briefly.
+fn create_private_file(path: &Path) -> Result<(), ArchiveError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path).map(drop).map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })
+}
+
+fn restrict_file(path: &Path) -> Result<(), ArchiveError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path).map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| ArchiveError::Io { path: path.to_owned(), source: e })?;
+        }
+    }
+    Ok(())
+}
+
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Insert a blob unless one with the same content exists; returns its id.
+pub fn put_blob(conn: &Connection, hash: &[u8; 32], content: &[u8]) -> rusqlite::Result<i64> {
+    if let Some(id) = conn
+        .prepare_cached("SELECT id FROM blobs WHERE sha256 = ?1")?
+        .query_row([&hash[..]], |r| r.get(0))
+        .optional()?
+    {
+        return Ok(id);
+    }
+    let (codec, data) = encode_blob(content);
+    conn.prepare_cached("INSERT INTO blobs (sha256, codec, raw_len, data) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![&hash[..], codec, content.len() as i64, data])?;
+    Ok(conn.last_insert_rowid())
+}
+
+fn encode_blob(content: &[u8]) -> (i64, Vec<u8>) {
+    if content.len() >= COMPRESS_MIN_LEN
+        && let Ok(compressed) = zstd::bulk::compress(content, ZSTD_LEVEL)
+        && compressed.len() + compressed.len() / 8 < content.len()
+    {
+        return (1, compressed);
+    }
+    (0, content.to_vec())
+}
+
+/// A blob as stored, before decompression.
+pub struct StoredBlob {
+    pub sha256: Vec<u8>,
+    pub codec: i64,
+    pub raw_len: i64,
+    pub data: Vec<u8>,
+}
+
+pub fn get_blob(conn: &Connection, id: i64) -> Result<StoredBlob, ArchiveError> {
+    conn.prepare_cached("SELECT sha256, codec, raw_len, data FROM blobs WHERE id = ?1")?
+        .query_row([id], |r| {
+            Ok(StoredBlob { sha256: r.get(0)?, codec: r.get(1)?, raw_len: r.get(2)?, data: r.get(3)? })
+        })
+        .optional()?
+        .ok_or(ArchiveError::MissingBlob(id))
+}
+
+/// Decompress a stored blob. Checks the length, not the hash (see `verify`).
+pub fn decode_blob(id: i64, blob: &StoredBlob) -> Result<Vec<u8>, ArchiveError> {
+    let out = match blob.codec {
+        0 => blob.data.clone(),
+        1 => zstd::bulk::decompress(&blob.data, blob.raw_len.max(0) as usize)
+            .map_err(|e| ArchiveError::CorruptBlob { id, why: format!("zstd: {e}") })?,
+        other => {
+            return Err(ArchiveError::CorruptBlob { id, why: format!("unknown codec {other}") });
+        }
+    };
+    if out.len() as i64 != blob.raw_len {
+        return Err(ArchiveError::CorruptBlob { id, why: format!("length {} instead of {}", out.len(), blob.raw_len) });
+    }
+    Ok(out)
+}
+
+/// Read and decompress a blob.
+pub fn read_blob(conn: &Connection, id: i64) -> Result<Vec<u8>, ArchiveError> {
+    let stored = get_blob(conn, id)?;
+    decode_blob(id, &stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_dedup_and_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_rw(dir.path()).unwrap();
+        let big = "tool output line\n".repeat(200);
+        let a = put_blob(&conn, &sha256(big.as_bytes()), big.as_bytes()).unwrap();
+        let b = put_blob(&conn, &sha256(big.as_bytes()), big.as_bytes()).unwrap();
+        assert_eq!(a, b);
+        let small = put_blob(&conn, &sha256(b"x"), b"x").unwrap();
+        assert_ne!(a, small);
+        assert_eq!(read_blob(&conn, a).unwrap(), big.as_bytes());
+        assert_eq!(read_blob(&conn, small).unwrap(), b"x");
+        let codec: i64 = conn.query_row("SELECT codec FROM blobs WHERE id = ?1", [a], |r| r.get(0)).unwrap();
+        assert_eq!(codec, 1, "a repetitive blob is compressed");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn store_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("nested/pare");
+        drop(open_rw(&dir).unwrap());
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        let file = std::fs::metadata(dir.join(DB_FILE)).unwrap();
+        assert_eq!(file.permissions().mode() & 0o777, 0o600);
+    }
+}

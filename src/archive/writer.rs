@@ -1,0 +1,485 @@
+//! The background writer: one thread that owns the read-write connection, takes records from a channel
+//! and commits them in groups (everything waiting, for at most `flush_interval` per transaction).
+//!
+//! Fail-open: when the store cannot be opened or a commit fails (disk full, read-only, I/O error), the
+//! batch is rolled back, its records are counted as lost and logged loudly, and the writer carries on
+//! (retrying the open every few seconds). Earlier commits are never touched.
+
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lru::LruCache;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::body::{self, Item, Part, Piece, StoredMessages};
+use super::chain::{self, ExchangeFields, ResponseFields};
+use super::read::{self, BodyKind};
+use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
+
+/// Most records in one transaction.
+const MAX_BATCH: usize = 4096;
+/// Sessions whose chain head and last message lists are kept in memory.
+const CURSOR_CACHE: usize = 1024;
+/// Blob hashes → ids kept in memory (skips a lookup for messages seen recently).
+const BLOB_ID_CACHE: usize = 65_536;
+/// Exchanges waiting for their response.
+const PENDING_TICKETS: usize = 65_536;
+/// Time between attempts to open a store that failed to open.
+const REOPEN_EVERY: Duration = Duration::from_secs(2);
+
+/// The last message list of one kind written for a session: what the next body is a delta against.
+#[derive(Clone)]
+struct ListState {
+    exchange: i64,
+    items: Vec<Item>,
+    /// The body the items were split from, with each message's byte range (absent after a reload):
+    /// equal bytes at the same index reuse the blob id without hashing.
+    body: Option<(Bytes, Vec<(usize, usize)>)>,
+    since_keyframe: u64,
+}
+
+#[derive(Clone)]
+struct Cursor {
+    n_requests: i64,
+    n_records: i64,
+    head: [u8; 32],
+    raw: Option<ListState>,
+    fwd: Option<ListState>,
+}
+
+struct Pending {
+    exchange: i64,
+    session: String,
+    seq: i64,
+}
+
+pub(crate) struct Writer {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    flush_interval: Duration,
+    max_bytes: Option<u64>,
+    conn: Option<Connection>,
+    last_open_attempt: Option<Instant>,
+    cursors: LruCache<String, Cursor>,
+    blob_ids: LruCache<[u8; 32], i64>,
+    pending: LruCache<Ticket, Pending>,
+}
+
+impl Writer {
+    pub(crate) fn new(dir: PathBuf, shared: Arc<Shared>, flush_interval: Duration, max_bytes: Option<u64>) -> Writer {
+        Writer {
+            dir,
+            shared,
+            flush_interval,
+            max_bytes,
+            conn: None,
+            last_open_attempt: None,
+            cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
+            blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
+            pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
+        }
+    }
+
+    fn ensure_open(&mut self) -> Result<(), String> {
+        if self.conn.is_some() {
+            return Ok(());
+        }
+        if self.last_open_attempt.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
+            let last = self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return Err(last.unwrap_or_else(|| "archive is not open".into()));
+        }
+        self.last_open_attempt = Some(Instant::now());
+        match store::open_rw(&self.dir).and_then(|conn| {
+            if let Some(max) = self.max_bytes {
+                let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+                let pages = (max / page_size.max(512) as u64).max(1);
+                conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+            }
+            Ok(conn)
+        }) {
+            Ok(conn) => {
+                self.conn = Some(conn);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub(crate) fn run(mut self, rx: Receiver<Job>) {
+        if let Err(e) = self.ensure_open() {
+            self.shared.fail(0, e);
+        }
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            let started = Instant::now();
+            while batch.len() < MAX_BATCH
+                && !matches!(batch.last(), Some(Job::Shutdown(_)))
+                && started.elapsed() < self.flush_interval
+            {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let stop = matches!(batch.last(), Some(Job::Shutdown(_)));
+            self.commit(batch);
+            if stop {
+                break;
+            }
+        }
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Job>) {
+        let mut records = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::new();
+        for job in batch {
+            self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
+            match job {
+                Job::Flush(done) | Job::Shutdown(done) => waiters.push(done),
+                other => records.push(other),
+            }
+        }
+        if !records.is_empty() {
+            let n = records.len() as u64;
+            match self.write_batch(&mut records) {
+                Ok(()) => {
+                    self.shared.committed.fetch_add(n, Ordering::Relaxed);
+                    if !self.shared.writable.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(archive = %self.dir.display(), "archive is writable again");
+                    }
+                    ack_all(&mut records, Ok(()));
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    self.shared.fail(n, message.clone());
+                    ack_all(&mut records, Err(message));
+                }
+            }
+        }
+        for done in waiters {
+            let _ = done.send(());
+        }
+    }
+
+    fn write_batch(&mut self, records: &mut [Job]) -> Result<(), ArchiveError> {
+        self.ensure_open().map_err(ArchiveError::NotWritable)?;
+        let conn = self.conn.take().expect("opened above");
+        let result = self.write_in_transaction(&conn, records);
+        if result.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+            // The in-memory cursors may describe rows that were rolled back: start afresh from disk.
+            self.cursors.clear();
+            self.blob_ids.clear();
+            for job in records.iter() {
+                if let Job::Exchange { ticket, .. } = job {
+                    self.pending.pop(ticket);
+                }
+            }
+        }
+        self.conn = Some(conn);
+        result
+    }
+
+    fn write_in_transaction(&mut self, conn: &Connection, records: &[Job]) -> Result<(), ArchiveError> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        for job in records {
+            match job {
+                Job::Exchange { ticket, record, .. } => self.put_exchange(conn, *ticket, record)?,
+                Job::Response { ticket, record } => self.put_response(conn, *ticket, record)?,
+                Job::Flush(_) | Job::Shutdown(_) => {}
+            }
+        }
+        conn.execute_batch("COMMIT")?;
+        Ok(())
+    }
+
+    fn cursor(&mut self, conn: &Connection, session: &str) -> Result<Cursor, ArchiveError> {
+        if let Some(c) = self.cursors.pop(session) {
+            return Ok(c);
+        }
+        let row: Option<(i64, i64, Vec<u8>)> = conn
+            .prepare_cached("SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1")?
+            .query_row([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        let Some((n_requests, n_records, head)) = row else {
+            return Ok(Cursor { n_requests: 0, n_records: 0, head: chain::GENESIS, raw: None, fwd: None });
+        };
+        let head: [u8; 32] = head.try_into().unwrap_or(chain::GENESIS);
+        let last: Option<i64> = conn
+            .prepare_cached("SELECT id FROM exchanges WHERE session = ?1 ORDER BY seq DESC LIMIT 1")?
+            .query_row([session], |r| r.get(0))
+            .optional()?;
+        let mut cursor = Cursor { n_requests, n_records, head, raw: None, fwd: None };
+        if let Some(exchange) = last {
+            let reload = |kind| -> Result<ListState, ArchiveError> {
+                Ok(ListState {
+                    exchange,
+                    items: read::resolve_items(conn, exchange, kind)?,
+                    body: None,
+                    // Unknown after a reload: the next list is written as a key frame.
+                    since_keyframe: body::KEYFRAME_EVERY,
+                })
+            };
+            cursor.raw = Some(reload(BodyKind::Raw)?);
+            cursor.fwd = Some(reload(BodyKind::Forwarded)?);
+        }
+        Ok(cursor)
+    }
+
+    fn blob_id(&mut self, conn: &Connection, session: &str, content: &[u8]) -> Result<i64, ArchiveError> {
+        let hash = store::sha256(content);
+        let id = match self.blob_ids.get(&hash) {
+            Some(id) => *id,
+            None => {
+                let id = store::put_blob(conn, &hash, content)?;
+                self.blob_ids.put(hash, id);
+                id
+            }
+        };
+        conn.prepare_cached("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)")?
+            .execute(params![session, id])?;
+        Ok(id)
+    }
+
+    /// Store one body's blobs and build its template against `prev` (the session's previous list).
+    fn encode_body(
+        &mut self,
+        conn: &Connection,
+        session: &str,
+        bytes: &Bytes,
+        prev: Option<&ListState>,
+    ) -> Result<(Vec<u8>, Option<ListState>), ArchiveError> {
+        let pieces = body::split(bytes);
+        let mut parts = Vec::with_capacity(pieces.len());
+        let mut state = None;
+        for piece in pieces {
+            match piece {
+                Piece::Lit(b) => parts.push(Part::Lit(b.to_vec())),
+                Piece::Blob(b) => parts.push(Part::Blob(self.blob_id(conn, session, b)?)),
+                Piece::Messages(m) => {
+                    let mut items = Vec::with_capacity(m.items.len());
+                    let mut spans = Vec::with_capacity(m.items.len());
+                    for (idx, (sep, msg)) in m.items.iter().enumerate() {
+                        let start = msg.as_ptr() as usize - bytes.as_ptr() as usize;
+                        spans.push((start, start + msg.len()));
+                        let same_as_prev = prev.and_then(|p| {
+                            let (prev_body, prev_spans) = p.body.as_ref()?;
+                            let item = p.items.get(idx)?;
+                            let (s, e) = *prev_spans.get(idx)?;
+                            (item.sep == *sep && &prev_body[s..e] == *msg).then_some(item.blob)
+                        });
+                        let blob = match same_as_prev {
+                            Some(id) => id,
+                            None => self.blob_id(conn, session, msg)?,
+                        };
+                        items.push(Item { sep: sep.to_vec(), blob });
+                    }
+                    let keyframe = prev.is_none_or(|p| p.since_keyframe + 1 >= body::KEYFRAME_EVERY);
+                    let (base, n_shared, since_keyframe) = match prev {
+                        Some(p) if !keyframe => {
+                            let n = p.items.iter().zip(&items).take_while(|(a, b)| a == b).count();
+                            (p.exchange, n, p.since_keyframe + 1)
+                        }
+                        _ => (0, 0, 0),
+                    };
+                    parts.push(Part::Messages(StoredMessages {
+                        base,
+                        n_shared: n_shared as u64,
+                        open: m.open.to_vec(),
+                        new: items[n_shared..].to_vec(),
+                        close: m.close.to_vec(),
+                    }));
+                    state = Some(ListState { exchange: 0, items, body: Some((bytes.clone(), spans)), since_keyframe });
+                }
+            }
+        }
+        Ok((body::encode(&parts), state))
+    }
+
+    fn put_exchange(&mut self, conn: &Connection, ticket: Ticket, rec: &ExchangeRecord) -> Result<(), ArchiveError> {
+        let mut cursor = self.cursor(conn, &rec.session)?;
+        let raw_sha = store::sha256(&rec.raw);
+        let (raw_template, raw_state) = self.encode_body(conn, &rec.session, &rec.raw, cursor.raw.as_ref())?;
+        let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
+        let (fwd_sha, fwd_template, fwd_state) = match forwarded {
+            Some(f) => {
+                let (tpl, state) = self.encode_body(conn, &rec.session, f, cursor.fwd.as_ref())?;
+                (Some(store::sha256(f)), Some(tpl), state)
+            }
+            None => (None, None, raw_state.clone()),
+        };
+        let headers = headers_json(&rec.headers);
+        let summary = rec.summary.as_ref().map(|s| serde_json::to_string(s).unwrap_or_default());
+        let seq = cursor.n_requests + 1;
+        let fields = ExchangeFields {
+            session: &rec.session,
+            seq,
+            chain_idx: cursor.n_records,
+            at_ms: rec.at_ms,
+            method: &rec.method,
+            path: &rec.path,
+            model: rec.model.as_deref(),
+            headers: &headers,
+            raw_sha256: &raw_sha,
+            raw_len: rec.raw.len() as i64,
+            fwd_sha256: fwd_sha.as_ref().map(|h| &h[..]),
+            fwd_len: forwarded.map(|f| f.len() as i64),
+            summary: summary.as_deref(),
+            skipped: rec.skipped.as_deref(),
+            key_req: rec.key_req.map(|k| k as i64),
+        };
+        let hash = chain::exchange_hash(&cursor.head, &fields);
+        conn.prepare_cached(
+            "INSERT INTO exchanges (session, seq, chain_idx, at_ms, method, path, model, headers, raw_sha256, raw_len,
+                raw_template, fwd_sha256, fwd_len, fwd_template, summary, skipped, key_req, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+        )?
+        .execute(params![
+            fields.session,
+            fields.seq,
+            fields.chain_idx,
+            fields.at_ms,
+            fields.method,
+            fields.path,
+            fields.model,
+            fields.headers,
+            fields.raw_sha256,
+            fields.raw_len,
+            raw_template,
+            fields.fwd_sha256,
+            fields.fwd_len,
+            fwd_template,
+            fields.summary,
+            fields.skipped,
+            fields.key_req,
+            &cursor.head[..],
+            &hash[..],
+        ])?;
+        let exchange = conn.last_insert_rowid();
+        let (tokens_raw, tokens_fwd) = rec.summary.as_ref().map_or((0, 0), |s| (s.tokens_raw, s.tokens_forwarded));
+        conn.prepare_cached(
+            "INSERT INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash, model, tokens_raw, tokens_forwarded)
+             VALUES (?1, ?2, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (id) DO UPDATE SET last_ms = max(last_ms, ?2), n_requests = n_requests + 1, n_records = ?3,
+                head_hash = ?4, model = coalesce(?5, model), tokens_raw = tokens_raw + ?6,
+                tokens_forwarded = tokens_forwarded + ?7",
+        )?
+        .execute(params![
+            rec.session,
+            rec.at_ms,
+            cursor.n_records + 1,
+            &hash[..],
+            rec.model,
+            tokens_raw as i64,
+            tokens_fwd as i64
+        ])?;
+        cursor.n_requests = seq;
+        cursor.n_records += 1;
+        cursor.head = hash;
+        cursor.raw = raw_state.map(|s| ListState { exchange, ..s });
+        cursor.fwd = fwd_state.map(|s| ListState { exchange, ..s });
+        self.cursors.put(rec.session.clone(), cursor);
+        self.pending.put(ticket, Pending { exchange, session: rec.session.clone(), seq });
+        Ok(())
+    }
+
+    fn put_response(&mut self, conn: &Connection, ticket: Ticket, rec: &ResponseRecord) -> Result<(), ArchiveError> {
+        let Some(pending) = self.pending.pop(&ticket) else {
+            // Its exchange was lost (disk failure) or answered twice: nothing to attach it to.
+            self.shared.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("archive: response without a stored request, not stored");
+            return Ok(());
+        };
+        let mut cursor = self.cursor(conn, &pending.session)?;
+        let body_sha = store::sha256(&rec.body);
+        let body_blob =
+            if rec.body.is_empty() { None } else { Some(self.blob_id(conn, &pending.session, &rec.body)?) };
+        let headers = headers_json(&rec.headers);
+        let assembled = rec.assembled.as_ref().map(|v| v.to_string());
+        let end_reason = end_reason(rec);
+        let fields = ResponseFields {
+            session: &pending.session,
+            seq: pending.seq,
+            chain_idx: cursor.n_records,
+            at_ms: rec.at_ms,
+            status: rec.status.map(i64::from),
+            headers: &headers,
+            stream: rec.stream,
+            partial: rec.partial(),
+            end_reason: &end_reason,
+            body_sha256: &body_sha,
+            body_len: rec.body.len() as i64,
+            assembled: assembled.as_deref(),
+            key_ext: rec.key_ext.map(|k| k as i64),
+        };
+        let hash = chain::response_hash(&cursor.head, &fields);
+        conn.prepare_cached(
+            "INSERT INTO responses (exchange, session, chain_idx, at_ms, status, headers, stream, partial, end_reason,
+                body_blob, body_sha256, body_len, assembled, key_ext, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        )?
+        .execute(params![
+            pending.exchange,
+            fields.session,
+            fields.chain_idx,
+            fields.at_ms,
+            fields.status,
+            fields.headers,
+            fields.stream,
+            fields.partial,
+            fields.end_reason,
+            body_blob,
+            fields.body_sha256,
+            fields.body_len,
+            fields.assembled,
+            fields.key_ext,
+            &cursor.head[..],
+            &hash[..],
+        ])?;
+        conn.prepare_cached(
+            "UPDATE sessions SET n_records = ?2, head_hash = ?3, last_ms = max(last_ms, ?4) WHERE id = ?1",
+        )?
+        .execute(params![pending.session, cursor.n_records + 1, &hash[..], rec.at_ms])?;
+        cursor.n_records += 1;
+        cursor.head = hash;
+        self.cursors.put(pending.session, cursor);
+        Ok(())
+    }
+}
+
+fn ack_all(records: &mut [Job], result: Result<(), String>) {
+    for job in records {
+        if let Job::Exchange { ack, .. } = job
+            && let Some(ack) = ack.take()
+        {
+            let _ = ack.send(result.clone());
+        }
+    }
+}
+
+/// Stored headers as a JSON object (a repeated header keeps its last value).
+fn headers_json(headers: &[(String, String)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> =
+        headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+fn end_reason(rec: &ResponseRecord) -> String {
+    use crate::pipeline::StreamEnd;
+    let base = match &rec.end {
+        StreamEnd::Complete => "complete".to_string(),
+        StreamEnd::ClientGone => "client_gone".to_string(),
+        StreamEnd::UpstreamError(e) => format!("upstream_error: {e}"),
+        StreamEnd::NoResponse(e) => format!("no_response: {e}"),
+    };
+    if rec.truncated { format!("{base}; body truncated") } else { base }
+}

@@ -1,0 +1,310 @@
+//! `/_pare/metrics`: Prometheus (OpenMetrics text) series for requests, latency, pare's own overhead,
+//! tokens per model, epochs and fail-open. Other parts of pare (the archive) register their own
+//! series into the same [`Registry`] before the server starts (see [`super::run_with_registry`]).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::pipeline::{CompactionSummary, Pipeline, StreamEnd};
+
+/// The content type of the scrape answer.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// At most this many distinct `model` label values; later ones are counted as `other` (the label
+/// comes from the client and must not grow without bound).
+const MAX_MODELS: usize = 64;
+/// Sessions whose last epoch is remembered to count epoch starts.
+const MAX_SESSIONS: usize = 4096;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndLabels {
+    end: &'static str,
+}
+
+/// The proxy's series.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    ends: Family<EndLabels, Counter>,
+    upstream_seconds: Family<RouteLabels, Histogram>,
+    overhead_seconds: Family<RouteLabels, Histogram>,
+    in_flight: Gauge,
+    tokens_raw: Family<ModelLabels, Counter>,
+    tokens_forwarded: Family<ModelLabels, Counter>,
+    compacted: Family<ModelLabels, Counter>,
+    epochs: Family<ModelLabels, Counter>,
+    models: Mutex<HashSet<String>>,
+    session_epochs: Mutex<lru::LruCache<String, u64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: &'static str,
+}
+
+/// The route label of a path: a small fixed set, never the raw path.
+pub fn route(path: &str) -> &'static str {
+    if path.starts_with("/_pare") {
+        "pare"
+    } else if path.ends_with("/chat/completions") {
+        "chat_completions"
+    } else if path.ends_with("/completions") {
+        "completions"
+    } else if path.ends_with("/embeddings") {
+        "embeddings"
+    } else if path.ends_with("/models") || path.contains("/models/") {
+        "models"
+    } else {
+        "other"
+    }
+}
+
+impl Metrics {
+    /// Register pare's proxy series (and the pipeline's counters) into `registry`.
+    pub fn new(mut registry: Registry, pipeline: Arc<Pipeline>) -> Metrics {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let ends = Family::<EndLabels, Counter>::default();
+        let latency = || Histogram::new(exponential_buckets(0.0001, 2.5, 16));
+        let upstream_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        let overhead_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_01, 2.5, 14))) as fn() -> Histogram,
+        );
+        let in_flight = Gauge::default();
+        let tokens_raw = Family::<ModelLabels, Counter>::default();
+        let tokens_forwarded = Family::<ModelLabels, Counter>::default();
+        let compacted = Family::<ModelLabels, Counter>::default();
+        let epochs = Family::<ModelLabels, Counter>::default();
+
+        let pare = registry.sub_registry_with_prefix("pare");
+        pare.register("requests", "Requests answered, by route and status", requests.clone());
+        pare.register("responses_ended", "Response bodies by how they ended", ends.clone());
+        pare.register("upstream_seconds", "Upstream time to response headers, by route", upstream_seconds.clone());
+        pare.register("overhead_seconds", "Time pare itself spent on a request, by route", overhead_seconds.clone());
+        pare.register("requests_in_flight", "Exchanges not yet finished (streams included)", in_flight.clone());
+        pare.register("tokens_raw", "Prompt tokens as the agent sent them, by model", tokens_raw.clone());
+        pare.register("tokens_forwarded", "Prompt tokens as forwarded upstream, by model", tokens_forwarded.clone());
+        pare.register(
+            "compacted_requests",
+            "Chat requests forwarded smaller than received, by model",
+            compacted.clone(),
+        );
+        pare.register("epochs", "Compaction epochs started, by model", epochs.clone());
+        registry.register_collector(Box::new(PipelineCollector { pipeline }));
+
+        Metrics {
+            registry,
+            requests,
+            ends,
+            upstream_seconds,
+            overhead_seconds,
+            in_flight,
+            tokens_raw,
+            tokens_forwarded,
+            compacted,
+            epochs,
+            models: Mutex::new(HashSet::new()),
+            session_epochs: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(MAX_SESSIONS).expect("non-zero"),
+            )),
+        }
+    }
+
+    /// An exchange started (paired with exactly one [`Metrics::finished`]).
+    pub fn started(&self) {
+        self.in_flight.inc();
+    }
+
+    /// An exchange ended; everything the access line knows is counted.
+    pub fn finished(&self, exchange: &Exchange<'_>) {
+        self.in_flight.dec();
+        let route = route(exchange.path);
+        self.requests.get_or_create(&RequestLabels { route, status: exchange.status }).inc();
+        let end = match exchange.end {
+            StreamEnd::Complete => "complete",
+            StreamEnd::ClientGone => "client_gone",
+            StreamEnd::UpstreamError(_) => "upstream_error",
+            StreamEnd::NoResponse(_) => "no_response",
+        };
+        self.ends.get_or_create(&EndLabels { end }).inc();
+        if let Some(upstream) = exchange.upstream {
+            self.upstream_seconds.get_or_create(&RouteLabels { route }).observe(upstream.as_secs_f64());
+        }
+        self.overhead_seconds.get_or_create(&RouteLabels { route }).observe(exchange.overhead.as_secs_f64());
+        if let Some(summary) = exchange.summary {
+            let labels = ModelLabels { model: self.model_label(exchange.model) };
+            self.tokens_raw.get_or_create(&labels).inc_by(summary.tokens_raw);
+            self.tokens_forwarded.get_or_create(&labels).inc_by(summary.tokens_forwarded);
+            if summary.tokens_forwarded < summary.tokens_raw {
+                self.compacted.get_or_create(&labels).inc();
+            }
+            if let Some(session) = exchange.session
+                && self.epoch_advanced(session, summary.epoch)
+            {
+                self.epochs.get_or_create(&labels).inc();
+            }
+        }
+    }
+
+    fn model_label(&self, model: Option<&str>) -> String {
+        let Some(model) = model else {
+            return "unknown".to_owned();
+        };
+        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if models.contains(model) {
+            return model.to_owned();
+        }
+        if models.len() < MAX_MODELS {
+            models.insert(model.to_owned());
+            return model.to_owned();
+        }
+        "other".to_owned()
+    }
+
+    fn epoch_advanced(&self, session: &str, epoch: u64) -> bool {
+        let mut sessions = self.session_epochs.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = sessions.put(session.to_owned(), epoch).unwrap_or(0);
+        epoch > previous
+    }
+
+    /// The scrape answer.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// What [`Metrics::finished`] needs to know about one exchange.
+pub struct Exchange<'a> {
+    pub path: &'a str,
+    pub status: u16,
+    pub end: &'a StreamEnd,
+    pub upstream: Option<Duration>,
+    pub overhead: Duration,
+    pub summary: Option<&'a CompactionSummary>,
+    pub model: Option<&'a str>,
+    pub session: Option<&'a str>,
+}
+
+/// Exports the pipeline's own counters (fail-open, unparseable) at scrape time.
+struct PipelineCollector {
+    pipeline: Arc<Pipeline>,
+}
+
+impl std::fmt::Debug for PipelineCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PipelineCollector")
+    }
+}
+
+impl Collector for PipelineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = &self.pipeline.stats;
+        for (name, help, value) in [
+            (
+                "pare_fail_open",
+                "Chat requests forwarded unchanged because compaction failed or panicked",
+                stats.fail_open.load(Relaxed),
+            ),
+            (
+                "pare_unparseable",
+                "Chat requests forwarded unchanged because pare could not parse them",
+                stats.unparseable.load(Relaxed),
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn metrics() -> Metrics {
+        let pipeline = Arc::new(Pipeline::identity(Arc::new(Config::default())));
+        Metrics::new(Registry::default(), pipeline)
+    }
+
+    fn chat(summary: &CompactionSummary, model: &str, session: &str) -> Exchange<'static> {
+        let summary: &'static CompactionSummary = Box::leak(Box::new(summary.clone()));
+        let model: &'static str = Box::leak(model.to_owned().into_boxed_str());
+        let session: &'static str = Box::leak(session.to_owned().into_boxed_str());
+        Exchange {
+            path: "/v1/chat/completions",
+            status: 200,
+            end: &StreamEnd::Complete,
+            upstream: Some(Duration::from_millis(3)),
+            overhead: Duration::from_micros(40),
+            summary: Some(summary),
+            model: Some(model),
+            session: Some(session),
+        }
+    }
+
+    #[test]
+    fn routes_are_a_closed_set() {
+        assert_eq!(route("/v1/chat/completions"), "chat_completions");
+        assert_eq!(route("/api/v1/chat/completions"), "chat_completions");
+        assert_eq!(route("/v1/completions"), "completions");
+        assert_eq!(route("/v1/models/gpt-4o"), "models");
+        assert_eq!(route("/props"), "other");
+        assert_eq!(route("/_pare/metrics"), "pare");
+    }
+
+    #[test]
+    fn tokens_and_epochs_are_counted_per_model() {
+        let metrics = metrics();
+        let epoch0 = CompactionSummary { tokens_raw: 100, tokens_forwarded: 100, epoch: 0, ..Default::default() };
+        let epoch1 = CompactionSummary { tokens_raw: 200, tokens_forwarded: 120, epoch: 1, ..Default::default() };
+        for exchange in [chat(&epoch0, "qwen", "s1"), chat(&epoch1, "qwen", "s1"), chat(&epoch1, "qwen", "s1")] {
+            metrics.started();
+            metrics.finished(&exchange);
+        }
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(r#"pare_tokens_raw_total{model="qwen"} 500"#), "{text}");
+        assert!(text.contains(r#"pare_tokens_forwarded_total{model="qwen"} 340"#), "{text}");
+        assert!(text.contains(r#"pare_epochs_total{model="qwen"} 1"#), "{text}");
+        assert!(text.contains(r#"pare_compacted_requests_total{model="qwen"} 2"#), "{text}");
+        assert!(text.contains(r#"pare_requests_total{route="chat_completions",status="200"} 3"#), "{text}");
+        assert!(text.contains("pare_requests_in_flight 0"), "{text}");
+        assert!(text.contains("pare_fail_open_total 0"), "{text}");
+    }
+
+    #[test]
+    fn model_labels_are_bounded() {
+        let metrics = metrics();
+        for i in 0..MAX_MODELS + 5 {
+            metrics.model_label(Some(&format!("m{i}")));
+        }
+        assert_eq!(metrics.model_label(Some("m0")), "m0");
+        assert_eq!(metrics.model_label(Some("one-too-many")), "other");
+        assert_eq!(metrics.model_label(None), "unknown");
+    }
+}
