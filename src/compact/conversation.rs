@@ -97,7 +97,7 @@ impl<'a> Conversation<'a> {
                     calls[c].result = Some(idx);
                     call_of_result[idx] = Some(c);
                 }
-                outcomes[idx] = Some(success.read(&m.text()));
+                outcomes[idx] = Some(success.read_owned(m.text()));
             }
         }
 

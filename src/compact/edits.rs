@@ -3,6 +3,7 @@
 //! re-serialized from its original JSON object with only the edited keys changed, so key order and
 //! unknown keys survive.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::conversation::Conversation;
@@ -136,37 +137,65 @@ impl Edits {
         self.render_as(conv, idx, self.text[idx].as_ref())
     }
 
-    /// The forwarded JSON of message `idx` if its text were `text` (used to price tier forms).
+    /// The forwarded JSON of message `idx` if its text were `text` (used to price tier forms). The
+    /// message is read shallowly: every key it does not change keeps its original bytes and order.
     pub fn render_as(&self, conv: &Conversation<'_>, idx: usize, text: Option<&TextEdit>) -> String {
         let raw = conv.raw[idx].get();
         if text.is_none() && self.removed[idx].is_empty() && !self.drop_thinking_parts[idx] {
             return raw.to_owned();
         }
-        let Ok(mut object) = serde_json::from_str::<Map<String, Value>>(raw) else {
+        let Ok(object) = serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) else {
             return raw.to_owned();
         };
-        for key in &self.removed[idx] {
-            object.shift_remove(*key);
-        }
         let original = conv.msgs[idx].as_ref().and_then(|m| m.content.as_ref());
-        if let Some(edit) = text {
-            let text = match (&conv.outcomes[idx], edit.embed) {
-                (Some(o), true) => o.shape.embed(&edit.text),
-                _ => edit.text.clone(),
-            };
-            let content = content_with_text(original, text);
-            match object.get_mut("content") {
-                Some(slot) => *slot = content,
-                None => {
-                    object.insert("content".into(), content);
-                }
+        let content: Option<String> = match text {
+            Some(edit) => {
+                let text = match (&conv.outcomes[idx], edit.embed) {
+                    (Some(o), true) => {
+                        let before = conv.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default();
+                        o.shape.embed(&before, &edit.text)
+                    }
+                    _ => edit.text.clone(),
+                };
+                Some(content_with_text(original, text).to_string())
             }
-        } else if self.drop_thinking_parts[idx]
-            && let Some(Value::Array(parts)) = object.get_mut("content")
-        {
-            parts.retain(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| THINKING_PARTS.contains(&t)));
+            None if self.drop_thinking_parts[idx] => object.get("content").and_then(|c| {
+                let mut parts: Vec<Value> = serde_json::from_str(c.get()).ok()?;
+                parts.retain(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| THINKING_PARTS.contains(&t)));
+                Some(Value::Array(parts).to_string())
+            }),
+            None => None,
+        };
+        let mut out = String::with_capacity(raw.len().min(4096) + content.as_ref().map_or(0, String::len));
+        out.push('{');
+        let mut first = true;
+        let mut push = |out: &mut String, key: &str, value: &str| {
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
+            out.push(':');
+            out.push_str(value);
+        };
+        let mut wrote_content = false;
+        for (key, value) in &object {
+            if self.removed[idx].contains(&key.as_str()) {
+                continue;
+            }
+            match (&content, key.as_str()) {
+                (Some(c), "content") => {
+                    push(&mut out, key, c);
+                    wrote_content = true;
+                }
+                _ => push(&mut out, key, value.get()),
+            }
         }
-        serde_json::to_string(&object).expect("a JSON map always serializes")
+        if let (Some(c), false) = (&content, wrote_content) {
+            push(&mut out, "content", c);
+        }
+        out.push('}');
+        out
     }
 }
 

@@ -5,10 +5,6 @@
 //! `[system prompt:`, `[...truncated`): a bracketed note, never JSON and never a call syntax, so the
 //! model reads it as a note about history rather than something to imitate.
 
-use std::sync::LazyLock;
-
-use regex::Regex;
-
 pub use super::pack::MARKER_PREFIXES;
 
 /// Placeholder names used in a template, in order (`{name}`; `{{` is not special).
@@ -58,14 +54,22 @@ pub fn render(template: &str, value_of: &dyn Fn(&str) -> Option<String>) -> Stri
     out
 }
 
-static COMPACTED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?m)^[ \t]*\[(?:pare\b|tool: |retried: |system prompt: |\.\.\.truncated \d)").expect("static regex")
-});
+/// What follows the `[` of each marker prefix (see [`MARKER_PREFIXES`]).
+const MARKER_HEADS: &[&str] = &["tool: ", "retried: ", "system prompt: "];
 
-/// Whether a text already carries a pare marker on one of its lines (then no rule touches it again).
+/// Whether a text already carries a pare marker at the start of one of its lines (then no rule
+/// touches it again). A hand-written scan: this runs on every message, so it must cost no more than
+/// a pass over the text.
 pub fn is_compacted(text: &str) -> bool {
-    // Cheap pre-check: every marker contains `[`, followed by one of a few letters.
-    text.contains('[') && COMPACTED.is_match(text)
+    if !text.contains('[') {
+        return false;
+    }
+    text.split('\n').any(|line| {
+        let Some(rest) = line.trim_start_matches([' ', '\t']).strip_prefix('[') else { return false };
+        let pare = rest.strip_prefix("pare").is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+        let truncated = rest.strip_prefix("...truncated ").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+        pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h))
+    })
 }
 
 /// The cheap facts about one tool call and its result that markers carry.
@@ -147,22 +151,53 @@ pub fn shorten(text: &str, max: usize) -> String {
     out
 }
 
-static PATH: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"/?(?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*\.(?:py|rs|js|jsx|ts|tsx|mjs|cjs|go|java|kt|c|h|cc|cpp|cxx|hpp|hh|cs|rb|php|swift|scala|sh|bash|toml|yaml|yml|json|md|rst|txt|cfg|ini|html|css|sql|lock|xml|proto)\b")
-        .expect("static regex")
-});
+/// Extensions that make a token a file path worth listing.
+const FILE_EXTENSIONS: &[&str] = &[
+    "py", "rs", "js", "jsx", "ts", "tsx", "mjs", "cjs", "go", "java", "kt", "c", "h", "cc", "cpp", "cxx", "hpp", "hh",
+    "cs", "rb", "php", "swift", "scala", "sh", "bash", "toml", "yaml", "yml", "json", "md", "rst", "txt", "cfg", "ini",
+    "html", "css", "sql", "lock", "xml", "proto",
+];
+
+fn path_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')
+}
 
 /// File paths mentioned in a text, in order of first appearance, deduplicated, at most `max`.
-/// Only the first 64 KiB are scanned: a marker lists a few names, not an index.
+/// Only the first and last 2 KiB are scanned (a listing names its files early, a traceback its
+/// culprit late): a marker lists a few names, not an index. A path is a run of `[A-Za-z0-9_.-/]`
+/// whose last segment has a known extension and a name before it.
 pub fn mentioned_files(text: &str, max: usize) -> Vec<String> {
+    const EDGE: usize = 2048;
+    let head = prefix_at_char_boundary(text, EDGE);
+    let tail = if text.len() > 2 * EDGE {
+        let mut start = text.len() - EDGE;
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        &text[start..]
+    } else {
+        &text[head.len()..]
+    };
     let mut out: Vec<String> = Vec::new();
-    let scan = prefix_at_char_boundary(text, 64 * 1024);
-    for m in PATH.find_iter(scan) {
-        let p = m.as_str();
-        if p.starts_with('.') && !p.starts_with("./") || p.len() < 4 {
+    let tokens = head.split(|c: char| !path_char(c)).chain(tail.split(|c: char| !path_char(c)));
+    for token in tokens {
+        if !token.contains('.') {
             continue;
         }
-        let p = p.trim_start_matches("./").to_owned();
+        let token = token.trim_end_matches('.');
+        let Some((stem, ext)) = token.rsplit_once('.') else { continue };
+        if token.len() < 4 || !FILE_EXTENSIONS.contains(&ext) {
+            continue;
+        }
+        let name = stem.rsplit('/').next().unwrap_or(stem);
+        // `.gitignore`-like names and `..` segments are not what markers list.
+        if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            continue;
+        }
+        if token.starts_with('.') && !token.starts_with("./") {
+            continue;
+        }
+        let p = token.trim_start_matches("./").to_owned();
         if !out.contains(&p) {
             out.push(p);
             if out.len() >= max {

@@ -7,7 +7,8 @@
 
 use std::sync::LazyLock;
 
-use regex::{Regex, RegexSet};
+use regex::Regex;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// The JSON keys that carry a result's main text, tried in order.
@@ -18,8 +19,9 @@ const TEXT_FIELDS: &[&str] = &["output", "content", "stdout", "result", "text"];
 pub enum Shape {
     /// The content is the text.
     Plain,
-    /// The content is a JSON object whose `field` holds the text (Hermes `{"output": …}`).
-    JsonField { object: Map<String, Value>, field: String },
+    /// The content is a JSON object whose `field` holds the text (Hermes `{"output": …}`); `error`
+    /// is its `error` text when it has one.
+    JsonField { field: String, error: Option<String> },
 }
 
 /// A tool result's outcome.
@@ -60,16 +62,13 @@ pub struct Outcome {
 /// The compiled success policy.
 #[derive(Debug)]
 pub struct SuccessPolicy {
-    errors: RegexSet,
+    /// All patterns as one alternation: one pass over the text decides.
+    errors: Regex,
     /// The same patterns, to find the first matching line.
     patterns: Vec<Regex>,
     trust_exit_code: bool,
 }
 
-static RETURNCODE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^\s*<returncode>\s*(-?\d+)\s*</returncode>").expect("static regex"));
-static FINISHED: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\[Command finished with exit code (-?\d+)\]").expect("static regex"));
 static EXCEPTION_LINE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*").expect("static regex"));
 
@@ -77,15 +76,28 @@ impl SuccessPolicy {
     /// Patterns were validated with the pack; an invalid one is skipped here rather than failing.
     pub fn new(spec: &super::pack::SuccessSpec) -> SuccessPolicy {
         let patterns: Vec<Regex> = spec.error_patterns.iter().filter_map(|p| Regex::new(p).ok()).collect();
-        let errors = RegexSet::new(patterns.iter().map(|r| r.as_str())).expect("patterns compiled one by one");
+        let alternation = patterns.iter().map(|r| format!("(?:{})", r.as_str())).collect::<Vec<_>>().join("|");
+        let errors = if patterns.is_empty() {
+            Regex::new(r"[^\s\S]").expect("static regex")
+        } else {
+            Regex::new(&alternation).expect("patterns compiled one by one")
+        };
         SuccessPolicy { errors, patterns, trust_exit_code: spec.trust_exit_code }
     }
 
     /// Read a tool result's content text.
     pub fn read(&self, content: &str) -> Outcome {
+        self.read_owned(content.to_owned())
+    }
+
+    /// [`SuccessPolicy::read`] without copying the content.
+    pub fn read_owned(&self, content: String) -> Outcome {
         let (shape, text, json_status) = split_shape(content);
         let exit = json_status.or_else(|| exit_from_text(&text));
-        let matches_error = self.errors.is_match(&text);
+        // A trusted zero exit decides alone: no need to scan the output for error patterns.
+        let trusted_success =
+            self.trust_exit_code && matches!(exit, Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)));
+        let matches_error = !trusted_success && self.errors.is_match(&text);
         let status = match exit {
             Some(ExitInfo::Code(0)) | Some(ExitInfo::Success(true)) if self.trust_exit_code || !matches_error => {
                 Status::Ok
@@ -130,7 +142,7 @@ impl SuccessPolicy {
         }
         let exception = traceback_end.or(exception);
         let json_error: Option<String> = match shape {
-            Shape::JsonField { object, .. } => object.get("error").and_then(Value::as_str).map(str::to_owned),
+            Shape::JsonField { error, .. } => error.clone(),
             Shape::Plain if text.trim_start().starts_with('{') => serde_json::from_str::<Value>(text)
                 .ok()
                 .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned)),
@@ -152,59 +164,75 @@ enum ExitInfo {
     Error,
 }
 
-/// Split the content into shape and text, reading any explicit status in a JSON object.
-fn split_shape(content: &str) -> (Shape, String, Option<ExitInfo>) {
-    let trimmed = content.trim_start();
-    if trimmed.starts_with('{')
-        && let Ok(Value::Object(object)) = serde_json::from_str::<Value>(content)
-    {
-        let mut status = None;
-        for key in ["exit_code", "returncode", "exitCode", "return_code"] {
-            if let Some(code) = object.get(key).and_then(Value::as_i64) {
-                status = Some(ExitInfo::Code(code));
-                break;
-            }
-        }
-        if status.is_none()
-            && let Some(ok) = object.get("success").and_then(Value::as_bool)
-        {
-            status = Some(ExitInfo::Success(ok));
-        }
-        match object.get("error") {
-            Some(Value::Null) | None => {}
-            Some(Value::String(s)) if s.is_empty() => {}
-            Some(Value::Bool(false)) => {}
-            Some(_) => status = Some(ExitInfo::Error),
-        }
-        if status.is_none() && object.get("error").is_some_and(Value::is_null) {
-            status = Some(ExitInfo::Success(true));
-        }
-        if let Some(field) = TEXT_FIELDS.iter().find(|k| object.get(**k).is_some_and(Value::is_string)) {
-            let text = object[*field].as_str().unwrap_or_default().to_owned();
-            return (Shape::JsonField { object, field: (*field).to_owned() }, text, status);
-        }
-        return (Shape::Plain, content.to_owned(), status);
+/// Split the content into shape and text, reading any explicit status in a JSON object. The object
+/// is read shallowly (raw values): only the status keys and the text field are decoded.
+fn split_shape(content: String) -> (Shape, String, Option<ExitInfo>) {
+    if !content.trim_start().starts_with('{') {
+        return (Shape::Plain, content, None);
     }
-    (Shape::Plain, content.to_owned(), None)
+    let Ok(object) = serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(&content) else {
+        return (Shape::Plain, content, None);
+    };
+    let mut status = None;
+    for key in ["exit_code", "returncode", "exitCode", "return_code"] {
+        if let Some(code) = object.get(key).and_then(|v| serde_json::from_str::<i64>(v.get()).ok()) {
+            status = Some(ExitInfo::Code(code));
+            break;
+        }
+    }
+    if status.is_none()
+        && let Some(ok) = object.get("success").and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
+    {
+        status = Some(ExitInfo::Success(ok));
+    }
+    let mut error = None;
+    match object.get("error").map(|v| v.get().trim()) {
+        None | Some("null") | Some("false") | Some("\"\"") => {}
+        Some(raw) => {
+            status = Some(ExitInfo::Error);
+            error = serde_json::from_str::<String>(raw).ok();
+        }
+    }
+    if status.is_none() && object.get("error").is_some_and(|v| v.get().trim() == "null") {
+        status = Some(ExitInfo::Success(true));
+    }
+    let text_field = TEXT_FIELDS.iter().find_map(|k| {
+        let raw = object.get(*k)?;
+        serde_json::from_str::<String>(raw.get()).ok().map(|text| (*k, text))
+    });
+    match text_field {
+        Some((field, text)) => (Shape::JsonField { field: field.to_owned(), error }, text, status),
+        None => (Shape::Plain, content, status),
+    }
 }
 
+/// `<returncode>N</returncode>` at the start (mini-swe-agent) or the last
+/// `[Command finished with exit code N]` (OpenHands). Hand-written: this runs on every result.
 fn exit_from_text(text: &str) -> Option<ExitInfo> {
-    if let Some(c) = RETURNCODE.captures(text) {
-        return c[1].parse().ok().map(ExitInfo::Code);
+    if let Some(rest) = text.trim_start().strip_prefix("<returncode>") {
+        let end = rest.find("</returncode>")?;
+        return rest[..end].trim().parse().ok().map(ExitInfo::Code);
     }
-    FINISHED.captures_iter(text).last().and_then(|c| c[1].parse().ok()).map(ExitInfo::Code)
+    const FINISHED: &str = "[Command finished with exit code ";
+    let at = text.rfind(FINISHED)?;
+    let rest = &text[at + FINISHED.len()..];
+    let end = rest.find(']')?;
+    rest[..end].parse().ok().map(ExitInfo::Code)
 }
 
 impl Shape {
-    /// The content with the text replaced, keeping the shape (a JSON object keeps its other keys).
-    pub fn embed(&self, text: &str) -> String {
+    /// The content with the text replaced, keeping the shape: a JSON object keeps its other keys
+    /// (`original` is the content the shape was read from).
+    pub fn embed(&self, original: &str, text: &str) -> String {
         match self {
             Shape::Plain => text.to_owned(),
-            Shape::JsonField { object, field } => {
-                let mut object = object.clone();
-                object.insert(field.clone(), Value::String(text.to_owned()));
-                serde_json::to_string(&object).expect("a JSON map always serializes")
-            }
+            Shape::JsonField { field, .. } => match serde_json::from_str::<Map<String, Value>>(original) {
+                Ok(mut object) => {
+                    object.insert(field.clone(), Value::String(text.to_owned()));
+                    serde_json::to_string(&object).expect("a JSON map always serializes")
+                }
+                Err(_) => text.to_owned(),
+            },
         }
     }
 }
@@ -269,6 +297,7 @@ mod tests {
     #[test]
     fn embed_keeps_other_json_keys() {
         let r = read(r#"{"output": "long", "exit_code": 0, "error": null}"#);
-        assert_eq!(r.shape.embed("short"), r#"{"output":"short","exit_code":0,"error":null}"#);
+        let original = r#"{"output": "long", "exit_code": 0, "error": null}"#;
+        assert_eq!(r.shape.embed(original, "short"), r#"{"output":"short","exit_code":0,"error":null}"#);
     }
 }

@@ -55,21 +55,24 @@ pub struct Entry {
     pub signature: String,
 }
 
-static NUMBERED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*(\d+)(?:\t|\|)(.*)$").expect("static regex"));
+/// `    12\tcode` (`cat -n`, `nl`) or `12|code` (Hermes): the number and the code.
+fn split_numbered(line: &str) -> Option<(usize, &str)> {
+    let t = line.trim_start_matches(' ');
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || digits > 9 {
+        return None;
+    }
+    let rest = &t[digits..];
+    let code = rest.strip_prefix('\t').or_else(|| rest.strip_prefix('|'))?;
+    Some((t[..digits].parse().ok()?, code))
+}
 
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     let lines: Vec<&str> = text.lines().collect();
-    let numbered = lines.iter().filter(|l| NUMBERED.is_match(l)).count();
+    let numbered = lines.iter().filter(|l| split_numbered(l).is_some()).count();
     if numbered * 10 >= lines.len() * 6 && numbered > 0 {
-        return lines
-            .iter()
-            .filter_map(|l| {
-                let c = NUMBERED.captures(l)?;
-                let n = c[1].parse().ok()?;
-                Some((n, c.get(2).map_or("", |m| m.as_str())))
-            })
-            .collect();
+        return lines.iter().filter_map(|l| split_numbered(l)).collect();
     }
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
@@ -137,14 +140,19 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
                 break;
             }
         }
-        if PY_DEF.is_match(line) {
+        let head = line.trim_start();
+        if (head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async "))
+            && PY_DEF.is_match(line)
+        {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        for q in ["\"\"\"", "'''"] {
-            if trimmed.matches(q).count() % 2 == 1 {
-                in_string = Some(q);
-                break;
+        if trimmed.contains(['"', '\'']) {
+            for q in ["\"\"\"", "'''"] {
+                if trimmed.matches(q).count() % 2 == 1 {
+                    in_string = Some(q);
+                    break;
+                }
             }
         }
         last_code = num;
@@ -191,7 +199,25 @@ static KEYWORD_START: LazyLock<Regex> = LazyLock::new(|| {
         .expect("static regex")
 });
 
+/// Words one of which a definition line of the language must contain (a cheap filter before the regexes).
+fn may_define(language: Language, line: &str) -> bool {
+    let any = |words: &[&str]| words.iter().any(|w| line.contains(w));
+    match language {
+        Language::Rust => any(&["fn ", "struct ", "enum ", "trait ", "impl", "mod ", "union ", "macro_rules!"]),
+        Language::Go => line.starts_with("func ") || line.starts_with("type "),
+        Language::Java | Language::C => {
+            line.contains('(')
+                || any(&["class ", "interface ", "enum ", "record ", "struct ", "union ", "namespace ", "object "])
+        }
+        Language::Script => line.contains('(') || any(&["class ", "interface ", "enum ", "namespace ", "function"]),
+        Language::Python => false,
+    }
+}
+
 fn is_definition(language: Language, line: &str) -> bool {
+    if !may_define(language, line) {
+        return false;
+    }
     match language {
         Language::Rust => RUST_DEF.is_match(line),
         Language::Go => GO_DEF.is_match(line),

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::Problem;
+use crate::config::yaml;
 
 /// The built-in packs, embedded in the binary.
 pub const BUILTIN_PACKS: &[(&str, &str)] = &[
@@ -111,9 +112,9 @@ impl Default for SuccessSpec {
         SuccessSpec {
             error_patterns: [
                 r"Traceback \(most recent call last\)",
-                r"(?m)^\s*(error|ERROR|Error)(\[\w+\])?:",
-                r"(?m)^\w*(Error|Exception): ",
-                r"\bFAILED\b",
+                r"(?m)^[ \t]*(error|ERROR|Error)(\[[A-Za-z0-9_]+\])?:",
+                r"(?m)^[A-Za-z0-9_.]*(Error|Exception): ",
+                r"(?-u:\b)FAILED(?-u:\b)",
                 r"panicked at",
                 r"command not found",
                 r"(?m)^fatal: ",
@@ -617,11 +618,12 @@ pub fn pack_text(name_or_path: &str) -> Result<String, PackError> {
 
 /// Parse a pack's text, deep-merge `overrides` onto its `rules:`, and validate the result.
 pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pack, PackError> {
-    let mut tree: Value =
-        serde_saphyr::from_str(text).map_err(|e| PackError::Yaml { name: name.to_owned(), message: e.to_string() })?;
-    if tree.is_null() {
-        tree = Value::Object(Default::default());
+    let problems = check_pack(text);
+    if !problems.is_empty() {
+        return Err(PackError::Invalid { name: name.to_owned(), problems });
     }
+    let root = yaml::parse(text).map_err(|p| PackError::Yaml { name: name.to_owned(), message: p.message })?;
+    let mut tree = root.to_json();
     if let Some(overrides) = overrides {
         let Value::Object(top) = &mut tree else {
             return Err(PackError::Invalid {
@@ -638,6 +640,28 @@ pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pa
     })?;
     let problems = pack.rules.validate();
     if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name: name.to_owned(), problems }) }
+}
+
+/// Validate a config's `compaction.rules` overrides against the pack they apply to. Paths start with
+/// `compaction.rules.` so that the config's line map can place them. Problems of the pack itself are
+/// reported by [`check_pack`].
+pub fn check_overrides(pack_text: &str, overrides: &Value) -> Vec<Problem> {
+    if !overrides.is_object() {
+        return vec![Problem { line: None, path: "compaction.rules".into(), message: "must be a mapping".into() }];
+    }
+    let Ok(root) = yaml::parse(pack_text) else { return Vec::new() };
+    let mut tree = root.to_json();
+    let Value::Object(top) = &mut tree else { return Vec::new() };
+    let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
+    deep_merge(rules, overrides);
+    let rename = |path: &str| match path.strip_prefix("rules") {
+        Some(rest) => format!("compaction.rules{rest}"),
+        None => format!("compaction.rules.{path}"),
+    };
+    match serde_path_to_error::deserialize::<_, Pack>(tree) {
+        Ok(pack) => pack.rules.validate().into_iter().map(|p| Problem { path: rename(&p.path), ..p }).collect(),
+        Err(e) => vec![Problem { line: None, path: rename(&e.path().to_string()), message: e.inner().to_string() }],
+    }
 }
 
 /// Maps merge key by key; anything else (scalars, lists) replaces.
@@ -657,17 +681,23 @@ pub fn deep_merge(base: &mut Value, over: &Value) {
     }
 }
 
-/// Validate a rule pack's text for `pare check`: every problem, with its line when the parser
-/// gives one and its dotted path otherwise.
+/// Validate a rule pack's text for `pare check`: every problem (structural and semantic), each with
+/// its line and dotted path, in line order.
 pub fn check_pack(text: &str) -> Vec<Problem> {
-    let pack: Pack = match serde_saphyr::from_str(text) {
-        Ok(pack) => pack,
-        Err(e) => {
-            let line = e.location().map(|l| l.line());
-            return vec![Problem { line, path: String::new(), message: e.to_string() }];
-        }
+    let root = match yaml::parse(text) {
+        Ok(root) => root,
+        Err(problem) => return vec![problem],
     };
-    pack.rules.validate()
+    let mut problems = Vec::new();
+    let pack: Option<Pack> = yaml::deserialize_all(&root, &mut problems);
+    if let Some(pack) = pack {
+        for mut p in pack.rules.validate() {
+            p.line = p.line.or_else(|| root.line_of(&p.path));
+            problems.push(p);
+        }
+    }
+    problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
+    problems
 }
 
 #[cfg(test)]
@@ -730,6 +760,29 @@ rules:
         }
         // Both the prefix and the unknown placeholder of the collapse template are reported.
         assert_eq!(paths.iter().filter(|p| **p == "rules.collapse_succeeded.template").count(), 2);
+        let lines: Vec<Option<u64>> = problems.iter().map(|p| p.line).collect();
+        assert_eq!(lines, vec![Some(5), Some(7), Some(9), Some(9), Some(11), Some(12)], "{problems:?}");
+    }
+
+    #[test]
+    fn structural_problems_are_all_listed_with_lines() {
+        let text = "name: x\nrules:\n  truncate:\n    max_char: 3\n  loops:\n    min_repeats: many\n  nope: 1\n";
+        let problems = check_pack(text);
+        let found: Vec<(Option<u64>, &str)> = problems.iter().map(|p| (p.line, p.path.as_str())).collect();
+        assert_eq!(
+            found,
+            vec![(Some(4), "rules.truncate.max_char"), (Some(6), "rules.loops.min_repeats"), (Some(7), "rules.nope")]
+        );
+    }
+
+    #[test]
+    fn overrides_are_checked_with_config_paths() {
+        let text = BUILTIN_PACKS[0].1;
+        assert!(check_overrides(text, &serde_json::json!({"truncate": {"max_chars": 10}})).is_empty());
+        let problems = check_overrides(text, &serde_json::json!({"truncate": {"max_char": 10}}));
+        assert_eq!(problems[0].path, "compaction.rules.truncate.max_char");
+        let problems = check_overrides(text, &serde_json::json!({"loops": {"min_repeats": 1}}));
+        assert_eq!(problems[0].path, "compaction.rules.loops.min_repeats");
     }
 
     #[test]

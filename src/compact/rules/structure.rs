@@ -49,13 +49,14 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if entries.is_empty() {
             continue;
         }
-        let facts = conv.facts(idx);
+        let n_lines = outcome.text.lines().count();
+        let n_chars = outcome.text.chars().count();
         let header = render(&rule.template, &|name| match name {
             "path" => Some(path.clone()),
-            "lines" => Some(group_digits(facts.lines)),
-            "chars" => Some(group_digits(facts.chars)),
+            "lines" => Some(group_digits(n_lines)),
+            "chars" => Some(group_digits(n_chars)),
             "language" => Some(language.name().to_owned()),
-            other => facts.value(other),
+            _ => conv.facts(idx).value(name),
         });
         let map = format!("{header}\n{}", super::super::outline::render(&entries, rule.max_entries));
         if map.len() < outcome.text.len() {

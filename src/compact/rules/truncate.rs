@@ -34,10 +34,10 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.truncate;
     let candidates: Vec<usize> = super::open_results(conv, edits).collect();
     for idx in candidates {
-        let text = edits.current_text(conv, idx);
-        if text.chars().count() <= rule.max_chars {
+        if edits.current_chars(conv, idx) <= rule.max_chars {
             continue;
         }
+        let text = edits.current_text(conv, idx);
         if let Some(short) = truncate_lines(&text, rule.head_lines, rule.tail_lines, &rule.template) {
             edits.set_text(conv, idx, RuleId::Truncate, short, true);
         }
@@ -68,6 +68,9 @@ pub fn apply_hard_cap(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edit
             continue;
         }
         if edits.compacted[idx] && edits.text[idx].is_none() {
+            continue;
+        }
+        if edits.current_chars(conv, idx) <= rule.max_chars {
             continue;
         }
         let text = edits.current_text(conv, idx);
