@@ -393,7 +393,7 @@ fn run(
 }
 
 const WINDOW: u64 = 8192;
-const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n";
+const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n  high_water: 0.75\n  low_water: 0.5\n";
 
 #[test]
 fn epoch_mode_is_append_only_between_epochs() {
