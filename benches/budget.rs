@@ -60,6 +60,26 @@ fn budget(c: &mut Criterion) {
     let messages = session(200_000, &builder);
     let full = body(&messages);
 
+    c.bench_function("tokenize_200k_tokens_cold", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let fresh = compactor();
+                let parsed = ChatBody::parse(&full).expect("valid body");
+                let raw: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+                let started = Instant::now();
+                black_box(request_tokens(fresh.counter(Some("bench")), &raw, None));
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+    c.bench_function("engine_rules_200k_tokens", |b| {
+        let engine = Engine::default_pack();
+        let counter = builder.counter(Some("bench"));
+        let parsed = ChatBody::parse(&full).expect("valid body");
+        b.iter(|| black_box(engine.compact(&parsed, &pare::compact::CompactOptions::default(), counter)))
+    });
     c.bench_function("cold_200k_tokens", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

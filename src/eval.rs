@@ -241,15 +241,6 @@ pub fn evaluate_session(
         m.peak_forwarded = m.peak_forwarded.max(fwd_p.total);
         if let Some(summary) = &replayed.summary {
             m.epochs = m.epochs.max(summary.epoch);
-            if std::env::var_os("PARE_EVAL_DEBUG").is_some() {
-                eprintln!(
-                    "request {k}: raw {} fwd {} epoch {} {}",
-                    raw_p.total,
-                    fwd_p.total,
-                    summary.epoch,
-                    summary.report.get("action").unwrap_or(&Value::Null)
-                );
-            }
         }
 
         let boundary = engine.compact(raw, &CompactOptions::default(), counter).boundary.min(raw.messages.len());
@@ -489,11 +480,7 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
             continue;
         }
         needles += 1;
-        let present = fwd.iter().any(|m| occurs(m.as_ref()));
-        if !present && std::env::var_os("PARE_EVAL_DEBUG").is_some() {
-            eprintln!("lost needle at request {n}: {id}");
-        }
-        kept += present as u64;
+        kept += fwd.iter().any(|m| occurs(m.as_ref())) as u64;
     }
     (needles, kept)
 }

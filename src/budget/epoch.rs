@@ -27,7 +27,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
-use crate::compact::{CompactOptions, Compacted, Engine};
+use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::{Config, Mode};
 use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::wire::{ChatBody, WireError};
@@ -36,11 +36,28 @@ use crate::wire::{ChatBody, WireError};
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
     fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted;
+    /// [`CompactEngine::compact`] plus, for each forwarded prefix message, the raw message(s) it
+    /// stands for.
+    fn compact_traced(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> (Compacted, Vec<Source>);
 }
 
 impl CompactEngine for Engine {
     fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
         Engine::compact(self, body, options, counter)
+    }
+
+    fn compact_traced(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+    ) -> (Compacted, Vec<Source>) {
+        Engine::compact_traced(self, body, options, counter)
     }
 }
 
@@ -320,7 +337,7 @@ impl SessionCompactor {
             Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
             Mode::Eager => {
                 let options = CompactOptions { target_tokens: over.then_some(target) };
-                self.attempt(request, &candidate, candidate.len(), &options, counter)
+                self.attempt(request, &candidate, &options, counter)
             }
         };
         let (raw_boundary, prefix, engine_report) = match attempt {
@@ -353,10 +370,12 @@ impl SessionCompactor {
         Step { messages, action, history_changed, engine_report }
     }
 
-    /// An epoch that compacts as little as it can: the shortest leading part of the candidate whose
-    /// compaction by the rules alone brings the request to `target` (the rest is forwarded raw, so
-    /// the recent tool outputs the model is likely to use next stay whole). When the rules over the
-    /// whole candidate are not enough, the engine gets the target (salience tiers, then elision).
+    /// An epoch that compacts as little as it can. One run of the rules over the whole candidate
+    /// gives each message's compacted form; pare then keeps the compacted forms only for the
+    /// shortest leading part that brings the request to `target`, and forwards the rest raw — so the
+    /// recent tool outputs the model is likely to use next stay whole, and the next epoch finds
+    /// this prefix already compacted (unchanged, cache kept). When the rules over the whole
+    /// candidate are not enough, the engine gets the target (salience tiers, then elision).
     fn lightest_fitting(
         &self,
         request: &Request<'_, '_>,
@@ -365,50 +384,73 @@ impl SessionCompactor {
         target: u64,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
+        let bytes = request.body.to_vec_with_messages(candidate);
+        let body = ChatBody::parse(&bytes).ok()?;
         let rules_only = CompactOptions { target_tokens: None };
-        let fits = |a: &Attempt| a.tokens <= target && a.boundary >= n_frozen;
-        let whole = self.attempt(request, candidate, candidate.len(), &rules_only, counter)?;
-        if !fits(&whole) {
+        let (whole, sources) = self.engine.compact_traced(&body, &rules_only, counter);
+        let fixed = request.tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
+        let boundary = whole.boundary.min(candidate.len());
+        let prefix_tokens: Vec<u64> = whole.prefix.iter().map(|m| counter.message(m)).collect();
+        let raw_tokens: Vec<u64> = candidate.iter().map(|m| counter.message(m)).collect();
+        let whole_tokens = prefix_tokens.iter().sum::<u64>() + raw_tokens[boundary..].iter().sum::<u64>() + fixed;
+        if whole_tokens > target || sources.len() != whole.prefix.len() {
             let with_target = CompactOptions { target_tokens: Some(target) };
-            return self.attempt(request, candidate, candidate.len(), &with_target, counter);
+            return self.attempt(request, candidate, &with_target, counter);
         }
-        // Cut points: before an assistant or user message, so no tool-call group is split.
-        let cuts: Vec<usize> =
-            (n_frozen + 1..candidate.len()).filter(|i| matches!(role(&candidate[*i]), "assistant" | "user")).collect();
-        let (mut lo, mut hi) = (0, cuts.len());
-        let mut best = whole;
-        // Binary search for the smallest fitting cut (compaction grows with the cut).
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.attempt(request, candidate, cuts[mid], &rules_only, counter) {
-                Some(a) if fits(&a) => {
-                    best = a;
-                    hi = mid;
-                }
-                _ => lo = mid + 1,
+        // Walk the cut points from the oldest: before an assistant or user message (no tool-call
+        // group is split) and never inside the frozen prefix or an elided run. `n_out` counts the
+        // compacted messages standing for raw messages before the cut.
+        let mut raw_after: u64 = raw_tokens[n_frozen..].iter().sum();
+        let mut compacted_before: u64 = 0;
+        let mut n_out = 0;
+        for cut in n_frozen..boundary {
+            while n_out < sources.len() && source_end(&sources[n_out]) <= cut {
+                compacted_before += prefix_tokens[n_out];
+                n_out += 1;
             }
+            let splits_elision = n_out < sources.len() && source_start(&sources[n_out]) < cut;
+            let at_turn = cut > n_frozen && matches!(role(&candidate[cut]), "assistant" | "user");
+            if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
+                let prefix = whole.prefix[..n_out].to_vec();
+                let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
+                messages.extend(candidate[cut..].iter().map(String::as_str));
+                if crate::eval::check_tool_pairing(&messages).is_ok() {
+                    return Some(Attempt { boundary: cut, prefix, report: whole.report });
+                }
+            }
+            raw_after -= raw_tokens[cut];
         }
-        Some(best)
+        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report })
     }
 
-    /// The engine over `candidate[..cut]`; the rest of the candidate is forwarded raw after it.
+    /// The engine over the whole candidate.
     fn attempt(
         &self,
         request: &Request<'_, '_>,
         candidate: &[String],
-        cut: usize,
         options: &CompactOptions,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let bytes = request.body.to_vec_with_messages(&candidate[..cut]);
+        let bytes = request.body.to_vec_with_messages(candidate);
         let body = ChatBody::parse(&bytes).ok()?;
         let out = self.engine.compact(&body, options, counter);
-        let boundary = out.boundary.min(cut);
-        let tokens = out.prefix.iter().map(|m| counter.message(m)).sum::<u64>()
-            + candidate[boundary..].iter().map(|m| counter.message(m)).sum::<u64>()
-            + request.tools.map_or(0, |t| counter.tools(t))
-            + REPLY_PRIMING;
-        Some(Attempt { boundary, prefix: out.prefix, report: out.report, tokens })
+        Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report })
+    }
+}
+
+/// First raw index a forwarded message stands for.
+fn source_start(source: &Source) -> usize {
+    match source {
+        Source::Raw(idx) | Source::Edited(idx) => *idx,
+        Source::Elided { start, .. } => *start,
+    }
+}
+
+/// One past the last raw index a forwarded message stands for.
+fn source_end(source: &Source) -> usize {
+    match source {
+        Source::Raw(idx) | Source::Edited(idx) => idx + 1,
+        Source::Elided { end, .. } => *end,
     }
 }
 
@@ -417,7 +459,6 @@ struct Attempt {
     boundary: usize,
     prefix: Vec<String>,
     report: serde_json::Value,
-    tokens: u64,
 }
 
 impl ChatCompactor for SessionCompactor {

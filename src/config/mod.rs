@@ -229,8 +229,13 @@ impl Default for BudgetConfig {
             default_context_window: 65536,
             output_reserve: 4096,
             detect_window: true,
-            high_water: 0.75,
-            low_water: 0.50,
+            // Measured on the corpus (`pare eval`, 16k window): 0.9/0.4 gives uncached prefill 1.23× raw
+            // and needle recall 0.954, against 1.38× and 0.885 for 0.75/0.5. An epoch re-sends at most
+            // low × usable tokens and then buys (high − low) × usable tokens of appends, so the prefill
+            // cost is bounded by 1 + low/(high − low) = 1.8× raw even with no cache reuse at all; 0.1
+            // of the usable window stays as slack for tokenizer mismatch with the model's own.
+            high_water: 0.9,
+            low_water: 0.4,
             polling: 4,
             encoding: "o200k_base".into(),
             salience: SalienceConfig::default(),

@@ -288,7 +288,7 @@ use std::sync::Mutex;
 
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, SessionCompactor};
-use pare::compact::{CompactOptions, Compacted};
+use pare::compact::{CompactOptions, Compacted, Source};
 use pare::pipeline::CompactOutput;
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
@@ -315,25 +315,38 @@ fn role(raw: &str) -> String {
 }
 
 impl CompactEngine for MaskEngine {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(body, options, counter).0
+    }
+
+    fn compact_traced(
+        &self,
+        body: &ChatBody<'_>,
+        options: &CompactOptions,
+        _counter: &dyn CountTokens,
+    ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
         let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
             if assistants.len() >= self.tail_turns { assistants[assistants.len() - self.tail_turns] } else { 0 };
+        let mut sources = Vec::new();
         let prefix = messages[..boundary]
             .iter()
-            .map(|m| {
+            .enumerate()
+            .map(|(i, m)| {
                 let mut v: Value = serde_json::from_str(m).unwrap();
-                if v["role"] == "tool" {
+                if v["role"] == "tool" && v["content"] != "[elided]" {
                     v["content"] = json!("[elided]");
+                    sources.push(Source::Edited(i));
                     v.to_string()
                 } else {
+                    sources.push(Source::Raw(i));
                     (*m).to_owned()
                 }
             })
             .collect();
-        Compacted { boundary, prefix, report: json!({"masked": boundary}) }
+        (Compacted { boundary, prefix, report: json!({"masked": boundary}) }, sources)
     }
 }
 
@@ -380,7 +393,7 @@ fn run(
 }
 
 const WINDOW: u64 = 8192;
-const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n";
+const RESERVE_YAML: &str = "budget:\n  output_reserve: 1024\n  high_water: 0.75\n  low_water: 0.5\n";
 
 #[test]
 fn epoch_mode_is_append_only_between_epochs() {
@@ -634,4 +647,48 @@ fn replay_forwards_unparseable_lines_unchanged() {
     assert_eq!(out[1].forwarded, b"{broken");
     assert!(out[1].summary.is_none() && out[1].skipped.is_some());
     assert!(out[2].summary.is_some());
+}
+
+/// The acceptance check: the proxy forwards exactly what `pare replay` predicts.
+#[tokio::test]
+async fn proxy_forwards_what_replay_predicts() {
+    use crate::support::stub::Stub;
+    use crate::support::{client, pare as in_process, within};
+
+    let requests = coding_session(40, 150);
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+
+    let stub = Stub::start(Stub::openai).await;
+    let mut config = in_process::config_for(&stub);
+    config.budget.default_context_window = WINDOW;
+    config.budget.output_reserve = 1024;
+    config.budget.detect_window = false;
+    let compactor = Arc::new(SessionCompactor::new(&config, MaskEngine::new(2)).unwrap());
+    let server = in_process::start_with_compactor(config.clone(), compactor).await;
+
+    let http = client();
+    for line in &lines {
+        let response = within(
+            "pare to answer",
+            http.post(server.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-pare-session", "replay-check")
+                .body(line.to_vec())
+                .send(),
+        )
+        .await
+        .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.bytes().await.unwrap();
+    }
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+
+    let replay_compactor = SessionCompactor::new(&config, MaskEngine::new(2)).unwrap();
+    let predicted: Vec<Vec<u8>> =
+        replay_session(&replay_compactor, "replay", &lines, None).into_iter().map(|r| r.forwarded).collect();
+    assert_eq!(received.len(), predicted.len());
+    for (k, (got, want)) in received.iter().zip(&predicted).enumerate() {
+        assert!(got == want, "request {k}: the proxy forwarded something else than replay predicts");
+    }
+    assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "the window must make pare compact");
 }

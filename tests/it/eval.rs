@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pare::budget::tokens::{CountTokens, REPLY_PRIMING};
 use pare::budget::{CompactEngine, SessionCompactor};
-use pare::compact::{CompactOptions, Compacted};
+use pare::compact::{CompactOptions, Compacted, Source};
 use pare::config::Config;
 use pare::eval::{Metrics, evaluate_session};
 use pare::wire::ChatBody;
@@ -115,11 +115,21 @@ struct BadEngine {
 }
 
 impl CompactEngine for BadEngine {
-    fn compact(&self, body: &ChatBody<'_>, _options: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(body, options, counter).0
+    }
+
+    fn compact_traced(
+        &self,
+        body: &ChatBody<'_>,
+        _options: &CompactOptions,
+        _counter: &dyn CountTokens,
+    ) -> (Compacted, Vec<Source>) {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let boundary = body.messages.len().saturating_sub(1);
         let mut prefix = Vec::new();
-        for m in &body.messages[..boundary] {
+        let mut sources = Vec::new();
+        for (i, m) in body.messages[..boundary].iter().enumerate() {
             let mut v: Value = serde_json::from_str(m.get()).unwrap();
             if v["role"] == "tool" && self.drop_tool_results {
                 continue;
@@ -131,8 +141,9 @@ impl CompactEngine for BadEngine {
                 v["content"] = json!(format!("call {n}"));
             }
             prefix.push(v.to_string());
+            sources.push(Source::Edited(i));
         }
-        Compacted { boundary, prefix, report: Value::Null }
+        (Compacted { boundary, prefix, report: Value::Null }, sources)
     }
 }
 
