@@ -11,6 +11,8 @@
 //! load direct, reporting errors, latency percentiles and pare's peak RSS.
 //!
 //! Without `--bench` (as under `cargo test --all-targets`) a few iterations run as a smoke check.
+//! `PARE_BENCH_SERVE_ARGS` adds arguments to `pare serve` (e.g. `--mode off`, `--config FILE`) to
+//! separate the proxy's own cost from the engine's and the archive's.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -96,6 +98,7 @@ impl PareProcess {
             .arg(format!("http://{upstream}/v1"))
             .arg("--archive")
             .arg(archive.path())
+            .args(std::env::var("PARE_BENCH_SERVE_ARGS").unwrap_or_default().split_whitespace())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,5 +1,5 @@
 //! pare's own endpoints under `/_pare/` (never forwarded upstream): `GET /_pare/health` (is the
-//! upstream reachable?) and `GET /_pare/metrics` (Prometheus, OpenMetrics text).
+//! upstream reachable, is the archive writable?) and `GET /_pare/metrics` (Prometheus, OpenMetrics text).
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
 }
 
 /// Always 200 while pare itself runs (a down upstream is no reason to restart pare); `status`
-/// says `degraded` when the upstream does not accept TCP connections.
+/// says `degraded` when the upstream does not accept TCP connections or the archive cannot write.
 async fn health(proxy: &Proxy) -> Response<Bytes> {
     let started = Instant::now();
     let timeout = proxy.upstream.connect_timeout().min(PROBE_TIMEOUT);
@@ -48,11 +48,16 @@ async fn health(proxy: &Proxy) -> Response<Bytes> {
         }),
         Err(error) => serde_json::json!({ "url": url, "reachable": false, "error": error }),
     };
-    let body = serde_json::json!({
-        "status": if probe.is_ok() { "ok" } else { "degraded" },
+    let archive = proxy.pipeline.archive().map(|archive| archive.health());
+    let archive_ok = archive.as_ref().is_none_or(|health| health.writable);
+    let mut body = serde_json::json!({
+        "status": if probe.is_ok() && archive_ok { "ok" } else { "degraded" },
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": upstream,
     });
+    if let Some(health) = archive {
+        body["archive"] = serde_json::to_value(&health).unwrap_or(serde_json::Value::Null);
+    }
     json_response(StatusCode::OK, &body)
 }
 

@@ -10,7 +10,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -222,7 +222,7 @@ impl Collector for PipelineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
         let stats = &self.pipeline.stats;
-        for (name, help, value) in [
+        let mut counters = vec![
             (
                 "pare_fail_open",
                 "Chat requests forwarded unchanged because compaction failed or panicked",
@@ -233,10 +233,39 @@ impl Collector for PipelineCollector {
                 "Chat requests forwarded unchanged because pare could not parse them",
                 stats.unparseable.load(Relaxed),
             ),
-        ] {
+            (
+                "pare_strict_unconfirmed",
+                "Strict-durability requests forwarded before their raw record was confirmed committed",
+                stats.strict_unconfirmed.load(Relaxed),
+            ),
+        ];
+        let archive = self.pipeline.archive().map(|archive| archive.health());
+        if let Some(health) = &archive {
+            counters.push((
+                "pare_archive_committed_records",
+                "Records the archive committed",
+                health.committed_records,
+            ));
+            counters.push((
+                "pare_archive_lost_records",
+                "Records the archive could not store (disk full, read-only, queue full)",
+                health.lost_records,
+            ));
+        }
+        for (name, help, value) in counters {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        if let Some(health) = &archive {
+            for (name, help, value) in [
+                ("pare_archive_queue_depth", "Records waiting for the archive writer", health.queue_depth as i64),
+                ("pare_archive_writable", "1 while the archive commits, 0 after a failure", i64::from(health.writable)),
+            ] {
+                let gauge = ConstGauge::new(value);
+                let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+                gauge.encode(metric)?;
+            }
         }
         Ok(())
     }

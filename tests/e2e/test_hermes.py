@@ -83,10 +83,10 @@ def test_hermes_runs_tools_through_pare(pare, fresh, hermes_run):
     assert "notes.txt" in str(results[2]["content"]), results[2]
 
     # Every request Hermes sent went through pare and reached the stub (probes included). pare's own
-    # context-window detection also reaches the stub; it names itself in its user-agent.
+    # context-window detection (budget.detect_window) also asks the stub, with a user-agent ending in
+    # `window-detection`: those are not Hermes' requests and never appear in pare's access log.
     from_agent = [r for r in fresh.recorded() if "window-detection" not in r["headers"].get("user-agent", "")]
-    n_stub = len(from_agent)
-    wait_until(lambda: len(pare.access_log()) - before == n_stub, what="pare's access lines for every request")
+    wait_until(lambda: len(pare.access_log()) - before >= len(from_agent), what="pare's access lines for every request")
     forwarded = [(line["method"], line["path"]) for line in pare.access_log()[before:]]
     received = [(r["method"], r["path"].split("?")[0]) for r in from_agent]
     assert sorted(forwarded) == sorted(received)

@@ -376,3 +376,62 @@ async fn keys_never_appear_in_error_bodies() {
         assert!(!text.contains(secret), "{secret} leaked: {text}");
     }
 }
+
+fn archived_pipeline(
+    config: &pare::config::Config,
+    dir: &std::path::Path,
+) -> (Arc<pare::config::Config>, Arc<pare::pipeline::Pipeline>) {
+    let mut config = config.clone();
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.to_owned());
+    let config = Arc::new(config);
+    let archive = pare::archive::Archive::open(&config.archive);
+    let pipeline = pare::pipeline::Pipeline::identity(config.clone()).with_archive(archive);
+    (config, Arc::new(pipeline))
+}
+
+#[tokio::test]
+async fn health_and_metrics_report_the_archive() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, pipeline) = archived_pipeline(&config_for(&stub), dir.path());
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap().bytes().await.unwrap();
+    within("the archive to commit the exchange", async {
+        loop {
+            let text = client().get(pare.url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
+            if series(&text, "pare_archive_committed_records_total").unwrap_or(0.0) >= 1.0 {
+                assert_eq!(series(&text, "pare_archive_writable"), Some(1.0), "{text}");
+                assert_eq!(series(&text, "pare_archive_lost_records_total"), Some(0.0), "{text}");
+                assert!(series(&text, "pare_archive_queue_depth").is_some(), "{text}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let health = json_body(client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["archive"]["writable"], true);
+}
+
+#[tokio::test]
+async fn an_unwritable_archive_makes_health_degraded() {
+    let stub = Stub::start(Stub::openai).await;
+    let not_a_dir = tempfile::NamedTempFile::new().unwrap();
+    let (config, pipeline) = archived_pipeline(&config_for(&stub), &not_a_dir.path().join("archive"));
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
+    assert_eq!(response.status(), 200, "a broken archive never blocks the agent");
+    within("health to report the archive", async {
+        loop {
+            let health = json_body(client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
+            if health["archive"]["writable"] == false {
+                assert_eq!(health["status"], "degraded");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
