@@ -769,3 +769,33 @@ async fn exchanges_through_the_proxy_land_in_the_archive() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("SECRET"));
     }
 }
+
+/// Regression: Hermes Agent resuming a session (`captured_requests_chat` in the corpus) re-sends old
+/// tool messages without their `name` key; the session must not split there. The fixture is that
+/// session with tool schemas dropped and long strings shortened (consistently across requests).
+#[test]
+fn hermes_resume_without_tool_names_stays_in_one_session() {
+    use pare::session::{Assigned, SessionTracker};
+    use pare::wire::ChatBody;
+    let requests: Vec<&str> = include_str!("../fixtures/archive/hermes_resume.jsonl").lines().collect();
+    let tracker = SessionTracker::new(&Config::default().archive);
+    let mut hows = Vec::new();
+    let mut sessions = Vec::new();
+    for (k, line) in requests.iter().enumerate() {
+        let body = ChatBody::parse(line.as_bytes()).unwrap();
+        let assignment = tracker.assign(&HeaderMap::new(), Some(&body));
+        // The answer to request k is the assistant message request k+1 carries at that position.
+        if let Some(next) = requests.get(k + 1) {
+            let next: Value = serde_json::from_str(next).unwrap();
+            let answer = &next["messages"][body.messages.len()];
+            assert_eq!(answer["role"], "assistant");
+            tracker.answered(&assignment.session, assignment.key_req, answer);
+        }
+        hows.push(assignment.how);
+        sessions.push(assignment.session);
+    }
+    assert_eq!(requests.len(), 6);
+    assert!(sessions.iter().all(|s| *s == sessions[0]), "{hows:?}");
+    assert_eq!(hows[0], Assigned::New);
+    assert!(hows[1..].iter().all(|h| *h == Assigned::Extends), "{hows:?}");
+}
