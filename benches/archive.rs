@@ -162,7 +162,11 @@ fn corpus_figures(corpus: &Path) {
             ratios.push(ratio);
             marginal.push(added);
             let name = file.file_stem().unwrap().to_string_lossy();
-            println!("{source}/{name}  {}  {final_raw}  {total}  {size}  {ratio:.3}  {added:.3}", lines.len());
+            let n_sessions = sessions_formed(&lines);
+            println!(
+                "{source}/{name}  {}  {final_raw}  {total}  {size}  {ratio:.3}  {added:.3}  sessions_formed={n_sessions}",
+                lines.len()
+            );
         }
     }
     for (name, mut r) in [("archive/final", ratios), ("(archive-empty)/final", marginal)] {
@@ -175,6 +179,23 @@ fn corpus_figures(corpus: &Path) {
             r[0]
         );
     }
+}
+
+/// How many sessions the tracker forms from a corpus file when each request is answered by the
+/// assistant message the next request carries at that position (1 = the session stays whole).
+fn sessions_formed(lines: &[&str]) -> usize {
+    let tracker = pare::session::SessionTracker::new(&Config::default().archive);
+    let mut ids = std::collections::HashSet::new();
+    for (k, line) in lines.iter().enumerate() {
+        let Ok(body) = ChatBody::parse(line.as_bytes()) else { continue };
+        let assignment = tracker.assign(&HeaderMap::new(), Some(&body));
+        let next: Option<Value> = lines.get(k + 1).and_then(|l| serde_json::from_str(l).ok());
+        if let Some(answer) = next.as_ref().and_then(|n| n["messages"].get(body.messages.len())) {
+            tracker.answered(&assignment.session, assignment.key_req, answer);
+        }
+        ids.insert(assignment.session);
+    }
+    ids.len()
 }
 
 /// Pseudo-random printable text (xxh3 stream, hex): incompressible enough that the archive grows.

@@ -1,12 +1,14 @@
 """`pare export dpo|sft` files load with Hugging Face `datasets` and have the columns TRL expects.
 
-The archive exported from is the crafted one committed under tests/fixtures/archive/crafted/ (kept
-current by the Rust test `archive::committed_e2e_archive_verifies_and_exports_the_goldens`). The pare
-binary is $PARE_BIN, else target/debug/pare (built with cargo when missing).
+Two archives: the crafted one committed under tests/fixtures/archive/crafted/ (branches and retries;
+kept current by the Rust test `archive::committed_e2e_archive_verifies_and_exports_the_goldens`), and
+one recorded by a real `pare serve` in front of the stub upstream. The pare binary is $PARE_BIN, else
+target/debug/pare (built with cargo when missing).
 """
 
 import json
 import os
+import urllib.request
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,6 +95,58 @@ def test_sft_openai_export_loads_with_messages_and_tools(pare_bin, archive_dir, 
     for row in ds:
         assert_messages(row["messages"])
         assert row["messages"][-1]["role"] == "assistant"
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def post_chat(url, body):
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": "Bearer sk-test-SECRET"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_sft_from_an_archive_recorded_by_pare_serve(pare_bin, stub, tmp_path):
+    """Drive `pare serve` through a tool call and its answer, stop it, export: one conversation."""
+    from conftest import PareProcess
+
+    os.environ.setdefault("PARE_BIN", pare_bin)
+    archive = tmp_path / "served"
+    process = PareProcess(f"{stub.url}/v1", archive)
+    try:
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        first = post_chat(process.url, {"model": "stub-model", "messages": messages, "tools": [WEATHER_TOOL]})
+        call = first["choices"][0]["message"]
+        assert call["tool_calls"][0]["function"]["name"] == "get_weather"
+        messages += [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "sunny, 24 C"}]
+        second = post_chat(process.url, {"model": "stub-model", "messages": messages, "tools": [WEATHER_TOOL]})
+        answer = second["choices"][0]["message"]["content"]
+    finally:
+        assert process.stop() == 0
+    out = tmp_path / "sft.jsonl"
+    result = run_pare(pare_bin, "export", "sft", "--archive", str(archive), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "SECRET" not in out.read_text()
+    ds = load(out)
+    assert ds.num_rows == 1
+    roles = [m["role"] for m in ds[0]["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert ds[0]["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert ds[0]["messages"][-1]["content"] == answer
+    assert ds[0]["tools"][0]["function"]["name"] == "get_weather"
+    verified = run_pare(pare_bin, "sessions", "verify", "--archive", str(archive))
+    assert verified.returncode == 0, verified.stdout
 
 
 def test_sft_sharegpt_export_loads_with_conversations(pare_bin, archive_dir, tmp_path):

@@ -649,3 +649,153 @@ fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
     assert_eq!(reader.session("s").unwrap().n_requests, recorded);
     assert!(verify(reader.conn(), None).unwrap().ok());
 }
+
+/// Log lines captured from every task of a current-thread runtime.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn pare_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_pare")).args(args).output().expect("run pare")
+}
+
+/// Exchanges through the real proxy (stub upstream, real pipeline from the configuration) land in the
+/// archive: `sessions show --raw` reproduces the exact request bytes, `--forwarded` what the stub
+/// received, answers are assembled, a conversation stays in one session, and the agent's key leaves no
+/// trace in the store, the logs or an export.
+#[tokio::test(flavor = "current_thread")]
+async fn exchanges_through_the_proxy_land_in_the_archive() {
+    use crate::support::pare::{config_for, start_with_pipeline};
+    use crate::support::stub::{ANSWER, Stub};
+    let logs = CapturedLogs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let mut config = config_for(&stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.archive.flush_interval_ms = 10;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    let pare = start_with_pipeline(Arc::clone(&config), Arc::clone(&pipeline)).await;
+    let client = crate::support::client();
+
+    // Request 1: pretty-printed JSON (whitespace must survive), not streamed.
+    let first = "{\n  \"model\": \"stub-model\",\n  \"messages\": [\n    {\"role\": \"system\", \"content\": \"Be brief.\"},\n    {\"role\": \"user\", \"content\": \"Say hello.\"}\n  ]\n}\n";
+    // Request 2 extends request 1 + its answer, streamed.
+    let second = serde_json::to_string(&json!({
+        "model": "stub-model",
+        "stream": true,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": ANSWER},
+            {"role": "user", "content": "Again, streamed."},
+        ],
+    }))
+    .unwrap();
+    let mut sent = Vec::new();
+    for body in [first.to_string(), second] {
+        let response = client
+            .post(pare.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test-SECRET")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+        sent.push(body);
+    }
+    pare.shutdown().await.unwrap();
+    pipeline.archive().unwrap().close_async().await;
+
+    let archive_dir = dir.path().to_str().unwrap();
+    let listed = pare_cli(&["sessions", "list", "--json", "--archive", archive_dir]);
+    let sessions: Vec<Value> =
+        String::from_utf8(listed.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(sessions.len(), 1, "one conversation, one session: {sessions:?}");
+    let id = sessions[0]["id"].as_str().unwrap();
+    assert_eq!(sessions[0]["requests"], 2);
+    // The stub also sees pare's context-window probes; keep the chat requests.
+    let received: Vec<_> =
+        stub.requests().into_iter().filter(|r| r.path_only().ends_with("/chat/completions")).collect();
+    assert_eq!(received.len(), 2);
+    for (n, body) in sent.iter().enumerate() {
+        let seq = (n + 1).to_string();
+        let raw = pare_cli(&["sessions", "show", id, "--raw", "--request", &seq, "--archive", archive_dir]);
+        assert!(raw.status.success());
+        assert!(raw.stdout == body.as_bytes(), "raw request {seq} is not byte-identical");
+        let fwd = pare_cli(&["sessions", "show", id, "--forwarded", "--request", &seq, "--archive", archive_dir]);
+        assert!(fwd.stdout == received[n].body, "forwarded request {seq} is not what the stub received");
+    }
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    for seq in [1, 2] {
+        let answer = reader.response(id, seq).unwrap().unwrap();
+        assert_eq!(answer.assembled.unwrap()["message"]["content"], ANSWER);
+        assert!(!answer.partial);
+        assert_eq!(answer.stream, seq == 2);
+    }
+    let verified = pare_cli(&["sessions", "verify", "--archive", archive_dir]);
+    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stdout));
+
+    // The secret: nowhere in the store files, the logs, or an export.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        assert!(!bytes.windows(6).any(|w| w == b"SECRET"), "secret in the store");
+    }
+    assert!(!logs.0.lock().unwrap().is_empty(), "the log capture works");
+    assert!(!String::from_utf8_lossy(&logs.0.lock().unwrap()).contains("SECRET"), "secret in the logs");
+    for args in [["export", "sft"], ["export", "dpo"]] {
+        let out = pare_cli(&[args[0], args[1], "--archive", archive_dir]);
+        assert!(out.status.success());
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("SECRET"));
+    }
+}
+
+/// Regression: Hermes Agent resuming a session (`captured_requests_chat` in the corpus) re-sends old
+/// tool messages without their `name` key; the session must not split there. The fixture is that
+/// session with tool schemas dropped and long strings shortened (consistently across requests).
+#[test]
+fn hermes_resume_without_tool_names_stays_in_one_session() {
+    use pare::session::{Assigned, SessionTracker};
+    use pare::wire::ChatBody;
+    let requests: Vec<&str> = include_str!("../fixtures/archive/hermes_resume.jsonl").lines().collect();
+    let tracker = SessionTracker::new(&Config::default().archive);
+    let mut hows = Vec::new();
+    let mut sessions = Vec::new();
+    for (k, line) in requests.iter().enumerate() {
+        let body = ChatBody::parse(line.as_bytes()).unwrap();
+        let assignment = tracker.assign(&HeaderMap::new(), Some(&body));
+        // The answer to request k is the assistant message request k+1 carries at that position.
+        if let Some(next) = requests.get(k + 1) {
+            let next: Value = serde_json::from_str(next).unwrap();
+            let answer = &next["messages"][body.messages.len()];
+            assert_eq!(answer["role"], "assistant");
+            tracker.answered(&assignment.session, assignment.key_req, answer);
+        }
+        hows.push(assignment.how);
+        sessions.push(assignment.session);
+    }
+    assert_eq!(requests.len(), 6);
+    assert!(sessions.iter().all(|s| *s == sessions[0]), "{hows:?}");
+    assert_eq!(hows[0], Assigned::New);
+    assert!(hows[1..].iter().all(|h| *h == Assigned::Extends), "{hows:?}");
+}
