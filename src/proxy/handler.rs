@@ -98,7 +98,7 @@ where
     let is_chat = parts.method == Method::POST && path.ends_with("/chat/completions") && is_json_ish(&parts.headers);
     let mut sink: Option<Box<dyn ResponseSink>> = None;
     let forward = if is_chat {
-        let prepared = proxy.pipeline.prepare_chat(&parts.headers, raw).await;
+        let prepared = proxy.pipeline.prepare_chat_at(parts.method.as_str(), path, &parts.headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;
