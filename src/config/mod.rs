@@ -607,6 +607,28 @@ models:
         assert_eq!(Config::from_yaml(text).unwrap(), Config::default());
     }
 
+    /// Every key of the schema appears in `compaction.example.yaml` (so the file documents them all).
+    #[test]
+    fn the_example_file_names_every_key() {
+        fn paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+            if let serde_json::Value::Object(map) = value {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    paths(v, &path, out);
+                    out.push(path);
+                }
+            }
+        }
+        let text = include_str!("../../compaction.example.yaml");
+        let root = yaml::parse(text).unwrap();
+        let mut in_example = Vec::new();
+        paths(&root.to_json(), "", &mut in_example);
+        let mut in_schema = Vec::new();
+        paths(&serde_json::to_value(Config::default()).unwrap(), "", &mut in_schema);
+        let missing: Vec<&String> = in_schema.iter().filter(|p| !in_example.contains(p)).collect();
+        assert!(missing.is_empty(), "keys missing from compaction.example.yaml: {missing:?}");
+    }
+
     #[test]
     fn non_loopback_needs_both_the_flag_and_a_token() {
         let err = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n").unwrap_err();
