@@ -66,7 +66,9 @@ fn main() {
         per_source.push((name, t));
     }
     per_source.push(("total".into(), all));
-    println!("tokens: tiktoken o200k_base per message (OpenAI chat accounting); rules only, default pack, 5 turns protected");
+    println!(
+        "tokens: tiktoken o200k_base per message (OpenAI chat accounting); rules only, default pack, 5 turns protected"
+    );
     for (name, t) in &per_source {
         let total_saved: i64 = t.saved.values().sum();
         println!(

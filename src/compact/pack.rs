@@ -112,8 +112,8 @@ impl Default for SuccessSpec {
         SuccessSpec {
             error_patterns: [
                 r"Traceback \(most recent call last\)",
-                r"(?m)^[ \t]*(error|ERROR|Error)(\[[A-Za-z0-9_]+\])?:",
-                r"(?m)^[A-Za-z0-9_.]*(Error|Exception): ",
+                r"(?-u:\b)(?:error|ERROR|Error)(?:\[[A-Za-z0-9_]+\])?:",
+                r"(?:Error|Exception): ",
                 r"(?-u:\b)FAILED(?-u:\b)",
                 r"panicked at",
                 r"command not found",
