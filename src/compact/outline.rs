@@ -70,9 +70,9 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     let lines: Vec<&str> = text.lines().collect();
-    let numbered = lines.iter().filter(|l| split_numbered(l).is_some()).count();
-    if numbered * 10 >= lines.len() * 6 && numbered > 0 {
-        return lines.iter().filter_map(|l| split_numbered(l)).collect();
+    let numbered: Vec<(usize, &str)> = lines.iter().filter_map(|l| split_numbered(l)).collect();
+    if numbered.len() * 10 >= lines.len() * 6 && !numbered.is_empty() {
+        return numbered;
     }
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
