@@ -125,7 +125,8 @@ fn deserialize_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<
     let v = Value::deserialize(d)?;
     Ok(Some(match v {
         Value::String(s) => Content::Text(s),
-        Value::Array(_) => match serde_json::from_value::<Vec<ContentPart>>(v.clone()) {
+        // Read the parts from the borrowed value: a failed attempt must not cost a copy of the text.
+        Value::Array(_) => match Vec::<ContentPart>::deserialize(&v) {
             Ok(parts) => Content::Parts(parts),
             Err(_) => Content::Other(v),
         },

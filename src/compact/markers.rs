@@ -179,33 +179,54 @@ pub fn mentioned_files(text: &str, max: usize) -> Vec<String> {
         &text[head.len()..]
     };
     let mut out: Vec<String> = Vec::new();
-    let tokens = head.split(|c: char| !path_char(c)).chain(tail.split(|c: char| !path_char(c)));
-    for token in tokens {
-        if !token.contains('.') {
-            continue;
-        }
-        let token = token.trim_end_matches('.');
-        let Some((stem, ext)) = token.rsplit_once('.') else { continue };
-        if token.len() < 4 || !FILE_EXTENSIONS.contains(&ext) {
-            continue;
-        }
-        let name = stem.rsplit('/').next().unwrap_or(stem);
-        // `.gitignore`-like names and `..` segments are not what markers list.
-        if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-            continue;
-        }
-        if token.starts_with('.') && !token.starts_with("./") {
-            continue;
-        }
-        let p = token.trim_start_matches("./").to_owned();
-        if !out.contains(&p) {
-            out.push(p);
+    for part in [head, tail] {
+        for token in path_tokens(part) {
             if out.len() >= max {
-                break;
+                return out;
+            }
+            let token = token.trim_end_matches('.');
+            let Some((stem, ext)) = token.rsplit_once('.') else { continue };
+            if token.len() < 4 || !FILE_EXTENSIONS.contains(&ext) {
+                continue;
+            }
+            let name = stem.rsplit('/').next().unwrap_or(stem);
+            // `.gitignore`-like names and `..` segments are not what markers list.
+            if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                continue;
+            }
+            if token.starts_with('.') && !token.starts_with("./") {
+                continue;
+            }
+            let p = token.trim_start_matches("./");
+            if !out.iter().any(|o| o == p) {
+                out.push(p.to_owned());
             }
         }
     }
     out
+}
+
+/// Maximal runs of path characters that contain a `.` (a byte scan: path characters are ASCII).
+fn path_tokens(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < bytes.len() {
+            while i < bytes.len() && !path_char(bytes[i] as char) {
+                i += 1;
+            }
+            let start = i;
+            let mut dot = false;
+            while i < bytes.len() && path_char(bytes[i] as char) {
+                dot |= bytes[i] == b'.';
+                i += 1;
+            }
+            if dot && i > start {
+                return Some(&text[start..i]);
+            }
+        }
+        None
+    })
 }
 
 /// The longest prefix of at most `max` bytes ending on a char boundary.

@@ -70,9 +70,9 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     let lines: Vec<&str> = text.lines().collect();
-    let numbered = lines.iter().filter(|l| split_numbered(l).is_some()).count();
-    if numbered * 10 >= lines.len() * 6 && numbered > 0 {
-        return lines.iter().filter_map(|l| split_numbered(l)).collect();
+    let numbered: Vec<(usize, &str)> = lines.iter().filter_map(|l| split_numbered(l)).collect();
+    if numbered.len() * 10 >= lines.len() * 6 && !numbered.is_empty() {
+        return numbered;
     }
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
@@ -122,7 +122,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
     for &(num, line) in lines {
         let trimmed = line.trim();
         if let Some(q) = in_string {
-            if trimmed.matches(q).count() % 2 == 1 {
+            if count_occurrences(trimmed, q) % 2 == 1 {
                 in_string = None;
             }
             last_code = num;
@@ -149,7 +149,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
         }
         if trimmed.contains(['"', '\'']) {
             for q in ["\"\"\"", "'''"] {
-                if trimmed.matches(q).count() % 2 == 1 {
+                if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
                     break;
                 }
@@ -161,6 +161,23 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
         out[i].end = last_code.max(out[i].start);
     }
     out
+}
+
+/// Non-overlapping occurrences of a 3-byte quote (`"""` or `'''`) in a line: a byte scan, cheaper
+/// than a substring searcher on short lines.
+fn count_occurrences(line: &str, quote: &str) -> usize {
+    let q = quote.as_bytes()[0];
+    let bytes = line.as_bytes();
+    let (mut i, mut n) = (0, 0);
+    while i + 2 < bytes.len() {
+        if bytes[i] == q && bytes[i + 1] == q && bytes[i + 2] == q {
+            n += 1;
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    n
 }
 
 static RUST_DEF: LazyLock<Regex> = LazyLock::new(|| {

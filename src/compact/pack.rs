@@ -112,8 +112,8 @@ impl Default for SuccessSpec {
         SuccessSpec {
             error_patterns: [
                 r"Traceback \(most recent call last\)",
-                r"(?m)^[ \t]*(error|ERROR|Error)(\[[A-Za-z0-9_]+\])?:",
-                r"(?m)^[A-Za-z0-9_.]*(Error|Exception): ",
+                r"(?-u:\b)(?:error|ERROR|Error)(?:\[[A-Za-z0-9_]+\])?:",
+                r"(?:Error|Exception): ",
                 r"(?-u:\b)FAILED(?-u:\b)",
                 r"panicked at",
                 r"command not found",
@@ -634,12 +634,25 @@ pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pa
         let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
         deep_merge(rules, overrides);
     }
+    // The pack alone is valid (checked above): what fails now comes from the overrides, so it is
+    // reported at the config's `compaction.rules` paths.
+    let name = if overrides.is_some() { format!("{name} with compaction.rules") } else { name.to_owned() };
+    let at = |path: &str| if overrides.is_some() { config_path(path) } else { path.to_owned() };
     let pack: Pack = serde_path_to_error::deserialize(tree).map_err(|e| PackError::Invalid {
-        name: name.to_owned(),
-        problems: vec![Problem { line: None, path: e.path().to_string(), message: e.inner().to_string() }],
+        name: name.clone(),
+        problems: vec![Problem { line: None, path: at(&e.path().to_string()), message: e.inner().to_string() }],
     })?;
-    let problems = pack.rules.validate();
-    if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name: name.to_owned(), problems }) }
+    let problems: Vec<Problem> =
+        pack.rules.validate().into_iter().map(|p| Problem { path: at(&p.path), ..p }).collect();
+    if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name, problems }) }
+}
+
+/// `rules.x.y` of a pack → `compaction.rules.x.y` of the config that overrides it.
+fn config_path(path: &str) -> String {
+    match path.strip_prefix("rules") {
+        Some(rest) => format!("compaction.rules{rest}"),
+        None => format!("compaction.rules.{path}"),
+    }
 }
 
 /// Validate a config's `compaction.rules` overrides against the pack they apply to. Paths start with
@@ -654,13 +667,11 @@ pub fn check_overrides(pack_text: &str, overrides: &Value) -> Vec<Problem> {
     let Value::Object(top) = &mut tree else { return Vec::new() };
     let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
     deep_merge(rules, overrides);
-    let rename = |path: &str| match path.strip_prefix("rules") {
-        Some(rest) => format!("compaction.rules{rest}"),
-        None => format!("compaction.rules.{path}"),
-    };
     match serde_path_to_error::deserialize::<_, Pack>(tree) {
-        Ok(pack) => pack.rules.validate().into_iter().map(|p| Problem { path: rename(&p.path), ..p }).collect(),
-        Err(e) => vec![Problem { line: None, path: rename(&e.path().to_string()), message: e.inner().to_string() }],
+        Ok(pack) => pack.rules.validate().into_iter().map(|p| Problem { path: config_path(&p.path), ..p }).collect(),
+        Err(e) => {
+            vec![Problem { line: None, path: config_path(&e.path().to_string()), message: e.inner().to_string() }]
+        }
     }
 }
 
@@ -727,7 +738,7 @@ mod tests {
         let overrides = serde_json::json!({"truncate": {"max_char": 900}});
         let err = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides)).unwrap_err();
         let PackError::Invalid { problems, .. } = err else { panic!("expected Invalid, got {err}") };
-        assert_eq!(problems[0].path, "rules.truncate.max_char");
+        assert_eq!(problems[0].path, "compaction.rules.truncate.max_char");
         assert!(problems[0].message.contains("max_char"), "{}", problems[0].message);
     }
 

@@ -84,7 +84,7 @@ pub fn fit(
         return Fit { report, elided };
     }
 
-    let mut units = units(engine, conv, edits, counter, &tokens);
+    let units = units(engine, conv, edits, counter, &tokens);
     let scored: u64 = units.iter().map(|u| u.forms[0].1).sum();
     let budget = target.saturating_sub(after_rules - scored) as f64;
     // Descending salience; on ties the more recent group first.
@@ -110,36 +110,9 @@ pub fn fit(
 
     // Compress each group at its tier (a group that fits no tier is compressed to facts first, and
     // elided below).
-    for (u, unit) in units.iter_mut().enumerate() {
-        let tier = tier_of[u].unwrap_or(Tier::Background);
-        match tier {
-            Tier::Focus => report.focus += 1,
-            Tier::Recent => report.recent += 1,
-            Tier::Summary => report.summary += 1,
-            Tier::Background => report.background += 1,
-        }
-        let rule = match tier {
-            Tier::Focus => continue,
-            Tier::Recent => RuleId::TierLight,
-            Tier::Summary => RuleId::TierHeavy,
-            Tier::Background => RuleId::TierFacts,
-        };
-        let forms = std::mem::take(&mut unit.forms[tier as usize].0);
-        for (k, form) in forms.into_iter().enumerate() {
-            let idx = unit.start + k;
-            let Some(form) = form else { continue };
-            let text = edits.render_as(conv, idx, Some(&form));
-            let new_tokens = counter.message(&text);
-            if new_tokens >= tokens[idx] {
-                continue;
-            }
-            edits.set_text(conv, idx, rule, form.text, form.embed);
-            edits.claimed[idx] = true;
-            let text = edits.render(conv, idx);
-            tokens[idx] = counter.message(&text);
-            edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64 - tokens[idx] as i64;
-            rendered[idx] = Some(text);
-        }
+    let mut final_tier: Vec<Tier> = tier_of.iter().map(|t| t.unwrap_or(Tier::Background)).collect();
+    for (u, unit) in units.iter().enumerate() {
+        apply_tier(conv, edits, rendered, &mut tokens, counter, unit, final_tier[u]);
     }
 
     // Elide: first the groups that fit no tier, then the least salient, while over target.
@@ -147,17 +120,45 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    for u in candidates {
+    let ctx = ElideContext { engine, conv, counter, fixed_extra };
+    for &u in &candidates {
         if total <= target && tier_of[u].is_some() {
             break;
         }
-        gone.insert(u);
+        ctx.try_elide(edits, &units, u, &mut gone, &tokens, &mut total);
+    }
+    if total > target {
+        // Still over: everything left goes to facts only, then elision runs to a fixpoint, so that
+        // compacting the output again finds nothing more to do (idempotence).
+        for (u, unit) in units.iter().enumerate() {
+            if !gone.contains(&u) && final_tier[u] != Tier::Background {
+                final_tier[u] = Tier::Background;
+                apply_tier(conv, edits, rendered, &mut tokens, counter, unit, Tier::Background);
+            }
+        }
         let runs = elision_runs(engine, conv, edits, &units, &gone);
-        let new_total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
-        if new_total < total {
-            total = new_total;
-        } else {
-            gone.remove(&u);
+        total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+        for _ in 0..=units.len() {
+            let mut changed = false;
+            for &u in &candidates {
+                if !gone.contains(&u) && ctx.try_elide(edits, &units, u, &mut gone, &tokens, &mut total) {
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+    for (u, tier) in final_tier.iter().enumerate() {
+        if gone.contains(&u) {
+            continue;
+        }
+        match tier {
+            Tier::Focus => report.focus += 1,
+            Tier::Recent => report.recent += 1,
+            Tier::Summary => report.summary += 1,
+            Tier::Background => report.background += 1,
         }
     }
     let runs = elision_runs(engine, conv, edits, &units, &gone);
@@ -179,6 +180,70 @@ pub fn fit(
     report.over_target = total > target;
     elided.runs = runs;
     Fit { report, elided }
+}
+
+/// What elision needs besides the state it changes.
+struct ElideContext<'e, 'c, 'a> {
+    engine: &'e Engine,
+    conv: &'c Conversation<'a>,
+    counter: &'e dyn CountTokens,
+    fixed_extra: u64,
+}
+
+impl ElideContext<'_, '_, '_> {
+    /// Elide unit `u` when that lowers the total (its run's marker included); returns whether it did.
+    fn try_elide(
+        &self,
+        edits: &Edits,
+        units: &[Unit],
+        u: usize,
+        gone: &mut BTreeSet<usize>,
+        tokens: &[u64],
+        total: &mut u64,
+    ) -> bool {
+        gone.insert(u);
+        let runs = elision_runs(self.engine, self.conv, edits, units, gone);
+        let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
+        if new_total < *total {
+            *total = new_total;
+            true
+        } else {
+            gone.remove(&u);
+            false
+        }
+    }
+}
+
+/// Rewrite a unit's messages to their form at `tier`, where that saves tokens.
+fn apply_tier(
+    conv: &Conversation<'_>,
+    edits: &mut Edits,
+    rendered: &mut [Option<String>],
+    tokens: &mut [u64],
+    counter: &dyn CountTokens,
+    unit: &Unit,
+    tier: Tier,
+) {
+    let rule = match tier {
+        Tier::Focus => return,
+        Tier::Recent => RuleId::TierLight,
+        Tier::Summary => RuleId::TierHeavy,
+        Tier::Background => RuleId::TierFacts,
+    };
+    for (k, form) in unit.forms[tier as usize].0.iter().enumerate() {
+        let idx = unit.start + k;
+        let Some(form) = form else { continue };
+        let text = edits.render_as(conv, idx, Some(form));
+        if counter.message(&text) >= tokens[idx] {
+            continue;
+        }
+        edits.set_text(conv, idx, rule, form.text.clone(), form.embed);
+        edits.claimed[idx] = true;
+        let text = edits.render(conv, idx);
+        tokens[idx] = counter.message(&text);
+        edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64 - tokens[idx] as i64;
+        rendered[idx] = Some(text);
+    }
 }
 
 /// Total tokens of the prefix with `runs` elided.

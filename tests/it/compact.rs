@@ -891,7 +891,7 @@ fn check_generated(
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::test_runner::Config { cases: 96, failure_persistence: None, ..Default::default() })]
+    #![proptest_config(proptest::test_runner::Config { cases: 128, failure_persistence: None, ..Default::default() })]
 
     #[test]
     fn generated_conversations_keep_every_invariant(
