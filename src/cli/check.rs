@@ -15,7 +15,8 @@ use crate::config::{Config, ConfigError, Problem};
 
 pub fn run(args: super::CheckArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
-    let (kind, problems) = if is_rule_pack(&text) { ("rule pack", check_pack(&text)) } else { ("config", check_config(&text)) };
+    let (kind, problems) =
+        if is_rule_pack(&text) { ("rule pack", check_pack(&text)) } else { ("config", check_config(&text)) };
     if problems.is_empty() {
         println!("{}: ok ({kind})", args.file.display());
         return Ok(ExitCode::SUCCESS);
