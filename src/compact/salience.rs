@@ -120,13 +120,11 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let ctx = ElideContext { engine, conv, counter, fixed_extra };
-    for &u in &candidates {
-        if total <= target && tier_of[u].is_some() {
-            break;
-        }
-        ctx.try_elide(edits, &units, u, &mut gone, &tokens, &mut total);
-    }
+    let facts = MarkerFacts::new(conv);
+    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra };
+    ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
+        total <= target && tier_of[u].is_some()
+    });
     if total > target {
         // Still over: everything left goes to facts only, then elision runs to a fixpoint, so that
         // compacting the output again finds nothing more to do (idempotence).
@@ -136,16 +134,11 @@ pub fn fit(
                 apply_tier(conv, edits, rendered, &mut tokens, counter, unit, Tier::Background);
             }
         }
-        let runs = elision_runs(engine, conv, edits, &units, &gone);
+        let runs = elision_runs(engine, &facts, conv, edits, &units, &gone);
         total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
         for _ in 0..=units.len() {
-            let mut changed = false;
-            for &u in &candidates {
-                if !gone.contains(&u) && ctx.try_elide(edits, &units, u, &mut gone, &tokens, &mut total) {
-                    changed = true;
-                }
-            }
-            if !changed {
+            let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
+            if !ctx.elide_in_order(edits, &units, &left, &mut gone, &tokens, &mut total, |_, _| false) {
                 break;
             }
         }
@@ -161,7 +154,7 @@ pub fn fit(
             Tier::Background => report.background += 1,
         }
     }
-    let runs = elision_runs(engine, conv, edits, &units, &gone);
+    let runs = elision_runs(engine, &facts, conv, edits, &units, &gone);
     for (start, (end, marker)) in &runs {
         let mut raw_tokens = 0i64;
         let mut raw_chars = 0i64;
@@ -182,35 +175,73 @@ pub fn fit(
     Fit { report, elided }
 }
 
+/// Per message, what an elision marker says of it (tool name and files of a tool result), computed once
+/// per [`fit`]: markers are re-rendered at every elision step, and a message's facts never change.
+struct MarkerFacts {
+    tool_results: Vec<Option<(String, Vec<String>)>>,
+}
+
+impl MarkerFacts {
+    fn new(conv: &Conversation<'_>) -> MarkerFacts {
+        let tool_results = (0..conv.boundary)
+            .map(|idx| match &conv.msgs[idx] {
+                Some(m) if m.role == "tool" => {
+                    let facts = conv.facts(idx);
+                    Some((facts.tool, facts.files))
+                }
+                _ => None,
+            })
+            .collect();
+        MarkerFacts { tool_results }
+    }
+}
+
 /// What elision needs besides the state it changes.
 struct ElideContext<'e, 'c, 'a> {
     engine: &'e Engine,
+    facts: &'e MarkerFacts,
     conv: &'c Conversation<'a>,
     counter: &'e dyn CountTokens,
     fixed_extra: u64,
 }
 
 impl ElideContext<'_, '_, '_> {
-    /// Elide unit `u` when that lowers the total (its run's marker included); returns whether it did.
-    fn try_elide(
+    /// Elide `candidates` in order while that lowers the total (run markers included), until `stop`
+    /// says enough. A group smaller than the marker that would replace it does not pay on its own, so
+    /// candidates are taken tentatively and committed as soon as the set taken so far lowers the total
+    /// (a run of small groups shares one marker); a tentative tail that never pays is put back.
+    /// Returns whether anything was elided.
+    #[allow(clippy::too_many_arguments)]
+    fn elide_in_order(
         &self,
         edits: &Edits,
         units: &[Unit],
-        u: usize,
+        candidates: &[usize],
         gone: &mut BTreeSet<usize>,
         tokens: &[u64],
         total: &mut u64,
+        stop: impl Fn(u64, usize) -> bool,
     ) -> bool {
-        gone.insert(u);
-        let runs = elision_runs(self.engine, self.conv, edits, units, gone);
-        let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
-        if new_total < *total {
-            *total = new_total;
-            true
-        } else {
-            gone.remove(&u);
-            false
+        let mut pending: Vec<usize> = Vec::new();
+        let mut changed = false;
+        for &u in candidates {
+            if stop(*total, u) {
+                break;
+            }
+            gone.insert(u);
+            pending.push(u);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone);
+            let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
+            if new_total < *total {
+                *total = new_total;
+                pending.clear();
+                changed = true;
+            }
         }
+        for u in pending {
+            gone.remove(&u);
+        }
+        changed
     }
 }
 
@@ -274,6 +305,7 @@ fn elided_total(
 /// marker message.
 fn elision_runs(
     engine: &Engine,
+    facts: &MarkerFacts,
     conv: &Conversation<'_>,
     edits: &Edits,
     units: &[Unit],
@@ -291,11 +323,21 @@ fn elision_runs(
         }
         merged.push((start, end));
     }
-    merged.into_iter().map(|(start, end)| (start, (end, elision_marker(engine, conv, edits, start, end)))).collect()
+    merged
+        .into_iter()
+        .map(|(start, end)| (start, (end, elision_marker(engine, facts, conv, edits, start, end))))
+        .collect()
 }
 
 /// `{"role":"assistant","content":"[pare: 12 earlier messages elided — read_file ×5, terminal ×7; files: …]"}`.
-fn elision_marker(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, start: usize, end: usize) -> String {
+fn elision_marker(
+    engine: &Engine,
+    marker_facts: &MarkerFacts,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    start: usize,
+    end: usize,
+) -> String {
     let n = (start..end).filter(|&i| !edits.dropped[i]).count();
     let mut tools: BTreeMap<String, usize> = BTreeMap::new();
     let mut files: Vec<String> = Vec::new();
@@ -305,12 +347,11 @@ fn elision_marker(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, start
         if edits.dropped[idx] {
             continue;
         }
-        if m.role == "tool" {
-            let facts = conv.facts(idx);
-            *tools.entry(facts.tool.clone()).or_default() += 1;
-            for f in facts.files {
-                if files.len() < 8 && !files.contains(&f) {
-                    files.push(f);
+        if let Some(Some((tool, mentioned))) = marker_facts.tool_results.get(idx) {
+            *tools.entry(tool.clone()).or_default() += 1;
+            for f in mentioned {
+                if files.len() < 8 && !files.contains(f) {
+                    files.push(f.clone());
                 }
             }
         } else if m.role == "assistant" && m.tool_calls.as_ref().is_none_or(|t| t.is_empty()) {

@@ -679,6 +679,26 @@ fn tiers_and_elision_bring_the_request_under_target() {
     assert!(marker.contains("; files: src/module_"), "{marker}");
 }
 
+/// Regression: groups smaller than the marker that would replace them were never elided (each one alone
+/// does not pay), so a session of many tiny tool turns stayed far over target.
+#[test]
+fn runs_of_small_groups_are_elided_together() {
+    let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
+    for i in 0..400 {
+        let id = format!("c{i}");
+        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "read_file", "arguments": json!({"path": format!("m{i}.rs")}).to_string()}}]}));
+        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
+    }
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let raw_tokens = tokens_of(&msgs, 0);
+    let target = raw_tokens / 10;
+    let (out, report) = forward_with(&engine, &msgs, Some(target));
+    assert!(tokens_of(&out, 0) <= target, "{report}");
+    assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 300, "{report}");
+    assert!(out.len() < 100, "{} messages left", out.len());
+}
+
 #[test]
 fn an_unreachable_target_says_so_and_still_never_grows() {
     let msgs = long_session(3);

@@ -4,6 +4,7 @@
 mod support;
 
 mod archive;
+mod bad_input;
 mod budget;
 mod compact;
 mod eval;

@@ -1,0 +1,164 @@
+//! What bad or extreme input gets (MISSION.md, "What a bad input gets"; issue 6, item 3): each case goes
+//! through the real pipeline — sessions, tiktoken counting, epochs, the default rule pack, the archive —
+//! and must be answered, forwarded as specified, never panic, and be archived byte for byte.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use pare::archive::query::ArchiveReader;
+use pare::archive::read::BodyKind;
+use pare::compact::validate::{Skeleton, check};
+use pare::config::Config;
+use pare::pipeline::Pipeline;
+use serde_json::{Value, json};
+
+use crate::support::client;
+use crate::support::pare::{Pare, config_for, start_with_pipeline};
+use crate::support::stub::Stub;
+
+/// pare with the pipeline `serve` builds (archive on, a small window so that epochs fire).
+async fn real_pare(stub: &Stub, archive_dir: &std::path::Path) -> Pare {
+    let mut config: Config = config_for(stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(archive_dir.to_owned());
+    config.budget.detect_window = false;
+    config.budget.default_context_window = 8192;
+    config.budget.output_reserve = 1024;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(config.clone()).expect("pipeline"));
+    start_with_pipeline(config, pipeline).await
+}
+
+/// Send `body` as a chat request of session `session`; return what the stub received. The answer must
+/// be the upstream's (the stub answers 400 to a body it cannot read or without a string `model`, as
+/// OpenAI does), never an error of pare's own.
+async fn send(pare: &Pare, stub: &Stub, session: &str, body: Vec<u8>) -> Vec<u8> {
+    let before = stub.requests().len();
+    let readable = serde_json::from_slice::<Value>(&body).is_ok_and(|v| v["model"].is_string());
+    let response = client()
+        .post(pare.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-pare-session", session)
+        .body(body)
+        .send()
+        .await
+        .expect("pare answers");
+    let status = response.status();
+    let answer = response.bytes().await.expect("response body");
+    assert_eq!(status, if readable { 200 } else { 400 }, "session {session}: {}", String::from_utf8_lossy(&answer));
+    assert!(!String::from_utf8_lossy(&answer).contains("\"pare:"), "session {session}: pare answered itself");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), before + 1, "session {session}: exactly one forwarded request");
+    requests[before].body.to_vec()
+}
+
+/// The raw body pare archived for the only request of `session`.
+async fn archived_raw(pare: &Pare, session: &str) -> Vec<u8> {
+    let archive = pare.pipeline.archive().expect("archive on").clone();
+    archive.flush_async().await.expect("flush");
+    let reader = ArchiveReader::open(archive.dir()).expect("open archive");
+    let exchanges = reader.exchanges(session).expect("exchanges");
+    assert_eq!(exchanges.len(), 1, "session {session}");
+    reader.body(session, exchanges[0].seq, BodyKind::Raw).expect("raw body")
+}
+
+fn messages_of(body: &[u8]) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(body).expect("forwarded body is JSON");
+    v["messages"].as_array().expect("messages").clone()
+}
+
+fn assert_valid_pairing(messages: &[Value]) {
+    let skeletons: Vec<Option<Skeleton>> = messages.iter().map(|m| Skeleton::of(&m.to_string())).collect();
+    check(&skeletons).expect("forwarded messages keep tool pairing valid");
+}
+
+/// A coding-agent conversation: system, task, then `n_turns` read_file turns with `output` each.
+fn conversation(n_turns: usize, output: impl Fn(usize) -> String) -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
+    ];
+    for i in 0..n_turns {
+        let id = format!("call_{i}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "read_file", "arguments": json!({"path": format!("src/m{i}.rs")}).to_string()}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output(i)}));
+    }
+    messages
+}
+
+fn body_of(messages: Vec<Value>) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "bad-input", "messages": messages})).unwrap()
+}
+
+#[tokio::test]
+async fn bad_and_extreme_inputs_are_answered_forwarded_and_archived() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pare = real_pare(&stub, dir.path()).await;
+
+    // Not JSON at all, and not UTF-8: forwarded byte for byte.
+    let invalid_utf8 = b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec();
+    assert_eq!(send(&pare, &stub, "utf8", invalid_utf8.clone()).await, invalid_utf8);
+
+    // Nesting deeper than the parser allows (serde_json stops at 128): forwarded unchanged, no overflow.
+    let depth = 100_000;
+    let deep = format!(
+        "{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":{}1{}}}]}}",
+        "[".repeat(depth),
+        "]".repeat(depth)
+    )
+    .into_bytes();
+    assert_eq!(send(&pare, &stub, "deep", deep.clone()).await, deep);
+
+    // An agent that itself breaks tool pairing (an orphan tool result): forwarded unchanged.
+    let mut orphan =
+        conversation(12, |i| format!("{{\"output\": \"{}\", \"exit_code\": 0, \"error\": null}}", "x".repeat(900 + i)));
+    orphan.insert(3, json!({"role": "tool", "tool_call_id": "nobody_called_me", "content": "stray"}));
+    let orphan = body_of(orphan);
+    assert_eq!(send(&pare, &stub, "orphan", orphan.clone()).await, orphan);
+
+    // Unknown roles and `null` wherever it can be: answered, forwarded as valid JSON, nothing invented.
+    let odd = serde_json::to_vec(&json!({"model": null, "stream": null, "tools": null, "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "critic", "content": null, "name": null},
+        {"role": "user", "content": null, "tool_calls": null, "tool_call_id": null},
+        {"role": "assistant", "content": null, "reasoning_content": null},
+        {"role": "user", "content": [{"type": "text", "text": null}, null]},
+    ]}))
+    .unwrap();
+    let forwarded = send(&pare, &stub, "nulls", odd.clone()).await;
+    assert_eq!(messages_of(&forwarded).len(), 5);
+
+    // 10 000 messages: answered within the window, valid, user messages intact.
+    let many = conversation(4_999, |i| format!("line {i}\nok"));
+    let forwarded = messages_of(&send(&pare, &stub, "many", body_of(many.clone())).await);
+    assert_valid_pairing(&forwarded);
+    assert!(forwarded.len() < many.len(), "10 000 messages over an 8k window must be compacted");
+    assert_eq!(forwarded.iter().filter(|m| m["role"] == "user").count(), 1);
+
+    // A single 5 MB tool output early in a session: compacted, the result stays valid.
+    let huge = conversation(8, |i| if i == 0 { "y\n".repeat(2_500_000) } else { "ok".into() });
+    let huge_body = body_of(huge);
+    let forwarded_bytes = send(&pare, &stub, "huge", huge_body.clone()).await;
+    assert!(forwarded_bytes.len() < huge_body.len() / 100, "the 5 MB output is not forwarded whole");
+    assert_valid_pairing(&messages_of(&forwarded_bytes));
+
+    // Base64 images in content arrays: counted by estimate, forwarded unmangled.
+    let image = format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(20_000));
+    let mut with_images = conversation(2, |_| "ok".into());
+    with_images.push(json!({"role": "user", "content": [
+        {"type": "text", "text": "What is in this screenshot?"},
+        {"type": "image_url", "image_url": {"url": image, "detail": "high"}},
+    ]}));
+    let forwarded = messages_of(&send(&pare, &stub, "image", body_of(with_images.clone())).await);
+    assert_eq!(forwarded.last(), with_images.last(), "the image message is byte-identical in meaning");
+
+    // Nothing panicked, nothing failed open, and every raw body is in the archive exactly as sent.
+    assert_eq!(pare.pipeline.stats.fail_open.load(Ordering::Relaxed), 0);
+    assert_eq!(archived_raw(&pare, "utf8").await, invalid_utf8);
+    assert_eq!(archived_raw(&pare, "deep").await, deep);
+    assert_eq!(archived_raw(&pare, "orphan").await, orphan);
+    assert_eq!(archived_raw(&pare, "nulls").await, odd);
+    assert_eq!(archived_raw(&pare, "huge").await, huge_body);
+}
