@@ -249,7 +249,6 @@ impl SessionCompactor {
         let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
         let request = Request { body, raw: body.messages.iter().map(|m| m.get()).collect(), tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
-        counter.prefetch(&request.raw);
         let tokens_raw = request_tokens(counter, &request.raw, tools);
         let usable = request.usable();
         let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });

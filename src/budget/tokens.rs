@@ -156,46 +156,6 @@ impl TokenCounter {
         self.tokenizations.load(Ordering::Relaxed)
     }
 
-    /// Count every message of `messages` not in the cache yet, spreading a large cold batch (a
-    /// session met for the first time, e.g. after a restart) over the available cores. Counts are
-    /// the same as one by one; only the wall time changes.
-    pub fn prefetch<M: AsRef<str> + Sync>(&self, messages: &[M]) {
-        const PARALLEL_BYTES: usize = 256 * 1024;
-        let hashed: Vec<(u128, &str)> =
-            messages.iter().map(|m| (xxh3_128(m.as_ref().as_bytes()), m.as_ref())).collect();
-        let missing: Vec<&str> = {
-            let cache = self.lock();
-            hashed.into_iter().filter(|(key, _)| !cache.contains(key)).map(|(_, m)| m).collect()
-        };
-        let bytes: usize = missing.iter().map(|m| m.len()).sum();
-        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-        if n_threads < 2 || bytes < PARALLEL_BYTES {
-            for m in missing {
-                self.message(m);
-            }
-            return;
-        }
-        // Deal messages out largest first so that the threads finish together.
-        let mut by_size = missing;
-        by_size.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        let mut shares: Vec<Vec<&str>> = vec![Vec::new(); n_threads];
-        let mut loads = vec![0usize; n_threads];
-        for m in by_size {
-            let least = (0..n_threads).min_by_key(|i| loads[*i]).expect("n_threads >= 2");
-            loads[least] += m.len();
-            shares[least].push(m);
-        }
-        std::thread::scope(|scope| {
-            for share in &shares {
-                scope.spawn(move || {
-                    for m in share {
-                        self.message(m);
-                    }
-                });
-            }
-        });
-    }
-
     /// Tokens of a plain text, uncached.
     pub fn text(&self, text: &str) -> u64 {
         self.encoding.bpe().count_ordinary(text) as u64

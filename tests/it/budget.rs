@@ -692,23 +692,3 @@ async fn proxy_forwards_what_replay_predicts() {
     }
     assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "the window must make pare compact");
 }
-
-#[test]
-fn prefetch_counts_a_cold_batch_once_with_the_same_results() {
-    let messages: Vec<String> = (0..64)
-        .map(|i| {
-            let body: String = (0..800).map(|w| format!("tok{i}_{w} ")).collect();
-            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": body}).to_string()
-        })
-        .collect();
-    assert!(messages.iter().map(String::len).sum::<usize>() > 256 * 1024, "large enough to go parallel");
-    let parallel = counter(Encoding::O200kBase);
-    parallel.prefetch(&messages);
-    assert_eq!(parallel.tokenizations(), 64);
-    let total = request_tokens(&parallel, &messages, None);
-    assert_eq!(parallel.tokenizations(), 64, "everything was cached by the prefetch");
-    let sequential = counter(Encoding::O200kBase);
-    assert_eq!(request_tokens(&sequential, &messages, None), total);
-    parallel.prefetch(&messages);
-    assert_eq!(parallel.tokenizations(), 64, "a warm prefetch tokenizes nothing");
-}
