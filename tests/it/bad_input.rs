@@ -162,3 +162,56 @@ async fn bad_and_extreme_inputs_are_answered_forwarded_and_archived() {
     assert_eq!(archived_raw(&pare, "nulls").await, odd);
     assert_eq!(archived_raw(&pare, "huge").await, huge_body);
 }
+
+/// A stream the client abandons: the upstream request is cancelled and the archive keeps what arrived,
+/// marked partial (issue 5 item 3, issue 6 item 2).
+#[tokio::test]
+async fn a_stream_the_client_abandons_is_archived_as_partial() {
+    use crate::support::stub::{self, Recorded, Reply, Step};
+    let stub = Stub::start(|_: &Recorded| {
+        Reply::sse(vec![
+            Step::Send(stub::chunk_event("stub-model", json!({"content": "first words"}), None)),
+            Step::Hold,
+        ])
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let pare = real_pare(&stub, dir.path()).await;
+    let body = serde_json::to_vec(&json!({"model": "m", "stream": true,
+        "messages": [{"role": "user", "content": "tell me a long story"}]}))
+    .unwrap();
+    let client = client();
+    let mut response = client
+        .post(pare.url("/v1/chat/completions"))
+        .header("x-pare-session", "abandoned")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    let chunk = crate::support::within("the first chunk", response.chunk()).await.unwrap().expect("a chunk");
+    assert!(String::from_utf8_lossy(&chunk).contains("first words"));
+    drop(response);
+    drop(client);
+    stub.wait_cancelled(1).await;
+
+    let archive = pare.pipeline.archive().expect("archive on").clone();
+    // The sink finishes when the proxy drops the body; wait (at most 10 s) for its record to be committed.
+    let mut reader = None;
+    for _ in 0..500 {
+        archive.flush_async().await.expect("flush");
+        let candidate = ArchiveReader::open(archive.dir()).expect("open archive");
+        let seq = candidate.exchanges("abandoned").expect("exchanges")[0].seq;
+        if candidate.response("abandoned", seq).expect("response").is_some() {
+            reader = Some(candidate);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let reader = reader.expect("the partial answer is recorded within 10 s");
+    let seq = reader.exchanges("abandoned").unwrap()[0].seq;
+    let answer = reader.response("abandoned", seq).unwrap().expect("the answer is recorded");
+    assert!(answer.partial, "{answer:?}");
+    assert!(answer.stream);
+    assert!(String::from_utf8_lossy(&answer.body).contains("first words"), "what arrived is kept");
+    assert_eq!(archived_raw(&pare, "abandoned").await, body);
+}
