@@ -22,6 +22,16 @@ WEATHER_ANSWER = "It is sunny in Paris."
 HERMES_ANSWER = "PARE-E2E-DONE: the needle is in notes.txt"
 PROBES = ("/api/v1/models", "/api/tags", "/v1/props", "/props", "/version")
 
+# The tool that selects the weather script (the clients' tests send it).
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
 
 def hermes_step(messages, search_path):
     """The Hermes script: which tool to call next, from how many tool results came back."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from datasets import load_dataset
+from stub_upstream import WEATHER_TOOL
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "archive" / "crafted" / "archive.sqlite3"
@@ -95,16 +96,6 @@ def test_sft_openai_export_loads_with_messages_and_tools(pare_bin, archive_dir, 
     for row in ds:
         assert_messages(row["messages"])
         assert row["messages"][-1]["role"] == "assistant"
-
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 def post_chat(url, body):

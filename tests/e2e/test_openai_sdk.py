@@ -8,17 +8,7 @@ import openai
 import pytest
 
 from conftest import wait_until
-from stub_upstream import MODEL, PLAIN_ANSWER, WEATHER_ANSWER
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
+from stub_upstream import MODEL, PLAIN_ANSWER, WEATHER_ANSWER, WEATHER_TOOL
 
 def sync_client(pare):
     return openai.OpenAI(base_url=f"{pare.url}/v1", api_key="sk-e2e-dummy", timeout=30, max_retries=0)
