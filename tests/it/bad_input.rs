@@ -35,8 +35,11 @@ async fn real_pare(stub: &Stub, archive_dir: &std::path::Path) -> Pare {
 async fn send(pare: &Pare, stub: &Stub, session: &str, body: Vec<u8>) -> Vec<u8> {
     let before = stub.requests().len();
     let readable = serde_json::from_slice::<Value>(&body).is_ok_and(|v| v["model"].is_string());
+    // 10 000 messages and a 5 MB output take seconds in a debug build next to the rest of the suite:
+    // allow more than the default client's 30 s.
     let response = client()
         .post(pare.url("/v1/chat/completions"))
+        .timeout(std::time::Duration::from_secs(300))
         .header("content-type", "application/json")
         .header("x-pare-session", session)
         .body(body)
