@@ -178,10 +178,10 @@ impl Pipeline {
             Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
             Err(_) => (None, false),
         };
-        let (forward, summary, skipped) = match &parsed {
+        let (changed, summary, skipped) = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                (raw.clone(), None, Some(err.to_string()))
+                (None, None, Some(err.to_string()))
             }
             Ok(body) => {
                 let window = match &self.windows {
@@ -192,6 +192,7 @@ impl Pipeline {
             }
         };
         drop(parsed);
+        let forward = changed.clone().unwrap_or_else(|| raw.clone());
         let ticket = match &self.archive {
             None => None,
             Some(archive) => {
@@ -203,7 +204,7 @@ impl Pipeline {
                     model: model.clone(),
                     headers: keep_headers(headers, &self.config.archive.redact_headers),
                     raw: raw.clone(),
-                    forwarded: (forward != raw).then(|| forward.clone()),
+                    forwarded: changed,
                     summary: summary.clone(),
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,
@@ -228,30 +229,35 @@ impl Pipeline {
         PreparedChat { body: forward, session: Some(session), model, summary, skipped, sink: Some(Box::new(sink)) }
     }
 
-    /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged.
+    /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
+    /// Returns the new body (`None`: forward `raw`), the summary and why compaction did not apply.
     fn compact(
         &self,
         session: &str,
         raw: &Bytes,
         body: &ChatBody<'_>,
         window: Option<u64>,
-    ) -> (Bytes, Option<CompactionSummary>, Option<String>) {
+    ) -> (Option<Bytes>, Option<CompactionSummary>, Option<String>) {
         let input = CompactInput { session, raw, body, window };
-        let result = catch_unwind(AssertUnwindSafe(|| self.compactor.compact(&input)));
-        match result {
-            Ok(Ok(out)) => (out.body.map(Bytes::from).unwrap_or_else(|| raw.clone()), Some(out.summary), None),
-            Ok(Err(err)) => {
+        match compact_fail_open(self.compactor.as_ref(), &input) {
+            Ok(out) => (out.body.map(Bytes::from), Some(out.summary), None),
+            Err(skipped) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %format!("{err:#}"), "compaction failed; forwarding the original request");
-                (raw.clone(), None, Some(format!("compaction failed: {err:#}")))
-            }
-            Err(panic) => {
-                self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
-                let what = panic_message(&panic);
-                tracing::error!(panic = %what, "compaction panicked; forwarding the original request");
-                (raw.clone(), None, Some(format!("compaction panicked: {what}")))
+                tracing::warn!(reason = %skipped, "forwarding the original request");
+                (None, None, Some(skipped))
             }
         }
+    }
+}
+
+/// One compaction under `catch_unwind`: the proxy and `pare replay` both go through here, so that they
+/// forward the same bytes. `Err` says why compaction did not apply (an error or a panic); the caller
+/// then forwards the original body.
+pub fn compact_fail_open(compactor: &dyn ChatCompactor, input: &CompactInput<'_>) -> Result<CompactOutput, String> {
+    match catch_unwind(AssertUnwindSafe(|| compactor.compact(input))) {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(err)) => Err(format!("compaction failed: {err:#}")),
+        Err(panic) => Err(format!("compaction panicked: {}", panic_message(&panic))),
     }
 }
 

@@ -35,7 +35,9 @@ use crate::wire::{ChatBody, WireError};
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted;
+    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(body, options, counter).0
+    }
     /// [`CompactEngine::compact`] plus, for each forwarded prefix message, the raw message(s) it
     /// stands for.
     fn compact_traced(
@@ -47,10 +49,6 @@ pub trait CompactEngine: Send + Sync {
 }
 
 impl CompactEngine for Engine {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        Engine::compact(self, body, options, counter)
-    }
-
     fn compact_traced(
         &self,
         body: &ChatBody<'_>,

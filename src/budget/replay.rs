@@ -1,9 +1,7 @@
 //! Replaying a session: its requests, in order, through the same [`ChatCompactor`] path the proxy
 //! uses, giving exactly the bodies the proxy would forward. Shared by `pare replay` and `pare eval`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use crate::pipeline::{ChatCompactor, CompactInput, CompactionSummary};
+use crate::pipeline::{ChatCompactor, CompactInput, CompactionSummary, compact_fail_open};
 use crate::wire::ChatBody;
 
 /// One replayed request.
@@ -27,14 +25,11 @@ pub fn replay_request(compactor: &dyn ChatCompactor, session: &str, raw: &[u8], 
         }
     };
     let input = CompactInput { session, raw, body: &body, window };
-    match catch_unwind(AssertUnwindSafe(|| compactor.compact(&input))) {
-        Ok(Ok(out)) => {
+    match compact_fail_open(compactor, &input) {
+        Ok(out) => {
             Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }
         }
-        Ok(Err(err)) => {
-            Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(format!("compaction failed: {err:#}")) }
-        }
-        Err(_) => Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some("compaction panicked".into()) },
+        Err(skipped) => Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(skipped) },
     }
 }
 

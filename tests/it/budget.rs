@@ -315,10 +315,6 @@ fn role(raw: &str) -> String {
 }
 
 impl CompactEngine for MaskEngine {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(body, options, counter).0
-    }
-
     fn compact_traced(
         &self,
         body: &ChatBody<'_>,

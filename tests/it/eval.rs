@@ -115,10 +115,6 @@ struct BadEngine {
 }
 
 impl CompactEngine for BadEngine {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(body, options, counter).0
-    }
-
     fn compact_traced(
         &self,
         body: &ChatBody<'_>,
