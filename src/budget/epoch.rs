@@ -144,6 +144,8 @@ impl<'b, 'a> Request<'b, 'a> {
 /// The result of one step of the state machine.
 struct Step {
     messages: Vec<String>,
+    /// Tokens of the forwarded request (`messages` + tools), counted once by the step.
+    tokens: u64,
     action: &'static str,
     history_changed: bool,
     engine_report: serde_json::Value,
@@ -265,7 +267,7 @@ impl SessionCompactor {
         let state = self.session(session);
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let step = self.step(&mut state, &request, counter);
-        let tokens_forwarded = request_tokens(counter, &step.messages, tools);
+        let tokens_forwarded = step.tokens;
         let unchanged = step.messages.len() == request.raw.len()
             && step.messages.iter().zip(&request.raw).all(|(f, r)| f.as_str() == *r);
         let mut report = base_report;
@@ -324,6 +326,7 @@ impl SessionCompactor {
         if !advance {
             return Step {
                 messages: candidate,
+                tokens: candidate_tokens,
                 action: "append",
                 history_changed,
                 engine_report: serde_json::Value::Null,
@@ -365,7 +368,7 @@ impl SessionCompactor {
             (Mode::Eager, false) => "advance",
             _ => "epoch",
         };
-        Step { messages, action, history_changed, engine_report }
+        Step { messages, tokens: forwarded_tokens, action, history_changed, engine_report }
     }
 
     /// An epoch that compacts as little as it can. One run of the rules over the whole candidate
