@@ -1,4 +1,9 @@
-//! Token counting with tiktoken-rs, cached per message.
+//! Token counting, cached per message.
+//!
+//! o200k_base and cl100k_base are counted with `bpe-openai`, which produces the same token counts as
+//! tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on code-like text: cold
+//! requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs counts the older
+//! encodings and is the reference in tests.
 //!
 //! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
 //! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its
@@ -14,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use lru::LruCache;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::wire::{Content, Message};
@@ -74,13 +78,14 @@ impl FromStr for Encoding {
 }
 
 impl Encoding {
-    /// The process-wide tokenizer of this encoding (built on first use, then shared).
-    pub fn bpe(self) -> &'static CoreBPE {
+    /// Tokens of a plain text (special tokens are counted as text), with the process-wide
+    /// tokenizer of this encoding (built on first use, then shared).
+    pub fn count(self, text: &str) -> usize {
         match self {
-            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
-            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
-            Encoding::P50kBase => tiktoken_rs::p50k_base_singleton(),
-            Encoding::R50kBase => tiktoken_rs::r50k_base_singleton(),
+            Encoding::O200kBase => bpe_openai::o200k_base().count(text),
+            Encoding::Cl100kBase => bpe_openai::cl100k_base().count(text),
+            Encoding::P50kBase => tiktoken_rs::p50k_base_singleton().count_ordinary(text),
+            Encoding::R50kBase => tiktoken_rs::r50k_base_singleton().count_ordinary(text),
         }
     }
 
@@ -96,7 +101,7 @@ impl Encoding {
 
     /// Build the tokenizer now so that the first request does not pay for it.
     pub fn warm(self) {
-        let _ = self.bpe().encode_ordinary("warm");
+        let _ = self.count("warm");
     }
 }
 
@@ -158,7 +163,7 @@ impl TokenCounter {
 
     /// Tokens of a plain text, uncached.
     pub fn text(&self, text: &str) -> u64 {
-        self.encoding.bpe().count_ordinary(text) as u64
+        self.encoding.count(text) as u64
     }
 
     fn cached(&self, raw: &str, count: impl FnOnce() -> u64) -> u64 {

@@ -23,6 +23,34 @@ fn token_counts_match_tiktoken_for_known_strings() {
     assert_eq!(c.text(""), 0);
 }
 
+/// Text the pre-tokenizers find hardest: code, whitespace runs, digit runs, contractions, non-ASCII.
+fn tokenizer_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let code = r#"[ \t\n]{0,6}[a-zA-Z_]{1,12}[ \t\n(){}.,:;'"0-9]{0,8}([ \t\n]*[a-zA-Z_0-9]{1,12}){0,40}"#;
+    let pieces =
+        r#"([ \n\r\t]{1,4}|[0-9]{1,7}|[\u{80}-\u{10FFFF}]{1,3}|'(s|t|re|ve|m|ll|d|S|T)|[A-Z][a-z]+|[!-/]{1,3}){1,60}"#;
+    prop_oneof![
+        any::<String>(),
+        proptest::string::string_regex(code).expect("valid regex"),
+        proptest::string::string_regex(pieces).expect("valid regex"),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// o200k and cl100k are counted with bpe-openai; tiktoken-rs is the reference and they must agree.
+    #[test]
+    fn fast_counts_equal_tiktoken(text in tokenizer_text()) {
+        for (encoding, reference) in [
+            (Encoding::O200kBase, tiktoken_rs::o200k_base_singleton()),
+            (Encoding::Cl100kBase, tiktoken_rs::cl100k_base_singleton()),
+        ] {
+            proptest::prop_assert_eq!(encoding.count(&text), reference.count_ordinary(&text), "{:?}", encoding);
+        }
+    }
+}
+
 #[test]
 fn message_counts_follow_openai_per_message_overhead() {
     let reference = vec![
