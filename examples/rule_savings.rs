@@ -3,9 +3,11 @@
 //! `cargo run --release --example rule_savings -- /tmp/corpus/sessions/{swe-agent,mini-swe-agent,openhands,hermes}`
 //!
 //! Every request of every `*.jsonl` session under the given directories is compacted as the engine
-//! would on its own (protected tail of 5 turns); tokens are counted with tiktoken o200k_base (per
+//! would on its own (protected tail of 5 turns); tokens are counted in o200k_base (per
 //! message, OpenAI chat accounting, cached). Prints, per source directory and in total, the share of
-//! the raw messages' tokens each rule removes.
+//! the raw messages' tokens each rule removes, and the *ceiling*: the share of tokens in tool results
+//! before the protected tail — what removing every one of them outright would save. Anything that
+//! keeps the system prompt, the user messages, the assistant's calls and the tail cannot save more.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,8 @@ use pare::wire::ChatBody;
 struct Totals {
     requests: u64,
     raw_tokens: u64,
+    /// Tokens of the tool results before the protected tail.
+    old_results: u64,
     saved: BTreeMap<String, i64>,
 }
 
@@ -50,6 +54,11 @@ fn main() {
                 let out = engine.compact(&body, &CompactOptions::default(), &counter);
                 t.requests += 1;
                 t.raw_tokens += body.messages.iter().map(|m| counter.message(m.get())).sum::<u64>();
+                t.old_results += body.messages[..out.boundary]
+                    .iter()
+                    .filter(|m| m.get().contains(r#""role":"tool""#) || m.get().contains(r#""role": "tool""#))
+                    .map(|m| counter.message(m.get()))
+                    .sum::<u64>();
                 if let Some(rules) = out.report["rules"].as_object() {
                     for (rule, stats) in rules {
                         *t.saved.entry(rule.clone()).or_default() += stats["tokens_saved"].as_i64().unwrap_or(0);
@@ -59,6 +68,7 @@ fn main() {
         }
         all.requests += t.requests;
         all.raw_tokens += t.raw_tokens;
+        all.old_results += t.old_results;
         for (rule, saved) in &t.saved {
             *all.saved.entry(rule.clone()).or_default() += saved;
         }
@@ -67,15 +77,17 @@ fn main() {
     }
     per_source.push(("total".into(), all));
     println!(
-        "tokens: tiktoken o200k_base per message (OpenAI chat accounting); rules only, default pack, 5 turns protected"
+        "tokens: o200k_base per message (OpenAI chat accounting); rules only, default pack, 5 turns protected; \
+         ceiling: tool results before the tail"
     );
     for (name, t) in &per_source {
         let total_saved: i64 = t.saved.values().sum();
         println!(
-            "\n{name}: {} requests, {} raw message tokens, rules remove {:.1} %",
+            "\n{name}: {} requests, {} raw message tokens, rules remove {:.1} % (ceiling {:.1} %)",
             t.requests,
             t.raw_tokens,
-            100.0 * total_saved as f64 / t.raw_tokens.max(1) as f64
+            100.0 * total_saved as f64 / t.raw_tokens.max(1) as f64,
+            100.0 * t.old_results as f64 / t.raw_tokens.max(1) as f64
         );
         let mut rows: Vec<(&String, &i64)> = t.saved.iter().collect();
         rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));

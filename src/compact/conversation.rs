@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::markers::{CallFacts, mentioned_files, one_line, shorten};
+use super::markers::{CallFacts, NAMES_PER_MARKER, mentioned_files, one_line, salient_names, shorten};
 use super::outcome::{Outcome, SuccessPolicy};
 use crate::wire::Message;
 
@@ -147,9 +147,13 @@ impl<'a> Conversation<'a> {
             .map(|c| c.name.clone())
             .or_else(|| self.msgs[idx].as_ref().and_then(|m| m.name.clone()))
             .unwrap_or_else(|| "tool".into());
+        let arg = call.and_then(|c| c.key_arg.as_deref()).map(quote_arg).unwrap_or_default();
+        let mut known = files.clone();
+        known.push(arg.clone());
         CallFacts {
             tool,
-            arg: call.and_then(|c| c.key_arg.as_deref()).map(quote_arg).unwrap_or_default(),
+            names: salient_names(text, NAMES_PER_MARKER, &known),
+            arg,
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
             status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
             chars: text.chars().count(),

@@ -218,7 +218,7 @@ impl Default for StructureRule {
             max_entries: 150,
             max_depth: 2,
             template:
-                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details)]"
+                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details){names}]"
                     .into(),
         }
     }
@@ -242,7 +242,7 @@ impl Default for CollapseRule {
             enabled: true,
             min_chars: 0,
             except_tools: Vec::new(),
-            template: "[tool: {call} → {status}, {chars} chars, {lines} lines{files}]".into(),
+            template: "[tool: {call} → {status}, {chars} chars, {lines} lines{files}{names}]".into(),
         }
     }
 }
@@ -402,7 +402,7 @@ impl Default for TierSpec {
             light_max_chars: 300,
             light_head: 5,
             light_tail: 3,
-            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}]".into(),
+            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}{names}]".into(),
             heavy_text_chars: 200,
             facts_template: "[tool: {call} → {status}]".into(),
             facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
@@ -421,7 +421,7 @@ struct TemplateCheck<'a> {
     allowed: &'static [&'static str],
 }
 
-const CALL_FACTS: &[&str] = &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files"];
+const CALL_FACTS: &[&str] = &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names"];
 
 impl RulesSpec {
     /// Every semantic problem, each with its dotted path under `rules`.
@@ -511,17 +511,17 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.loops.template".into(),
                 text: &self.loops.template,
-                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "k", "total"],
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "k", "total"],
             },
             TemplateCheck {
                 path: "rules.duplicates.template".into(),
                 text: &self.duplicates.template,
-                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "later_id"],
+                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "later_id"],
             },
             TemplateCheck {
                 path: "rules.structure.template".into(),
                 text: &self.structure.template,
-                allowed: &["tool", "arg", "call", "id", "path", "lines", "chars", "language"],
+                allowed: &["tool", "arg", "call", "id", "path", "lines", "chars", "language", "names"],
             },
             TemplateCheck {
                 path: "rules.collapse_succeeded.template".into(),

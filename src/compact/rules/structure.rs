@@ -9,7 +9,7 @@ use regex::Regex;
 use super::super::Policy;
 use super::super::conversation::{Conversation, path_argument};
 use super::super::edits::Edits;
-use super::super::markers::{group_digits, render};
+use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names};
 use super::super::outline::{Language, outline};
 use super::super::report::RuleId;
 
@@ -51,14 +51,17 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         }
         let n_lines = outcome.text.lines().count();
         let n_chars = outcome.text.chars().count();
+        let body = super::super::outline::render(&entries, rule.max_entries);
         let header = render(&rule.template, &|name| match name {
             "path" => Some(path.clone()),
+            // Identifiers of the body that the map does not already show.
+            "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[body.clone(), path.clone()]))),
             "lines" => Some(group_digits(n_lines)),
             "chars" => Some(group_digits(n_chars)),
             "language" => Some(language.name().to_owned()),
             _ => conv.facts(idx).value(name),
         });
-        let map = format!("{header}\n{}", super::super::outline::render(&entries, rule.max_entries));
+        let map = format!("{header}\n{body}");
         if map.len() < outcome.text.len() {
             edits.set_marker(conv, idx, RuleId::Structure, map);
         }
