@@ -248,6 +248,12 @@ pub fn salient_names(text: &str, max: usize, skip: &[String]) -> Vec<String> {
         if after.starts_with(':') && start > 0 && matches!(bytes[start - 1], b'"' | b'\'') {
             continue;
         }
+        // An absolute path keeps its leading `/`.
+        let token = if start > 0 && bytes[start - 1] == b'/' && token.contains('/') {
+            &text[start - 1..start + token.len()]
+        } else {
+            token
+        };
         if !out.iter().any(|o| o == token) && !skip.iter().any(|s| s.contains(token)) {
             out.push(token.to_owned());
         }
@@ -361,9 +367,10 @@ mod tests {
     fn salient_names_keep_ids_names_paths_and_long_numbers() {
         let text = r#"{"reservation_id": "8JX2WO", "flights": [{"flight_number": "HAT170", "date": "2024-05-16"}]}
 Reading src/app/models.py: def load_user(user_id): return UserCache.get(user_id)  # ticket 40213, 12 rows
+see /srv/app/conf/base.toml
 and the plain words here are not identifiers; again 8JX2WO"#;
         let names = salient_names(text, 10, &["src/app/models.py".to_string()]);
-        assert_eq!(names, vec!["8JX2WO", "HAT170", "load_user", "user_id", "UserCache.get", "40213"]);
+        assert_eq!(names, vec!["8JX2WO", "HAT170", "load_user", "user_id", "UserCache.get", "40213", "/srv/app/conf/base.toml"]);
         assert_eq!(salient_names(text, 2, &[]), vec!["8JX2WO", "HAT170"]);
         assert!(salient_names(text, 0, &[]).is_empty());
     }
