@@ -130,6 +130,41 @@ pub fn names_suffix(names: &[String]) -> String {
     if names.is_empty() { String::new() } else { format!("; names: {}", names.join(", ")) }
 }
 
+/// What an elision marker in the default form says: `[pare: 12 earlier messages elided — read_file ×5,
+/// assistant notes ×2; files: a.py]`. A later elision that swallows the marker adds these to its own
+/// counts, so that markers from successive epochs merge into one instead of piling up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ElisionSummary {
+    pub messages: usize,
+    /// Per tool (or `system`), how many results; in the marker's order.
+    pub tools: Vec<(String, usize)>,
+    pub notes: usize,
+    pub files: Vec<String>,
+}
+
+/// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
+/// (a custom template's markers are then never merged, only kept).
+pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
+    let rest = text.strip_prefix("[pare: ")?.strip_suffix(']')?;
+    let (count, rest) = rest.split_once(" earlier messages elided — ")?;
+    let messages = count.replace(',', "").parse().ok()?;
+    let (what, files) = match rest.split_once("; files: ") {
+        Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
+        None => (rest, Vec::new()),
+    };
+    let mut summary = ElisionSummary { messages, files, ..ElisionSummary::default() };
+    for item in what.split(", ").filter(|i| !i.is_empty()) {
+        let (name, k) = item.rsplit_once(" ×")?;
+        let k: usize = k.replace(',', "").parse().ok()?;
+        if name == "assistant notes" {
+            summary.notes += k;
+        } else {
+            summary.tools.push((name.to_owned(), k));
+        }
+    }
+    Some(summary)
+}
+
 /// 12345 → `12,345` (markers are read by models and people).
 pub fn group_digits(n: usize) -> String {
     let s = n.to_string();
@@ -370,9 +405,26 @@ Reading src/app/models.py: def load_user(user_id): return UserCache.get(user_id)
 see /srv/app/conf/base.toml
 and the plain words here are not identifiers; again 8JX2WO"#;
         let names = salient_names(text, 10, &["src/app/models.py".to_string()]);
-        assert_eq!(names, vec!["8JX2WO", "HAT170", "load_user", "user_id", "UserCache.get", "40213", "/srv/app/conf/base.toml"]);
+        assert_eq!(
+            names,
+            vec!["8JX2WO", "HAT170", "load_user", "user_id", "UserCache.get", "40213", "/srv/app/conf/base.toml"]
+        );
         assert_eq!(salient_names(text, 2, &[]), vec!["8JX2WO", "HAT170"]);
         assert!(salient_names(text, 0, &[]).is_empty());
+    }
+
+    #[test]
+    fn elision_markers_read_back() {
+        let text =
+            "[pare: 1,012 earlier messages elided — read_file ×5, system ×1, assistant notes ×2; files: a.py, b/c.rs]";
+        let s = parse_elision(text).expect("default form");
+        assert_eq!(s.messages, 1012);
+        assert_eq!(s.tools, vec![("read_file".to_string(), 5), ("system".to_string(), 1)]);
+        assert_eq!(s.notes, 2);
+        assert_eq!(s.files, vec!["a.py".to_string(), "b/c.rs".to_string()]);
+        assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal ×2]").map(|s| s.files.len()), Some(0));
+        assert_eq!(parse_elision("[pare: assistant note, 12 chars omitted]"), None);
+        assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal twice]"), None);
     }
 
     #[test]

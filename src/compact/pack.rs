@@ -511,12 +511,16 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.loops.template".into(),
                 text: &self.loops.template,
-                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "k", "total"],
+                allowed: &[
+                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "k", "total",
+                ],
             },
             TemplateCheck {
                 path: "rules.duplicates.template".into(),
                 text: &self.duplicates.template,
-                allowed: &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "later_id"],
+                allowed: &[
+                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "later_id",
+                ],
             },
             TemplateCheck {
                 path: "rules.structure.template".into(),

@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use super::Engine;
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
-use super::markers::{files_suffix, group_digits, is_compacted, mentioned_files, render};
+use super::markers::{
+    ElisionSummary, files_suffix, group_digits, is_compacted, mentioned_files, parse_elision, render,
+};
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
@@ -338,7 +340,7 @@ fn elision_marker(
     start: usize,
     end: usize,
 ) -> String {
-    let n = (start..end).filter(|&i| !edits.dropped[i]).count();
+    let mut n = 0;
     let mut tools: BTreeMap<String, usize> = BTreeMap::new();
     let mut files: Vec<String> = Vec::new();
     let mut notes = 0;
@@ -347,6 +349,21 @@ fn elision_marker(
         if edits.dropped[idx] {
             continue;
         }
+        // An earlier elision marker: what it stood for joins this one.
+        if let Some(earlier) = earlier_elision(conv, edits, idx) {
+            n += earlier.messages;
+            for (tool, k) in earlier.tools {
+                *tools.entry(tool).or_default() += k;
+            }
+            notes += earlier.notes;
+            for f in earlier.files {
+                if files.len() < 8 && !files.contains(&f) {
+                    files.push(f);
+                }
+            }
+            continue;
+        }
+        n += 1;
         if let Some(Some((tool, mentioned))) = marker_facts.tool_results.get(idx) {
             *tools.entry(tool.clone()).or_default() += 1;
             for f in mentioned {
@@ -371,6 +388,15 @@ fn elision_marker(
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()
+}
+
+/// What message `idx` summarises when it is an elision marker of an earlier compaction.
+fn earlier_elision(conv: &Conversation<'_>, edits: &Edits, idx: usize) -> Option<ElisionSummary> {
+    let m = conv.msgs[idx].as_ref()?;
+    if m.role != "assistant" || !edits.compacted[idx] || m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+        return None;
+    }
+    parse_elision(&m.text())
 }
 
 /// The groups tiers may touch, scored, with their forms at each tier.
@@ -400,8 +426,10 @@ fn units(
         if !elidable_kind || live.is_empty() || live.iter().any(|&i| edits.kept[i]) {
             continue;
         }
-        // pare's own elision markers stay: re-eliding them would lose what they list.
-        if g.kind == GroupKind::Assistant && edits.compacted[g.start] {
+        // pare's own notes stay, except an elision marker in the default form: eliding it again merges
+        // what it lists into the new marker, so successive epochs leave one marker, not a pile.
+        let earlier_elision = g.kind == GroupKind::Assistant && earlier_elision(conv, edits, g.start).is_some();
+        if g.kind == GroupKind::Assistant && edits.compacted[g.start] && !earlier_elision {
             continue;
         }
         let age = assistants_from[g.start].saturating_sub(1) as f64;
@@ -413,10 +441,15 @@ fn units(
         let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
         let files = group_files(conv, g.start, g.end);
         let focused = files.iter().any(|f| tail_files.iter().any(|t| same_file(f, t)));
-        let score = sal.w_recency * recency
-            + sal.w_error * f64::from(u8::from(error))
-            + sal.w_keywords * keywords
-            + sal.w_files * f64::from(u8::from(focused));
+        // An earlier elision marker is already history's least salient form: first to go.
+        let score = if earlier_elision {
+            -1.0
+        } else {
+            sal.w_recency * recency
+                + sal.w_error * f64::from(u8::from(error))
+                + sal.w_keywords * keywords
+                + sal.w_files * f64::from(u8::from(focused))
+        };
         let forms = TIERS.map(|tier| {
             let mut texts = Vec::with_capacity(g.end - g.start);
             let mut size = 0;

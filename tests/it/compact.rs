@@ -395,6 +395,21 @@ fn retry_pruning_needs_a_later_success() {
 }
 
 #[test]
+fn a_pare_marker_is_not_a_successful_retry() {
+    // A failure followed by the same call whose result an earlier compaction already folded into a
+    // marker: the marker proves nothing, so the failure stays (and compaction stays idempotent).
+    let msgs = with_tail(vec![
+        user("test"),
+        call("c1", "terminal", json!({"command": "pytest"})),
+        result("c1", &format!("<returncode>1</returncode>\n<output>\n{}\n</output>", lines(10, "boom"))),
+        call("c2", "terminal", json!({"command": "pytest"})),
+        result("c2", "[pare: output of terminal(\"pytest\") (13 chars) identical to the later result of call c3]"),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    assert_eq!(out[2], msgs[2]);
+}
+
+#[test]
 fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     let mut msgs = vec![user("poll")];
     for i in 1..=3 {
@@ -697,6 +712,35 @@ fn runs_of_small_groups_are_elided_together() {
     assert!(tokens_of(&out, 0) <= target, "{report}");
     assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 300, "{report}");
     assert!(out.len() < 100, "{} messages left", out.len());
+}
+
+#[test]
+fn an_earlier_elision_marker_merges_into_the_next_one() {
+    // A first compaction elides the oldest groups; more turns arrive; a second compaction under a
+    // tighter target must leave one marker counting everything elided, not two markers side by side.
+    let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
+    for i in 0..60 {
+        let id = format!("c{i}");
+        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": if i % 2 == 0 { "read_file" } else { "terminal" }, "arguments": json!({"path": format!("m{i}.rs")}).to_string()}}]}));
+        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": format!("line {i}\n").repeat(30)}));
+    }
+    let engine = engine("default", json!({"protect_last_turns": 2, "collapse_succeeded": {"enabled": false}}));
+    let markers = |out: &[Value]| -> Vec<String> {
+        out.iter().map(text).filter(|t| t.contains("earlier messages elided")).collect()
+    };
+    let (first, _) = forward_with(&engine, &msgs, Some(tokens_of(&msgs, 0) / 2));
+    assert_eq!(markers(&first).len(), 1, "{:?}", markers(&first));
+    let mut grown = first.clone();
+    grown.extend_from_slice(&msgs[msgs.len() - 4..]);
+    let (second, report) = forward_with(&engine, &grown, Some(tokens_of(&grown, 0) / 3));
+    let found = markers(&second);
+    assert_eq!(found.len(), 1, "{found:?}\n{report}");
+    let earlier = pare::compact::markers::parse_elision(&markers(&first)[0]).unwrap();
+    let merged = pare::compact::markers::parse_elision(&found[0]).unwrap();
+    assert!(merged.messages > earlier.messages, "{found:?}");
+    let elided_now = report["tiers"]["elided_messages"].as_u64().unwrap() as usize;
+    assert_eq!(merged.messages, earlier.messages + elided_now - 1, "{found:?}\n{report}");
 }
 
 #[test]

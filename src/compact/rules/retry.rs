@@ -6,13 +6,19 @@ use std::collections::HashMap;
 use super::super::Policy;
 use super::super::conversation::Conversation;
 use super::super::edits::Edits;
+use super::super::markers::is_compacted;
 use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
-    // For each (tool, key argument), the index of the last call whose result succeeded.
+    // For each (tool, key argument), the index of the last call whose result succeeded. A pare marker
+    // is no evidence of success (it may stand for a failure folded by another rule): counting it would
+    // make a second compaction prune what the first kept.
     let mut last_success: HashMap<(&str, &str), usize> = HashMap::new();
     for (c, call) in conv.calls.iter().enumerate() {
-        let ok = call.result.and_then(|r| conv.outcomes[r].as_ref()).is_some_and(|o| o.status.is_ok());
+        let ok = call
+            .result
+            .and_then(|r| conv.outcomes[r].as_ref())
+            .is_some_and(|o| o.status.is_ok() && !is_compacted(&o.text));
         if ok {
             last_success.insert((call.name.as_str(), retry_key(call)), c);
         }
