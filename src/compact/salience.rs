@@ -136,7 +136,7 @@ pub fn fit(
                 apply_tier(conv, edits, rendered, &mut tokens, counter, unit, Tier::Background);
             }
         }
-        let runs = elision_runs(engine, &facts, conv, edits, &units, &gone);
+        let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, false);
         total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
         for _ in 0..=units.len() {
             let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
@@ -156,7 +156,13 @@ pub fn fit(
             Tier::Background => report.background += 1,
         }
     }
-    let runs = elision_runs(engine, &facts, conv, edits, &units, &gone);
+    // Still over after eliding all it could: the markers drop their file lists, so that what cannot be
+    // elided (system, users, tail, tools) plus the markers fits whenever it can.
+    let terse = total > target && !gone.is_empty();
+    let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, terse);
+    if terse {
+        total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+    }
     for (start, (end, marker)) in &runs {
         let mut raw_tokens = 0i64;
         let mut raw_chars = 0i64;
@@ -232,7 +238,7 @@ impl ElideContext<'_, '_, '_> {
             }
             gone.insert(u);
             pending.push(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone, false);
             let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
             if new_total < *total {
                 *total = new_total;
@@ -312,6 +318,7 @@ fn elision_runs(
     edits: &Edits,
     units: &[Unit],
     gone: &BTreeSet<usize>,
+    terse: bool,
 ) -> BTreeMap<usize, (usize, String)> {
     let mut spans: Vec<(usize, usize)> = gone.iter().map(|&u| (units[u].start, units[u].end)).collect();
     spans.sort_unstable();
@@ -327,7 +334,7 @@ fn elision_runs(
     }
     merged
         .into_iter()
-        .map(|(start, end)| (start, (end, elision_marker(engine, facts, conv, edits, start, end))))
+        .map(|(start, end)| (start, (end, elision_marker(engine, facts, conv, edits, start, end, terse))))
         .collect()
 }
 
@@ -339,6 +346,7 @@ fn elision_marker(
     edits: &Edits,
     start: usize,
     end: usize,
+    terse: bool,
 ) -> String {
     let mut n = 0;
     let mut tools: BTreeMap<String, usize> = BTreeMap::new();
@@ -384,7 +392,7 @@ fn elision_marker(
     let text = render(&engine.policy.spec.tiers.elision_template, &|name| match name {
         "n" => Some(group_digits(n)),
         "tools" => Some(what.join(", ")),
-        "files" => Some(files_suffix(&files)),
+        "files" => Some(if terse { String::new() } else { files_suffix(&files) }),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()

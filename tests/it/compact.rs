@@ -731,6 +731,7 @@ fn an_earlier_elision_marker_merges_into_the_next_one() {
     };
     let (first, _) = forward_with(&engine, &msgs, Some(tokens_of(&msgs, 0) / 2));
     assert_eq!(markers(&first).len(), 1, "{:?}", markers(&first));
+    assert!(markers(&first)[0].contains("; files: m0.rs"), "a reachable target keeps the file list");
     let mut grown = first.clone();
     grown.extend_from_slice(&msgs[msgs.len() - 4..]);
     let (second, report) = forward_with(&engine, &grown, Some(tokens_of(&grown, 0) / 3));
@@ -753,6 +754,10 @@ fn an_unreachable_target_says_so_and_still_never_grows() {
     // Users, the first system message and the tail survive even elision.
     assert_eq!(out[0], msgs[0]);
     assert_eq!(out[1], msgs[1]);
+    // Over target after eliding all it could, the markers keep their counts but drop their file lists.
+    let markers: Vec<String> = out.iter().map(text).filter(|t| t.contains("earlier messages elided")).collect();
+    assert!(!markers.is_empty(), "{report}");
+    assert!(markers.iter().all(|m| !m.contains("; files:")), "{markers:?}");
 }
 
 #[test]
