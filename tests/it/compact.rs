@@ -694,17 +694,24 @@ fn tiers_and_elision_bring_the_request_under_target() {
     assert!(marker.contains("; files: src/module_"), "{marker}");
 }
 
+/// A system prompt, a task, then `n` tool turns on files `m{i}.rs` with the given tool names and results.
+fn path_turns(n: usize, tool: impl Fn(usize) -> &'static str, output: impl Fn(usize) -> String) -> Vec<Value> {
+    let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
+    for i in 0..n {
+        let id = format!("c{i}");
+        let arguments = json!({"path": format!("m{i}.rs")}).to_string();
+        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": tool(i), "arguments": arguments}}]}));
+        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": output(i)}));
+    }
+    msgs
+}
+
 /// Regression: groups smaller than the marker that would replace them were never elided (each one alone
 /// does not pay), so a session of many tiny tool turns stayed far over target.
 #[test]
 fn runs_of_small_groups_are_elided_together() {
-    let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
-    for i in 0..400 {
-        let id = format!("c{i}");
-        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-            "function": {"name": "read_file", "arguments": json!({"path": format!("m{i}.rs")}).to_string()}}]}));
-        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
-    }
+    let msgs = path_turns(400, |_| "read_file", |_| "ok".to_owned());
     let engine = engine("default", json!({"protect_last_turns": 2}));
     let raw_tokens = tokens_of(&msgs, 0);
     let target = raw_tokens / 10;
@@ -718,13 +725,8 @@ fn runs_of_small_groups_are_elided_together() {
 fn an_earlier_elision_marker_merges_into_the_next_one() {
     // A first compaction elides the oldest groups; more turns arrive; a second compaction under a
     // tighter target must leave one marker counting everything elided, not two markers side by side.
-    let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
-    for i in 0..60 {
-        let id = format!("c{i}");
-        msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-            "function": {"name": if i % 2 == 0 { "read_file" } else { "terminal" }, "arguments": json!({"path": format!("m{i}.rs")}).to_string()}}]}));
-        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": format!("line {i}\n").repeat(30)}));
-    }
+    let msgs =
+        path_turns(60, |i| if i % 2 == 0 { "read_file" } else { "terminal" }, |i| format!("line {i}\n").repeat(30));
     let engine = engine("default", json!({"protect_last_turns": 2, "collapse_succeeded": {"enabled": false}}));
     let markers = |out: &[Value]| -> Vec<String> {
         out.iter().map(text).filter(|t| t.contains("earlier messages elided")).collect()
