@@ -2,6 +2,7 @@
 //! (an assistant message with `tool_calls` and all the tool messages answering it, kept, rewritten or
 //! elided together), and one [`Call`] per tool call with its result's outcome.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use serde_json::Value;
@@ -62,6 +63,9 @@ pub struct Conversation<'a> {
     /// For each tool message, its outcome.
     pub outcomes: Vec<Option<Outcome>>,
     pub first_system: Option<usize>,
+    /// Each tool result's [`CallFacts`], computed the first time a rule asks (several rules and the
+    /// tiers may ask for the same message).
+    facts: Vec<OnceCell<CallFacts>>,
 }
 
 impl<'a> Conversation<'a> {
@@ -123,11 +127,16 @@ impl<'a> Conversation<'a> {
             groups.push(Group { start: idx, end, kind });
             idx = end;
         }
-        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system }
+        let facts = (0..msgs.len()).map(|_| OnceCell::new()).collect();
+        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system, facts }
     }
 
-    /// The facts about a tool result at message `idx` (a tool message).
-    pub fn facts(&self, idx: usize) -> CallFacts {
+    /// The facts about a tool result at message `idx` (a tool message), computed once.
+    pub fn facts(&self, idx: usize) -> &CallFacts {
+        self.facts[idx].get_or_init(|| self.compute_facts(idx))
+    }
+
+    fn compute_facts(&self, idx: usize) -> CallFacts {
         let call = self.call_of_result[idx].map(|c| &self.calls[c]);
         let outcome = self.outcomes[idx].as_ref();
         let text = outcome.map(|o| o.text.as_str()).unwrap_or("");

@@ -64,8 +64,21 @@ pub fn is_compacted(text: &str) -> bool {
     if !text.contains('[') {
         return false;
     }
-    text.split('\n').any(|line| {
-        let Some(rest) = line.trim_start_matches([' ', '\t']).strip_prefix('[') else { return false };
+    // Visit each `[` (found by `str::find`, a memchr) and keep those only spaces and tabs separate
+    // from the start of their line.
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    let mut brackets = std::iter::from_fn(|| {
+        let at = from + text[from..].find('[')?;
+        from = at + 1;
+        Some(at)
+    });
+    brackets.any(|at| {
+        let indent = bytes[..at].iter().rev().take_while(|&&b| b == b' ' || b == b'\t').count();
+        if at > indent && bytes[at - indent - 1] != b'\n' {
+            return false;
+        }
+        let rest = &text[at + 1..];
         let pare = rest.strip_prefix("pare").is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
         let truncated = rest.strip_prefix("...truncated ").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
         pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h))
@@ -158,9 +171,20 @@ const FILE_EXTENSIONS: &[&str] = &[
     "html", "css", "sql", "lock", "xml", "proto",
 ];
 
-fn path_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')
+const fn path_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b'/')
 }
+
+/// [`path_char`] for every byte, as a table: the scan of [`mentioned_files`] tests every byte.
+static PATH_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = path_char(b as u8);
+        b += 1;
+    }
+    table
+};
 
 /// File paths mentioned in a text, in order of first appearance, deduplicated, at most `max`.
 /// Only the first and last 2 KiB are scanned (a listing names its files early, a traceback its
@@ -212,12 +236,12 @@ fn path_tokens(text: &str) -> impl Iterator<Item = &str> {
     let mut i = 0;
     std::iter::from_fn(move || {
         while i < bytes.len() {
-            while i < bytes.len() && !path_char(bytes[i] as char) {
+            while i < bytes.len() && !PATH_BYTES[bytes[i] as usize] {
                 i += 1;
             }
             let start = i;
             let mut dot = false;
-            while i < bytes.len() && path_char(bytes[i] as char) {
+            while i < bytes.len() && PATH_BYTES[bytes[i] as usize] {
                 dot |= bytes[i] == b'.';
                 i += 1;
             }

@@ -69,11 +69,19 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
 
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
-    let lines: Vec<&str> = text.lines().collect();
-    let numbered: Vec<(usize, &str)> = lines.iter().filter_map(|l| split_numbered(l)).collect();
-    if numbered.len() * 10 >= lines.len() * 6 && !numbered.is_empty() {
+    // One pass for the common case, a line-numbered view: split and number-parse together.
+    let mut numbered: Vec<(usize, &str)> = Vec::with_capacity(text.len() / 32);
+    let mut n_lines = 0;
+    for line in text.lines() {
+        n_lines += 1;
+        if let Some(entry) = split_numbered(line) {
+            numbered.push(entry);
+        }
+    }
+    if numbered.len() * 10 >= n_lines * 6 && !numbered.is_empty() {
         return numbered;
     }
+    let lines: Vec<&str> = text.lines().collect();
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
     if lines.first().is_some_and(|l| l.trim_start().starts_with("<returncode>"))
@@ -147,7 +155,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        if trimmed.contains(['"', '\'']) {
+        if trimmed.bytes().any(|b| b == b'"' || b == b'\'') {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
@@ -386,19 +394,22 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
 
 /// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
-    let mut out = String::new();
+    use std::fmt::Write;
+    let mut out = String::with_capacity(entries.len().min(max_entries) * 48);
     for e in entries.iter().take(max_entries) {
-        let range = if e.start == e.end { e.start.to_string() } else { format!("{}-{}", e.start, e.end) };
-        out.push_str(&"  ".repeat(e.depth + 1));
-        out.push_str(&range);
+        for _ in 0..=e.depth {
+            out.push_str("  ");
+        }
+        let _ = if e.start == e.end { write!(out, "{}", e.start) } else { write!(out, "{}-{}", e.start, e.end) };
         out.push_str("  ");
         out.push_str(&e.signature);
         out.push('\n');
     }
     if entries.len() > max_entries {
-        out.push_str(&format!("  … {} more definitions\n", entries.len() - max_entries));
+        let _ = writeln!(out, "  … {} more definitions", entries.len() - max_entries);
     }
-    out.trim_end().to_owned()
+    out.truncate(out.trim_end().len());
+    out
 }
 
 #[cfg(test)]
