@@ -162,7 +162,7 @@ impl<'a> Conversation<'a> {
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
             status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
             chars: text.chars().count(),
-            lines: text.lines().count(),
+            lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,
         }
@@ -172,6 +172,12 @@ impl<'a> Conversation<'a> {
     pub fn turns_from(&self, idx: usize) -> usize {
         self.msgs[idx..].iter().filter(|m| m.as_ref().is_some_and(|m| m.role == "assistant")).count()
     }
+}
+
+/// `text.lines().count()`, by counting newlines (a vectorised byte count, not a line iterator).
+pub fn line_count(text: &str) -> usize {
+    let newlines = text.bytes().filter(|&b| b == b'\n').count();
+    newlines + usize::from(!text.is_empty() && !text.ends_with('\n'))
 }
 
 /// `system`, or `developer` (OpenAI's newer name for it).
@@ -285,6 +291,13 @@ mod tests {
         assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy).boundary, 2);
         assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy).boundary, 0);
         assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy).boundary, 8);
+    }
+
+    #[test]
+    fn line_count_counts_like_lines() {
+        for text in ["", "a", "a\n", "\n", "a\nb", "a\r\nb\r\n", "\n\n", "a\n\nb\n\n", "é\n\r"] {
+            assert_eq!(line_count(text), text.lines().count(), "{text:?}");
+        }
     }
 
     #[test]

@@ -64,21 +64,8 @@ pub fn is_compacted(text: &str) -> bool {
     if !text.contains('[') {
         return false;
     }
-    // Visit each `[` (found by `str::find`, a memchr) and keep those only spaces and tabs separate
-    // from the start of their line.
-    let bytes = text.as_bytes();
-    let mut from = 0;
-    let mut brackets = std::iter::from_fn(|| {
-        let at = from + text[from..].find('[')?;
-        from = at + 1;
-        Some(at)
-    });
-    brackets.any(|at| {
-        let indent = bytes[..at].iter().rev().take_while(|&&b| b == b' ' || b == b'\t').count();
-        if at > indent && bytes[at - indent - 1] != b'\n' {
-            return false;
-        }
-        let rest = &text[at + 1..];
+    text.split('\n').any(|line| {
+        let Some(rest) = line.trim_start_matches([' ', '\t']).strip_prefix('[') else { return false };
         let pare = rest.strip_prefix("pare").is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
         let truncated = rest.strip_prefix("...truncated ").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
         pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h))

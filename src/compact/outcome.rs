@@ -306,7 +306,15 @@ fn exit_from_text(text: &str) -> Option<ExitInfo> {
         return rest[..end].trim().parse().ok().map(ExitInfo::Code);
     }
     const FINISHED: &str = "[Command finished with exit code ";
-    let at = text.rfind(FINISHED)?;
+    // The last `[` that opens the marker (`rfind` of a char is a memrchr; most texts have few `[`).
+    let mut end = text.len();
+    let at = loop {
+        let at = text[..end].rfind('[')?;
+        if text[at..].starts_with(FINISHED) {
+            break at;
+        }
+        end = at;
+    };
     let rest = &text[at + FINISHED.len()..];
     let end = rest.find(']')?;
     rest[..end].parse().ok().map(ExitInfo::Code)

@@ -122,13 +122,29 @@ fn indent_of(line: &str) -> usize {
     line.chars().take_while(|c| c.is_whitespace()).map(|c| if c == '\t' { 4 } else { 1 }).sum()
 }
 
+/// `(indent_of(line), line.trim_start())` in one pass over the indentation; ASCII bytes are read
+/// directly, a line indented with other whitespace takes the char path.
+fn split_indent(line: &str) -> (usize, &str) {
+    let mut width = 0;
+    for (i, &b) in line.as_bytes().iter().enumerate() {
+        match b {
+            b'\t' => width += 4,
+            b' ' | b'\n' | b'\r' | 0x0b | 0x0c => width += 1,
+            0x80.. => return (indent_of(line), line.trim_start()),
+            _ => return (width, &line[i..]),
+        }
+    }
+    (width, "")
+}
+
 fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
     let mut out: Vec<Entry> = Vec::new();
     let mut open: Vec<(usize, usize)> = Vec::new(); // (index in out, indent)
     let mut last_code = 0;
     let mut in_string: Option<&str> = None;
     for &(num, line) in lines {
-        let trimmed = line.trim();
+        let (indent, head) = split_indent(line);
+        let trimmed = head.trim_end();
         if let Some(q) = in_string {
             if count_occurrences(trimmed, q) % 2 == 1 {
                 in_string = None;
@@ -139,7 +155,6 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let indent = indent_of(line);
         while let Some(&(i, ind)) = open.last() {
             if indent <= ind {
                 out[i].end = last_code.max(out[i].start);
@@ -148,14 +163,14 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
                 break;
             }
         }
-        let head = line.trim_start();
         if (head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async "))
             && PY_DEF.is_match(line)
         {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        if trimmed.bytes().any(|b| b == b'"' || b == b'\'') {
+        // A fold rather than `any`: no early exit, so the compiler vectorises it.
+        if trimmed.bytes().fold(false, |quote, b| quote | (b == b'"') | (b == b'\'')) {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
@@ -447,6 +462,13 @@ mod tests {
                 (0, 14, 15, "def top()".into()),
             ]
         );
+    }
+
+    #[test]
+    fn split_indent_agrees_with_the_char_path() {
+        for line in ["", "x", "    def f():", "\t\tx = 1", " \t y", "   ", "\u{a0} z", "  \u{2003}w", "é", "\x0b\x0cq\r"] {
+            assert_eq!(split_indent(line), (indent_of(line), line.trim_start()), "{line:?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::super::Policy;
-use super::super::conversation::{Conversation, path_argument};
+use super::super::conversation::{Conversation, line_count, path_argument};
 use super::super::edits::Edits;
 use super::super::markers::{group_digits, render};
 use super::super::outline::{Language, outline};
@@ -49,7 +49,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if entries.is_empty() {
             continue;
         }
-        let n_lines = outcome.text.lines().count();
+        let n_lines = line_count(&outcome.text);
         let n_chars = outcome.text.chars().count();
         let header = render(&rule.template, &|name| match name {
             "path" => Some(path.clone()),
