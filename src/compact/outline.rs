@@ -169,8 +169,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        // A fold rather than `any`: no early exit, so the compiler vectorises it.
-        if trimmed.bytes().fold(false, |quote, b| quote | (b == b'"') | (b == b'\'')) {
+        if trimmed.contains('"') || trimmed.contains('\'') {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
