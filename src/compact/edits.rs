@@ -293,9 +293,8 @@ fn value_end(raw: &str, start: usize) -> Option<usize> {
             None
         }
         _ => {
-            let len = bytes[start..]
-                .iter()
-                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?;
+            let len =
+                bytes[start..].iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?;
             Some(start + len)
         }
     }

@@ -262,12 +262,8 @@ fn split_shape(content: String) -> (Shape, String, Option<ExitInfo>) {
     let Ok(mut object) = serde_json::from_str::<ResultObject<'_>>(&content) else {
         return (Shape::Plain, content, None);
     };
-    let mut status = object
-        .exits
-        .iter()
-        .flatten()
-        .find_map(|v| serde_json::from_str::<i64>(v.get()).ok())
-        .map(ExitInfo::Code);
+    let mut status =
+        object.exits.iter().flatten().find_map(|v| serde_json::from_str::<i64>(v.get()).ok()).map(ExitInfo::Code);
     if status.is_none()
         && let Some(ok) = object.success.and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
     {

@@ -465,7 +465,9 @@ mod tests {
 
     #[test]
     fn split_indent_agrees_with_the_char_path() {
-        for line in ["", "x", "    def f():", "\t\tx = 1", " \t y", "   ", "\u{a0} z", "  \u{2003}w", "é", "\x0b\x0cq\r"] {
+        for line in
+            ["", "x", "    def f():", "\t\tx = 1", " \t y", "   ", "\u{a0} z", "  \u{2003}w", "é", "\x0b\x0cq\r"]
+        {
             assert_eq!(split_indent(line), (indent_of(line), line.trim_start()), "{line:?}");
         }
     }
