@@ -11,9 +11,10 @@ use serde_json::{Map, Value};
 /// A chat-completions request body, parsed shallowly.
 #[derive(Debug)]
 pub struct ChatBody<'a> {
-    /// Top-level keys in their original order, each with its original bytes.
+    /// Top-level keys other than `messages`, in their original order, each with its original bytes.
     pub fields: Vec<(String, &'a RawValue)>,
-    /// Index into `fields` of the `messages` key.
+    /// Position of the `messages` key among the top-level keys: it comes before `fields[messages_idx]`
+    /// (after the last field when `messages_idx == fields.len()`).
     pub messages_idx: usize,
     /// The `messages` array, one raw value per message, in order.
     pub messages: Vec<&'a RawValue>,
@@ -29,14 +30,15 @@ pub enum WireError {
 }
 
 impl<'a> ChatBody<'a> {
-    /// Parse the top level and split `messages` into raw messages. Does not look inside messages.
+    /// Parse the top level and split `messages` into raw messages, in one pass over the bytes. Does
+    /// not look inside messages. A repeated key keeps its first position and its last value (as a
+    /// JSON object map does); a `messages` that is not an array is refused.
     pub fn parse(bytes: &'a [u8]) -> Result<ChatBody<'a>, WireError> {
-        let top: indexmap::IndexMap<String, &'a RawValue> = serde_json::from_slice(bytes)?;
-        let fields: Vec<(String, &'a RawValue)> = top.into_iter().collect();
-        let messages_idx = fields.iter().position(|(k, _)| k == "messages").ok_or(WireError::NoMessages)?;
-        let messages: Vec<&'a RawValue> =
-            serde_json::from_str(fields[messages_idx].1.get()).map_err(|_| WireError::NoMessages)?;
-        Ok(ChatBody { fields, messages_idx, messages })
+        let top: TopLevel<'a> = serde_json::from_slice(bytes)?;
+        let (messages_idx, Some(messages)) = top.messages.ok_or(WireError::NoMessages)? else {
+            return Err(WireError::NoMessages);
+        };
+        Ok(ChatBody { fields: top.fields.into_iter().collect(), messages_idx, messages })
     }
 
     /// The raw value of a top-level key.
@@ -51,29 +53,121 @@ impl<'a> ChatBody<'a> {
 
     /// Serialize the body with `messages` replaced; every other key keeps its position and bytes.
     pub fn to_vec_with_messages<M: AsRef<str>>(&self, messages: &[M]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum());
+        let fields_len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        let messages_len: usize = messages.iter().map(|m| m.as_ref().len() + 1).sum();
+        let mut out = Vec::with_capacity(fields_len + messages_len + 16);
         out.push(b'{');
+        let write_messages = |out: &mut Vec<u8>| {
+            out.extend_from_slice(b"\"messages\":[");
+            for (j, m) in messages.iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(m.as_ref().as_bytes());
+            }
+            out.push(b']');
+        };
         for (i, (key, value)) in self.fields.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
+            if i == self.messages_idx {
+                write_messages(&mut out);
+                out.push(b',');
+            }
             serde_json::to_writer(&mut out, key).expect("writing a string to a Vec cannot fail");
             out.push(b':');
-            if i == self.messages_idx {
-                out.push(b'[');
-                for (j, m) in messages.iter().enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(m.as_ref().as_bytes());
-                }
-                out.push(b']');
-            } else {
-                out.extend_from_slice(value.get().as_bytes());
+            out.extend_from_slice(value.get().as_bytes());
+        }
+        if self.messages_idx >= self.fields.len() {
+            if !self.fields.is_empty() {
+                out.push(b',');
             }
+            write_messages(&mut out);
         }
         out.push(b'}');
         out
+    }
+}
+
+/// The top level as [`ChatBody::parse`] reads it: `messages` split into raw messages, every other key
+/// kept raw.
+struct TopLevel<'a> {
+    fields: indexmap::IndexMap<String, &'a RawValue>,
+    /// Position of the first `messages` key among the keys, and its last value's messages (`None`
+    /// when that value is not an array).
+    messages: Option<(usize, Option<Vec<&'a RawValue>>)>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TopVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for TopVisitor<'a> {
+            type Value = TopLevel<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'a>, A::Error> {
+                let mut top = TopLevel { fields: indexmap::IndexMap::new(), messages: None };
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "messages" {
+                        let messages = map.next_value::<MaybeArray<'a>>()?.0;
+                        let position = top.messages.as_ref().map_or(top.fields.len(), |(p, _)| *p);
+                        top.messages = Some((position, messages));
+                    } else {
+                        let value = map.next_value::<&'a RawValue>()?;
+                        top.fields.insert(key.into_owned(), value);
+                    }
+                }
+                Ok(top)
+            }
+        }
+        d.deserialize_map(TopVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The raw elements of a JSON array, or `None` for any other JSON value (which is skipped).
+struct MaybeArray<'a>(Option<Vec<&'a RawValue>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for MaybeArray<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ArrayVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for ArrayVisitor<'a> {
+            type Value = MaybeArray<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<MaybeArray<'a>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(m) = seq.next_element::<&'a RawValue>()? {
+                    out.push(m);
+                }
+                Ok(MaybeArray(Some(out)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<MaybeArray<'a>, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeArray(None))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<MaybeArray<'a>, E> {
+                Ok(MaybeArray(None))
+            }
+        }
+        d.deserialize_any(ArrayVisitor(std::marker::PhantomData))
     }
 }
 
@@ -203,10 +297,52 @@ mod tests {
         assert_eq!(m.text(), "a");
     }
 
+    /// The one-pass parse must agree with a JSON object map: a repeated key keeps its first position
+    /// and its last value, `messages` included.
+    #[test]
+    fn repeated_keys_keep_first_position_and_last_value() {
+        let body = br#"{"a":1,"messages":[{"role":"user"}],"b":2,"a":3,"messages":[{"role":"tool"},7]}"#;
+        let parsed = ChatBody::parse(body).unwrap();
+        let msgs: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+        assert_eq!(msgs, vec![r#"{"role":"tool"}"#, "7"]);
+        assert_eq!(
+            String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(),
+            r#"{"a":3,"messages":[{"role":"tool"},7],"b":2}"#
+        );
+        // The same reading as a generic JSON map gives.
+        let map: indexmap::IndexMap<String, Value> = serde_json::from_slice(body).unwrap();
+        assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"a":3,"messages":[{"role":"tool"},7],"b":2}"#);
+        // A later non-array `messages` wins and is refused; a later array makes an earlier odd one valid.
+        assert!(matches!(ChatBody::parse(br#"{"messages":[],"messages":{"x":[1]}}"#), Err(WireError::NoMessages)));
+        let parsed = ChatBody::parse(br#"{"messages":"x","m":null,"messages":[]}"#).unwrap();
+        assert_eq!(parsed.to_vec_with_messages::<&str>(&[]), br#"{"messages":[],"m":null}"#.to_vec());
+    }
+
+    #[test]
+    fn messages_first_last_or_alone_serialize_in_place() {
+        for body in [
+            r#"{"messages":[{"role":"user","content":"hi"}],"model":"m"}"#,
+            r#"{"model":"m","stream":true,"messages":[]}"#,
+            r#"{"messages":[1,2,3]}"#,
+            r#"{"model":"m","messages":[{"role":"user"}],"tools":[{"type":"function"}],"n":1}"#,
+        ] {
+            let parsed = ChatBody::parse(body.as_bytes()).unwrap();
+            let msgs: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+            assert_eq!(String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(), body);
+            assert_eq!(parsed.field("messages").map(|v| v.get()), None);
+        }
+    }
+
     #[test]
     fn body_without_messages_is_refused() {
         assert!(matches!(ChatBody::parse(br#"{"model":"m"}"#), Err(WireError::NoMessages)));
         assert!(matches!(ChatBody::parse(b"{nope"), Err(WireError::Json(_))));
+        assert!(matches!(ChatBody::parse(br#"{"messages":[1,]}"#), Err(WireError::Json(_))));
+        assert!(matches!(ChatBody::parse(b"[1]"), Err(WireError::Json(_))));
+        for not_array in [r#"null"#, r#"3"#, r#"-1.5"#, r#""s""#, r#"true"#, r#"{"a":[{}]}"#] {
+            let body = format!(r#"{{"messages":{not_array},"model":"m"}}"#);
+            assert!(matches!(ChatBody::parse(body.as_bytes()), Err(WireError::NoMessages)), "{not_array}");
+        }
     }
 
     #[test]

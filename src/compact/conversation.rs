@@ -2,6 +2,7 @@
 //! (an assistant message with `tool_calls` and all the tool messages answering it, kept, rewritten or
 //! elided together), and one [`Call`] per tool call with its result's outcome.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use serde_json::Value;
@@ -62,6 +63,9 @@ pub struct Conversation<'a> {
     /// For each tool message, its outcome.
     pub outcomes: Vec<Option<Outcome>>,
     pub first_system: Option<usize>,
+    /// Each tool result's [`CallFacts`], computed the first time a rule asks (several rules and the
+    /// tiers may ask for the same message).
+    facts: Vec<OnceCell<CallFacts>>,
 }
 
 impl<'a> Conversation<'a> {
@@ -123,11 +127,16 @@ impl<'a> Conversation<'a> {
             groups.push(Group { start: idx, end, kind });
             idx = end;
         }
-        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system }
+        let facts = (0..msgs.len()).map(|_| OnceCell::new()).collect();
+        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system, facts }
     }
 
-    /// The facts about a tool result at message `idx` (a tool message).
-    pub fn facts(&self, idx: usize) -> CallFacts {
+    /// The facts about a tool result at message `idx` (a tool message), computed once.
+    pub fn facts(&self, idx: usize) -> &CallFacts {
+        self.facts[idx].get_or_init(|| self.compute_facts(idx))
+    }
+
+    fn compute_facts(&self, idx: usize) -> CallFacts {
         let call = self.call_of_result[idx].map(|c| &self.calls[c]);
         let outcome = self.outcomes[idx].as_ref();
         let text = outcome.map(|o| o.text.as_str()).unwrap_or("");
@@ -157,7 +166,7 @@ impl<'a> Conversation<'a> {
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
             status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
             chars: text.chars().count(),
-            lines: text.lines().count(),
+            lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,
         }
@@ -167,6 +176,12 @@ impl<'a> Conversation<'a> {
     pub fn turns_from(&self, idx: usize) -> usize {
         self.msgs[idx..].iter().filter(|m| m.as_ref().is_some_and(|m| m.role == "assistant")).count()
     }
+}
+
+/// `text.lines().count()`, by counting newlines (a vectorised byte count, not a line iterator).
+pub fn line_count(text: &str) -> usize {
+    let newlines = text.bytes().filter(|&b| b == b'\n').count();
+    newlines + usize::from(!text.is_empty() && !text.ends_with('\n'))
 }
 
 /// `system`, or `developer` (OpenAI's newer name for it).
@@ -280,6 +295,13 @@ mod tests {
         assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy).boundary, 2);
         assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy).boundary, 0);
         assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy).boundary, 8);
+    }
+
+    #[test]
+    fn line_count_counts_like_lines() {
+        for text in ["", "a", "a\n", "\n", "a\nb", "a\r\nb\r\n", "\n\n", "a\n\nb\n\n", "é\n\r"] {
+            assert_eq!(line_count(text), text.lines().count(), "{text:?}");
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! re-serialized from its original JSON object with only the edited keys changed, so key order and
 //! unknown keys survive.
 
+use std::borrow::Cow;
+
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -144,8 +146,12 @@ impl Edits {
         if text.is_none() && self.removed[idx].is_empty() && !self.drop_thinking_parts[idx] {
             return raw.to_owned();
         }
-        let Ok(object) = serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) else {
-            return raw.to_owned();
+        let object: Vec<(Cow<'_, str>, &str)> = match object_entries(raw) {
+            Some(entries) => entries.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect(),
+            None => match serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) {
+                Ok(map) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v.get())).collect(),
+                Err(_) => return raw.to_owned(),
+            },
         };
         let original = conv.msgs[idx].as_ref().and_then(|m| m.content.as_ref());
         let content: Option<String> = match text {
@@ -159,8 +165,8 @@ impl Edits {
                 };
                 Some(content_with_text(original, text).to_string())
             }
-            None if self.drop_thinking_parts[idx] => object.get("content").and_then(|c| {
-                let mut parts: Vec<Value> = serde_json::from_str(c.get()).ok()?;
+            None if self.drop_thinking_parts[idx] => object.iter().find(|(k, _)| k == "content").and_then(|(_, c)| {
+                let mut parts: Vec<Value> = serde_json::from_str(c).ok()?;
                 parts.retain(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| THINKING_PARTS.contains(&t)));
                 Some(Value::Array(parts).to_string())
             }),
@@ -180,15 +186,15 @@ impl Edits {
         };
         let mut wrote_content = false;
         for (key, value) in &object {
-            if self.removed[idx].contains(&key.as_str()) {
+            if self.removed[idx].contains(&key.as_ref()) {
                 continue;
             }
-            match (&content, key.as_str()) {
+            match (&content, key.as_ref()) {
                 (Some(c), "content") => {
                     push(&mut out, key, c);
                     wrote_content = true;
                 }
-                _ => push(&mut out, key, value.get()),
+                _ => push(&mut out, key, value),
             }
         }
         if let (Some(c), false) = (&content, wrote_content) {
@@ -196,6 +202,101 @@ impl Edits {
         }
         out.push('}');
         out
+    }
+}
+
+/// The top-level entries of a JSON object already known to be valid (every message was parsed
+/// before), as (key, raw value) in order, found by a byte scan that jumps from quote to quote.
+/// `None` when a key has an escape or repeats, or the text is not an object: the caller then reads
+/// it with serde, which decodes keys and keeps a repeated key's first position and last value.
+fn object_entries(raw: &str) -> Option<Vec<(&str, &str)>> {
+    let bytes = raw.as_bytes();
+    let mut at = skip_whitespace(bytes, 0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    let mut out: Vec<(&str, &str)> = Vec::with_capacity(8);
+    loop {
+        at = skip_whitespace(bytes, at);
+        match bytes.get(at)? {
+            b'}' => return Some(out),
+            b',' if !out.is_empty() => at = skip_whitespace(bytes, at + 1),
+            _ => {}
+        }
+        if bytes.get(at) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(raw, at)?;
+        let key = &raw[at + 1..key_end - 1];
+        if key.contains('\\') || out.iter().any(|(k, _)| *k == key) {
+            return None;
+        }
+        at = skip_whitespace(bytes, key_end);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        at = skip_whitespace(bytes, at + 1);
+        let value_end = value_end(raw, at)?;
+        out.push((key, &raw[at..value_end]));
+        at = value_end;
+    }
+}
+
+fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// Index just past the string whose opening quote is at `start`: the next quote not escaped (not
+/// preceded by an odd run of backslashes), found with `str::find` (a memchr).
+fn string_end(raw: &str, start: usize) -> Option<usize> {
+    let bytes = raw.as_bytes();
+    let mut from = start + 1;
+    loop {
+        let quote = from + raw[from..].find('"')?;
+        let backslashes = bytes[from..quote].iter().rev().take_while(|&&b| b == b'\\').count();
+        if backslashes % 2 == 0 {
+            return Some(quote + 1);
+        }
+        from = quote + 1;
+    }
+}
+
+/// Index just past the JSON value starting at `start`.
+fn value_end(raw: &str, start: usize) -> Option<usize> {
+    let bytes = raw.as_bytes();
+    match bytes.get(start)? {
+        b'"' => string_end(raw, start),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut at = start;
+            while let Some(&b) = bytes.get(at) {
+                match b {
+                    b'"' => {
+                        at = string_end(raw, at)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+            None
+        }
+        _ => {
+            let len =
+                bytes[start..].iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?;
+            Some(start + len)
+        }
     }
 }
 
@@ -215,5 +316,31 @@ pub fn content_with_text(original: Option<&Content>, text: String) -> Value {
             Value::Array(vec![Value::Object(part)])
         }
         _ => Value::String(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte scan must read what serde reads, or decline.
+    #[test]
+    fn object_entries_agree_with_serde_or_decline() {
+        let cases = [
+            r#"{"role":"tool","tool_call_id":"c1","content":"a \"quoted\" \\\\ line\n{[","x":[1,{"y":"]}"}],"n":-1.5e3,"t":true,"z":null}"#,
+            " { \"a\" : \"b\\\\\" ,\n\"c\":\t{ } , \"d\" : [ ] } ",
+            r#"{}"#,
+            r#"{"k":"é\u00e9 ✓","v":{"nested":{"deep":["}"]}}}"#,
+        ];
+        for raw in cases {
+            let ours = object_entries(raw).unwrap_or_else(|| panic!("declined {raw}"));
+            let theirs: indexmap::IndexMap<String, &RawValue> = serde_json::from_str(raw).unwrap();
+            let theirs: Vec<(&str, &str)> = theirs.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+            assert_eq!(ours, theirs, "{raw}");
+        }
+        // Escaped or repeated keys go to serde.
+        assert_eq!(object_entries(r#"{"a\u0062":1}"#), None);
+        assert_eq!(object_entries(r#"{"a":1,"a":2}"#), None);
+        assert_eq!(object_entries("[1]"), None);
     }
 }

@@ -201,9 +201,20 @@ const FILE_EXTENSIONS: &[&str] = &[
     "html", "css", "sql", "lock", "xml", "proto",
 ];
 
-fn path_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')
+const fn path_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b'/')
 }
+
+/// [`path_char`] for every byte, as a table: the scan of [`mentioned_files`] tests every byte.
+static PATH_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = path_char(b as u8);
+        b += 1;
+    }
+    table
+};
 
 /// File paths mentioned in a text, in order of first appearance, deduplicated, at most `max`.
 /// Only the first and last 2 KiB are scanned (a listing names its files early, a traceback its
@@ -324,12 +335,12 @@ fn path_tokens(text: &str) -> impl Iterator<Item = &str> {
     let mut i = 0;
     std::iter::from_fn(move || {
         while i < bytes.len() {
-            while i < bytes.len() && !path_char(bytes[i] as char) {
+            while i < bytes.len() && !PATH_BYTES[bytes[i] as usize] {
                 i += 1;
             }
             let start = i;
             let mut dot = false;
-            while i < bytes.len() && path_char(bytes[i] as char) {
+            while i < bytes.len() && PATH_BYTES[bytes[i] as usize] {
                 dot |= bytes[i] == b'.';
                 i += 1;
             }

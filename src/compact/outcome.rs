@@ -62,10 +62,9 @@ pub struct Outcome {
 /// The compiled success policy.
 #[derive(Debug)]
 pub struct SuccessPolicy {
-    /// All patterns as one alternation: one pass over the text decides.
+    /// All patterns as one alternation: one pass over the text decides, and one match per line
+    /// finds the first matching line.
     errors: Regex,
-    /// The same patterns, to find the first matching line.
-    patterns: Vec<Regex>,
     trust_exit_code: bool,
 }
 
@@ -82,7 +81,7 @@ impl SuccessPolicy {
         } else {
             Regex::new(&alternation).expect("patterns compiled one by one")
         };
-        SuccessPolicy { errors, patterns, trust_exit_code: spec.trust_exit_code }
+        SuccessPolicy { errors, trust_exit_code: spec.trust_exit_code }
     }
 
     /// Read a tool result's content text.
@@ -132,7 +131,8 @@ impl SuccessPolicy {
             if EXCEPTION_LINE.is_match(l) {
                 exception = Some(l);
             }
-            if first_match.is_none() && self.patterns.iter().any(|p| p.is_match(l)) {
+            // The alternation matches a line exactly when one of the patterns does.
+            if first_match.is_none() && self.errors.is_match(l) {
                 // A bare `ERROR:` heading says nothing by itself: take the line that follows too.
                 first_match = Some(match lines.peek() {
                     Some(next) if l.ends_with(':') && l.len() <= 16 => format!("{l} {}", next.trim()),
@@ -164,45 +164,133 @@ enum ExitInfo {
     Error,
 }
 
+/// The keys that carry an exit status, tried in order.
+const EXIT_FIELDS: &[&str] = &["exit_code", "returncode", "exitCode", "return_code"];
+
+/// What [`split_shape`] reads of a JSON object result, in one pass over it: the [`TEXT_FIELDS`]
+/// decoded when they are strings, the status keys as raw values, everything else skipped. As in
+/// any JSON object map, a repeated key's last value decides.
+#[derive(Default)]
+struct ResultObject<'a> {
+    texts: [Option<String>; TEXT_FIELDS.len()],
+    exits: [Option<&'a RawValue>; EXIT_FIELDS.len()],
+    success: Option<&'a RawValue>,
+    error: Option<&'a RawValue>,
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for ResultObject<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for ObjectVisitor<'a> {
+            type Value = ResultObject<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ResultObject<'a>, A::Error> {
+                let mut out = ResultObject::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
+                        out.texts[i] = map.next_value::<MaybeString>()?.0;
+                    } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
+                        out.exits[i] = Some(map.next_value()?);
+                    } else if key == "success" {
+                        out.success = Some(map.next_value()?);
+                    } else if key == "error" {
+                        out.error = Some(map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+    }
+}
+
+/// A JSON string's value, or `None` for any other JSON value (which is skipped).
+struct MaybeString(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for MaybeString {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StringVisitor;
+        impl<'de> serde::de::Visitor<'de> for StringVisitor {
+            type Value = MaybeString;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MaybeString, E> {
+                Ok(MaybeString(Some(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<MaybeString, E> {
+                Ok(MaybeString(Some(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<MaybeString, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeString(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<MaybeString, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeString(None))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<MaybeString, E> {
+                Ok(MaybeString(None))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<MaybeString, E> {
+                Ok(MaybeString(None))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<MaybeString, E> {
+                Ok(MaybeString(None))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<MaybeString, E> {
+                Ok(MaybeString(None))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<MaybeString, E> {
+                Ok(MaybeString(None))
+            }
+        }
+        d.deserialize_any(StringVisitor)
+    }
+}
+
 /// Split the content into shape and text, reading any explicit status in a JSON object. The object
-/// is read shallowly (raw values): only the status keys and the text field are decoded.
+/// is read in one pass: only the status keys and the text fields are decoded.
 fn split_shape(content: String) -> (Shape, String, Option<ExitInfo>) {
     if !content.trim_start().starts_with('{') {
         return (Shape::Plain, content, None);
     }
-    let Ok(object) = serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(&content) else {
+    let Ok(mut object) = serde_json::from_str::<ResultObject<'_>>(&content) else {
         return (Shape::Plain, content, None);
     };
-    let mut status = None;
-    for key in ["exit_code", "returncode", "exitCode", "return_code"] {
-        if let Some(code) = object.get(key).and_then(|v| serde_json::from_str::<i64>(v.get()).ok()) {
-            status = Some(ExitInfo::Code(code));
-            break;
-        }
-    }
+    let mut status =
+        object.exits.iter().flatten().find_map(|v| serde_json::from_str::<i64>(v.get()).ok()).map(ExitInfo::Code);
     if status.is_none()
-        && let Some(ok) = object.get("success").and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
+        && let Some(ok) = object.success.and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
     {
         status = Some(ExitInfo::Success(ok));
     }
     let mut error = None;
-    match object.get("error").map(|v| v.get().trim()) {
+    match object.error.map(|v| v.get().trim()) {
         None | Some("null") | Some("false") | Some("\"\"") => {}
         Some(raw) => {
             status = Some(ExitInfo::Error);
             error = serde_json::from_str::<String>(raw).ok();
         }
     }
-    if status.is_none() && object.get("error").is_some_and(|v| v.get().trim() == "null") {
+    if status.is_none() && object.error.is_some_and(|v| v.get().trim() == "null") {
         status = Some(ExitInfo::Success(true));
     }
-    let text_field = TEXT_FIELDS.iter().find_map(|k| {
-        let raw = object.get(*k)?;
-        serde_json::from_str::<String>(raw.get()).ok().map(|text| (*k, text))
-    });
+    let text_field = object.texts.iter_mut().position(|t| t.is_some());
     match text_field {
-        Some((field, text)) => (Shape::JsonField { field: field.to_owned(), error }, text, status),
-        None => (Shape::Plain, content, status),
+        Some(i) => {
+            let text = object.texts[i].take().expect("position found a text");
+            drop(object);
+            (Shape::JsonField { field: TEXT_FIELDS[i].to_owned(), error }, text, status)
+        }
+        None => {
+            drop(object);
+            (Shape::Plain, content, status)
+        }
     }
 }
 
@@ -214,7 +302,15 @@ fn exit_from_text(text: &str) -> Option<ExitInfo> {
         return rest[..end].trim().parse().ok().map(ExitInfo::Code);
     }
     const FINISHED: &str = "[Command finished with exit code ";
-    let at = text.rfind(FINISHED)?;
+    // The last `[` that opens the marker (`rfind` of a char is a memrchr; most texts have few `[`).
+    let mut end = text.len();
+    let at = loop {
+        let at = text[..end].rfind('[')?;
+        if text[at..].starts_with(FINISHED) {
+            break at;
+        }
+        end = at;
+    };
     let rest = &text[at + FINISHED.len()..];
     let end = rest.find(']')?;
     rest[..end].parse().ok().map(ExitInfo::Code)
@@ -292,6 +388,28 @@ mod tests {
         let r = read("running\nthread 'main' panicked at src/x.rs:3:5\nbye");
         assert_eq!(r.status, Status::Failed { exit: None });
         assert_eq!(r.first_error.as_deref(), Some("thread 'main' panicked at src/x.rs:3:5"));
+    }
+
+    /// The one-pass object reader must read what a JSON map would: the last of repeated keys
+    /// decides, text fields that are not strings are skipped, status keys are tried in order.
+    #[test]
+    fn json_results_read_like_a_map() {
+        let r = read(r#"{"output": "first", "output": 3, "content": "second", "exit_code": "x", "returncode": 2}"#);
+        assert_eq!(r.text, "second");
+        assert!(matches!(r.shape, Shape::JsonField { ref field, .. } if field == "content"));
+        assert_eq!(r.status, Status::Failed { exit: Some(2) });
+        let r = read(r#"{"stdout": [1, {"a": "b"}], "text": "t\u00e9\n", "success": false, "error": ""}"#);
+        assert_eq!(r.text, "té\n");
+        assert_eq!(r.status, Status::Failed { exit: None });
+        let r = read(r#"{"result": {"output": "nested"}, "error": null, "error": {"code": 1}}"#);
+        assert_eq!(r.shape, Shape::Plain);
+        assert_eq!(r.status, Status::Failed { exit: None });
+        let r = read(r#"{"exit_code": 0, "exit_code": null, "error": null}"#);
+        assert_eq!(r.status, Status::Ok);
+        assert_eq!(r.shape, Shape::Plain);
+        // Not an object after all: plain text.
+        assert_eq!(read(r#"{"output": "x""#).shape, Shape::Plain);
+        assert_eq!(read(r#"{"output": "x"} trailing"#).text, r#"{"output": "x"} trailing"#);
     }
 
     #[test]

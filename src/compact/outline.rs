@@ -69,11 +69,19 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
 
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
 pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
-    let lines: Vec<&str> = text.lines().collect();
-    let numbered: Vec<(usize, &str)> = lines.iter().filter_map(|l| split_numbered(l)).collect();
-    if numbered.len() * 10 >= lines.len() * 6 && !numbered.is_empty() {
+    // One pass for the common case, a line-numbered view: split and number-parse together.
+    let mut numbered: Vec<(usize, &str)> = Vec::with_capacity(text.len() / 32);
+    let mut n_lines = 0;
+    for line in text.lines() {
+        n_lines += 1;
+        if let Some(entry) = split_numbered(line) {
+            numbered.push(entry);
+        }
+    }
+    if numbered.len() * 10 >= n_lines * 6 && !numbered.is_empty() {
         return numbered;
     }
+    let lines: Vec<&str> = text.lines().collect();
     // mini-swe-agent wraps plain output in `<returncode>…</returncode>\n<output>\n…\n</output>`.
     let mut start = 0;
     if lines.first().is_some_and(|l| l.trim_start().starts_with("<returncode>"))
@@ -114,13 +122,29 @@ fn indent_of(line: &str) -> usize {
     line.chars().take_while(|c| c.is_whitespace()).map(|c| if c == '\t' { 4 } else { 1 }).sum()
 }
 
+/// `(indent_of(line), line.trim_start())` in one pass over the indentation; ASCII bytes are read
+/// directly, a line indented with other whitespace takes the char path.
+fn split_indent(line: &str) -> (usize, &str) {
+    let mut width = 0;
+    for (i, &b) in line.as_bytes().iter().enumerate() {
+        match b {
+            b'\t' => width += 4,
+            b' ' | b'\n' | b'\r' | 0x0b | 0x0c => width += 1,
+            0x80.. => return (indent_of(line), line.trim_start()),
+            _ => return (width, &line[i..]),
+        }
+    }
+    (width, "")
+}
+
 fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
     let mut out: Vec<Entry> = Vec::new();
     let mut open: Vec<(usize, usize)> = Vec::new(); // (index in out, indent)
     let mut last_code = 0;
     let mut in_string: Option<&str> = None;
     for &(num, line) in lines {
-        let trimmed = line.trim();
+        let (indent, head) = split_indent(line);
+        let trimmed = head.trim_end();
         if let Some(q) = in_string {
             if count_occurrences(trimmed, q) % 2 == 1 {
                 in_string = None;
@@ -131,7 +155,6 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let indent = indent_of(line);
         while let Some(&(i, ind)) = open.last() {
             if indent <= ind {
                 out[i].end = last_code.max(out[i].start);
@@ -140,14 +163,13 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
                 break;
             }
         }
-        let head = line.trim_start();
         if (head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async "))
             && PY_DEF.is_match(line)
         {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        if trimmed.contains(['"', '\'']) {
+        if trimmed.contains('"') || trimmed.contains('\'') {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
@@ -386,19 +408,22 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
 
 /// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
-    let mut out = String::new();
+    use std::fmt::Write;
+    let mut out = String::with_capacity(entries.len().min(max_entries) * 48);
     for e in entries.iter().take(max_entries) {
-        let range = if e.start == e.end { e.start.to_string() } else { format!("{}-{}", e.start, e.end) };
-        out.push_str(&"  ".repeat(e.depth + 1));
-        out.push_str(&range);
+        for _ in 0..=e.depth {
+            out.push_str("  ");
+        }
+        let _ = if e.start == e.end { write!(out, "{}", e.start) } else { write!(out, "{}-{}", e.start, e.end) };
         out.push_str("  ");
         out.push_str(&e.signature);
         out.push('\n');
     }
     if entries.len() > max_entries {
-        out.push_str(&format!("  … {} more definitions\n", entries.len() - max_entries));
+        let _ = writeln!(out, "  … {} more definitions", entries.len() - max_entries);
     }
-    out.trim_end().to_owned()
+    out.truncate(out.trim_end().len());
+    out
 }
 
 #[cfg(test)]
@@ -436,6 +461,15 @@ mod tests {
                 (0, 14, 15, "def top()".into()),
             ]
         );
+    }
+
+    #[test]
+    fn split_indent_agrees_with_the_char_path() {
+        for line in
+            ["", "x", "    def f():", "\t\tx = 1", " \t y", "   ", "\u{a0} z", "  \u{2003}w", "é", "\x0b\x0cq\r"]
+        {
+            assert_eq!(split_indent(line), (indent_of(line), line.trim_start()), "{line:?}");
+        }
     }
 
     #[test]

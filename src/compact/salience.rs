@@ -195,7 +195,7 @@ impl MarkerFacts {
             .map(|idx| match &conv.msgs[idx] {
                 Some(m) if m.role == "tool" => {
                     let facts = conv.facts(idx);
-                    Some((facts.tool, facts.files))
+                    Some((facts.tool.clone(), facts.files.clone()))
                 }
                 _ => None,
             })
@@ -631,7 +631,7 @@ fn group_files(conv: &Conversation<'_>, start: usize, end: usize) -> Vec<String>
     let mut out = Vec::new();
     for idx in start..end {
         if conv.outcomes[idx].is_some() {
-            out.extend(conv.facts(idx).files);
+            out.extend(conv.facts(idx).files.iter().cloned());
         } else if let Some(m) = &conv.msgs[idx] {
             out.extend(mentioned_files(&m.text(), 8));
             for call in conv.calls.iter().filter(|c| c.msg == idx) {

@@ -395,21 +395,6 @@ fn retry_pruning_needs_a_later_success() {
 }
 
 #[test]
-fn a_pare_marker_is_not_a_successful_retry() {
-    // A failure followed by the same call whose result an earlier compaction already folded into a
-    // marker: the marker proves nothing, so the failure stays (and compaction stays idempotent).
-    let msgs = with_tail(vec![
-        user("test"),
-        call("c1", "terminal", json!({"command": "pytest"})),
-        result("c1", &format!("<returncode>1</returncode>\n<output>\n{}\n</output>", lines(10, "boom"))),
-        call("c2", "terminal", json!({"command": "pytest"})),
-        result("c2", "[pare: output of terminal(\"pytest\") (13 chars) identical to the later result of call c3]"),
-    ]);
-    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
-    assert_eq!(out[2], msgs[2]);
-}
-
-#[test]
 fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     let mut msgs = vec![user("poll")];
     for i in 1..=3 {

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::super::Policy;
-use super::super::conversation::{Conversation, path_argument};
+use super::super::conversation::{Conversation, line_count, path_argument};
 use super::super::edits::Edits;
 use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names};
 use super::super::outline::{Language, outline};
@@ -49,7 +49,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if entries.is_empty() {
             continue;
         }
-        let n_lines = outcome.text.lines().count();
+        let n_lines = line_count(&outcome.text);
         let n_chars = outcome.text.chars().count();
         let body = super::super::outline::render(&entries, rule.max_entries);
         let header = render(&rule.template, &|name| match name {
