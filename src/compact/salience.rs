@@ -216,8 +216,10 @@ struct ElideContext<'e, 'c, 'a> {
 impl ElideContext<'_, '_, '_> {
     /// Elide `candidates` in order while that lowers the total (run markers included), until `stop`
     /// says enough. A group smaller than the marker that would replace it does not pay on its own, so
-    /// candidates are taken tentatively and committed as soon as the set taken so far lowers the total
-    /// (a run of small groups shares one marker); a tentative tail that never pays is put back.
+    /// candidates that do not pay are held back, and a candidate is committed together with the held
+    /// back ones of *its own run* as soon as that run lowers the total (a run of small groups shares one
+    /// marker). Held-back groups elsewhere never ride along: a run that does not pay would otherwise
+    /// hide one that does, and compacting the output again would find it (idempotence).
     /// Returns whether anything was elided.
     #[allow(clippy::too_many_arguments)]
     fn elide_in_order(
@@ -230,24 +232,36 @@ impl ElideContext<'_, '_, '_> {
         total: &mut u64,
         stop: impl Fn(u64, usize) -> bool,
     ) -> bool {
-        let mut pending: Vec<usize> = Vec::new();
+        let mut pending: BTreeSet<usize> = BTreeSet::new();
         let mut changed = false;
         for &u in candidates {
             if stop(*total, u) {
                 break;
             }
-            gone.insert(u);
-            pending.push(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone, false);
+            // The run `u` would join, counting the held-back groups.
+            let mut all = gone.clone();
+            all.extend(pending.iter().copied());
+            all.insert(u);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &all, false);
+            let (&run_start, &(run_end, _)) =
+                runs.range(..=units[u].start).next_back().expect("the run holding `u` starts at or before it");
+            let joined: Vec<usize> =
+                pending.iter().copied().filter(|&p| units[p].start >= run_start && units[p].start < run_end).collect();
+            let mut trial = gone.clone();
+            trial.extend(joined.iter().copied());
+            trial.insert(u);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, false);
             let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
             if new_total < *total {
                 *total = new_total;
-                pending.clear();
+                *gone = trial;
+                for p in joined {
+                    pending.remove(&p);
+                }
                 changed = true;
+            } else {
+                pending.insert(u);
             }
-        }
-        for u in pending {
-            gone.remove(&u);
         }
         changed
     }

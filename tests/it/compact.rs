@@ -706,6 +706,28 @@ fn runs_of_small_groups_are_elided_together() {
     assert!(out.len() < 100, "{} messages left", out.len());
 }
 
+/// Regression (found by the property test): a held-back group that never pays (a lone note) made the
+/// run after it (a note and a later system message, which pays) look unprofitable, so only a second
+/// compaction elided that run.
+#[test]
+fn a_run_that_pays_is_elided_even_after_one_that_does_not() {
+    let msgs = vec![
+        json!({"role": "system", "content": "You are an agent.", "x_sys": 1}),
+        json!({"role": "user", "content": "fix src/lib.rs"}),
+        json!({"role": "assistant", "content": "note 1: thought 0 \nthought 1 x\nthought 2 xx", "x_a": [1]}),
+        json!({"role": "user", "content": "user says 0", "x_u": true}),
+        json!({"role": "assistant", "content": "note 0: ", "x_a": [0]}),
+        json!({"role": "system", "content": "# Skills\nskill 0 "}),
+        json!({"role": "user", "content": "user says 0", "x_u": true}),
+        json!({"role": "assistant", "content": "done"}),
+    ];
+    let engine = engine("default", json!({"protect_last_turns": 0}));
+    let (once, report) = run(&engine, &body(&msgs), Some(6));
+    assert_eq!(report.report["tiers"]["elided_groups"], 2, "{}", report.report);
+    let (twice, _) = run(&engine, &once, Some(6));
+    assert_eq!(String::from_utf8_lossy(&once), String::from_utf8_lossy(&twice));
+}
+
 #[test]
 fn an_earlier_elision_marker_merges_into_the_next_one() {
     // A first compaction elides the oldest groups; more turns arrive; a second compaction under a
