@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::markers::{CallFacts, NAMES_PER_MARKER, mentioned_files, one_line, salient_names, shorten};
+use super::markers::{
+    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten,
+};
 use super::outcome::{Outcome, SuccessPolicy};
 use crate::wire::Message;
 
@@ -66,6 +68,7 @@ pub struct Conversation<'a> {
     /// Each tool result's [`CallFacts`], computed the first time a rule asks (several rules and the
     /// tiers may ask for the same message).
     facts: Vec<OnceCell<CallFacts>>,
+    names: Vec<OnceCell<Vec<String>>>,
 }
 
 impl<'a> Conversation<'a> {
@@ -128,12 +131,38 @@ impl<'a> Conversation<'a> {
             idx = end;
         }
         let facts = (0..msgs.len()).map(|_| OnceCell::new()).collect();
-        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system, facts }
+        let names = (0..msgs.len()).map(|_| OnceCell::new()).collect();
+        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system, facts, names }
     }
 
     /// The facts about a tool result at message `idx` (a tool message), computed once.
     pub fn facts(&self, idx: usize) -> &CallFacts {
         self.facts[idx].get_or_init(|| self.compute_facts(idx))
+    }
+
+    /// The identifiers of tool result `idx` a marker lists (`{names}`), computed once, and only for
+    /// results whose marker asks for them: the scan reads the result's text.
+    pub fn names(&self, idx: usize) -> &[String] {
+        self.names[idx].get_or_init(|| {
+            let facts = self.facts(idx);
+            let text = self.outcomes[idx].as_ref().map(|o| o.text.as_str()).unwrap_or("");
+            let mut known: Vec<&str> = facts.files.iter().map(String::as_str).collect();
+            known.push(&facts.arg);
+            salient_names(text, NAMES_PER_MARKER, &known)
+        })
+    }
+
+    /// The value of a call-marker placeholder for tool result `idx`.
+    pub fn fact(&self, idx: usize, name: &str) -> Option<String> {
+        match name {
+            "names" => Some(names_suffix(self.names(idx))),
+            other => self.facts(idx).value(other),
+        }
+    }
+
+    /// A call-marker template filled for tool result `idx`.
+    pub fn render_marker(&self, idx: usize, template: &str) -> String {
+        render(template, &|name| self.fact(idx, name))
     }
 
     fn compute_facts(&self, idx: usize) -> CallFacts {
@@ -157,11 +186,8 @@ impl<'a> Conversation<'a> {
             .or_else(|| self.msgs[idx].as_ref().and_then(|m| m.name.clone()))
             .unwrap_or_else(|| "tool".into());
         let arg = call.and_then(|c| c.key_arg.as_deref()).map(quote_arg).unwrap_or_default();
-        let mut known = files.clone();
-        known.push(arg.clone());
         CallFacts {
             tool,
-            names: salient_names(text, NAMES_PER_MARKER, &known),
             arg,
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
             status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),

@@ -517,8 +517,8 @@ fn form(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, idx: usize, tie
                     super::rules::cap_chars(&short, cap, &engine.policy.spec.hard_cap.template).unwrap_or(short);
                 TextEdit { text: short, embed: true }
             }
-            Tier::Summary => TextEdit { text: conv.facts(idx).render(&spec.heavy_template), embed: false },
-            Tier::Background => TextEdit { text: conv.facts(idx).render(&spec.facts_template), embed: false },
+            Tier::Summary => TextEdit { text: conv.render_marker(idx, &spec.heavy_template), embed: false },
+            Tier::Background => TextEdit { text: conv.render_marker(idx, &spec.facts_template), embed: false },
         }
     } else if m.role == "assistant" {
         if current.trim().is_empty() || is_compacted(&current) {

@@ -18,6 +18,6 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if policy.collapse_except.iter().any(|re| re.is_match(&facts.tool)) {
             continue;
         }
-        edits.set_marker(conv, idx, RuleId::CollapseSucceeded, facts.render(&rule.template));
+        edits.set_marker(conv, idx, RuleId::CollapseSucceeded, conv.render_marker(idx, &rule.template));
     }
 }

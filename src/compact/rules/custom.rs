@@ -114,7 +114,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             CustomAction::Marker => {
                 let template = rule.rule.template.as_deref().unwrap_or("[pare: {call}]");
                 let marker = if conv.outcomes[idx].is_some() {
-                    conv.facts(idx).render(template)
+                    conv.render_marker(idx, template)
                 } else {
                     let text = edits.current_text(conv, idx);
                     let facts = super::super::markers::CallFacts {
@@ -125,7 +125,14 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
                         files: super::super::markers::mentioned_files(&text, 5),
                         ..Default::default()
                     };
-                    facts.render(template)
+                    super::super::markers::render(template, &|name| match name {
+                        "names" => Some(super::super::markers::names_suffix(&super::super::markers::salient_names(
+                            &text,
+                            super::super::markers::NAMES_PER_MARKER,
+                            &[],
+                        ))),
+                        other => facts.value(other),
+                    })
                 };
                 edits.set_marker(conv, idx, RuleId::Custom, marker);
             }

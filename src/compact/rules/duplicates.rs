@@ -33,10 +33,9 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             continue;
         }
         let later_id = conv.msgs[later].as_ref().and_then(|m| m.tool_call_id.clone()).unwrap_or_default();
-        let facts = conv.facts(idx);
         let marker = render(&rule.template, &|name| match name {
             "later_id" => Some(later_id.clone()),
-            other => facts.value(other),
+            other => conv.fact(idx, other),
         });
         edits.set_marker(conv, idx, RuleId::Duplicates, marker);
     }

@@ -30,11 +30,10 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             if idx >= conv.boundary || !edits.open(idx) {
                 continue;
             }
-            let facts = conv.facts(idx);
             let marker = render(&rule.template, &|name| match name {
                 "k" => Some((k + 1).to_string()),
                 "total" => Some(total.to_string()),
-                other => facts.value(other),
+                other => conv.fact(idx, other),
             });
             edits.set_marker(conv, idx, RuleId::Loops, marker);
         }

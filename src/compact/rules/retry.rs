@@ -35,7 +35,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let failed = conv.outcomes[idx].as_ref().is_some_and(|o| !o.status.is_ok());
         let retried = last_success.get(&(call.name.as_str(), retry_key(call))).is_some_and(|&later| later > c);
         if failed && retried {
-            let marker = conv.facts(idx).render(&policy.spec.retry_pruning.template);
+            let marker = conv.render_marker(idx, &policy.spec.retry_pruning.template);
             edits.set_marker(conv, idx, RuleId::RetryPruning, marker);
         }
     }

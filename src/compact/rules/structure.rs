@@ -55,13 +55,11 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let header = render(&rule.template, &|name| match name {
             "path" => Some(path.clone()),
             // Identifiers of the body that the map does not already show.
-            "names" => {
-                Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[body.clone(), path.clone()])))
-            }
+            "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[&body, &path]))),
             "lines" => Some(group_digits(n_lines)),
             "chars" => Some(group_digits(n_chars)),
             "language" => Some(language.name().to_owned()),
-            _ => conv.facts(idx).value(name),
+            _ => conv.fact(idx, name),
         });
         let map = format!("{header}\n{body}");
         if map.len() < outcome.text.len() {
