@@ -7,22 +7,10 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use pare::budget::tokens::{CountTokens, CounterConfig, TokenCounter};
+use pare::budget::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
-
-/// A cheap deterministic counter (bytes / 4), so that the engine's own cost is what is measured.
-struct QuarterCounter;
-
-impl CountTokens for QuarterCounter {
-    fn message(&self, raw_json: &str) -> u64 {
-        raw_json.len().div_ceil(4) as u64 + 3
-    }
-    fn tools(&self, raw_json: &str) -> u64 {
-        raw_json.len().div_ceil(4) as u64
-    }
-}
 
 fn numbered_source(seed: usize, n: usize) -> String {
     let mut out = format!("Here's the result of running `cat -n` on /workspace/repo/src/module_{seed}.py:\n");

@@ -31,6 +31,21 @@ pub trait CountTokens: Send + Sync {
     fn tools(&self, raw_json: &str) -> u64;
 }
 
+/// A tokenizer-free estimate: one token per 4 bytes of JSON (rounded up), plus the per-message framing.
+/// Deterministic and nearly free, for tests and benchmarks that measure the engine rather than the
+/// tokenizer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QuarterCounter;
+
+impl CountTokens for QuarterCounter {
+    fn message(&self, raw_json: &str) -> u64 {
+        raw_json.len().div_ceil(4) as u64 + TOKENS_PER_MESSAGE
+    }
+    fn tools(&self, raw_json: &str) -> u64 {
+        raw_json.len().div_ceil(4) as u64
+    }
+}
+
 /// Tokens OpenAI adds once per request to prime the reply (`<|start|>assistant<|message|>`).
 pub const REPLY_PRIMING: u64 = 3;
 /// Framing tokens per message.

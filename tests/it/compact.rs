@@ -6,24 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use pare::budget::tokens::CountTokens;
+use pare::budget::tokens::{CountTokens, QuarterCounter};
 use pare::compact::pack::{BUILTIN_PACKS, load_pack};
 use pare::compact::{CompactOptions, Compacted, Engine};
 use pare::config::{SalienceConfig, TierBudgets};
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
-
-/// A deterministic stand-in for tiktoken: one token per 4 bytes of JSON, rounded up, plus 3 per message.
-pub struct QuarterCounter;
-
-impl CountTokens for QuarterCounter {
-    fn message(&self, raw_json: &str) -> u64 {
-        raw_json.len().div_ceil(4) as u64 + 3
-    }
-    fn tools(&self, raw_json: &str) -> u64 {
-        raw_json.len().div_ceil(4) as u64
-    }
-}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/compact")

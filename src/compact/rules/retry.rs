@@ -48,23 +48,13 @@ fn retry_key(call: &super::super::conversation::Call) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use crate::budget::tokens::CountTokens;
+    use crate::budget::tokens::QuarterCounter;
     use crate::compact::{CompactOptions, Engine};
     use crate::wire::ChatBody;
 
-    struct Quarter;
-    impl CountTokens for Quarter {
-        fn message(&self, raw_json: &str) -> u64 {
-            raw_json.len().div_ceil(4) as u64 + 3
-        }
-        fn tools(&self, raw_json: &str) -> u64 {
-            raw_json.len().div_ceil(4) as u64
-        }
-    }
-
     fn compact_once(engine: &Engine, body: &[u8]) -> (Vec<u8>, serde_json::Value) {
         let parsed = ChatBody::parse(body).unwrap();
-        let out = engine.compact(&parsed, &CompactOptions::default(), &Quarter);
+        let out = engine.compact(&parsed, &CompactOptions::default(), &QuarterCounter);
         let mut messages = out.prefix;
         messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
         (parsed.to_vec_with_messages(&messages), out.report)
