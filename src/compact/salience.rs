@@ -86,7 +86,8 @@ pub fn fit(
         return Fit { report, elided };
     }
 
-    let units = units(engine, conv, edits, counter, &tokens);
+    let facts = MarkerFacts::new(conv, edits);
+    let units = units(engine, conv, edits, &facts, counter, &tokens);
     let scored: u64 = units.iter().map(|u| u.forms[0].1).sum();
     let budget = target.saturating_sub(after_rules - scored) as f64;
     // Descending salience; on ties the more recent group first.
@@ -122,7 +123,6 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let facts = MarkerFacts::new(conv);
     let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra };
     ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
         total <= target && tier_of[u].is_some()
@@ -183,14 +183,16 @@ pub fn fit(
     Fit { report, elided }
 }
 
-/// Per message, what an elision marker says of it (tool name and files of a tool result), computed once
-/// per [`fit`]: markers are re-rendered at every elision step, and a message's facts never change.
+/// Per message, what an elision marker says of it (tool name and files of a tool result; what an
+/// earlier elision marker stood for), computed once per [`fit`]: markers are re-rendered at every
+/// elision step, and a message's facts never change.
 struct MarkerFacts {
     tool_results: Vec<Option<(String, Vec<String>)>>,
+    earlier_elisions: Vec<Option<ElisionSummary>>,
 }
 
 impl MarkerFacts {
-    fn new(conv: &Conversation<'_>) -> MarkerFacts {
+    fn new(conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
         let tool_results = (0..conv.boundary)
             .map(|idx| match &conv.msgs[idx] {
                 Some(m) if m.role == "tool" => {
@@ -200,7 +202,8 @@ impl MarkerFacts {
                 _ => None,
             })
             .collect();
-        MarkerFacts { tool_results }
+        let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
+        MarkerFacts { tool_results, earlier_elisions }
     }
 }
 
@@ -238,13 +241,14 @@ impl ElideContext<'_, '_, '_> {
             if stop(*total, u) {
                 break;
             }
-            // The run `u` would join, counting the held-back groups.
+            // The run `u` would join, counting the held-back groups (its span only: no marker yet).
             let mut all = gone.clone();
             all.extend(pending.iter().copied());
             all.insert(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &all, false);
-            let (&run_start, &(run_end, _)) =
-                runs.range(..=units[u].start).next_back().expect("the run holding `u` starts at or before it");
+            let (run_start, run_end) = run_spans(edits, units, &all)
+                .into_iter()
+                .find(|&(start, end)| (start..end).contains(&units[u].start))
+                .expect("every elided unit lies in a run");
             let joined: Vec<usize> =
                 pending.iter().copied().filter(|&p| units[p].start >= run_start && units[p].start < run_end).collect();
             let mut trial = gone.clone();
@@ -323,17 +327,8 @@ fn elided_total(
     total
 }
 
-/// Maximal runs of elided units (dropped messages between them do not break a run), each with its
-/// marker message.
-fn elision_runs(
-    engine: &Engine,
-    facts: &MarkerFacts,
-    conv: &Conversation<'_>,
-    edits: &Edits,
-    units: &[Unit],
-    gone: &BTreeSet<usize>,
-    terse: bool,
-) -> BTreeMap<usize, (usize, String)> {
+/// Maximal runs `start..end` of elided units (dropped messages between them do not break a run).
+fn run_spans(edits: &Edits, units: &[Unit], gone: &BTreeSet<usize>) -> Vec<(usize, usize)> {
     let mut spans: Vec<(usize, usize)> = gone.iter().map(|&u| (units[u].start, units[u].end)).collect();
     spans.sort_unstable();
     let mut merged: Vec<(usize, usize)> = Vec::new();
@@ -347,6 +342,19 @@ fn elision_runs(
         merged.push((start, end));
     }
     merged
+}
+
+/// The [`run_spans`] of `gone`, each with its marker message.
+fn elision_runs(
+    engine: &Engine,
+    facts: &MarkerFacts,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    units: &[Unit],
+    gone: &BTreeSet<usize>,
+    terse: bool,
+) -> BTreeMap<usize, (usize, String)> {
+    run_spans(edits, units, gone)
         .into_iter()
         .map(|(start, end)| (start, (end, elision_marker(engine, facts, conv, edits, start, end, terse))))
         .collect()
@@ -372,15 +380,15 @@ fn elision_marker(
             continue;
         }
         // An earlier elision marker: what it stood for joins this one.
-        if let Some(earlier) = earlier_elision(conv, edits, idx) {
+        if let Some(earlier) = &marker_facts.earlier_elisions[idx] {
             n += earlier.messages;
-            for (tool, k) in earlier.tools {
-                *tools.entry(tool).or_default() += k;
+            for (tool, k) in &earlier.tools {
+                *tools.entry(tool.clone()).or_default() += k;
             }
             notes += earlier.notes;
-            for f in earlier.files {
-                if files.len() < 8 && !files.contains(&f) {
-                    files.push(f);
+            for f in &earlier.files {
+                if files.len() < 8 && !files.contains(f) {
+                    files.push(f.clone());
                 }
             }
             continue;
@@ -426,6 +434,7 @@ fn units(
     engine: &Engine,
     conv: &Conversation<'_>,
     edits: &Edits,
+    marker_facts: &MarkerFacts,
     counter: &dyn CountTokens,
     tokens: &[u64],
 ) -> Vec<Unit> {
@@ -450,7 +459,7 @@ fn units(
         }
         // pare's own notes stay, except an elision marker in the default form: eliding it again merges
         // what it lists into the new marker, so successive epochs leave one marker, not a pile.
-        let earlier_elision = g.kind == GroupKind::Assistant && earlier_elision(conv, edits, g.start).is_some();
+        let earlier_elision = g.kind == GroupKind::Assistant && marker_facts.earlier_elisions[g.start].is_some();
         if g.kind == GroupKind::Assistant && edits.compacted[g.start] && !earlier_elision {
             continue;
         }

@@ -7,6 +7,7 @@ use regex::Regex;
 use super::super::Policy;
 use super::super::conversation::{Conversation, is_system};
 use super::super::edits::Edits;
+use super::super::markers::{CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, render, salient_names};
 use super::super::pack::{CustomAction, CustomRule};
 use super::super::report::RuleId;
 use super::truncate::truncate_lines;
@@ -117,20 +118,16 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
                     conv.render_marker(idx, template)
                 } else {
                     let text = edits.current_text(conv, idx);
-                    let facts = super::super::markers::CallFacts {
+                    let facts = CallFacts {
                         tool: conv.msgs[idx].as_ref().map(|m| m.role.clone()).unwrap_or_default(),
                         status: "ok".into(),
                         chars: text.chars().count(),
                         lines: text.lines().count(),
-                        files: super::super::markers::mentioned_files(&text, 5),
+                        files: mentioned_files(&text, 5),
                         ..Default::default()
                     };
-                    super::super::markers::render(template, &|name| match name {
-                        "names" => Some(super::super::markers::names_suffix(&super::super::markers::salient_names(
-                            &text,
-                            super::super::markers::NAMES_PER_MARKER,
-                            &[],
-                        ))),
+                    render(template, &|name| match name {
+                        "names" => Some(names_suffix(&salient_names(&text, NAMES_PER_MARKER, &[]))),
                         other => facts.value(other),
                     })
                 };
