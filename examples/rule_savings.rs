@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use pare::budget::tokens::{CountTokens, CounterConfig, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
-use pare::wire::ChatBody;
+use pare::wire::{ChatBody, role_of};
 
 #[derive(Default)]
 struct Totals {
@@ -56,7 +56,7 @@ fn main() {
                 t.raw_tokens += body.messages.iter().map(|m| counter.message(m.get())).sum::<u64>();
                 t.old_results += body.messages[..out.boundary]
                     .iter()
-                    .filter(|m| m.get().contains(r#""role":"tool""#) || m.get().contains(r#""role": "tool""#))
+                    .filter(|m| role_of(m.get()) == "tool")
                     .map(|m| counter.message(m.get()))
                     .sum::<u64>();
                 if let Some(rules) = out.report["rules"].as_object() {

@@ -26,7 +26,7 @@ use crate::budget::replay::{replay_session, session_lines};
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
-use crate::wire::{ChatBody, Message};
+use crate::wire::{ChatBody, Message, role_of};
 
 /// Why a corpus could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -290,7 +290,7 @@ impl<'a> Parsed<'a> {
         let messages: Vec<std::borrow::Cow<'a, str>> =
             body.messages.iter().map(|m| std::borrow::Cow::Borrowed(m.get())).collect();
         let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
-        let roles = messages.iter().map(|m| role_of(m)).collect();
+        let roles = messages.iter().map(|m| role_of(m).into_owned()).collect();
         let tools = body.field("tools").map(|t| t.get().to_owned()).filter(|t| t != "null");
         let tools_tokens = tools.as_deref().map_or(0, |t| counter.tools(t));
         let total = message_tokens.iter().sum::<u64>() + tools_tokens + REPLY_PRIMING;
@@ -307,15 +307,6 @@ impl<'a> Parsed<'a> {
             total: self.total,
         }
     }
-}
-
-fn role_of(raw: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct Role {
-        #[serde(default)]
-        role: Option<String>,
-    }
-    serde_json::from_str::<Role>(raw).ok().and_then(|r| r.role).unwrap_or_default()
 }
 
 /// Tokens a prompt cache can reuse from `previous`: the tools when unchanged (rendered first), then

@@ -171,6 +171,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for MaybeArray<'a> {
     }
 }
 
+/// The `role` of a raw message ("" when it has none or is not an object); reads only that key.
+pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
+    #[derive(Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow, default)]
+        role: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or_default()
+}
+
 /// A message's `content`: a string, an array of parts, or null/absent.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
@@ -331,6 +341,14 @@ mod tests {
             assert_eq!(String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(), body);
             assert_eq!(parsed.field("messages").map(|v| v.get()), None);
         }
+    }
+
+    #[test]
+    fn role_is_read_alone_and_defaults_to_empty() {
+        assert_eq!(role_of(r#"{"content":"x","role":"tool","tool_call_id":"c"}"#), "tool");
+        assert_eq!(role_of(r#"{"role":"us\u0065r"}"#), "user");
+        assert_eq!(role_of(r#"{"content":"no role"}"#), "");
+        assert_eq!(role_of("[1,2]"), "");
     }
 
     #[test]

@@ -20,7 +20,6 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
-use serde::Deserialize;
 use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -30,7 +29,7 @@ use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::{Config, Mode};
 use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
-use crate::wire::{ChatBody, WireError};
+use crate::wire::{ChatBody, WireError, role_of};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
@@ -410,7 +409,7 @@ impl SessionCompactor {
                 n_out += 1;
             }
             let splits_elision = n_out < sources.len() && source_start(&sources[n_out]) < cut;
-            let at_turn = cut > n_frozen && matches!(role(&candidate[cut]), "assistant" | "user");
+            let at_turn = cut > n_frozen && matches!(role_of(&candidate[cut]).as_ref(), "assistant" | "user");
             if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
                 let prefix = whole.prefix[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
@@ -476,17 +475,7 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// The `role` of a raw message ("" when it has none).
-fn role(raw: &str) -> &str {
-    #[derive(Deserialize)]
-    struct Role<'a> {
-        #[serde(borrow, default)]
-        role: Option<&'a str>,
-    }
-    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or("")
-}
-
 /// Assistant messages among `messages` (a turn starts at each).
 fn new_turns(messages: &[&str]) -> usize {
-    messages.iter().filter(|m| role(m) == "assistant").count()
+    messages.iter().filter(|m| role_of(m) == "assistant").count()
 }
