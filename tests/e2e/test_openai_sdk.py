@@ -127,9 +127,17 @@ def test_upstream_errors_reach_the_sdk_as_api_errors(pare, fresh):
 def test_every_request_is_logged_once(pare, fresh):
     before = len(pare.access_log())
     sync_client(pare).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    wait_until(lambda: len(pare.access_log()) == before + 1, what="pare's access line")
-    line = pare.access_log()[-1]
-    assert line["method"] == "POST" and line["path"] == "/v1/chat/completions" and line["status"] == 200
+
+    # A line is written when its response ends, so the previous test's line may land after `before`
+    # was taken: look only at chat lines.
+    def chat_lines():
+        return [line for line in pare.access_log()[before:] if line["path"] == "/v1/chat/completions"]
+
+    wait_until(lambda: chat_lines(), what="pare's access line")
+    lines = chat_lines()
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line["method"] == "POST" and line["status"] == 200
     assert "upstream_ms" in line and "pare_us" in line
 
 
