@@ -370,12 +370,13 @@ impl SessionCompactor {
         Step { messages, tokens: forwarded_tokens, action, history_changed, engine_report }
     }
 
-    /// An epoch that compacts as little as it can. One run of the rules over the whole candidate
-    /// gives each message's compacted form; pare then keeps the compacted forms only for the
-    /// shortest leading part that brings the request to `target`, and forwards the rest raw — so the
-    /// recent tool outputs the model is likely to use next stay whole, and the next epoch finds
-    /// this prefix already compacted (unchanged, cache kept). When the rules over the whole
-    /// candidate are not enough, the engine gets the target (salience tiers, then elision).
+    /// An epoch that compacts as little as it can. One engine run over the whole candidate, given
+    /// the target: when the rules alone reach it, that run gives each message's compacted form, and
+    /// pare keeps the compacted forms only for the shortest leading part that brings the request to
+    /// `target`, forwarding the rest raw — so the recent tool outputs the model is likely to use next
+    /// stay whole, and the next epoch finds this prefix already compacted (unchanged, cache kept).
+    /// When the rules are not enough, the engine has already fitted the whole candidate (salience
+    /// tiers, then elision) and that is the epoch.
     fn lightest_fitting(
         &self,
         request: &Request<'_, '_>,
@@ -386,17 +387,15 @@ impl SessionCompactor {
     ) -> Option<Attempt> {
         let bytes = request.body.to_vec_with_messages(candidate);
         let body = ChatBody::parse(&bytes).ok()?;
-        let rules_only = CompactOptions { target_tokens: None };
-        let (whole, sources) = self.engine.compact_traced(&body, &rules_only, counter);
-        let fixed = request.tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
+        let with_target = CompactOptions { target_tokens: Some(target) };
+        let (whole, sources) = self.engine.compact_traced(&body, &with_target, counter);
         let boundary = whole.boundary.min(candidate.len());
+        if whole.fitted || sources.len() != whole.prefix.len() {
+            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report });
+        }
+        let fixed = request.tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
         let prefix_tokens: Vec<u64> = whole.prefix.iter().map(|m| counter.message(m)).collect();
         let raw_tokens: Vec<u64> = candidate.iter().map(|m| counter.message(m)).collect();
-        let whole_tokens = prefix_tokens.iter().sum::<u64>() + raw_tokens[boundary..].iter().sum::<u64>() + fixed;
-        if whole_tokens > target || sources.len() != whole.prefix.len() {
-            let with_target = CompactOptions { target_tokens: Some(target) };
-            return self.attempt(request, candidate, &with_target, counter);
-        }
         // Walk the cut points from the oldest: before an assistant or user message (no tool-call
         // group is split) and never inside the frozen prefix or an elided run. `n_out` counts the
         // compacted messages standing for raw messages before the cut.

@@ -66,6 +66,11 @@ pub struct Compacted {
     pub prefix: Vec<String>,
     /// What each rule did (a serialized [`Report`]).
     pub report: serde_json::Value,
+    /// A target was given and the rules alone did not reach it, so salience tiers and elision ran:
+    /// the prefix is fitted as a whole. `false` means every edit in the prefix is a rule's, made
+    /// message by message, so a caller may keep the compacted form of a leading part only (the
+    /// epoch's lightest cut).
+    pub fitted: bool,
 }
 
 /// The origin of one forwarded message of the prefix.
@@ -171,9 +176,11 @@ impl Engine {
         let mut rendered = finish_rules(&conv, &mut edits, counter);
 
         let mut elided = salience::Elided::default();
+        let mut fitted = false;
         if let Some(target) = opts.target_tokens {
             let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
             let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, target);
+            fitted = fit.report.tokens_after_rules > target;
             report.tiers = Some(fit.report);
             elided = fit.elided;
         }
@@ -216,7 +223,7 @@ impl Engine {
         }
 
         fill_report(&conv, &edits, &elided, &mut report, prefix.len());
-        (Compacted { boundary: conv.boundary, prefix, report: report.to_value() }, sources)
+        (Compacted { boundary: conv.boundary, prefix, report: report.to_value(), fitted }, sources)
     }
 }
 
@@ -228,6 +235,7 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Sou
         boundary: conv.msgs.len(),
         prefix: conv.raw.iter().map(|m| m.get().to_owned()).collect(),
         report: report.to_value(),
+        fitted: false,
     };
     (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
 }

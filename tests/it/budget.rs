@@ -323,15 +323,17 @@ use serde_json::{Value, json};
 
 /// A small engine with known behaviour: the last `tail_turns` assistant turns are protected; before
 /// them every tool output becomes `[elided]` (idempotent, keeps tool-call pairing). Records the
-/// targets it is given.
+/// targets it is given, and reports `fitted` as the real engine does: a target was given and the
+/// masked request is still over it.
 pub(crate) struct MaskEngine {
     tail_turns: usize,
     targets: Mutex<Vec<Option<u64>>>,
+    fitted: Mutex<Vec<bool>>,
 }
 
 impl MaskEngine {
     pub(crate) fn new(tail_turns: usize) -> Arc<MaskEngine> {
-        Arc::new(MaskEngine { tail_turns, targets: Mutex::new(Vec::new()) })
+        Arc::new(MaskEngine { tail_turns, targets: Mutex::new(Vec::new()), fitted: Mutex::new(Vec::new()) })
     }
     fn calls(&self) -> usize {
         self.targets.lock().unwrap().len()
@@ -347,7 +349,7 @@ impl CompactEngine for MaskEngine {
         &self,
         body: &ChatBody<'_>,
         options: &CompactOptions,
-        _counter: &dyn CountTokens,
+        counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
         let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
@@ -369,8 +371,14 @@ impl CompactEngine for MaskEngine {
                     (*m).to_owned()
                 }
             })
-            .collect();
-        (Compacted { boundary, prefix, report: json!({"masked": boundary}) }, sources)
+            .collect::<Vec<String>>();
+        let tokens = prefix.iter().map(|m| counter.message(m)).sum::<u64>()
+            + messages[boundary..].iter().map(|m| counter.message(m)).sum::<u64>()
+            + body.field("tools").map_or(0, |t| counter.tools(t.get()))
+            + REPLY_PRIMING;
+        let fitted = options.target_tokens.is_some_and(|target| tokens > target);
+        self.fitted.lock().unwrap().push(fitted);
+        (Compacted { boundary, prefix, report: json!({"masked": boundary}), fitted }, sources)
     }
 }
 
@@ -461,16 +469,22 @@ fn epoch_fires_at_high_water_and_lands_under_low_water() {
 }
 
 #[test]
-fn epoch_gives_the_engine_the_low_water_target_only_when_rules_are_not_enough() {
-    // Tool outputs dominate: masking them (the "rules") reaches low water without a target.
+fn an_epoch_cuts_the_rules_output_only_when_the_rules_reach_low_water() {
+    // Tool outputs dominate: masking them (the "rules") reaches low water; the engine is asked once
+    // per epoch, with the low-water target, and the epoch keeps the lightest cut (see below).
+    let low_water = ((WINDOW - 1024) as f64 * 0.5) as u64;
     let engine = MaskEngine::new(2);
     let compactor = compactor_with(RESERVE_YAML, engine.clone());
-    run(&compactor, "s", &coding_session(20, 150), WINDOW);
-    assert!(engine.calls() > 0);
-    assert!(engine.targets.lock().unwrap().iter().all(Option::is_none));
+    let results = run(&compactor, "s", &coding_session(20, 150), WINDOW);
+    let epochs = results.last().unwrap().1.summary.epoch as usize;
+    assert!(epochs > 0);
+    assert_eq!(engine.calls(), epochs, "one engine run per epoch");
+    assert!(engine.targets.lock().unwrap().iter().all(|t| *t == Some(low_water)));
+    assert!(engine.fitted.lock().unwrap().iter().all(|f| !f));
 
-    // Assistant prose dominates: masking tool outputs cannot reach low water, so the engine is
-    // asked for the target (tiers and elision in the real engine).
+    // Assistant prose dominates: masking tool outputs cannot reach low water, so the engine fits the
+    // whole request (tiers and elision in the real engine) and the epoch forwards that whole fit:
+    // every tool output before the engine's tail is masked, none is kept whole by a cut.
     let engine = MaskEngine::new(2);
     let compactor = compactor_with(RESERVE_YAML, engine.clone());
     let chatty: Vec<Vec<u8>> = coding_session(20, 5)
@@ -485,9 +499,17 @@ fn epoch_gives_the_engine_the_low_water_target_only_when_rules_are_not_enough() 
             v.to_string().into_bytes()
         })
         .collect();
-    run(&compactor, "s", &chatty, WINDOW);
+    let results = run(&compactor, "s", &chatty, WINDOW);
     let targets = engine.targets.lock().unwrap().clone();
-    assert_eq!(targets.last(), Some(&Some(((WINDOW - 1024) as f64 * 0.5) as u64)), "{targets:?}");
+    assert_eq!(targets.last(), Some(&Some(low_water)), "{targets:?}");
+    assert_eq!(engine.fitted.lock().unwrap().last(), Some(&true));
+    let k = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap();
+    let messages = &results[k].0;
+    let assistants: Vec<usize> = (0..messages.len()).filter(|&i| role(&messages[i]) == "assistant").collect();
+    let tail = assistants[assistants.len() - 2];
+    let tools: Vec<&String> = messages[..tail].iter().filter(|m| role(m) == "tool").collect();
+    assert!(!tools.is_empty());
+    assert!(tools.iter().all(|m| m.contains("[elided]")), "the whole fit is forwarded");
 }
 
 #[test]

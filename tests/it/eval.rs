@@ -139,7 +139,7 @@ impl CompactEngine for BadEngine {
             prefix.push(v.to_string());
             sources.push(Source::Edited(i));
         }
-        (Compacted { boundary, prefix, report: Value::Null }, sources)
+        (Compacted { boundary, prefix, report: Value::Null, fitted: false }, sources)
     }
 }
 
