@@ -308,6 +308,7 @@ impl SessionCompactor {
                 .collect(),
             None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
         };
+        counter.count_uncached(&candidate);
         let candidate_tokens = request_tokens(counter, &candidate, request.tools);
         let usable = request.usable() as f64;
         let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
