@@ -13,7 +13,8 @@
 //! elided: each run of elided groups becomes one assistant message (valid between complete groups)
 //! listing what went. Never the first system message, a user message, a kept message or the tail.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::cell::OnceCell;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Engine;
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
@@ -58,8 +59,44 @@ struct Unit {
     start: usize,
     end: usize,
     score: f64,
-    /// Per tier, the text edit of each message (`None`: unchanged) and the group's tokens.
-    forms: [(Vec<Option<TextEdit>>, u64); 4],
+    /// Per tier, the text edit of each message (`None`: unchanged) and the group's tokens, made the
+    /// first time the tier is asked for: most groups are only ever weighed at one or two tiers, and a
+    /// form costs a rendering and a tokenization per message.
+    forms: [OnceCell<Form>; 4],
+}
+
+type Form = (Vec<Option<TextEdit>>, u64);
+
+/// What making a form reads besides the edits.
+struct Forms<'e, 'c, 'a> {
+    engine: &'e Engine,
+    conv: &'c Conversation<'a>,
+    counter: &'e dyn CountTokens,
+}
+
+impl Unit {
+    /// The group at `tier`, as the edits were before any tier changed this group: a unit's forms
+    /// read only its own messages, and [`apply_tier`] makes the one form a later step may still
+    /// apply (facts only) before it changes them.
+    fn form<'u>(&'u self, tier: Tier, forms: &Forms<'_, '_, '_>, edits: &Edits, tokens: &[u64]) -> &'u Form {
+        self.forms[tier as usize].get_or_init(|| {
+            let mut texts = Vec::with_capacity(self.end - self.start);
+            let mut size = 0;
+            for (idx, &now) in tokens.iter().enumerate().take(self.end).skip(self.start) {
+                if edits.dropped[idx] {
+                    texts.push(None);
+                    continue;
+                }
+                let form = form(forms.engine, forms.conv, edits, idx, tier);
+                size += match &form {
+                    Some(edit) => forms.counter.message(&edits.render_as(forms.conv, idx, Some(edit))).min(now),
+                    None => now,
+                };
+                texts.push(form);
+            }
+            (texts, size)
+        })
+    }
 }
 
 /// Bring the request under `target` tokens with tiers, then elision. `rendered` holds the forwarded
@@ -87,8 +124,9 @@ pub fn fit(
     }
 
     let facts = MarkerFacts::new(conv, edits);
-    let units = units(engine, conv, edits, &facts, counter, &tokens);
-    let scored: u64 = units.iter().map(|u| u.forms[0].1).sum();
+    let units = units(engine, conv, edits, &facts);
+    let forms = Forms { engine, conv, counter };
+    let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
     let budget = target.saturating_sub(after_rules - scored) as f64;
     // Descending salience; on ties the more recent group first.
     let mut order: Vec<usize> = (0..units.len()).collect();
@@ -99,14 +137,14 @@ pub fn fit(
     let mut tier_of: Vec<Option<Tier>> = vec![None; units.len()];
     let mut t = 0;
     for &u in &order {
-        while t < TIERS.len() && units[u].forms[t].1 as f64 > remaining[t] {
+        while t < TIERS.len() && units[u].form(TIERS[t], &forms, edits, &tokens).1 as f64 > remaining[t] {
             if t + 1 < TIERS.len() {
                 remaining[t + 1] += remaining[t];
             }
             t += 1;
         }
         if t < TIERS.len() {
-            remaining[t] -= units[u].forms[t].1 as f64;
+            remaining[t] -= units[u].form(TIERS[t], &forms, edits, &tokens).1 as f64;
             tier_of[u] = Some(TIERS[t]);
         }
     }
@@ -115,7 +153,7 @@ pub fn fit(
     // elided below).
     let mut final_tier: Vec<Tier> = tier_of.iter().map(|t| t.unwrap_or(Tier::Background)).collect();
     for (u, unit) in units.iter().enumerate() {
-        apply_tier(conv, edits, rendered, &mut tokens, counter, unit, final_tier[u]);
+        apply_tier(&forms, edits, rendered, &mut tokens, unit, final_tier[u]);
     }
 
     // Elide: first the groups that fit no tier, then the least salient, while over target.
@@ -133,7 +171,7 @@ pub fn fit(
         for (u, unit) in units.iter().enumerate() {
             if !gone.contains(&u) && final_tier[u] != Tier::Background {
                 final_tier[u] = Tier::Background;
-                apply_tier(conv, edits, rendered, &mut tokens, counter, unit, Tier::Background);
+                apply_tier(&forms, edits, rendered, &mut tokens, unit, Tier::Background);
             }
         }
         let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, false);
@@ -273,21 +311,24 @@ impl ElideContext<'_, '_, '_> {
 
 /// Rewrite a unit's messages to their form at `tier`, where that saves tokens.
 fn apply_tier(
-    conv: &Conversation<'_>,
+    forms: &Forms<'_, '_, '_>,
     edits: &mut Edits,
     rendered: &mut [Option<String>],
     tokens: &mut [u64],
-    counter: &dyn CountTokens,
     unit: &Unit,
     tier: Tier,
 ) {
+    let (conv, counter) = (forms.conv, forms.counter);
     let rule = match tier {
         Tier::Focus => return,
         Tier::Recent => RuleId::TierLight,
         Tier::Summary => RuleId::TierHeavy,
         Tier::Background => RuleId::TierFacts,
     };
-    for (k, form) in unit.forms[tier as usize].0.iter().enumerate() {
+    // A group still over target later goes to facts only: that form is made from the edits as they
+    // are before this tier changes them, as every other form of the group was.
+    unit.form(Tier::Background, forms, edits, tokens);
+    for (k, form) in unit.form(tier, forms, edits, tokens).0.iter().enumerate() {
         let idx = unit.start + k;
         let Some(form) = form else { continue };
         let text = edits.render_as(conv, idx, Some(form));
@@ -429,15 +470,8 @@ fn earlier_elision(conv: &Conversation<'_>, edits: &Edits, idx: usize) -> Option
     parse_elision(&m.text())
 }
 
-/// The groups tiers may touch, scored, with their forms at each tier.
-fn units(
-    engine: &Engine,
-    conv: &Conversation<'_>,
-    edits: &Edits,
-    marker_facts: &MarkerFacts,
-    counter: &dyn CountTokens,
-    tokens: &[u64],
-) -> Vec<Unit> {
+/// The groups tiers may touch, scored (their forms are made on demand, see [`Unit::form`]).
+fn units(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, marker_facts: &MarkerFacts) -> Vec<Unit> {
     let sal = &engine.salience;
     let task = task_words(conv);
     let tail_files = tail_files(conv);
@@ -467,8 +501,7 @@ fn units(
         let recency = (-age / sal.tau_turns.max(1e-9)).exp();
         let error = (g.start..g.end)
             .any(|i| conv.outcomes[i].as_ref().is_some_and(|o| !o.status.is_ok() || o.first_error.is_some()));
-        let words = group_words(conv, g.start, g.end);
-        let overlap = task.iter().filter(|w| words.contains(w.as_str())).count();
+        let overlap = task_overlap(conv, g.start, g.end, &task);
         let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
         let files = group_files(conv, g.start, g.end);
         let focused = files.iter().any(|f| tail_files.iter().any(|t| same_file(f, t)));
@@ -481,24 +514,7 @@ fn units(
                 + sal.w_keywords * keywords
                 + sal.w_files * f64::from(u8::from(focused))
         };
-        let forms = TIERS.map(|tier| {
-            let mut texts = Vec::with_capacity(g.end - g.start);
-            let mut size = 0;
-            for (idx, &now) in tokens.iter().enumerate().take(g.end).skip(g.start) {
-                if edits.dropped[idx] {
-                    texts.push(None);
-                    continue;
-                }
-                let form = form(engine, conv, edits, idx, tier);
-                size += match &form {
-                    Some(edit) => counter.message(&edits.render_as(conv, idx, Some(edit))).min(now),
-                    None => now,
-                };
-                texts.push(form);
-            }
-            (texts, size)
-        });
-        out.push(Unit { start: g.start, end: g.end, score, forms });
+        out.push(Unit { start: g.start, end: g.end, score, forms: Default::default() });
     }
     out
 }
@@ -632,21 +648,46 @@ fn task_words(conv: &Conversation<'_>) -> Vec<String> {
     set.into_iter().collect()
 }
 
-/// The words of a group: its assistant text, its calls' arguments and the start of its results.
-fn group_words(conv: &Conversation<'_>, start: usize, end: usize) -> HashSet<String> {
-    let mut set = HashSet::new();
+/// How many of the task's words (sorted, as [`task_words`] gives them) a group contains, among the
+/// [`words`] of its assistant text, its calls' arguments and the start of its results. Each word of
+/// the group is lowercased into one reused buffer and looked up, rather than collected: groups are
+/// many and large, the task is a few dozen words.
+fn task_overlap(conv: &Conversation<'_>, start: usize, end: usize, task: &[String]) -> usize {
+    if task.is_empty() {
+        return 0;
+    }
+    let mut found = vec![false; task.len()];
+    let mut lower = String::new();
+    let mut look_up = |text: &str| {
+        for word in text.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+            if word.len() < 4 || word.chars().count() < 4 {
+                continue;
+            }
+            // `str::to_lowercase` for non-ASCII words: it is what `words` does (final sigma included).
+            let word = if word.is_ascii() {
+                lower.clear();
+                lower.extend(word.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+                lower.as_str()
+            } else {
+                lower = word.to_lowercase();
+                lower.as_str()
+            };
+            if let Ok(i) = task.binary_search_by(|t| t.as_str().cmp(word)) {
+                found[i] = true;
+            }
+        }
+    };
     for idx in start..end {
         let Some(m) = &conv.msgs[idx] else { continue };
-        let text = match &conv.outcomes[idx] {
-            Some(o) => o.text.clone(),
-            None => m.text(),
-        };
-        set.extend(words(super::markers::prefix_at_char_boundary(&text, 8 * 1024)));
+        match &conv.outcomes[idx] {
+            Some(o) => look_up(super::markers::prefix_at_char_boundary(&o.text, 8 * 1024)),
+            None => look_up(super::markers::prefix_at_char_boundary(&m.text(), 8 * 1024)),
+        }
         for call in conv.calls.iter().filter(|c| c.msg == idx) {
-            set.extend(words(&call.arguments));
+            look_up(&call.arguments);
         }
     }
-    set
+    found.iter().filter(|&&f| f).count()
 }
 
 /// Files a group touches: its calls' path arguments and the paths its messages mention.
