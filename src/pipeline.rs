@@ -188,7 +188,7 @@ impl Pipeline {
                     Some(windows) => Some(windows.window(model.as_deref()).await),
                     None => None,
                 };
-                self.compact(&session, &raw, body, window)
+                off_the_reactor(raw.len(), || self.compact(&session, &raw, body, window))
             }
         };
         drop(parsed);
@@ -248,6 +248,20 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Bodies from this size on are compacted with [`tokio::task::block_in_place`].
+pub const BLOCKING_COMPACTION_BYTES: usize = 256 * 1024;
+
+/// Run a compaction of a `bytes`-long body. A large body may start an epoch or arrive cold (a new
+/// session, a restart: its whole history is tokenized), which is tens of milliseconds of CPU; on the
+/// multi-threaded runtime `pare serve` uses, that work leaves the worker first, so the other
+/// connections this worker serves are not stalled behind it. Small bodies (a warm request costs well
+/// under a millisecond) and other runtimes run it in place.
+fn off_the_reactor<T>(bytes: usize, work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi_threaded = Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if multi_threaded && bytes >= BLOCKING_COMPACTION_BYTES { tokio::task::block_in_place(work) } else { work() }
 }
 
 /// One compaction under `catch_unwind`: the proxy and `pare replay` both go through here, so that they

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 use pare::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
@@ -324,6 +325,53 @@ async fn compaction_errors_and_panics_fail_open() {
         assert_eq!(stub.single().body, CHAT_BODY.as_bytes(), "the original bytes are forwarded");
         assert_eq!(pare.pipeline.stats.fail_open.load(Ordering::Relaxed), 1);
     }
+}
+
+/// Holds every compaction of a large body until released, and says when one is in progress.
+struct HoldingCompactor {
+    started: Notify,
+    release: std::sync::Mutex<bool>,
+    released: std::sync::Condvar,
+}
+
+impl ChatCompactor for HoldingCompactor {
+    fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
+        if input.raw.len() >= pare::pipeline::BLOCKING_COMPACTION_BYTES {
+            self.started.notify_one();
+            let guard = self.release.lock().unwrap();
+            let (_guard, timeout) =
+                self.released.wait_timeout_while(guard, Duration::from_secs(20), |released| !*released).unwrap();
+            anyhow::ensure!(!timeout.timed_out(), "never released");
+        }
+        anyhow::bail!("forward unchanged")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_long_compaction_does_not_stall_other_requests() {
+    // One runtime worker: if a large body's compaction ran on it, nothing else could be served
+    // until it ended. The small request must be answered while the large one is still compacting.
+    let stub = Stub::start(Stub::openai).await;
+    let holding = Arc::new(HoldingCompactor {
+        started: Notify::new(),
+        release: std::sync::Mutex::new(false),
+        released: std::sync::Condvar::new(),
+    });
+    let pare = pare_support::start_with_compactor(config_for(&stub), holding.clone()).await;
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(400 * 1024)}]}).to_string();
+    let started = holding.started.notified();
+    let url = pare.url("/v1/chat/completions");
+    let large = tokio::spawn(async move { client().post(url).body(big).send().await.map(|r| r.status()) });
+    within("the large body's compaction to start", started).await;
+
+    let small = within("the small request", client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send())
+        .await
+        .unwrap();
+    assert_eq!(small.status(), 200, "answered while the large body is still held in compaction");
+
+    *holding.release.lock().unwrap() = true;
+    holding.released.notify_all();
+    assert_eq!(within("the large request", large).await.unwrap().unwrap(), 200);
 }
 
 #[tokio::test]
