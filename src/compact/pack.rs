@@ -49,6 +49,7 @@ pub struct RulesSpec {
     pub collapse_succeeded: CollapseRule,
     pub truncate: TruncateRule,
     pub hard_cap: HardCapRule,
+    pub arguments: ArgumentsRule,
     pub reasoning: ReasoningRule,
     pub system_messages: SystemRule,
     pub consecutive_assistant: Toggle,
@@ -88,6 +89,7 @@ impl Default for RulesSpec {
             collapse_succeeded: CollapseRule::default(),
             truncate: TruncateRule::default(),
             hard_cap: HardCapRule::default(),
+            arguments: ArgumentsRule::default(),
             reasoning: ReasoningRule::default(),
             system_messages: SystemRule::default(),
             consecutive_assistant: Toggle { enabled: true },
@@ -286,6 +288,33 @@ impl Default for HardCapRule {
     }
 }
 
+/// Large string values in the arguments of old, succeeded tool calls keep their first and last
+/// lines (or, with few long lines, their first third and last sixth of `max_chars`) around a marker
+/// line; the call itself, its keys and their order stay.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArgumentsRule {
+    pub enabled: bool,
+    /// String values up to this many chars are left alone.
+    pub max_chars: usize,
+    pub head_lines: usize,
+    pub tail_lines: usize,
+    /// The line put in place of what was cut.
+    pub template: String,
+}
+
+impl Default for ArgumentsRule {
+    fn default() -> Self {
+        ArgumentsRule {
+            enabled: true,
+            max_chars: 500,
+            head_lines: 4,
+            tail_lines: 2,
+            template: "[pare: {lines} lines, {chars} chars elided]".into(),
+        }
+    }
+}
+
 /// Old reasoning: `reasoning_content`, `reasoning`, thinking parts and `<think>` blocks.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -447,6 +476,12 @@ impl RulesSpec {
         if self.hard_cap.max_chars < 100 {
             push("rules.hard_cap.max_chars".into(), format!("must be at least 100, got {}", self.hard_cap.max_chars));
         }
+        if self.arguments.head_lines == 0 {
+            push("rules.arguments.head_lines".into(), "must be at least 1 (the first line names what the call did)".into());
+        }
+        if self.arguments.max_chars < 300 {
+            push("rules.arguments.max_chars".into(), format!("must be at least 300, got {}", self.arguments.max_chars));
+        }
         if self.structure.max_depth == 0 {
             push("rules.structure.max_depth".into(), "must be at least 1".into());
         }
@@ -534,6 +569,11 @@ impl RulesSpec {
             },
             TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
             TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
+            TemplateCheck {
+                path: "rules.arguments.template".into(),
+                text: &self.arguments.template,
+                allowed: &["lines", "chars", "key", "tool"],
+            },
             TemplateCheck {
                 path: "rules.system_messages.template".into(),
                 text: &self.system_messages.template,
