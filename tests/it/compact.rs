@@ -296,6 +296,126 @@ fn hard_cap_cuts_long_single_line_failures() {
     assert_eq!(out[2], msgs[2]);
 }
 
+/// A mini-swe-agent style command writing a script with a heredoc: 42 lines.
+fn heredoc(path: &str) -> String {
+    let body: String = (1..=40).map(|i| format!("    value_{i} = compute({i})\n")).collect();
+    format!("cat <<'EOF' > {path}\n{body}EOF\n")
+}
+
+/// The arguments of call `n` of an assistant message, decoded.
+fn arguments_of(message: &Value, n: usize) -> serde_json::Map<String, Value> {
+    let raw = message["tool_calls"][n]["function"]["arguments"].as_str().expect("arguments stay a JSON string");
+    serde_json::from_str(raw).expect("arguments stay a JSON object")
+}
+
+#[test]
+fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
+    let file_text: String = (1..=30).map(|i| format!("def f{i}():\n    return {i}\n")).collect();
+    let msgs = with_tail(vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c1", "<returncode>0</returncode>\n<output>\n</output>"),
+        call("c2", "str_replace_editor", json!({"command": "create", "path": "/w/a.py", "file_text": file_text})),
+        result("c2", "File created successfully at: /w/a.py"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    let args = arguments_of(&out[1], 0);
+    let command = args["command"].as_str().unwrap();
+    let lines: Vec<&str> = command.lines().collect();
+    assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py", "the first line names what the call did");
+    assert_eq!(lines[4], "[pare: 36 lines, 959 chars elided]");
+    assert_eq!(&lines[5..], ["    value_40 = compute(40)", "EOF"]);
+    assert_eq!(out[1]["tool_calls"][0]["id"], "c1");
+    assert_eq!(out[1]["tool_calls"][0]["function"]["name"], "bash");
+    let args = arguments_of(&out[3], 0);
+    assert_eq!(args.keys().collect::<Vec<_>>(), ["command", "path", "file_text"], "same keys, same order");
+    assert_eq!((args["command"].as_str(), args["path"].as_str()), (Some("create"), Some("/w/a.py")));
+    assert!(args["file_text"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
+    assert_eq!(report["rules"]["arguments"]["messages"], 2);
+    assert!(report["rules"]["arguments"]["tokens_saved"].as_i64().unwrap() > 200, "{report}");
+    // The results are collapsed as before; the tail is untouched.
+    assert!(text(&out[2]).starts_with("[tool: bash(\"cat <<'EOF' > /w/fix.py…\") → ok"), "{}", text(&out[2]));
+    let (out, _) = forward(json!({"protect_last_turns": 1, "arguments": {"enabled": false}}), &msgs);
+    assert_eq!(out[1], msgs[1], "the rule can be switched off");
+}
+
+#[test]
+fn arguments_are_kept_in_the_tail_on_failure_and_when_short() {
+    let msgs = vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/failed.py")})),
+        result("c1", "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\nSyntaxError: x\n</output>"),
+        call("c2", "bash", json!({"command": "python -c 'print(1)'", "note": "short"})),
+        result("c2", "<returncode>0</returncode>\n<output>\n1\n</output>"),
+        call("c3", "bash", json!({"command": heredoc("/w/tail.py")})),
+        result("c3", "<returncode>0</returncode>\n<output>\n</output>"),
+        assistant("done"),
+    ];
+    let (out, report) = forward(json!({"protect_last_turns": 2}), &msgs);
+    assert_eq!(out[1], msgs[1], "a failed call's arguments are what the model must fix");
+    assert_eq!(out[3], msgs[3], "short arguments are left alone");
+    assert_eq!(out[5], msgs[5], "the protected tail is left alone");
+    assert!(report["rules"].get("arguments").is_none(), "{report}");
+}
+
+#[test]
+fn arguments_that_are_not_a_json_object_or_already_shortened_are_left_alone() {
+    let as_string = |id: &str, arguments: String| {
+        json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": arguments}}]})
+    };
+    let shortened = format!("cat <<'EOF' > x.py\n{}[pare: 36 lines, 1,009 chars elided]\nEOF\n", "a = 1\n".repeat(200));
+    let msgs = with_tail(vec![
+        user("x"),
+        as_string("c1", serde_json::to_string(&heredoc("/w/a.py")).unwrap()),
+        result("c1", "done"),
+        as_string("c2", format!("[{}]", serde_json::to_string(&heredoc("/w/b.py")).unwrap())),
+        result("c2", "done"),
+        as_string("c3", heredoc("/w/c.py")),
+        result("c3", "done"),
+        call("c4", "bash", json!({"command": shortened})),
+        result("c4", "done"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    for i in [1, 3, 5, 7] {
+        assert_eq!(out[i], msgs[i], "message {i}");
+    }
+    assert!(report["rules"].get("arguments").is_none(), "{report}");
+}
+
+#[test]
+fn shortened_calls_keep_unknown_keys_of_the_call_and_the_message() {
+    let arguments = json!({"path": "/w/big.txt", "content": lines(60, "data"), "mode": 420}).to_string();
+    let message = json!({"x_first": [1, {"b": 2, "a": 1}], "role": "assistant", "content": "writing it",
+        "tool_calls": [
+            {"function": {"x_fn": true, "name": "write_file", "arguments": arguments}, "id": "w1", "x_call": {"z": 0}, "type": "function"},
+            {"id": "w2", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"/w/big.txt\"}"}}
+        ],
+        "zz": null});
+    let msgs = with_tail(vec![
+        user("x"),
+        message.clone(),
+        result("w1", "{\"bytes_written\": 1234}"),
+        result("w2", &lines(3, "data")),
+    ]);
+    let (out, _) = forward(ONE(), &msgs);
+    let got = &out[1];
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(got), keys(&message));
+    for key in ["x_first", "role", "content", "zz"] {
+        assert_eq!(got[key], message[key], "{key}");
+    }
+    let (call, before) = (&got["tool_calls"][0], &message["tool_calls"][0]);
+    assert_eq!(keys(call), keys(before));
+    assert_eq!(keys(&call["function"]), keys(&before["function"]));
+    assert_eq!((&call["id"], &call["x_call"], &call["function"]["x_fn"]), (&before["id"], &before["x_call"], &before["function"]["x_fn"]));
+    let args = arguments_of(got, 0);
+    assert_eq!(args.keys().collect::<Vec<_>>(), ["path", "content", "mode"]);
+    assert_eq!((&args["path"], &args["mode"]), (&json!("/w/big.txt"), &json!(420)));
+    assert!(args["content"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
+    assert_eq!(got["tool_calls"][1], message["tool_calls"][1], "the short call is untouched");
+}
+
 #[test]
 fn later_system_messages_become_markers_and_the_first_is_kept() {
     let msgs = with_tail(vec![
