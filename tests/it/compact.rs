@@ -934,6 +934,20 @@ mod generated {
     const TOOLS: &[&str] =
         &["read_file", "terminal", "search_files", "execute_bash", "str_replace_editor", "browser_snapshot"];
     const ARGS: &[&str] = &["src/a.py", "src/lib.rs", "main.go", "notes.txt", "pytest -x", "ls -la"];
+    /// Argument indexes past `ARGS`: large arguments (a heredoc script, a file created whole, one
+    /// long line of unicode), for the arguments rule.
+    const LONG_ARGS: usize = 3;
+
+    fn arguments(arg: usize, id: usize) -> Value {
+        let script = |n: usize| (0..n).map(|i| format!("    step_{i}({id}, \"{}\")\n", "z".repeat(i % 7))).collect::<String>();
+        match arg.checked_sub(ARGS.len()) {
+            None if ARGS[arg].contains(' ') => json!({"command": ARGS[arg]}),
+            None => json!({"path": ARGS[arg]}),
+            Some(0) => json!({"command": format!("cat <<'EOF' > /w/s{id}.py\n{}EOF\npython /w/s{id}.py", script(id % 50))}),
+            Some(1) => json!({"command": "create", "path": format!("src/f{id}.py"), "file_text": script(10 + id % 40), "x": [id]}),
+            Some(_) => json!({"command": format!("python -c \"{}\"", "ü✓".repeat(100 + 40 * (id % 30))), "timeout": 30}),
+        }
+    }
 
     fn output() -> impl Strategy<Value = Output> {
         prop_oneof![
@@ -954,7 +968,7 @@ mod generated {
     pub fn turns() -> impl Strategy<Value = Vec<Turn>> {
         let turn = prop_oneof![
             (0usize..4).prop_map(Turn::Text),
-            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len(), output()), 1..4), any::<bool>(), any::<bool>())
+            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len() + LONG_ARGS, output()), 1..4), any::<bool>(), any::<bool>())
                 .prop_map(|(calls, reversed, reasoning)| Turn::Calls { calls, reversed, reasoning }),
             (0usize..3).prop_map(Turn::User),
             (0usize..2).prop_map(Turn::System),
@@ -1009,9 +1023,8 @@ mod generated {
                     let mut results = Vec::new();
                     for (tool, arg, out) in calls {
                         id += 1;
-                        let key = if ARGS[*arg].contains(' ') { "command" } else { "path" };
                         tool_calls.push(json!({"id": format!("call_{id}"), "type": "function", "x_tc": id,
-                            "function": {"name": TOOLS[*tool], "arguments": json!({key: ARGS[*arg]}).to_string()}}));
+                            "function": {"name": TOOLS[*tool], "arguments": arguments(*arg, id).to_string()}}));
                         results.push(json!({"role": "tool", "tool_call_id": format!("call_{id}"), "content": content(out), "x_t": {"n": id}}));
                     }
                     if *reversed {
@@ -1031,8 +1044,54 @@ mod generated {
     }
 }
 
-/// Keys a rule may change: everything else of an edited message must survive unchanged.
-const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning"];
+/// Keys a rule may change: everything else of an edited message must survive unchanged
+/// (`tool_calls` only in its calls' `function.arguments`, see [`same_calls`]).
+const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning", "tool_calls"];
+
+/// The arguments rule's contract: the same calls with the same keys; each `arguments` still a JSON
+/// string of an object with the same keys in the same order, whose values are unchanged or are
+/// strings shortened around a pare marker line.
+fn same_calls(before: &Value, after: &Value) -> Result<(), String> {
+    let (Some(before), Some(after)) = (before.as_array(), after.as_array()) else {
+        return if before == after { Ok(()) } else { Err(format!("{before} → {after}")) };
+    };
+    if before.len() != after.len() {
+        return Err("call count changed".into());
+    }
+    for (b, a) in before.iter().zip(after) {
+        let mut b_rest = b.clone();
+        let mut a_rest = a.clone();
+        let b_args = b_rest["function"].as_object_mut().and_then(|f| f.remove("arguments"));
+        let a_args = a_rest["function"].as_object_mut().and_then(|f| f.remove("arguments"));
+        let keys = |v: &Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        if b_rest != a_rest || keys(b) != keys(a) || keys(&b["function"]) != keys(&a["function"]) {
+            return Err(format!("call changed beyond its arguments: {b} → {a}"));
+        }
+        if b_args == a_args {
+            continue;
+        }
+        let parse = |v: &Option<Value>| -> Option<serde_json::Map<String, Value>> {
+            serde_json::from_str(v.as_ref()?.as_str()?).ok()
+        };
+        let (Some(b_obj), Some(a_obj)) = (parse(&b_args), parse(&a_args)) else {
+            return Err(format!("arguments are no longer a JSON object string: {a_args:?}"));
+        };
+        if b_obj.keys().collect::<Vec<_>>() != a_obj.keys().collect::<Vec<_>>() {
+            return Err(format!("argument keys changed: {a_args:?}"));
+        }
+        for (k, bv) in &b_obj {
+            let av = &a_obj[k];
+            let shortened = match (bv.as_str(), av.as_str()) {
+                (Some(bs), Some(as_)) => as_.len() < bs.len() && as_.lines().any(|l| l.starts_with("[pare: ")),
+                _ => false,
+            };
+            if bv != av && !shortened {
+                return Err(format!("argument `{k}` changed without a marker: {av}"));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn check_generated(
     msgs: &[Value],
@@ -1057,10 +1116,18 @@ fn check_generated(
             pare::compact::Source::Edited(idx) => {
                 let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx].get()).unwrap();
                 let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
+                let order = |m: &serde_json::Map<String, Value>| -> Vec<String> {
+                    m.keys().filter(|k| !k.starts_with("reasoning")).cloned().collect()
+                };
+                prop_assert_eq!(order(&before), order(&after), "key order of message {}", idx);
                 for (k, v) in &before {
                     if !EDITABLE_KEYS.contains(&k.as_str()) {
                         prop_assert_eq!(after.get(k), Some(v), "key {} of message {}", k, idx);
                     }
+                }
+                if let Some(calls) = before.get("tool_calls") {
+                    let kept = same_calls(calls, &after["tool_calls"]);
+                    prop_assert!(kept.is_ok(), "message {}: {:?}", idx, kept);
                 }
             }
             pare::compact::Source::Elided { .. } => {
