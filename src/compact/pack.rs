@@ -820,6 +820,18 @@ rules:
     }
 
     #[test]
+    fn arguments_settings_are_checked() {
+        let text = "name: x\nrules:\n  arguments:\n    max_chars: 100\n    head_lines: 0\n    template: '[pare: {n} cut]'\n";
+        let found: Vec<(Option<u64>, String)> = check_pack(text).into_iter().map(|p| (p.line, p.path)).collect();
+        let want = ["rules.arguments.max_chars", "rules.arguments.head_lines", "rules.arguments.template"];
+        assert_eq!(found, [4, 5, 6].iter().zip(want).map(|(l, p)| (Some(*l), p.to_owned())).collect::<Vec<_>>());
+        let problems = check_overrides(BUILTIN_PACKS[0].1, &serde_json::json!({"arguments": {"tail_line": 1}}));
+        assert_eq!(problems[0].path, "compaction.rules.arguments.tail_line");
+        let pack = load_pack("default", BUILTIN_PACKS[0].1, None).unwrap();
+        assert_eq!(pack.rules.arguments, ArgumentsRule::default(), "the default pack spells out the defaults");
+    }
+
+    #[test]
     fn structural_problems_are_all_listed_with_lines() {
         let text = "name: x\nrules:\n  truncate:\n    max_char: 3\n  loops:\n    min_repeats: many\n  nope: 1\n";
         let problems = check_pack(text);
