@@ -477,7 +477,10 @@ impl RulesSpec {
             push("rules.hard_cap.max_chars".into(), format!("must be at least 100, got {}", self.hard_cap.max_chars));
         }
         if self.arguments.head_lines == 0 {
-            push("rules.arguments.head_lines".into(), "must be at least 1 (the first line names what the call did)".into());
+            push(
+                "rules.arguments.head_lines".into(),
+                "must be at least 1 (the first line names what the call did)".into(),
+            );
         }
         if self.arguments.max_chars < 300 {
             push("rules.arguments.max_chars".into(), format!("must be at least 300, got {}", self.arguments.max_chars));
@@ -821,7 +824,8 @@ rules:
 
     #[test]
     fn arguments_settings_are_checked() {
-        let text = "name: x\nrules:\n  arguments:\n    max_chars: 100\n    head_lines: 0\n    template: '[pare: {n} cut]'\n";
+        let text =
+            "name: x\nrules:\n  arguments:\n    max_chars: 100\n    head_lines: 0\n    template: '[pare: {n} cut]'\n";
         let found: Vec<(Option<u64>, String)> = check_pack(text).into_iter().map(|p| (p.line, p.path)).collect();
         let want = ["rules.arguments.max_chars", "rules.arguments.head_lines", "rules.arguments.template"];
         assert_eq!(found, [4, 5, 6].iter().zip(want).map(|(l, p)| (Some(*l), p.to_owned())).collect::<Vec<_>>());

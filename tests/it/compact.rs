@@ -343,7 +343,10 @@ fn arguments_are_kept_in_the_tail_on_failure_and_when_short() {
     let msgs = vec![
         user("fix it"),
         call("c1", "bash", json!({"command": heredoc("/w/failed.py")})),
-        result("c1", "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\nSyntaxError: x\n</output>"),
+        result(
+            "c1",
+            "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\nSyntaxError: x\n</output>",
+        ),
         call("c2", "bash", json!({"command": "python -c 'print(1)'", "note": "short"})),
         result("c2", "<returncode>0</returncode>\n<output>\n1\n</output>"),
         call("c3", "bash", json!({"command": heredoc("/w/tail.py")})),
@@ -407,7 +410,10 @@ fn shortened_calls_keep_unknown_keys_of_the_call_and_the_message() {
     let (call, before) = (&got["tool_calls"][0], &message["tool_calls"][0]);
     assert_eq!(keys(call), keys(before));
     assert_eq!(keys(&call["function"]), keys(&before["function"]));
-    assert_eq!((&call["id"], &call["x_call"], &call["function"]["x_fn"]), (&before["id"], &before["x_call"], &before["function"]["x_fn"]));
+    assert_eq!(
+        (&call["id"], &call["x_call"], &call["function"]["x_fn"]),
+        (&before["id"], &before["x_call"], &before["function"]["x_fn"])
+    );
     let args = arguments_of(got, 0);
     assert_eq!(args.keys().collect::<Vec<_>>(), ["path", "content", "mode"]);
     assert_eq!((&args["path"], &args["mode"]), (&json!("/w/big.txt"), &json!(420)));
@@ -938,13 +944,20 @@ mod generated {
     const LONG_ARGS: usize = 3;
 
     fn arguments(arg: usize, id: usize) -> Value {
-        let script = |n: usize| (0..n).map(|i| format!("    step_{i}({id}, \"{}\")\n", "z".repeat(i % 7))).collect::<String>();
+        let script =
+            |n: usize| (0..n).map(|i| format!("    step_{i}({id}, \"{}\")\n", "z".repeat(i % 7))).collect::<String>();
         match arg.checked_sub(ARGS.len()) {
             None if ARGS[arg].contains(' ') => json!({"command": ARGS[arg]}),
             None => json!({"path": ARGS[arg]}),
-            Some(0) => json!({"command": format!("cat <<'EOF' > /w/s{id}.py\n{}EOF\npython /w/s{id}.py", script(id % 50))}),
-            Some(1) => json!({"command": "create", "path": format!("src/f{id}.py"), "file_text": script(10 + id % 40), "x": [id]}),
-            Some(_) => json!({"command": format!("python -c \"{}\"", "ü✓".repeat(100 + 40 * (id % 30))), "timeout": 30}),
+            Some(0) => {
+                json!({"command": format!("cat <<'EOF' > /w/s{id}.py\n{}EOF\npython /w/s{id}.py", script(id % 50))})
+            }
+            Some(1) => {
+                json!({"command": "create", "path": format!("src/f{id}.py"), "file_text": script(10 + id % 40), "x": [id]})
+            }
+            Some(_) => {
+                json!({"command": format!("python -c \"{}\"", "ü✓".repeat(100 + 40 * (id % 30))), "timeout": 30})
+            }
         }
     }
 
@@ -967,7 +980,11 @@ mod generated {
     pub fn turns() -> impl Strategy<Value = Vec<Turn>> {
         let turn = prop_oneof![
             (0usize..4).prop_map(Turn::Text),
-            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len() + LONG_ARGS, output()), 1..4), any::<bool>(), any::<bool>())
+            (
+                prop::collection::vec((0..TOOLS.len(), 0..ARGS.len() + LONG_ARGS, output()), 1..4),
+                any::<bool>(),
+                any::<bool>()
+            )
                 .prop_map(|(calls, reversed, reasoning)| Turn::Calls { calls, reversed, reasoning }),
             (0usize..3).prop_map(Turn::User),
             (0usize..2).prop_map(Turn::System),

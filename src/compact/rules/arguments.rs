@@ -35,9 +35,9 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let mut shortened: Vec<Option<String>> = Vec::with_capacity(calls.len());
         let mut saved = 0i64;
         for call in &conv.calls[calls] {
-            let succeeded = call.result.is_some_and(|r| {
-                !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok())
-            });
+            let succeeded = call
+                .result
+                .is_some_and(|r| !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok()));
             let short = if succeeded { shorten_arguments(&call.arguments, &call.name, rule) } else { None };
             if let Some((_, chars)) = &short {
                 saved += chars;
@@ -70,9 +70,13 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
         }
         out.push_str(&serde_json::to_string(key.as_ref()).expect("a string always serializes"));
         out.push(':');
-        let short = match serde_json::from_str::<Value>(value.get()) {
-            Ok(Value::String(s)) => shorten_value(&s, key, tool, rule),
-            _ => None,
+        // A JSON string literal is never shorter than the chars it decodes to: short values and
+        // non-strings are not decoded.
+        let raw = value.get();
+        let short = if raw.len() > rule.max_chars && raw.starts_with('"') {
+            serde_json::from_str::<String>(raw).ok().and_then(|s| shorten_value(&s, key, tool, rule))
+        } else {
+            None
         };
         match short {
             Some(short) => {
@@ -256,8 +260,9 @@ mod tests {
 
     #[test]
     fn arguments_keep_keys_order_and_other_values() {
-        let args = serde_json::json!({"command": "create", "path": "/w/a.py", "file_text": numbered(40), "n": 1.50, "z": [1]})
-            .to_string();
+        let args =
+            serde_json::json!({"command": "create", "path": "/w/a.py", "file_text": numbered(40), "n": 1.50, "z": [1]})
+                .to_string();
         let (out, saved) = shorten_arguments(&args, "str_replace_editor", &rule()).unwrap();
         assert!(saved > 1000, "{saved}");
         let v: Map<String, Value> = serde_json::from_str(&out).unwrap();
