@@ -8,8 +8,6 @@
 //! model is about to fix. Arguments that are not a JSON object, values that are not strings, and
 //! values already carrying a pare marker are left alone.
 
-use std::borrow::Cow;
-
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -23,18 +21,15 @@ use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.arguments;
-    let mut c = 0;
-    while c < conv.calls.len() {
-        let msg = conv.calls[c].msg;
-        let end = c + conv.calls[c..].iter().take_while(|call| call.msg == msg).count();
-        let calls = c..end;
-        c = end;
+    // One assistant message's calls at a time, in the order of its `tool_calls`.
+    for calls in conv.calls.chunk_by(|a, b| a.msg == b.msg) {
+        let msg = calls[0].msg;
         if msg >= conv.boundary || edits.kept[msg] || edits.dropped[msg] || edits.compacted[msg] {
             continue;
         }
         let mut shortened: Vec<Option<String>> = Vec::with_capacity(calls.len());
         let mut saved = 0i64;
-        for call in &conv.calls[calls] {
+        for call in calls {
             let succeeded = call
                 .result
                 .is_some_and(|r| !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok()));
@@ -68,7 +63,7 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
         if n > 0 {
             out.push(',');
         }
-        out.push_str(&serde_json::to_string(key.as_ref()).expect("a string always serializes"));
+        out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
         out.push(':');
         // A JSON string literal is never shorter than the chars it decodes to: short values and
         // non-strings are not decoded.
@@ -94,7 +89,7 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
 /// One long string value cut to its first and last lines around a marker line, or — when those
 /// lines alone are over `max_chars` or there are too few — to its first third and last sixth of
 /// `max_chars` chars. `None` when it is short, already carries a marker, or nothing would be saved.
-pub fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Option<String> {
+fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Option<String> {
     let total = value.chars().count();
     if total <= rule.max_chars || is_compacted(value) {
         return None;
@@ -143,12 +138,12 @@ pub fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -
 
 /// A JSON object's entries in order, keys decoded, values as written; `None` for anything else and
 /// for an object that repeats a key (rewriting it would change which value a parser keeps).
-struct Entries<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+struct Entries<'a>(Vec<(String, &'a RawValue)>);
 
 impl<'a> Entries<'a> {
     fn parse(text: &'a str) -> Option<Entries<'a>> {
         let entries: Entries<'a> = serde_json::from_str(text).ok()?;
-        let mut keys: Vec<&str> = entries.0.iter().map(|(k, _)| k.as_ref()).collect();
+        let mut keys: Vec<&str> = entries.0.iter().map(|(k, _)| k.as_str()).collect();
         keys.sort_unstable();
         keys.windows(2).all(|w| w[0] != w[1]).then_some(entries)
     }
@@ -164,7 +159,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Entries<'a> {
             }
             fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Entries<'a>, M::Error> {
                 let mut out = Vec::new();
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(key) = map.next_key::<String>()? {
                     let value: &'de RawValue = map.next_value()?;
                     out.push((key, value));
                 }
