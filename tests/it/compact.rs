@@ -360,6 +360,24 @@ fn arguments_are_kept_in_the_tail_on_failure_and_when_short() {
     assert!(report["rules"].get("arguments").is_none(), "{report}");
 }
 
+/// Found by the property test: retry pruning turns the failed result into a marker, which reads as
+/// a success on the next compaction; a result carrying a marker must not decide anything.
+#[test]
+fn a_retried_failure_keeps_its_arguments_on_every_compaction() {
+    let msgs = with_tail(vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c1", &format!("<returncode>2</returncode>\n<output>\n{}\n</output>", lines(20, "warning"))),
+        call("c2", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c2", "<returncode>0</returncode>\n<output>\n</output>"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    assert!(text(&out[2]).starts_with("[retried: bash("), "{}", text(&out[2]));
+    assert_eq!(out[1], msgs[1], "the failed call keeps its arguments");
+    assert_ne!(out[3], msgs[3], "the retry that succeeded is shortened");
+    assert_eq!(report["rules"]["arguments"]["messages"], 1);
+}
+
 #[test]
 fn arguments_that_are_not_a_json_object_or_already_shortened_are_left_alone() {
     let as_string = |id: &str, arguments: String| {

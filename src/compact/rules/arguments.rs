@@ -30,9 +30,14 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let mut shortened: Vec<Option<String>> = Vec::with_capacity(calls.len());
         let mut saved = 0i64;
         for call in calls {
-            let succeeded = call
-                .result
-                .is_some_and(|r| !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok()));
+            // A result that already carries a marker (an earlier compaction) no longer tells how the
+            // call went: its arguments were shortened then, or were meant to stay whole.
+            let succeeded = call.result.is_some_and(|r| {
+                r < conv.boundary
+                    && !edits.kept[r]
+                    && !edits.compacted[r]
+                    && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok())
+            });
             let short = if succeeded { shorten_arguments(&call.arguments, &call.name, rule) } else { None };
             if let Some((_, chars)) = &short {
                 saved += chars;
