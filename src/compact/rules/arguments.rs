@@ -93,12 +93,15 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
 
 /// One long string value cut to its first and last lines around a marker line, or — when those
 /// lines alone are over `max_chars` or there are too few — to its first third and last sixth of
-/// `max_chars` chars. `None` when it is short, already carries a marker, or nothing would be saved.
+/// `max_chars` chars. Leading blank space is kept and not counted as head: the first line with text
+/// is what markers show as the call's key argument. `None` when the value is short or blank,
+/// already carries a marker, or nothing would be saved.
 fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Option<String> {
     let total = value.chars().count();
-    if total <= rule.max_chars || is_compacted(value) {
+    if total <= rule.max_chars || is_compacted(value) || value.trim().is_empty() {
         return None;
     }
+    let (blank, text) = value.split_at(value.len() - value.trim_start().len());
     let marker = |elided: &str| {
         let lines = elided.split('\n').count();
         render(&rule.template, &|name| match name {
@@ -109,34 +112,41 @@ fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Op
             _ => None,
         })
     };
-    let lines: Vec<&str> = value.split_inclusive('\n').collect();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let (head, tail) = (rule.head_lines, rule.tail_lines);
     let by_lines = (lines.len() > head + tail + 1)
         .then(|| {
             let head_end: usize = lines[..head].iter().map(|l| l.len()).sum();
-            let tail_start = value.len() - lines[lines.len() - tail..].iter().map(|l| l.len()).sum::<usize>();
+            let tail_start = text.len() - lines[lines.len() - tail..].iter().map(|l| l.len()).sum::<usize>();
             (head_end, tail_start)
         })
         .filter(|(head_end, tail_start)| {
-            value[..*head_end].chars().count() + value[*tail_start..].chars().count() <= rule.max_chars
+            value.len() - text.len() + text[..*head_end].chars().count() + text[*tail_start..].chars().count()
+                <= rule.max_chars
         });
-    let out = match by_lines {
+    let cut = match by_lines {
         Some((head_end, tail_start)) => {
             // The head ends with its newline; the marker line ends the cut middle's last line.
-            let elided = value[head_end..tail_start].strip_suffix('\n').unwrap_or(&value[head_end..tail_start]);
-            let mut out = format!("{}{}", &value[..head_end], marker(elided));
+            let elided = text[head_end..tail_start].strip_suffix('\n').unwrap_or(&text[head_end..tail_start]);
+            let mut out = format!("{}{}", &text[..head_end], marker(elided));
             if tail > 0 {
                 out.push('\n');
-                out.push_str(&value[tail_start..]);
+                out.push_str(&text[tail_start..]);
             }
             out
         }
         None => {
-            let head_end = value.char_indices().nth(rule.max_chars / 3).map_or(value.len(), |(i, _)| i);
-            let tail_start = value.char_indices().nth(total - rule.max_chars / 6).map_or(value.len(), |(i, _)| i);
-            format!("{}\n{}\n{}", &value[..head_end], marker(&value[head_end..tail_start]), &value[tail_start..])
+            let n = text.chars().count();
+            let head_end = text.char_indices().nth(rule.max_chars / 3).map_or(text.len(), |(i, _)| i);
+            let tail_start =
+                text.char_indices().nth(n.saturating_sub(rule.max_chars / 6)).map_or(text.len(), |(i, _)| i);
+            if head_end >= tail_start {
+                return None;
+            }
+            format!("{}\n{}\n{}", &text[..head_end], marker(&text[head_end..tail_start]), &text[tail_start..])
         }
     };
+    let out = format!("{blank}{cut}");
     // A template that pare would not recognise as its own would be cut again on the next request.
     (is_compacted(&out) && out.chars().count() < total).then_some(out)
 }
@@ -246,6 +256,16 @@ mod tests {
         assert_eq!(lines[1], "[pare: 1 lines, 2,763 chars elided]");
         assert_eq!(lines[2].chars().count(), 83);
         assert_eq!(shorten_value(&out, "command", "bash", &rule()), None);
+    }
+
+    #[test]
+    fn leading_blank_space_is_kept_and_blank_values_are_left_alone() {
+        let value = format!("\n\n  \n{}", numbered(40));
+        let out = shorten_value(&value, "code", "x", &rule()).unwrap();
+        assert!(out.starts_with("\n\n  \n    print('line 1 of the script')\n"), "{out}");
+        assert_eq!(out.trim_start().lines().nth(4), Some("[pare: 34 lines, 1,184 chars elided]"));
+        assert_eq!(shorten_value(&" ".repeat(900), "code", "x", &rule()), None);
+        assert_eq!(shorten_value(&format!("{}x", " ".repeat(900)), "code", "x", &rule()), None, "nothing to cut");
     }
 
     #[test]
