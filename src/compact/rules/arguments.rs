@@ -10,7 +10,6 @@
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 use super::super::Policy;
 use super::super::conversation::Conversation;
@@ -61,34 +60,24 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
         return None;
     }
     let entries = Entries::parse(arguments)?;
-    let mut changed = false;
-    let mut out = String::with_capacity(arguments.len().min(4096));
-    out.push('{');
-    for (n, (key, value)) in entries.0.iter().enumerate() {
-        if n > 0 {
-            out.push(',');
-        }
-        out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
-        out.push(':');
-        // A JSON string literal is never shorter than the chars it decodes to: short values and
-        // non-strings are not decoded.
-        let raw = value.get();
-        let short = if raw.len() > rule.max_chars && raw.starts_with('"') {
-            serde_json::from_str::<String>(raw).ok().and_then(|s| shorten_value(&s, key, tool, rule))
-        } else {
-            None
-        };
-        match short {
-            Some(short) => {
-                changed = true;
-                out.push_str(&serde_json::to_string(&short).expect("a string always serializes"));
-            }
-            None => out.push_str(value.get()),
-        }
+    // New JSON per key that is cut. A JSON string literal is never shorter than the chars it decodes
+    // to: short values and non-strings are not decoded.
+    let cut: Vec<(&str, String)> = entries
+        .0
+        .iter()
+        .filter(|(_, raw)| raw.get().len() > rule.max_chars && raw.get().starts_with('"'))
+        .filter_map(|(key, raw)| {
+            let value: String = serde_json::from_str(raw.get()).ok()?;
+            let short = shorten_value(&value, key, tool, rule)?;
+            Some((key.as_str(), serde_json::to_string(&short).expect("a string always serializes")))
+        })
+        .collect();
+    if cut.is_empty() {
+        return None;
     }
-    out.push('}');
+    let out = entries.write(&|key| cut.iter().find(|(k, _)| *k == key).map(|(_, json)| json.clone()));
     let saved = arguments.chars().count() as i64 - out.chars().count() as i64;
-    (changed && saved > 0).then_some((out, saved))
+    (saved > 0).then_some((out, saved))
 }
 
 /// One long string value cut to its first and last lines around a marker line, or — when those
@@ -156,6 +145,25 @@ fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Op
 struct Entries<'a>(Vec<(String, &'a RawValue)>);
 
 impl<'a> Entries<'a> {
+    /// The object written compactly, each value as written unless `replace` gives new JSON for its key.
+    fn write(&self, replace: &dyn Fn(&str) -> Option<String>) -> String {
+        let mut out = String::with_capacity(self.0.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + 2);
+        out.push('{');
+        for (n, (key, value)) in self.0.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
+            out.push(':');
+            match replace(key) {
+                Some(json) => out.push_str(&json),
+                None => out.push_str(value.get()),
+            }
+        }
+        out.push('}');
+        out
+    }
+
     fn parse(text: &'a str) -> Option<Entries<'a>> {
         let entries: Entries<'a> = serde_json::from_str(text).ok()?;
         let mut keys: Vec<&str> = entries.0.iter().map(|(k, _)| k.as_str()).collect();
@@ -186,7 +194,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Entries<'a> {
 }
 
 /// The message's `tool_calls` JSON with the given calls' `function.arguments` replaced; calls with
-/// `None` keep their original bytes, and every other key of a call keeps its value and place.
+/// `None` keep their original bytes, and every other key of a changed call keeps its bytes and place.
 fn tool_calls_with(message: &str, arguments: &[Option<String>]) -> Option<String> {
     #[derive(Deserialize)]
     struct Calls<'a> {
@@ -197,23 +205,26 @@ fn tool_calls_with(message: &str, arguments: &[Option<String>]) -> Option<String
     if calls.tool_calls.len() != arguments.len() {
         return None;
     }
-    let mut out = String::from("[");
+    let mut out = String::with_capacity(message.len().min(4096));
+    out.push('[');
     for (n, (raw, new)) in calls.tool_calls.iter().zip(arguments).enumerate() {
         if n > 0 {
             out.push(',');
         }
-        match new {
-            None => out.push_str(raw.get()),
-            Some(new) => {
-                let mut call: Map<String, Value> = serde_json::from_str(raw.get()).ok()?;
-                let function = call.get_mut("function")?.as_object_mut()?;
-                if !function.get("arguments").is_some_and(Value::is_string) {
-                    return None;
-                }
-                function.insert("arguments".into(), Value::String(new.clone()));
-                out.push_str(&serde_json::to_string(&call).ok()?);
-            }
+        let Some(new) = new else {
+            out.push_str(raw.get());
+            continue;
+        };
+        let call = Entries::parse(raw.get())?;
+        let (_, function) = call.0.iter().find(|(k, _)| k == "function")?;
+        let function = Entries::parse(function.get())?;
+        let (_, old) = function.0.iter().find(|(k, _)| k == "arguments")?;
+        if !old.get().starts_with('"') {
+            return None;
         }
+        let new = serde_json::to_string(new).expect("a string always serializes");
+        let function = function.write(&|key| (key == "arguments").then(|| new.clone()));
+        out.push_str(&call.write(&|key| (key == "function").then(|| function.clone())));
     }
     out.push(']');
     Some(out)
@@ -221,6 +232,8 @@ fn tool_calls_with(message: &str, arguments: &[Option<String>]) -> Option<String
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Map, Value};
+
     use super::*;
 
     fn rule() -> ArgumentsRule {
@@ -305,12 +318,16 @@ mod tests {
 
     #[test]
     fn tool_calls_keep_unknown_keys_and_untouched_bytes() {
-        let message = r#"{"role":"assistant","tool_calls":[{"type":"function","id":"a","function":{"arguments":"{\"x\": 1}","name":"f","z":0},"w":[2]},{"id":"b" , "function":{"name":"g","arguments":"{}"}}]}"#;
+        let message = r#"{"role":"assistant","tool_calls":[{"type":"function","id":"a","function":{"arguments":"{\"x\": 1}","name":"f","z":1.50},"w":[2, 1e3]},{"id":"b" , "function":{"name":"g","arguments":"{}"}}]}"#;
         let out = tool_calls_with(message, &[Some("{\"x\":2}".into()), None]).unwrap();
         assert_eq!(
             out,
-            r#"[{"type":"function","id":"a","function":{"arguments":"{\"x\":2}","name":"f","z":0},"w":[2]},{"id":"b" , "function":{"name":"g","arguments":"{}"}}]"#
+            r#"[{"type":"function","id":"a","function":{"arguments":"{\"x\":2}","name":"f","z":1.50},"w":[2, 1e3]},{"id":"b" , "function":{"name":"g","arguments":"{}"}}]"#
         );
         assert_eq!(tool_calls_with(message, &[None]), None, "one entry per call");
+        let object_arguments = r#"{"tool_calls":[{"id":"a","function":{"name":"f","arguments":{"x":1}}}]}"#;
+        assert_eq!(tool_calls_with(object_arguments, &[Some("{}".into())]), None, "arguments sent as an object");
+        let repeated = r#"{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}","name":"g"}}]}"#;
+        assert_eq!(tool_calls_with(repeated, &[Some("{}".into())]), None, "a repeated key");
     }
 }
