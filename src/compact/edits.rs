@@ -33,6 +33,8 @@ pub struct Edits {
     pub removed: Vec<Vec<&'static str>>,
     /// Drop content parts of the [`THINKING_PARTS`] types.
     pub drop_thinking_parts: Vec<bool>,
+    /// New JSON of an assistant message's `tool_calls` (arguments rule): same calls, shorter arguments.
+    pub tool_calls: Vec<Option<String>>,
     pub dropped: Vec<bool>,
     /// A rule replaced the result by a marker: later rules leave it alone.
     pub claimed: Vec<bool>,
@@ -60,6 +62,7 @@ impl Edits {
             text: vec![None; n],
             removed: vec![Vec::new(); n],
             drop_thinking_parts: vec![false; n],
+            tool_calls: vec![None; n],
             dropped: vec![false; n],
             claimed: vec![false; n],
             kept: vec![false; n],
@@ -120,7 +123,10 @@ impl Edits {
     }
 
     pub fn changed(&self, idx: usize) -> bool {
-        self.text[idx].is_some() || !self.removed[idx].is_empty() || self.drop_thinking_parts[idx]
+        self.text[idx].is_some()
+            || !self.removed[idx].is_empty()
+            || self.drop_thinking_parts[idx]
+            || self.tool_calls[idx].is_some()
     }
 
     /// Undo every edit of message `idx` (used when an edit would not save tokens).
@@ -128,6 +134,7 @@ impl Edits {
         self.text[idx] = None;
         self.removed[idx].clear();
         self.drop_thinking_parts[idx] = false;
+        self.tool_calls[idx] = None;
         self.dropped[idx] = false;
         self.claimed[idx] = false;
         self.savings[idx].clear();
@@ -143,7 +150,11 @@ impl Edits {
     /// message is read shallowly: every key it does not change keeps its original bytes and order.
     pub fn render_as(&self, conv: &Conversation<'_>, idx: usize, text: Option<&TextEdit>) -> String {
         let raw = conv.raw[idx].get();
-        if text.is_none() && self.removed[idx].is_empty() && !self.drop_thinking_parts[idx] {
+        if text.is_none()
+            && self.removed[idx].is_empty()
+            && !self.drop_thinking_parts[idx]
+            && self.tool_calls[idx].is_none()
+        {
             return raw.to_owned();
         }
         let object: Vec<(Cow<'_, str>, &str)> = match object_entries(raw) {
@@ -189,11 +200,12 @@ impl Edits {
             if self.removed[idx].contains(&key.as_ref()) {
                 continue;
             }
-            match (&content, key.as_ref()) {
-                (Some(c), "content") => {
+            match (&content, key.as_ref(), &self.tool_calls[idx]) {
+                (Some(c), "content", _) => {
                     push(&mut out, key, c);
                     wrote_content = true;
                 }
+                (_, "tool_calls", Some(calls)) => push(&mut out, key, calls),
                 _ => push(&mut out, key, value),
             }
         }

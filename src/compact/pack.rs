@@ -49,6 +49,7 @@ pub struct RulesSpec {
     pub collapse_succeeded: CollapseRule,
     pub truncate: TruncateRule,
     pub hard_cap: HardCapRule,
+    pub arguments: ArgumentsRule,
     pub reasoning: ReasoningRule,
     pub system_messages: SystemRule,
     pub consecutive_assistant: Toggle,
@@ -88,6 +89,7 @@ impl Default for RulesSpec {
             collapse_succeeded: CollapseRule::default(),
             truncate: TruncateRule::default(),
             hard_cap: HardCapRule::default(),
+            arguments: ArgumentsRule::default(),
             reasoning: ReasoningRule::default(),
             system_messages: SystemRule::default(),
             consecutive_assistant: Toggle { enabled: true },
@@ -286,6 +288,33 @@ impl Default for HardCapRule {
     }
 }
 
+/// Large string values in the arguments of old, succeeded tool calls keep their first and last
+/// lines (or, with few long lines, their first third and last sixth of `max_chars`) around a marker
+/// line; the call itself, its keys and their order stay.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArgumentsRule {
+    pub enabled: bool,
+    /// String values up to this many chars are left alone.
+    pub max_chars: usize,
+    pub head_lines: usize,
+    pub tail_lines: usize,
+    /// The line put in place of what was cut.
+    pub template: String,
+}
+
+impl Default for ArgumentsRule {
+    fn default() -> Self {
+        ArgumentsRule {
+            enabled: true,
+            max_chars: 500,
+            head_lines: 4,
+            tail_lines: 2,
+            template: "[pare: {lines} lines, {chars} chars elided]".into(),
+        }
+    }
+}
+
 /// Old reasoning: `reasoning_content`, `reasoning`, thinking parts and `<think>` blocks.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -447,6 +476,15 @@ impl RulesSpec {
         if self.hard_cap.max_chars < 100 {
             push("rules.hard_cap.max_chars".into(), format!("must be at least 100, got {}", self.hard_cap.max_chars));
         }
+        if self.arguments.head_lines == 0 {
+            push(
+                "rules.arguments.head_lines".into(),
+                "must be at least 1 (the first line names what the call did)".into(),
+            );
+        }
+        if self.arguments.max_chars < 300 {
+            push("rules.arguments.max_chars".into(), format!("must be at least 300, got {}", self.arguments.max_chars));
+        }
         if self.structure.max_depth == 0 {
             push("rules.structure.max_depth".into(), "must be at least 1".into());
         }
@@ -534,6 +572,11 @@ impl RulesSpec {
             },
             TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
             TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
+            TemplateCheck {
+                path: "rules.arguments.template".into(),
+                text: &self.arguments.template,
+                allowed: &["lines", "chars", "key", "tool"],
+            },
             TemplateCheck {
                 path: "rules.system_messages.template".into(),
                 text: &self.system_messages.template,
@@ -777,6 +820,19 @@ rules:
         assert_eq!(paths.iter().filter(|p| **p == "rules.collapse_succeeded.template").count(), 2);
         let lines: Vec<Option<u64>> = problems.iter().map(|p| p.line).collect();
         assert_eq!(lines, vec![Some(5), Some(7), Some(9), Some(9), Some(11), Some(12)], "{problems:?}");
+    }
+
+    #[test]
+    fn arguments_settings_are_checked() {
+        let text =
+            "name: x\nrules:\n  arguments:\n    max_chars: 100\n    head_lines: 0\n    template: '[pare: {n} cut]'\n";
+        let found: Vec<(Option<u64>, String)> = check_pack(text).into_iter().map(|p| (p.line, p.path)).collect();
+        let want = ["rules.arguments.max_chars", "rules.arguments.head_lines", "rules.arguments.template"];
+        assert_eq!(found, [4, 5, 6].iter().zip(want).map(|(l, p)| (Some(*l), p.to_owned())).collect::<Vec<_>>());
+        let problems = check_overrides(BUILTIN_PACKS[0].1, &serde_json::json!({"arguments": {"tail_line": 1}}));
+        assert_eq!(problems[0].path, "compaction.rules.arguments.tail_line");
+        let pack = load_pack("default", BUILTIN_PACKS[0].1, None).unwrap();
+        assert_eq!(pack.rules.arguments, ArgumentsRule::default(), "the default pack spells out the defaults");
     }
 
     #[test]

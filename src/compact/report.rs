@@ -16,6 +16,7 @@ pub enum RuleId {
     CollapseSucceeded,
     Truncate,
     HardCap,
+    Arguments,
     Reasoning,
     SystemMessages,
     ConsecutiveAssistant,
@@ -26,7 +27,7 @@ pub enum RuleId {
 }
 
 impl RuleId {
-    pub const ALL: [RuleId; 15] = [
+    pub const ALL: [RuleId; 16] = [
         RuleId::Custom,
         RuleId::RetryPruning,
         RuleId::Loops,
@@ -35,6 +36,7 @@ impl RuleId {
         RuleId::CollapseSucceeded,
         RuleId::Truncate,
         RuleId::HardCap,
+        RuleId::Arguments,
         RuleId::Reasoning,
         RuleId::SystemMessages,
         RuleId::ConsecutiveAssistant,
@@ -55,6 +57,7 @@ impl RuleId {
             RuleId::CollapseSucceeded => "collapse_succeeded",
             RuleId::Truncate => "truncate",
             RuleId::HardCap => "hard_cap",
+            RuleId::Arguments => "arguments",
             RuleId::Reasoning => "reasoning",
             RuleId::SystemMessages => "system_messages",
             RuleId::ConsecutiveAssistant => "consecutive_assistant",

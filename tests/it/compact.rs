@@ -296,6 +296,149 @@ fn hard_cap_cuts_long_single_line_failures() {
     assert_eq!(out[2], msgs[2]);
 }
 
+/// A mini-swe-agent style command writing a script with a heredoc: 42 lines.
+fn heredoc(path: &str) -> String {
+    let body: String = (1..=40).map(|i| format!("    value_{i} = compute({i})\n")).collect();
+    format!("cat <<'EOF' > {path}\n{body}EOF\n")
+}
+
+/// The arguments of call `n` of an assistant message, decoded.
+fn arguments_of(message: &Value, n: usize) -> serde_json::Map<String, Value> {
+    let raw = message["tool_calls"][n]["function"]["arguments"].as_str().expect("arguments stay a JSON string");
+    serde_json::from_str(raw).expect("arguments stay a JSON object")
+}
+
+#[test]
+fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
+    let file_text: String = (1..=30).map(|i| format!("def f{i}():\n    return {i}\n")).collect();
+    let msgs = with_tail(vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c1", "<returncode>0</returncode>\n<output>\n</output>"),
+        call("c2", "str_replace_editor", json!({"command": "create", "path": "/w/a.py", "file_text": file_text})),
+        result("c2", "File created successfully at: /w/a.py"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    let args = arguments_of(&out[1], 0);
+    let command = args["command"].as_str().unwrap();
+    let lines: Vec<&str> = command.lines().collect();
+    assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py", "the first line names what the call did");
+    assert_eq!(lines[4], "[pare: 36 lines, 959 chars elided]");
+    assert_eq!(&lines[5..], ["    value_40 = compute(40)", "EOF"]);
+    assert_eq!(out[1]["tool_calls"][0]["id"], "c1");
+    assert_eq!(out[1]["tool_calls"][0]["function"]["name"], "bash");
+    let args = arguments_of(&out[3], 0);
+    assert_eq!(args.keys().collect::<Vec<_>>(), ["command", "path", "file_text"], "same keys, same order");
+    assert_eq!((args["command"].as_str(), args["path"].as_str()), (Some("create"), Some("/w/a.py")));
+    assert!(args["file_text"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
+    assert_eq!(report["rules"]["arguments"]["messages"], 2);
+    assert!(report["rules"]["arguments"]["tokens_saved"].as_i64().unwrap() > 200, "{report}");
+    assert_eq!(out[2], msgs[2], "the results are the other rules' business (these are shorter than a marker)");
+    let (out, _) = forward(json!({"protect_last_turns": 1, "arguments": {"enabled": false}}), &msgs);
+    assert_eq!(out[1], msgs[1], "the rule can be switched off");
+}
+
+#[test]
+fn arguments_are_kept_in_the_tail_on_failure_and_when_short() {
+    let msgs = vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/failed.py")})),
+        result(
+            "c1",
+            "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\nSyntaxError: x\n</output>",
+        ),
+        call("c2", "bash", json!({"command": "python -c 'print(1)'", "note": "short"})),
+        result("c2", "<returncode>0</returncode>\n<output>\n1\n</output>"),
+        call("c3", "bash", json!({"command": heredoc("/w/tail.py")})),
+        result("c3", "<returncode>0</returncode>\n<output>\n</output>"),
+        assistant("done"),
+    ];
+    let (out, report) = forward(json!({"protect_last_turns": 2}), &msgs);
+    assert_eq!(out[1], msgs[1], "a failed call's arguments are what the model must fix");
+    assert_eq!(out[3], msgs[3], "short arguments are left alone");
+    assert_eq!(out[5], msgs[5], "the protected tail is left alone");
+    assert!(report["rules"].get("arguments").is_none(), "{report}");
+}
+
+/// Found by the property test: retry pruning turns the failed result into a marker, which reads as
+/// a success on the next compaction; a result carrying a marker must not decide anything.
+#[test]
+fn a_retried_failure_keeps_its_arguments_on_every_compaction() {
+    let msgs = with_tail(vec![
+        user("fix it"),
+        call("c1", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c1", &format!("<returncode>2</returncode>\n<output>\n{}\n</output>", lines(20, "warning"))),
+        call("c2", "bash", json!({"command": heredoc("/w/fix.py")})),
+        result("c2", "<returncode>0</returncode>\n<output>\n</output>"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    assert!(text(&out[2]).starts_with("[retried: bash("), "{}", text(&out[2]));
+    assert_eq!(out[1], msgs[1], "the failed call keeps its arguments");
+    assert_ne!(out[3], msgs[3], "the retry that succeeded is shortened");
+    assert_eq!(report["rules"]["arguments"]["messages"], 1);
+}
+
+#[test]
+fn arguments_that_are_not_a_json_object_or_already_shortened_are_left_alone() {
+    let as_string = |id: &str, arguments: String| {
+        json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": arguments}}]})
+    };
+    let shortened = format!("cat <<'EOF' > x.py\n{}[pare: 36 lines, 1,009 chars elided]\nEOF\n", "a = 1\n".repeat(200));
+    let msgs = with_tail(vec![
+        user("x"),
+        as_string("c1", serde_json::to_string(&heredoc("/w/a.py")).unwrap()),
+        result("c1", "done"),
+        as_string("c2", format!("[{}]", serde_json::to_string(&heredoc("/w/b.py")).unwrap())),
+        result("c2", "done"),
+        as_string("c3", heredoc("/w/c.py")),
+        result("c3", "done"),
+        call("c4", "bash", json!({"command": shortened})),
+        result("c4", "done"),
+    ]);
+    let (out, report) = forward(ONE(), &msgs);
+    for i in [1, 3, 5, 7] {
+        assert_eq!(out[i], msgs[i], "message {i}");
+    }
+    assert!(report["rules"].get("arguments").is_none(), "{report}");
+}
+
+#[test]
+fn shortened_calls_keep_unknown_keys_of_the_call_and_the_message() {
+    let arguments = json!({"path": "/w/big.txt", "content": lines(60, "data"), "mode": 420}).to_string();
+    let message = json!({"x_first": [1, {"b": 2, "a": 1}], "role": "assistant", "content": "writing it",
+        "tool_calls": [
+            {"function": {"x_fn": true, "name": "write_file", "arguments": arguments}, "id": "w1", "x_call": {"z": 0}, "type": "function"},
+            {"id": "w2", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"/w/big.txt\"}"}}
+        ],
+        "zz": null});
+    let msgs = with_tail(vec![
+        user("x"),
+        message.clone(),
+        result("w1", "{\"bytes_written\": 1234}"),
+        result("w2", &lines(3, "data")),
+    ]);
+    let (out, _) = forward(ONE(), &msgs);
+    let got = &out[1];
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(got), keys(&message));
+    for key in ["x_first", "role", "content", "zz"] {
+        assert_eq!(got[key], message[key], "{key}");
+    }
+    let (call, before) = (&got["tool_calls"][0], &message["tool_calls"][0]);
+    assert_eq!(keys(call), keys(before));
+    assert_eq!(keys(&call["function"]), keys(&before["function"]));
+    assert_eq!(
+        (&call["id"], &call["x_call"], &call["function"]["x_fn"]),
+        (&before["id"], &before["x_call"], &before["function"]["x_fn"])
+    );
+    let args = arguments_of(got, 0);
+    assert_eq!(args.keys().collect::<Vec<_>>(), ["path", "content", "mode"]);
+    assert_eq!((&args["path"], &args["mode"]), (&json!("/w/big.txt"), &json!(420)));
+    assert!(args["content"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
+    assert_eq!(got["tool_calls"][1], message["tool_calls"][1], "the short call is untouched");
+}
+
 #[test]
 fn later_system_messages_become_markers_and_the_first_is_kept() {
     let msgs = with_tail(vec![
@@ -814,6 +957,27 @@ mod generated {
     const TOOLS: &[&str] =
         &["read_file", "terminal", "search_files", "execute_bash", "str_replace_editor", "browser_snapshot"];
     const ARGS: &[&str] = &["src/a.py", "src/lib.rs", "main.go", "notes.txt", "pytest -x", "ls -la"];
+    /// Argument indexes past `ARGS`: large arguments (a heredoc script, a file created whole, one
+    /// long line of unicode), for the arguments rule.
+    const LONG_ARGS: usize = 3;
+
+    fn arguments(arg: usize, id: usize) -> Value {
+        let script =
+            |n: usize| (0..n).map(|i| format!("    step_{i}({id}, \"{}\")\n", "z".repeat(i % 7))).collect::<String>();
+        match arg.checked_sub(ARGS.len()) {
+            None if ARGS[arg].contains(' ') => json!({"command": ARGS[arg]}),
+            None => json!({"path": ARGS[arg]}),
+            Some(0) => {
+                json!({"command": format!("cat <<'EOF' > /w/s{id}.py\n{}EOF\npython /w/s{id}.py", script(id % 50))})
+            }
+            Some(1) => {
+                json!({"command": "create", "path": format!("src/f{id}.py"), "file_text": script(10 + id % 40), "x": [id]})
+            }
+            Some(_) => {
+                json!({"command": format!("python -c \"{}\"", "ü✓".repeat(100 + 40 * (id % 30))), "timeout": 30})
+            }
+        }
+    }
 
     fn output() -> impl Strategy<Value = Output> {
         prop_oneof![
@@ -834,7 +998,11 @@ mod generated {
     pub fn turns() -> impl Strategy<Value = Vec<Turn>> {
         let turn = prop_oneof![
             (0usize..4).prop_map(Turn::Text),
-            (prop::collection::vec((0..TOOLS.len(), 0..ARGS.len(), output()), 1..4), any::<bool>(), any::<bool>())
+            (
+                prop::collection::vec((0..TOOLS.len(), 0..ARGS.len() + LONG_ARGS, output()), 1..4),
+                any::<bool>(),
+                any::<bool>()
+            )
                 .prop_map(|(calls, reversed, reasoning)| Turn::Calls { calls, reversed, reasoning }),
             (0usize..3).prop_map(Turn::User),
             (0usize..2).prop_map(Turn::System),
@@ -889,9 +1057,8 @@ mod generated {
                     let mut results = Vec::new();
                     for (tool, arg, out) in calls {
                         id += 1;
-                        let key = if ARGS[*arg].contains(' ') { "command" } else { "path" };
                         tool_calls.push(json!({"id": format!("call_{id}"), "type": "function", "x_tc": id,
-                            "function": {"name": TOOLS[*tool], "arguments": json!({key: ARGS[*arg]}).to_string()}}));
+                            "function": {"name": TOOLS[*tool], "arguments": arguments(*arg, id).to_string()}}));
                         results.push(json!({"role": "tool", "tool_call_id": format!("call_{id}"), "content": content(out), "x_t": {"n": id}}));
                     }
                     if *reversed {
@@ -911,8 +1078,54 @@ mod generated {
     }
 }
 
-/// Keys a rule may change: everything else of an edited message must survive unchanged.
-const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning"];
+/// Keys a rule may change: everything else of an edited message must survive unchanged
+/// (`tool_calls` only in its calls' `function.arguments`, see [`same_calls`]).
+const EDITABLE_KEYS: &[&str] = &["content", "reasoning_content", "reasoning", "tool_calls"];
+
+/// The arguments rule's contract: the same calls with the same keys; each `arguments` still a JSON
+/// string of an object with the same keys in the same order, whose values are unchanged or are
+/// strings shortened around a pare marker line.
+fn same_calls(before: &Value, after: &Value) -> Result<(), String> {
+    let (Some(before), Some(after)) = (before.as_array(), after.as_array()) else {
+        return if before == after { Ok(()) } else { Err(format!("{before} → {after}")) };
+    };
+    if before.len() != after.len() {
+        return Err("call count changed".into());
+    }
+    for (b, a) in before.iter().zip(after) {
+        let mut b_rest = b.clone();
+        let mut a_rest = a.clone();
+        let b_args = b_rest["function"].as_object_mut().and_then(|f| f.remove("arguments"));
+        let a_args = a_rest["function"].as_object_mut().and_then(|f| f.remove("arguments"));
+        let keys = |v: &Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        if b_rest != a_rest || keys(b) != keys(a) || keys(&b["function"]) != keys(&a["function"]) {
+            return Err(format!("call changed beyond its arguments: {b} → {a}"));
+        }
+        if b_args == a_args {
+            continue;
+        }
+        let parse = |v: &Option<Value>| -> Option<serde_json::Map<String, Value>> {
+            serde_json::from_str(v.as_ref()?.as_str()?).ok()
+        };
+        let (Some(b_obj), Some(a_obj)) = (parse(&b_args), parse(&a_args)) else {
+            return Err(format!("arguments are no longer a JSON object string: {a_args:?}"));
+        };
+        if b_obj.keys().collect::<Vec<_>>() != a_obj.keys().collect::<Vec<_>>() {
+            return Err(format!("argument keys changed: {a_args:?}"));
+        }
+        for (k, bv) in &b_obj {
+            let av = &a_obj[k];
+            let shortened = match (bv.as_str(), av.as_str()) {
+                (Some(bs), Some(as_)) => as_.len() < bs.len() && as_.lines().any(|l| l.starts_with("[pare: ")),
+                _ => false,
+            };
+            if bv != av && !shortened {
+                return Err(format!("argument `{k}` changed without a marker: {av}"));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn check_generated(
     msgs: &[Value],
@@ -937,10 +1150,18 @@ fn check_generated(
             pare::compact::Source::Edited(idx) => {
                 let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx].get()).unwrap();
                 let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
+                let order = |m: &serde_json::Map<String, Value>| -> Vec<String> {
+                    m.keys().filter(|k| !k.starts_with("reasoning")).cloned().collect()
+                };
+                prop_assert_eq!(order(&before), order(&after), "key order of message {}", idx);
                 for (k, v) in &before {
                     if !EDITABLE_KEYS.contains(&k.as_str()) {
                         prop_assert_eq!(after.get(k), Some(v), "key {} of message {}", k, idx);
                     }
+                }
+                if let Some(calls) = before.get("tool_calls") {
+                    let kept = same_calls(calls, &after["tool_calls"]);
+                    prop_assert!(kept.is_ok(), "message {}: {:?}", idx, kept);
                 }
             }
             pare::compact::Source::Elided { .. } => {

@@ -5,9 +5,10 @@
 //! Order: user rules first (they may `keep`), then the rules that replace a tool result by a marker
 //! (retry pruning, loop collapse, duplicate folding, structural maps, collapse of succeeded results —
 //! the most specific first, so that the marker says the most useful thing), then the size limits on
-//! what is left (truncation, hard cap), then the non-result rules (reasoning, system messages,
-//! consecutive assistant messages).
+//! what is left (truncation, hard cap), then the non-result rules (old calls' large arguments,
+//! reasoning, system messages, consecutive assistant messages).
 
+mod arguments;
 mod assistant;
 mod collapse;
 pub mod custom;
@@ -49,6 +50,9 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     }
     if rules.hard_cap.enabled {
         truncate::apply_hard_cap(policy, conv, edits);
+    }
+    if rules.arguments.enabled {
+        arguments::apply(policy, conv, edits);
     }
     if rules.reasoning.enabled {
         reasoning::apply(policy, conv, edits);
