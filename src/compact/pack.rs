@@ -685,13 +685,18 @@ pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pa
     // reported at the config's `compaction.rules` paths.
     let name = if overrides.is_some() { format!("{name} with compaction.rules") } else { name.to_owned() };
     let at = |path: &str| if overrides.is_some() { config_path(path) } else { path.to_owned() };
-    let pack: Pack = serde_path_to_error::deserialize(tree).map_err(|e| PackError::Invalid {
-        name: name.clone(),
-        problems: vec![Problem { line: None, path: at(&e.path().to_string()), message: e.inner().to_string() }],
-    })?;
-    let problems: Vec<Problem> =
-        pack.rules.validate().into_iter().map(|p| Problem { path: at(&p.path), ..p }).collect();
-    if problems.is_empty() { Ok(pack) } else { Err(PackError::Invalid { name, problems }) }
+    let mut problems = Vec::new();
+    let pack: Option<Pack> = yaml::deserialize_value_all(tree, &|_| None, &mut problems);
+    if let Some(pack) = &pack {
+        problems.extend(pack.rules.validate());
+    }
+    for p in &mut problems {
+        p.path = at(&p.path);
+    }
+    match pack {
+        Some(pack) if problems.is_empty() => Ok(pack),
+        _ => Err(PackError::Invalid { name, problems }),
+    }
 }
 
 /// `rules.x.y` of a pack → `compaction.rules.x.y` of the config that overrides it.
@@ -714,12 +719,14 @@ pub fn check_overrides(pack_text: &str, overrides: &Value) -> Vec<Problem> {
     let Value::Object(top) = &mut tree else { return Vec::new() };
     let rules = top.entry("rules").or_insert_with(|| Value::Object(Default::default()));
     deep_merge(rules, overrides);
-    match serde_path_to_error::deserialize::<_, Pack>(tree) {
-        Ok(pack) => pack.rules.validate().into_iter().map(|p| Problem { path: config_path(&p.path), ..p }).collect(),
-        Err(e) => {
-            vec![Problem { line: None, path: config_path(&e.path().to_string()), message: e.inner().to_string() }]
-        }
+    let mut problems = Vec::new();
+    if let Some(pack) = yaml::deserialize_value_all::<Pack>(tree, &|_| None, &mut problems) {
+        problems.extend(pack.rules.validate());
     }
+    for p in &mut problems {
+        p.path = config_path(&p.path);
+    }
+    problems
 }
 
 /// Maps merge key by key; anything else (scalars, lists) replaces.
@@ -854,6 +861,33 @@ rules:
         assert_eq!(problems[0].path, "compaction.rules.truncate.max_char");
         let problems = check_overrides(text, &serde_json::json!({"loops": {"min_repeats": 1}}));
         assert_eq!(problems[0].path, "compaction.rules.loops.min_repeats");
+    }
+
+    #[test]
+    fn every_problem_of_the_overrides_is_listed() {
+        let overrides = serde_json::json!({
+            "truncate": {"max_char": 10},
+            "loops": {"min_repeats": "many"},
+            "duplicates": {"enabled": "yes"},
+            "arguments": {"head_lines": 0},
+        });
+        let mut paths: Vec<String> =
+            check_overrides(BUILTIN_PACKS[0].1, &overrides).into_iter().map(|p| p.path).collect();
+        paths.sort();
+        let expected = [
+            "compaction.rules.arguments.head_lines",
+            "compaction.rules.duplicates.enabled",
+            "compaction.rules.loops.min_repeats",
+            "compaction.rules.truncate.max_char",
+        ];
+        assert_eq!(paths, expected);
+        let Err(PackError::Invalid { problems, .. }) = load_pack("default", BUILTIN_PACKS[0].1, Some(&overrides))
+        else {
+            panic!("a pack with bad overrides must not load")
+        };
+        let mut paths: Vec<String> = problems.into_iter().map(|p| p.path).collect();
+        paths.sort();
+        assert_eq!(paths, expected, "the engine refuses with the same list `pare check` gives");
     }
 
     #[test]

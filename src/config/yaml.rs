@@ -222,7 +222,16 @@ fn unknown_field(message: &str) -> Option<String> {
 /// Deserialize `T` from the tree, collecting every problem. Returns the value with defaults in place
 /// of the bad nodes (so that semantic checks can still run on the rest), or `None` when even that fails.
 pub fn deserialize_all<T: DeserializeOwned>(root: &Node, problems: &mut Vec<Problem>) -> Option<T> {
-    let mut json = root.to_json();
+    deserialize_value_all(root.to_json(), &|path| root.line_of(path), problems)
+}
+
+/// [`deserialize_all`] over a JSON tree (e.g. a pack with a config's overrides merged in); `line_of`
+/// places a dotted path, when it can.
+pub fn deserialize_value_all<T: DeserializeOwned>(
+    mut json: serde_json::Value,
+    line_of: &dyn Fn(&str) -> Option<u64>,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
     // Each round removes one node, so the loop ends; the bound is a guard against a pathological input.
     for _ in 0..1000 {
         match serde_path_to_error::deserialize::<_, T>(json.clone()) {
@@ -238,7 +247,7 @@ pub fn deserialize_all<T: DeserializeOwned>(root: &Node, problems: &mut Vec<Prob
                 }
                 segs.retain(|s| !s.is_empty());
                 let dotted = segs.join(".");
-                problems.push(Problem { line: root.line_of(&dotted), path: dotted, message });
+                problems.push(Problem { line: line_of(&dotted), path: dotted, message });
                 if !remove_at(&mut json, &segs) {
                     return None;
                 }
