@@ -198,7 +198,8 @@ pub struct BudgetConfig {
     pub high_water: f64,
     /// Share of the usable window an epoch compacts down to.
     pub low_water: f64,
-    /// Eager mode: advance the frozen frontier every this many turns.
+    /// Eager mode: advance the frozen frontier every this many turns (1, as SWE-agent's `polling`:
+    /// eager is for upstreams without a prompt cache, where a stable prefix buys nothing).
     pub polling: u32,
     /// Tokenizer encoding: `o200k_base` or `cl100k_base` (per-model in `models`).
     pub encoding: String,
@@ -236,7 +237,7 @@ impl Default for BudgetConfig {
             // of the usable window stays as slack for tokenizer mismatch with the model's own.
             high_water: 0.9,
             low_water: 0.4,
-            polling: 4,
+            polling: 1,
             encoding: "o200k_base".into(),
             salience: SalienceConfig::default(),
             tiers: TierBudgets::default(),
