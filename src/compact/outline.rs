@@ -55,16 +55,48 @@ pub struct Entry {
     pub signature: String,
 }
 
-/// `    12\tcode` (`cat -n`, `nl`) or `12|code` (Hermes): the number and the code.
+/// `    12\tcode` (`cat -n`, `nl`) or `12|code` (Hermes): the number and the code. Reads bytes: it runs
+/// on every line of every source read.
 fn split_numbered(line: &str) -> Option<(usize, &str)> {
-    let t = line.trim_start_matches(' ');
-    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
-    if digits == 0 || digits > 9 {
+    let bytes = line.as_bytes();
+    let mut at = bytes.iter().position(|&b| b != b' ')?;
+    let digits_start = at;
+    let mut number = 0usize;
+    while let Some(digit) = bytes.get(at).filter(|b| b.is_ascii_digit()) {
+        number = number * 10 + usize::from(digit - b'0');
+        at += 1;
+        if at - digits_start > 9 {
+            return None;
+        }
+    }
+    if at == digits_start || !matches!(bytes.get(at), Some(b'\t' | b'|')) {
         return None;
     }
-    let rest = &t[digits..];
-    let code = rest.strip_prefix('\t').or_else(|| rest.strip_prefix('|'))?;
-    Some((t[..digits].parse().ok()?, code))
+    Some((number, &line[at + 1..]))
+}
+
+/// [`str::lines`] with a plain byte loop to find each line's end: cheaper than a `memchr` call on
+/// the short lines of source code.
+fn short_lines(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        let line_start = start;
+        match bytes[start..].iter().position(|&b| b == b'\n') {
+            Some(len) => {
+                start += len + 1;
+                let line = &text[line_start..line_start + len];
+                Some(line.strip_suffix('\r').unwrap_or(line))
+            }
+            None => {
+                start = bytes.len();
+                Some(&text[line_start..])
+            }
+        }
+    })
 }
 
 /// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
@@ -72,7 +104,7 @@ pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     // One pass for the common case, a line-numbered view: split and number-parse together.
     let mut numbered: Vec<(usize, &str)> = Vec::with_capacity(text.len() / 32);
     let mut n_lines = 0;
-    for line in text.lines() {
+    for line in short_lines(text) {
         n_lines += 1;
         if let Some(entry) = split_numbered(line) {
             numbered.push(entry);
@@ -169,7 +201,7 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        if trimmed.contains('"') || trimmed.contains('\'') {
+        if trimmed.bytes().any(|b| b == b'"' || b == b'\'') {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
@@ -432,6 +464,23 @@ mod tests {
 
     fn ranges(language: Language, text: &str) -> Vec<(usize, usize, usize, String)> {
         outline(language, text, 3).into_iter().map(|e| (e.depth, e.start, e.end, e.signature)).collect()
+    }
+
+    #[test]
+    fn short_lines_split_like_lines() {
+        for text in ["", "a", "a\n", "\n", "a\nb", "a\r\nb\r\n", "\n\n", "a\r", "a\rb\n\r", "é\n\r\n x"] {
+            assert_eq!(short_lines(text).collect::<Vec<_>>(), text.lines().collect::<Vec<_>>(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn numbered_prefixes() {
+        assert_eq!(split_numbered("    12\tfn a()"), Some((12, "fn a()")));
+        assert_eq!(split_numbered("7|x|y"), Some((7, "x|y")));
+        assert_eq!(split_numbered("123456789\t"), Some((123_456_789, "")));
+        for line in ["", "   ", "1234567890\tx", "12 x", "\t12\tx", "x1\ty", "  12"] {
+            assert_eq!(split_numbered(line), None, "{line:?}");
+        }
     }
 
     #[test]
