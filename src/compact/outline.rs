@@ -354,23 +354,18 @@ fn clean(language: Language, line: &str, in_block: &mut bool) -> String {
                 }
             }
             _ => {
-                // Copy one UTF-8 char.
-                let len = utf8_len(b);
-                out.push_str(std::str::from_utf8(&bytes[i..(i + len).min(bytes.len())]).unwrap_or(""));
-                i += len;
+                // Copy up to the next byte that may open a literal or a comment (all ASCII, so the
+                // slice ends on a char boundary).
+                let start = i;
+                i += 1;
+                while i < bytes.len() && !matches!(bytes[i], b'/' | b'"' | b'`' | b'\'') {
+                    i += 1;
+                }
+                out.push_str(&line[start..i]);
             }
         }
     }
     out
-}
-
-fn utf8_len(first: u8) -> usize {
-    match first {
-        0x00..=0x7f => 1,
-        0xc0..=0xdf => 2,
-        0xe0..=0xef => 3,
-        _ => 4,
-    }
 }
 
 fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
@@ -385,9 +380,9 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             pending = Some((out.len() - 1, depth, 0));
         }
-        for c in cleaned.chars() {
+        for c in cleaned.bytes() {
             match c {
-                '{' => {
+                b'{' => {
                     if let Some((i, d, _)) = pending
                         && d == depth
                     {
@@ -396,7 +391,7 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
                     }
                     depth += 1;
                 }
-                '}' => {
+                b'}' => {
                     depth -= 1;
                     while let Some(&(i, d)) = open.last() {
                         if depth <= d {
@@ -407,7 +402,7 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
                         }
                     }
                 }
-                ';' => {
+                b';' => {
                     if let Some((i, d, _)) = pending
                         && d == depth
                     {
