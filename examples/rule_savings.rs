@@ -5,9 +5,9 @@
 //! Every request of every `*.jsonl` session under the given directories is compacted as the engine
 //! would on its own (protected tail of 5 turns); tokens are counted in o200k_base (per
 //! message, OpenAI chat accounting, cached). Prints, per source directory and in total, the share of
-//! the raw messages' tokens each rule removes, and the *ceiling*: the share of tokens in tool results
-//! before the protected tail — what removing every one of them outright would save. Anything that
-//! keeps the system prompt, the user messages, the assistant's calls and the tail cannot save more.
+//! the raw messages' tokens each rule removes, and the share of tokens in tool results before the
+//! protected tail — what removing every one of them outright would save; only the `arguments` rule
+//! (the assistant's own calls) saves tokens outside that share.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,12 +78,12 @@ fn main() {
     per_source.push(("total".into(), all));
     println!(
         "tokens: o200k_base per message (OpenAI chat accounting); rules only, default pack, 5 turns protected; \
-         ceiling: tool results before the tail"
+         old results: tool results before the tail"
     );
     for (name, t) in &per_source {
         let total_saved: i64 = t.saved.values().sum();
         println!(
-            "\n{name}: {} requests, {} raw message tokens, rules remove {:.1} % (ceiling {:.1} %)",
+            "\n{name}: {} requests, {} raw message tokens, rules remove {:.1} % (old results {:.1} %)",
             t.requests,
             t.raw_tokens,
             100.0 * total_saved as f64 / t.raw_tokens.max(1) as f64,
