@@ -310,7 +310,7 @@ impl Default for ArgumentsRule {
             max_chars: 500,
             head_lines: 4,
             tail_lines: 2,
-            template: "[pare: {lines} lines, {chars} chars elided]".into(),
+            template: "[pare: {lines} lines, {chars} chars of this old {key} elided; the call was sent in full]".into(),
         }
     }
 }

@@ -323,7 +323,7 @@ fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
     let command = args["command"].as_str().unwrap();
     let lines: Vec<&str> = command.lines().collect();
     assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py", "the first line names what the call did");
-    assert_eq!(lines[4], "[pare: 36 lines, 959 chars elided]");
+    assert_eq!(lines[4], "[pare: 36 lines, 959 chars of this old command elided; the call was sent in full]");
     assert_eq!(&lines[5..], ["    value_40 = compute(40)", "EOF"]);
     assert_eq!(out[1]["tool_calls"][0]["id"], "c1");
     assert_eq!(out[1]["tool_calls"][0]["function"]["name"], "bash");

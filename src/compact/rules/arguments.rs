@@ -1,6 +1,9 @@
 //! Large arguments of old tool calls: in a call whose result succeeded, each long top-level string
 //! value of the arguments (a heredoc script, a file written whole, an edit's old and new text) keeps
-//! its first and last lines around a marker line such as `[pare: 184 lines, 6,112 chars elided]`.
+//! its first and last lines around a marker line such as
+//! `[pare: 184 lines, 6,112 chars of this old file_text elided; the call was sent in full]`: the
+//! marker says the call ran with the whole value, so that the model does not take an elided value
+//! for one it may send.
 //!
 //! The call stays: same id, type, function name and unknown keys; `arguments` stays a JSON string
 //! holding an object with the same keys in the same order (servers such as llama.cpp and vLLM parse
@@ -251,7 +254,7 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py");
         assert_eq!(lines[3], "    print('line 3 of the script')");
-        assert_eq!(lines[4], "[pare: 36 lines, 1,253 chars elided]");
+        assert_eq!(lines[4], "[pare: 36 lines, 1,253 chars of this old command elided; the call was sent in full]");
         assert_eq!(&lines[5..], ["    print('line 40 of the script')", "EOF"]);
         assert!(out.ends_with("EOF\n"), "the value's last newline stays");
         assert!(is_compacted(&out));
@@ -266,7 +269,7 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0].chars().count(), 166);
         assert!(lines[0].starts_with("python -c \"éé"));
-        assert_eq!(lines[1], "[pare: 1 lines, 2,763 chars elided]");
+        assert_eq!(lines[1], "[pare: 1 lines, 2,763 chars of this old command elided; the call was sent in full]");
         assert_eq!(lines[2].chars().count(), 83);
         assert_eq!(shorten_value(&out, "command", "bash", &rule()), None);
     }
@@ -276,7 +279,10 @@ mod tests {
         let value = format!("\n\n  \n{}", numbered(40));
         let out = shorten_value(&value, "code", "x", &rule()).unwrap();
         assert!(out.starts_with("\n\n  \n    print('line 1 of the script')\n"), "{out}");
-        assert_eq!(out.trim_start().lines().nth(4), Some("[pare: 34 lines, 1,184 chars elided]"));
+        assert_eq!(
+            out.trim_start().lines().nth(4),
+            Some("[pare: 34 lines, 1,184 chars of this old code elided; the call was sent in full]")
+        );
         assert_eq!(shorten_value(&" ".repeat(900), "code", "x", &rule()), None);
         assert_eq!(shorten_value(&format!("{}x", " ".repeat(900)), "code", "x", &rule()), None, "nothing to cut");
     }
