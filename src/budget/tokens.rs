@@ -183,15 +183,13 @@ impl TokenCounter {
     /// long enough (≈ 20 ms for 200k tokens) to be worth splitting. A small batch is left to be
     /// counted on demand; a thread that cannot start leaves its share to be counted the same way.
     pub fn count_uncached<M: AsRef<str> + Sync>(&self, messages: &[M]) {
+        // Hash before taking the lock: other sessions count through the same cache meanwhile.
+        let hashed: Vec<(u128, &str)> =
+            messages.iter().map(|m| (xxh3_128(m.as_ref().as_bytes()), m.as_ref())).collect();
         let todo: Vec<(u128, &str)> = {
             let cache = self.lock();
             let mut seen = std::collections::HashSet::new();
-            messages
-                .iter()
-                .map(|m| m.as_ref())
-                .map(|m| (xxh3_128(m.as_bytes()), m))
-                .filter(|(key, _)| !cache.contains(key) && seen.insert(*key))
-                .collect()
+            hashed.into_iter().filter(|(key, _)| !cache.contains(key) && seen.insert(*key)).collect()
         };
         let bytes: usize = todo.iter().map(|(_, m)| m.len()).sum();
         let threads = self.threads.min(bytes / BYTES_PER_COUNT_THREAD);
