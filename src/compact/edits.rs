@@ -53,7 +53,7 @@ impl Edits {
         let n = conv.boundary;
         let compacted = (0..n)
             .map(|i| match (&conv.outcomes[i], &conv.msgs[i]) {
-                (Some(o), _) => is_compacted(&o.text),
+                (Some(o), _) => o.marker,
                 (None, Some(m)) => m.role != "user" && is_compacted(&m.text()),
                 (None, None) => false,
             })

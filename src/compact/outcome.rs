@@ -11,6 +11,8 @@ use regex::Regex;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::markers::is_compacted;
+
 /// The JSON keys that carry a result's main text, tried in order.
 const TEXT_FIELDS: &[&str] = &["output", "content", "stdout", "result", "text"];
 
@@ -57,6 +59,16 @@ pub struct Outcome {
     pub text: String,
     pub status: Status,
     pub first_error: Option<String>,
+    /// The text is (or holds) a pare marker: an earlier compaction replaced the output, so its
+    /// status says nothing about how the call went.
+    pub marker: bool,
+}
+
+impl Outcome {
+    /// The call this result answers succeeded, as far as the result can tell.
+    pub fn succeeded(&self) -> bool {
+        self.status.is_ok() && !self.marker
+    }
 }
 
 /// The compiled success policy.
@@ -108,7 +120,8 @@ impl SuccessPolicy {
             None => Status::Ok,
         };
         let first_error = if matches_error || !status.is_ok() { self.first_error_line(&text, &shape) } else { None };
-        Outcome { shape, text, status, first_error }
+        let marker = is_compacted(&text);
+        Outcome { shape, text, status, first_error, marker }
     }
 
     /// The most telling error line: a Python exception line, else the first line matching an error

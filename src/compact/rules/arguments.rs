@@ -33,12 +33,10 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let mut saved = 0i64;
         for call in calls {
             // A result that already carries a marker (an earlier compaction) no longer tells how the
-            // call went: its arguments were shortened then, or were meant to stay whole.
+            // call went (`Outcome::succeeded`): its arguments were shortened then, or were meant to
+            // stay whole.
             let succeeded = call.result.is_some_and(|r| {
-                r < conv.boundary
-                    && !edits.kept[r]
-                    && !edits.compacted[r]
-                    && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok())
+                r < conv.boundary && !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.succeeded())
             });
             let short = if succeeded { shorten_arguments(&call.arguments, &call.name, rule) } else { None };
             if let Some((_, chars)) = &short {

@@ -6,23 +6,15 @@ use std::collections::HashMap;
 use super::super::Policy;
 use super::super::conversation::Conversation;
 use super::super::edits::Edits;
-use super::super::markers::is_compacted;
 use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     // For each (tool, key argument), the index of the last call whose result succeeded. A result
-    // that is already a pare marker (an earlier compaction) says nothing about success: counting it
-    // would prune on the second pass what the first kept.
+    // that is already a pare marker (an earlier compaction) does not count (`Outcome::succeeded`):
+    // counting it would prune on the second pass what the first kept.
     let mut last_success: HashMap<(&str, &str), usize> = HashMap::new();
     for (c, call) in conv.calls.iter().enumerate() {
-        let ok = call.result.is_some_and(|r| {
-            let marker = if r < conv.boundary {
-                edits.compacted[r]
-            } else {
-                conv.outcomes[r].as_ref().is_some_and(|o| is_compacted(&o.text))
-            };
-            !marker && conv.outcomes[r].as_ref().is_some_and(|o| o.status.is_ok())
-        });
+        let ok = call.result.and_then(|r| conv.outcomes[r].as_ref()).is_some_and(|o| o.succeeded());
         if ok {
             last_success.insert((call.name.as_str(), retry_key(call)), c);
         }
