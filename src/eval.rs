@@ -46,6 +46,9 @@ pub struct Metrics {
     pub tokens_raw: u64,
     /// Σ tokens(F_k).
     pub tokens_forwarded: u64,
+    /// Σ of what pare may not shrink in R_k: its first system message, user messages, protected
+    /// tail and tools (the floor of F_k under the invariants).
+    pub tokens_floor: u64,
     pub peak_raw: u64,
     pub peak_forwarded: u64,
     /// Smallest usable window (window − answer reserve) met.
@@ -76,6 +79,7 @@ impl Metrics {
         self.requests += other.requests;
         self.tokens_raw += other.tokens_raw;
         self.tokens_forwarded += other.tokens_forwarded;
+        self.tokens_floor += other.tokens_floor;
         self.peak_raw = self.peak_raw.max(other.peak_raw);
         self.peak_forwarded = self.peak_forwarded.max(other.peak_forwarded);
         self.usable_window = match (self.usable_window, other.usable_window) {
@@ -99,6 +103,12 @@ impl Metrics {
     /// `1 − ΣF/ΣR`.
     pub fn saved(&self) -> f64 {
         if self.tokens_raw == 0 { 0.0 } else { 1.0 - self.tokens_forwarded as f64 / self.tokens_raw as f64 }
+    }
+
+    /// The most any compaction may save under the invariants: `1 − Σfloor/ΣR`, the floor being
+    /// each request's first system message, user messages, protected tail and tools.
+    pub fn ceiling(&self) -> f64 {
+        if self.tokens_raw == 0 { 0.0 } else { 1.0 - self.tokens_floor as f64 / self.tokens_raw as f64 }
     }
 
     /// Uncached prefill of F over that of R.
@@ -244,9 +254,11 @@ pub fn evaluate_session(
         }
 
         let boundary = engine.compact(raw, &CompactOptions::default(), counter).boundary.min(raw.messages.len());
+        let floor = floor_tokens(&raw_p, boundary);
+        m.tokens_floor += floor;
         if fwd_p.total > usable {
             m.over_window += 1;
-            if floor_tokens(&raw_p, boundary) <= usable {
+            if floor <= usable {
                 m.over_window_fitting += 1;
             }
         }
@@ -440,48 +452,64 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
     for call in reply.tool_calls.iter().flatten() {
         if let Some(f) = &call.function {
             // Arguments are JSON text on the wire: read the strings inside, not their escapes.
-            match &f.arguments {
-                Value::String(s) => match serde_json::from_str::<Value>(s) {
-                    Ok(decoded) => push_strings(&decoded, &mut reply_text),
-                    Err(_) => reply_text.push_str(s),
-                },
-                other => push_strings(other, &mut reply_text),
-            }
-            reply_text.push('\n');
+            push_strings(&f.arguments, &mut reply_text);
         }
     }
+    // Compare decoded text, never JSON bytes: in `"line\nNow"` the bytes hold a spurious `nNow`.
     let (mut tool_text, mut other_text) = (String::new(), String::new());
     for m in &raw.messages {
         let text = m.get();
-        if role_of(text) == "tool" {
-            tool_text.push_str(text);
-        } else {
-            other_text.push_str(text);
-        }
+        let out = if role_of(text) == "tool" { &mut tool_text } else { &mut other_text };
+        push_decoded(text, out);
     }
     if let Some(tools) = raw.field("tools") {
-        other_text.push_str(tools.get());
+        push_decoded(tools.get(), &mut other_text);
+    }
+    let mut forwarded = String::new();
+    for m in fwd {
+        push_decoded(m.as_ref(), &mut forwarded);
     }
     let mut needles = 0;
     let mut kept = 0;
     for id in identifiers(re, &reply_text) {
-        let escaped = id.replace('/', "\\/");
-        let occurs = |hay: &str| hay.contains(&id) || hay.contains(&escaped);
-        if !occurs(&tool_text) || occurs(&other_text) {
+        if !tool_text.contains(&id) || other_text.contains(&id) {
             continue;
         }
         needles += 1;
-        kept += fwd.iter().any(|m| occurs(m.as_ref())) as u64;
+        kept += forwarded.contains(&id) as u64;
     }
     (needles, kept)
 }
 
-/// Every string (and number) inside a JSON value, newline-separated.
+/// The strings of a JSON text (see [`push_strings`]); a text that is not JSON is taken as it is.
+fn push_decoded(json: &str, out: &mut String) {
+    match serde_json::from_str::<Value>(json) {
+        Ok(value) => push_strings(&value, out),
+        Err(_) => {
+            out.push_str(json);
+            out.push('\n');
+        }
+    }
+}
+
+/// Every string (and number) inside a JSON value, newline-separated. A string that is itself a JSON
+/// object or array (tool-call arguments, Hermes-style results) is read through to its strings.
 fn push_strings(value: &Value, out: &mut String) {
     match value {
         Value::String(s) => {
-            out.push_str(s);
-            out.push('\n');
+            let nested = s
+                .trim_start()
+                .starts_with(['{', '['])
+                .then(|| serde_json::from_str::<Value>(s).ok())
+                .flatten()
+                .filter(|v| v.is_object() || v.is_array());
+            match nested {
+                Some(inner) => push_strings(&inner, out),
+                None => {
+                    out.push_str(s);
+                    out.push('\n');
+                }
+            }
         }
         Value::Number(n) => {
             out.push_str(&n.to_string());

@@ -21,7 +21,7 @@ pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-const HEADER: &str = "session                                   reqs   raw tok   fwd tok  saved  peak/usable   over fit-over  prefill F/R  recall   valid  kept  determ  epochs";
+const HEADER: &str = "session                                   reqs   raw tok   fwd tok  saved at most  peak/usable   over fit-over  prefill F/R  recall   valid  kept  determ  epochs";
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
@@ -31,11 +31,12 @@ fn row(out: &mut String, name: &str, m: &Metrics) {
     let name = if name.len() > 40 { format!("…{}", &name[name.len() - 39..]) } else { name.to_owned() };
     let _ = writeln!(
         out,
-        "{name:<41} {:>5} {:>9} {:>9} {:>6} {:>6}/{:<6} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
+        "{name:<41} {:>5} {:>9} {:>9} {:>6} {:>7} {:>6}/{:<6} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
         m.requests,
         m.tokens_raw,
         m.tokens_forwarded,
         pct(m.saved()),
+        pct(m.ceiling()),
         m.peak_forwarded,
         m.usable_window,
         m.over_window,
@@ -64,8 +65,9 @@ pub fn render_table(report: &CorpusReport) -> String {
     let t = &report.total;
     let _ = writeln!(
         out,
-        "\nsaved {} · peak {} of usable {} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
+        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · peak {} of usable {} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
         pct(t.saved()),
+        pct(t.ceiling()),
         t.peak_forwarded,
         t.usable_window,
         t.over_window,

@@ -76,6 +76,35 @@ fn needles_are_identifiers_seen_only_in_tool_outputs() {
 }
 
 #[test]
+fn needles_are_read_in_decoded_text_not_in_json_escapes() {
+    // A Hermes-style result: a JSON object in a string, whose output holds a newline. In the wire
+    // bytes that newline is `\\n`, so `nNow` appears in them; in the text it never does.
+    let result = json!({"output": "done\nNow at lib/core_util.py", "exit_code": 0}).to_string();
+    let conversation = vec![
+        json!({"role": "user", "content": "Go."}),
+        call("c1", "{\"command\":\"make\"}"),
+        tool("c1", &result),
+        json!({"role": "assistant", "content": "Fixed lib/core_util.py; the script printed \\nNow first."}),
+        json!({"role": "user", "content": "Thanks."}),
+        json!({"role": "assistant", "content": "Done."}),
+    ];
+    let m = eval("compaction:\n  mode: off\n", MaskEngine::new(1), &requests_of(&conversation), 100_000);
+    assert_eq!((m.needles, m.needles_kept), (1, 1), "only lib/core_util.py is a needle");
+}
+
+#[test]
+fn the_ceiling_is_what_the_invariants_leave_to_save() {
+    let requests = requests_of(&needle_session());
+    let off = eval("compaction:\n  mode: off\n", MaskEngine::new(1), &requests, 100_000);
+    let eager = eval("compaction:\n  mode: eager\nbudget:\n  polling: 1\n", MaskEngine::new(1), &requests, 100_000);
+    // The floor is read from the raw requests: the mode does not change it.
+    assert_eq!(off.tokens_floor, eager.tokens_floor);
+    assert!(off.tokens_floor < off.tokens_raw, "the masked tool output is outside the floor");
+    assert!(0.0 < off.ceiling() && off.ceiling() < 1.0);
+    assert!(eager.saved() > 0.0 && eager.saved() <= eager.ceiling());
+}
+
+#[test]
 fn uncached_prefill_of_an_append_only_session_is_its_last_request() {
     let requests = requests_of(&needle_session());
     let m = eval("compaction:\n  mode: off\n", MaskEngine::new(1), &requests, 100_000);
