@@ -87,8 +87,12 @@ fn large_request() -> Vec<u8> {
 }
 
 fn compact_bytes(engine: &Engine, body: &[u8], target: Option<u64>, counter: &dyn CountTokens) -> Vec<u8> {
+    compact_with(engine, body, &CompactOptions { target_tokens: target, ..Default::default() }, counter)
+}
+
+fn compact_with(engine: &Engine, body: &[u8], options: &CompactOptions, counter: &dyn CountTokens) -> Vec<u8> {
     let parsed = ChatBody::parse(body).unwrap();
-    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target }, counter);
+    let out = engine.compact(&parsed, options, counter);
     let mut messages = out.prefix;
     messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
     parsed.to_vec_with_messages(&messages)
@@ -101,6 +105,8 @@ fn bench(c: &mut Criterion) {
     let tiktoken = TokenCounter::new(&CounterConfig::default());
     let raw_tokens: u64 = ChatBody::parse(&body).unwrap().messages.iter().map(|m| tiktoken.message(m.get())).sum();
     let out = compact_bytes(&engine, &body, None, &tiktoken);
+    let one_thread = CompactOptions { single_thread: true, ..Default::default() };
+    assert_eq!(out, compact_with(&engine, &body, &one_thread, &tiktoken), "one thread or all cores: same bytes");
     let out_tokens: u64 = ChatBody::parse(&out).unwrap().messages.iter().map(|m| tiktoken.message(m.get())).sum();
     eprintln!(
         "request: {} bytes, {n_messages} messages, {raw_tokens} tokens (o200k) → rules: {} bytes, {out_tokens} tokens",
@@ -120,6 +126,10 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("pare parse + rules + serialize", |b| {
         b.iter(|| black_box(compact_bytes(&engine, black_box(&body), None, &QuarterCounter)))
+    });
+    let one_thread = CompactOptions { single_thread: true, ..Default::default() };
+    group.bench_function("pare parse + rules + serialize, one thread", |b| {
+        b.iter(|| black_box(compact_with(&engine, black_box(&body), &one_thread, &QuarterCounter)))
     });
     group.bench_function("pare parse + rules + serialize, warm tiktoken cache", |b| {
         b.iter(|| black_box(compact_bytes(&engine, black_box(&body), None, &tiktoken)))

@@ -337,7 +337,7 @@ impl SessionCompactor {
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
             Mode::Eager => {
-                let options = CompactOptions { target_tokens: over.then_some(target) };
+                let options = CompactOptions { target_tokens: over.then_some(target), ..Default::default() };
                 self.attempt(request, &candidate, &options, counter)
             }
         };
@@ -349,7 +349,7 @@ impl SessionCompactor {
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
             _ => {
-                let options = CompactOptions { target_tokens: over.then_some(target) };
+                let options = CompactOptions { target_tokens: over.then_some(target), ..Default::default() };
                 let out = self.engine.compact(request.body, &options, counter);
                 (out.boundary.min(request.raw.len()), out.prefix, out.report)
             }
@@ -388,7 +388,7 @@ impl SessionCompactor {
     ) -> Option<Attempt> {
         let bytes = request.body.to_vec_with_messages(candidate);
         let body = ChatBody::parse(&bytes).ok()?;
-        let with_target = CompactOptions { target_tokens: Some(target) };
+        let with_target = CompactOptions { target_tokens: Some(target), ..Default::default() };
         let (whole, sources) = self.engine.compact_traced(&body, &with_target, counter);
         let boundary = whole.boundary.min(candidate.len());
         if whole.fitted || sources.len() != whole.prefix.len() {

@@ -39,7 +39,8 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         let usable = window.saturating_sub(answer_reserve(&body, settings.output_reserve, window));
         (usable as f64 * config.budget.low_water) as u64
     });
-    let (out, sources) = engine.compact_traced(&body, &CompactOptions { target_tokens }, &counter);
+    let (out, sources) =
+        engine.compact_traced(&body, &CompactOptions { target_tokens, ..Default::default() }, &counter);
     let mut messages = out.prefix.clone();
     messages.extend(body.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
     let forwarded = body.to_vec_with_messages(&messages);

@@ -2,9 +2,10 @@
 //! (an assistant message with `tool_calls` and all the tool messages answering it, kept, rewritten or
 //! elided together), and one [`Call`] per tool call with its result's outcome.
 
-use std::cell::OnceCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
+use rayon::prelude::*;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -67,9 +68,16 @@ pub struct Conversation<'a> {
     pub first_system: Option<usize>,
     /// Each tool result's [`CallFacts`], computed the first time a rule asks (several rules and the
     /// tiers may ask for the same message).
-    facts: Vec<OnceCell<CallFacts>>,
-    names: Vec<OnceCell<Vec<String>>>,
+    facts: Vec<OnceLock<CallFacts>>,
+    names: Vec<OnceLock<Vec<String>>>,
+    /// Large enough that per-message work is worth spreading over the rayon pool.
+    parallel: bool,
 }
+
+/// From this many bytes of messages on, per-message work (parsing, reading results, structural maps,
+/// markers) runs on all cores: a 256 KiB conversation takes over a millisecond on one, far above
+/// the pool's cost of a few microseconds per batch. Smaller ones stay on the calling thread.
+pub const PARALLEL_BYTES: usize = 128 * 1024;
 
 impl<'a> Conversation<'a> {
     pub fn analyse(
@@ -77,15 +85,23 @@ impl<'a> Conversation<'a> {
         protect_last_turns: u32,
         key_arguments: &[String],
         success: &SuccessPolicy,
+        may_parallelize: bool,
     ) -> Conversation<'a> {
-        let msgs: Vec<Option<Message>> = raw.iter().map(|m| Message::from_raw(m).ok()).collect();
+        let parallel = may_parallelize && raw.iter().map(|m| m.get().len()).sum::<usize>() >= PARALLEL_BYTES;
+        // Parse each message and read each tool result's outcome: independent per message.
+        let read = |m: &&RawValue| {
+            let msg = Message::from_raw(m).ok();
+            let outcome = msg.as_ref().filter(|m| m.role == "tool").map(|m| success.read_owned(m.text()));
+            (msg, outcome)
+        };
+        let (msgs, outcomes): (Vec<Option<Message>>, Vec<Option<Outcome>>) =
+            if parallel { raw.par_iter().map(read).unzip() } else { raw.iter().map(read).unzip() };
         let boundary = boundary(&msgs, protect_last_turns);
         let first_system = msgs.iter().position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
 
         let mut calls = Vec::new();
         let mut by_id: HashMap<&str, usize> = HashMap::new();
         let mut call_of_result = vec![None; msgs.len()];
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; msgs.len()];
         for (idx, m) in msgs.iter().enumerate() {
             let Some(m) = m else { continue };
             if m.role == "assistant" {
@@ -104,7 +120,6 @@ impl<'a> Conversation<'a> {
                     calls[c].result = Some(idx);
                     call_of_result[idx] = Some(c);
                 }
-                outcomes[idx] = Some(success.read_owned(m.text()));
             }
         }
 
@@ -130,9 +145,31 @@ impl<'a> Conversation<'a> {
             groups.push(Group { start: idx, end, kind });
             idx = end;
         }
-        let facts = (0..msgs.len()).map(|_| OnceCell::new()).collect();
-        let names = (0..msgs.len()).map(|_| OnceCell::new()).collect();
-        Conversation { raw, msgs, boundary, groups, calls, call_of_result, outcomes, first_system, facts, names }
+        let facts = (0..msgs.len()).map(|_| OnceLock::new()).collect();
+        let names = (0..msgs.len()).map(|_| OnceLock::new()).collect();
+        Conversation {
+            raw,
+            msgs,
+            boundary,
+            groups,
+            calls,
+            call_of_result,
+            outcomes,
+            first_system,
+            facts,
+            names,
+            parallel,
+        }
+    }
+
+    /// `f` over `indices`, in order: on the rayon pool for a large conversation, else on this thread.
+    /// `f` must be a pure function of the conversation (the facts it computes are memoized).
+    pub fn map_indices<T: Send>(&self, indices: &[usize], f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+        if self.parallel {
+            indices.par_iter().map(|&i| f(i)).collect()
+        } else {
+            indices.iter().map(|&i| f(i)).collect()
+        }
     }
 
     /// The facts about a tool result at message `idx` (a tool message), computed once.
@@ -300,7 +337,7 @@ mod tests {
         let refs: Vec<&RawValue> = owned.iter().map(|b| b.as_ref()).collect();
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::compact::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&refs, 1, &keys, &policy);
+        let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
         assert_eq!(conv.boundary, 7);
         let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
         assert_eq!(
@@ -318,9 +355,9 @@ mod tests {
         assert_eq!(f.status, "error");
         assert_eq!(f.first_error.as_deref(), Some("KeyError: 'k'"));
         assert_eq!(conv.facts(3).files, vec!["x.py".to_string()]);
-        assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy).boundary, 2);
-        assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy).boundary, 0);
-        assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy).boundary, 8);
+        assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy, true).boundary, 2);
+        assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy, true).boundary, 0);
+        assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy, true).boundary, 8);
     }
 
     #[test]

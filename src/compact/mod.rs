@@ -53,6 +53,10 @@ pub type EngineConfigError = PackError;
 pub struct CompactOptions {
     /// Token target for the whole forwarded request (messages + tools). `None`: rules only.
     pub target_tokens: Option<u64>,
+    /// Keep all the work on the calling thread. By default a conversation of
+    /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
+    /// (same output either way).
+    pub single_thread: bool,
 }
 
 /// What [`Engine::compact`] produces.
@@ -158,6 +162,7 @@ impl Engine {
             policy.spec.protect_last_turns,
             &policy.spec.key_arguments,
             &policy.success,
+            !opts.single_thread,
         );
         let mut report = Report {
             pack: policy.name.clone(),
@@ -251,28 +256,32 @@ fn skeleton_of(m: &crate::wire::Message) -> Skeleton {
 /// Render every changed message; revert any edit that does not save tokens (invariant 4), and
 /// share each message's token saving among the rules that changed it.
 fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountTokens) -> Vec<Option<String>> {
+    let changed: Vec<usize> = (0..conv.boundary).filter(|&i| !edits.dropped[i] && edits.changed(i)).collect();
+    // Rendering and counting are independent per message: a pure function of the edits so far.
+    let outcomes = {
+        let edits = &*edits;
+        conv.map_indices(&changed, |idx| {
+            let text = edits.render(conv, idx);
+            let raw = conv.raw[idx].get();
+            if text == raw {
+                return None;
+            }
+            let (before, after) = (counter.message(raw), counter.message(&text));
+            (after < before).then(|| (before - after, text))
+        })
+    };
     let mut rendered: Vec<Option<String>> = vec![None; conv.boundary];
-    for (idx, slot) in rendered.iter_mut().enumerate() {
-        if edits.dropped[idx] {
-            edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64;
-            continue;
+    for idx in (0..conv.boundary).filter(|&i| edits.dropped[i]) {
+        edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64;
+    }
+    for (idx, outcome) in changed.into_iter().zip(outcomes) {
+        match outcome {
+            Some((saved, text)) => {
+                edits.tokens_saved[idx] = saved as i64;
+                rendered[idx] = Some(text);
+            }
+            None => edits.revert(idx),
         }
-        if !edits.changed(idx) {
-            continue;
-        }
-        let text = edits.render(conv, idx);
-        if text == conv.raw[idx].get() {
-            edits.revert(idx);
-            continue;
-        }
-        let before = counter.message(conv.raw[idx].get());
-        let after = counter.message(&text);
-        if after >= before {
-            edits.revert(idx);
-            continue;
-        }
-        edits.tokens_saved[idx] = before as i64 - after as i64;
-        *slot = Some(text);
     }
     rendered
 }

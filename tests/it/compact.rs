@@ -26,7 +26,7 @@ fn engine(pack: &str, overrides: Value) -> Engine {
 /// Compact a body; returns the forwarded body and the engine's result.
 pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compacted) {
     let parsed = ChatBody::parse(body).expect("fixture parses");
-    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
+    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target, ..Default::default() }, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
     messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
@@ -126,6 +126,42 @@ fn golden_outputs_are_idempotent_and_deterministic() {
                 "{input} × {pack}: compacting the output changed it: {}",
                 report.report
             );
+        }
+    }
+}
+
+#[test]
+fn a_large_request_compacts_the_same_on_one_thread_and_on_all_cores() {
+    // The corpus fixtures one after another (each keeps its own tool-call pairing), repeated until
+    // the messages pass the size from which per-message work runs on the rayon pool.
+    let mut messages: Vec<Value> = Vec::new();
+    let mut bytes = 0;
+    while bytes < pare::compact::conversation::PARALLEL_BYTES + 64 * 1024 {
+        for input in GOLDEN_INPUTS {
+            let body: Value =
+                serde_json::from_slice(&std::fs::read(fixtures().join(format!("{input}.json"))).unwrap()).unwrap();
+            for m in body["messages"].as_array().unwrap() {
+                bytes += m.to_string().len();
+                messages.push(m.clone());
+            }
+        }
+    }
+    let body = build::body(&messages);
+    let parsed = ChatBody::parse(&body).unwrap();
+    for (pack, _) in BUILTIN_PACKS {
+        let engine = engine(pack, json!({}));
+        for target in [None, Some(20_000)] {
+            let all_cores = engine.compact(
+                &parsed,
+                &CompactOptions { target_tokens: target, ..Default::default() },
+                &QuarterCounter,
+            );
+            let one = CompactOptions { target_tokens: target, single_thread: true };
+            let one_thread = engine.compact(&parsed, &one, &QuarterCounter);
+            assert!(all_cores.report["tokens_saved"].as_i64().unwrap_or(0) > 0, "{pack}: the rules saved nothing");
+            assert_eq!(all_cores.prefix, one_thread.prefix, "{pack}, target {target:?}");
+            assert_eq!(all_cores.report, one_thread.report, "{pack}, target {target:?}");
+            assert_eq!(all_cores.fitted, one_thread.fitted);
         }
     }
 }
@@ -1138,7 +1174,11 @@ fn check_generated(
     let engine = engine(pack, json!({"protect_last_turns": turns}));
     let input = body(msgs);
     let parsed = ChatBody::parse(&input).unwrap();
-    let (result, sources) = engine.compact_traced(&parsed, &CompactOptions { target_tokens: target }, &QuarterCounter);
+    let (result, sources) = engine.compact_traced(
+        &parsed,
+        &CompactOptions { target_tokens: target, ..Default::default() },
+        &QuarterCounter,
+    );
     prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
     prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
     let (out, again) = run(&engine, &input, target);

@@ -8,16 +8,20 @@ use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.collapse_succeeded;
-    let candidates: Vec<usize> = super::open_results(conv, edits).collect();
-    for idx in candidates {
-        let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
-        if !outcome.status.is_ok() || outcome.text.len() < rule.min_chars {
-            continue;
+    let candidates: Vec<usize> = super::open_results(conv, edits)
+        .filter(|&idx| {
+            let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
+            outcome.status.is_ok() && outcome.text.len() >= rule.min_chars
+        })
+        .collect();
+    // Facts and markers read each result's text: the costly part, independent per result.
+    let markers = conv.map_indices(&candidates, |idx| {
+        let excepted = policy.collapse_except.iter().any(|re| re.is_match(&conv.facts(idx).tool));
+        (!excepted).then(|| conv.render_marker(idx, &rule.template))
+    });
+    for (idx, marker) in candidates.into_iter().zip(markers) {
+        if let Some(marker) = marker {
+            edits.set_marker(conv, idx, RuleId::CollapseSucceeded, marker);
         }
-        let facts = conv.facts(idx);
-        if policy.collapse_except.iter().any(|re| re.is_match(&facts.tool)) {
-            continue;
-        }
-        edits.set_marker(conv, idx, RuleId::CollapseSucceeded, conv.render_marker(idx, &rule.template));
     }
 }

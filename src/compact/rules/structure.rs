@@ -30,42 +30,47 @@ fn read_path(arguments: &str) -> Option<String> {
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.structure;
-    let candidates: Vec<usize> = super::open_results(conv, edits).collect();
-    for idx in candidates {
-        let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
-        if !outcome.status.is_ok() || outcome.text.len() < rule.min_chars {
-            continue;
-        }
-        let Some(call) = conv.call_of_result[idx].map(|c| &conv.calls[c]) else {
-            continue;
-        };
-        let Some(path) = read_path(&call.arguments) else {
-            continue;
-        };
-        let Some(language) = Language::of_path(&path) else {
-            continue;
-        };
-        let entries = outline(language, &outcome.text, rule.max_depth);
-        if entries.is_empty() {
-            continue;
-        }
-        let n_lines = line_count(&outcome.text);
-        let n_chars = outcome.text.chars().count();
-        let body = super::super::outline::render(&entries, rule.max_entries);
-        let header = render(&rule.template, &|name| match name {
-            "path" => Some(path.clone()),
-            // Identifiers of the body that the map does not already show.
-            "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[&body, &path]))),
-            "lines" => Some(group_digits(n_lines)),
-            "chars" => Some(group_digits(n_chars)),
-            "language" => Some(language.name().to_owned()),
-            _ => conv.fact(idx, name),
-        });
-        let map = format!("{header}\n{body}");
-        if map.len() < outcome.text.len() {
+    let candidates: Vec<usize> = super::open_results(conv, edits)
+        .filter(|&idx| {
+            let outcome = conv.outcomes[idx].as_ref().expect("open results have an outcome");
+            outcome.status.is_ok() && outcome.text.len() >= rule.min_chars
+        })
+        .collect();
+    // Outlining reads the whole body: the costly part, independent per result.
+    let maps = conv.map_indices(&candidates, |idx| map_of(policy, conv, idx));
+    for (idx, map) in candidates.into_iter().zip(maps) {
+        if let Some(map) = map {
             edits.set_marker(conv, idx, RuleId::Structure, map);
         }
     }
+}
+
+/// The structural map standing for tool result `idx`, when it is a read of a source file whose
+/// outline is shorter than the body.
+fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String> {
+    let rule = &policy.spec.structure;
+    let outcome = conv.outcomes[idx].as_ref()?;
+    let call = conv.call_of_result[idx].map(|c| &conv.calls[c])?;
+    let path = read_path(&call.arguments)?;
+    let language = Language::of_path(&path)?;
+    let entries = outline(language, &outcome.text, rule.max_depth);
+    if entries.is_empty() {
+        return None;
+    }
+    let n_lines = line_count(&outcome.text);
+    let n_chars = outcome.text.chars().count();
+    let body = super::super::outline::render(&entries, rule.max_entries);
+    let header = render(&rule.template, &|name| match name {
+        "path" => Some(path.clone()),
+        // Identifiers of the body that the map does not already show.
+        "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[&body, &path]))),
+        "lines" => Some(group_digits(n_lines)),
+        "chars" => Some(group_digits(n_chars)),
+        "language" => Some(language.name().to_owned()),
+        _ => conv.fact(idx, name),
+    });
+    let map = format!("{header}\n{body}");
+    (map.len() < outcome.text.len()).then_some(map)
 }
 
 #[cfg(test)]
