@@ -114,6 +114,8 @@ fn bench(c: &mut Criterion) {
         out.len()
     );
 
+    interleaved_threads(&engine, &body);
+
     let mut group = c.benchmark_group("850KB request");
     group.bench_function("serde_json parse + serialize (Value)", |b| {
         b.iter(|| {
@@ -138,6 +140,34 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(compact_bytes(&engine, black_box(&body), Some(50_000), &QuarterCounter)))
     });
     group.finish();
+}
+
+/// One thread against all cores, run alternately (so that both see the same machine load) for a
+/// bounded number of pairs; prints each side's median and the ratio of medians.
+fn interleaved_threads(engine: &Engine, body: &[u8]) {
+    const PAIRS: usize = 300;
+    let all = CompactOptions::default();
+    let one = CompactOptions { single_thread: true, ..Default::default() };
+    let time = |options: &CompactOptions| {
+        let start = std::time::Instant::now();
+        black_box(compact_with(engine, black_box(body), options, &QuarterCounter));
+        start.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut one_ms, mut all_ms) = (Vec::with_capacity(PAIRS), Vec::with_capacity(PAIRS));
+    for _ in 0..PAIRS {
+        one_ms.push(time(&one));
+        all_ms.push(time(&all));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (one_med, all_med) = (median(&mut one_ms), median(&mut all_ms));
+    eprintln!(
+        "interleaved, {PAIRS} pairs, {} rayon threads: one thread median {one_med:.2} ms, all cores median {all_med:.2} ms, ratio {:.2}",
+        rayon::current_num_threads(),
+        all_med / one_med
+    );
 }
 
 criterion_group!(benches, bench);

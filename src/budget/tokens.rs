@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lru::LruCache;
+use rayon::prelude::*;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_128;
@@ -145,16 +146,11 @@ pub struct TokenCounter {
     /// collide in practice (128-bit hashes), and both are keyed by their exact bytes.
     cache: Mutex<LruCache<u128, u64>>,
     tokenizations: AtomicU64,
-    /// Threads [`TokenCounter::count_uncached`] may use (the machine's parallelism, at most
-    /// [`MAX_COUNT_THREADS`]).
-    threads: usize,
 }
 
-/// Most threads one batch of uncached messages is spread over.
-pub const MAX_COUNT_THREADS: usize = 4;
-/// Uncached bytes that make one more thread worth starting (≈ 16k tokens, about 1.5 ms of work
-/// against ≈ 30 µs to start a thread).
-pub const BYTES_PER_COUNT_THREAD: usize = 64 * 1024;
+/// Uncached bytes from which [`TokenCounter::count_uncached`] counts a batch on the rayon pool
+/// (≈ 32k tokens, about 3 ms of work on one core); a smaller batch is counted on demand.
+pub const PARALLEL_COUNT_BYTES: usize = 128 * 1024;
 
 impl std::fmt::Debug for TokenCounter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,15 +169,14 @@ impl TokenCounter {
             image_tokens: config.image_tokens,
             cache: Mutex::new(LruCache::new(capacity)),
             tokenizations: AtomicU64::new(0),
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_COUNT_THREADS),
         }
     }
 
-    /// Count every message of `messages` that is not cached yet, spreading a large batch over
-    /// threads; later [`CountTokens::message`] calls then hit the cache. A cold request (a restart, a
-    /// new session) tokenizes its whole history at once: that is the one place where counting is
-    /// long enough (≈ 20 ms for 200k tokens) to be worth splitting. A small batch is left to be
-    /// counted on demand; a thread that cannot start leaves its share to be counted the same way.
+    /// Count every message of `messages` that is not cached yet, on all cores (the rayon pool);
+    /// later [`CountTokens::message`] calls then hit the cache. A cold request (a restart, a new
+    /// session) tokenizes its whole history at once: that is the one place where counting is long
+    /// enough (≈ 20 ms for 200k tokens) to be worth splitting. A batch under
+    /// [`PARALLEL_COUNT_BYTES`] is left to be counted on demand.
     pub fn count_uncached<M: AsRef<str> + Sync>(&self, messages: &[M]) {
         // Hash before taking the lock: other sessions count through the same cache meanwhile.
         let hashed: Vec<(u128, &str)> =
@@ -191,44 +186,10 @@ impl TokenCounter {
             let mut seen = std::collections::HashSet::new();
             hashed.into_iter().filter(|(key, _)| !cache.contains(key) && seen.insert(*key)).collect()
         };
-        let bytes: usize = todo.iter().map(|(_, m)| m.len()).sum();
-        let threads = self.threads.min(bytes / BYTES_PER_COUNT_THREAD);
-        if threads < 2 {
+        if todo.len() < 2 || todo.iter().map(|(_, m)| m.len()).sum::<usize>() < PARALLEL_COUNT_BYTES {
             return;
         }
-        let share = bytes.div_ceil(threads);
-        let mut chunks: Vec<&[(u128, &str)]> = Vec::with_capacity(threads);
-        let (mut start, mut size) = (0, 0);
-        for (i, (_, m)) in todo.iter().enumerate() {
-            size += m.len();
-            if size >= share {
-                chunks.push(&todo[start..=i]);
-                (start, size) = (i + 1, 0);
-            }
-        }
-        if start < todo.len() {
-            chunks.push(&todo[start..]);
-        }
-        if chunks.len() < 2 {
-            return; // one huge message: nothing to split
-        }
-        let count = |chunk: &[(u128, &str)]| -> Vec<(u128, u64)> {
-            chunk.iter().map(|(key, m)| (*key, self.count_message(m))).collect()
-        };
-        let counted: Vec<(u128, u64)> = std::thread::scope(|scope| {
-            let (first, rest) = chunks.split_first().expect("at least two chunks");
-            let handles: Vec<_> = rest
-                .iter()
-                .map(|chunk| std::thread::Builder::new().name("pare-count".into()).spawn_scoped(scope, || count(chunk)))
-                .collect();
-            let mut counted = count(first);
-            for handle in handles {
-                if let Ok(Ok(part)) = handle.map(|h| h.join()) {
-                    counted.extend(part);
-                }
-            }
-            counted
-        });
+        let counted: Vec<(u128, u64)> = todo.par_iter().map(|(key, m)| (*key, self.count_message(m))).collect();
         self.tokenizations.fetch_add(counted.len() as u64, Ordering::Relaxed);
         let mut cache = self.lock();
         for (key, n) in counted {
@@ -358,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_large_batch_counted_on_threads_matches_counting_one_by_one() {
-        // Distinct messages, several times BYTES_PER_COUNT_THREAD in all, plus a repeated one.
+        // Distinct messages, over PARALLEL_COUNT_BYTES in all, plus a repeated one.
         let messages: Vec<String> = (0..400)
             .map(|i| {
                 let text =
@@ -368,11 +329,11 @@ mod tests {
             })
             .chain(std::iter::once(r#"{"role":"user","content":"again"}"#.to_owned()).cycle().take(3))
             .collect();
-        assert!(messages.iter().map(String::len).sum::<usize>() > 4 * BYTES_PER_COUNT_THREAD);
+        assert!(messages.iter().map(String::len).sum::<usize>() > PARALLEL_COUNT_BYTES);
         let one_by_one = counter();
         let expected: Vec<u64> = messages.iter().map(|m| one_by_one.message(m)).collect();
 
-        let batched = TokenCounter { threads: 3, ..counter() };
+        let batched = counter();
         batched.count_uncached(&messages);
         assert_eq!(batched.tokenizations(), 401, "each distinct message tokenized once");
         let got: Vec<u64> = messages.iter().map(|m| batched.message(m)).collect();
@@ -385,7 +346,7 @@ mod tests {
 
     #[test]
     fn a_small_batch_is_left_to_be_counted_on_demand() {
-        let c = TokenCounter { threads: 4, ..counter() };
+        let c = counter();
         c.count_uncached(&[r#"{"role":"user","content":"hi"}"#]);
         assert_eq!(c.tokenizations(), 0);
     }

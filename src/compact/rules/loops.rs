@@ -19,6 +19,8 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     }
     let mut keys: Vec<_> = occurrences.keys().copied().collect();
     keys.sort_unstable();
+    // (result, repetition, total) of every earlier occurrence to replace.
+    let mut repeats: Vec<(usize, usize, usize)> = Vec::new();
     for key in keys {
         let list = &occurrences[&key];
         if list.len() < rule.min_repeats as usize {
@@ -27,15 +29,22 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let total = list.len();
         for (k, &c) in list[..total - 1].iter().enumerate() {
             let idx = conv.calls[c].result.expect("only answered calls are listed");
-            if idx >= conv.boundary || !edits.open(idx) {
-                continue;
+            if idx < conv.boundary && edits.open(idx) {
+                repeats.push((idx, k + 1, total));
             }
-            let marker = render(&rule.template, &|name| match name {
-                "k" => Some((k + 1).to_string()),
-                "total" => Some(total.to_string()),
-                other => conv.fact(idx, other),
-            });
-            edits.set_marker(conv, idx, RuleId::Loops, marker);
         }
+    }
+    // The markers read each result's facts: independent per result.
+    let indices: Vec<usize> = (0..repeats.len()).collect();
+    let markers = conv.map_indices(&indices, |n| {
+        let (idx, k, total) = repeats[n];
+        render(&rule.template, &|name| match name {
+            "k" => Some(k.to_string()),
+            "total" => Some(total.to_string()),
+            other => conv.fact(idx, other),
+        })
+    });
+    for ((idx, _, _), marker) in repeats.into_iter().zip(markers) {
+        edits.set_marker(conv, idx, RuleId::Loops, marker);
     }
 }
