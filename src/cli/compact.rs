@@ -117,9 +117,55 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
     s
 }
 
+/// What `--diff` shows of a message: its text, then each tool call as `→ name(arguments)`, and the
+/// size of its reasoning, on one line.
+fn shown(raw: &str) -> String {
+    let Ok(m) = serde_json::from_str::<Message>(raw) else {
+        return raw.replace('\n', "⏎");
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let text = m.text();
+    if !text.is_empty() {
+        parts.push(text);
+    }
+    for call in m.tool_calls.iter().flatten() {
+        if let Some(f) = &call.function {
+            let arguments = match &f.arguments {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            parts.push(format!("→ {}({arguments})", f.name));
+        }
+    }
+    for reasoning in [&m.reasoning_content, &m.reasoning].into_iter().flatten() {
+        let chars = reasoning.as_str().map_or_else(|| reasoning.to_string().chars().count(), |r| r.chars().count());
+        parts.push(format!("[reasoning: {chars} chars]"));
+    }
+    parts.join(" ").replace('\n', "⏎")
+}
+
+/// Width of a `--diff` line.
+const PREVIEW_CHARS: usize = 240;
+
 fn preview(raw: &str) -> String {
-    let text = serde_json::from_str::<Message>(raw).ok().map(|m| m.text()).unwrap_or_else(|| raw.to_owned());
-    shorten(&text.replace('\n', "⏎"), 240)
+    shorten(&shown(raw), PREVIEW_CHARS)
+}
+
+/// `--diff` lines for a changed message: when the change lies beyond the first line's width (an
+/// argument elided after its head lines, a result truncated), both sides start a little before the
+/// first character that differs, so that the change is what is shown.
+fn previews(before: &str, after: &str) -> (String, String) {
+    let (before, after) = (shown(before), shown(after));
+    let common = before.chars().zip(after.chars()).take_while(|(a, b)| a == b).count();
+    let start = common.saturating_sub(PREVIEW_CHARS / 4);
+    let window = |s: &str| {
+        if start == 0 || common < PREVIEW_CHARS * 3 / 4 {
+            return shorten(s, PREVIEW_CHARS);
+        }
+        let rest: String = s.chars().skip(start).collect();
+        format!("…{}", shorten(&rest, PREVIEW_CHARS))
+    };
+    (window(&before), window(&after))
 }
 
 fn role(raw: &str) -> String {
@@ -136,15 +182,14 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
             Source::Edited(idx) => {
                 covered[idx] = true;
                 let before = body.messages[idx].get();
+                let (minus, plus) = previews(before, entry);
                 entries.push((
                     idx,
                     format!(
-                        "#{idx} {} ({} → {} bytes)\n  - {}\n  + {}\n",
+                        "#{idx} {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
                         role(before),
                         before.len(),
-                        entry.len(),
-                        preview(before),
-                        preview(entry)
+                        entry.len()
                     ),
                 ));
             }
@@ -165,4 +210,32 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
     }
     entries.sort_by_key(|(idx, _)| *idx);
     entries.into_iter().map(|(_, e)| e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn previews_start_near_a_change_beyond_the_first_line() {
+        let head: String = (1..=30).map(|i| format!("line {i} of the output\n")).collect();
+        let before = serde_json::json!({"role": "tool", "content": format!("{head}tail A\ntail B\n")}).to_string();
+        let after =
+            serde_json::json!({"role": "tool", "content": format!("{head}[...truncated 2 lines...]")}).to_string();
+        let (minus, plus) = previews(&before, &after);
+        assert!(minus.starts_with('…') && plus.starts_with('…'), "{minus} / {plus}");
+        assert!(minus.contains("tail A") && plus.contains("[...truncated 2 lines...]"), "{minus} / {plus}");
+        assert!(!plus.contains("line 1 of"), "{plus}");
+
+        // A change within the first line's width: both sides from the start.
+        let short_before = serde_json::json!({"role": "tool", "content": "status: ok, 3 files"}).to_string();
+        let short_after = serde_json::json!({"role": "tool", "content": "[tool: ls → ok]"}).to_string();
+        assert_eq!(previews(&short_before, &short_after), ("status: ok, 3 files".into(), "[tool: ls → ok]".into()));
+    }
+
+    #[test]
+    fn shown_lists_calls_and_reasoning() {
+        let m = r#"{"role":"assistant","content":null,"reasoning_content":"thinking","tool_calls":[{"id":"a","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a.py\"}"}}]}"#;
+        assert_eq!(shown(m), r#"→ read_file({"path":"a.py"}) [reasoning: 8 chars]"#);
+    }
 }

@@ -765,6 +765,26 @@ fn cli_compacts_a_real_request_and_reports_per_rule() {
 }
 
 #[test]
+fn cli_diff_shows_a_change_to_tool_call_arguments() {
+    // Only the old call's arguments change (its result is a short success, kept): the diff must show
+    // the call, and the elision marker in it, not an empty text.
+    let mut messages = vec![user("write the module"), call("w1", "terminal", json!({"command": heredoc("src/m.py")}))];
+    messages.push(result("w1", "ok"));
+    for i in 0..6 {
+        messages.push(call(&format!("l{i}"), "terminal", json!({"command": format!("ls dir_{i}")})));
+        messages.push(result(&format!("l{i}"), "a.py"));
+    }
+    let out = pare_compact(&["--diff", "-"], &build::body(&with_tail(messages)));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    let at = lines.iter().position(|l| l.starts_with("#1 assistant")).unwrap_or_else(|| panic!("{stderr}"));
+    let (minus, plus) = (lines[at + 1], lines[at + 2]);
+    assert!(minus.starts_with("  - → terminal(") && minus.contains("value_7 = compute(7)"), "{stderr}");
+    assert!(plus.starts_with("  + → terminal(") && plus.contains("[pare: 36 lines"), "{stderr}");
+}
+
+#[test]
 fn cli_window_enables_tiers_and_stdin_works() {
     let input = std::fs::read(fixtures().join("mini_swe_agent_sqlfluff.json")).unwrap();
     let out = pare_compact(&["--window", "3000", "--stats", "-"], &input);
