@@ -11,7 +11,10 @@
 //!   longest common message prefix with the previous request, against the same sum over `R`.
 //! - **needle recall**: identifiers (paths, IDs, names, numbers of 4+ digits) in the assistant's reply
 //!   to request k (the message that follows in request k+1) that before appeared only in tool outputs;
-//!   the share still present in `F_k`.
+//!   the share still present in `F_k`. Both sides are decoded text (the strings of each message, read
+//!   through tool-call arguments and JSON-shaped results), never JSON bytes.
+//! - **at most** `1 − Σfloor/ΣR`: what the invariants leave to save, the floor of a request being its
+//!   first system message, user messages, protected tail and tools.
 //! - **validity** (tool-call pairing, invariant 1), **preserved** (user messages and protected tail
 //!   byte-identical), **deterministic** (a second replay gives the same bytes).
 
