@@ -67,7 +67,7 @@ pub struct Conversation<'a> {
     pub outcomes: Vec<Option<Outcome>>,
     pub first_system: Option<usize>,
     /// Each tool result's [`CallFacts`], computed the first time a rule asks (several rules and the
-    /// tiers may ask for the same message).
+    /// tiers may ask for the same message), from whichever thread asks first.
     facts: Vec<OnceLock<CallFacts>>,
     names: Vec<OnceLock<Vec<String>>>,
     /// Large enough that per-message work is worth spreading over the rayon pool.
@@ -75,11 +75,14 @@ pub struct Conversation<'a> {
 }
 
 /// From this many bytes of messages on, per-message work (parsing, reading results, structural maps,
-/// markers) runs on all cores: a 256 KiB conversation takes over a millisecond on one, far above
-/// the pool's cost of a few microseconds per batch. Smaller ones stay on the calling thread.
+/// markers) runs on all cores: a 128 KiB conversation takes about a millisecond on one, well above
+/// the pool's cost of waking its threads (measured ≈ 25–35 µs per batch on the 2-vCPU test VM, and
+/// a compaction makes about six batches). Smaller ones stay on the calling thread.
 pub const PARALLEL_BYTES: usize = 128 * 1024;
 
 impl<'a> Conversation<'a> {
+    /// Parse and group the messages. With `may_parallelize`, a conversation of [`PARALLEL_BYTES`] or
+    /// more does its per-message work on the rayon pool (here and in [`Conversation::map_each`]).
     pub fn analyse(
         raw: &'a [&'a RawValue],
         protect_last_turns: u32,
@@ -162,14 +165,11 @@ impl<'a> Conversation<'a> {
         }
     }
 
-    /// `f` over `indices`, in order: on the rayon pool for a large conversation, else on this thread.
-    /// `f` must be a pure function of the conversation (the facts it computes are memoized).
-    pub fn map_indices<T: Send>(&self, indices: &[usize], f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
-        if self.parallel {
-            indices.par_iter().map(|&i| f(i)).collect()
-        } else {
-            indices.iter().map(|&i| f(i)).collect()
-        }
+    /// `f` over `items` (message indices, or per-message work items), results in order: on the rayon
+    /// pool for a large conversation, else on this thread. `f` must be a pure function of its item
+    /// and the conversation (the facts it computes are memoized).
+    pub fn map_each<I: Sync, T: Send>(&self, items: &[I], f: impl Fn(&I) -> T + Sync + Send) -> Vec<T> {
+        if self.parallel { items.par_iter().map(f).collect() } else { items.iter().map(f).collect() }
     }
 
     /// The facts about a tool result at message `idx` (a tool message), computed once.

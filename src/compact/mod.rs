@@ -260,7 +260,7 @@ fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountT
     // Rendering and counting are independent per message: a pure function of the edits so far.
     let outcomes = {
         let edits = &*edits;
-        conv.map_indices(&changed, |idx| {
+        conv.map_each(&changed, |&idx| {
             let text = edits.render(conv, idx);
             let raw = conv.raw[idx].get();
             if text == raw {

@@ -15,7 +15,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         })
         .collect();
     // Facts and markers read each result's text: the costly part, independent per result.
-    let markers = conv.map_indices(&candidates, |idx| {
+    let markers = conv.map_each(&candidates, |&idx| {
         let excepted = policy.collapse_except.iter().any(|re| re.is_match(&conv.facts(idx).tool));
         (!excepted).then(|| conv.render_marker(idx, &rule.template))
     });

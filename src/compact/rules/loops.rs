@@ -35,9 +35,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         }
     }
     // The markers read each result's facts: independent per result.
-    let indices: Vec<usize> = (0..repeats.len()).collect();
-    let markers = conv.map_indices(&indices, |n| {
-        let (idx, k, total) = repeats[n];
+    let markers = conv.map_each(&repeats, |&(idx, k, total)| {
         render(&rule.template, &|name| match name {
             "k" => Some(k.to_string()),
             "total" => Some(total.to_string()),

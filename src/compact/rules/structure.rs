@@ -37,7 +37,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         })
         .collect();
     // Outlining reads the whole body: the costly part, independent per result.
-    let maps = conv.map_indices(&candidates, |idx| map_of(policy, conv, idx));
+    let maps = conv.map_each(&candidates, |&idx| map_of(policy, conv, idx));
     for (idx, map) in candidates.into_iter().zip(maps) {
         if let Some(map) = map {
             edits.set_marker(conv, idx, RuleId::Structure, map);
