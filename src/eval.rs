@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
@@ -191,16 +192,18 @@ pub fn evaluate_corpus(
     engine: &dyn CompactEngine,
     window: u64,
 ) -> Result<CorpusReport, EvalError> {
-    let mut sessions = Vec::new();
-    for path in session_files(dir)? {
-        let text = std::fs::read(&path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
+    // Sessions are independent (each has its own state in the compactor, keyed by its path): evaluate
+    // them on all cores; `collect` keeps the sorted order, so the report does not depend on the pool.
+    let evaluate = |path: &PathBuf| -> Result<SessionReport, EvalError> {
+        let text = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
         let source =
             path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let id = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let requests = session_lines(&text);
         let metrics = evaluate_session(compactor, engine, &path.display().to_string(), &requests, window);
-        sessions.push(SessionReport { source, id, metrics });
-    }
+        Ok(SessionReport { source, id, metrics })
+    };
+    let sessions: Vec<SessionReport> = session_files(dir)?.par_iter().map(evaluate).collect::<Result<_, _>>()?;
     let mut sources: BTreeMap<String, Metrics> = BTreeMap::new();
     let mut total = Metrics::default();
     for s in &sessions {

@@ -217,3 +217,23 @@ fn pare_eval_reports_fixture_corpus_as_json() {
     assert_eq!(total["deterministic"], 2);
     assert_eq!(total["valid_forwarded"], 7);
 }
+
+#[test]
+fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sessions"));
+    let yaml = "compaction:\n  mode: eager\n  rules:\n    protect_last_turns: 1\n";
+    let engine: Arc<dyn CompactEngine> =
+        Arc::new(pare::compact::Engine::from_config(&Config::from_yaml(yaml).unwrap()).unwrap());
+    let report = pare::eval::evaluate_corpus(dir, &compactor(yaml, engine.clone()), engine.as_ref(), 4096).unwrap();
+    let files = pare::eval::session_files(dir).unwrap();
+    assert_eq!(report.sessions.len(), files.len());
+    for (session, path) in report.sessions.iter().zip(&files) {
+        assert_eq!(Some(session.id.as_str()), path.file_stem().and_then(|s| s.to_str()), "sessions in path order");
+        let text = std::fs::read(path).unwrap();
+        let lines = pare::budget::replay::session_lines(&text);
+        let alone = compactor(yaml, engine.clone());
+        let expected = evaluate_session(&alone, engine.as_ref(), &path.display().to_string(), &lines, 4096);
+        assert_eq!(session.metrics, expected, "{}", path.display());
+    }
+    assert!(report.total.tokens_forwarded < report.total.tokens_raw, "eager at 4k compacts something");
+}
