@@ -80,6 +80,20 @@ pub struct Conversation<'a> {
 /// a compaction makes about six batches). Smaller ones stay on the calling thread.
 pub const PARALLEL_BYTES: usize = 128 * 1024;
 
+/// What reading one message gives; computed per message, possibly on the rayon pool.
+struct ReadMessage {
+    msg: Option<Message>,
+    outcome: Option<Outcome>,
+    /// One per tool call of an assistant message, in order.
+    calls: Vec<ReadCall>,
+}
+
+struct ReadCall {
+    name: String,
+    arguments: String,
+    key_arg: Option<String>,
+}
+
 impl<'a> Conversation<'a> {
     /// Parse and group the messages. With `may_parallelize`, a conversation of [`PARALLEL_BYTES`] or
     /// more does its per-message work on the rayon pool (here and in [`Conversation::map_each`]).
@@ -91,14 +105,36 @@ impl<'a> Conversation<'a> {
         may_parallelize: bool,
     ) -> Conversation<'a> {
         let parallel = may_parallelize && raw.iter().map(|m| m.get().len()).sum::<usize>() >= PARALLEL_BYTES;
-        // Parse each message and read each tool result's outcome: independent per message.
+        // Parse each message, read each tool result's outcome and each call's key argument:
+        // independent per message.
         let read = |m: &&RawValue| {
             let msg = Message::from_raw(m).ok();
             let outcome = msg.as_ref().filter(|m| m.role == "tool").map(|m| success.read_owned(m.text()));
-            (msg, outcome)
+            let calls = msg
+                .iter()
+                .filter(|m| m.role == "assistant")
+                .flat_map(|m| m.tool_calls.iter().flatten())
+                .map(|tc| {
+                    let (name, arguments) = match &tc.function {
+                        Some(f) => (f.name.clone(), arguments_text(&f.arguments)),
+                        None => (String::new(), String::new()),
+                    };
+                    let key_arg = key_argument(&arguments, key_arguments);
+                    ReadCall { name, arguments, key_arg }
+                })
+                .collect();
+            ReadMessage { msg, outcome, calls }
         };
-        let (msgs, outcomes): (Vec<Option<Message>>, Vec<Option<Outcome>>) =
-            if parallel { raw.par_iter().map(read).unzip() } else { raw.iter().map(read).unzip() };
+        let read: Vec<ReadMessage> =
+            if parallel { raw.par_iter().map(read).collect() } else { raw.iter().map(read).collect() };
+        let mut msgs = Vec::with_capacity(read.len());
+        let mut outcomes = Vec::with_capacity(read.len());
+        let mut calls_of = Vec::with_capacity(read.len());
+        for r in read {
+            msgs.push(r.msg);
+            outcomes.push(r.outcome);
+            calls_of.push(r.calls);
+        }
         let boundary = boundary(&msgs, protect_last_turns);
         let first_system = msgs.iter().position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
 
@@ -109,12 +145,8 @@ impl<'a> Conversation<'a> {
             let Some(m) = m else { continue };
             if m.role == "assistant" {
                 by_id.clear();
-                for tc in m.tool_calls.iter().flatten() {
-                    let (name, arguments) = match &tc.function {
-                        Some(f) => (f.name.clone(), arguments_text(&f.arguments)),
-                        None => (String::new(), String::new()),
-                    };
-                    let key_arg = key_argument(&arguments, key_arguments);
+                let read_calls = std::mem::take(&mut calls_of[idx]);
+                for (tc, ReadCall { name, arguments, key_arg }) in m.tool_calls.iter().flatten().zip(read_calls) {
                     by_id.insert(tc.id.as_str(), calls.len());
                     calls.push(Call { msg: idx, id: tc.id.clone(), name, arguments, key_arg, result: None });
                 }

@@ -190,7 +190,15 @@ impl Engine {
             elided = fit.elided;
         }
 
-        // Assemble the prefix and check invariant 1 on the whole forwarded array.
+        // Assemble the prefix and check invariant 1 on the whole forwarded array. Reading back the
+        // skeleton of each edited message is a parse of it: independent per message.
+        let edited: Vec<usize> = (0..conv.boundary).filter(|&i| rendered[i].is_some()).collect();
+        let mut edited_skeletons: Vec<Option<Skeleton>> = vec![None; conv.boundary];
+        for (idx, skeleton) in
+            edited.iter().zip(conv.map_each(&edited, |&i| rendered[i].as_deref().and_then(Skeleton::of)))
+        {
+            edited_skeletons[*idx] = skeleton;
+        }
         let mut prefix = Vec::with_capacity(conv.boundary);
         let mut sources = Vec::with_capacity(conv.boundary);
         let mut skeletons = Vec::with_capacity(conv.msgs.len());
@@ -206,7 +214,7 @@ impl Engine {
             if !edits.dropped[idx] {
                 match rendered[idx].take() {
                     Some(text) => {
-                        skeletons.push(Skeleton::of(&text));
+                        skeletons.push(edited_skeletons[idx].take());
                         prefix.push(text);
                         sources.push(Source::Edited(idx));
                     }
