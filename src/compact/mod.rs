@@ -192,7 +192,8 @@ impl Engine {
 
         // Assemble the prefix and check invariant 1 on the whole forwarded array. Reading back the
         // skeleton of each edited message is a parse of it: independent per message.
-        let edited: Vec<usize> = (0..conv.boundary).filter(|&i| rendered[i].is_some()).collect();
+        let edited: Vec<usize> =
+            (0..conv.boundary).filter(|&i| rendered[i].is_some() && !elided.messages.contains(&i)).collect();
         let mut edited_skeletons: Vec<Option<Skeleton>> = vec![None; conv.boundary];
         for (idx, skeleton) in
             edited.iter().zip(conv.map_each(&edited, |&i| rendered[i].as_deref().and_then(Skeleton::of)))
