@@ -24,7 +24,7 @@ use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::tokens::CountTokens;
-use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
+use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::{Config, Mode};
@@ -248,7 +248,7 @@ impl SessionCompactor {
         let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
         let request = Request { body, raw: body.messages.iter().map(|m| m.get()).collect(), tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
-        let tokens_raw = request_tokens(counter, &request.raw, tools);
+        let tokens_raw = counter.count_request(&request.raw, tools);
         let usable = request.usable();
         let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
@@ -308,8 +308,7 @@ impl SessionCompactor {
                 .collect(),
             None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
         };
-        counter.count_uncached(&candidate);
-        let candidate_tokens = request_tokens(counter, &candidate, request.tools);
+        let candidate_tokens = counter.count_request(&candidate, request.tools);
         let usable = request.usable() as f64;
         let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
         let over = candidate_tokens as f64 > trigger;
@@ -362,7 +361,7 @@ impl SessionCompactor {
         }
         state.frozen = Some(Frozen { raw_hashes: hashes[..raw_boundary].to_vec(), prefix });
         state.advanced_at_len = request.raw.len();
-        let forwarded_tokens = request_tokens(counter, &messages, request.tools);
+        let forwarded_tokens = counter.count_request(&messages, request.tools);
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
         let action = match (self.policy.mode, over) {
             (Mode::Eager, false) => "advance",

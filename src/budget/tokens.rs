@@ -176,25 +176,48 @@ impl TokenCounter {
     /// later [`CountTokens::message`] calls then hit the cache. A cold request (a restart, a new
     /// session) tokenizes its whole history at once: that is the one place where counting is long
     /// enough (≈ 20 ms for 200k tokens) to be worth splitting. A batch under
-    /// [`PARALLEL_COUNT_BYTES`] is left to be counted on demand.
-    pub fn count_uncached<M: AsRef<str> + Sync>(&self, messages: &[M]) {
+    /// [`PARALLEL_COUNT_BYTES`] is left to be counted on demand. Returns, in order, each message's
+    /// count where it is known now (cached, or counted here), so that a caller summing them does not
+    /// hash every message a second time.
+    pub fn count_uncached<M: AsRef<str> + Sync>(&self, messages: &[M]) -> Vec<Option<u64>> {
         // Hash before taking the lock: other sessions count through the same cache meanwhile.
-        let hashed: Vec<(u128, &str)> =
-            messages.iter().map(|m| (xxh3_128(m.as_ref().as_bytes()), m.as_ref())).collect();
-        let todo: Vec<(u128, &str)> = {
-            let cache = self.lock();
-            let mut seen = std::collections::HashSet::new();
-            hashed.into_iter().filter(|(key, _)| !cache.contains(key) && seen.insert(*key)).collect()
+        let keys: Vec<u128> = messages.iter().map(|m| xxh3_128(m.as_ref().as_bytes())).collect();
+        let mut counts: Vec<Option<u64>> = {
+            let mut cache = self.lock();
+            keys.iter().map(|key| cache.get(key).copied()).collect()
         };
+        let mut seen = std::collections::HashSet::new();
+        let todo: Vec<(u128, &str)> = (0..messages.len())
+            .filter(|&i| counts[i].is_none() && seen.insert(keys[i]))
+            .map(|i| (keys[i], messages[i].as_ref()))
+            .collect();
         if todo.len() < 2 || todo.iter().map(|(_, m)| m.len()).sum::<usize>() < PARALLEL_COUNT_BYTES {
-            return;
+            return counts;
         }
-        let counted: Vec<(u128, u64)> = todo.par_iter().map(|(key, m)| (*key, self.count_message(m))).collect();
+        let counted: std::collections::HashMap<u128, u64> =
+            todo.par_iter().map(|(key, m)| (*key, self.count_message(m))).collect();
         self.tokenizations.fetch_add(counted.len() as u64, Ordering::Relaxed);
-        let mut cache = self.lock();
-        for (key, n) in counted {
-            cache.put(key, n);
+        {
+            let mut cache = self.lock();
+            for (key, n) in &counted {
+                cache.put(*key, *n);
+            }
         }
+        for (count, key) in counts.iter_mut().zip(&keys) {
+            if count.is_none() {
+                *count = counted.get(key).copied();
+            }
+        }
+        counts
+    }
+
+    /// [`request_tokens`] of a whole request, each message hashed once: the uncached ones are
+    /// counted together ([`TokenCounter::count_uncached`]), the rest read from the cache.
+    pub fn count_request<M: AsRef<str> + Sync>(&self, messages: &[M], tools: Option<&str>) -> u64 {
+        let known = self.count_uncached(messages);
+        let messages: u64 =
+            known.iter().zip(messages).map(|(n, m)| n.unwrap_or_else(|| self.message(m.as_ref()))).sum();
+        messages + tools.map_or(0, |t| self.tools(t)) + REPLY_PRIMING
     }
 
     pub fn encoding(&self) -> Encoding {
@@ -334,8 +357,9 @@ mod tests {
         let expected: Vec<u64> = messages.iter().map(|m| one_by_one.message(m)).collect();
 
         let batched = counter();
-        batched.count_uncached(&messages);
+        let known = batched.count_uncached(&messages);
         assert_eq!(batched.tokenizations(), 401, "each distinct message tokenized once");
+        assert_eq!(known, expected.iter().map(|n| Some(*n)).collect::<Vec<_>>(), "every count returned");
         let got: Vec<u64> = messages.iter().map(|m| batched.message(m)).collect();
         assert_eq!(got, expected);
         assert_eq!(batched.tokenizations(), 401, "every later count is a cache hit");
@@ -347,8 +371,13 @@ mod tests {
     #[test]
     fn a_small_batch_is_left_to_be_counted_on_demand() {
         let c = counter();
-        c.count_uncached(&[r#"{"role":"user","content":"hi"}"#]);
+        let hi = r#"{"role":"user","content":"hi"}"#;
+        assert_eq!(c.count_uncached(&[hi]), vec![None]);
         assert_eq!(c.tokenizations(), 0);
+        // A whole request counts it on demand, once, and reads it back from the cache after.
+        let tools = r#"[{"type":"function","function":{"name":"f","parameters":{}}}]"#;
+        assert_eq!(c.count_request(&[hi, hi], Some(tools)), request_tokens(&counter(), &[hi, hi], Some(tools)));
+        assert_eq!(c.count_uncached(&[hi]), vec![Some(c.message(hi))]);
     }
 
     #[test]
