@@ -5,8 +5,7 @@
 //! `[system prompt:`, `[...truncated`): a bracketed note, never JSON and never a call syntax, so the
 //! model reads it as a note about history rather than something to imitate.
 
-use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
+use rustc_hash::FxHashSet;
 
 pub use super::pack::MARKER_PREFIXES;
 
@@ -280,7 +279,9 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
     if max == 0 {
         return out;
     }
-    let known: HashSet<&str, BuildHasherDefault<TokenHasher>> = skip.iter().flat_map(|s| identifiers(s)).collect();
+    // FxHash: far cheaper per lookup than SipHash on these short tokens; flooding it is pointless
+    // (one request's tokens, and the output does not depend on the hash).
+    let known: FxHashSet<&str> = skip.iter().flat_map(|s| identifiers(s)).collect();
     let text = prefix_at_char_boundary(text, NAMES_SCAN_BYTES);
     for token in identifiers(text) {
         if out.len() >= max {
@@ -291,39 +292,6 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
         }
     }
     out
-}
-
-/// A multiplicative hasher for the short tokens of the names scan (FxHash's mixing), far cheaper per
-/// lookup than SipHash. Flooding it is pointless: the set holds at most 8 KiB worth of one request's
-/// tokens, and the output does not depend on the hash.
-#[derive(Default)]
-struct TokenHasher(u64);
-
-impl TokenHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for TokenHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes")));
-        }
-        let mut last = [0u8; 8];
-        last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        self.add(u64::from_le_bytes(last) ^ bytes.len() as u64);
-    }
-
-    fn write_u8(&mut self, byte: u8) {
-        self.add(u64::from(byte));
-    }
-
-    fn finish(&self) -> u64 {
-        // hashbrown reads the top bits too: bring the well-mixed high bits down and the low ones up.
-        self.0.rotate_left(26)
-    }
 }
 
 /// Byte classes of the identifier scan. Word bytes start and end a token; `.`, `/` and `-` may sit
