@@ -263,12 +263,12 @@ fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
 }
 
 /// Index just past the string whose opening quote is at `start`: the next quote not escaped (not
-/// preceded by an odd run of backslashes), found with `str::find` (a memchr).
+/// preceded by an odd run of backslashes), found with the `memchr` crate.
 fn string_end(raw: &str, start: usize) -> Option<usize> {
     let bytes = raw.as_bytes();
     let mut from = start + 1;
     loop {
-        let quote = from + raw[from..].find('"')?;
+        let quote = from + memchr::memchr(b'"', &bytes[from..])?;
         let backslashes = bytes[from..quote].iter().rev().take_while(|&&b| b == b'\\').count();
         if backslashes % 2 == 0 {
             return Some(quote + 1);

@@ -62,16 +62,31 @@ const MARKER_HEADS: &[&str] = &["tool: ", "retried: ", "system prompt: "];
 /// Whether a text already carries a pare marker at the start of one of its lines (then no rule
 /// touches it again). A hand-written scan: this runs on every message, so it must cost no more than
 /// a pass over the text.
+///
+/// Only the `[`s are visited (`memchr` from one to the next): one opens a marker when nothing but
+/// spaces and tabs precede it on its line. What follows it is read up to the end of the text rather
+/// than of the line, which decides the same: no marker head contains a newline, and a newline after
+/// `[pare` or `[...truncated ` is neither a word char nor a digit.
 pub fn is_compacted(text: &str) -> bool {
-    if !text.contains('[') {
-        return false;
-    }
-    text.split('\n').any(|line| {
-        let Some(rest) = line.trim_start_matches([' ', '\t']).strip_prefix('[') else { return false };
+    let bytes = text.as_bytes();
+    for at in memchr::memchr_iter(b'[', bytes) {
+        let blank = |b: &u8| matches!(b, b' ' | b'\t');
+        // Most `[`s follow a char of their line's text: one byte tells.
+        if at > 0 && !blank(&bytes[at - 1]) && bytes[at - 1] != b'\n' {
+            continue;
+        }
+        // Back over the blanks only (each blank run is read once, by the `[` that ends it).
+        if bytes[..at].iter().rposition(|b| !blank(b)).is_some_and(|p| bytes[p] != b'\n') {
+            continue;
+        }
+        let rest = &text[at + 1..];
         let pare = rest.strip_prefix("pare").is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
         let truncated = rest.strip_prefix("...truncated ").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
-        pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h))
-    })
+        if pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h)) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The cheap facts about one tool call and its result that markers carry.
@@ -185,7 +200,8 @@ pub fn one_line(text: &str, max: usize) -> String {
 
 /// At most `max` chars, with `…` when cut.
 pub fn shorten(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
+    // A char takes at least one byte: no need to count the chars of a text of at most `max` bytes.
+    if text.len() <= max || text.chars().count() <= max {
         return text.to_owned();
     }
     let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
@@ -281,13 +297,14 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
     }
     // FxHash: far cheaper per lookup than SipHash on these short tokens; flooding it is pointless
     // (one request's tokens, and the output does not depend on the hash).
-    let known: FxHashSet<&str> = skip.iter().flat_map(|s| identifiers(s)).collect();
+    // What the marker shows and what is already listed, in one set: one lookup per token.
+    let mut seen: FxHashSet<&str> = skip.iter().flat_map(|s| identifiers(s)).collect();
     let text = prefix_at_char_boundary(text, NAMES_SCAN_BYTES);
     for token in identifiers(text) {
         if out.len() >= max {
             break;
         }
-        if !known.contains(token) && !out.iter().any(|o| o == token) {
+        if seen.insert(token) {
             out.push(token.to_owned());
         }
     }
@@ -462,6 +479,44 @@ mod tests {
         let out = render("[tool: {a} {b} {} {c", &|n| (n == "a").then(|| "x".to_string()));
         assert_eq!(out, "[tool: x {b} {} {c");
         assert_eq!(placeholders("[pare: {n} x {tools}{files} {}"), vec!["n", "tools", "files"]);
+    }
+
+    /// The line-by-line reading `is_compacted` replaced: the `[` scan must agree with it.
+    fn is_compacted_by_lines(text: &str) -> bool {
+        text.split('\n').any(|line| {
+            let Some(rest) = line.trim_start_matches([' ', '\t']).strip_prefix('[') else { return false };
+            let pare =
+                rest.strip_prefix("pare").is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+            let truncated =
+                rest.strip_prefix("...truncated ").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+            pare || truncated || MARKER_HEADS.iter().any(|h| rest.starts_with(h))
+        })
+    }
+
+    #[test]
+    fn bracket_scan_agrees_with_the_line_reading() {
+        for text in [
+            "",
+            "[",
+            "[pare",
+            "[pare\n",
+            "[parent",
+            "x [pare: a]",
+            "x\n \t[pare: a]",
+            "x\r\n[pare]",
+            "x\n\r[pare]",
+            "a[b\n[c [pare\n  [tool: x]",
+            "[...truncated \n1",
+            "[...truncated 3",
+            "\t[...truncated 3 lines...]",
+            "[system prompt: x",
+            "[retried:x",
+            "é[pare]\n[ré]\n [retried: y",
+            "[[pare]",
+            "\n\n\n[",
+        ] {
+            assert_eq!(is_compacted(text), is_compacted_by_lines(text), "{text:?}");
+        }
     }
 
     #[test]

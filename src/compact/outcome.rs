@@ -141,7 +141,7 @@ impl SuccessPolicy {
                 traceback_end = Some(l);
                 in_traceback = false;
             }
-            if EXCEPTION_LINE.is_match(l) {
+            if is_exception_line(l) {
                 exception = Some(l);
             }
             // The alternation matches a line exactly when one of the patterns does.
@@ -168,6 +168,40 @@ impl SuccessPolicy {
             .map(|l| super::markers::one_line(&l, 160))
             .filter(|l| !l.is_empty())
     }
+}
+
+/// `EXCEPTION_LINE.is_match(line)`, read byte by byte while the bytes are ASCII (this runs on every
+/// line of every failed result), with the regex deciding at the first byte that is not. The name
+/// must sit in the leading run of `[\w.]` chars after the first char and end at a word boundary.
+fn is_exception_line(line: &str) -> bool {
+    const NAMES: [&[u8]; 4] = [b"Error", b"Exception", b"Exit", b"Interrupt"];
+    let bytes = line.as_bytes();
+    match bytes.first() {
+        Some(b) if b.is_ascii_alphabetic() || *b == b'_' => {}
+        Some(b) if !b.is_ascii() => return EXCEPTION_LINE.is_match(line),
+        _ => return false,
+    }
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    for at in 1..bytes.len() {
+        let b = bytes[at];
+        if !b.is_ascii() {
+            return EXCEPTION_LINE.is_match(line);
+        }
+        if !word(b) && b != b'.' {
+            return false;
+        }
+        for name in NAMES {
+            if bytes[at..].starts_with(name) {
+                match bytes.get(at + name.len()) {
+                    None => return true,
+                    Some(next) if !next.is_ascii() => return EXCEPTION_LINE.is_match(line),
+                    Some(&next) if !word(next) => return true,
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    false
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -315,15 +349,8 @@ fn exit_from_text(text: &str) -> Option<ExitInfo> {
         return rest[..end].trim().parse().ok().map(ExitInfo::Code);
     }
     const FINISHED: &str = "[Command finished with exit code ";
-    // The last `[` that opens the marker (`rfind` of a char is a memrchr; most texts have few `[`).
-    let mut end = text.len();
-    let at = loop {
-        let at = text[..end].rfind('[')?;
-        if text[at..].starts_with(FINISHED) {
-            break at;
-        }
-        end = at;
-    };
+    // The last `[` that opens the marker (`memrchr` from the end; most texts have few `[`).
+    let at = memchr::memrchr_iter(b'[', text.as_bytes()).find(|&at| text[at..].starts_with(FINISHED))?;
     let rest = &text[at + FINISHED.len()..];
     let end = rest.find(']')?;
     rest[..end].parse().ok().map(ExitInfo::Code)
@@ -387,6 +414,37 @@ mod tests {
             "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n    x()\ndjango.core.exceptions.ImproperlyConfigured: settings missing\nafter",
         );
         assert_eq!(r.first_error.as_deref(), Some("django.core.exceptions.ImproperlyConfigured: settings missing"));
+    }
+
+    #[test]
+    fn exception_lines_read_like_the_regex() {
+        for line in [
+            "",
+            "E",
+            "ValueError: x",
+            "ValueError",
+            "ValueErrors: x",
+            "django.core.exceptions.ImproperlyConfigured: settings missing",
+            "KeyboardInterrupt",
+            "SystemExit: 2",
+            "Exit",
+            "xExit",
+            "x.Exit.y",
+            "ErrorError",
+            "FooErrorBar Error",
+            "_Error",
+            "1Error",
+            " ValueError",
+            "tests/test_a.py::test_x PASSED",
+            "ÉtatError: x",
+            "ValueErroré",
+            "ValueError\u{e9}",
+            "Value\u{e9}Error",
+            "a.b_c9.DError(x)",
+            "Error-prone",
+        ] {
+            assert_eq!(is_exception_line(line), EXCEPTION_LINE.is_match(line), "{line:?}");
+        }
     }
 
     #[test]

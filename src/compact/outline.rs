@@ -75,8 +75,8 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
     Some((number, &line[at + 1..]))
 }
 
-/// [`str::lines`] with a plain byte loop to find each line's end: cheaper than a `memchr` call on
-/// the short lines of source code.
+/// [`str::lines`] with the `memchr` crate finding each line's end (cheaper than a byte loop even on
+/// the short lines of source code; the standard library's `memchr` is not).
 fn short_lines(text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
     let mut start = 0;
@@ -85,7 +85,7 @@ fn short_lines(text: &str) -> impl Iterator<Item = &str> {
             return None;
         }
         let line_start = start;
-        match bytes[start..].iter().position(|&b| b == b'\n') {
+        match memchr::memchr(b'\n', &bytes[start..]) {
             Some(len) => {
                 start += len + 1;
                 let line = &text[line_start..line_start + len];
@@ -150,6 +150,37 @@ fn signature(line: &str) -> String {
 static PY_DEF: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^(\s*)(?:async\s+def|def|class)\s+\w+").expect("static regex"));
 
+/// `PY_DEF.is_match(line)` for a line whose `head` (the line without its indentation) starts with
+/// `def `, `class ` or `async `: read byte by byte while the bytes are ASCII (this runs on every
+/// definition of every Python read), with the regex deciding as soon as one is not.
+fn py_def(head: &str, line: &str) -> bool {
+    let ascii_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    // `keyword\s+\w` at the start of `rest`: Some(answer), or None at a non-ASCII byte.
+    let keyword_then_word = |rest: &[u8], keyword: &[u8]| -> Option<bool> {
+        let Some(after) = rest.strip_prefix(keyword) else { return Some(false) };
+        let spaces = after.iter().take_while(|b| ascii_space(b)).count();
+        match after.get(spaces) {
+            Some(b) if !b.is_ascii() => None,
+            Some(b) => Some(spaces > 0 && (b.is_ascii_alphanumeric() || *b == b'_')),
+            None => Some(false),
+        }
+    };
+    let bytes = head.as_bytes();
+    let fast = if let Some(after) = bytes.strip_prefix(b"async") {
+        let spaces = after.iter().take_while(|b| ascii_space(b)).count();
+        match after.get(spaces) {
+            Some(b) if !b.is_ascii() => None,
+            _ if spaces == 0 => Some(false),
+            _ => keyword_then_word(&after[spaces..], b"def"),
+        }
+    } else if bytes.starts_with(b"def") {
+        keyword_then_word(bytes, b"def")
+    } else {
+        keyword_then_word(bytes, b"class")
+    };
+    fast.unwrap_or_else(|| PY_DEF.is_match(line))
+}
+
 fn indent_of(line: &str) -> usize {
     line.chars().take_while(|c| c.is_whitespace()).map(|c| if c == '\t' { 4 } else { 1 }).sum()
 }
@@ -195,13 +226,12 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
                 break;
             }
         }
-        if (head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async "))
-            && PY_DEF.is_match(line)
+        if (head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async ")) && py_def(head, line)
         {
             out.push(Entry { depth: open.len(), start: num, end: num, signature: signature(line) });
             open.push((out.len() - 1, indent));
         }
-        if trimmed.bytes().any(|b| b == b'"' || b == b'\'') {
+        if memchr::memchr2(b'"', b'\'', trimmed.as_bytes()).is_some() {
             for q in ["\"\"\"", "'''"] {
                 if count_occurrences(trimmed, q) % 2 == 1 {
                     in_string = Some(q);
@@ -220,15 +250,16 @@ fn python(lines: &[(usize, &str)]) -> Vec<Entry> {
 /// Non-overlapping occurrences of a 3-byte quote (`"""` or `'''`) in a line: a byte scan, cheaper
 /// than a substring searcher on short lines.
 fn count_occurrences(line: &str, quote: &str) -> usize {
-    let q = quote.as_bytes()[0];
-    let bytes = line.as_bytes();
+    // From one quote char to the next (`memchr`): most lines have few or none.
+    let (bytes, q) = (line.as_bytes(), quote.as_bytes());
     let (mut i, mut n) = (0, 0);
-    while i + 2 < bytes.len() {
-        if bytes[i] == q && bytes[i + 1] == q && bytes[i + 2] == q {
+    while let Some(found) = memchr::memchr(q[0], &bytes[i..]) {
+        let at = i + found;
+        if bytes[at..].starts_with(q) {
             n += 1;
-            i += 3;
+            i = at + quote.len();
         } else {
-            i += 1;
+            i = at + 1;
         }
     }
     n
@@ -465,6 +496,61 @@ mod tests {
     fn short_lines_split_like_lines() {
         for text in ["", "a", "a\n", "\n", "a\nb", "a\r\nb\r\n", "\n\n", "a\r", "a\rb\n\r", "é\n\r\n x"] {
             assert_eq!(short_lines(text).collect::<Vec<_>>(), text.lines().collect::<Vec<_>>(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn py_def_agrees_with_the_regex() {
+        for line in [
+            "def f():",
+            "def  f",
+            "def _x",
+            "def (",
+            "def ",
+            "def \t\u{a0}f",
+            "def é()",
+            "def \u{2003}x",
+            "class A(B):",
+            "class 1",
+            "class \u{a0}",
+            "async def f():",
+            "async  def\tg",
+            "async defx",
+            "async def",
+            "async def ",
+            "async \u{a0}def f",
+            "async def\u{a0}f",
+            "async class A",
+            "async",
+            "    def g(self):",
+        ] {
+            let (_, head) = split_indent(line);
+            if head.starts_with("def ") || head.starts_with("class ") || head.starts_with("async ") {
+                assert_eq!(py_def(head, line), PY_DEF.is_match(line), "{line:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn triple_quotes_are_counted_without_overlap() {
+        let by_bytes = |line: &str, q: u8| {
+            let bytes = line.as_bytes();
+            let (mut i, mut n) = (0, 0);
+            while i + 2 < bytes.len() {
+                if bytes[i] == q && bytes[i + 1] == q && bytes[i + 2] == q {
+                    n += 1;
+                    i += 3;
+                } else {
+                    i += 1;
+                }
+            }
+            n
+        };
+        for line in
+            ["", "\"", "\"\"\"", "\"\"\"\"", "\"\"\"\"\"\"", "x = '''a''' + \"\"\"b", "é\"\"\"é\"\"", "''''''''"]
+        {
+            assert_eq!(count_occurrences(line, "\"\"\""), by_bytes(line, b'"'), "{line:?}");
+            assert_eq!(count_occurrences(line, "'''"), by_bytes(line, b'\''), "{line:?}");
         }
     }
 
