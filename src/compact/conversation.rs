@@ -70,6 +70,9 @@ pub struct Conversation<'a> {
     /// tiers may ask for the same message), from whichever thread asks first.
     facts: Vec<OnceLock<CallFacts>>,
     names: Vec<OnceLock<Vec<String>>>,
+    /// Each tool result's text length in chars: facts, structural maps, savings and truncation all
+    /// ask, and counting reads the whole text.
+    text_chars: Vec<OnceLock<usize>>,
     /// Large enough that per-message work is worth spreading over the rayon pool.
     parallel: bool,
 }
@@ -182,6 +185,7 @@ impl<'a> Conversation<'a> {
         }
         let facts = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         let names = (0..msgs.len()).map(|_| OnceLock::new()).collect();
+        let text_chars = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         Conversation {
             raw,
             msgs,
@@ -193,6 +197,7 @@ impl<'a> Conversation<'a> {
             first_system,
             facts,
             names,
+            text_chars,
             parallel,
         }
     }
@@ -219,6 +224,11 @@ impl<'a> Conversation<'a> {
             known.push(&facts.arg);
             salient_names(text, NAMES_PER_MARKER, &known)
         })
+    }
+
+    /// The length in chars of tool result `idx`'s text (0 for a message that is not one), counted once.
+    pub fn text_chars(&self, idx: usize) -> usize {
+        *self.text_chars[idx].get_or_init(|| self.outcomes[idx].as_ref().map_or(0, |o| o.text.chars().count()))
     }
 
     /// The value of a call-marker placeholder for tool result `idx`.
@@ -260,7 +270,7 @@ impl<'a> Conversation<'a> {
             arg,
             id: call.map(|c| c.id.clone()).unwrap_or_default(),
             status: outcome.map(|o| o.status.label()).unwrap_or_else(|| "ok".into()),
-            chars: text.chars().count(),
+            chars: self.text_chars(idx),
             lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,

@@ -95,7 +95,7 @@ impl Edits {
             return edit.text.chars().count();
         }
         match (&conv.outcomes[idx], &conv.msgs[idx]) {
-            (Some(o), _) => o.text.chars().count(),
+            (Some(_), _) => conv.text_chars(idx),
             (None, Some(m)) => m.text().chars().count(),
             _ => 0,
         }

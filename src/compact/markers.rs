@@ -313,16 +313,17 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
 
 /// Byte classes of the identifier scan. Word bytes start and end a token; `.`, `/` and `-` may sit
 /// inside one. The other bits let one pass over a token classify it.
-const WORD: u8 = 1;
-const INNER: u8 = 1 << 1;
-const LOWER: u8 = 1 << 2;
-const UPPER: u8 = 1 << 3;
-const DIGIT: u8 = 1 << 4;
-const UNDERSCORE: u8 = 1 << 5;
-const DOT: u8 = 1 << 6;
-const SEPARATOR: u8 = 1 << 7; // `/` or `-`
-static CLASS: [u8; 256] = {
-    let mut table = [0u8; 256];
+const WORD: u16 = 1;
+const INNER: u16 = 1 << 1;
+const LOWER: u16 = 1 << 2;
+const UPPER: u16 = 1 << 3;
+const DIGIT: u16 = 1 << 4;
+const UNDERSCORE: u16 = 1 << 5;
+const DOT: u16 = 1 << 6;
+const SEPARATOR: u16 = 1 << 7; // `/` or `-`
+const SLASH: u16 = 1 << 8; // `/` (a path), so that no token is searched for one
+static CLASS: [u16; 256] = {
+    let mut table = [0u16; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
@@ -336,7 +337,9 @@ static CLASS: [u8; 256] = {
             WORD | INNER | UNDERSCORE
         } else if c == b'.' {
             INNER | DOT
-        } else if c == b'/' || c == b'-' {
+        } else if c == b'/' {
+            INNER | SEPARATOR | SLASH
+        } else if c == b'-' {
             INNER | SEPARATOR
         } else {
             0
@@ -357,7 +360,7 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
                 i += 1;
             }
             let start = i;
-            let mut seen = 0u8;
+            let mut seen = 0u16;
             while i < bytes.len() {
                 let class = CLASS[bytes[i] as usize];
                 if class & INNER == 0 {
@@ -400,7 +403,7 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
                 }
             }
             // An absolute path keeps its leading `/`.
-            if start > 0 && bytes[start - 1] == b'/' && seen & SEPARATOR != 0 && token.contains('/') {
+            if start > 0 && bytes[start - 1] == b'/' && seen & SLASH != 0 {
                 return Some(&text[start - 1..end]);
             }
             return Some(token);
@@ -411,21 +414,18 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
 
 /// IDs mixing letters and digits, snake_case and camelCase names, paths, numbers of 4+ digits, from
 /// the classes `seen` in the token.
-fn is_identifier(token: &str, seen: u8, camel: bool) -> bool {
+fn is_identifier(token: &str, seen: u16, camel: bool) -> bool {
     let alpha = seen & (LOWER | UPPER) != 0;
     if !alpha {
         // Only digits (no separators) make a number.
         return seen & (UNDERSCORE | DOT | SEPARATOR) == 0;
     }
     let dot = seen & DOT != 0;
-    if (seen & SEPARATOR != 0 && token.contains('/'))
-        || (seen & UNDERSCORE != 0 && seen & LOWER != 0)
-        || camel
-        || (seen & DIGIT != 0 && !dot)
-    {
+    if seen & SLASH != 0 || (seen & UNDERSCORE != 0 && seen & LOWER != 0) || camel || (seen & DIGIT != 0 && !dot) {
         return true;
     }
-    dot && token.rsplit_once('.').is_some_and(|(stem, ext)| has_extension(stem, ext))
+    // The last `.` by a byte loop: the extension is short.
+    dot && token.bytes().rposition(|b| b == b'.').is_some_and(|at| has_extension(&token[..at], &token[at + 1..]))
 }
 
 fn has_extension(stem: &str, ext: &str) -> bool {
@@ -435,26 +435,19 @@ fn has_extension(stem: &str, ext: &str) -> bool {
         && ext.bytes().any(|c| c.is_ascii_lowercase())
 }
 
-/// Maximal runs of path characters that contain a `.` (a byte scan: path characters are ASCII).
+/// Maximal runs of path characters that contain a `.`, in order. Found from the dots (`memchr`), each
+/// run read outwards from its first dot: the runs without one (most words) are never read.
 fn path_tokens(text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
+    // Where the previous run ended: the start of the text or a byte that is not a path character.
     let mut i = 0;
     std::iter::from_fn(move || {
-        while i < bytes.len() {
-            while i < bytes.len() && !PATH_BYTES[bytes[i] as usize] {
-                i += 1;
-            }
-            let start = i;
-            let mut dot = false;
-            while i < bytes.len() && PATH_BYTES[bytes[i] as usize] {
-                dot |= bytes[i] == b'.';
-                i += 1;
-            }
-            if dot && i > start {
-                return Some(&text[start..i]);
-            }
-        }
-        None
+        let dot = i + memchr::memchr(b'.', &bytes[i..])?;
+        let start = bytes[i..dot].iter().rposition(|&b| !PATH_BYTES[b as usize]).map_or(i, |p| i + p + 1);
+        let end = bytes[dot..].iter().position(|&b| !PATH_BYTES[b as usize]).map_or(bytes.len(), |p| dot + p);
+        i = end;
+        // Path characters are ASCII: both ends are char boundaries.
+        Some(&text[start..end])
     })
 }
 
@@ -545,6 +538,24 @@ mod tests {
             f.render("[tool: {call} → {status}, {chars} chars{error}{files}]"),
             "[tool: terminal(\"pytest -x\") → failed (exit 1), 12,345 chars: AssertionError: boom; files: a.py]"
         );
+    }
+
+    #[test]
+    fn path_tokens_are_the_dotted_runs() {
+        let by_bytes = |text: &str| -> Vec<String> {
+            let mut out = Vec::new();
+            for run in text.split(|c: char| !c.is_ascii() || !PATH_BYTES[c as usize]) {
+                if run.contains('.') {
+                    out.push(run.to_owned());
+                }
+            }
+            out
+        };
+        for text in
+            ["", ".", "a.b", "x a.b y", "..", "a . b", "é.py a/b.rs,c.md;", "no dots here", " .x/y. ", "a.b.c d"]
+        {
+            assert_eq!(path_tokens(text).collect::<Vec<_>>(), by_bytes(text), "{text:?}");
+        }
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl SuccessPolicy {
         let mut exception = None;
         let mut traceback_end = None;
         let mut in_traceback = false;
-        let mut lines = text.lines().filter(|l| !l.trim().is_empty()).peekable();
+        let mut lines = super::outline::short_lines(text).filter(|l| !l.trim().is_empty()).peekable();
         while let Some(raw_line) = lines.next() {
             let l = raw_line.trim();
             // A Python traceback ends at its first unindented line: `module.Error: message`.

@@ -77,7 +77,7 @@ fn split_numbered(line: &str) -> Option<(usize, &str)> {
 
 /// [`str::lines`] with the `memchr` crate finding each line's end (cheaper than a byte loop even on
 /// the short lines of source code; the standard library's `memchr` is not).
-fn short_lines(text: &str) -> impl Iterator<Item = &str> {
+pub(super) fn short_lines(text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
     let mut start = 0;
     std::iter::from_fn(move || {
@@ -142,7 +142,7 @@ pub fn outline(language: Language, text: &str, max_depth: usize) -> Vec<Entry> {
 
 fn signature(line: &str) -> String {
     let s = line.trim();
-    let s = s.split('{').next().unwrap_or(s).trim_end();
+    let s = memchr::memchr(b'{', s.as_bytes()).map_or(s, |at| &s[..at]).trim_end();
     let s = s.strip_suffix(':').unwrap_or(s).trim_end();
     super::markers::shorten(s, 100)
 }

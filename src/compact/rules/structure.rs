@@ -58,7 +58,7 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
         return None;
     }
     let n_lines = line_count(&outcome.text);
-    let n_chars = outcome.text.chars().count();
+    let n_chars = conv.text_chars(idx);
     let body = super::super::outline::render(&entries, rule.max_entries);
     let header = render(&rule.template, &|name| match name {
         "path" => Some(path.clone()),
