@@ -16,13 +16,15 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     // The last tool message carrying each output (the whole conversation, tail included).
     let mut last: HashMap<u64, usize> = HashMap::new();
     let mut hashes: Vec<Option<u64>> = vec![None; conv.msgs.len()];
-    for (idx, outcome) in conv.outcomes.iter().enumerate() {
-        let Some(outcome) = outcome else { continue };
-        let text = outcome.text.trim();
-        if text.len() < rule.min_chars {
-            continue;
-        }
-        let h = xxh3_64(text.as_bytes());
+    let long: Vec<usize> = (0..conv.msgs.len())
+        .filter(|&idx| conv.outcomes[idx].as_ref().is_some_and(|o| o.text.trim().len() >= rule.min_chars))
+        .collect();
+    // Hashing reads every long output: independent per result.
+    let long_hashes = conv.map_each(&long, |&idx| {
+        let outcome = conv.outcomes[idx].as_ref().expect("long results have an outcome");
+        xxh3_64(outcome.text.trim().as_bytes())
+    });
+    for (idx, h) in long.into_iter().zip(long_hashes) {
         hashes[idx] = Some(h);
         last.insert(h, idx);
     }

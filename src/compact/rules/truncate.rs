@@ -3,27 +3,29 @@
 //! its first two thirds and last third of the allowed characters around a marker line.
 
 use super::super::Policy;
-use super::super::conversation::Conversation;
+use super::super::conversation::{Conversation, line_count};
 use super::super::edits::Edits;
 use super::super::markers::render;
 use super::super::report::RuleId;
 
 /// `head` first and `tail` last lines with a marker line between, or `None` when there is nothing
-/// to cut.
+/// to cut. Only the kept lines are split off, from each end; the others are only counted.
 pub fn truncate_lines(text: &str, head: usize, tail: usize, template: &str) -> Option<String> {
-    let lines: Vec<&str> = text.lines().collect();
-    if lines.len() <= head + tail + 1 {
+    let n_lines = line_count(text);
+    if n_lines <= head + tail + 1 {
         return None;
     }
-    let cut = lines.len() - head - tail;
+    let cut = n_lines - head - tail;
     let marker = render(template, &|name| (name == "n").then(|| cut.to_string()));
     let mut out = String::with_capacity(text.len().min(4096));
-    for line in &lines[..head] {
+    for line in text.lines().take(head) {
         out.push_str(line);
         out.push('\n');
     }
     out.push_str(&marker);
-    for line in &lines[lines.len() - tail..] {
+    let mut last: Vec<&str> = text.lines().rev().take(tail).collect();
+    last.reverse();
+    for line in last {
         out.push('\n');
         out.push_str(line);
     }
@@ -32,13 +34,17 @@ pub fn truncate_lines(text: &str, head: usize, tail: usize, template: &str) -> O
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.truncate;
-    let candidates: Vec<usize> = super::open_results(conv, edits).collect();
-    for idx in candidates {
-        if edits.current_chars(conv, idx) <= rule.max_chars {
-            continue;
-        }
-        let text = edits.current_text(conv, idx);
-        if let Some(short) = truncate_lines(&text, rule.head_lines, rule.tail_lines, &rule.template) {
+    let candidates: Vec<usize> =
+        super::open_results(conv, edits).filter(|&idx| edits.current_chars(conv, idx) > rule.max_chars).collect();
+    // Cutting reads each text: independent per result (an edit changes only its own message).
+    let cuts = {
+        let edits = &*edits;
+        conv.map_each(&candidates, |&idx| {
+            truncate_lines(&edits.current_text(conv, idx), rule.head_lines, rule.tail_lines, &rule.template)
+        })
+    };
+    for (idx, short) in candidates.into_iter().zip(cuts) {
+        if let Some(short) = short {
             edits.set_text(conv, idx, RuleId::Truncate, short, true);
         }
     }
@@ -94,6 +100,49 @@ mod tests {
         assert_eq!(lines[10], "[...truncated 15 lines...]");
         assert_eq!(lines[15], "line 30");
         assert_eq!(truncate_lines("a\nb\nc", 1, 1, "[...truncated {n} lines...]"), None);
+    }
+
+    /// The reading by a vector of every line that `truncate_lines` replaced: both must agree.
+    fn truncate_by_collected_lines(text: &str, head: usize, tail: usize, template: &str) -> Option<String> {
+        let lines: Vec<&str> = text.lines().collect();
+        if lines.len() <= head + tail + 1 {
+            return None;
+        }
+        let cut = lines.len() - head - tail;
+        let marker = render(template, &|name| (name == "n").then(|| cut.to_string()));
+        let mut out = String::new();
+        for line in &lines[..head] {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str(&marker);
+        for line in &lines[lines.len() - tail..] {
+            out.push('\n');
+            out.push_str(line);
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn cut_from_both_ends_agrees_with_collected_lines() {
+        let texts = [
+            String::new(),
+            "a\nb\nc\nd\ne\nf".to_string(),
+            "a\r\nb\r\n\r\nc\nd\ne\r\nf\r\n".to_string(),
+            "\n\n\n\n\n\n\n".to_string(),
+            "x\ny\nz\r".to_string(),
+            (1..=40).map(|i| format!("é {i}\n")).collect(),
+            (1..=40).map(|i| format!("line {i}\r\n")).collect::<String>() + "last",
+        ];
+        for text in &texts {
+            for (head, tail) in [(0, 0), (1, 1), (2, 3), (10, 5), (0, 4), (4, 0)] {
+                assert_eq!(
+                    truncate_lines(text, head, tail, "[...truncated {n} lines...]"),
+                    truncate_by_collected_lines(text, head, tail, "[...truncated {n} lines...]"),
+                    "{text:?} {head} {tail}"
+                );
+            }
+        }
     }
 
     #[test]
