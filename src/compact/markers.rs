@@ -356,20 +356,22 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
     let mut i = 0;
     std::iter::from_fn(move || {
         while i < bytes.len() {
-            while i < bytes.len() && CLASS[bytes[i] as usize] & WORD == 0 {
-                i += 1;
-            }
+            // Slice iterators rather than indexing: no bounds check per byte in these two loops.
+            i += bytes[i..].iter().position(|&b| CLASS[b as usize] & WORD != 0).unwrap_or(bytes.len() - i);
             let start = i;
+            // Bytes outside a token have no class bits, so the one that ends it adds nothing.
             let mut seen = 0u16;
-            while i < bytes.len() {
-                let class = CLASS[bytes[i] as usize];
-                if class & INNER == 0 {
-                    break;
-                }
-                seen |= class;
-                i += 1;
-            }
-            if i - start < 4 {
+            i += bytes[i..]
+                .iter()
+                .position(|&b| {
+                    let class = CLASS[b as usize];
+                    seen |= class;
+                    class & INNER == 0
+                })
+                .unwrap_or(bytes.len() - i);
+            // A plain lowercase word (most tokens of prose and code) is never an identifier; with no
+            // `.`, `/` or `-` in it, it has no trailing separator to cut either.
+            if i - start < 4 || seen & !(WORD | INNER) == LOWER {
                 continue;
             }
             let mut end = i;
@@ -384,7 +386,7 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
                 // Trailing separators were cut: classify what is left.
                 seen = token.bytes().fold(0, |seen, b| seen | CLASS[b as usize]);
             }
-            // A plain lowercase word (most tokens of prose and code) is never an identifier.
+            // Nor is one that was a plain word followed by separators.
             if seen & !(WORD | INNER) == LOWER {
                 continue;
             }

@@ -464,6 +464,22 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
     out
 }
 
+/// `n` in decimal, without the formatting machinery (a map writes two numbers per definition).
+fn push_number(out: &mut String, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
+}
+
 /// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
     use std::fmt::Write;
@@ -472,7 +488,11 @@ pub fn render(entries: &[Entry], max_entries: usize) -> String {
         for _ in 0..=e.depth {
             out.push_str("  ");
         }
-        let _ = if e.start == e.end { write!(out, "{}", e.start) } else { write!(out, "{}-{}", e.start, e.end) };
+        push_number(&mut out, e.start);
+        if e.start != e.end {
+            out.push('-');
+            push_number(&mut out, e.end);
+        }
         out.push_str("  ");
         out.push_str(&e.signature);
         out.push('\n');
@@ -551,6 +571,15 @@ mod tests {
         {
             assert_eq!(count_occurrences(line, "\"\"\""), by_bytes(line, b'"'), "{line:?}");
             assert_eq!(count_occurrences(line, "'''"), by_bytes(line, b'\''), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 100, 12_345, usize::MAX] {
+            let mut out = String::from("x");
+            push_number(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
         }
     }
 
