@@ -283,9 +283,10 @@ impl<'a> Conversation<'a> {
     }
 }
 
-/// `text.lines().count()`, by counting newlines (a vectorised byte count, not a line iterator).
+/// `text.lines().count()`, by counting newlines (`memchr`'s vectorised count, not a line iterator:
+/// a filtered byte count does not vectorise as well).
 pub fn line_count(text: &str) -> usize {
-    let newlines = text.bytes().filter(|&b| b == b'\n').count();
+    let newlines = memchr::memchr_iter(b'\n', text.as_bytes()).count();
     newlines + usize::from(!text.is_empty() && !text.ends_with('\n'))
 }
 
