@@ -298,7 +298,10 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
     // FxHash: far cheaper per lookup than SipHash on these short tokens; flooding it is pointless
     // (one request's tokens, and the output does not depend on the hash).
     // What the marker shows and what is already listed, in one set: one lookup per token.
-    let mut seen: FxHashSet<&str> = skip.iter().flat_map(|s| identifiers(s)).collect();
+    // Sized once for the skip tokens (at most one per 5 bytes) and the names: no rehash as it fills.
+    let skip_bytes: usize = skip.iter().map(|s| s.len()).sum();
+    let mut seen: FxHashSet<&str> = FxHashSet::with_capacity_and_hasher(skip_bytes / 5 + max, Default::default());
+    seen.extend(skip.iter().flat_map(|s| identifiers(s)));
     let text = prefix_at_char_boundary(text, NAMES_SCAN_BYTES);
     for token in identifiers(text) {
         if out.len() >= max {
