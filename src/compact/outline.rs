@@ -464,34 +464,20 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
     out
 }
 
-/// `n` in decimal, without the formatting machinery (a map writes two numbers per definition).
-fn push_number(out: &mut String, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
-}
-
 /// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
     use std::fmt::Write;
+    // `itoa` writes the line numbers without the formatting machinery (two per definition).
+    let mut number = itoa::Buffer::new();
     let mut out = String::with_capacity(entries.len().min(max_entries) * 48);
     for e in entries.iter().take(max_entries) {
         for _ in 0..=e.depth {
             out.push_str("  ");
         }
-        push_number(&mut out, e.start);
+        out.push_str(number.format(e.start));
         if e.start != e.end {
             out.push('-');
-            push_number(&mut out, e.end);
+            out.push_str(number.format(e.end));
         }
         out.push_str("  ");
         out.push_str(&e.signature);
@@ -575,11 +561,11 @@ mod tests {
     }
 
     #[test]
-    fn numbers_are_written_in_decimal() {
-        for n in [0, 7, 10, 99, 100, 12_345, usize::MAX] {
-            let mut out = String::from("x");
-            push_number(&mut out, n);
-            assert_eq!(out, format!("x{n}"));
+    fn map_lines_write_their_numbers_in_decimal() {
+        for (start, end) in [(0, 0), (7, 7), (10, 99), (100, 12_345), (1, usize::MAX)] {
+            let entry = Entry { depth: 0, start, end, signature: "fn f()".into() };
+            let range = if start == end { format!("{start}") } else { format!("{start}-{end}") };
+            assert_eq!(render(&[entry], 10), format!("  {range}  fn f()"));
         }
     }
 
