@@ -97,7 +97,7 @@ fn compact_with(engine: &Engine, body: &[u8], options: &CompactOptions, counter:
     let parsed = ChatBody::parse(body).unwrap();
     let out = engine.compact(&parsed, options, counter);
     let mut messages = out.prefix;
-    messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
+    messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     parsed.to_vec_with_messages(&messages)
 }
 
@@ -106,11 +106,11 @@ fn bench(c: &mut Criterion) {
     let engine = Engine::default_pack();
     let n_messages = ChatBody::parse(&body).unwrap().messages.len();
     let tiktoken = TokenCounter::new(&CounterConfig::default());
-    let raw_tokens: u64 = ChatBody::parse(&body).unwrap().messages.iter().map(|m| tiktoken.message(m.get())).sum();
+    let raw_tokens: u64 = ChatBody::parse(&body).unwrap().messages.iter().map(|m| tiktoken.message(m)).sum();
     let out = compact_bytes(&engine, &body, None, &tiktoken);
     let one_thread = CompactOptions { single_thread: true, ..Default::default() };
     assert_eq!(out, compact_with(&engine, &body, &one_thread, &tiktoken), "one thread or all cores: same bytes");
-    let out_tokens: u64 = ChatBody::parse(&out).unwrap().messages.iter().map(|m| tiktoken.message(m.get())).sum();
+    let out_tokens: u64 = ChatBody::parse(&out).unwrap().messages.iter().map(|m| tiktoken.message(m)).sum();
     eprintln!(
         "request: {} bytes, {n_messages} messages, {raw_tokens} tokens (o200k) → rules: {} bytes, {out_tokens} tokens",
         body.len(),

@@ -53,11 +53,11 @@ fn main() {
                 let Ok(body) = ChatBody::parse(line.as_bytes()) else { continue };
                 let out = engine.compact(&body, &CompactOptions::default(), &counter);
                 t.requests += 1;
-                t.raw_tokens += body.messages.iter().map(|m| counter.message(m.get())).sum::<u64>();
+                t.raw_tokens += body.messages.iter().map(|m| counter.message(m)).sum::<u64>();
                 t.old_results += body.messages[..out.boundary]
                     .iter()
-                    .filter(|m| role_of(m.get()) == "tool")
-                    .map(|m| counter.message(m.get()))
+                    .filter(|m| role_of(m) == "tool")
+                    .map(|m| counter.message(m))
                     .sum::<u64>();
                 if let Some(rules) = out.report["rules"].as_object() {
                     for (rule, stats) in rules {

@@ -306,7 +306,7 @@ struct Parsed<'a> {
 impl<'a> Parsed<'a> {
     fn new(body: &ChatBody<'a>, counter: &TokenCounter) -> Parsed<'a> {
         let messages: Vec<std::borrow::Cow<'a, str>> =
-            body.messages.iter().map(|m| std::borrow::Cow::Borrowed(m.get())).collect();
+            body.messages.iter().map(|m| std::borrow::Cow::Borrowed(*m)).collect();
         let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
         let roles = messages.iter().map(|m| role_of(m).into_owned()).collect();
         let tools = body.field("tools").map(|t| t.get().to_owned()).filter(|t| t != "null");
@@ -444,7 +444,7 @@ fn has_file_extension(token: &str) -> bool {
 /// only in tool outputs) and how many of them `fwd` still contains.
 fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatBody<'_>, fwd: &[M]) -> (u64, u64) {
     let n = raw.messages.len();
-    let extends = next.messages.len() > n && raw.messages.iter().zip(&next.messages).all(|(a, b)| a.get() == b.get());
+    let extends = next.messages.len() > n && raw.messages.iter().zip(&next.messages).all(|(a, b)| a == b);
     if !extends {
         return (0, 0);
     }
@@ -464,7 +464,7 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
     // Compare decoded text, never JSON bytes: in `"line\nNow"` the bytes hold a spurious `nNow`.
     let (mut tool_text, mut other_text) = (String::new(), String::new());
     for m in &raw.messages {
-        let text = m.get();
+        let text = *m;
         let out = if role_of(text) == "tool" { &mut tool_text } else { &mut other_text };
         push_decoded(text, out);
     }

@@ -37,7 +37,6 @@ use std::sync::Mutex;
 use http::HeaderMap;
 use lru::LruCache;
 use serde_json::Value;
-use serde_json::value::RawValue;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::config::ArchiveConfig;
@@ -264,8 +263,8 @@ impl SessionTracker {
     }
 
     /// Normalized keys of a request's messages, reusing the keys of messages seen before.
-    pub fn message_keys(&self, messages: &[&RawValue]) -> Vec<u64> {
-        let raw_hashes: Vec<u128> = messages.iter().map(|m| xxh3_128(m.get().as_bytes())).collect();
+    pub fn message_keys(&self, messages: &[&str]) -> Vec<u64> {
+        let raw_hashes: Vec<u128> = messages.iter().map(|m| xxh3_128(m.as_bytes())).collect();
         let mut keys: Vec<Option<u64>> = {
             let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
             raw_hashes.iter().map(|h| memo.get(h).copied()).collect()
@@ -273,7 +272,7 @@ impl SessionTracker {
         let mut fresh = Vec::new();
         for (idx, key) in keys.iter_mut().enumerate() {
             if key.is_none() {
-                let k = message_key(messages[idx].get());
+                let k = message_key(messages[idx]);
                 *key = Some(k);
                 fresh.push((raw_hashes[idx], k));
             }

@@ -25,7 +25,7 @@ impl CountTokens for Quarter {
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = ChatBody::parse(data) else { return };
     let engine = Engine::default_pack();
-    let raw: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+    let raw = body.messages.clone();
     let raw_tokens: u64 = raw.iter().map(|m| Quarter.message(m)).sum();
     let input_valid = check(&raw.iter().map(|m| Skeleton::of(m)).collect::<Vec<_>>()).is_ok();
     for target in [None, Some(raw_tokens / 2)] {

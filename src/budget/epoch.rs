@@ -210,8 +210,8 @@ impl SessionCompactor {
         let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw { session: session.to_owned(), source })?;
         let fwd_body = ChatBody::parse(forwarded)
             .map_err(|source| SeedError::Forwarded { session: session.to_owned(), source })?;
-        let raw_msgs: Vec<&str> = raw_body.messages.iter().map(|m| m.get()).collect();
-        let fwd_msgs: Vec<&str> = fwd_body.messages.iter().map(|m| m.get()).collect();
+        let raw_msgs = &raw_body.messages;
+        let fwd_msgs = &fwd_body.messages;
         let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
@@ -246,7 +246,7 @@ impl SessionCompactor {
     pub fn compact_body(&self, session: &str, body: &ChatBody<'_>, window: Option<u64>) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
-        let request = Request { body, raw: body.messages.iter().map(|m| m.get()).collect(), tools, window, reserve };
+        let request = Request { body, raw: body.messages.clone(), tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
         let tokens_raw = counter.count_request(&request.raw, tools);
         let usable = request.usable();

@@ -42,7 +42,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let (out, sources) =
         engine.compact_traced(&body, &CompactOptions { target_tokens, ..Default::default() }, &counter);
     let mut messages = out.prefix.clone();
-    messages.extend(body.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
+    messages.extend(body.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     let forwarded = body.to_vec_with_messages(&messages);
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&forwarded).context("cannot write to stdout")?;
@@ -50,8 +50,8 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
 
     let tools = body.field("tools").map(|t| t.get());
     if args.stats {
-        let raw: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
-        let before = request_tokens(&counter, &raw, tools);
+        let raw = &body.messages;
+        let before = request_tokens(&counter, raw, tools);
         let after = request_tokens(&counter, &messages, tools);
         let encoding = settings.encoding.name();
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
@@ -181,7 +181,7 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
             Source::Raw(idx) => covered[idx] = true,
             Source::Edited(idx) => {
                 covered[idx] = true;
-                let before = body.messages[idx].get();
+                let before = body.messages[idx];
                 let (minus, plus) = previews(before, entry);
                 entries.push((
                     idx,
@@ -204,7 +204,7 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
     }
     for (idx, seen) in covered.iter().enumerate() {
         if !seen {
-            let before = body.messages[idx].get();
+            let before = body.messages[idx];
             entries.push((idx, format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before))));
         }
     }

@@ -7,7 +7,6 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use super::markers::{
     CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten,
@@ -53,7 +52,7 @@ pub struct Call {
 
 /// A request's messages, analysed once.
 pub struct Conversation<'a> {
-    pub raw: &'a [&'a RawValue],
+    pub raw: &'a [&'a str],
     /// Parsed messages; `None` when a message is not an object pare understands (never touched).
     pub msgs: Vec<Option<Message>>,
     /// First index of the protected tail.
@@ -114,16 +113,16 @@ impl<'a> Conversation<'a> {
     /// Parse and group the messages. With `may_parallelize`, a conversation of [`PARALLEL_BYTES`] or
     /// more does its per-message work on the rayon pool (here and in [`Conversation::map_each`]).
     pub fn analyse(
-        raw: &'a [&'a RawValue],
+        raw: &'a [&'a str],
         protect_last_turns: u32,
         key_arguments: &[String],
         success: &SuccessPolicy,
         may_parallelize: bool,
     ) -> Conversation<'a> {
-        let parallel = may_parallelize && raw.iter().map(|m| m.get().len()).sum::<usize>() >= PARALLEL_BYTES;
+        let parallel = may_parallelize && raw.iter().map(|m| m.len()).sum::<usize>() >= PARALLEL_BYTES;
         // Parse each message, read each tool result's outcome and each call's key argument:
         // independent per message.
-        let read = |m: &&RawValue| {
+        let read = |m: &&str| {
             let msg = Message::from_raw(m).ok();
             let outcome = msg.as_ref().filter(|m| m.role == "tool").map(|m| success.read_owned(m.text()));
             let calls = msg
@@ -374,13 +373,9 @@ mod tests {
     use super::*;
     use crate::compact::pack::SuccessSpec;
 
-    fn raws(list: &[&str]) -> Vec<Box<RawValue>> {
-        list.iter().map(|s| RawValue::from_string((*s).to_owned()).unwrap()).collect()
-    }
-
     #[test]
     fn groups_and_boundary() {
-        let owned = raws(&[
+        let refs = [
             r#"{"role":"system","content":"s"}"#,
             r#"{"role":"user","content":"u"}"#,
             r#"{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"x.py\"}"}},{"id":"b","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]}"#,
@@ -389,8 +384,7 @@ mod tests {
             r#"{"role":"assistant","content":"done"}"#,
             r#"{"role":"user","content":"more"}"#,
             r#"{"role":"assistant","content":"ok"}"#,
-        ]);
-        let refs: Vec<&RawValue> = owned.iter().map(|b| b.as_ref()).collect();
+        ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::compact::pack::RulesSpec::default().key_arguments;
         let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);

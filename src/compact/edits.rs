@@ -119,7 +119,7 @@ impl Edits {
 
     pub fn drop_message(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId) {
         self.dropped[idx] = true;
-        self.savings[idx].push((rule, conv.raw[idx].get().len() as i64));
+        self.savings[idx].push((rule, conv.raw[idx].len() as i64));
     }
 
     pub fn changed(&self, idx: usize) -> bool {
@@ -149,7 +149,7 @@ impl Edits {
     /// The forwarded JSON of message `idx` if its text were `text` (used to price tier forms). The
     /// message is read shallowly: every key it does not change keeps its original bytes and order.
     pub fn render_as(&self, conv: &Conversation<'_>, idx: usize, text: Option<&TextEdit>) -> String {
-        let raw = conv.raw[idx].get();
+        let raw = conv.raw[idx];
         if text.is_none()
             && self.removed[idx].is_empty()
             && !self.drop_thinking_parts[idx]

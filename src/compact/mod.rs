@@ -221,7 +221,7 @@ impl Engine {
                     }
                     None => {
                         skeletons.push(input_skeletons[idx].clone());
-                        prefix.push(conv.raw[idx].get().to_owned());
+                        prefix.push(conv.raw[idx].to_owned());
                         sources.push(Source::Raw(idx));
                     }
                 }
@@ -247,7 +247,7 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Sou
     report.messages_out = conv.msgs.len();
     let compacted = Compacted {
         boundary: conv.msgs.len(),
-        prefix: conv.raw.iter().map(|m| m.get().to_owned()).collect(),
+        prefix: conv.raw.iter().map(|m| (*m).to_owned()).collect(),
         report: report.to_value(),
         fitted: false,
     };
@@ -271,7 +271,7 @@ fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountT
         let edits = &*edits;
         conv.map_each(&changed, |&idx| {
             let text = edits.render(conv, idx);
-            let raw = conv.raw[idx].get();
+            let raw = conv.raw[idx];
             if text == raw {
                 return None;
             }
@@ -281,7 +281,7 @@ fn finish_rules(conv: &Conversation<'_>, edits: &mut Edits, counter: &dyn CountT
     };
     let mut rendered: Vec<Option<String>> = vec![None; conv.boundary];
     for idx in (0..conv.boundary).filter(|&i| edits.dropped[i]) {
-        edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64;
+        edits.tokens_saved[idx] = counter.message(conv.raw[idx]) as i64;
     }
     for (idx, outcome) in changed.into_iter().zip(outcomes) {
         match outcome {

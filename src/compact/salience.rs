@@ -111,9 +111,9 @@ pub fn fit(
     target: u64,
 ) -> Fit {
     let current = |edits: &Edits, rendered: &[Option<String>], idx: usize| -> u64 {
-        if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx].get())) }
+        if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx])) }
     };
-    let tail: u64 = conv.raw[conv.boundary..].iter().map(|m| counter.message(m.get())).sum();
+    let tail: u64 = conv.raw[conv.boundary..].iter().map(|m| counter.message(m)).sum();
     let mut tokens: Vec<u64> = (0..conv.boundary).map(|i| current(edits, rendered, i)).collect();
     let fixed_extra = tail + tools_tokens + REPLY_PRIMING;
     let after_rules = tokens.iter().sum::<u64>() + fixed_extra;
@@ -207,8 +207,8 @@ pub fn fit(
         for idx in *start..*end {
             if !edits.dropped[idx] {
                 elided.messages.insert(idx);
-                raw_tokens += counter.message(conv.raw[idx].get()) as i64;
-                raw_chars += conv.raw[idx].get().len() as i64;
+                raw_tokens += counter.message(conv.raw[idx]) as i64;
+                raw_chars += conv.raw[idx].len() as i64;
             }
         }
         elided.tokens_saved += raw_tokens - counter.message(marker) as i64;
@@ -339,7 +339,7 @@ fn apply_tier(
         edits.claimed[idx] = true;
         let text = edits.render(conv, idx);
         tokens[idx] = counter.message(&text);
-        edits.tokens_saved[idx] = counter.message(conv.raw[idx].get()) as i64 - tokens[idx] as i64;
+        edits.tokens_saved[idx] = counter.message(conv.raw[idx]) as i64 - tokens[idx] as i64;
         rendered[idx] = Some(text);
     }
 }

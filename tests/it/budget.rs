@@ -352,7 +352,7 @@ impl CompactEngine for MaskEngine {
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
-        let messages: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+        let messages = body.messages.clone();
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
             if assistants.len() >= self.tail_turns { assistants[assistants.len() - self.tail_turns] } else { 0 };
@@ -418,7 +418,7 @@ fn run(
             let out = compactor.compact_body(session, &body, Some(window));
             let forwarded = out.body.clone().unwrap_or_else(|| raw.clone());
             let fb = ChatBody::parse(&forwarded).unwrap();
-            let messages = fb.messages.iter().map(|m| m.get().to_owned()).collect();
+            let messages = fb.messages.iter().map(|m| (*m).to_owned()).collect();
             (messages, out)
         })
         .collect()

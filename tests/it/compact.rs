@@ -28,7 +28,7 @@ pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compa
     let parsed = ChatBody::parse(body).expect("fixture parses");
     let out = engine.compact(&parsed, &CompactOptions { target_tokens: target, ..Default::default() }, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
-    messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
+    messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
 }
 
@@ -84,20 +84,20 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
     let before = ChatBody::parse(input).unwrap();
     let after = ChatBody::parse(output).expect("output is valid JSON with messages");
     // Tail byte-identical.
-    let tail_in: Vec<&str> = before.messages[result.boundary..].iter().map(|m| m.get()).collect();
-    let tail_out: Vec<&str> = after.messages[after.messages.len() - tail_in.len()..].iter().map(|m| m.get()).collect();
+    let tail_in = &before.messages[result.boundary..];
+    let tail_out = &after.messages[after.messages.len() - tail_in.len()..];
     assert_eq!(tail_in, tail_out, "protected tail changed");
     // User messages byte-identical and in order.
     let users = |b: &ChatBody<'_>| -> Vec<String> {
         b.messages
             .iter()
-            .filter(|m| serde_json::from_str::<Value>(m.get()).ok().is_some_and(|v| v["role"] == "user"))
-            .map(|m| m.get().to_owned())
+            .filter(|m| serde_json::from_str::<Value>(m).ok().is_some_and(|v| v["role"] == "user"))
+            .map(|m| (*m).to_owned())
             .collect()
     };
     assert_eq!(users(&before), users(&after), "user messages changed");
     // Invariant 1.
-    let skeletons: Vec<_> = after.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
+    let skeletons: Vec<_> = after.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
     pare::compact::validate::check(&skeletons).expect("output satisfies invariant 1");
     // Other top-level keys untouched.
     for (key, value) in &before.fields {
@@ -106,7 +106,7 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
         }
     }
     // Tokens never grow.
-    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages.iter().map(|m| QuarterCounter.message(m.get())).sum() };
+    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages.iter().map(|m| QuarterCounter.message(m)).sum() };
     assert!(tokens(&after) <= tokens(&before), "tokens grew: {} > {}", tokens(&after), tokens(&before));
 }
 
@@ -760,7 +760,7 @@ fn cli_compacts_a_real_request_and_reports_per_rule() {
     assert!(stderr.contains("collapse_succeeded"), "{stderr}");
     assert!(stderr.contains("\n  + [tool: execute_bash(\"ls -R /workspace/django__django__3.0\") → ok"), "{stderr}");
     let parsed = ChatBody::parse(stdout).unwrap();
-    let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m.get())).collect();
+    let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
     pare::compact::validate::check(&skeletons).unwrap();
 }
 
@@ -1206,9 +1206,9 @@ fn check_generated(
     // Unknown keys of every edited message survive; untouched messages are their original bytes.
     for (entry, source) in result.prefix.iter().zip(&sources) {
         match *source {
-            pare::compact::Source::Raw(idx) => prop_assert_eq!(entry.as_str(), parsed.messages[idx].get()),
+            pare::compact::Source::Raw(idx) => prop_assert_eq!(entry.as_str(), parsed.messages[idx]),
             pare::compact::Source::Edited(idx) => {
-                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx].get()).unwrap();
+                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx]).unwrap();
                 let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
                 let order = |m: &serde_json::Map<String, Value>| -> Vec<String> {
                     m.keys().filter(|k| !k.starts_with("reasoning")).cloned().collect()

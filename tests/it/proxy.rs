@@ -303,7 +303,7 @@ struct LastMessageCompactor;
 
 impl ChatCompactor for LastMessageCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        let last = input.body.messages.last().map(|m| m.get()).unwrap_or("");
+        let last = input.body.messages.last().copied().unwrap_or("");
         let body = input.body.to_vec_with_messages(&[last]);
         Ok(CompactOutput {
             body: Some(body),

@@ -47,7 +47,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         if saved == 0 {
             continue;
         }
-        if let Some(json) = tool_calls_with(conv.raw[msg].get(), &shortened) {
+        if let Some(json) = tool_calls_with(conv.raw[msg], &shortened) {
             edits.tool_calls[msg] = Some(json);
             edits.savings[msg].push((RuleId::Arguments, saved));
         }

@@ -48,7 +48,7 @@ mod tests {
         let parsed = ChatBody::parse(body).unwrap();
         let out = engine.compact(&parsed, &CompactOptions::default(), &QuarterCounter);
         let mut messages = out.prefix;
-        messages.extend(parsed.messages[out.boundary..].iter().map(|m| m.get().to_owned()));
+        messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
         (parsed.to_vec_with_messages(&messages), out.report)
     }
 

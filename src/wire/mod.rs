@@ -2,7 +2,9 @@
 //!
 //! Only what the rules read is typed; everything else is carried as raw JSON so that it passes through
 //! byte for byte. A request is parsed once: its top-level keys keep their order and raw bytes, and each
-//! message is kept as its original bytes ([`RawValue`]) until a rule needs to look inside it.
+//! message is kept as its original bytes until a rule needs to look inside it.
+
+mod scan;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -16,8 +18,9 @@ pub struct ChatBody<'a> {
     /// Position of the `messages` key among the top-level keys: it comes before `fields[messages_idx]`
     /// (after the last field when `messages_idx == fields.len()`).
     pub messages_idx: usize,
-    /// The `messages` array, one raw value per message, in order.
-    pub messages: Vec<&'a RawValue>,
+    /// The `messages` array, one message per entry as its original JSON text (checked to be valid
+    /// JSON, not necessarily an object), in order.
+    pub messages: Vec<&'a str>,
 }
 
 /// Why a body is not a chat request pare can compact (it is then forwarded unchanged).
@@ -30,15 +33,34 @@ pub enum WireError {
 }
 
 impl<'a> ChatBody<'a> {
-    /// Parse the top level and split `messages` into raw messages, in one pass over the bytes. Does
-    /// not look inside messages. A repeated key keeps its first position and its last value (as a
-    /// JSON object map does); a `messages` that is not an array is refused.
+    /// Parse the top level and split `messages` into raw messages, checking that the whole body is
+    /// valid JSON but building no value inside a message. A repeated key keeps its first position and
+    /// its last value (as a JSON object map does); a `messages` that is not an array is refused.
+    ///
+    /// A body is read by the fast scan of [`scan`] when it can; whatever the scan declines (invalid
+    /// JSON included) is parsed by serde_json, which also words the error.
     pub fn parse(bytes: &'a [u8]) -> Result<ChatBody<'a>, WireError> {
+        if let Some(body) = Self::from_scan(bytes) {
+            return Ok(body);
+        }
         let top: TopLevel<'a> = serde_json::from_slice(bytes)?;
         let (messages_idx, Some(messages)) = top.messages.ok_or(WireError::NoMessages)? else {
             return Err(WireError::NoMessages);
         };
+        let messages = messages.into_iter().map(RawValue::get).collect();
         Ok(ChatBody { fields: top.fields.into_iter().collect(), messages_idx, messages })
+    }
+
+    /// The fast path: the scan's split, with the (few, small) top-level values handed to serde_json
+    /// as raw values.
+    fn from_scan(bytes: &'a [u8]) -> Option<ChatBody<'a>> {
+        let split = scan::split(bytes)?;
+        let fields = split
+            .fields
+            .into_iter()
+            .map(|(key, value)| Some((key.to_owned(), serde_json::from_str::<&'a RawValue>(value).ok()?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(ChatBody { fields, messages_idx: split.messages_idx, messages: split.messages })
     }
 
     /// The raw value of a top-level key.
@@ -264,8 +286,8 @@ pub struct FunctionCall {
 
 impl Message {
     /// Parse one raw message. Fails only when the message is not a JSON object of this shape.
-    pub fn from_raw(raw: &RawValue) -> serde_json::Result<Message> {
-        serde_json::from_str(raw.get())
+    pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
+        serde_json::from_str(raw)
     }
 
     /// The text of the content: the string, or the `text` parts joined by newlines.
@@ -288,7 +310,7 @@ mod tests {
     fn untouched_top_level_keeps_order_and_bytes() {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.50,"x":{"b":1,"a":2}}"#;
         let parsed = ChatBody::parse(body).unwrap();
-        let msgs: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+        let msgs = parsed.messages.clone();
         assert_eq!(parsed.to_vec_with_messages(&msgs), body.to_vec());
     }
 
@@ -313,7 +335,7 @@ mod tests {
     fn repeated_keys_keep_first_position_and_last_value() {
         let body = br#"{"a":1,"messages":[{"role":"user"}],"b":2,"a":3,"messages":[{"role":"tool"},7]}"#;
         let parsed = ChatBody::parse(body).unwrap();
-        let msgs: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+        let msgs = parsed.messages.clone();
         assert_eq!(msgs, vec![r#"{"role":"tool"}"#, "7"]);
         assert_eq!(
             String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(),
@@ -337,7 +359,7 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"user"}],"tools":[{"type":"function"}],"n":1}"#,
         ] {
             let parsed = ChatBody::parse(body.as_bytes()).unwrap();
-            let msgs: Vec<&str> = parsed.messages.iter().map(|m| m.get()).collect();
+            let msgs = parsed.messages.clone();
             assert_eq!(String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(), body);
             assert_eq!(parsed.field("messages").map(|v| v.get()), None);
         }
