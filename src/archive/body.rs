@@ -9,7 +9,7 @@
 //! these"), so a request costs only its new messages plus a few bytes. Concatenating the parts gives
 //! back the original bytes exactly, whitespace included.
 
-use serde_json::value::RawValue;
+use crate::wire::ChatBody;
 
 /// Top-level values at least this long are stored as blobs (deduplicated across requests).
 const BLOB_MIN_LEN: usize = 64;
@@ -47,17 +47,17 @@ fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
 }
 
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
-    let top: indexmap::IndexMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
-    let messages_raw = top.get("messages")?;
-    let messages: Vec<&RawValue> = serde_json::from_str(messages_raw.get()).ok()?;
-    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(top.len());
-    for (key, value) in &top {
-        let start = offset_in(body, value.get())?;
-        let is_messages = key == "messages";
-        if is_messages || value.get().len() >= BLOB_MIN_LEN {
-            spans.push((start, start + value.get().len(), is_messages));
+    // The proxy's own parse: one validating pass over the body that gives each value's bytes in place.
+    let parsed = ChatBody::parse(body).ok()?;
+    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(parsed.fields.len() + 1);
+    for (_, value) in &parsed.fields {
+        if value.get().len() >= BLOB_MIN_LEN {
+            let start = offset_in(body, value.get())?;
+            spans.push((start, start + value.get().len(), false));
         }
     }
+    let start = offset_in(body, parsed.messages_raw)?;
+    spans.push((start, start + parsed.messages_raw.len(), true));
     spans.sort_unstable();
     let mut pieces = Vec::with_capacity(spans.len() * 2 + 1);
     let mut at = 0;
@@ -69,7 +69,7 @@ fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
             pieces.push(Piece::Lit(&body[at..start]));
         }
         if is_messages {
-            pieces.push(Piece::Messages(split_messages(body, start, end, &messages)?));
+            pieces.push(Piece::Messages(split_messages(body, start, end, &parsed.messages)?));
         } else {
             pieces.push(Piece::Blob(&body[start..end]));
         }
@@ -81,13 +81,13 @@ fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     Some(pieces)
 }
 
-fn split_messages<'a>(body: &'a [u8], start: usize, end: usize, messages: &[&RawValue]) -> Option<MessagesPiece<'a>> {
+fn split_messages<'a>(body: &'a [u8], start: usize, end: usize, messages: &[&str]) -> Option<MessagesPiece<'a>> {
     let mut items = Vec::with_capacity(messages.len());
     let mut at = start;
     let mut open: &[u8] = &body[start..start];
     for (idx, message) in messages.iter().enumerate() {
-        let m_start = offset_in(body, message.get())?;
-        let m_end = m_start + message.get().len();
+        let m_start = offset_in(body, message)?;
+        let m_end = m_start + message.len();
         if m_start < at || m_end > end {
             return None;
         }
@@ -308,19 +308,32 @@ mod tests {
         out
     }
 
+    /// Each body rejoins to its exact bytes, and a chat body's messages are split out (`Some(n)`: that
+    /// many messages) whichever parse reads it.
     #[test]
     fn split_rejoins_byte_for_byte() {
-        let cases: &[&[u8]] = &[
-            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
-            b"{ \"messages\" : [ \n {\"role\":\"system\",\"content\":\"s\"} ,\n\t{\"role\":\"user\",\"content\":\"\\u00e9\"}  ] , \"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{}}}] }\n",
-            br#"{"messages":[],"model":"m"}"#,
-            b"not json at all",
-            br#"{"model":"m"}"#,
-            b"",
+        let cases: &[(&[u8], Option<usize>)] = &[
+            (br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#, Some(1)),
+            (b"{ \"messages\" : [ \n {\"role\":\"system\",\"content\":\"s\"} ,\n\t{\"role\":\"user\",\"content\":\"\\u00e9\"}  ] , \"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"parameters\":{}}}] }\n", Some(2)),
+            (br#"{"messages":[],"model":"m"}"#, Some(0)),
+            (br#"{"messages":[ ],"model":"m"}"#, Some(0)),
+            // Bodies the fast scan leaves to serde_json: repeated keys (first position, last value),
+            // an escaped key.
+            (br#"{"messages":[{"role":"user","content":"a"}],"model":"m","messages":[{"role":"user","content":"b"},{"role":"user","content":"c"}],"model":"n"}"#, Some(2)),
+            (br#"{"messag\u0065s":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}"#, Some(1)),
+            (b"not json at all", None),
+            (br#"{"model":"m"}"#, None),
+            (br#"{"model":"m","messages":{}}"#, None),
+            (b"", None),
         ];
-        for body in cases {
+        for (body, n_messages) in cases {
             let pieces = split(body);
             assert_eq!(join(&pieces), body.to_vec(), "body {:?}", String::from_utf8_lossy(body));
+            let found = pieces.iter().find_map(|p| match p {
+                Piece::Messages(m) => Some(m.items.len()),
+                _ => None,
+            });
+            assert_eq!(found, *n_messages, "body {:?}", String::from_utf8_lossy(body));
         }
     }
 

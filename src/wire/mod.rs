@@ -18,6 +18,9 @@ pub struct ChatBody<'a> {
     /// Position of the `messages` key among the top-level keys: it comes before `fields[messages_idx]`
     /// (after the last field when `messages_idx == fields.len()`).
     pub messages_idx: usize,
+    /// The `messages` array as it is in the body, brackets and whitespace inside included (the
+    /// archive stores the bytes between messages).
+    pub messages_raw: &'a str,
     /// The `messages` array, one message per entry as its original JSON text (checked to be valid
     /// JSON, not necessarily an object), in order.
     pub messages: Vec<&'a str>,
@@ -43,12 +46,17 @@ impl<'a> ChatBody<'a> {
         if let Some(body) = Self::from_scan(bytes) {
             return Ok(body);
         }
+        // The array's elements are read in a second pass over its bytes: this path is for bodies the
+        // scan declines, which are rare and small.
         let top: TopLevel<'a> = serde_json::from_slice(bytes)?;
-        let (messages_idx, Some(messages)) = top.messages.ok_or(WireError::NoMessages)? else {
-            return Err(WireError::NoMessages);
-        };
+        let (messages_idx, messages_raw, messages) = top.messages().ok_or(WireError::NoMessages)?;
         let messages = messages.into_iter().map(RawValue::get).collect();
-        Ok(ChatBody { fields: top.fields.into_iter().collect(), messages_idx, messages })
+        Ok(ChatBody {
+            fields: top.fields.into_iter().collect(),
+            messages_idx,
+            messages_raw: messages_raw.get(),
+            messages,
+        })
     }
 
     /// The fast path: the scan's split, with the (few, small) top-level values handed to serde_json
@@ -60,7 +68,12 @@ impl<'a> ChatBody<'a> {
             .into_iter()
             .map(|(key, value)| Some((key.to_owned(), serde_json::from_str::<&'a RawValue>(value).ok()?)))
             .collect::<Option<Vec<_>>>()?;
-        Some(ChatBody { fields, messages_idx: split.messages_idx, messages: split.messages })
+        Some(ChatBody {
+            fields,
+            messages_idx: split.messages_idx,
+            messages_raw: split.messages_raw,
+            messages: split.messages,
+        })
     }
 
     /// The raw value of a top-level key.
@@ -112,13 +125,20 @@ impl<'a> ChatBody<'a> {
     }
 }
 
-/// The top level as [`ChatBody::parse`] reads it: `messages` split into raw messages, every other key
-/// kept raw.
+/// The top level as serde_json reads it for [`ChatBody::parse`]: every key kept raw, `messages` apart.
 struct TopLevel<'a> {
     fields: indexmap::IndexMap<String, &'a RawValue>,
-    /// Position of the first `messages` key among the keys, and its last value's messages (`None`
-    /// when that value is not an array).
-    messages: Option<(usize, Option<Vec<&'a RawValue>>)>,
+    /// Position of the first `messages` key among the keys, and its last value.
+    messages: Option<(usize, &'a RawValue)>,
+}
+
+impl<'a> TopLevel<'a> {
+    /// The elements of `messages`, when it is an array.
+    fn messages(&self) -> Option<(usize, &'a RawValue, Vec<&'a RawValue>)> {
+        let (idx, raw) = self.messages?;
+        let elements = if raw.get().starts_with('[') { serde_json::from_str(raw.get()).ok()? } else { return None };
+        Some((idx, raw, elements))
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
@@ -132,12 +152,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'a>, A::Error> {
                 let mut top = TopLevel { fields: indexmap::IndexMap::new(), messages: None };
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let value = map.next_value::<&'a RawValue>()?;
                     if key == "messages" {
-                        let messages = map.next_value::<MaybeArray<'a>>()?.0;
-                        let position = top.messages.as_ref().map_or(top.fields.len(), |(p, _)| *p);
-                        top.messages = Some((position, messages));
+                        let position = top.messages.map_or(top.fields.len(), |(p, _)| p);
+                        top.messages = Some((position, value));
                     } else {
-                        let value = map.next_value::<&'a RawValue>()?;
                         top.fields.insert(key.into_owned(), value);
                     }
                 }
@@ -145,51 +164,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for TopLevel<'a> {
             }
         }
         d.deserialize_map(TopVisitor(std::marker::PhantomData))
-    }
-}
-
-/// The raw elements of a JSON array, or `None` for any other JSON value (which is skipped).
-struct MaybeArray<'a>(Option<Vec<&'a RawValue>>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for MaybeArray<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ArrayVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for ArrayVisitor<'a> {
-            type Value = MaybeArray<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<MaybeArray<'a>, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(m) = seq.next_element::<&'a RawValue>()? {
-                    out.push(m);
-                }
-                Ok(MaybeArray(Some(out)))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<MaybeArray<'a>, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(MaybeArray(None))
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<MaybeArray<'a>, E> {
-                Ok(MaybeArray(None))
-            }
-        }
-        d.deserialize_any(ArrayVisitor(std::marker::PhantomData))
     }
 }
 

@@ -21,6 +21,8 @@ pub(super) struct Split<'a> {
     pub fields: Vec<(&'a str, &'a str)>,
     /// Position of `messages` among the keys, as in [`ChatBody`](super::ChatBody).
     pub messages_idx: usize,
+    /// The `messages` array as it is in the body, brackets included.
+    pub messages_raw: &'a str,
     /// Each element of the `messages` array.
     pub messages: Vec<&'a str>,
 }
@@ -54,7 +56,9 @@ pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
         s.expect(b':')?;
         s.whitespace();
         if key == "messages" {
-            messages = Some((fields.len(), s.elements(text)?));
+            let start = s.at;
+            let elements = s.elements(text)?;
+            messages = Some((fields.len(), &text[start..s.at], elements));
         } else {
             let start = s.at;
             s.value(1)?;
@@ -71,8 +75,8 @@ pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
     if s.at != body.len() {
         return None;
     }
-    let (messages_idx, messages) = messages?;
-    Some(Split { fields, messages_idx, messages })
+    let (messages_idx, messages_raw, messages) = messages?;
+    Some(Split { fields, messages_idx, messages_raw, messages })
 }
 
 struct Scanner<'a> {
@@ -272,21 +276,22 @@ mod tests {
     use super::super::TopLevel;
     use super::*;
 
-    /// A split with owned strings: fields, the position of `messages`, the messages.
-    type Owned = (Vec<(String, String)>, usize, Vec<String>);
+    /// A split with owned strings: fields, the position of `messages`, the array, the messages.
+    type Owned = (Vec<(String, String)>, usize, String, Vec<String>);
 
     /// What serde_json's parse of the same body gives, in the scan's terms (`None` when it refuses the
     /// body or finds no `messages` array).
     fn by_serde(body: &[u8]) -> Option<Owned> {
         let top: TopLevel<'_> = serde_json::from_slice(body).ok()?;
-        let (idx, Some(messages)) = top.messages? else { return None };
+        let (idx, raw, messages) = top.messages()?;
         let fields = top.fields.into_iter().map(|(k, v)| (k, v.get().to_owned())).collect();
-        Some((fields, idx, messages.into_iter().map(|m| m.get().to_owned()).collect()))
+        Some((fields, idx, raw.get().to_owned(), messages.into_iter().map(|m| m.get().to_owned()).collect()))
     }
 
     fn owned(split: Split<'_>) -> Owned {
         let fields = split.fields.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-        (fields, split.messages_idx, split.messages.into_iter().map(str::to_owned).collect())
+        let messages = split.messages.into_iter().map(str::to_owned).collect();
+        (fields, split.messages_idx, split.messages_raw.to_owned(), messages)
     }
 
     /// The scan agrees with serde_json whenever it answers.
