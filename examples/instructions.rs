@@ -1,0 +1,55 @@
+//! Runs one operation of the engine bench's request N times, for counting instructions with
+//! callgrind: deterministic where wall time on a shared machine is not. `benches/instructions.sh`
+//! runs it under valgrind for N = 1 and N = 11 and prints the difference over 10, which cancels the
+//! building of the request and of the engine.
+//!
+//! `cargo run --release --example instructions -- OP N`, OP one of:
+//! - `compact`: parse + rules + serialize on the calling thread (`CompactOptions::single_thread`);
+//! - `compact-pool`: the same with the per-message work on the rayon pool (the proxy's default);
+//! - `parse`: `ChatBody::parse` alone;
+//! - `archive-split`: the archive's split of the body into pieces;
+//! - `serde-parse`: serde_json's parse into a `Value` (and its drop), the yardstick;
+//! - `serde-roundtrip`: serde_json's parse and serialize.
+//!
+//! Rules only, with the bytes/4 token counter: the tokenizer is measured by `benches/budget.rs`.
+
+use std::hint::black_box;
+
+use pare::budget::tokens::QuarterCounter;
+use pare::compact::{CompactOptions, Engine};
+use pare::wire::ChatBody;
+use serde_json::Value;
+
+#[path = "../benches/common/engine_request.rs"]
+mod engine_request;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(op), Some(n)) = (args.next(), args.next().and_then(|n| n.parse::<usize>().ok())) else {
+        eprintln!("usage: instructions compact|compact-pool|parse|archive-split|serde-parse|serde-roundtrip N");
+        std::process::exit(2);
+    };
+    let body = engine_request::large_request();
+    let engine = Engine::default_pack();
+    let mut total = 0usize;
+    for _ in 0..n {
+        let body = black_box(&body[..]);
+        total += match op.as_str() {
+            "compact" | "compact-pool" => {
+                let options = CompactOptions { single_thread: op == "compact", ..Default::default() };
+                engine_request::compact_with(&engine, body, &options, &QuarterCounter).len()
+            }
+            "parse" => ChatBody::parse(body).expect("the bench body parses").messages.len(),
+            "archive-split" => pare::archive::body::split(body).len(),
+            "serde-parse" => usize::from(serde_json::from_slice::<Value>(body).expect("valid JSON").is_object()),
+            "serde-roundtrip" => serde_json::to_vec(&serde_json::from_slice::<Value>(body).expect("valid JSON"))
+                .expect("serializes")
+                .len(),
+            other => {
+                eprintln!("unknown operation {other:?}");
+                std::process::exit(2);
+            }
+        };
+    }
+    black_box(total);
+}
