@@ -1,0 +1,38 @@
+//! Fuzz `ChatBody::parse` (its fast scan, and serde_json behind it) against serde_json alone: arbitrary
+//! bytes must be accepted exactly when serde_json reads them as an object whose `messages` (the last
+//! one, as a map keeps it) is an array, and then every message and every other top-level value must be
+//! the very bytes serde_json finds for it.
+#![no_main]
+
+use std::collections::HashMap;
+
+use libfuzzer_sys::fuzz_target;
+use pare::wire::ChatBody;
+use serde_json::value::RawValue;
+
+fuzz_target!(|data: &[u8]| {
+    let by_serde = serde_json::from_slice::<HashMap<String, &RawValue>>(data).ok().and_then(|top| {
+        let messages = top.get("messages")?;
+        let elements = if messages.get().starts_with('[') {
+            serde_json::from_str::<Vec<&RawValue>>(messages.get()).expect("a valid array splits")
+        } else {
+            return None;
+        };
+        Some((top, elements))
+    });
+    match (ChatBody::parse(data), by_serde) {
+        (Ok(body), Some((top, elements))) => {
+            let ours: Vec<&str> = body.messages.clone();
+            let theirs: Vec<&str> = elements.iter().map(|m| m.get()).collect();
+            assert_eq!(ours, theirs, "messages differ");
+            assert_eq!(body.messages_raw, top["messages"].get(), "messages array differs");
+            assert_eq!(body.fields.len() + 1, top.len(), "top-level keys differ");
+            for (key, value) in &body.fields {
+                assert_eq!(Some(value.get()), top.get(key).map(|v| v.get()), "value of {key:?} differs");
+            }
+        }
+        (Err(_), None) => {}
+        (Ok(_), None) => panic!("accepted a body serde_json refuses or that has no messages array"),
+        (Err(err), Some(_)) => panic!("refused a body serde_json reads: {err}"),
+    }
+});
