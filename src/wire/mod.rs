@@ -136,8 +136,10 @@ impl<'a> TopLevel<'a> {
     /// The elements of `messages`, when it is an array.
     fn messages(&self) -> Option<(usize, &'a RawValue, Vec<&'a RawValue>)> {
         let (idx, raw) = self.messages?;
-        let elements = if raw.get().starts_with('[') { serde_json::from_str(raw.get()).ok()? } else { return None };
-        Some((idx, raw, elements))
+        if !raw.get().starts_with('[') {
+            return None;
+        }
+        Some((idx, raw, serde_json::from_str(raw.get()).ok()?))
     }
 }
 

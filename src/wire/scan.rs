@@ -15,7 +15,7 @@
 //! declines, and the caller parses with serde_json, which then also words the error.
 
 /// The top level of a chat body as the scan finds it.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) struct Split<'a> {
     /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
     pub fields: Vec<(&'a str, &'a str)>,
