@@ -50,8 +50,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
 
     let tools = body.field("tools").map(|t| t.get());
     if args.stats {
-        let raw = &body.messages;
-        let before = request_tokens(&counter, raw, tools);
+        let before = request_tokens(&counter, &body.messages, tools);
         let after = request_tokens(&counter, &messages, tools);
         let encoding = settings.encoding.name();
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
