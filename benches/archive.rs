@@ -9,6 +9,10 @@
 //! - `PARE_BENCH_GENERATE=DIR:BYTES`: writes an archive of at least BYTES (synthetic coding sessions
 //!   with incompressible tool outputs) into DIR, for timing `pare sessions verify --archive DIR`.
 
+// The allocator of the `pare` binary: the figures are those of pare as shipped.
+#[global_allocator]
+static GLOBAL: pare::Allocator = pare::Allocator;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

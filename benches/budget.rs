@@ -7,6 +7,10 @@
 //!
 //! `cargo bench --bench budget`
 
+// The allocator of the `pare` binary: the figures are those of pare as shipped.
+#[global_allocator]
+static GLOBAL: pare::Allocator = pare::Allocator;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

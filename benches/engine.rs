@@ -7,6 +7,10 @@
 //! the figure to read on a shared machine. `cargo bench --bench engine -- no-such-bench` prints only
 //! that line.
 
+// The allocator of the `pare` binary: the figures are those of pare as shipped.
+#[global_allocator]
+static GLOBAL: pare::Allocator = pare::Allocator;
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -13,6 +13,10 @@
 //!
 //! Rules only, with the bytes/4 token counter: the tokenizer is measured by `benches/budget.rs`.
 
+// The allocator of the `pare` binary: the figures are those of pare as shipped.
+#[global_allocator]
+static GLOBAL: pare::Allocator = pare::Allocator;
+
 use std::hint::black_box;
 
 use pare::budget::tokens::QuarterCounter;

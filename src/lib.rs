@@ -30,3 +30,15 @@ pub mod pipeline;
 pub mod proxy;
 pub mod session;
 pub mod wire;
+
+/// The global allocator of the `pare` binary and of the benchmarks that measure it: mimalloc (cargo
+/// feature `mimalloc`, on by default; without it, the system allocator). pare's work is many
+/// short-lived strings — a large request's messages, decoded texts, markers — allocated and freed on
+/// the rayon pool and on tokio's threads: on the engine bench's request mimalloc cut the engine's
+/// instructions from 41.2 M to 38.0 M and its time on one thread by about a fifth against glibc's
+/// malloc (BENCHMARKS.md, issue 3). A library user keeps their own allocator: this is only a name to
+/// put in a `#[global_allocator]` static.
+#[cfg(feature = "mimalloc")]
+pub use mimalloc::MiMalloc as Allocator;
+#[cfg(not(feature = "mimalloc"))]
+pub use std::alloc::System as Allocator;

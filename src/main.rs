@@ -1,5 +1,8 @@
 //! The `pare` binary: parses the command line and hands over to [`pare::cli`].
 
+#[global_allocator]
+static GLOBAL: pare::Allocator = pare::Allocator;
+
 fn main() -> std::process::ExitCode {
     pare::cli::main()
 }
