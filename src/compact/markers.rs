@@ -291,6 +291,12 @@ pub const NAMES_SCAN_BYTES: usize = 8192;
 /// and numbers of 4+ digits. Plain words are not identifiers, and neither are JSON object keys
 /// (`"user_id":`), which name the schema rather than the data. Reads the first [`NAMES_SCAN_BYTES`].
 pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
+    salient_names_unshown(text, max, skip, &FxHashSet::default())
+}
+
+/// [`salient_names`] without the identifiers in `shown`: those the forwarded request shows whole
+/// elsewhere (see [`shown_names`]), which a marker would only repeat.
+pub fn salient_names_unshown(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if max == 0 {
         return out;
@@ -307,8 +313,22 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
         if out.len() >= max {
             break;
         }
-        if seen.insert(token) {
+        if seen.insert(token) && !shown.contains(token) {
             out.push(token.to_owned());
+        }
+    }
+    out
+}
+
+/// Every identifier (as [`salient_names`] reads them) of `texts`, whole: what messages forwarded
+/// unchanged show, so that markers need not list those names again.
+pub fn shown_names<'t>(texts: impl IntoIterator<Item = &'t str>) -> FxHashSet<String> {
+    let mut out: FxHashSet<String> = FxHashSet::default();
+    for text in texts {
+        for token in identifiers(text) {
+            if !out.contains(token) {
+                out.insert(token.to_owned());
+            }
         }
     }
     out
@@ -582,6 +602,12 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         );
         assert_eq!(salient_names(text, 2, &[]), vec!["8JX2WO", "HAT170"]);
         assert!(salient_names(text, 0, &[]).is_empty());
+        // Names shown elsewhere are skipped, and the cap counts only what is listed.
+        let shown = shown_names(["ticket HAT170 for load_user"]);
+        assert_eq!(
+            salient_names_unshown(text, 3, &["src/app/models.py"], &shown),
+            vec!["8JX2WO", "user_id", "UserCache.get"]
+        );
     }
 
     #[test]
