@@ -319,6 +319,7 @@ impl<'a> Conversation<'a> {
             lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,
+            siblings: call.map_or(0, |c| self.calls.iter().filter(|d| d.msg == c.msg).count()),
         }
     }
 

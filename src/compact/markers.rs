@@ -102,6 +102,8 @@ pub struct CallFacts {
     pub lines: usize,
     pub first_error: Option<String>,
     pub files: Vec<String>,
+    /// How many tool calls the assistant message made (this one included).
+    pub siblings: usize,
 }
 
 impl CallFacts {
@@ -110,12 +112,20 @@ impl CallFacts {
         format!("{}({})", self.tool, self.arg)
     }
 
+    /// What names the call in a marker that answers it: the call itself stays right above, so the
+    /// tool's name is enough — `tool("arg")` only when the message made several calls, which the
+    /// markers must then tell apart.
+    pub fn reference(&self) -> String {
+        if self.siblings > 1 { self.call() } else { self.tool.clone() }
+    }
+
     /// Value of a placeholder common to every call marker.
     pub fn value(&self, name: &str) -> Option<String> {
         Some(match name {
             "tool" => self.tool.clone(),
             "arg" => self.arg.clone(),
             "call" => self.call(),
+            "ref" => self.reference(),
             "id" => self.id.clone(),
             "status" => self.status.clone(),
             "chars" => group_digits(self.chars),
@@ -563,6 +573,10 @@ mod tests {
             f.render("[tool: {call} → {status}, {chars} chars{error}{files}]"),
             "[tool: terminal(\"pytest -x\") → failed (exit 1), 12,345 chars: AssertionError: boom; files: a.py]"
         );
+        // `{ref}`: the tool alone when its message made one call, the call when it made several.
+        assert_eq!(f.render("[tool: {ref} → {status}]"), "[tool: terminal → failed (exit 1)]");
+        let parallel = CallFacts { siblings: 2, ..f };
+        assert_eq!(parallel.render("[tool: {ref} → {status}]"), "[tool: terminal(\"pytest -x\") → failed (exit 1)]");
     }
 
     #[test]
