@@ -250,6 +250,8 @@ impl<'a> Conversation<'a> {
     /// the model sees anyway costs tokens and keeps nothing. Computed once, on first use.
     pub fn shown(&self) -> &FxHashSet<String> {
         self.shown.get_or_init(|| {
+            // Results are read in place; other texts and the calls' argument strings are decoded.
+            let mut results: Vec<&str> = Vec::new();
             let mut texts: Vec<String> = Vec::new();
             for (idx, m) in self.msgs.iter().enumerate() {
                 let Some(m) = m else { continue };
@@ -257,7 +259,7 @@ impl<'a> Conversation<'a> {
                     continue;
                 }
                 match &self.outcomes[idx] {
-                    Some(o) => texts.push(o.text.clone()),
+                    Some(o) => results.push(&o.text),
                     None => texts.push(m.text()),
                 }
             }
@@ -267,7 +269,7 @@ impl<'a> Conversation<'a> {
                     Err(_) => texts.push(call.arguments.clone()),
                 }
             }
-            shown_names(texts.iter().map(String::as_str))
+            shown_names(results.into_iter().chain(texts.iter().map(String::as_str)))
         })
     }
 
