@@ -164,6 +164,8 @@ pub struct ElisionSummary {
     pub tools: Vec<(String, usize)>,
     pub notes: usize,
     pub files: Vec<String>,
+    /// The identifiers it lists (`{names}`), most recent first.
+    pub names: Vec<String>,
 }
 
 /// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
@@ -172,11 +174,15 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
     let rest = text.strip_prefix("[pare: ")?.strip_suffix(']')?;
     let (count, rest) = rest.split_once(" earlier messages elided — ")?;
     let messages = count.replace(',', "").parse().ok()?;
+    let (rest, names) = match rest.split_once("; names: ") {
+        Some((rest, names)) => (rest, names.split(", ").map(str::to_owned).collect()),
+        None => (rest, Vec::new()),
+    };
     let (what, files) = match rest.split_once("; files: ") {
         Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let mut summary = ElisionSummary { messages, files, ..ElisionSummary::default() };
+    let mut summary = ElisionSummary { messages, files, names, ..ElisionSummary::default() };
     for item in what.split(", ").filter(|i| !i.is_empty()) {
         let (name, k) = item.rsplit_once(" ×")?;
         let k: usize = k.replace(',', "").parse().ok()?;
@@ -633,6 +639,10 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         assert_eq!(s.tools, vec![("read_file".to_string(), 5), ("system".to_string(), 1)]);
         assert_eq!(s.notes, 2);
         assert_eq!(s.files, vec!["a.py".to_string(), "b/c.rs".to_string()]);
+        assert!(s.names.is_empty());
+        let named = parse_elision("[pare: 3 earlier messages elided — bash ×3; files: a.py; names: load_user, HAT170]")
+            .expect("default form with names");
+        assert_eq!((named.files, named.names), (vec!["a.py".to_string()], vec!["load_user".into(), "HAT170".into()]));
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal ×2]").map(|s| s.files.len()), Some(0));
         assert_eq!(parse_elision("[pare: assistant note, 12 chars omitted]"), None);
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal twice]"), None);

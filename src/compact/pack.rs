@@ -435,7 +435,7 @@ impl Default for TierSpec {
             heavy_text_chars: 200,
             facts_template: "[tool: {ref} → {status}]".into(),
             facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
-            elision_template: "[pare: {n} earlier messages elided — {tools}{files}]".into(),
+            elision_template: "[pare: {n} earlier messages elided — {tools}{files}{names}]".into(),
         }
     }
 }
@@ -603,7 +603,7 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.tiers.elision_template".into(),
                 text: &self.tiers.elision_template,
-                allowed: &["n", "tools", "files"],
+                allowed: &["n", "tools", "files", "names"],
             },
         ];
         for (i, rule) in self.custom.iter().enumerate() {

@@ -20,7 +20,8 @@ use super::Engine;
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, files_suffix, group_digits, is_compacted, mentioned_files, parse_elision, render,
+    ElisionSummary, NAMES_PER_MARKER, files_suffix, group_digits, is_compacted, mentioned_files, names_suffix,
+    parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -123,7 +124,7 @@ pub fn fit(
         return Fit { report, elided };
     }
 
-    let facts = MarkerFacts::new(conv, edits);
+    let facts = MarkerFacts::new(engine, conv, edits);
     let units = units(engine, conv, edits, &facts);
     let forms = Forms { engine, conv, counter };
     let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
@@ -226,11 +227,14 @@ pub fn fit(
 /// elision step, and a message's facts never change.
 struct MarkerFacts {
     tool_results: Vec<Option<(String, Vec<String>)>>,
+    /// Per tool result, the identifiers the elision marker may list (`{names}`: those its collapse
+    /// marker lists, or would list); empty when the template does not ask for them.
+    names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
 }
 
 impl MarkerFacts {
-    fn new(conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
+    fn new(engine: &Engine, conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
         let tool_results = (0..conv.boundary)
             .map(|idx| match &conv.msgs[idx] {
                 Some(m) if m.role == "tool" => {
@@ -240,8 +244,18 @@ impl MarkerFacts {
                 _ => None,
             })
             .collect();
+        let wants_names = placeholders(&engine.policy.spec.tiers.elision_template).contains(&"names");
+        let indices: Vec<usize> = (0..conv.boundary).collect();
+        let names = conv.map_each(&indices, |&idx| {
+            if !wants_names || conv.outcomes[idx].is_none() {
+                return Vec::new();
+            }
+            // A result already compacted reads as its marker: the tool's name is not a name of it.
+            let tool = &conv.facts(idx).tool;
+            conv.names(idx).iter().filter(|n| *n != tool).cloned().collect()
+        });
         let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
-        MarkerFacts { tool_results, earlier_elisions }
+        MarkerFacts { tool_results, names, earlier_elisions }
     }
 }
 
@@ -452,10 +466,35 @@ fn elision_marker(
     if notes > 0 {
         what.push(format!("assistant notes ×{notes}"));
     }
+    // Names: the most recent results' first (the next step is likelier to reuse them), then what an
+    // earlier elision marker listed; at most NAMES_PER_MARKER, none twice.
+    let mut names: Vec<&str> = Vec::new();
+    for idx in (start..end).rev() {
+        if edits.dropped[idx] || conv.msgs[idx].is_none() {
+            continue;
+        }
+        let listed = match &marker_facts.earlier_elisions[idx] {
+            Some(earlier) => &earlier.names,
+            None => &marker_facts.names[idx],
+        };
+        for n in listed {
+            if names.len() >= NAMES_PER_MARKER {
+                break;
+            }
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
     let text = render(&engine.policy.spec.tiers.elision_template, &|name| match name {
         "n" => Some(group_digits(n)),
         "tools" => Some(what.join(", ")),
         "files" => Some(if terse { String::new() } else { files_suffix(&files) }),
+        "names" => Some(if terse {
+            String::new()
+        } else {
+            names_suffix(&names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        }),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()

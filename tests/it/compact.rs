@@ -965,6 +965,33 @@ fn an_earlier_elision_marker_merges_into_the_next_one() {
 }
 
 #[test]
+fn elision_markers_list_the_names_of_what_they_elided_most_recent_first() {
+    let msgs =
+        path_turns(60, |_| "terminal", |i| format!("loaded ticket TK{i:04} ok\n{}", "line of output\n".repeat(30)));
+    let engine = engine("default", json!({"protect_last_turns": 2, "collapse_succeeded": {"enabled": false}}));
+    let marker = |out: &[Value]| -> String {
+        out.iter().map(text).find(|t| t.contains("earlier messages elided")).expect("an elision marker")
+    };
+    let tickets = |names: &[String]| -> Vec<u32> {
+        names.iter().filter_map(|n| n.strip_prefix("TK")?.parse().ok()).collect::<Vec<u32>>()
+    };
+    let (first, _) = forward_with(&engine, &msgs, Some(tokens_of(&msgs, 0) / 2));
+    let earlier = pare::compact::markers::parse_elision(&marker(&first)).expect("default form");
+    let listed = tickets(&earlier.names);
+    assert_eq!(listed.len(), earlier.names.len(), "only the results' names: {:?}", earlier.names);
+    assert_eq!(listed.len(), 24.min(earlier.messages / 2), "{:?}", marker(&first));
+    assert!(listed.windows(2).all(|w| w[0] > w[1]), "most recent first: {listed:?}");
+    let mut grown = first.clone();
+    grown.extend_from_slice(&msgs[msgs.len() - 4..]);
+    let (second, _) = forward_with(&engine, &grown, Some(tokens_of(&grown, 0) / 3));
+    let merged = pare::compact::markers::parse_elision(&marker(&second)).expect("default form");
+    let now = tickets(&merged.names);
+    assert_eq!(now.len(), 24, "{:?}", merged.names);
+    assert!(now.windows(2).all(|w| w[0] > w[1]), "the newly elided first, then the earlier marker's: {now:?}");
+    assert!(now[0] > listed[0], "{now:?} after {listed:?}");
+}
+
+#[test]
 fn an_unreachable_target_says_so_and_still_never_grows() {
     let msgs = long_session(3);
     let engine = engine("default", json!({"protect_last_turns": 2}));
