@@ -162,7 +162,8 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra };
+    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra, terse: false };
+    let mut went_terse = false;
     ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
         total <= target && tier_of[u].is_some()
     });
@@ -183,6 +184,21 @@ pub fn fit(
                 break;
             }
         }
+        if total > target && !gone.is_empty() {
+            // Still over: the markers go terse (no file or name lists) in the end, so weigh the
+            // remaining steps with terse markers — a run that pays only without its lists must
+            // still be elided, or a request that could fit stays over.
+            went_terse = true;
+            let terse_ctx = ElideContext { terse: true, ..ctx };
+            let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, true);
+            total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+            for _ in 0..=units.len() {
+                let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
+                if !terse_ctx.elide_in_order(edits, &units, &left, &mut gone, &tokens, &mut total, |_, _| false) {
+                    break;
+                }
+            }
+        }
     }
     for (u, tier) in final_tier.iter().enumerate() {
         if gone.contains(&u) {
@@ -197,7 +213,7 @@ pub fn fit(
     }
     // Still over after eliding all it could: the markers drop their file lists, so that what cannot be
     // elided (system, users, tail, tools) plus the markers fits whenever it can.
-    let terse = total > target && !gone.is_empty();
+    let terse = went_terse || total > target && !gone.is_empty();
     let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, terse);
     if terse {
         total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
@@ -266,6 +282,8 @@ struct ElideContext<'e, 'c, 'a> {
     conv: &'c Conversation<'a>,
     counter: &'e dyn CountTokens,
     fixed_extra: u64,
+    /// Weigh steps with terse markers (no file or name lists).
+    terse: bool,
 }
 
 impl ElideContext<'_, '_, '_> {
@@ -306,7 +324,7 @@ impl ElideContext<'_, '_, '_> {
             let mut trial = gone.clone();
             trial.extend(joined.iter().copied());
             trial.insert(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, false);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, self.terse);
             let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
             if new_total < *total {
                 *total = new_total;

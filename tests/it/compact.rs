@@ -991,6 +991,32 @@ fn elision_markers_list_the_names_of_what_they_elided_most_recent_first() {
     assert!(now[0] > listed[0], "{now:?} after {listed:?}");
 }
 
+/// Elision weighs its last steps with terse markers (no file or name lists), as they will be
+/// rendered: over target only when nothing elidable is left. (The case that needed it came from the
+/// corpus — an OpenHands session at a 16k window in epoch mode; this sweep of targets over a small
+/// session of name-heavy results checks the property, it did not fail before the change.)
+#[test]
+fn a_target_reachable_only_with_terse_markers_is_reached() {
+    let msgs =
+        path_turns(6, |_| "terminal", |i| (0..12).map(|j| format!("ID{i}X{j:03}")).collect::<Vec<_>>().join(" "));
+    let engine = engine("default", json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}}));
+    let floor = tokens_of(&msgs[..2], 0) + tokens_of(&msgs[msgs.len() - 2..], 0);
+    let mut terse_seen = false;
+    for target in floor..tokens_of(&msgs, 0) {
+        let (out, report) = forward_with(&engine, &msgs, Some(target));
+        if report["tiers"]["over_target"] == false {
+            assert!(tokens_of(&out, 0) <= target, "{report}");
+            continue;
+        }
+        // Over target only when even one terse marker for everything elidable does not fit.
+        let all_gone =
+            out.iter().filter(|m| text(m).contains("earlier messages elided")).count() == 1 && out.len() == 5;
+        assert!(all_gone, "target {target} (floor {floor}) missed with groups left: {out:?}\n{report}");
+        terse_seen = true;
+    }
+    assert!(terse_seen || floor > 0);
+}
+
 #[test]
 fn an_unreachable_target_says_so_and_still_never_grows() {
     let msgs = long_session(3);
