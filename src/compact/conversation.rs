@@ -6,10 +6,12 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+use rustc_hash::FxHashSet;
 use serde_json::Value;
 
 use super::markers::{
-    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten,
+    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names_unshown, shorten,
+    shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
 use crate::wire::Message;
@@ -69,6 +71,9 @@ pub struct Conversation<'a> {
     /// tiers may ask for the same message), from whichever thread asks first.
     facts: Vec<OnceLock<CallFacts>>,
     names: Vec<OnceLock<Vec<String>>>,
+    /// The identifiers the forwarded request shows whole: user messages and the protected tail
+    /// (see [`Conversation::shown`]).
+    shown: OnceLock<FxHashSet<String>>,
     /// Each tool result's text length in chars: facts, structural maps, savings and truncation all
     /// ask, and counting reads the whole text.
     text_chars: Vec<OnceLock<usize>>,
@@ -209,6 +214,7 @@ impl<'a> Conversation<'a> {
             first_system,
             facts,
             names,
+            shown: OnceLock::new(),
             text_chars,
             parallel,
         }
@@ -234,7 +240,36 @@ impl<'a> Conversation<'a> {
             let text = self.outcomes[idx].as_ref().map(|o| o.text.as_str()).unwrap_or("");
             let mut known: Vec<&str> = facts.files.iter().map(String::as_str).collect();
             known.push(&facts.arg);
-            salient_names(text, NAMES_PER_MARKER, &known)
+            salient_names_unshown(text, NAMES_PER_MARKER, &known, self.shown())
+        })
+    }
+
+    /// The identifiers of the messages no rule or tier ever changes, which the forwarded request
+    /// therefore shows whole: user messages and the protected tail (its texts, its results' texts
+    /// and the strings of its calls' arguments). A marker's `{names}` skips them: listing a name
+    /// the model sees anyway costs tokens and keeps nothing. Computed once, on first use.
+    pub fn shown(&self) -> &FxHashSet<String> {
+        self.shown.get_or_init(|| {
+            // Results are read in place; other texts and the calls' argument strings are decoded.
+            let mut results: Vec<&str> = Vec::new();
+            let mut texts: Vec<String> = Vec::new();
+            for (idx, m) in self.msgs.iter().enumerate() {
+                let Some(m) = m else { continue };
+                if idx < self.boundary && m.role != "user" {
+                    continue;
+                }
+                match &self.outcomes[idx] {
+                    Some(o) => results.push(&o.text),
+                    None => texts.push(m.text()),
+                }
+            }
+            for call in self.calls.iter().filter(|c| c.msg >= self.boundary) {
+                match serde_json::from_str::<Value>(&call.arguments) {
+                    Ok(v) => push_strings(&v, &mut texts),
+                    Err(_) => texts.push(call.arguments.clone()),
+                }
+            }
+            shown_names(results.into_iter().chain(texts.iter().map(String::as_str)))
         })
     }
 
@@ -286,6 +321,7 @@ impl<'a> Conversation<'a> {
             lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,
+            siblings: call.map_or(0, |c| self.calls.iter().filter(|d| d.msg == c.msg).count()),
         }
     }
 
@@ -322,6 +358,16 @@ fn boundary(msgs: &[Option<Message>], protect_last_turns: u32) -> usize {
         }
     }
     0
+}
+
+/// Every string inside a JSON value (a call's arguments), in order.
+fn push_strings(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| push_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| push_strings(v, out)),
+        _ => {}
+    }
 }
 
 /// The arguments as text: the JSON-encoded string, or the JSON of an object some clients send.
@@ -408,6 +454,28 @@ mod tests {
         assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy, true).boundary, 2);
         assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy, true).boundary, 0);
         assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy, true).boundary, 8);
+    }
+
+    #[test]
+    fn names_skip_what_user_messages_and_the_tail_show() {
+        let refs = [
+            r#"{"role":"user","content":"fix parse_header in HAT170"}"#,
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"cat x.py\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"a","content":"def parse_header(raw_bytes): return ZFA04Y + load_user(user_id)"}"#,
+            r#"{"role":"assistant","content":"Now load_user.","tool_calls":[{"id":"b","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"grep -n user_id app.py\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"b","content":"12: ZFA04Y"}"#,
+        ];
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
+        assert_eq!(conv.boundary, 3);
+        // `parse_header` is in the user message, `load_user` in the tail's text, `user_id` in its
+        // call's arguments and `ZFA04Y` in its result: only `raw_bytes` is left to list.
+        assert_eq!(conv.names(2), ["raw_bytes".to_string()]);
+        assert!(conv.render_marker(2, "[tool: {call}{names}]").ends_with("; names: raw_bytes]"));
+        // With no protected tail only the user message is shown: the result lists the rest.
+        let none = Conversation::analyse(&refs, 0, &keys, &policy, true);
+        assert_eq!(none.names(2), ["raw_bytes", "ZFA04Y", "load_user", "user_id"].map(String::from));
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub struct CallFacts {
     pub lines: usize,
     pub first_error: Option<String>,
     pub files: Vec<String>,
+    /// How many tool calls the assistant message made (this one included).
+    pub siblings: usize,
 }
 
 impl CallFacts {
@@ -110,12 +112,20 @@ impl CallFacts {
         format!("{}({})", self.tool, self.arg)
     }
 
+    /// What names the call in a marker that answers it: the call itself stays right above, so the
+    /// tool's name is enough — `tool("arg")` only when the message made several calls, which the
+    /// markers must then tell apart.
+    pub fn reference(&self) -> String {
+        if self.siblings > 1 { self.call() } else { self.tool.clone() }
+    }
+
     /// Value of a placeholder common to every call marker.
     pub fn value(&self, name: &str) -> Option<String> {
         Some(match name {
             "tool" => self.tool.clone(),
             "arg" => self.arg.clone(),
             "call" => self.call(),
+            "ref" => self.reference(),
             "id" => self.id.clone(),
             "status" => self.status.clone(),
             "chars" => group_digits(self.chars),
@@ -154,6 +164,8 @@ pub struct ElisionSummary {
     pub tools: Vec<(String, usize)>,
     pub notes: usize,
     pub files: Vec<String>,
+    /// The identifiers it lists (`{names}`), most recent first.
+    pub names: Vec<String>,
 }
 
 /// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
@@ -162,11 +174,15 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
     let rest = text.strip_prefix("[pare: ")?.strip_suffix(']')?;
     let (count, rest) = rest.split_once(" earlier messages elided — ")?;
     let messages = count.replace(',', "").parse().ok()?;
+    let (rest, names) = match rest.split_once("; names: ") {
+        Some((rest, names)) => (rest, names.split(", ").map(str::to_owned).collect()),
+        None => (rest, Vec::new()),
+    };
     let (what, files) = match rest.split_once("; files: ") {
         Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let mut summary = ElisionSummary { messages, files, ..ElisionSummary::default() };
+    let mut summary = ElisionSummary { messages, files, names, ..ElisionSummary::default() };
     for item in what.split(", ").filter(|i| !i.is_empty()) {
         let (name, k) = item.rsplit_once(" ×")?;
         let k: usize = k.replace(',', "").parse().ok()?;
@@ -291,6 +307,12 @@ pub const NAMES_SCAN_BYTES: usize = 8192;
 /// and numbers of 4+ digits. Plain words are not identifiers, and neither are JSON object keys
 /// (`"user_id":`), which name the schema rather than the data. Reads the first [`NAMES_SCAN_BYTES`].
 pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
+    salient_names_unshown(text, max, skip, &FxHashSet::default())
+}
+
+/// [`salient_names`] without the identifiers in `shown`: those the forwarded request shows whole
+/// elsewhere (see [`shown_names`]), which a marker would only repeat.
+pub fn salient_names_unshown(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if max == 0 {
         return out;
@@ -307,8 +329,22 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
         if out.len() >= max {
             break;
         }
-        if seen.insert(token) {
+        if seen.insert(token) && !shown.contains(token) {
             out.push(token.to_owned());
+        }
+    }
+    out
+}
+
+/// Every identifier (as [`salient_names`] reads them) of `texts`, whole: what messages forwarded
+/// unchanged show, so that markers need not list those names again.
+pub fn shown_names<'t>(texts: impl IntoIterator<Item = &'t str>) -> FxHashSet<String> {
+    let mut out: FxHashSet<String> = FxHashSet::default();
+    for text in texts {
+        for token in identifiers(text) {
+            if !out.contains(token) {
+                out.insert(token.to_owned());
+            }
         }
     }
     out
@@ -543,6 +579,10 @@ mod tests {
             f.render("[tool: {call} → {status}, {chars} chars{error}{files}]"),
             "[tool: terminal(\"pytest -x\") → failed (exit 1), 12,345 chars: AssertionError: boom; files: a.py]"
         );
+        // `{ref}`: the tool alone when its message made one call, the call when it made several.
+        assert_eq!(f.render("[tool: {ref} → {status}]"), "[tool: terminal → failed (exit 1)]");
+        let parallel = CallFacts { siblings: 2, ..f };
+        assert_eq!(parallel.render("[tool: {ref} → {status}]"), "[tool: terminal(\"pytest -x\") → failed (exit 1)]");
     }
 
     #[test]
@@ -582,6 +622,12 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         );
         assert_eq!(salient_names(text, 2, &[]), vec!["8JX2WO", "HAT170"]);
         assert!(salient_names(text, 0, &[]).is_empty());
+        // Names shown elsewhere are skipped, and the cap counts only what is listed.
+        let shown = shown_names(["ticket HAT170 for load_user"]);
+        assert_eq!(
+            salient_names_unshown(text, 3, &["src/app/models.py"], &shown),
+            vec!["8JX2WO", "user_id", "UserCache.get"]
+        );
     }
 
     #[test]
@@ -593,6 +639,10 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         assert_eq!(s.tools, vec![("read_file".to_string(), 5), ("system".to_string(), 1)]);
         assert_eq!(s.notes, 2);
         assert_eq!(s.files, vec!["a.py".to_string(), "b/c.rs".to_string()]);
+        assert!(s.names.is_empty());
+        let named = parse_elision("[pare: 3 earlier messages elided — bash ×3; files: a.py; names: load_user, HAT170]")
+            .expect("default form with names");
+        assert_eq!((named.files, named.names), (vec!["a.py".to_string()], vec!["load_user".into(), "HAT170".into()]));
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal ×2]").map(|s| s.files.len()), Some(0));
         assert_eq!(parse_elision("[pare: assistant note, 12 chars omitted]"), None);
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal twice]"), None);

@@ -244,7 +244,7 @@ impl Default for CollapseRule {
             enabled: true,
             min_chars: 0,
             except_tools: Vec::new(),
-            template: "[tool: {call} → {status}, {chars} chars, {lines} lines{files}{names}]".into(),
+            template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{names}]".into(),
         }
     }
 }
@@ -431,11 +431,11 @@ impl Default for TierSpec {
             light_max_chars: 300,
             light_head: 5,
             light_tail: 3,
-            heavy_template: "[tool: {call} → {status}, {chars} chars, {lines} lines{error}{files}{names}]".into(),
+            heavy_template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{error}{files}{names}]".into(),
             heavy_text_chars: 200,
-            facts_template: "[tool: {call} → {status}]".into(),
+            facts_template: "[tool: {ref} → {status}]".into(),
             facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
-            elision_template: "[pare: {n} earlier messages elided — {tools}{files}]".into(),
+            elision_template: "[pare: {n} earlier messages elided — {tools}{files}{names}]".into(),
         }
     }
 }
@@ -450,7 +450,8 @@ struct TemplateCheck<'a> {
     allowed: &'static [&'static str],
 }
 
-const CALL_FACTS: &[&str] = &["tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names"];
+const CALL_FACTS: &[&str] =
+    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names"];
 
 impl RulesSpec {
     /// Every semantic problem, each with its dotted path under `rules`.
@@ -550,20 +551,22 @@ impl RulesSpec {
                 path: "rules.loops.template".into(),
                 text: &self.loops.template,
                 allowed: &[
-                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "k", "total",
+                    "tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "k",
+                    "total",
                 ],
             },
             TemplateCheck {
                 path: "rules.duplicates.template".into(),
                 text: &self.duplicates.template,
                 allowed: &[
-                    "tool", "arg", "call", "id", "status", "chars", "lines", "error", "files", "names", "later_id",
+                    "tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names",
+                    "later_id",
                 ],
             },
             TemplateCheck {
                 path: "rules.structure.template".into(),
                 text: &self.structure.template,
-                allowed: &["tool", "arg", "call", "id", "path", "lines", "chars", "language", "names"],
+                allowed: &["tool", "arg", "call", "ref", "id", "path", "lines", "chars", "language", "names"],
             },
             TemplateCheck {
                 path: "rules.collapse_succeeded.template".into(),
@@ -600,7 +603,7 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.tiers.elision_template".into(),
                 text: &self.tiers.elision_template,
-                allowed: &["n", "tools", "files"],
+                allowed: &["n", "tools", "files", "names"],
             },
         ];
         for (i, rule) in self.custom.iter().enumerate() {

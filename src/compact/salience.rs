@@ -20,7 +20,8 @@ use super::Engine;
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, files_suffix, group_digits, is_compacted, mentioned_files, parse_elision, render,
+    ElisionSummary, NAMES_PER_MARKER, files_suffix, group_digits, is_compacted, mentioned_files, names_suffix,
+    parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -123,7 +124,7 @@ pub fn fit(
         return Fit { report, elided };
     }
 
-    let facts = MarkerFacts::new(conv, edits);
+    let facts = MarkerFacts::new(engine, conv, edits);
     let units = units(engine, conv, edits, &facts);
     let forms = Forms { engine, conv, counter };
     let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
@@ -161,7 +162,8 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra };
+    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra, terse: false };
+    let mut went_terse = false;
     ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
         total <= target && tier_of[u].is_some()
     });
@@ -182,6 +184,21 @@ pub fn fit(
                 break;
             }
         }
+        if total > target && !gone.is_empty() {
+            // Still over: the markers go terse (no file or name lists) in the end, so weigh the
+            // remaining steps with terse markers — a run that pays only without its lists must
+            // still be elided, or a request that could fit stays over.
+            went_terse = true;
+            let terse_ctx = ElideContext { terse: true, ..ctx };
+            let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, true);
+            total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+            for _ in 0..=units.len() {
+                let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
+                if !terse_ctx.elide_in_order(edits, &units, &left, &mut gone, &tokens, &mut total, |_, _| false) {
+                    break;
+                }
+            }
+        }
     }
     for (u, tier) in final_tier.iter().enumerate() {
         if gone.contains(&u) {
@@ -196,7 +213,7 @@ pub fn fit(
     }
     // Still over after eliding all it could: the markers drop their file lists, so that what cannot be
     // elided (system, users, tail, tools) plus the markers fits whenever it can.
-    let terse = total > target && !gone.is_empty();
+    let terse = went_terse || total > target && !gone.is_empty();
     let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, terse);
     if terse {
         total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
@@ -226,11 +243,14 @@ pub fn fit(
 /// elision step, and a message's facts never change.
 struct MarkerFacts {
     tool_results: Vec<Option<(String, Vec<String>)>>,
+    /// Per tool result, the identifiers the elision marker may list (`{names}`: those its collapse
+    /// marker lists, or would list); empty when the template does not ask for them.
+    names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
 }
 
 impl MarkerFacts {
-    fn new(conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
+    fn new(engine: &Engine, conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
         let tool_results = (0..conv.boundary)
             .map(|idx| match &conv.msgs[idx] {
                 Some(m) if m.role == "tool" => {
@@ -240,8 +260,18 @@ impl MarkerFacts {
                 _ => None,
             })
             .collect();
+        let wants_names = placeholders(&engine.policy.spec.tiers.elision_template).contains(&"names");
+        let indices: Vec<usize> = (0..conv.boundary).collect();
+        let names = conv.map_each(&indices, |&idx| {
+            if !wants_names || conv.outcomes[idx].is_none() {
+                return Vec::new();
+            }
+            // A result already compacted reads as its marker: the tool's name is not a name of it.
+            let tool = &conv.facts(idx).tool;
+            conv.names(idx).iter().filter(|n| *n != tool).cloned().collect()
+        });
         let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
-        MarkerFacts { tool_results, earlier_elisions }
+        MarkerFacts { tool_results, names, earlier_elisions }
     }
 }
 
@@ -252,6 +282,8 @@ struct ElideContext<'e, 'c, 'a> {
     conv: &'c Conversation<'a>,
     counter: &'e dyn CountTokens,
     fixed_extra: u64,
+    /// Weigh steps with terse markers (no file or name lists).
+    terse: bool,
 }
 
 impl ElideContext<'_, '_, '_> {
@@ -292,7 +324,7 @@ impl ElideContext<'_, '_, '_> {
             let mut trial = gone.clone();
             trial.extend(joined.iter().copied());
             trial.insert(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, false);
+            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, self.terse);
             let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
             if new_total < *total {
                 *total = new_total;
@@ -452,10 +484,35 @@ fn elision_marker(
     if notes > 0 {
         what.push(format!("assistant notes ×{notes}"));
     }
+    // Names: the most recent results' first (the next step is likelier to reuse them), then what an
+    // earlier elision marker listed; at most NAMES_PER_MARKER, none twice.
+    let mut names: Vec<&str> = Vec::new();
+    for idx in (start..end).rev() {
+        if edits.dropped[idx] || conv.msgs[idx].is_none() {
+            continue;
+        }
+        let listed = match &marker_facts.earlier_elisions[idx] {
+            Some(earlier) => &earlier.names,
+            None => &marker_facts.names[idx],
+        };
+        for n in listed {
+            if names.len() >= NAMES_PER_MARKER {
+                break;
+            }
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
     let text = render(&engine.policy.spec.tiers.elision_template, &|name| match name {
         "n" => Some(group_digits(n)),
         "tools" => Some(what.join(", ")),
         "files" => Some(if terse { String::new() } else { files_suffix(&files) }),
+        "names" => Some(if terse {
+            String::new()
+        } else {
+            names_suffix(&names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        }),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()

@@ -248,6 +248,26 @@ fn with_tail(mut messages: Vec<Value>) -> Vec<Value> {
 const ONE: fn() -> Value = || json!({"protect_last_turns": 1});
 
 #[test]
+fn collapse_markers_name_the_key_argument_only_among_parallel_calls() {
+    let parallel = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "p1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.yaml\"}"}},
+        {"id": "p2", "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"make test\"}"}},
+    ]});
+    let msgs = with_tail(vec![
+        user("read them"),
+        parallel,
+        result("p1", &lines(12, "ok")),
+        result("p2", &lines(12, "passed")),
+        call("c3", "terminal", json!({"command": "make lint"})),
+        result("c3", &lines(12, "clean")),
+    ]);
+    let (out, _) = forward(ONE(), &msgs);
+    assert!(text(&out[2]).starts_with("[tool: read_file(\"a.yaml\") → ok, "), "{}", text(&out[2]));
+    assert!(text(&out[3]).starts_with("[tool: terminal(\"make test\") → ok, "), "{}", text(&out[3]));
+    assert!(text(&out[5]).starts_with("[tool: terminal → ok, "), "a single call is named by its tool");
+}
+
+#[test]
 fn collapse_replaces_succeeded_results_and_keeps_the_call() {
     let msgs = with_tail(vec![
         system("sys"),
@@ -262,7 +282,8 @@ fn collapse_replaces_succeeded_results_and_keeps_the_call() {
     let chars = lines(12, "ok").chars().count();
     assert_eq!(
         text(&out[3]),
-        format!("[tool: read_file(\"src/config.yaml\") → ok, {chars} chars, 12 lines; files: src/config.yaml]")
+        format!("[tool: read_file → ok, {chars} chars, 12 lines; files: src/config.yaml]"),
+        "the call right above says which one it answers"
     );
     assert_eq!(out[5], msgs[5], "a failed result is kept");
     assert_eq!(report["rules"]["collapse_succeeded"]["messages"], 1);
@@ -369,7 +390,7 @@ fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
     assert!(args["file_text"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
     assert_eq!(report["rules"]["arguments"]["messages"], 2);
     assert!(report["rules"]["arguments"]["tokens_saved"].as_i64().unwrap() > 200, "{report}");
-    assert_eq!(out[2], msgs[2], "the results are the other rules' business (these are shorter than a marker)");
+    assert_eq!(text(&out[2]), "[tool: bash → ok, 45 chars, 3 lines]", "the results are the other rules' business");
     let (out, _) = forward(json!({"protect_last_turns": 1, "arguments": {"enabled": false}}), &msgs);
     assert_eq!(out[1], msgs[1], "the rule can be switched off");
 }
@@ -626,7 +647,10 @@ fn large_source_reads_become_structural_maps() {
     assert!(map.starts_with(&format!("[pare: structure of src/handlers.rs ({n_lines} lines, ")), "{map}");
     assert!(map.contains("\n  3-6  pub fn handler_0(x: u32) -> u32\n"), "{map}");
     assert!(map.contains("  198-201  pub fn handler_39(x: u32) -> u32"), "{map}");
-    assert!(text(&out[4]).starts_with("[tool: read_file(\"notes.txt\") → ok"), "unknown languages are collapsed");
+    assert!(
+        text(&out[4]).starts_with("[tool: read_file → ok") && text(&out[4]).contains("; files: notes.txt"),
+        "unknown languages are collapsed"
+    );
 }
 
 #[test]
@@ -692,7 +716,7 @@ fn edited_messages_keep_key_order_unknown_keys_and_content_parts() {
     let out = String::from_utf8(out).unwrap();
     let chars = lines(20, "ok").chars().count();
     let want = format!(
-        r#"{{"tool_call_id":"c1","x_meta":{{"b":1,"a":2}},"role":"tool","name":"execute_bash","content":[{{"type":"text","text":"[tool: execute_bash(\"ls\") → ok, {chars} chars, 20 lines]","cache_control":{{"type":"ephemeral"}}}}],"zz":null}}"#
+        r#"{{"tool_call_id":"c1","x_meta":{{"b":1,"a":2}},"role":"tool","name":"execute_bash","content":[{{"type":"text","text":"[tool: execute_bash → ok, {chars} chars, 20 lines]","cache_control":{{"type":"ephemeral"}}}}],"zz":null}}"#
     );
     assert!(out.contains(&want), "{out}");
 }
@@ -758,7 +782,7 @@ fn cli_compacts_a_real_request_and_reports_per_rule() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("pack default · messages 24 → 24"), "{stderr}");
     assert!(stderr.contains("collapse_succeeded"), "{stderr}");
-    assert!(stderr.contains("\n  + [tool: execute_bash(\"ls -R /workspace/django__django__3.0\") → ok"), "{stderr}");
+    assert!(stderr.contains("\n  + [tool: execute_bash → ok"), "{stderr}");
     let parsed = ChatBody::parse(stdout).unwrap();
     let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
     pare::compact::validate::check(&skeletons).unwrap();
@@ -938,6 +962,59 @@ fn an_earlier_elision_marker_merges_into_the_next_one() {
     assert!(merged.messages > earlier.messages, "{found:?}");
     let elided_now = report["tiers"]["elided_messages"].as_u64().unwrap() as usize;
     assert_eq!(merged.messages, earlier.messages + elided_now - 1, "{found:?}\n{report}");
+}
+
+#[test]
+fn elision_markers_list_the_names_of_what_they_elided_most_recent_first() {
+    let msgs =
+        path_turns(60, |_| "terminal", |i| format!("loaded ticket TK{i:04} ok\n{}", "line of output\n".repeat(30)));
+    let engine = engine("default", json!({"protect_last_turns": 2, "collapse_succeeded": {"enabled": false}}));
+    let marker = |out: &[Value]| -> String {
+        out.iter().map(text).find(|t| t.contains("earlier messages elided")).expect("an elision marker")
+    };
+    let tickets = |names: &[String]| -> Vec<u32> {
+        names.iter().filter_map(|n| n.strip_prefix("TK")?.parse().ok()).collect::<Vec<u32>>()
+    };
+    let (first, _) = forward_with(&engine, &msgs, Some(tokens_of(&msgs, 0) / 2));
+    let earlier = pare::compact::markers::parse_elision(&marker(&first)).expect("default form");
+    let listed = tickets(&earlier.names);
+    assert_eq!(listed.len(), earlier.names.len(), "only the results' names: {:?}", earlier.names);
+    assert_eq!(listed.len(), 24.min(earlier.messages / 2), "{:?}", marker(&first));
+    assert!(listed.windows(2).all(|w| w[0] > w[1]), "most recent first: {listed:?}");
+    let mut grown = first.clone();
+    grown.extend_from_slice(&msgs[msgs.len() - 4..]);
+    let (second, _) = forward_with(&engine, &grown, Some(tokens_of(&grown, 0) / 3));
+    let merged = pare::compact::markers::parse_elision(&marker(&second)).expect("default form");
+    let now = tickets(&merged.names);
+    assert_eq!(now.len(), 24, "{:?}", merged.names);
+    assert!(now.windows(2).all(|w| w[0] > w[1]), "the newly elided first, then the earlier marker's: {now:?}");
+    assert!(now[0] > listed[0], "{now:?} after {listed:?}");
+}
+
+/// Elision weighs its last steps with terse markers (no file or name lists), as they will be
+/// rendered: over target only when nothing elidable is left. (The case that needed it came from the
+/// corpus — an OpenHands session at a 16k window in epoch mode; this sweep of targets over a small
+/// session of name-heavy results checks the property, it did not fail before the change.)
+#[test]
+fn a_target_reachable_only_with_terse_markers_is_reached() {
+    let msgs =
+        path_turns(6, |_| "terminal", |i| (0..12).map(|j| format!("ID{i}X{j:03}")).collect::<Vec<_>>().join(" "));
+    let engine = engine("default", json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}}));
+    let floor = tokens_of(&msgs[..2], 0) + tokens_of(&msgs[msgs.len() - 2..], 0);
+    let mut terse_seen = false;
+    for target in floor..tokens_of(&msgs, 0) {
+        let (out, report) = forward_with(&engine, &msgs, Some(target));
+        if report["tiers"]["over_target"] == false {
+            assert!(tokens_of(&out, 0) <= target, "{report}");
+            continue;
+        }
+        // Over target only when even one terse marker for everything elidable does not fit.
+        let all_gone =
+            out.iter().filter(|m| text(m).contains("earlier messages elided")).count() == 1 && out.len() == 5;
+        assert!(all_gone, "target {target} (floor {floor}) missed with groups left: {out:?}\n{report}");
+        terse_seen = true;
+    }
+    assert!(terse_seen || floor > 0);
 }
 
 #[test]
