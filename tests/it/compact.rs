@@ -1001,7 +1001,6 @@ fn a_target_reachable_only_with_terse_markers_is_reached() {
         path_turns(6, |_| "terminal", |i| (0..12).map(|j| format!("ID{i}X{j:03}")).collect::<Vec<_>>().join(" "));
     let engine = engine("default", json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}}));
     let floor = tokens_of(&msgs[..2], 0) + tokens_of(&msgs[msgs.len() - 2..], 0);
-    let mut terse_seen = false;
     for target in floor..tokens_of(&msgs, 0) {
         let (out, report) = forward_with(&engine, &msgs, Some(target));
         if report["tiers"]["over_target"] == false {
@@ -1012,9 +1011,7 @@ fn a_target_reachable_only_with_terse_markers_is_reached() {
         let all_gone =
             out.iter().filter(|m| text(m).contains("earlier messages elided")).count() == 1 && out.len() == 5;
         assert!(all_gone, "target {target} (floor {floor}) missed with groups left: {out:?}\n{report}");
-        terse_seen = true;
     }
-    assert!(terse_seen || floor > 0);
 }
 
 #[test]
