@@ -321,8 +321,16 @@ impl<'a> Conversation<'a> {
             lines: line_count(text),
             first_error: outcome.and_then(|o| o.first_error.clone()),
             files,
-            siblings: call.map_or(0, |c| self.calls.iter().filter(|d| d.msg == c.msg).count()),
+            siblings: call.map_or(0, |c| self.calls_of_message(c.msg).len()),
         }
+    }
+
+    /// The calls assistant message `msg` made. `calls` is in message order: two binary searches,
+    /// not a scan of every call for every marker (a long session has thousands).
+    pub fn calls_of_message(&self, msg: usize) -> &[Call] {
+        let start = self.calls.partition_point(|c| c.msg < msg);
+        let end = self.calls.partition_point(|c| c.msg <= msg);
+        &self.calls[start..end]
     }
 
     /// Number of assistant messages at or after `idx` (a turn count used as age).
@@ -476,6 +484,27 @@ mod tests {
         // With no protected tail only the user message is shown: the result lists the rest.
         let none = Conversation::analyse(&refs, 0, &keys, &policy, true);
         assert_eq!(none.names(2), ["raw_bytes", "ZFA04Y", "load_user", "user_id"].map(String::from));
+    }
+
+    #[test]
+    fn ref_names_the_call_only_when_its_message_made_several() {
+        let refs = [
+            r#"{"role":"user","content":"go"}"#,
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"a.py\"}"}},{"id":"b","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"b.py\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"a","content":"x = 1"}"#,
+            r#"{"role":"tool","tool_call_id":"b","content":"y = 2"}"#,
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]}"#,
+            r#"{"role":"tool","tool_call_id":"c","content":"a.py b.py"}"#,
+        ];
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let conv = Conversation::analyse(&refs, 0, &keys, &policy, false);
+        assert_eq!(conv.calls_of_message(1).iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(conv.calls_of_message(4).len(), 1);
+        assert!(conv.calls_of_message(2).is_empty());
+        assert_eq!(conv.render_marker(2, "{ref}"), r#"read_file("a.py")"#);
+        assert_eq!(conv.render_marker(3, "{ref}"), r#"read_file("b.py")"#);
+        assert_eq!(conv.render_marker(5, "{ref}"), "terminal");
     }
 
     #[test]
