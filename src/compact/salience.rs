@@ -176,28 +176,14 @@ pub fn fit(
                 apply_tier(&forms, edits, rendered, &mut tokens, unit, Tier::Background);
             }
         }
-        let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, false);
-        total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
-        for _ in 0..=units.len() {
-            let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
-            if !ctx.elide_in_order(edits, &units, &left, &mut gone, &tokens, &mut total, |_, _| false) {
-                break;
-            }
-        }
+        ctx.elide_to_fixpoint(edits, &units, &candidates, &mut gone, &tokens, &mut total);
         if total > target && !gone.is_empty() {
             // Still over: the markers go terse (no file or name lists) in the end, so weigh the
             // remaining steps with terse markers — a run that pays only without its lists must
             // still be elided, or a request that could fit stays over.
             went_terse = true;
             let terse_ctx = ElideContext { terse: true, ..ctx };
-            let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, true);
-            total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
-            for _ in 0..=units.len() {
-                let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
-                if !terse_ctx.elide_in_order(edits, &units, &left, &mut gone, &tokens, &mut total, |_, _| false) {
-                    break;
-                }
-            }
+            terse_ctx.elide_to_fixpoint(edits, &units, &candidates, &mut gone, &tokens, &mut total);
         }
     }
     for (u, tier) in final_tier.iter().enumerate() {
@@ -287,6 +273,27 @@ struct ElideContext<'e, 'c, 'a> {
 }
 
 impl ElideContext<'_, '_, '_> {
+    /// Weigh what is elided so far with this context's markers, then elide whatever still pays, to a
+    /// fixpoint (no stop before).
+    fn elide_to_fixpoint(
+        &self,
+        edits: &Edits,
+        units: &[Unit],
+        candidates: &[usize],
+        gone: &mut BTreeSet<usize>,
+        tokens: &[u64],
+        total: &mut u64,
+    ) {
+        let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone, self.terse);
+        *total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
+        for _ in 0..=units.len() {
+            let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
+            if !self.elide_in_order(edits, units, &left, gone, tokens, total, |_, _| false) {
+                break;
+            }
+        }
+    }
+
     /// Elide `candidates` in order while that lowers the total (run markers included), until `stop`
     /// says enough. A group smaller than the marker that would replace it does not pay on its own, so
     /// candidates that do not pay are held back, and a candidate is committed together with the held
