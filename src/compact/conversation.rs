@@ -10,8 +10,7 @@ use rustc_hash::FxHashSet;
 use serde_json::Value;
 
 use super::markers::{
-    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names_unshown, shorten,
-    shown_names,
+    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
 use crate::wire::Message;
@@ -240,7 +239,7 @@ impl<'a> Conversation<'a> {
             let text = self.outcomes[idx].as_ref().map(|o| o.text.as_str()).unwrap_or("");
             let mut known: Vec<&str> = facts.files.iter().map(String::as_str).collect();
             known.push(&facts.arg);
-            salient_names_unshown(text, NAMES_PER_MARKER, &known, self.shown())
+            salient_names(text, NAMES_PER_MARKER, &known, self.shown())
         })
     }
 

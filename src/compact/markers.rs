@@ -150,7 +150,7 @@ pub fn files_suffix(files: &[String]) -> String {
 }
 
 /// `; names: read_dataset, 8JX2WO` or nothing.
-pub fn names_suffix(names: &[String]) -> String {
+pub fn names_suffix<S: std::borrow::Borrow<str>>(names: &[S]) -> String {
     if names.is_empty() { String::new() } else { format!("; names: {}", names.join(", ")) }
 }
 
@@ -302,17 +302,13 @@ pub const NAMES_PER_MARKER: usize = 24;
 pub const NAMES_SCAN_BYTES: usize = 8192;
 
 /// The identifiers of a text that an agent is likely to reuse in its next step, in order of first
-/// appearance, deduplicated, at most `max`, skipping those in `skip` (already in the marker):
-/// IDs that mix letters and digits (`8JX2WO`, `call_0042`), snake_case and camelCase names, paths,
-/// and numbers of 4+ digits. Plain words are not identifiers, and neither are JSON object keys
-/// (`"user_id":`), which name the schema rather than the data. Reads the first [`NAMES_SCAN_BYTES`].
-pub fn salient_names(text: &str, max: usize, skip: &[&str]) -> Vec<String> {
-    salient_names_unshown(text, max, skip, &FxHashSet::default())
-}
-
-/// [`salient_names`] without the identifiers in `shown`: those the forwarded request shows whole
-/// elsewhere (see [`shown_names`]), which a marker would only repeat.
-pub fn salient_names_unshown(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<String>) -> Vec<String> {
+/// appearance, deduplicated, at most `max`, skipping those in `skip` (already in the marker) and those
+/// in `shown` (what the forwarded request shows whole elsewhere, see [`shown_names`]: a marker would
+/// only repeat them): IDs that mix letters and digits (`8JX2WO`, `call_0042`), snake_case and
+/// camelCase names, paths, and numbers of 4+ digits. Plain words are not identifiers, and neither are
+/// JSON object keys (`"user_id":`), which name the schema rather than the data. Reads the first
+/// [`NAMES_SCAN_BYTES`].
+pub fn salient_names(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if max == 0 {
         return out;
@@ -615,19 +611,17 @@ mod tests {
 Reading src/app/models.py: def load_user(user_id): return UserCache.get(user_id)  # ticket 40213, 12 rows
 see /srv/app/conf/base.toml
 and the plain words here are not identifiers; again 8JX2WO"#;
-        let names = salient_names(text, 10, &["src/app/models.py"]);
+        let none = FxHashSet::default();
+        let names = salient_names(text, 10, &["src/app/models.py"], &none);
         assert_eq!(
             names,
             vec!["8JX2WO", "HAT170", "load_user", "user_id", "UserCache.get", "40213", "/srv/app/conf/base.toml"]
         );
-        assert_eq!(salient_names(text, 2, &[]), vec!["8JX2WO", "HAT170"]);
-        assert!(salient_names(text, 0, &[]).is_empty());
+        assert_eq!(salient_names(text, 2, &[], &none), vec!["8JX2WO", "HAT170"]);
+        assert!(salient_names(text, 0, &[], &none).is_empty());
         // Names shown elsewhere are skipped, and the cap counts only what is listed.
         let shown = shown_names(["ticket HAT170 for load_user"]);
-        assert_eq!(
-            salient_names_unshown(text, 3, &["src/app/models.py"], &shown),
-            vec!["8JX2WO", "user_id", "UserCache.get"]
-        );
+        assert_eq!(salient_names(text, 3, &["src/app/models.py"], &shown), vec!["8JX2WO", "user_id", "UserCache.get"]);
     }
 
     #[test]

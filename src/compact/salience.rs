@@ -515,11 +515,7 @@ fn elision_marker(
         "n" => Some(group_digits(n)),
         "tools" => Some(what.join(", ")),
         "files" => Some(if terse { String::new() } else { files_suffix(&files) }),
-        "names" => Some(if terse {
-            String::new()
-        } else {
-            names_suffix(&names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        }),
+        "names" => Some(if terse { String::new() } else { names_suffix(&names) }),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()

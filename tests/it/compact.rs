@@ -705,6 +705,25 @@ fn user_rules_keep_truncate_mark_and_clear() {
     assert_eq!(report["rules"]["custom"]["messages"], 3);
 }
 
+/// A custom marker on a message that is not a tool result lists its names as every marker does:
+/// without those the forwarded request shows whole (here, the user's own words).
+#[test]
+fn custom_markers_on_notes_skip_names_the_request_shows() {
+    let msgs = vec![
+        user("look at HAT170"),
+        assistant("Plan: compare HAT170 with ZFA04Y through load_user."),
+        user("go on"),
+        call("c1", "terminal", json!({"command": "ls"})),
+        result("c1", "a.py"),
+        assistant("done"),
+    ];
+    let overrides = json!({"protect_last_turns": 1, "custom": [
+        {"name": "notes", "match": {"role": "assistant", "content": "^Plan:"}, "action": "marker", "template": "[pare: note{names}]"}
+    ]});
+    let (out, _) = forward(overrides, &msgs);
+    assert_eq!(text(&out[1]), "[pare: note; names: ZFA04Y, load_user]");
+}
+
 #[test]
 fn edited_messages_keep_key_order_unknown_keys_and_content_parts() {
     let mut res = json!({"tool_call_id": "c1", "x_meta": {"b": 1, "a": 2}, "role": "tool", "name": "execute_bash",

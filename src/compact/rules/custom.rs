@@ -127,7 +127,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
                         ..Default::default()
                     };
                     render(template, &|name| match name {
-                        "names" => Some(names_suffix(&salient_names(&text, NAMES_PER_MARKER, &[]))),
+                        "names" => Some(names_suffix(&salient_names(&text, NAMES_PER_MARKER, &[], conv.shown()))),
                         other => facts.value(other),
                     })
                 };

@@ -9,7 +9,7 @@ use regex::Regex;
 use super::super::Policy;
 use super::super::conversation::{Conversation, line_count, path_argument};
 use super::super::edits::Edits;
-use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names_unshown};
+use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names};
 use super::super::outline::{Language, outline};
 use super::super::report::RuleId;
 
@@ -63,9 +63,7 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
     let header = render(&rule.template, &|name| match name {
         "path" => Some(path.clone()),
         // Identifiers of the body that the map does not already show.
-        "names" => {
-            Some(names_suffix(&salient_names_unshown(&outcome.text, NAMES_PER_MARKER, &[&body, &path], conv.shown())))
-        }
+        "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[&body, &path], conv.shown()))),
         "lines" => Some(group_digits(n_lines)),
         "chars" => Some(group_digits(n_chars)),
         "language" => Some(language.name().to_owned()),
