@@ -62,9 +62,9 @@ impl CompactEngine for Engine {
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpochPolicy {
     pub mode: Mode,
-    /// Share of the usable window at which an epoch starts.
+    /// Share of the usable window at which an epoch starts (eager: tiers and elision run).
     pub high_water: f64,
-    /// Share of the usable window an epoch compacts down to.
+    /// Share of the usable window an epoch (eager: tiers and elision) compacts down to.
     pub low_water: f64,
     /// Eager mode: turns between two advances of the frozen frontier.
     pub polling: u32,
@@ -72,12 +72,12 @@ pub struct EpochPolicy {
 
 impl EpochPolicy {
     pub fn from_config(config: &Config) -> EpochPolicy {
-        EpochPolicy {
-            mode: config.compaction.mode,
-            high_water: config.budget.high_water,
-            low_water: config.budget.low_water,
-            polling: config.budget.polling.max(1),
-        }
+        let b = &config.budget;
+        let (high_water, low_water) = match config.compaction.mode {
+            Mode::Eager => (b.eager_high_water, b.eager_low_water),
+            Mode::Epoch | Mode::Off => (b.high_water, b.low_water),
+        };
+        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: config.budget.polling.max(1) }
     }
 }
 

@@ -588,6 +588,42 @@ fn eager_mode_advances_every_polling_turns() {
 }
 
 #[test]
+fn eager_and_epoch_each_use_their_own_water_marks() {
+    let yaml = "budget:\n  output_reserve: 1024\n  high_water: 0.9\n  low_water: 0.5\n  \
+                eager_high_water: 0.3\n  eager_low_water: 0.2\n";
+    let usable = (WINDOW - 1024) as f64;
+    // Outputs of about 600 tokens: two of them (the engine's tail) cross eager's 0.3.
+    let session = coding_session(20, 150);
+    for (mode, high, low) in [("eager", 0.3, 0.2), ("epoch", 0.9, 0.5)] {
+        let engine = MaskEngine::new(2);
+        let compactor = compactor_with(&format!("compaction:\n  mode: {mode}\n{yaml}"), engine.clone());
+        let results = run(&compactor, "s", &session, WINDOW);
+        let targets = engine.targets.lock().unwrap().clone();
+        let target = (low * usable) as u64;
+        assert!(targets.contains(&Some(target)), "{mode}: the engine never got {target}: {targets:?}");
+        assert!(targets.iter().all(|t| t.is_none() || *t == Some(target)), "{mode}: {targets:?}");
+        // A request is compacted to the target exactly when what pare would otherwise forward (the
+        // previous forwarded messages, then the new raw ones) is over the mode's high-water mark.
+        let tokens = counter(Encoding::O200kBase);
+        let mut crossed = false;
+        for (k, (_, out)) in results.iter().enumerate() {
+            let raw = ChatBody::parse(&session[k]).unwrap();
+            let candidate: Vec<String> = match k.checked_sub(1) {
+                None => raw.messages.iter().map(|m| (*m).to_owned()).collect(),
+                Some(p) => {
+                    let before = ChatBody::parse(&session[p]).unwrap().messages.len();
+                    results[p].0.iter().cloned().chain(raw.messages[before..].iter().map(|m| (*m).to_owned())).collect()
+                }
+            };
+            let over = tokens.count_request(&candidate, None) as f64 > high * usable;
+            crossed |= over;
+            assert_eq!(out.summary.report["action"] == "epoch", over, "{mode}, request {k}");
+        }
+        assert!(crossed, "{mode}: the session must cross {high}");
+    }
+}
+
+#[test]
 fn off_mode_forwards_unchanged_and_still_counts() {
     let engine = MaskEngine::new(2);
     let compactor = compactor_with("compaction:\n  mode: off\n", engine.clone());
