@@ -1,9 +1,11 @@
 //! Token counting, cached per message.
 //!
-//! o200k_base and cl100k_base are counted with `bpe-openai`, which produces the same token counts as
-//! tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on code-like text: cold
-//! requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs counts the older
-//! encodings and is the reference in tests.
+//! o200k_base and cl100k_base are counted with `bpe-openai`'s byte-pair encoder, which produces the
+//! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
+//! code-like text, driven by [`super::bpe`], which splits the text without the regex pool's per-piece
+//! lock and counts a piece that is one token without the encoder: cold requests tokenize everything,
+//! and tokenizing is most of their cost. tiktoken-rs counts the older encodings and is the reference
+//! in tests.
 //!
 //! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
 //! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its
@@ -98,8 +100,8 @@ impl Encoding {
     /// tokenizer of this encoding (built on first use, then shared).
     pub fn count(self, text: &str) -> usize {
         match self {
-            Encoding::O200kBase => bpe_openai::o200k_base().count(text),
-            Encoding::Cl100kBase => bpe_openai::cl100k_base().count(text),
+            Encoding::O200kBase => super::bpe::O200K.count(text),
+            Encoding::Cl100kBase => super::bpe::CL100K.count(text),
             Encoding::P50kBase => tiktoken_rs::p50k_base_singleton().count_ordinary(text),
             Encoding::R50kBase => tiktoken_rs::r50k_base_singleton().count_ordinary(text),
         }

@@ -39,7 +39,8 @@ fn tokenizer_text() -> impl proptest::strategy::Strategy<Value = String> {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
 
-    /// o200k and cl100k are counted with bpe-openai; tiktoken-rs is the reference and they must agree.
+    /// o200k and cl100k are counted with bpe-openai's encoder behind pare's own split (`budget::bpe`);
+    /// tiktoken-rs is the reference and they must agree.
     #[test]
     fn fast_counts_equal_tiktoken(text in tokenizer_text()) {
         for (encoding, reference) in [

@@ -1,0 +1,133 @@
+//! Token counts of o200k_base and cl100k_base text, as `bpe-openai` computes them, without its two
+//! per-piece costs.
+//!
+//! `bpe_openai::Tokenizer::count` splits a text with the encoding's pre-tokenization regex and counts
+//! each piece with `bpe`'s backtracking encoder. Two things in that loop cost more than the counting
+//! on the texts pare meets (a cold request tokenizes about 200k tokens of them, on every core):
+//!
+//! - **the regex's cache pool**: each piece is one `Regex::find`, which takes a search cache from the
+//!   regex's pool and puts it back. Only the thread that built the regex has a lock-free slot; on any
+//!   other thread of the rayon pool every piece locks a mutex. Here each thread keeps its own
+//!   [`Cache`] and searches with it ([`Regex::search_with`]);
+//! - **two allocations per piece**: the backtracking encoder allocates its token vector and bit field
+//!   even for a piece that is one token — most pieces: words, numbers, punctuation runs. Here a piece
+//!   found whole in the vocabulary counts 1 without the encoder (tiktoken's own encoder takes the same
+//!   shortcut, and a test checks every token of both vocabularies counts 1 with `bpe`).
+//!
+//! The split patterns are `bpe-openai` 0.3's (MIT), which rewrites tiktoken's negative look-ahead
+//! `\s+(?!\S)` as a pattern that matches one character more and drops it. The tests hold the counts
+//! equal to `bpe-openai`'s and to tiktoken's on arbitrary text, so a pattern drifting from the crate
+//! it mirrors fails them.
+
+use std::cell::RefCell;
+use std::sync::LazyLock;
+
+use bpe_openai::Tokenizer;
+use regex_automata::meta::{Cache, Regex};
+use regex_automata::{Anchored, Input};
+use rustc_hash::FxHashSet;
+
+/// One encoding: its pre-tokenizer, its byte-pair encoding and its vocabulary as a set of byte strings.
+pub(super) struct Counter {
+    split: Regex,
+    tokenizer: &'static Tokenizer,
+    vocabulary: FxHashSet<&'static [u8]>,
+    /// Which slot of the per-thread caches is this counter's.
+    slot: usize,
+}
+
+/// Index of the look-ahead pattern in both splits: its match ends with one character too many.
+const LOOKAHEAD: usize = 1;
+
+pub(super) static O200K: LazyLock<Counter> = LazyLock::new(|| {
+    let words = [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+$",
+    ]
+    .join("|");
+    Counter::new(&words, bpe_openai::o200k_base(), 0)
+});
+
+pub(super) static CL100K: LazyLock<Counter> = LazyLock::new(|| {
+    let words =
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+$";
+    Counter::new(words, bpe_openai::cl100k_base(), 1)
+});
+
+thread_local! {
+    /// Each thread's search caches, one per encoding (slot), made on the thread's first count.
+    static CACHES: RefCell<[Option<Cache>; 2]> = const { RefCell::new([None, None]) };
+}
+
+impl Counter {
+    fn new(words: &str, tokenizer: &'static Tokenizer, slot: usize) -> Counter {
+        // Pattern 0: words, numbers, punctuation, newlines; 1: whitespace not followed by a
+        // non-space (one character too many, dropped); 2: the remaining whitespace.
+        let split = Regex::new_many(&[words, r"\s+\s", r"\s+"]).expect("the split patterns are valid");
+        let bpe = &tokenizer.bpe;
+        let vocabulary = (0..bpe.num_tokens() as u32).map(|id| bpe.token_bytes(id)).collect();
+        Counter { split, tokenizer, vocabulary, slot }
+    }
+
+    /// Tokens of `text` (special tokens counted as text), equal to `bpe_openai`'s `count`.
+    pub(super) fn count(&self, text: &str) -> usize {
+        CACHES.with_borrow_mut(|caches| {
+            let cache = caches[self.slot].get_or_insert_with(|| self.split.create_cache());
+            let mut tokens = 0;
+            let mut at = 0;
+            while at < text.len() {
+                // A fresh haystack from `at`, as bpe-openai searches: `$` and anchoring see the same text.
+                let input = Input::new(&text[at..]).anchored(Anchored::Yes);
+                let Some(found) = self.split.search_with(cache, &input) else { break };
+                let mut end = at + found.end();
+                if found.pattern().as_usize() == LOOKAHEAD {
+                    end -= text[at..end].chars().next_back().map_or(0, char::len_utf8);
+                }
+                if end == at {
+                    break;
+                }
+                let piece = &text.as_bytes()[at..end];
+                tokens += if self.vocabulary.contains(piece) { 1 } else { self.tokenizer.bpe.count(piece) };
+                at = end;
+            }
+            tokens
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut's premise, on every token of both vocabularies: a piece that is one token is
+    /// counted as one by the byte-pair encoder.
+    #[test]
+    fn every_vocabulary_token_counts_one() {
+        for counter in [&*O200K, &*CL100K] {
+            let bpe = &counter.tokenizer.bpe;
+            let many: Vec<u32> =
+                (0..bpe.num_tokens() as u32).filter(|&id| bpe.count(bpe.token_bytes(id)) != 1).collect();
+            assert!(
+                many.is_empty(),
+                "{} tokens count more than one, e.g. {:?}",
+                many.len(),
+                &many[..many.len().min(5)]
+            );
+        }
+    }
+
+    #[test]
+    fn counts_equal_bpe_openai_on_mixed_text() {
+        let text =
+            "fn main() {\n    println!(\"héllo, wörld\");  \n}\n\n\tIt's 12345 tokens — 日本語 😀 /usr/bin \r\n  ";
+        for (counter, reference) in [(&*O200K, bpe_openai::o200k_base()), (&*CL100K, bpe_openai::cl100k_base())] {
+            for end in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+                assert_eq!(counter.count(&text[..end]), reference.count(&text[..end]), "{:?}", &text[..end]);
+            }
+        }
+    }
+}
