@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use std::sync::LazyLock;
 
 use bpe_openai::Tokenizer;
+use bpe_openai::byte_pair_encoding::BytePairEncoding;
 use regex_automata::meta::{Cache, Regex};
 use regex_automata::{Anchored, Input};
 use rustc_hash::FxHashSet;
@@ -30,7 +31,7 @@ use rustc_hash::FxHashSet;
 /// One encoding: its pre-tokenizer, its byte-pair encoding and its vocabulary as a set of byte strings.
 pub(super) struct Counter {
     split: Regex,
-    tokenizer: &'static Tokenizer,
+    bpe: &'static BytePairEncoding,
     vocabulary: FxHashSet<&'static [u8]>,
     /// Which slot of the per-thread caches is this counter's.
     slot: usize,
@@ -70,7 +71,7 @@ impl Counter {
         let split = Regex::new_many(&[words, r"\s+\s", r"\s+"]).expect("the split patterns are valid");
         let bpe = &tokenizer.bpe;
         let vocabulary = (0..bpe.num_tokens() as u32).map(|id| bpe.token_bytes(id)).collect();
-        Counter { split, tokenizer, vocabulary, slot }
+        Counter { split, bpe, vocabulary, slot }
     }
 
     /// Tokens of `text` (special tokens counted as text), equal to `bpe_openai`'s `count`.
@@ -88,10 +89,11 @@ impl Counter {
                     end -= text[at..end].chars().next_back().map_or(0, char::len_utf8);
                 }
                 if end == at {
+                    // No pattern matches empty text; stop rather than loop should one ever do.
                     break;
                 }
                 let piece = &text.as_bytes()[at..end];
-                tokens += if self.vocabulary.contains(piece) { 1 } else { self.tokenizer.bpe.count(piece) };
+                tokens += if self.vocabulary.contains(piece) { 1 } else { self.bpe.count(piece) };
                 at = end;
             }
             tokens
@@ -108,7 +110,7 @@ mod tests {
     #[test]
     fn every_vocabulary_token_counts_one() {
         for counter in [&*O200K, &*CL100K] {
-            let bpe = &counter.tokenizer.bpe;
+            let bpe = counter.bpe;
             let many: Vec<u32> =
                 (0..bpe.num_tokens() as u32).filter(|&id| bpe.count(bpe.token_bytes(id)) != 1).collect();
             assert!(
