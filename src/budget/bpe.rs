@@ -122,6 +122,38 @@ mod tests {
         }
     }
 
+    /// Each thread searches with its own cache, both encodings interleaved on every thread: the
+    /// counts are the same as one thread's.
+    #[test]
+    fn threads_count_alike() {
+        let texts: Vec<String> = (0..64)
+            .map(|i| format!("line {i}: let value_{i} = compute(&input[{i}..]);\n    \t ").repeat(i % 7 + 1))
+            .collect();
+        let expected: Vec<(usize, usize)> = texts.iter().map(|t| (O200K.count(t), CL100K.count(t))).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|k| {
+                    let texts = &texts;
+                    scope.spawn(move || {
+                        texts
+                            .iter()
+                            .cycle()
+                            .skip(k * 5)
+                            .take(texts.len())
+                            .map(|t| (O200K.count(t), CL100K.count(t)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for (k, handle) in handles.into_iter().enumerate() {
+                let got = handle.join().expect("a counting thread panicked");
+                let want: Vec<(usize, usize)> =
+                    expected.iter().cycle().skip(k * 5).take(texts.len()).copied().collect();
+                assert_eq!(got, want, "thread {k}");
+            }
+        });
+    }
+
     #[test]
     fn counts_equal_bpe_openai_on_mixed_text() {
         let text =
