@@ -7,8 +7,9 @@
 //!
 //! - **the regex's cache pool**: each piece is one `Regex::find`, which takes a search cache from the
 //!   regex's pool and puts it back. Only the thread that built the regex has a lock-free slot; on any
-//!   other thread of the rayon pool every piece locks a mutex. Here each thread keeps its own
-//!   [`Cache`] and searches with it ([`Regex::search_with`]);
+//!   other thread of the rayon pool every piece locks a mutex. Here the split is a forward lazy DFA
+//!   (`regex_automata::hybrid`, what the meta regex would run for these anchored searches, without its
+//!   strategy layer or its reverse automata), and each thread keeps its own [`Cache`] for it;
 //! - **two allocations per piece**: the backtracking encoder allocates its token vector and bit field
 //!   even for a piece that is one token — most pieces: words, numbers, punctuation runs. Here a piece
 //!   found whole in the vocabulary counts 1 without the encoder (tiktoken's own encoder takes the same
@@ -24,13 +25,15 @@ use std::sync::LazyLock;
 
 use bpe_openai::Tokenizer;
 use bpe_openai::byte_pair_encoding::BytePairEncoding;
-use regex_automata::meta::{Cache, Regex};
-use regex_automata::{Anchored, Input};
+use regex_automata::hybrid::dfa::{Cache, DFA};
+use regex_automata::nfa::thompson;
+use regex_automata::{Anchored, Input, MatchKind};
 use rustc_hash::FxHashSet;
 
 /// One encoding: its pre-tokenizer, its byte-pair encoding and its vocabulary as a set of byte strings.
 pub(super) struct Counter {
-    split: Regex,
+    split: DFA,
+    tokenizer: &'static Tokenizer,
     bpe: &'static BytePairEncoding,
     vocabulary: FxHashSet<&'static [u8]>,
     /// Which slot of the per-thread caches is this counter's.
@@ -68,14 +71,27 @@ impl Counter {
     fn new(words: &str, tokenizer: &'static Tokenizer, slot: usize) -> Counter {
         // Pattern 0: words, numbers, punctuation, newlines; 1: whitespace not followed by a
         // non-space (one character too many, dropped); 2: the remaining whitespace.
-        let split = Regex::new_many(&[words, r"\s+\s", r"\s+"]).expect("the split patterns are valid");
+        // Leftmost-first, as the meta regex: the end of an anchored forward search is the end of the
+        // match it would find, and the pattern that matched. A lazy DFA may give up when its cache
+        // thrashes; told never to, it clears the cache and goes on (see `count` for what is left).
+        let split = DFA::builder()
+            .configure(DFA::config().match_kind(MatchKind::LeftmostFirst).minimum_cache_clear_count(None))
+            .thompson(thompson::Config::new().which_captures(thompson::WhichCaptures::None))
+            .build_many(&[words, r"\s+\s", r"\s+"])
+            .expect("the split patterns are valid");
         let bpe = &tokenizer.bpe;
         let vocabulary = (0..bpe.num_tokens() as u32).map(|id| bpe.token_bytes(id)).collect();
-        Counter { split, bpe, vocabulary, slot }
+        Counter { split, tokenizer, bpe, vocabulary, slot }
     }
 
     /// Tokens of `text` (special tokens counted as text), equal to `bpe_openai`'s `count`.
     pub(super) fn count(&self, text: &str) -> usize {
+        // The DFA stops only on a quit byte (these patterns have none: no Unicode word boundary) or
+        // when it gives up (told not to): should it ever, bpe-openai counts the text instead.
+        self.split_count(text).unwrap_or_else(|| self.tokenizer.count(text))
+    }
+
+    fn split_count(&self, text: &str) -> Option<usize> {
         CACHES.with_borrow_mut(|caches| {
             let cache = caches[self.slot].get_or_insert_with(|| self.split.create_cache());
             let mut tokens = 0;
@@ -83,8 +99,8 @@ impl Counter {
             while at < text.len() {
                 // A fresh haystack from `at`, as bpe-openai searches: `$` and anchoring see the same text.
                 let input = Input::new(&text[at..]).anchored(Anchored::Yes);
-                let Some(found) = self.split.search_with(cache, &input) else { break };
-                let mut end = at + found.end();
+                let Some(found) = self.split.try_search_fwd(cache, &input).ok()? else { break };
+                let mut end = at + found.offset();
                 if found.pattern().as_usize() == LOOKAHEAD {
                     end -= text[at..end].chars().next_back().map_or(0, char::len_utf8);
                 }
@@ -96,7 +112,7 @@ impl Counter {
                 tokens += if self.vocabulary.contains(piece) { 1 } else { self.bpe.count(piece) };
                 at = end;
             }
-            tokens
+            Some(tokens)
         })
     }
 }

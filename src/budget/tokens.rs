@@ -2,8 +2,8 @@
 //!
 //! o200k_base and cl100k_base are counted with `bpe-openai`'s byte-pair encoder, which produces the
 //! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
-//! code-like text, driven by [`super::bpe`], which splits the text without the regex pool's per-piece
-//! lock and counts a piece that is one token without the encoder: cold requests tokenize everything,
+//! code-like text, driven by [`super::bpe`], which splits the text with a lazy DFA and a per-thread cache (no
+//! regex pool lock per piece) and counts a piece that is one token without the encoder: cold requests tokenize everything,
 //! and tokenizing is most of their cost. tiktoken-rs counts the older encodings and is the reference
 //! in tests.
 //!
