@@ -24,7 +24,6 @@ use std::cell::RefCell;
 use std::sync::LazyLock;
 
 use bpe_openai::Tokenizer;
-use bpe_openai::byte_pair_encoding::BytePairEncoding;
 use regex_automata::hybrid::dfa::{Cache, DFA};
 use regex_automata::nfa::thompson;
 use regex_automata::{Anchored, Input, MatchKind};
@@ -34,7 +33,6 @@ use rustc_hash::FxHashSet;
 pub(super) struct Counter {
     split: DFA,
     tokenizer: &'static Tokenizer,
-    bpe: &'static BytePairEncoding,
     vocabulary: FxHashSet<&'static [u8]>,
     /// Which slot of the per-thread caches is this counter's.
     slot: usize,
@@ -81,7 +79,7 @@ impl Counter {
             .expect("the split patterns are valid");
         let bpe = &tokenizer.bpe;
         let vocabulary = (0..bpe.num_tokens() as u32).map(|id| bpe.token_bytes(id)).collect();
-        Counter { split, tokenizer, bpe, vocabulary, slot }
+        Counter { split, tokenizer, vocabulary, slot }
     }
 
     /// Tokens of `text` (special tokens counted as text), equal to `bpe_openai`'s `count`.
@@ -109,7 +107,7 @@ impl Counter {
                     break;
                 }
                 let piece = &text.as_bytes()[at..end];
-                tokens += if self.vocabulary.contains(piece) { 1 } else { self.bpe.count(piece) };
+                tokens += if self.vocabulary.contains(piece) { 1 } else { self.tokenizer.bpe.count(piece) };
                 at = end;
             }
             Some(tokens)
@@ -126,7 +124,7 @@ mod tests {
     #[test]
     fn every_vocabulary_token_counts_one() {
         for counter in [&*O200K, &*CL100K] {
-            let bpe = counter.bpe;
+            let bpe = &counter.tokenizer.bpe;
             let many: Vec<u32> =
                 (0..bpe.num_tokens() as u32).filter(|&id| bpe.count(bpe.token_bytes(id)) != 1).collect();
             assert!(
