@@ -77,7 +77,7 @@ impl EpochPolicy {
             Mode::Eager => (b.eager_high_water, b.eager_low_water),
             Mode::Epoch | Mode::Off => (b.high_water, b.low_water),
         };
-        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: config.budget.polling.max(1) }
+        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: b.polling.max(1) }
     }
 }
 

@@ -2,10 +2,10 @@
 //!
 //! o200k_base and cl100k_base are counted with `bpe-openai`'s byte-pair encoder, which produces the
 //! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
-//! code-like text, driven by [`super::bpe`], which splits the text with a lazy DFA and a per-thread cache (no
-//! regex pool lock per piece) and counts a piece that is one token without the encoder: cold requests tokenize everything,
-//! and tokenizing is most of their cost. tiktoken-rs counts the older encodings and is the reference
-//! in tests.
+//! code-like text, driven by [`super::bpe`]: it splits the text with a lazy DFA and a per-thread
+//! cache (no regex pool lock per piece) and counts a piece that is one token without the encoder.
+//! Cold requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs counts the
+//! older encodings and is the reference in tests.
 //!
 //! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
 //! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its

@@ -450,20 +450,15 @@ impl Config {
         }
 
         let b = &self.budget;
-        if !(b.low_water > 0.0 && b.low_water < b.high_water && b.high_water <= 1.0) {
-            bad(
-                "budget.high_water",
-                format!("need 0 < low_water ({}) < high_water ({}) <= 1", b.low_water, b.high_water),
-            );
-        }
-        if !(b.eager_low_water > 0.0 && b.eager_low_water < b.eager_high_water && b.eager_high_water <= 1.0) {
-            bad(
-                "budget.eager_high_water",
-                format!(
-                    "need 0 < eager_low_water ({}) < eager_high_water ({}) <= 1",
-                    b.eager_low_water, b.eager_high_water
-                ),
-            );
+        // Each mode's pair of water marks: 0 < low < high <= 1.
+        for (prefix, high, low) in [("", b.high_water, b.low_water), ("eager_", b.eager_high_water, b.eager_low_water)]
+        {
+            if !(low > 0.0 && low < high && high <= 1.0) {
+                bad(
+                    &format!("budget.{prefix}high_water"),
+                    format!("need 0 < {prefix}low_water ({low}) < {prefix}high_water ({high}) <= 1"),
+                );
+            }
         }
         if b.default_context_window < 1024 {
             bad(
