@@ -4,6 +4,7 @@
 //! byte for byte. A request is parsed once: its top-level keys keep their order and raw bytes, and each
 //! message is kept as its original bytes until a rule needs to look inside it.
 
+mod read;
 mod scan;
 
 use serde::{Deserialize, Serialize};
@@ -262,8 +263,14 @@ pub struct FunctionCall {
 
 impl Message {
     /// Parse one raw message. Fails only when the message is not a JSON object of this shape.
+    ///
+    /// The common shapes are read by the fast typed read of [`read`], which gives what serde_json's
+    /// derived read gives; whatever it declines is read by serde_json.
     pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
-        serde_json::from_str(raw)
+        match read::message(raw) {
+            Some(message) => Ok(message),
+            None => serde_json::from_str(raw),
+        }
     }
 
     /// The text of the content: the string, or the `text` parts joined by newlines.

@@ -79,28 +79,34 @@ pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
     Some(Split { fields, messages_idx, messages_raw, messages })
 }
 
-struct Scanner<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A validating reader over JSON bytes (valid UTF-8), also used by the typed message read of
+/// [`super::read`]. Every method returns `None` at anything it does not accept, leaving `at` anywhere.
+pub(super) struct Scanner<'a> {
+    pub(super) bytes: &'a [u8],
+    pub(super) at: usize,
 }
 
-impl Scanner<'_> {
-    fn peek(&self) -> Option<u8> {
+impl<'a> Scanner<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Scanner<'a> {
+        Scanner { bytes, at: 0 }
+    }
+
+    pub(super) fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
 
-    fn next(&mut self) -> Option<u8> {
+    pub(super) fn next(&mut self) -> Option<u8> {
         let b = self.peek()?;
         self.at += 1;
         Some(b)
     }
 
-    fn expect(&mut self, byte: u8) -> Option<()> {
+    pub(super) fn expect(&mut self, byte: u8) -> Option<()> {
         (self.next()? == byte).then_some(())
     }
 
     /// JSON's four whitespace bytes.
-    fn whitespace(&mut self) {
+    pub(super) fn whitespace(&mut self) {
         while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
             self.at += 1;
         }
@@ -129,7 +135,7 @@ impl Scanner<'_> {
     }
 
     /// One value at nesting `depth` (the top-level object is 1).
-    fn value(&mut self, depth: usize) -> Option<()> {
+    pub(super) fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
             b'"' => self.string(),
             b'-' | b'0'..=b'9' => self.number(),
@@ -164,7 +170,7 @@ impl Scanner<'_> {
         }
     }
 
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
+    pub(super) fn literal(&mut self, word: &[u8]) -> Option<()> {
         self.bytes[self.at..].starts_with(word).then(|| self.at += word.len())
     }
 
@@ -206,33 +212,14 @@ impl Scanner<'_> {
 
     /// The string starting here: an opening quote, no control character, only JSON's escapes. The
     /// bytes are valid UTF-8 already (the whole body was checked).
-    fn string(&mut self) -> Option<()> {
+    pub(super) fn string(&mut self) -> Option<()> {
         let bytes = self.bytes;
         if bytes.get(self.at) != Some(&b'"') {
             return None;
         }
         let mut at = self.at + 1;
         loop {
-            // The next quote, backslash or control character: eight bytes at a time, the last few one
-            // by one.
-            let stop = loop {
-                if at + 8 <= bytes.len() {
-                    let word = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"));
-                    match stops(word) {
-                        0 => at += 8,
-                        mask => {
-                            at += mask.trailing_zeros() as usize / 8;
-                            break bytes[at];
-                        }
-                    }
-                } else {
-                    match *bytes.get(at)? {
-                        b @ (b'"' | b'\\' | 0..0x20) => break b,
-                        _ => at += 1,
-                    }
-                }
-            };
-            match stop {
+            match next_stop(bytes, &mut at)? {
                 b'"' => {
                     self.at = at + 1;
                     return Some(());
@@ -242,10 +229,7 @@ impl Scanner<'_> {
                     b'u' => {
                         // Any four hex digits, as serde_json's raw-value parse: whether a surrogate is
                         // paired matters only to whoever decodes the string.
-                        let hex = bytes.get(at + 2..at + 6)?;
-                        if !hex.iter().all(u8::is_ascii_hexdigit) {
-                            return None;
-                        }
+                        hex4(bytes, at + 2)?;
                         at += 6;
                     }
                     _ => return None,
@@ -254,6 +238,91 @@ impl Scanner<'_> {
             }
         }
     }
+
+    /// The string starting here, decoded into `out` (cleared first) as serde_json decodes it into a
+    /// `String`: the checks of [`Scanner::string`], and `None` as well at a `\u` escape of an unpaired
+    /// surrogate (serde_json's to refuse or not). `text` is `self.bytes` as a `str`.
+    ///
+    /// The run between two escapes is copied whole: on an agent's tool output (an escape every dozen
+    /// bytes) this costs about half of serde_json's string read, which checks and copies byte by
+    /// byte around each escape and copies the whole string once more at the end.
+    pub(super) fn decode_string(&mut self, text: &str, out: &mut String) -> Option<()> {
+        let bytes = self.bytes;
+        if bytes.get(self.at) != Some(&b'"') {
+            return None;
+        }
+        let mut at = self.at + 1;
+        let mut run = at;
+        out.clear();
+        loop {
+            let stop = next_stop(bytes, &mut at)?;
+            // Every stop is an ASCII byte, so the run ends on a char boundary.
+            out.push_str(&text[run..at]);
+            match stop {
+                b'"' => {
+                    self.at = at + 1;
+                    return Some(());
+                }
+                b'\\' => {
+                    let (c, len) = match *bytes.get(at + 1)? {
+                        b'"' => ('"', 2),
+                        b'\\' => ('\\', 2),
+                        b'/' => ('/', 2),
+                        b'b' => ('\u{8}', 2),
+                        b'f' => ('\u{c}', 2),
+                        b'n' => ('\n', 2),
+                        b'r' => ('\r', 2),
+                        b't' => ('\t', 2),
+                        b'u' => match hex4(bytes, at + 2)? {
+                            high @ 0xD800..0xDC00 => {
+                                // A pair: the low half must follow as the next escape.
+                                if bytes.get(at + 6..at + 8) != Some(b"\\u") {
+                                    return None;
+                                }
+                                let low = hex4(bytes, at + 8).filter(|low| (0xDC00..0xE000).contains(low))?;
+                                (char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))?, 12)
+                            }
+                            code => (char::from_u32(code)?, 6),
+                        },
+                        _ => return None,
+                    };
+                    out.push(c);
+                    at += len;
+                    run = at;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Moves `at` to the next quote, backslash or control character of a string's bytes and returns it:
+/// eight bytes at a time, the last few one by one. `None` at the end of the bytes.
+#[inline(always)]
+fn next_stop(bytes: &[u8], at: &mut usize) -> Option<u8> {
+    loop {
+        if *at + 8 <= bytes.len() {
+            let word = u64::from_le_bytes(bytes[*at..*at + 8].try_into().expect("eight bytes"));
+            match stops(word) {
+                0 => *at += 8,
+                mask => {
+                    *at += mask.trailing_zeros() as usize / 8;
+                    return Some(bytes[*at]);
+                }
+            }
+        } else {
+            match *bytes.get(*at)? {
+                b @ (b'"' | b'\\' | 0..0x20) => return Some(b),
+                _ => *at += 1,
+            }
+        }
+    }
+}
+
+/// The four hex digits at `at` (of a `\u` escape) as a number.
+fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
+    let hex = bytes.get(at..at + 4)?;
+    hex.iter().try_fold(0u32, |n, &b| Some(n * 16 + char::from(b).to_digit(16)?))
 }
 
 /// The high bit of each byte of `word` (little-endian) that ends a run of plain string bytes — a quote, a

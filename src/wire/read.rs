@@ -1,0 +1,502 @@
+//! The fast path of [`Message::from_raw`]: a typed read of one message with the scanner of
+//! [`super::scan`], whose string decoding costs about half of serde_json's on agent output.
+//!
+//! It reads the shapes agents send — string or null values where the message's typed fields expect
+//! them, `content` as a string, null or an array of part objects, `tool_calls` as an array of call
+//! objects — and gives exactly the [`Message`] serde_json's derived read gives. Whatever else it meets
+//! (a repeated key, an escaped key, a typed field of another type, a content array that is not all
+//! objects, an unpaired surrogate, invalid JSON) makes it decline, and the caller reads the message
+//! with serde_json, which decides and words any error. Values of keys the rules do not read are
+//! handed to serde_json as their raw text (a string is decoded here).
+
+use serde_json::{Map, Value};
+
+use super::scan::Scanner;
+use super::{Content, ContentPart, FunctionCall, Message, ToolCall};
+
+/// The message `raw` holds, or `None` when the fast read declines (see the module's doc).
+pub(super) fn message(raw: &str) -> Option<Message> {
+    // No string of the message is longer than the message: the scratch never grows.
+    let mut r =
+        Reader { s: Scanner::new(raw.as_bytes()), text: raw, scratch: String::with_capacity(raw.len()), depth: 0 };
+    r.s.whitespace();
+    let mut m = Message {
+        role: String::new(),
+        content: None,
+        tool_calls: None,
+        tool_call_id: None,
+        name: None,
+        reasoning_content: None,
+        reasoning: None,
+        extra: Map::new(),
+    };
+    let mut typed = Seen::default();
+    r.object(|r, key| {
+        match key {
+            "role" => {
+                typed.once(0)?;
+                m.role = r.string()?;
+            }
+            "content" => {
+                typed.once(1)?;
+                m.content = Some(r.content()?);
+            }
+            "tool_calls" => {
+                typed.once(2)?;
+                m.tool_calls = r.nullable(|r| r.array(Reader::tool_call))?;
+            }
+            "tool_call_id" => {
+                typed.once(3)?;
+                m.tool_call_id = r.nullable(Reader::string)?;
+            }
+            "name" => {
+                typed.once(4)?;
+                m.name = r.nullable(Reader::string)?;
+            }
+            "reasoning_content" => {
+                typed.once(5)?;
+                m.reasoning_content = r.nullable(Reader::value)?;
+            }
+            "reasoning" => {
+                typed.once(6)?;
+                m.reasoning = r.nullable(Reader::value)?;
+            }
+            other => r.extra(&mut m.extra, other)?,
+        }
+        Some(())
+    })?;
+    r.s.whitespace();
+    (r.s.at == raw.len()).then_some(m)
+}
+
+/// Which typed keys an object has had: a repeated one makes the read decline (serde_json refuses it).
+#[derive(Default)]
+struct Seen(u8);
+
+impl Seen {
+    fn once(&mut self, bit: u8) -> Option<()> {
+        let mask = 1 << bit;
+        (self.0 & mask == 0).then(|| self.0 |= mask)
+    }
+}
+
+struct Reader<'a> {
+    s: Scanner<'a>,
+    /// The scanner's bytes as a `str`.
+    text: &'a str,
+    /// Where strings are decoded before they are copied out at their size.
+    scratch: String,
+    /// How many objects and arrays enclose the value being read (the message itself is 1).
+    depth: usize,
+}
+
+/// Values of untyped keys are scanned with this many levels to spare under the scanner's nesting
+/// limit, so that the fast read declines well before serde_json's own limit would refuse the message.
+const DEPTH_MARGIN: usize = 4;
+
+impl<'a> Reader<'a> {
+    /// The members of the object starting here, each handed to `member` with its key (the reader is
+    /// then at the value, which `member` must read). Keys with escapes are declined.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.s.expect(b'{')?;
+        self.depth += 1;
+        self.s.whitespace();
+        if self.s.peek()? == b'}' {
+            self.s.at += 1;
+            self.depth -= 1;
+            return Some(());
+        }
+        loop {
+            let start = self.s.at;
+            self.s.string()?;
+            let key = &self.text[start + 1..self.s.at - 1];
+            if key.as_bytes().contains(&b'\\') {
+                return None;
+            }
+            self.s.whitespace();
+            self.s.expect(b':')?;
+            self.s.whitespace();
+            member(self, key)?;
+            self.s.whitespace();
+            match self.s.next()? {
+                b',' => self.s.whitespace(),
+                b'}' => {
+                    self.depth -= 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The elements of the array starting here, each read by `element`.
+    fn array<T>(&mut self, mut element: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        self.s.expect(b'[')?;
+        self.depth += 1;
+        self.s.whitespace();
+        let mut out = Vec::new();
+        if self.s.peek()? == b']' {
+            self.s.at += 1;
+            self.depth -= 1;
+            return Some(out);
+        }
+        loop {
+            out.push(element(self)?);
+            self.s.whitespace();
+            match self.s.next()? {
+                b',' => self.s.whitespace(),
+                b']' => {
+                    self.depth -= 1;
+                    return Some(out);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// `null` as `None` (serde's `Option`), anything else read by `read`.
+    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        if self.s.peek()? == b'n' {
+            self.s.literal(b"null")?;
+            return Some(None);
+        }
+        read(self).map(Some)
+    }
+
+    fn string(&mut self) -> Option<String> {
+        self.s.decode_string(self.text, &mut self.scratch)?;
+        Some(self.scratch.as_str().to_owned())
+    }
+
+    /// Any value: a string or `null` read here, anything else by serde_json from its raw text.
+    fn value(&mut self) -> Option<Value> {
+        match self.s.peek()? {
+            b'"' => self.string().map(Value::String),
+            b'n' => self.s.literal(b"null").map(|()| Value::Null),
+            _ => {
+                let start = self.s.at;
+                self.s.value(self.depth + 1 + DEPTH_MARGIN)?;
+                serde_json::from_str(&self.text[start..self.s.at]).ok()
+            }
+        }
+    }
+
+    /// A key the struct does not type, into its flattened map; a repeated one declines.
+    fn extra(&mut self, extra: &mut Map<String, Value>, key: &str) -> Option<()> {
+        if extra.contains_key(key) {
+            return None;
+        }
+        let value = self.value()?;
+        extra.insert(key.to_owned(), value);
+        Some(())
+    }
+
+    /// `content`, present: see [`super::deserialize_present`].
+    fn content(&mut self) -> Option<Content> {
+        match self.s.peek()? {
+            b'"' => self.string().map(Content::Text),
+            b'[' => self.array(Reader::part).map(Content::Parts),
+            _ => self.value().map(Content::Other),
+        }
+    }
+
+    /// One part of an array `content`; anything but an object declines (serde_json then keeps the
+    /// array as a value).
+    fn part(&mut self) -> Option<ContentPart> {
+        let mut part = ContentPart { kind: None, text: None, extra: Map::new() };
+        let mut typed = Seen::default();
+        self.object(|r, key| match key {
+            "type" => {
+                typed.once(0)?;
+                part.kind = r.nullable(Reader::string)?;
+                Some(())
+            }
+            "text" => {
+                typed.once(1)?;
+                part.text = r.nullable(Reader::string)?;
+                Some(())
+            }
+            other => r.extra(&mut part.extra, other),
+        })?;
+        Some(part)
+    }
+
+    fn tool_call(&mut self) -> Option<ToolCall> {
+        let mut call = ToolCall { id: String::new(), kind: None, function: None, extra: Map::new() };
+        let mut typed = Seen::default();
+        self.object(|r, key| match key {
+            "id" => {
+                typed.once(0)?;
+                call.id = r.string()?;
+                Some(())
+            }
+            "type" => {
+                typed.once(1)?;
+                call.kind = r.nullable(Reader::string)?;
+                Some(())
+            }
+            "function" => {
+                typed.once(2)?;
+                call.function = r.nullable(Reader::function)?;
+                Some(())
+            }
+            other => r.extra(&mut call.extra, other),
+        })?;
+        Some(call)
+    }
+
+    fn function(&mut self) -> Option<FunctionCall> {
+        let mut function = FunctionCall { name: String::new(), arguments: Value::Null, extra: Map::new() };
+        let mut typed = Seen::default();
+        self.object(|r, key| match key {
+            "name" => {
+                typed.once(0)?;
+                function.name = r.string()?;
+                Some(())
+            }
+            "arguments" => {
+                typed.once(1)?;
+                function.arguments = r.value()?;
+                Some(())
+            }
+            other => r.extra(&mut function.extra, other),
+        })?;
+        Some(function)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+
+    /// The fast read never disagrees with serde_json's derived read: when it answers, serde_json
+    /// reads the same message.
+    fn agrees(raw: &str) -> Result<Option<Message>, TestCaseError> {
+        let fast = message(raw);
+        if let Some(fast) = &fast {
+            let by_serde = serde_json::from_str::<Message>(raw);
+            prop_assert!(by_serde.is_ok(), "accepted what serde_json refuses ({:?}): {}", by_serde, raw);
+            prop_assert_eq!(fast, &by_serde.unwrap(), "raw: {}", raw);
+        }
+        Ok(fast)
+    }
+
+    #[test]
+    fn reads_agent_messages_as_serde_json_does() {
+        for raw in [
+            r#"{"role":"user","content":"fix the \"tests\"\\n\ttab \u00e9 \ud83e\udd80 \/ \b\f\r\n"}"#,
+            r#" { "role" : "assistant" , "content" : null , "tool_calls" : [ {"id":"c1","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la\"}","x":[1,2.50,{"y":null}]},"index":0} ] } "#,
+            r#"{"role":"tool","tool_call_id":"c1","name":"terminal","content":[{"type":"text","text":"out\nput","cache_control":{"type":"ephemeral"}},{"type":"image_url","image_url":{"url":"data:x"}}]}"#,
+            r#"{"role":"assistant","content":"","reasoning_content":"think","reasoning":{"steps":[1]},"tool_calls":null,"name":null,"tool_call_id":null}"#,
+            r#"{"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f","arguments":{"k":1}}},{"id":"b","type":null,"function":null}]}"#,
+            r#"{"content":{"k":"v"},"zz":-1.5e-3,"aa":true,"mm":"\u0000"}"#,
+            r#"{"role":"user","content":[]}"#,
+            r#"{"role":"user","content":5}"#,
+            r#"{}"#,
+        ] {
+            let fast = agrees(raw).unwrap();
+            assert!(fast.is_some(), "declined: {raw}");
+        }
+        let m = message(r#"{"role":"user","content":"\ud83e\udd80"}"#).unwrap();
+        assert_eq!(m.content, Some(Content::Text("🦀".into())));
+    }
+
+    /// Every message of the real requests the golden tests use (Hermes, mini-swe-agent, OpenHands,
+    /// SWE-agent, tau-bench captures) is read by the fast path, as serde_json reads it.
+    #[test]
+    fn reads_every_message_of_the_real_fixtures() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/compact");
+        let mut read = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if !name.ends_with(".json") || name.ends_with(".out.json") || name.ends_with(".report.json") {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            for raw in crate::wire::ChatBody::parse(&bytes).unwrap().messages {
+                let fast = agrees(raw).unwrap();
+                assert!(fast.is_some(), "{name}: declined {raw}");
+                read += 1;
+            }
+        }
+        assert!(read > 100, "only {read} messages read");
+    }
+
+    /// What the fast read leaves to serde_json: each is refused by serde_json or read there
+    /// differently (an escaped key is decoded before it is matched).
+    #[test]
+    fn declines_what_serde_json_must_decide() {
+        for raw in [
+            r#"{"role":"user","role":"assistant"}"#,
+            r#"{"role":"user","x":1,"x":2}"#,
+            r#"{"rol\u0065":"user"}"#,
+            r#"{"role":null}"#,
+            r#"{"role":1}"#,
+            r#"{"role":"user","content":"\ud800"}"#,
+            r#"{"role":"user","content":"\udc00\ud800"}"#,
+            r#"{"role":"user","content":"\ud800\u0041"}"#,
+            r#"{"role":"user","content":["a"]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":5}]}"#,
+            r#"{"tool_calls":{}}"#,
+            r#"{"tool_calls":[{"id":null}]}"#,
+            r#"{"tool_calls":[{"function":{"name":null}}]}"#,
+            r#"{"name":5}"#,
+            r#"{"x":1e400}"#,
+            r#"{"role":"user"} x"#,
+            r#"{"role":"user",}"#,
+            r#"{"role":"user"#,
+            r#"["role"]"#,
+            "{\"content\":\"a\nb\"}",
+        ] {
+            assert!(message(raw).is_none(), "read: {raw}");
+        }
+        // Nesting: serde_json refuses 128 levels; the fast read declines before it.
+        for depth in [100, 124, 125, 126, 127, 128, 130] {
+            let raw = format!("{{\"x\":{}{}}}", "[".repeat(depth), "]".repeat(depth));
+            agrees(&raw).unwrap();
+            let raw = format!(
+                "{{\"tool_calls\":[{{\"function\":{{\"arguments\":{}{}}}}}]}}",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            );
+            agrees(&raw).unwrap();
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(("[a-z]{0,5}", inner), 0..4)
+                    .prop_map(|entries| Value::Object(entries.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    /// Quotes, backslashes, control characters, non-ASCII and astral characters, long runs.
+    fn text() -> impl Strategy<Value = String> {
+        "(\\PC|[\"\\\\/\u{0}\u{1}\u{1f}\n\t\r]|é|🦀){0,60}"
+    }
+
+    /// A typed field's value: usually what agents send, sometimes another JSON value.
+    fn string_or(other: impl Strategy<Value = Value> + 'static) -> impl Strategy<Value = Value> {
+        prop_oneof![6 => text().prop_map(Value::String), 1 => Just(Value::Null), 1 => other]
+    }
+
+    /// A message of agent shape with extra keys, some typed fields of unexpected types.
+    fn agent_message() -> impl Strategy<Value = Value> {
+        let part = (
+            string_or(json_value()),
+            string_or(json_value()),
+            prop::collection::btree_map("[a-z_]{1,6}", json_value(), 0..2),
+        )
+            .prop_map(|(kind, text, extra)| {
+                let mut part = json!({"type": kind, "text": text});
+                part.as_object_mut().unwrap().extend(extra);
+                part
+            });
+        let content = prop_oneof![
+            3 => text().prop_map(Value::String),
+            1 => Just(Value::Null),
+            2 => prop::collection::vec(part, 0..3).prop_map(Value::Array),
+            1 => json_value(),
+        ];
+        let call = (
+            string_or(json_value()),
+            string_or(json_value()),
+            text(),
+            prop_oneof![text().prop_map(Value::String), json_value()],
+            any::<bool>(),
+        )
+            .prop_map(|(id, kind, name, arguments, index)| {
+                let mut call = json!({"id": id, "type": kind, "function": {"name": name, "arguments": arguments}});
+                if index {
+                    call["index"] = json!(0);
+                }
+                call
+            });
+        let calls = prop_oneof![3 => prop::collection::vec(call, 0..3).prop_map(Value::Array), 1 => json_value()];
+        (
+            prop::sample::select(vec!["user", "assistant", "tool", "system"]),
+            prop::option::of(content),
+            prop::option::of(calls),
+            prop::option::of(string_or(json_value())),
+            prop::option::of(json_value()),
+            prop::collection::btree_map("[a-z_]{1,8}", json_value(), 0..3),
+        )
+            .prop_map(|(role, content, calls, id, reasoning, extra)| {
+                let mut m = Map::new();
+                m.insert("role".into(), json!(role));
+                let typed = [
+                    ("content", content),
+                    ("tool_calls", calls),
+                    ("tool_call_id", id),
+                    ("reasoning_content", reasoning),
+                ];
+                for (key, value) in typed {
+                    if let Some(value) = value {
+                        m.insert(key.into(), value);
+                    }
+                }
+                for (key, value) in extra {
+                    m.entry(key).or_insert(value);
+                }
+                Value::Object(m)
+            })
+    }
+
+    proptest! {
+        /// Every message serde_json writes is read as serde_json reads it, and the shapes agents send
+        /// (strings where the message types them) are read by the fast path.
+        #[test]
+        fn reads_messages_as_serde_json(m in agent_message(), pretty in any::<bool>()) {
+            let raw = if pretty { serde_json::to_string_pretty(&m) } else { serde_json::to_string(&m) }.unwrap();
+            let fast = agrees(&raw)?;
+            let plain = m.as_object().unwrap().iter().all(|(k, v)| match k.as_str() {
+                "content" => v.is_string() || v.is_null(),
+                "tool_calls" => v.is_null() || v.as_array().is_some_and(|calls| calls.iter().all(|c| {
+                    c["id"].is_string() && (c["type"].is_string() || c["type"].is_null()) && c["function"]["name"].is_string()
+                })),
+                "tool_call_id" => v.is_string() || v.is_null(),
+                _ => true,
+            });
+            if plain {
+                prop_assert!(fast.is_some(), "declined: {}", raw);
+            }
+        }
+
+        /// After a small corruption the fast read declines or reads what serde_json reads.
+        #[test]
+        fn never_reads_what_serde_json_refuses(
+            m in agent_message(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(
+                b"\"\\{}[],:0-+.eEu tfn\n\x01".to_vec()
+            )), 1..4),
+        ) {
+            let mut raw = serde_json::to_vec(&m).unwrap();
+            for (at, kind, byte) in edits {
+                let i = at.index(raw.len().max(1));
+                match kind {
+                    0 if i < raw.len() => raw[i] = byte,
+                    1 => raw.insert(i.min(raw.len()), byte),
+                    _ if i < raw.len() => { raw.remove(i); }
+                    _ => raw.truncate(i),
+                }
+            }
+            if let Ok(raw) = std::str::from_utf8(&raw) {
+                agrees(raw)?;
+            }
+        }
+    }
+}
