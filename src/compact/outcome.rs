@@ -12,6 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::markers::is_compacted;
+use crate::wire::{self, MemberValue, Want};
 
 /// The JSON keys that carry a result's main text, tried in order.
 const TEXT_FIELDS: &[&str] = &["output", "content", "stdout", "result", "text"];
@@ -215,14 +216,56 @@ enum ExitInfo {
 const EXIT_FIELDS: &[&str] = &["exit_code", "returncode", "exitCode", "return_code"];
 
 /// What [`split_shape`] reads of a JSON object result, in one pass over it: the [`TEXT_FIELDS`]
-/// decoded when they are strings, the status keys as raw values, everything else skipped. As in
+/// decoded when they are strings, the status keys as raw JSON text, everything else skipped. As in
 /// any JSON object map, a repeated key's last value decides.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq)]
 struct ResultObject<'a> {
     texts: [Option<String>; TEXT_FIELDS.len()],
-    exits: [Option<&'a RawValue>; EXIT_FIELDS.len()],
-    success: Option<&'a RawValue>,
-    error: Option<&'a RawValue>,
+    exits: [Option<&'a str>; EXIT_FIELDS.len()],
+    success: Option<&'a str>,
+    error: Option<&'a str>,
+}
+
+impl<'a> ResultObject<'a> {
+    /// `content` read as a JSON object, or `None` when it is not one. The fast member read of
+    /// [`wire::object_members`] decodes only the text fields; what it declines (an escaped key, say)
+    /// is read by serde_json.
+    fn read(content: &'a str) -> Option<ResultObject<'a>> {
+        let want = |key: &str| {
+            if TEXT_FIELDS.contains(&key) {
+                Want::Text
+            } else if EXIT_FIELDS.contains(&key) || key == "success" || key == "error" {
+                Want::Raw
+            } else {
+                Want::Skip
+            }
+        };
+        let Some(members) = wire::object_members(content, want) else {
+            return serde_json::from_str::<ResultObject<'_>>(content).ok();
+        };
+        let mut out = ResultObject::default();
+        for (key, value) in members {
+            let raw = match value {
+                MemberValue::Text(text) => {
+                    let i = TEXT_FIELDS.iter().position(|k| *k == key).expect("only text fields are decoded");
+                    out.texts[i] = Some(text);
+                    continue;
+                }
+                MemberValue::Raw(raw) => raw,
+            };
+            if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
+                // A text field that is not a string.
+                out.texts[i] = None;
+            } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
+                out.exits[i] = Some(raw);
+            } else if key == "success" {
+                out.success = Some(raw);
+            } else {
+                out.error = Some(raw);
+            }
+        }
+        Some(out)
+    }
 }
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for ResultObject<'a> {
@@ -239,11 +282,11 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for ResultObject<'a> {
                     if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
                         out.texts[i] = map.next_value::<MaybeString>()?.0;
                     } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
-                        out.exits[i] = Some(map.next_value()?);
+                        out.exits[i] = Some(map.next_value::<&RawValue>()?.get());
                     } else if key == "success" {
-                        out.success = Some(map.next_value()?);
+                        out.success = Some(map.next_value::<&RawValue>()?.get());
                     } else if key == "error" {
-                        out.error = Some(map.next_value()?);
+                        out.error = Some(map.next_value::<&RawValue>()?.get());
                     } else {
                         map.next_value::<serde::de::IgnoredAny>()?;
                     }
@@ -306,25 +349,25 @@ fn split_shape(content: String) -> (Shape, String, Option<ExitInfo>) {
     if !content.trim_start().starts_with('{') {
         return (Shape::Plain, content, None);
     }
-    let Ok(mut object) = serde_json::from_str::<ResultObject<'_>>(&content) else {
+    let Some(mut object) = ResultObject::read(&content) else {
         return (Shape::Plain, content, None);
     };
     let mut status =
-        object.exits.iter().flatten().find_map(|v| serde_json::from_str::<i64>(v.get()).ok()).map(ExitInfo::Code);
+        object.exits.iter().flatten().find_map(|v| serde_json::from_str::<i64>(v).ok()).map(ExitInfo::Code);
     if status.is_none()
-        && let Some(ok) = object.success.and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
+        && let Some(ok) = object.success.and_then(|v| serde_json::from_str::<bool>(v).ok())
     {
         status = Some(ExitInfo::Success(ok));
     }
     let mut error = None;
-    match object.error.map(|v| v.get().trim()) {
+    match object.error.map(str::trim) {
         None | Some("null") | Some("false") | Some("\"\"") => {}
         Some(raw) => {
             status = Some(ExitInfo::Error);
             error = serde_json::from_str::<String>(raw).ok();
         }
     }
-    if status.is_none() && object.error.is_some_and(|v| v.get().trim() == "null") {
+    if status.is_none() && object.error.is_some_and(|v| v.trim() == "null") {
         status = Some(ExitInfo::Success(true));
     }
     let text_field = object.texts.iter_mut().position(|t| t.is_some());
@@ -488,5 +531,65 @@ mod tests {
         let r = read(r#"{"output": "long", "exit_code": 0, "error": null}"#);
         let original = r#"{"output": "long", "exit_code": 0, "error": null}"#;
         assert_eq!(r.shape.embed(original, "short"), r#"{"output":"short","exit_code":0,"error":null}"#);
+    }
+
+    /// The fast member read fills a result object exactly as serde_json's read of the same text,
+    /// repeated keys, non-string text fields, escapes and odd values included; it answers for every
+    /// object serde_json writes with plain keys.
+    mod object_read {
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+
+        use super::super::ResultObject;
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                "(\\PC|[\"\\\\\u{1}\n\t]|é|🦀){0,40}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 16, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                    prop::collection::vec(("[a-z]{0,4}", inner), 0..3)
+                        .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// An object's text with repeats allowed (serde_json's maps cannot hold them).
+        fn object_text() -> impl Strategy<Value = String> {
+            let key = prop::sample::select(vec![
+                "output",
+                "content",
+                "stdout",
+                "result",
+                "text",
+                "exit_code",
+                "returncode",
+                "exitCode",
+                "return_code",
+                "success",
+                "error",
+                "other",
+                "meta",
+            ]);
+            (prop::collection::vec((key, value()), 0..7), any::<bool>()).prop_map(|(members, spaced)| {
+                let sep = if spaced { ", " } else { "," };
+                let colon = if spaced { ": " } else { ":" };
+                let body: Vec<String> = members.iter().map(|(k, v)| format!("{}{colon}{v}", json!(k))).collect();
+                format!("{{{}}}", body.join(sep))
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn reads_result_objects_as_serde_json(text in object_text()) {
+                let by_serde = serde_json::from_str::<ResultObject<'_>>(&text).ok();
+                prop_assert!(crate::wire::object_members(&text, |_| crate::wire::Want::Skip).is_some(), "declined: {}", text);
+                prop_assert_eq!(ResultObject::read(&text), by_serde, "text: {}", text);
+            }
+        }
     }
 }

@@ -7,6 +7,8 @@
 mod read;
 mod scan;
 
+pub use read::{MemberValue, Want, object_members};
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};

@@ -18,7 +18,7 @@ use super::{Content, ContentPart, FunctionCall, Message, ToolCall};
 pub(super) fn message(raw: &str) -> Option<Message> {
     // No string of the message is longer than the message: the scratch never grows.
     let mut r =
-        Reader { s: Scanner::new(raw.as_bytes()), text: raw, scratch: String::with_capacity(raw.len()), depth: 0 };
+        Reader { s: Scanner::new(raw.as_bytes()), text: raw, scratch: Vec::with_capacity(raw.len() + 8), depth: 0 };
     r.s.whitespace();
     let mut m = Message {
         role: String::new(),
@@ -69,6 +69,55 @@ pub(super) fn message(raw: &str) -> Option<Message> {
     (r.s.at == raw.len()).then_some(m)
 }
 
+/// What [`object_members`] should do with a member's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Skip it (it is still checked).
+    Skip,
+    /// Its raw JSON text.
+    Raw,
+    /// A string decoded; any other value as its raw JSON text.
+    Text,
+}
+
+/// One wanted member's value (see [`Want`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberValue<'a> {
+    Text(String),
+    Raw(&'a str),
+}
+
+/// The members of the JSON object `text` that `want` asks for, in order (repeats included), or
+/// `None` when the fast read declines: `text` is not exactly one object (whitespace around it
+/// aside), a key has an escape, a wanted string has an unpaired surrogate, or the nesting comes within
+/// a few levels of serde_json's limit. For a caller that needs a few keys of a large object (a tool's
+/// JSON result) and reads it with serde_json when this declines.
+pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<Vec<(&'a str, MemberValue<'a>)>> {
+    let mut r = Reader { s: Scanner::new(text.as_bytes()), text, scratch: Vec::new(), depth: 0 };
+    let mut out = Vec::new();
+    r.s.whitespace();
+    r.object(|r, key| {
+        let value = match want(key) {
+            Want::Skip => {
+                r.raw()?;
+                return Some(());
+            }
+            Want::Text if r.s.peek()? == b'"' => {
+                // The largest member of such an object is the text: decoded in place, sized for the
+                // rest of the object.
+                let mut decoded = Vec::with_capacity(r.text.len() - r.s.at + 8);
+                r.s.decode_string(&mut decoded)?;
+                MemberValue::Text(String::from_utf8(decoded).ok()?)
+            }
+            Want::Raw | Want::Text => MemberValue::Raw(r.raw()?),
+        };
+        out.push((key, value));
+        Some(())
+    })?;
+    r.s.whitespace();
+    (r.s.at == text.len()).then_some(out)
+}
+
 /// Which typed keys an object has had: a repeated one makes the read decline (serde_json refuses it).
 #[derive(Default)]
 struct Seen(u8);
@@ -84,8 +133,9 @@ struct Reader<'a> {
     s: Scanner<'a>,
     /// The scanner's bytes as a `str`.
     text: &'a str,
-    /// Where strings are decoded before they are copied out at their size.
-    scratch: String,
+    /// Where strings are decoded before they are copied out at their size (eight bytes more than
+    /// the message: the decoding copies eight bytes at a time).
+    scratch: Vec<u8>,
     /// How many objects and arrays enclose the value being read (the message itself is 1).
     depth: usize,
 }
@@ -164,8 +214,8 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self) -> Option<String> {
-        self.s.decode_string(self.text, &mut self.scratch)?;
-        Some(self.scratch.as_str().to_owned())
+        self.s.decode_string(&mut self.scratch)?;
+        std::str::from_utf8(&self.scratch).ok().map(str::to_owned)
     }
 
     /// Any value: a string or `null` read here, anything else by serde_json from its raw text.
@@ -173,12 +223,15 @@ impl<'a> Reader<'a> {
         match self.s.peek()? {
             b'"' => self.string().map(Value::String),
             b'n' => self.s.literal(b"null").map(|()| Value::Null),
-            _ => {
-                let start = self.s.at;
-                self.s.value(self.depth + 1 + DEPTH_MARGIN)?;
-                serde_json::from_str(&self.text[start..self.s.at]).ok()
-            }
+            _ => serde_json::from_str(self.raw()?).ok(),
         }
+    }
+
+    /// The raw text of the value here, checked.
+    fn raw(&mut self) -> Option<&'a str> {
+        let start = self.s.at;
+        self.s.value(self.depth + 1 + DEPTH_MARGIN)?;
+        Some(&self.text[start..self.s.at])
     }
 
     /// A key the struct does not type, into its flattened map; a repeated one declines.
