@@ -13,7 +13,7 @@ use super::markers::{
     CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
-use crate::wire::Message;
+use crate::wire::{Members, Message};
 
 /// What kind of unit a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,9 @@ pub struct Conversation<'a> {
     pub raw: &'a [&'a str],
     /// Parsed messages; `None` when a message is not an object pare understands (never touched).
     pub msgs: Vec<Option<Message>>,
+    /// Each message's members as (key, raw value), when the fast read gave them: what a rewrite of
+    /// the message keeps.
+    pub members: Vec<Option<Members<'a>>>,
     /// First index of the protected tail.
     pub boundary: usize,
     /// Groups covering `0..boundary`, in order.
@@ -87,8 +90,9 @@ pub struct Conversation<'a> {
 pub const PARALLEL_BYTES: usize = 128 * 1024;
 
 /// What reading one message gives; computed per message, possibly on the rayon pool.
-struct ReadMessage {
+struct ReadMessage<'a> {
     msg: Option<Message>,
+    members: Option<Members<'a>>,
     outcome: Option<Outcome>,
     /// One per tool call of an assistant message, in order.
     calls: Vec<ReadCall>,
@@ -126,8 +130,9 @@ impl<'a> Conversation<'a> {
         let parallel = may_parallelize && raw.iter().map(|m| m.len()).sum::<usize>() >= PARALLEL_BYTES;
         // Parse each message, read each tool result's outcome and each call's key argument:
         // independent per message.
-        let read = |m: &&str| {
-            let msg = Message::from_raw(m).ok();
+        let read = |m: &&'a str| {
+            let (msg, members) = Message::read(m);
+            let msg = msg.ok();
             let outcome = msg.as_ref().filter(|m| m.role == "tool").map(|m| success.read_owned(m.text()));
             let calls = msg
                 .iter()
@@ -142,15 +147,17 @@ impl<'a> Conversation<'a> {
                     ReadCall { name, arguments, key_arg }
                 })
                 .collect();
-            ReadMessage { msg, outcome, calls }
+            ReadMessage { msg, members, outcome, calls }
         };
         let read: Vec<ReadMessage> =
             if parallel { raw.par_iter().map(read).collect() } else { raw.iter().map(read).collect() };
         let mut msgs = Vec::with_capacity(read.len());
+        let mut members = Vec::with_capacity(read.len());
         let mut outcomes = Vec::with_capacity(read.len());
         let mut calls_of = Vec::with_capacity(read.len());
         for r in read {
             msgs.push(r.msg);
+            members.push(r.members);
             outcomes.push(r.outcome);
             calls_of.push(r.calls);
         }
@@ -205,6 +212,7 @@ impl<'a> Conversation<'a> {
         Conversation {
             raw,
             msgs,
+            members,
             boundary,
             groups,
             calls,

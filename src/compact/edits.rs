@@ -157,7 +157,8 @@ impl Edits {
         {
             return raw.to_owned();
         }
-        let object: Vec<(Cow<'_, str>, &str)> = match object_entries(raw) {
+        let members = conv.members[idx].as_deref().map(|m| m.to_vec()).or_else(|| object_entries(raw));
+        let object: Vec<(Cow<'_, str>, &str)> = match members {
             Some(entries) => entries.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect(),
             None => match serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) {
                 Ok(map) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v.get())).collect(),

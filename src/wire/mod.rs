@@ -9,6 +9,9 @@ mod scan;
 
 pub use read::{MemberValue, Want, object_members};
 
+/// A JSON object's members as (key, raw value text), in order.
+pub type Members<'a> = Vec<(&'a str, &'a str)>;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -269,9 +272,15 @@ impl Message {
     /// The common shapes are read by the fast typed read of [`read`], which gives what serde_json's
     /// derived read gives; whatever it declines is read by serde_json.
     pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
+        Message::read(raw).0
+    }
+
+    /// [`Message::from_raw`], and the message's members as (key, raw value) in order when the fast
+    /// read gave them (whoever rewrites the message then need not find them again).
+    pub fn read(raw: &str) -> (serde_json::Result<Message>, Option<Members<'_>>) {
         match read::message(raw) {
-            Some(message) => Ok(message),
-            None => serde_json::from_str(raw),
+            Some((message, members)) => (Ok(message), Some(members)),
+            None => (serde_json::from_str(raw), None),
         }
     }
 

@@ -12,10 +12,11 @@
 use serde_json::{Map, Value};
 
 use super::scan::Scanner;
-use super::{Content, ContentPart, FunctionCall, Message, ToolCall};
+use super::{Content, ContentPart, FunctionCall, Members, Message, ToolCall};
 
-/// The message `raw` holds, or `None` when the fast read declines (see the module's doc).
-pub(super) fn message(raw: &str) -> Option<Message> {
+/// The message `raw` holds and its members as (key, raw value) in order, or `None` when the fast
+/// read declines (see the module's doc).
+pub(super) fn message(raw: &str) -> Option<(Message, Members<'_>)> {
     // No string of the message is longer than the message: the scratch never grows.
     let mut r =
         Reader { s: Scanner::new(raw.as_bytes()), text: raw, scratch: Vec::with_capacity(raw.len() + 8), depth: 0 };
@@ -31,7 +32,9 @@ pub(super) fn message(raw: &str) -> Option<Message> {
         extra: Map::new(),
     };
     let mut typed = Seen::default();
+    let mut members = Vec::with_capacity(8);
     r.object(|r, key| {
+        let start = r.s.at;
         match key {
             "role" => {
                 typed.once(0)?;
@@ -63,10 +66,11 @@ pub(super) fn message(raw: &str) -> Option<Message> {
             }
             other => r.extra(&mut m.extra, other)?,
         }
+        members.push((key, &r.text[start..r.s.at]));
         Some(())
     })?;
     r.s.whitespace();
-    (r.s.at == raw.len()).then_some(m)
+    (r.s.at == raw.len()).then_some((m, members))
 }
 
 /// What [`object_members`] should do with a member's value.
@@ -328,7 +332,16 @@ mod tests {
     /// The fast read never disagrees with serde_json's derived read: when it answers, serde_json
     /// reads the same message.
     fn agrees(raw: &str) -> Result<Option<Message>, TestCaseError> {
-        let fast = message(raw);
+        let fast = message(raw).map(|(m, members)| {
+            let by_serde: Vec<(String, &serde_json::value::RawValue)> =
+                serde_json::from_str::<indexmap::IndexMap<String, &serde_json::value::RawValue>>(raw)
+                    .unwrap()
+                    .into_iter()
+                    .collect();
+            let by_serde: Vec<(&str, &str)> = by_serde.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+            assert_eq!(members, by_serde, "members of {raw}");
+            m
+        });
         if let Some(fast) = &fast {
             let by_serde = serde_json::from_str::<Message>(raw);
             prop_assert!(by_serde.is_ok(), "accepted what serde_json refuses ({:?}): {}", by_serde, raw);
@@ -353,7 +366,7 @@ mod tests {
             let fast = agrees(raw).unwrap();
             assert!(fast.is_some(), "declined: {raw}");
         }
-        let m = message(r#"{"role":"user","content":"\ud83e\udd80"}"#).unwrap();
+        let (m, _) = message(r#"{"role":"user","content":"\ud83e\udd80"}"#).unwrap();
         assert_eq!(m.content, Some(Content::Text("🦀".into())));
     }
 
