@@ -5,13 +5,13 @@
 
 use std::borrow::Cow;
 
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 use super::conversation::Conversation;
 use super::markers::is_compacted;
 use super::report::RuleId;
-use crate::wire::Content;
+use crate::wire::{Content, push_json_string};
 
 /// New text for a message's content.
 #[derive(Debug, Clone)]
@@ -175,7 +175,7 @@ impl Edits {
                     }
                     _ => edit.text.clone(),
                 };
-                Some(content_with_text(original, text).to_string())
+                Some(content_with_text(original, &text))
             }
             None if self.drop_thinking_parts[idx] => object.iter().find(|(k, _)| k == "content").and_then(|(_, c)| {
                 let mut parts: Vec<Value> = serde_json::from_str(c).ok()?;
@@ -192,7 +192,7 @@ impl Edits {
                 out.push(',');
             }
             first = false;
-            out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
+            push_json_string(out, key);
             out.push(':');
             out.push_str(value);
         };
@@ -313,23 +313,29 @@ fn value_end(raw: &str, start: usize) -> Option<usize> {
     }
 }
 
-/// A content value holding `text`, in the original's form: a string stays a string; an array of
-/// parts becomes one text part that keeps the first text part's other keys (e.g. `cache_control`).
-pub fn content_with_text(original: Option<&Content>, text: String) -> Value {
+/// The JSON of a content holding `text`, in the original's form: a string stays a string; an array
+/// of parts becomes one text part that keeps the first text part's other keys (e.g.
+/// `cache_control`). Written as serde_json writes the same value, without building it.
+pub fn content_with_text(original: Option<&Content>, text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
     match original {
         Some(Content::Parts(parts)) => {
-            let mut part = Map::new();
-            part.insert("type".into(), Value::String("text".into()));
-            part.insert("text".into(), Value::String(text));
+            out.push_str(r#"[{"type":"text","text":"#);
+            push_json_string(&mut out, text);
+            // The typed `type` and `text` are never among a part's other keys.
             if let Some(first) = parts.iter().find(|p| p.kind.as_deref() == Some("text")) {
-                for (k, v) in &first.extra {
-                    part.insert(k.clone(), v.clone());
+                for (key, value) in &first.extra {
+                    out.push(',');
+                    push_json_string(&mut out, key);
+                    out.push(':');
+                    out.push_str(&value.to_string());
                 }
             }
-            Value::Array(vec![Value::Object(part)])
+            out.push_str("}]");
         }
-        _ => Value::String(text),
+        _ => push_json_string(&mut out, text),
     }
+    out
 }
 
 #[cfg(test)]
@@ -355,5 +361,25 @@ mod tests {
         assert_eq!(object_entries(r#"{"a\u0062":1}"#), None);
         assert_eq!(object_entries(r#"{"a":1,"a":2}"#), None);
         assert_eq!(object_entries("[1]"), None);
+    }
+
+    /// The content written directly is what serde_json writes for the same value.
+    #[test]
+    fn content_with_text_writes_what_serde_json_writes() {
+        let parts: Vec<crate::wire::ContentPart> = serde_json::from_str(
+            r#"[{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"old","cache_control":{"type":"ephemeral"},"n":1.5}]"#,
+        )
+        .unwrap();
+        let text = "marker \"quoted\" \\ \n\t\u{1} é 🦀";
+        let mut part = serde_json::Map::new();
+        part.insert("type".into(), Value::String("text".into()));
+        part.insert("text".into(), Value::String(text.into()));
+        part.insert("cache_control".into(), serde_json::json!({"type": "ephemeral"}));
+        part.insert("n".into(), serde_json::json!(1.5));
+        let expected = Value::Array(vec![Value::Object(part)]).to_string();
+        assert_eq!(content_with_text(Some(&Content::Parts(parts)), text), expected);
+        assert_eq!(content_with_text(None, text), Value::String(text.into()).to_string());
+        let plain = Content::Text("old".into());
+        assert_eq!(content_with_text(Some(&plain), text), Value::String(text.into()).to_string());
     }
 }

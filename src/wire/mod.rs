@@ -8,6 +8,7 @@ mod read;
 mod scan;
 
 pub use read::{MemberValue, Want, object_members};
+pub use scan::push_json_string;
 
 /// A JSON object's members as (key, raw value text), in order.
 pub type Members<'a> = Vec<(&'a str, &'a str)>;

@@ -323,6 +323,41 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// Appends `s` to `out` as a JSON string literal, quotes included, byte for byte as serde_json writes
+/// it: `"` and `\\` escaped, the control characters as `\\b`, `\\f`, `\\n`, `\\r`, `\\t` or `\\u00XX`, everything
+/// else as it is. The plain runs between two such bytes are found eight bytes at a time and copied
+/// whole, where serde_json looks each byte up in a table.
+pub fn push_json_string(out: &mut String, s: &str) {
+    let bytes = s.as_bytes();
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let mut run = 0;
+    let mut at = 0;
+    while let Some(stop) = next_stop(bytes, &mut at) {
+        // Every stop is an ASCII byte: the run ends on a char boundary.
+        out.push_str(&s[run..at]);
+        match stop {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0x08 => out.push_str("\\b"),
+            0x0c => out.push_str("\\f"),
+            control => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push_str("\\u00");
+                out.push(char::from(HEX[usize::from(control >> 4)]));
+                out.push(char::from(HEX[usize::from(control & 0xf)]));
+            }
+        }
+        at += 1;
+        run = at;
+    }
+    out.push_str(&s[run..]);
+    out.push('"');
+}
+
 /// Moves `at` to the next quote, backslash or control character of a string's bytes and returns it:
 /// eight bytes at a time, the last few one by one. `None` at the end of the bytes.
 #[inline(always)]
@@ -498,6 +533,14 @@ b"}]}"#,
     }
 
     proptest! {
+        /// Strings are written exactly as serde_json writes them.
+        #[test]
+        fn writes_strings_as_serde_json(s in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}]|é|🦀){0,80}") {
+            let mut out = String::from("x");
+            push_json_string(&mut out, &s);
+            prop_assert_eq!(&out[1..], serde_json::to_string(&s).unwrap());
+        }
+
         /// Every valid chat body serde_json writes is scanned, and split exactly as serde_json splits it.
         #[test]
         fn scans_every_body_serde_json_writes(body in chat_body()) {
