@@ -6,6 +6,8 @@
 
 mod read;
 mod scan;
+#[cfg(test)]
+mod testing;
 
 pub use read::{MemberValue, Want, object_members};
 pub use scan::push_json_string;

@@ -434,20 +434,7 @@ mod tests {
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
-            text().prop_map(Value::String),
-        ];
-        leaf.prop_recursive(3, 24, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::vec(("[a-z]{0,5}", inner), 0..4)
-                    .prop_map(|entries| Value::Object(entries.into_iter().collect::<Map<_, _>>())),
-            ]
-        })
+        super::super::testing::json_value(3, 4, "[a-z]{0,5}", text())
     }
 
     /// Quotes, backslashes, control characters, non-ASCII and astral characters, long runs.
@@ -544,22 +531,8 @@ mod tests {
 
         /// After a small corruption the fast read declines or reads what serde_json reads.
         #[test]
-        fn never_reads_what_serde_json_refuses(
-            m in agent_message(),
-            edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(
-                b"\"\\{}[],:0-+.eEu tfn\n\x01".to_vec()
-            )), 1..4),
-        ) {
-            let mut raw = serde_json::to_vec(&m).unwrap();
-            for (at, kind, byte) in edits {
-                let i = at.index(raw.len().max(1));
-                match kind {
-                    0 if i < raw.len() => raw[i] = byte,
-                    1 => raw.insert(i.min(raw.len()), byte),
-                    _ if i < raw.len() => { raw.remove(i); }
-                    _ => raw.truncate(i),
-                }
-            }
+        fn never_reads_what_serde_json_refuses(m in agent_message(), edits in super::super::testing::edits()) {
+            let raw = super::super::testing::corrupt(serde_json::to_vec(&m).unwrap(), edits);
             if let Ok(raw) = std::str::from_utf8(&raw) {
                 agrees(raw)?;
             }

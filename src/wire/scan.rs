@@ -425,7 +425,7 @@ fn stops(word: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use serde_json::{Map, Value, json};
+    use serde_json::{Value, json};
 
     use super::super::TopLevel;
     use super::*;
@@ -522,21 +522,8 @@ b"}]}"#,
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
-            // Quotes, backslashes, control characters, non-ASCII and astral characters, long runs.
-            "(\\PC|[\"\\\\\u{1}\u{1f}\n\t]|é|🦀){0,80}".prop_map(Value::String),
-        ];
-        leaf.prop_recursive(5, 48, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::vec(("[a-z\"\\\\]{0,6}", inner), 0..6)
-                    .prop_map(|entries| Value::Object(entries.into_iter().collect::<Map<_, _>>())),
-            ]
-        })
+        // Quotes, backslashes, control characters, non-ASCII and astral characters, long runs.
+        super::super::testing::json_value(5, 6, "[a-z\"\\\\]{0,6}", "(\\PC|[\"\\\\\u{1}\u{1f}\n\t]|é|🦀){0,80}")
     }
 
     /// A chat body: a few plain top-level keys around `messages`, written compactly or pretty.
@@ -574,22 +561,8 @@ b"}]}"#,
         /// After any small corruption — a byte replaced, inserted or removed, the body cut short — the
         /// scan either declines or agrees with serde_json: it never accepts what serde_json refuses.
         #[test]
-        fn never_accepts_what_serde_json_refuses(
-            body in chat_body(),
-            edits in prop::collection::vec((any::<prop::sample::Index>(), 0u8..3, prop::sample::select(
-                b"\"\\{}[],:0-+.eEu tfn\n\x01\x7f\xc3".to_vec()
-            )), 1..4),
-        ) {
-            let mut body = body;
-            for (at, kind, byte) in edits {
-                let i = at.index(body.len().max(1));
-                match kind {
-                    0 if i < body.len() => body[i] = byte,
-                    1 => body.insert(i.min(body.len()), byte),
-                    _ if i < body.len() => { body.remove(i); }
-                    _ => body.truncate(i),
-                }
-            }
+        fn never_accepts_what_serde_json_refuses(body in chat_body(), edits in super::super::testing::edits()) {
+            let body = super::super::testing::corrupt(body, edits);
             agrees(&body)?;
         }
     }
