@@ -1,13 +1,14 @@
 //! Fuzz `ChatBody::parse` (its fast scan, and serde_json behind it) against serde_json alone: arbitrary
 //! bytes must be accepted exactly when serde_json reads them as an object whose `messages` (the last
 //! one, as a map keeps it) is an array, and then every message and every other top-level value must be
-//! the very bytes serde_json finds for it.
+//! the very bytes serde_json finds for it. Each message is then read with `Message::from_raw` (pare's
+//! typed read, serde_json's derive behind it) and must equal the derive's reading.
 #![no_main]
 
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use pare::wire::ChatBody;
+use pare::wire::{ChatBody, Message};
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,6 +30,15 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(body.fields.len() + 1, top.len(), "top-level keys differ");
             for (key, value) in &body.fields {
                 assert_eq!(Some(value.get()), top.get(key).map(|v| v.get()), "value of {key:?} differs");
+            }
+            for raw in &body.messages {
+                let (ours, members) = Message::read(raw);
+                assert_eq!(ours.ok(), serde_json::from_str::<Message>(raw).ok(), "message read differs: {raw}");
+                if let Some(members) = members {
+                    let map = serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw).expect("an object");
+                    let theirs: Vec<(&str, &str)> = map.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+                    assert_eq!(members, theirs, "members differ: {raw}");
+                }
             }
         }
         (Err(_), None) => {}
