@@ -272,7 +272,7 @@ pub struct FunctionCall {
 impl Message {
     /// Parse one raw message. Fails only when the message is not a JSON object of this shape.
     ///
-    /// The common shapes are read by the fast typed read of [`read`], which gives what serde_json's
+    /// The common shapes are read by the fast typed read of `wire::read`, which gives what serde_json's
     /// derived read gives; whatever it declines is read by serde_json.
     pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
         Message::read(raw).0

@@ -1,5 +1,6 @@
 //! The fast path of [`Message::from_raw`]: a typed read of one message with the scanner of
-//! [`super::scan`], whose string decoding costs about half of serde_json's on agent output.
+//! [`super::scan`], which decodes each string as it checks it (7.3 M instructions for the engine
+//! bench's messages, where serde_json's derive takes 9.8 M).
 //!
 //! It reads the shapes agents send — string or null values where the message's typed fields expect
 //! them, `content` as a string, null or an array of part objects, `tool_calls` as an array of call
