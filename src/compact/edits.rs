@@ -157,9 +157,10 @@ impl Edits {
         {
             return raw.to_owned();
         }
-        let members = conv.members[idx].as_deref().map(|m| m.to_vec()).or_else(|| object_entries(raw));
+        // The members the message's read found, else a scan for them, else serde_json's map.
+        let members = conv.members[idx].as_deref().map(Cow::Borrowed).or_else(|| object_entries(raw).map(Cow::Owned));
         let object: Vec<(Cow<'_, str>, &str)> = match members {
-            Some(entries) => entries.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect(),
+            Some(entries) => entries.iter().map(|&(k, v)| (Cow::Borrowed(k), v)).collect(),
             None => match serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) {
                 Ok(map) => map.into_iter().map(|(k, v)| (Cow::Owned(k), v.get())).collect(),
                 Err(_) => return raw.to_owned(),
