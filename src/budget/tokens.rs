@@ -254,7 +254,7 @@ impl TokenCounter {
 
     /// Uncached count of one message.
     fn count_message(&self, raw: &str) -> u64 {
-        let Ok(message) = serde_json::from_str::<Message>(raw) else {
+        let Ok(message) = Message::from_raw(raw) else {
             // Not a message object: the upstream will see its JSON text.
             return TOKENS_PER_MESSAGE + self.text(raw);
         };

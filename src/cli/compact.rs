@@ -119,7 +119,7 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
 /// What `--diff` shows of a message: its text, then each tool call as `→ name(arguments)`, and the
 /// size of its reasoning, on one line.
 fn shown(raw: &str) -> String {
-    let Ok(m) = serde_json::from_str::<Message>(raw) else {
+    let Ok(m) = Message::from_raw(raw) else {
         return raw.replace('\n', "⏎");
     };
     let mut parts: Vec<String> = Vec::new();
@@ -168,7 +168,7 @@ fn previews(before: &str, after: &str) -> (String, String) {
 }
 
 fn role(raw: &str) -> String {
-    serde_json::from_str::<Message>(raw).ok().map(|m| m.role).unwrap_or_else(|| "?".into())
+    Message::from_raw(raw).ok().map(|m| m.role).unwrap_or_else(|| "?".into())
 }
 
 /// The `--diff` listing: each changed, dropped or elided message, before → after.
