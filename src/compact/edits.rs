@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::conversation::Conversation;
 use super::markers::is_compacted;
 use super::report::RuleId;
-use crate::wire::{Content, push_json_string};
+use crate::wire::{Content, push_json_string, raw_members};
 
 /// New text for a message's content.
 #[derive(Debug, Clone)]
@@ -158,7 +158,7 @@ impl Edits {
             return raw.to_owned();
         }
         // The members the message's read found, else a scan for them, else serde_json's map.
-        let members = conv.members[idx].as_deref().map(Cow::Borrowed).or_else(|| object_entries(raw).map(Cow::Owned));
+        let members = conv.members[idx].as_deref().map(Cow::Borrowed).or_else(|| raw_members(raw).map(Cow::Owned));
         let object: Vec<(Cow<'_, str>, &str)> = match members {
             Some(entries) => entries.iter().map(|&(k, v)| (Cow::Borrowed(k), v)).collect(),
             None => match serde_json::from_str::<indexmap::IndexMap<String, &RawValue>>(raw) {
@@ -219,101 +219,6 @@ impl Edits {
     }
 }
 
-/// The top-level entries of a JSON object already known to be valid (every message was parsed
-/// before), as (key, raw value) in order, found by a byte scan that jumps from quote to quote.
-/// `None` when a key has an escape or repeats, or the text is not an object: the caller then reads
-/// it with serde, which decodes keys and keeps a repeated key's first position and last value.
-fn object_entries(raw: &str) -> Option<Vec<(&str, &str)>> {
-    let bytes = raw.as_bytes();
-    let mut at = skip_whitespace(bytes, 0);
-    if bytes.get(at) != Some(&b'{') {
-        return None;
-    }
-    at += 1;
-    let mut out: Vec<(&str, &str)> = Vec::with_capacity(8);
-    loop {
-        at = skip_whitespace(bytes, at);
-        match bytes.get(at)? {
-            b'}' => return Some(out),
-            b',' if !out.is_empty() => at = skip_whitespace(bytes, at + 1),
-            _ => {}
-        }
-        if bytes.get(at) != Some(&b'"') {
-            return None;
-        }
-        let key_end = string_end(raw, at)?;
-        let key = &raw[at + 1..key_end - 1];
-        if key.contains('\\') || out.iter().any(|(k, _)| *k == key) {
-            return None;
-        }
-        at = skip_whitespace(bytes, key_end);
-        if bytes.get(at) != Some(&b':') {
-            return None;
-        }
-        at = skip_whitespace(bytes, at + 1);
-        let value_end = value_end(raw, at)?;
-        out.push((key, &raw[at..value_end]));
-        at = value_end;
-    }
-}
-
-fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
-    while bytes.get(at).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
-        at += 1;
-    }
-    at
-}
-
-/// Index just past the string whose opening quote is at `start`: the next quote not escaped (not
-/// preceded by an odd run of backslashes), found with the `memchr` crate.
-fn string_end(raw: &str, start: usize) -> Option<usize> {
-    let bytes = raw.as_bytes();
-    let mut from = start + 1;
-    loop {
-        let quote = from + memchr::memchr(b'"', &bytes[from..])?;
-        let backslashes = bytes[from..quote].iter().rev().take_while(|&&b| b == b'\\').count();
-        if backslashes % 2 == 0 {
-            return Some(quote + 1);
-        }
-        from = quote + 1;
-    }
-}
-
-/// Index just past the JSON value starting at `start`.
-fn value_end(raw: &str, start: usize) -> Option<usize> {
-    let bytes = raw.as_bytes();
-    match bytes.get(start)? {
-        b'"' => string_end(raw, start),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut at = start;
-            while let Some(&b) = bytes.get(at) {
-                match b {
-                    b'"' => {
-                        at = string_end(raw, at)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(at + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                at += 1;
-            }
-            None
-        }
-        _ => {
-            let len =
-                bytes[start..].iter().position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))?;
-            Some(start + len)
-        }
-    }
-}
-
 /// The JSON of a content holding `text`, in the original's form: a string stays a string; an array
 /// of parts becomes one text part that keeps the first text part's other keys (e.g.
 /// `cache_control`). Written as serde_json writes the same value, without building it.
@@ -343,9 +248,9 @@ pub fn content_with_text(original: Option<&Content>, text: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The byte scan must read what serde reads, or decline.
+    /// The member scan a rewrite falls back on must read what serde reads, or decline.
     #[test]
-    fn object_entries_agree_with_serde_or_decline() {
+    fn raw_members_agree_with_serde_or_decline() {
         let cases = [
             r#"{"role":"tool","tool_call_id":"c1","content":"a \"quoted\" \\\\ line\n{[","x":[1,{"y":"]}"}],"n":-1.5e3,"t":true,"z":null}"#,
             " { \"a\" : \"b\\\\\" ,\n\"c\":\t{ } , \"d\" : [ ] } ",
@@ -353,15 +258,15 @@ mod tests {
             r#"{"k":"é\u00e9 ✓","v":{"nested":{"deep":["}"]}}}"#,
         ];
         for raw in cases {
-            let ours = object_entries(raw).unwrap_or_else(|| panic!("declined {raw}"));
+            let ours = raw_members(raw).unwrap_or_else(|| panic!("declined {raw}"));
             let theirs: indexmap::IndexMap<String, &RawValue> = serde_json::from_str(raw).unwrap();
             let theirs: Vec<(&str, &str)> = theirs.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
             assert_eq!(ours, theirs, "{raw}");
         }
         // Escaped or repeated keys go to serde.
-        assert_eq!(object_entries(r#"{"a\u0062":1}"#), None);
-        assert_eq!(object_entries(r#"{"a":1,"a":2}"#), None);
-        assert_eq!(object_entries("[1]"), None);
+        assert_eq!(raw_members(r#"{"a\u0062":1}"#), None);
+        assert_eq!(raw_members(r#"{"a":1,"a":2}"#), None);
+        assert_eq!(raw_members("[1]"), None);
     }
 
     /// The content written directly is what serde_json writes for the same value.

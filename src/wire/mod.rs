@@ -9,7 +9,7 @@ mod scan;
 #[cfg(test)]
 mod testing;
 
-pub use read::{MemberValue, Want, object_members};
+pub use read::{MemberValue, Want, object_members, raw_members};
 pub use scan::push_json_string;
 
 /// A JSON object's members as (key, raw value text), in order.

@@ -123,6 +123,22 @@ pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<
     (r.s.at == text.len()).then_some(out)
 }
 
+/// The members of the JSON object `text` as (key, raw value) in order, or `None` when
+/// [`object_members`] declines or a key repeats (a map's semantics — first position, last value —
+/// decide those).
+pub fn raw_members(text: &str) -> Option<Members<'_>> {
+    let members = object_members(text, |_| Want::Raw)?;
+    let mut out: Members<'_> = Vec::with_capacity(members.len());
+    for (key, value) in members {
+        let MemberValue::Raw(raw) = value else { return None };
+        if out.iter().any(|(k, _)| *k == key) {
+            return None;
+        }
+        out.push((key, raw));
+    }
+    Some(out)
+}
+
 /// Which typed keys an object has had: a repeated one makes the read decline (serde_json refuses it).
 #[derive(Default)]
 struct Seen(u8);
