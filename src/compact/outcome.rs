@@ -226,45 +226,67 @@ struct ResultObject<'a> {
     error: Option<&'a str>,
 }
 
+/// Which part of a [`ResultObject`] a key fills: one mapping for both reads of it.
+#[derive(Clone, Copy)]
+enum Field {
+    Text(usize),
+    Exit(usize),
+    Success,
+    Error,
+    Other,
+}
+
+impl Field {
+    fn of(key: &str) -> Field {
+        if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
+            Field::Text(i)
+        } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
+            Field::Exit(i)
+        } else {
+            match key {
+                "success" => Field::Success,
+                "error" => Field::Error,
+                _ => Field::Other,
+            }
+        }
+    }
+}
+
 impl<'a> ResultObject<'a> {
     /// `content` read as a JSON object, or `None` when it is not one. The fast member read of
     /// [`wire::object_members`] decodes only the text fields; what it declines (an escaped key, say)
     /// is read by serde_json.
     fn read(content: &'a str) -> Option<ResultObject<'a>> {
-        let want = |key: &str| {
-            if TEXT_FIELDS.contains(&key) {
-                Want::Text
-            } else if EXIT_FIELDS.contains(&key) || key == "success" || key == "error" {
-                Want::Raw
-            } else {
-                Want::Skip
-            }
+        let want = |key: &str| match Field::of(key) {
+            Field::Text(_) => Want::Text,
+            Field::Other => Want::Skip,
+            _ => Want::Raw,
         };
         let Some(members) = wire::object_members(content, want) else {
             return serde_json::from_str::<ResultObject<'_>>(content).ok();
         };
         let mut out = ResultObject::default();
         for (key, value) in members {
-            let raw = match value {
-                MemberValue::Text(text) => {
-                    let i = TEXT_FIELDS.iter().position(|k| *k == key).expect("only text fields are decoded");
-                    out.texts[i] = Some(text);
-                    continue;
-                }
-                MemberValue::Raw(raw) => raw,
-            };
-            if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
+            match (Field::of(key), value) {
+                (Field::Text(i), MemberValue::Text(text)) => out.texts[i] = Some(text),
                 // A text field that is not a string.
-                out.texts[i] = None;
-            } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
-                out.exits[i] = Some(raw);
-            } else if key == "success" {
-                out.success = Some(raw);
-            } else {
-                out.error = Some(raw);
+                (Field::Text(i), MemberValue::Raw(_)) => out.texts[i] = None,
+                (field, MemberValue::Raw(raw)) => out.set_status(field, raw),
+                // Only text fields are decoded.
+                (_, MemberValue::Text(_)) => {}
             }
         }
         Some(out)
+    }
+
+    /// A status key's raw value (text fields and other keys are not statuses).
+    fn set_status(&mut self, field: Field, raw: &'a str) {
+        match field {
+            Field::Exit(i) => self.exits[i] = Some(raw),
+            Field::Success => self.success = Some(raw),
+            Field::Error => self.error = Some(raw),
+            Field::Text(_) | Field::Other => {}
+        }
     }
 }
 
@@ -279,16 +301,12 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for ResultObject<'a> {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ResultObject<'a>, A::Error> {
                 let mut out = ResultObject::default();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if let Some(i) = TEXT_FIELDS.iter().position(|k| *k == key) {
-                        out.texts[i] = map.next_value::<MaybeString>()?.0;
-                    } else if let Some(i) = EXIT_FIELDS.iter().position(|k| *k == key) {
-                        out.exits[i] = Some(map.next_value::<&RawValue>()?.get());
-                    } else if key == "success" {
-                        out.success = Some(map.next_value::<&RawValue>()?.get());
-                    } else if key == "error" {
-                        out.error = Some(map.next_value::<&RawValue>()?.get());
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
+                    match Field::of(&key) {
+                        Field::Text(i) => out.texts[i] = map.next_value::<MaybeString>()?.0,
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                        field => out.set_status(field, map.next_value::<&RawValue>()?.get()),
                     }
                 }
                 Ok(out)

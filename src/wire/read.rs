@@ -236,6 +236,8 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self) -> Option<String> {
         self.s.decode_string(&mut self.scratch)?;
+        // UTF-8 by construction; checked anyway (under one instruction a byte) so that the crate needs
+        // no `unsafe`.
         std::str::from_utf8(&self.scratch).ok().map(str::to_owned)
     }
 
