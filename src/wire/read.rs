@@ -18,9 +18,7 @@ use super::{Content, ContentPart, FunctionCall, Members, Message, ToolCall};
 /// The message `raw` holds and its members as (key, raw value) in order, or `None` when the fast
 /// read declines (see the module's doc).
 pub(super) fn message(raw: &str) -> Option<(Message, Members<'_>)> {
-    // No string of the message is longer than the message: the scratch never grows.
-    let mut r =
-        Reader { s: Scanner::new(raw.as_bytes()), text: raw, scratch: Vec::with_capacity(raw.len() + 8), depth: 0 };
+    let mut r = Reader::new(raw);
     r.s.whitespace();
     let mut m = Message {
         role: String::new(),
@@ -98,7 +96,7 @@ pub enum MemberValue<'a> {
 /// a few levels of serde_json's limit. For a caller that needs a few keys of a large object (a tool's
 /// JSON result) and reads it with serde_json when this declines.
 pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<Vec<(&'a str, MemberValue<'a>)>> {
-    let mut r = Reader { s: Scanner::new(text.as_bytes()), text, scratch: Vec::new(), depth: 0 };
+    let mut r = Reader::new(text);
     let mut out = Vec::new();
     r.s.whitespace();
     r.object(|r, key| {
@@ -107,13 +105,7 @@ pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<
                 r.raw()?;
                 return Some(());
             }
-            Want::Text if r.s.peek()? == b'"' => {
-                // The largest member of such an object is the text: decoded in place, sized for the
-                // rest of the object.
-                let mut decoded = Vec::with_capacity(r.text.len() - r.s.at + 8);
-                r.s.decode_string(&mut decoded)?;
-                MemberValue::Text(String::from_utf8(decoded).ok()?)
-            }
+            Want::Text if r.s.peek()? == b'"' => MemberValue::Text(r.string()?),
             Want::Raw | Want::Text => MemberValue::Raw(r.raw()?),
         };
         out.push((key, value));
@@ -154,8 +146,9 @@ struct Reader<'a> {
     s: Scanner<'a>,
     /// The scanner's bytes as a `str`.
     text: &'a str,
-    /// Where strings are decoded before they are copied out at their size (eight bytes more than
-    /// the message: the decoding copies eight bytes at a time).
+    /// Where strings are decoded before they are copied out at their size: at least eight bytes
+    /// longer than `text` (no string of it is longer than it, and the decoding copies eight bytes at a
+    /// time). Taken from the thread's [`SCRATCH`] and given back when the reader is dropped.
     scratch: Vec<u8>,
     /// How many objects and arrays enclose the value being read (the message itself is 1).
     depth: usize,
@@ -165,7 +158,37 @@ struct Reader<'a> {
 /// limit, so that the fast read declines well before serde_json's own limit would refuse the message.
 const DEPTH_MARGIN: usize = 4;
 
+thread_local! {
+    /// The decoding buffer of the reads on this thread: reused, so that each read does not allocate
+    /// and zero a buffer the size of its message (the engine reads every message of a request).
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A buffer this large is not kept for the next read (the size of a message over which a thread
+/// would keep holding that much memory for nothing).
+const SCRATCH_KEPT_BYTES: usize = 1 << 20;
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        let scratch = std::mem::take(&mut self.scratch);
+        if scratch.len() <= SCRATCH_KEPT_BYTES {
+            SCRATCH.set(scratch);
+        }
+    }
+}
+
 impl<'a> Reader<'a> {
+    /// A reader of `text`, with the thread's scratch buffer (a nested read on the same thread finds
+    /// it taken and starts its own).
+    fn new(text: &'a str) -> Reader<'a> {
+        let mut scratch = SCRATCH.take();
+        // Only what the buffer grows by is zeroed.
+        if scratch.len() < text.len() + 8 {
+            scratch.resize(text.len() + 8, 0);
+        }
+        Reader { s: Scanner::new(text.as_bytes()), text, scratch, depth: 0 }
+    }
+
     /// The members of the object starting here, each handed to `member` with its key (the reader is
     /// then at the value, which `member` must read). Keys with escapes are declined.
     fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
@@ -235,10 +258,10 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self) -> Option<String> {
-        self.s.decode_string(&mut self.scratch)?;
+        let len = self.s.decode_string(&mut self.scratch)?;
         // UTF-8 by construction; checked anyway (under one instruction a byte) so that the crate needs
         // no `unsafe`.
-        std::str::from_utf8(&self.scratch).ok().map(str::to_owned)
+        std::str::from_utf8(&self.scratch[..len]).ok().map(str::to_owned)
     }
 
     /// Any value: a string or `null` read here, anything else by serde_json from its raw text.
@@ -387,6 +410,25 @@ mod tests {
         }
         let (m, _) = message(r#"{"role":"user","content":"\ud83e\udd80"}"#).unwrap();
         assert_eq!(m.content, Some(Content::Text("🦀".into())));
+    }
+
+    /// Reads on one thread share a decoding buffer: a message larger than the buffer kept between
+    /// reads, then smaller ones over its stale bytes, then a larger one again, all read as serde_json
+    /// reads them.
+    #[test]
+    fn reads_alike_across_sizes_on_one_thread() {
+        // JSON text: escapes, a non-ASCII character and an astral one as a surrogate pair.
+        let line = r#"    12\tdef run(self):  # \"quoted\" \u00e9 é \ud83e\udd80\n"#;
+        let big = format!(
+            r#"{{"role":"tool","tool_call_id":"c","content":"{}"}}"#,
+            line.repeat((SCRATCH_KEPT_BYTES / line.len()) + 10)
+        );
+        assert!(big.len() > SCRATCH_KEPT_BYTES);
+        let small = r#"{"role":"user","content":"hi \n there"}"#;
+        let medium = format!(r#"{{"role":"assistant","content":"{}"}}"#, line.repeat(500));
+        for raw in [big.as_str(), small, medium.as_str(), small, big.as_str(), medium.as_str()] {
+            assert!(agrees(raw).unwrap().is_some(), "declined a message of {} bytes", raw.len());
+        }
     }
 
     /// Every message of the real requests the golden tests use (Hermes, mini-swe-agent, OpenHands,
