@@ -48,6 +48,7 @@ fn record(session: &str, raw: &Bytes) -> ExchangeRecord {
         model: Some("local".into()),
         headers: vec![("user-agent".into(), "bench".into())],
         raw: raw.clone(),
+        raw_layout: None,
         forwarded: None,
         summary: None,
         skipped: None,

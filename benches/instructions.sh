@@ -14,7 +14,7 @@ bin=target/release/examples/instructions
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 ops=("$@")
-[ ${#ops[@]} -gt 0 ] || ops=(serde-parse serde-roundtrip parse archive-split compact compact-pool)
+[ ${#ops[@]} -gt 0 ] || ops=(serde-parse serde-roundtrip parse archive-split archive-split-along compact compact-pool)
 # Run $op $1 times under callgrind, one profile per thread.
 run() { valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.$1" "$bin" "$op" "$1" 2>/dev/null; }
 millions() { awk -v n="$1" 'BEGIN { printf "%.2f", n / 1e6 }'; }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::HeaderMap;
 
+use crate::archive::body::Layout;
 use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::epoch::SessionCompactor;
@@ -192,6 +193,11 @@ impl Pipeline {
                 off_the_reactor(raw.len(), || self.compact(&session, &raw, body, window))
             }
         };
+        // Where the raw body's pieces lie, for the archive: its writer then does not parse it again.
+        let raw_layout = match (&self.archive, &parsed) {
+            (Some(_), Ok(body)) => Layout::of(&raw, body),
+            _ => None,
+        };
         drop(parsed);
         let forward = changed.clone().unwrap_or_else(|| raw.clone());
         let ticket = match &self.archive {
@@ -205,6 +211,7 @@ impl Pipeline {
                     model: model.clone(),
                     headers: keep_headers(headers, &self.config.archive.redact_headers),
                     raw: raw.clone(),
+                    raw_layout,
                     forwarded: changed,
                     summary: summary.clone(),
                     skipped: skipped.clone(),

@@ -41,6 +41,49 @@ pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
     split_json(body).unwrap_or_else(|| if body.is_empty() { Vec::new() } else { vec![Piece::Blob(body)] })
 }
 
+/// [`split`] along a layout that a parse of the same bytes gave ([`Layout::of`]), without parsing the
+/// body again: the proxy has parsed every request before the archive stores it. A layout that does
+/// not fit the body (another body's) is not used: the body is split as [`split`] does.
+pub fn split_along<'a>(body: &'a [u8], layout: Option<&Layout>) -> Vec<Piece<'a>> {
+    match layout.and_then(|layout| pieces(body, layout)) {
+        Some(pieces) => pieces,
+        None => split(body),
+    }
+}
+
+/// Where a body's pieces lie, as byte offsets into it: its large top-level values and its `messages`
+/// array (in body order), and each message. Read from a parse of the body ([`ChatBody`]); owns
+/// nothing of it, so it can travel with the body to the archive's writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// (start, end, whether it is the `messages` array), sorted by start.
+    spans: Vec<(usize, usize, bool)>,
+    /// Each message's (start, end).
+    messages: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    /// The layout of `body` as `parsed` (a parse of exactly these bytes) gives it.
+    pub fn of(body: &[u8], parsed: &ChatBody<'_>) -> Option<Layout> {
+        let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(parsed.fields.len() + 1);
+        for (_, value) in &parsed.fields {
+            if value.get().len() >= BLOB_MIN_LEN {
+                let start = offset_in(body, value.get())?;
+                spans.push((start, start + value.get().len(), false));
+            }
+        }
+        let start = offset_in(body, parsed.messages_raw)?;
+        spans.push((start, start + parsed.messages_raw.len(), true));
+        spans.sort_unstable();
+        let messages = parsed
+            .messages
+            .iter()
+            .map(|m| offset_in(body, m).map(|start| (start, start + m.len())))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Layout { spans, messages })
+    }
+}
+
 fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
     let start = (inner.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
     (start + inner.len() <= body.len()).then_some(start)
@@ -49,27 +92,23 @@ fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     // The proxy's own parse: one validating pass over the body that gives each value's bytes in place.
     let parsed = ChatBody::parse(body).ok()?;
-    let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(parsed.fields.len() + 1);
-    for (_, value) in &parsed.fields {
-        if value.get().len() >= BLOB_MIN_LEN {
-            let start = offset_in(body, value.get())?;
-            spans.push((start, start + value.get().len(), false));
-        }
-    }
-    let start = offset_in(body, parsed.messages_raw)?;
-    spans.push((start, start + parsed.messages_raw.len(), true));
-    spans.sort_unstable();
-    let mut pieces = Vec::with_capacity(spans.len() * 2 + 1);
+    pieces(body, &Layout::of(body, &parsed)?)
+}
+
+/// The pieces of `body` along `layout`, or `None` when the layout does not fit it (spans out of order
+/// or past its end, messages outside the array).
+fn pieces<'a>(body: &'a [u8], layout: &Layout) -> Option<Vec<Piece<'a>>> {
+    let mut pieces = Vec::with_capacity(layout.spans.len() * 2 + 1);
     let mut at = 0;
-    for (start, end, is_messages) in spans {
-        if start < at {
+    for &(start, end, is_messages) in &layout.spans {
+        if start < at || end < start || end > body.len() {
             return None;
         }
         if start > at {
             pieces.push(Piece::Lit(&body[at..start]));
         }
         if is_messages {
-            pieces.push(Piece::Messages(split_messages(body, start, end, &parsed.messages)?));
+            pieces.push(Piece::Messages(split_messages(body, start, end, &layout.messages)?));
         } else {
             pieces.push(Piece::Blob(&body[start..end]));
         }
@@ -81,14 +120,17 @@ fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     Some(pieces)
 }
 
-fn split_messages<'a>(body: &'a [u8], start: usize, end: usize, messages: &[&str]) -> Option<MessagesPiece<'a>> {
+fn split_messages<'a>(
+    body: &'a [u8],
+    start: usize,
+    end: usize,
+    messages: &[(usize, usize)],
+) -> Option<MessagesPiece<'a>> {
     let mut items = Vec::with_capacity(messages.len());
     let mut at = start;
     let mut open: &[u8] = &body[start..start];
-    for (idx, message) in messages.iter().enumerate() {
-        let m_start = offset_in(body, message)?;
-        let m_end = m_start + message.len();
-        if m_start < at || m_end > end {
+    for (idx, &(m_start, m_end)) in messages.iter().enumerate() {
+        if m_start < at || m_end < m_start || m_end > end {
             return None;
         }
         if idx == 0 {
@@ -334,7 +376,27 @@ mod tests {
                 _ => None,
             });
             assert_eq!(found, *n_messages, "body {:?}", String::from_utf8_lossy(body));
+            // Along the layout of the proxy's parse of the same bytes: the same pieces, no second parse.
+            let layout = ChatBody::parse(body).ok().and_then(|parsed| Layout::of(body, &parsed));
+            assert_eq!(layout.is_some(), n_messages.is_some(), "body {:?}", String::from_utf8_lossy(body));
+            assert_eq!(split_along(body, layout.as_ref()), pieces, "body {:?}", String::from_utf8_lossy(body));
         }
+    }
+
+    /// A layout that does not fit the body it is given (another body's) is not used.
+    #[test]
+    fn a_layout_that_does_not_fit_is_not_used() {
+        let long: &[u8] = br#"{"model":"m","messages":[{"role":"system","content":"a long system prompt"},{"role":"user","content":"hi"}]}"#;
+        let short: &[u8] = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        let layout = Layout::of(long, &ChatBody::parse(long).unwrap()).unwrap();
+        assert_eq!(split_along(short, Some(&layout)), split(short));
+        // A message that starts before the one it follows ends.
+        let mut swapped = Layout::of(short, &ChatBody::parse(short).unwrap()).unwrap();
+        swapped.messages.push((0, 1));
+        assert_eq!(split_along(short, Some(&swapped)), split(short));
+        // A layout read from a parse of other bytes than the body's own has no offsets.
+        let copy = long.to_vec();
+        assert_eq!(Layout::of(&copy, &ChatBody::parse(long).unwrap()), None);
     }
 
     #[test]

@@ -111,6 +111,9 @@ pub struct ExchangeRecord {
     pub headers: Vec<(String, String)>,
     /// Exactly what the agent sent.
     pub raw: Bytes,
+    /// Where `raw`'s pieces lie, from the proxy's parse of it ([`body::Layout::of`]): the writer then
+    /// splits it without a second parse. `None`: the writer parses `raw` itself.
+    pub raw_layout: Option<body::Layout>,
     /// What was forwarded; `None` when it is `raw` unchanged.
     pub forwarded: Option<Bytes>,
     pub summary: Option<CompactionSummary>,

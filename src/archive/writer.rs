@@ -256,9 +256,10 @@ impl Writer {
         conn: &Connection,
         session: &str,
         bytes: &Bytes,
+        layout: Option<&body::Layout>,
         prev: Option<&ListState>,
     ) -> Result<(Vec<u8>, Option<ListState>), ArchiveError> {
-        let pieces = body::split(bytes);
+        let pieces = body::split_along(bytes, layout);
         let mut parts = Vec::with_capacity(pieces.len());
         let mut state = None;
         for piece in pieces {
@@ -308,11 +309,12 @@ impl Writer {
     fn put_exchange(&mut self, conn: &Connection, ticket: Ticket, rec: &ExchangeRecord) -> Result<(), ArchiveError> {
         let mut cursor = self.cursor(conn, &rec.session)?;
         let raw_sha = store::sha256(&rec.raw);
-        let (raw_template, raw_state) = self.encode_body(conn, &rec.session, &rec.raw, cursor.raw.as_ref())?;
+        let (raw_template, raw_state) =
+            self.encode_body(conn, &rec.session, &rec.raw, rec.raw_layout.as_ref(), cursor.raw.as_ref())?;
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
-                let (tpl, state) = self.encode_body(conn, &rec.session, f, cursor.fwd.as_ref())?;
+                let (tpl, state) = self.encode_body(conn, &rec.session, f, None, cursor.fwd.as_ref())?;
                 (Some(store::sha256(f)), Some(tpl), state)
             }
             None => (None, None, raw_state.clone()),

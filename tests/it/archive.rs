@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
+use pare::archive::body::Layout;
 use pare::archive::query::{ArchiveReader, SessionFilter};
 use pare::archive::read::BodyKind;
 use pare::archive::verify::verify;
 use pare::archive::{Archive, ExchangeRecord, ResponseRecord, store};
 use pare::config::{Config, Durability};
 use pare::pipeline::{CompactionSummary, Pipeline, StreamEnd};
+use pare::wire::ChatBody;
 use serde_json::{Value, json};
 
 fn start(dir: &Path) -> Arc<Archive> {
@@ -28,11 +30,19 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         model: Some("m".into()),
         headers: vec![("user-agent".into(), "test".into())],
         raw: Bytes::copy_from_slice(raw),
+        raw_layout: None,
         forwarded: forwarded.map(Bytes::copy_from_slice),
         summary: Some(CompactionSummary { tokens_raw: 100, tokens_forwarded: 60, ..Default::default() }),
         skipped: None,
         key_req: Some(7),
     }
+}
+
+/// [`exchange`] with the layout of the raw body that the proxy's parse gives (the writer then does
+/// not parse it again).
+fn laid_out(mut record: ExchangeRecord) -> ExchangeRecord {
+    record.raw_layout = ChatBody::parse(&record.raw).ok().and_then(|parsed| Layout::of(&record.raw, &parsed));
+    record
 }
 
 fn response(body: &[u8]) -> ResponseRecord {
@@ -80,14 +90,18 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
             v["messages"].as_array_mut().unwrap().remove(1);
             serde_json::to_vec(&v).unwrap()
         });
-        let ticket = archive.record_exchange(exchange("s1", body, forwarded.as_deref()));
+        // Every other raw body with the proxy's layout: both ways of splitting store the same pieces.
+        let record = exchange("s1", body, forwarded.as_deref());
+        let record = if k % 2 == 0 { laid_out(record) } else { record };
+        assert_eq!(record.raw_layout.is_some(), k % 2 == 0);
+        let ticket = archive.record_exchange(record);
         archive.record_response(ticket, response(format!("{{\"answer\":{k}}}").as_bytes()));
     }
     for body in &pretty {
-        archive.record_exchange(exchange("s2", body, None));
+        archive.record_exchange(laid_out(exchange("s2", body, None)));
     }
     for body in &odd {
-        archive.record_exchange(exchange("s3", body, None));
+        archive.record_exchange(laid_out(exchange("s3", body, None)));
     }
     archive.flush().unwrap();
     let reader = ArchiveReader::open(dir.path()).unwrap();
@@ -132,7 +146,7 @@ fn storage_grows_linearly_with_the_session() {
     let archive = start(dir.path());
     let bodies = growing_session(120, false);
     for body in &bodies {
-        archive.record_exchange(exchange("s", body, None));
+        archive.record_exchange(laid_out(exchange("s", body, None)));
     }
     archive.close();
     let conn = store::open_ro(dir.path()).unwrap();
