@@ -1,5 +1,5 @@
 //! The fast path of [`Message::from_raw`]: a typed read of one message with the scanner of
-//! [`super::scan`], which decodes each string as it checks it (7.3 M instructions for the engine
+//! [`super::scan`], which decodes each string as it checks it (6.7 M instructions for the engine
 //! bench's messages, where serde_json's derive takes 9.8 M).
 //!
 //! It reads the shapes agents send — string or null values where the message's typed fields expect
