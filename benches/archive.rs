@@ -50,6 +50,7 @@ fn record(session: &str, raw: &Bytes) -> ExchangeRecord {
         raw: raw.clone(),
         raw_layout: None,
         forwarded: None,
+        forwarded_layout: None,
         summary: None,
         skipped: None,
         key_req: None,

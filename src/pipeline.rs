@@ -16,7 +16,7 @@ use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability};
 use crate::session::SessionTracker;
-use crate::wire::ChatBody;
+use crate::wire::{ChatBody, Spans};
 
 /// A session's id (time-sortable, see [`crate::session`]).
 pub type SessionId = String;
@@ -46,7 +46,22 @@ pub struct CompactInput<'a> {
 /// Output of one compaction: `body` is `None` when the request is forwarded unchanged.
 pub struct CompactOutput {
     pub body: Option<Vec<u8>>,
+    /// Where `body`'s values lie, when the compactor wrote it with [`ChatBody::to_vec_and_spans`]:
+    /// the archive then stores it without parsing it. `None`: the archive parses `body` itself.
+    pub spans: Option<Spans>,
     pub summary: CompactionSummary,
+}
+
+/// What [`Pipeline::compact`] made of one request.
+#[derive(Default)]
+struct Compaction {
+    /// The body to forward; `None`: forward the raw body.
+    body: Option<Bytes>,
+    /// Where `body`'s values lie, when the compactor said.
+    spans: Option<Spans>,
+    summary: Option<CompactionSummary>,
+    /// Why compaction did not apply.
+    skipped: Option<String>,
 }
 
 /// Anything that can compact a chat request. The engine is pure; implementations may keep
@@ -60,7 +75,7 @@ pub struct IdentityCompactor;
 
 impl ChatCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput { body: None, summary: CompactionSummary::default() })
+        Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default() })
     }
 }
 
@@ -180,10 +195,10 @@ impl Pipeline {
             Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
             Err(_) => (None, false),
         };
-        let (changed, summary, skipped) = match &parsed {
+        let Compaction { body: changed, spans: forwarded_spans, summary, skipped } = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                (None, None, Some(err.to_string()))
+                Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
             }
             Ok(body) => {
                 let window = match &self.windows {
@@ -193,10 +208,11 @@ impl Pipeline {
                 off_the_reactor(raw.len(), || self.compact(&session, &raw, body, window))
             }
         };
-        // Where the raw body's pieces lie, for the archive: its writer then does not parse it again.
-        let raw_layout = match (&self.archive, &parsed) {
-            (Some(_), Ok(body)) => Layout::of(&raw, body),
-            _ => None,
+        // Where the raw and forwarded bodies' pieces lie, for the archive: its writer then does not
+        // parse them again.
+        let (raw_layout, forwarded_layout) = match (&self.archive, &parsed) {
+            (Some(_), Ok(body)) => (Layout::of(&raw, body), forwarded_spans.as_ref().map(Layout::from_spans)),
+            _ => (None, None),
         };
         drop(parsed);
         let forward = changed.clone().unwrap_or_else(|| raw.clone());
@@ -213,6 +229,7 @@ impl Pipeline {
                     raw: raw.clone(),
                     raw_layout,
                     forwarded: changed,
+                    forwarded_layout,
                     summary: summary.clone(),
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,
@@ -238,21 +255,19 @@ impl Pipeline {
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
-    /// Returns the new body (`None`: forward `raw`), the summary and why compaction did not apply.
-    fn compact(
-        &self,
-        session: &str,
-        raw: &Bytes,
-        body: &ChatBody<'_>,
-        window: Option<u64>,
-    ) -> (Option<Bytes>, Option<CompactionSummary>, Option<String>) {
+    fn compact(&self, session: &str, raw: &Bytes, body: &ChatBody<'_>, window: Option<u64>) -> Compaction {
         let input = CompactInput { session, raw, body, window };
         match compact_fail_open(self.compactor.as_ref(), &input) {
-            Ok(out) => (out.body.map(Bytes::from), Some(out.summary), None),
+            Ok(out) => Compaction {
+                spans: out.body.as_ref().and(out.spans),
+                body: out.body.map(Bytes::from),
+                summary: Some(out.summary),
+                skipped: None,
+            },
             Err(skipped) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reason = %skipped, "forwarding the original request");
-                (None, None, Some(skipped))
+                Compaction { skipped: Some(skipped), ..Compaction::default() }
             }
         }
     }

@@ -9,7 +9,7 @@
 //! these"), so a request costs only its new messages plus a few bytes. Concatenating the parts gives
 //! back the original bytes exactly, whitespace included.
 
-use crate::wire::ChatBody;
+use crate::wire::{ChatBody, Spans};
 
 /// Top-level values at least this long are stored as blobs (deduplicated across requests).
 const BLOB_MIN_LEN: usize = 64;
@@ -65,28 +65,23 @@ pub struct Layout {
 impl Layout {
     /// The layout of `body` as `parsed` (a parse of exactly these bytes) gives it.
     pub fn of(body: &[u8], parsed: &ChatBody<'_>) -> Option<Layout> {
-        let mut spans: Vec<(usize, usize, bool)> = Vec::with_capacity(parsed.fields.len() + 1);
-        for (_, value) in &parsed.fields {
-            if value.get().len() >= BLOB_MIN_LEN {
-                let start = offset_in(body, value.get())?;
-                spans.push((start, start + value.get().len(), false));
-            }
-        }
-        let start = offset_in(body, parsed.messages_raw)?;
-        spans.push((start, start + parsed.messages_raw.len(), true));
-        spans.sort_unstable();
-        let messages = parsed
-            .messages
-            .iter()
-            .map(|m| offset_in(body, m).map(|start| (start, start + m.len())))
-            .collect::<Option<Vec<_>>>()?;
-        Some(Layout { spans, messages })
+        parsed.spans_in(body).map(|spans| Layout::from_spans(&spans))
     }
-}
 
-fn offset_in(body: &[u8], inner: &str) -> Option<usize> {
-    let start = (inner.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    (start + inner.len() <= body.len()).then_some(start)
+    /// The layout of a body whose values lie at `spans` (as [`ChatBody::to_vec_and_spans`] wrote it).
+    pub fn from_spans(spans: &Spans) -> Layout {
+        let mut blobs: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.fields.len() + 1);
+        blobs.extend(
+            spans
+                .fields
+                .iter()
+                .filter(|(start, end)| end.saturating_sub(*start) >= BLOB_MIN_LEN)
+                .map(|&(s, e)| (s, e, false)),
+        );
+        blobs.push((spans.messages_array.0, spans.messages_array.1, true));
+        blobs.sort_unstable();
+        Layout { spans: blobs, messages: spans.messages.clone() }
+    }
 }
 
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
@@ -394,6 +389,15 @@ mod tests {
         let mut swapped = Layout::of(short, &ChatBody::parse(short).unwrap()).unwrap();
         swapped.messages.push((0, 1));
         assert_eq!(split_along(short, Some(&swapped)), split(short));
+        // A layout that fits is what the pieces follow: one that lists no message leaves the array whole.
+        let mut no_messages = Layout::of(long, &ChatBody::parse(long).unwrap()).unwrap();
+        no_messages.messages.clear();
+        let Some(Piece::Messages(m)) =
+            split_along(long, Some(&no_messages)).into_iter().find(|p| matches!(p, Piece::Messages(_)))
+        else {
+            panic!("no messages piece")
+        };
+        assert!(m.items.is_empty() && m.close.starts_with(b"[{"));
         // A layout read from a parse of other bytes than the body's own has no offsets.
         let copy = long.to_vec();
         assert_eq!(Layout::of(&copy, &ChatBody::parse(long).unwrap()), None);

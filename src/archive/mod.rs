@@ -116,6 +116,8 @@ pub struct ExchangeRecord {
     pub raw_layout: Option<body::Layout>,
     /// What was forwarded; `None` when it is `raw` unchanged.
     pub forwarded: Option<Bytes>,
+    /// Where `forwarded`'s pieces lie, as the compactor wrote it (see `raw_layout`).
+    pub forwarded_layout: Option<body::Layout>,
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply.
     pub skipped: Option<String>,

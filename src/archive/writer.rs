@@ -314,7 +314,8 @@ impl Writer {
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
-                let (tpl, state) = self.encode_body(conn, &rec.session, f, None, cursor.fwd.as_ref())?;
+                let (tpl, state) =
+                    self.encode_body(conn, &rec.session, f, rec.forwarded_layout.as_ref(), cursor.fwd.as_ref())?;
                 (Some(store::sha256(f)), Some(tpl), state)
             }
             None => (None, None, raw_state.clone()),

@@ -260,7 +260,7 @@ impl SessionCompactor {
                 over_window: tokens_raw > usable,
                 report: base_report,
             };
-            return CompactOutput { body: None, summary };
+            return CompactOutput { body: None, spans: None, summary };
         }
 
         let state = self.session(session);
@@ -284,8 +284,14 @@ impl SessionCompactor {
             over_window: tokens_forwarded > usable,
             report,
         };
-        let body = (!unchanged).then(|| body.to_vec_with_messages(&step.messages));
-        CompactOutput { body, summary }
+        let (body, spans) = match unchanged {
+            true => (None, None),
+            false => {
+                let (bytes, spans) = body.to_vec_and_spans(&step.messages);
+                (Some(bytes), Some(spans))
+            }
+        };
+        CompactOutput { body, spans, summary }
     }
 
     /// One transition of a session's state machine; returns the forwarded messages.

@@ -97,41 +97,82 @@ impl<'a> ChatBody<'a> {
 
     /// Serialize the body with `messages` replaced; every other key keeps its position and bytes.
     pub fn to_vec_with_messages<M: AsRef<str>>(&self, messages: &[M]) -> Vec<u8> {
+        self.to_vec_and_spans(messages).0
+    }
+
+    /// [`ChatBody::to_vec_with_messages`], and where in the bytes written each value lies (what a
+    /// parse of them would find, without the parse).
+    pub fn to_vec_and_spans<M: AsRef<str>>(&self, messages: &[M]) -> (Vec<u8>, Spans) {
         let fields_len: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
         let messages_len: usize = messages.iter().map(|m| m.as_ref().len() + 1).sum();
         let mut out = Vec::with_capacity(fields_len + messages_len + 16);
+        let mut spans = Spans {
+            fields: Vec::with_capacity(self.fields.len()),
+            messages_array: (0, 0),
+            messages: Vec::with_capacity(messages.len()),
+        };
         out.push(b'{');
-        let write_messages = |out: &mut Vec<u8>| {
-            out.extend_from_slice(b"\"messages\":[");
+        let write_messages = |out: &mut Vec<u8>, spans: &mut Spans| {
+            out.extend_from_slice(b"\"messages\":");
+            let array_start = out.len();
+            out.push(b'[');
             for (j, m) in messages.iter().enumerate() {
                 if j > 0 {
                     out.push(b',');
                 }
+                let start = out.len();
                 out.extend_from_slice(m.as_ref().as_bytes());
+                spans.messages.push((start, out.len()));
             }
             out.push(b']');
+            spans.messages_array = (array_start, out.len());
         };
         for (i, (key, value)) in self.fields.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             if i == self.messages_idx {
-                write_messages(&mut out);
+                write_messages(&mut out, &mut spans);
                 out.push(b',');
             }
             serde_json::to_writer(&mut out, key).expect("writing a string to a Vec cannot fail");
             out.push(b':');
+            let start = out.len();
             out.extend_from_slice(value.get().as_bytes());
+            spans.fields.push((start, out.len()));
         }
         if self.messages_idx >= self.fields.len() {
             if !self.fields.is_empty() {
                 out.push(b',');
             }
-            write_messages(&mut out);
+            write_messages(&mut out, &mut spans);
         }
         out.push(b'}');
-        out
+        (out, spans)
     }
+
+    /// Where this body's values lie in `body`, the bytes it was parsed from (`None` for other bytes).
+    pub fn spans_in(&self, body: &[u8]) -> Option<Spans> {
+        let span = |inner: &str| {
+            let start = (inner.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+            (start + inner.len() <= body.len()).then_some((start, start + inner.len()))
+        };
+        Some(Spans {
+            fields: self.fields.iter().map(|(_, v)| span(v.get())).collect::<Option<_>>()?,
+            messages_array: span(self.messages_raw)?,
+            messages: self.messages.iter().map(|m| span(m)).collect::<Option<_>>()?,
+        })
+    }
+}
+
+/// Where a body's values lie, as byte ranges (start, end) into it: each top-level value other than
+/// `messages` (in [`ChatBody::fields`] order), the `messages` array, and each message. What the
+/// archive splits a body along ([`crate::archive::body::Layout`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spans {
+    pub fields: Vec<(usize, usize)>,
+    pub messages_array: (usize, usize),
+    pub messages: Vec<(usize, usize)>,
 }
 
 /// The top level as serde_json reads it for [`ChatBody::parse`]: every key kept raw, `messages` apart.
@@ -359,6 +400,14 @@ mod tests {
             let msgs = parsed.messages.clone();
             assert_eq!(String::from_utf8(parsed.to_vec_with_messages(&msgs)).unwrap(), body);
             assert_eq!(parsed.field("messages").map(|v| v.get()), None);
+            // Where the writing put each value is where a parse of what it wrote finds it, also with
+            // other messages than the parsed ones.
+            for msgs in [msgs.clone(), vec![r#"{"role":"user","content":"new"}"#, "7"], Vec::new()] {
+                let (bytes, spans) = parsed.to_vec_and_spans(&msgs);
+                assert_eq!(bytes, parsed.to_vec_with_messages(&msgs));
+                assert_eq!(ChatBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans), "{body}");
+            }
+            assert_eq!(parsed.spans_in(b"other bytes"), None);
         }
     }
 

@@ -32,16 +32,21 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         raw: Bytes::copy_from_slice(raw),
         raw_layout: None,
         forwarded: forwarded.map(Bytes::copy_from_slice),
+        forwarded_layout: None,
         summary: Some(CompactionSummary { tokens_raw: 100, tokens_forwarded: 60, ..Default::default() }),
         skipped: None,
         key_req: Some(7),
     }
 }
 
-/// [`exchange`] with the layout of the raw body that the proxy's parse gives (the writer then does
-/// not parse it again).
+/// [`exchange`] with the layouts of the raw and forwarded bodies that the proxy's parse and the
+/// compactor's writing give (the writer then does not parse them again).
 fn laid_out(mut record: ExchangeRecord) -> ExchangeRecord {
-    record.raw_layout = ChatBody::parse(&record.raw).ok().and_then(|parsed| Layout::of(&record.raw, &parsed));
+    fn layout(body: &Bytes) -> Option<Layout> {
+        ChatBody::parse(body).ok().and_then(|parsed| Layout::of(body, &parsed))
+    }
+    record.raw_layout = layout(&record.raw);
+    record.forwarded_layout = record.forwarded.as_ref().and_then(layout);
     record
 }
 
@@ -138,6 +143,61 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let sessions = reader.sessions(&SessionFilter::default()).unwrap();
     let s1 = sessions.iter().find(|s| s.id == "s1").unwrap();
     assert_eq!((s1.n_requests, s1.tokens_raw, s1.tokens_forwarded), (40, 4000, 2400));
+}
+
+/// Through the pipeline `pare serve` builds, a session that compacts: every forwarded body the archive
+/// stores — split along the offsets the compactor wrote it with, not parsed again — comes back as the
+/// bytes that were forwarded, and every raw body as the bytes that were sent.
+#[tokio::test]
+async fn compacted_bodies_are_archived_as_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.archive.flush_interval_ms = 10;
+    config.compaction.mode = pare::config::Mode::Eager;
+    config.budget.default_context_window = 6000;
+    config.budget.output_reserve = 1000;
+    config.budget.detect_window = false;
+    let pipeline = Pipeline::from_config(Arc::new(config)).unwrap();
+    let bodies = growing_session(30, false);
+    let mut forwarded = Vec::new();
+    for body in &bodies {
+        let prepared = pipeline.prepare_chat(&HeaderMap::new(), Bytes::copy_from_slice(body)).await;
+        forwarded.push((prepared.session.unwrap(), prepared.body));
+    }
+    pipeline.archive().unwrap().flush().unwrap();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    let session = &forwarded[0].0;
+    assert!(forwarded.iter().all(|(s, _)| s == session), "one conversation, one session");
+    let mut compacted = 0;
+    for (k, ((_, sent), raw)) in forwarded.iter().zip(&bodies).enumerate() {
+        let seq = k as i64 + 1;
+        assert!(reader.body(session, seq, BodyKind::Raw).unwrap() == *raw, "raw body {seq} differs");
+        assert!(reader.body(session, seq, BodyKind::Forwarded).unwrap() == *sent, "forwarded body {seq} differs");
+        compacted += usize::from(sent.as_ref() != raw.as_slice());
+    }
+    assert!(compacted >= 10, "only {compacted} of {} requests were compacted", bodies.len());
+    assert!(verify(reader.conn(), None).unwrap().ok());
+
+    // The same exchanges recorded without layouts (the writer parses every body): the same pieces,
+    // so the same templates over the same blobs.
+    let parsed_dir = tempfile::tempdir().unwrap();
+    let parsed = start(parsed_dir.path());
+    for ((_, sent), raw) in forwarded.iter().zip(&bodies) {
+        parsed.record_exchange(exchange(session, raw, (sent.as_ref() != raw.as_slice()).then_some(sent.as_ref())));
+    }
+    parsed.close();
+    let stored = |dir: &Path| {
+        let conn = store::open_ro(dir).unwrap();
+        let mut templates = conn.prepare("SELECT raw_template, fwd_template FROM exchanges ORDER BY id").unwrap();
+        let templates: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            templates.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+        let mut blobs = conn.prepare("SELECT sha256 FROM blobs ORDER BY id").unwrap();
+        let blobs: Vec<Vec<u8>> = blobs.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        (templates, blobs)
+    };
+    assert!(stored(dir.path()) == stored(parsed_dir.path()), "the layouts split the bodies differently");
 }
 
 #[test]

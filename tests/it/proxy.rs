@@ -307,6 +307,7 @@ impl ChatCompactor for LastMessageCompactor {
         let body = input.body.to_vec_with_messages(&[last]);
         Ok(CompactOutput {
             body: Some(body),
+            spans: None,
             summary: CompactionSummary { tokens_raw: 20, tokens_forwarded: 9, epoch: 1, ..Default::default() },
         })
     }

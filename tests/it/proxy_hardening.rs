@@ -275,6 +275,7 @@ impl ChatCompactor for HalvingCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         Ok(CompactOutput {
             body: None,
+            spans: None,
             summary: CompactionSummary { tokens_raw: 1000, tokens_forwarded: 500, epoch: 1, ..Default::default() },
         })
     }
