@@ -8,7 +8,7 @@
 //! - `compact-pool`: the same with the per-message work on the rayon pool (the proxy's default);
 //! - `parse`: `ChatBody::parse` alone;
 //! - `archive-split`: the archive's split of the body into pieces;
-//! - `archive-split-along`: the same split along the layout of the proxy's parse (what the archive's
+//! - `archive-split-along`: the same split along the spans of the proxy's parse (what the archive's
 //!   writer does with a request that came through the proxy);
 //! - `serde-parse`: serde_json's parse into a `Value` (and its drop), the yardstick;
 //! - `serde-roundtrip`: serde_json's parse and serialize.
@@ -39,7 +39,7 @@ fn main() {
     };
     let body = engine_request::large_request();
     let engine = Engine::default_pack();
-    let layout = pare::archive::body::Layout::of(&body, &ChatBody::parse(&body).expect("the bench body parses"));
+    let spans = ChatBody::parse(&body).expect("the bench body parses").spans_in(&body);
     let mut total = 0usize;
     for _ in 0..n {
         let body = black_box(&body[..]);
@@ -50,7 +50,7 @@ fn main() {
             }
             "parse" => ChatBody::parse(body).expect("the bench body parses").messages.len(),
             "archive-split" => pare::archive::body::split(body).len(),
-            "archive-split-along" => pare::archive::body::split_along(body, layout.as_ref()).len(),
+            "archive-split-along" => pare::archive::body::split_along(body, spans.as_ref()).len(),
             "serde-parse" => usize::from(serde_json::from_slice::<Value>(body).expect("valid JSON").is_object()),
             "serde-roundtrip" => serde_json::to_vec(&serde_json::from_slice::<Value>(body).expect("valid JSON"))
                 .expect("serializes")

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::archive::body::Layout;
 use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::epoch::SessionCompactor;
@@ -208,11 +207,11 @@ impl Pipeline {
                 off_the_reactor(raw.len(), || self.compact(&session, &raw, body, window))
             }
         };
-        // Where the raw and forwarded bodies' pieces lie, for the archive: its writer then does not
-        // parse them again.
-        let (raw_layout, forwarded_layout) = match (&self.archive, &parsed) {
-            (Some(_), Ok(body)) => (Layout::of(&raw, body), forwarded_spans.as_ref().map(Layout::from_spans)),
-            _ => (None, None),
+        // Where the raw body's values lie, for the archive: its writer then does not parse it again
+        // (nor the forwarded body, whose spans the compactor gave).
+        let raw_spans = match (&self.archive, &parsed) {
+            (Some(_), Ok(body)) => body.spans_in(&raw),
+            _ => None,
         };
         drop(parsed);
         let forward = changed.clone().unwrap_or_else(|| raw.clone());
@@ -227,9 +226,9 @@ impl Pipeline {
                     model: model.clone(),
                     headers: keep_headers(headers, &self.config.archive.redact_headers),
                     raw: raw.clone(),
-                    raw_layout,
+                    raw_spans,
                     forwarded: changed,
-                    forwarded_layout,
+                    forwarded_spans,
                     summary: summary.clone(),
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,

@@ -41,61 +41,36 @@ pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
     split_json(body).unwrap_or_else(|| if body.is_empty() { Vec::new() } else { vec![Piece::Blob(body)] })
 }
 
-/// [`split`] along a layout that a parse of the same bytes gave ([`Layout::of`]), without parsing the
-/// body again: the proxy has parsed every request before the archive stores it. A layout that does
-/// not fit the body (another body's) is not used: the body is split as [`split`] does.
-pub fn split_along<'a>(body: &'a [u8], layout: Option<&Layout>) -> Vec<Piece<'a>> {
-    match layout.and_then(|layout| pieces(body, layout)) {
+/// [`split`] along where the body's values lie, as a parse of the same bytes found them
+/// ([`ChatBody::spans_in`]) or as the compactor wrote them ([`ChatBody::to_vec_and_spans`]): the proxy
+/// has parsed or written every body before the archive stores it, so the writer need not parse it
+/// again. Spans that do not fit the body (another body's) are not used: the body is split as [`split`]
+/// does.
+pub fn split_along<'a>(body: &'a [u8], spans: Option<&Spans>) -> Vec<Piece<'a>> {
+    match spans.and_then(|spans| pieces(body, spans)) {
         Some(pieces) => pieces,
         None => split(body),
-    }
-}
-
-/// Where a body's pieces lie, as byte offsets into it: its large top-level values and its `messages`
-/// array (in body order), and each message. Read from a parse of the body ([`ChatBody`]); owns
-/// nothing of it, so it can travel with the body to the archive's writer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
-    /// (start, end, whether it is the `messages` array), sorted by start.
-    spans: Vec<(usize, usize, bool)>,
-    /// Each message's (start, end).
-    messages: Vec<(usize, usize)>,
-}
-
-impl Layout {
-    /// The layout of `body` as `parsed` (a parse of exactly these bytes) gives it.
-    pub fn of(body: &[u8], parsed: &ChatBody<'_>) -> Option<Layout> {
-        parsed.spans_in(body).map(|spans| Layout::from_spans(&spans))
-    }
-
-    /// The layout of a body whose values lie at `spans` (as [`ChatBody::to_vec_and_spans`] wrote it).
-    pub fn from_spans(spans: &Spans) -> Layout {
-        let mut blobs: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.fields.len() + 1);
-        blobs.extend(
-            spans
-                .fields
-                .iter()
-                .filter(|(start, end)| end.saturating_sub(*start) >= BLOB_MIN_LEN)
-                .map(|&(s, e)| (s, e, false)),
-        );
-        blobs.push((spans.messages_array.0, spans.messages_array.1, true));
-        blobs.sort_unstable();
-        Layout { spans: blobs, messages: spans.messages.clone() }
     }
 }
 
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     // The proxy's own parse: one validating pass over the body that gives each value's bytes in place.
     let parsed = ChatBody::parse(body).ok()?;
-    pieces(body, &Layout::of(body, &parsed)?)
+    pieces(body, &parsed.spans_in(body)?)
 }
 
-/// The pieces of `body` along `layout`, or `None` when the layout does not fit it (spans out of order
-/// or past its end, messages outside the array).
-fn pieces<'a>(body: &'a [u8], layout: &Layout) -> Option<Vec<Piece<'a>>> {
-    let mut pieces = Vec::with_capacity(layout.spans.len() * 2 + 1);
+/// The pieces of `body` along `spans`: its top-level values of at least [`BLOB_MIN_LEN`] bytes and
+/// its `messages` array, in body order, the array split at each message. `None` when the spans do not
+/// fit the body (overlapping, past its end, messages outside the array).
+fn pieces<'a>(body: &'a [u8], spans: &Spans) -> Option<Vec<Piece<'a>>> {
+    let mut values: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.fields.len() + 1);
+    let blobs = spans.fields.iter().filter(|(start, end)| end.saturating_sub(*start) >= BLOB_MIN_LEN);
+    values.extend(blobs.map(|&(start, end)| (start, end, false)));
+    values.push((spans.messages_array.0, spans.messages_array.1, true));
+    values.sort_unstable();
+    let mut pieces = Vec::with_capacity(values.len() * 2 + 1);
     let mut at = 0;
-    for &(start, end, is_messages) in &layout.spans {
+    for (start, end, is_messages) in values {
         if start < at || end < start || end > body.len() {
             return None;
         }
@@ -103,7 +78,7 @@ fn pieces<'a>(body: &'a [u8], layout: &Layout) -> Option<Vec<Piece<'a>>> {
             pieces.push(Piece::Lit(&body[at..start]));
         }
         if is_messages {
-            pieces.push(Piece::Messages(split_messages(body, start, end, &layout.messages)?));
+            pieces.push(Piece::Messages(split_messages(body, start, end, &spans.messages)?));
         } else {
             pieces.push(Piece::Blob(&body[start..end]));
         }
@@ -371,26 +346,26 @@ mod tests {
                 _ => None,
             });
             assert_eq!(found, *n_messages, "body {:?}", String::from_utf8_lossy(body));
-            // Along the layout of the proxy's parse of the same bytes: the same pieces, no second parse.
-            let layout = ChatBody::parse(body).ok().and_then(|parsed| Layout::of(body, &parsed));
-            assert_eq!(layout.is_some(), n_messages.is_some(), "body {:?}", String::from_utf8_lossy(body));
-            assert_eq!(split_along(body, layout.as_ref()), pieces, "body {:?}", String::from_utf8_lossy(body));
+            // Along the spans of the proxy's parse of the same bytes: the same pieces, no second parse.
+            let spans = ChatBody::parse(body).ok().and_then(|parsed| parsed.spans_in(body));
+            assert_eq!(spans.is_some(), n_messages.is_some(), "body {:?}", String::from_utf8_lossy(body));
+            assert_eq!(split_along(body, spans.as_ref()), pieces, "body {:?}", String::from_utf8_lossy(body));
         }
     }
 
-    /// A layout that does not fit the body it is given (another body's) is not used.
+    /// Spans that do not fit the body they are given (another body's) are not used.
     #[test]
-    fn a_layout_that_does_not_fit_is_not_used() {
+    fn spans_that_do_not_fit_are_not_used() {
         let long: &[u8] = br#"{"model":"m","messages":[{"role":"system","content":"a long system prompt"},{"role":"user","content":"hi"}]}"#;
         let short: &[u8] = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
-        let layout = Layout::of(long, &ChatBody::parse(long).unwrap()).unwrap();
-        assert_eq!(split_along(short, Some(&layout)), split(short));
+        let spans_of = |body: &[u8]| ChatBody::parse(body).unwrap().spans_in(body).unwrap();
+        assert_eq!(split_along(short, Some(&spans_of(long))), split(short));
         // A message that starts before the one it follows ends.
-        let mut swapped = Layout::of(short, &ChatBody::parse(short).unwrap()).unwrap();
+        let mut swapped = spans_of(short);
         swapped.messages.push((0, 1));
         assert_eq!(split_along(short, Some(&swapped)), split(short));
-        // A layout that fits is what the pieces follow: one that lists no message leaves the array whole.
-        let mut no_messages = Layout::of(long, &ChatBody::parse(long).unwrap()).unwrap();
+        // Spans that fit are what the pieces follow: listing no message leaves the array whole.
+        let mut no_messages = spans_of(long);
         no_messages.messages.clear();
         let Some(Piece::Messages(m)) =
             split_along(long, Some(&no_messages)).into_iter().find(|p| matches!(p, Piece::Messages(_)))
@@ -398,9 +373,6 @@ mod tests {
             panic!("no messages piece")
         };
         assert!(m.items.is_empty() && m.close.starts_with(b"[{"));
-        // A layout read from a parse of other bytes than the body's own has no offsets.
-        let copy = long.to_vec();
-        assert_eq!(Layout::of(&copy, &ChatBody::parse(long).unwrap()), None);
     }
 
     #[test]

@@ -38,6 +38,7 @@ use http::HeaderMap;
 
 use crate::config::{ArchiveConfig, Durability};
 use crate::pipeline::{CompactionSummary, StreamEnd};
+use crate::wire::Spans;
 
 /// Errors of the archive. Writing never surfaces them to the proxy (fail-open); the CLI reports them.
 #[derive(Debug, thiserror::Error)]
@@ -111,13 +112,13 @@ pub struct ExchangeRecord {
     pub headers: Vec<(String, String)>,
     /// Exactly what the agent sent.
     pub raw: Bytes,
-    /// Where `raw`'s pieces lie, from the proxy's parse of it ([`body::Layout::of`]): the writer then
-    /// splits it without a second parse. `None`: the writer parses `raw` itself.
-    pub raw_layout: Option<body::Layout>,
+    /// Where `raw`'s values lie, from the proxy's parse of it ([`crate::wire::ChatBody::spans_in`]):
+    /// the writer then splits it without a second parse. `None`: the writer parses `raw` itself.
+    pub raw_spans: Option<Spans>,
     /// What was forwarded; `None` when it is `raw` unchanged.
     pub forwarded: Option<Bytes>,
-    /// Where `forwarded`'s pieces lie, as the compactor wrote it (see `raw_layout`).
-    pub forwarded_layout: Option<body::Layout>,
+    /// Where `forwarded`'s values lie, as the compactor wrote it (see `raw_spans`).
+    pub forwarded_spans: Option<Spans>,
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply.
     pub skipped: Option<String>,

@@ -20,6 +20,7 @@ use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::read::{self, BodyKind};
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
+use crate::wire::Spans;
 
 /// Most records in one transaction.
 const MAX_BATCH: usize = 4096;
@@ -256,10 +257,10 @@ impl Writer {
         conn: &Connection,
         session: &str,
         bytes: &Bytes,
-        layout: Option<&body::Layout>,
+        spans: Option<&Spans>,
         prev: Option<&ListState>,
     ) -> Result<(Vec<u8>, Option<ListState>), ArchiveError> {
-        let pieces = body::split_along(bytes, layout);
+        let pieces = body::split_along(bytes, spans);
         let mut parts = Vec::with_capacity(pieces.len());
         let mut state = None;
         for piece in pieces {
@@ -310,12 +311,12 @@ impl Writer {
         let mut cursor = self.cursor(conn, &rec.session)?;
         let raw_sha = store::sha256(&rec.raw);
         let (raw_template, raw_state) =
-            self.encode_body(conn, &rec.session, &rec.raw, rec.raw_layout.as_ref(), cursor.raw.as_ref())?;
+            self.encode_body(conn, &rec.session, &rec.raw, rec.raw_spans.as_ref(), cursor.raw.as_ref())?;
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
                 let (tpl, state) =
-                    self.encode_body(conn, &rec.session, f, rec.forwarded_layout.as_ref(), cursor.fwd.as_ref())?;
+                    self.encode_body(conn, &rec.session, f, rec.forwarded_spans.as_ref(), cursor.fwd.as_ref())?;
                 (Some(store::sha256(f)), Some(tpl), state)
             }
             None => (None, None, raw_state.clone()),

@@ -167,7 +167,7 @@ impl<'a> ChatBody<'a> {
 
 /// Where a body's values lie, as byte ranges (start, end) into it: each top-level value other than
 /// `messages` (in [`ChatBody::fields`] order), the `messages` array, and each message. What the
-/// archive splits a body along ([`crate::archive::body::Layout`]).
+/// archive splits a body along ([`crate::archive::body::split_along`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spans {
     pub fields: Vec<(usize, usize)>,

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use pare::archive::body::Layout;
 use pare::archive::query::{ArchiveReader, SessionFilter};
 use pare::archive::read::BodyKind;
 use pare::archive::verify::verify;
@@ -30,23 +29,23 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         model: Some("m".into()),
         headers: vec![("user-agent".into(), "test".into())],
         raw: Bytes::copy_from_slice(raw),
-        raw_layout: None,
+        raw_spans: None,
         forwarded: forwarded.map(Bytes::copy_from_slice),
-        forwarded_layout: None,
+        forwarded_spans: None,
         summary: Some(CompactionSummary { tokens_raw: 100, tokens_forwarded: 60, ..Default::default() }),
         skipped: None,
         key_req: Some(7),
     }
 }
 
-/// [`exchange`] with the layouts of the raw and forwarded bodies that the proxy's parse and the
+/// [`exchange`] with the spans of the raw and forwarded bodies that the proxy's parse and the
 /// compactor's writing give (the writer then does not parse them again).
 fn laid_out(mut record: ExchangeRecord) -> ExchangeRecord {
-    fn layout(body: &Bytes) -> Option<Layout> {
-        ChatBody::parse(body).ok().and_then(|parsed| Layout::of(body, &parsed))
+    fn spans(body: &Bytes) -> Option<pare::wire::Spans> {
+        ChatBody::parse(body).ok().and_then(|parsed| parsed.spans_in(body))
     }
-    record.raw_layout = layout(&record.raw);
-    record.forwarded_layout = record.forwarded.as_ref().and_then(layout);
+    record.raw_spans = spans(&record.raw);
+    record.forwarded_spans = record.forwarded.as_ref().and_then(spans);
     record
 }
 
@@ -95,10 +94,10 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
             v["messages"].as_array_mut().unwrap().remove(1);
             serde_json::to_vec(&v).unwrap()
         });
-        // Every other raw body with the proxy's layout: both ways of splitting store the same pieces.
+        // Every other raw body with the proxy's spans: both ways of splitting store the same pieces.
         let record = exchange("s1", body, forwarded.as_deref());
         let record = if k % 2 == 0 { laid_out(record) } else { record };
-        assert_eq!(record.raw_layout.is_some(), k % 2 == 0);
+        assert_eq!(record.raw_spans.is_some(), k % 2 == 0);
         let ticket = archive.record_exchange(record);
         archive.record_response(ticket, response(format!("{{\"answer\":{k}}}").as_bytes()));
     }
@@ -146,7 +145,7 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
 }
 
 /// Through the pipeline `pare serve` builds, a session that compacts: every forwarded body the archive
-/// stores — split along the offsets the compactor wrote it with, not parsed again — comes back as the
+/// stores — split along the spans the compactor wrote it with, not parsed again — comes back as the
 /// bytes that were forwarded, and every raw body as the bytes that were sent.
 #[tokio::test]
 async fn compacted_bodies_are_archived_as_forwarded() {
@@ -180,7 +179,7 @@ async fn compacted_bodies_are_archived_as_forwarded() {
     assert!(compacted >= 10, "only {compacted} of {} requests were compacted", bodies.len());
     assert!(verify(reader.conn(), None).unwrap().ok());
 
-    // The same exchanges recorded without layouts (the writer parses every body): the same pieces,
+    // The same exchanges recorded without spans (the writer parses every body): the same pieces,
     // so the same templates over the same blobs.
     let parsed_dir = tempfile::tempdir().unwrap();
     let parsed = start(parsed_dir.path());
@@ -197,7 +196,7 @@ async fn compacted_bodies_are_archived_as_forwarded() {
         let blobs: Vec<Vec<u8>> = blobs.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
         (templates, blobs)
     };
-    assert!(stored(dir.path()) == stored(parsed_dir.path()), "the layouts split the bodies differently");
+    assert!(stored(dir.path()) == stored(parsed_dir.path()), "the spans split the bodies differently");
 }
 
 #[test]
