@@ -284,12 +284,11 @@ impl SessionCompactor {
             over_window: tokens_forwarded > usable,
             report,
         };
-        let (body, spans) = match unchanged {
-            true => (None, None),
-            false => {
-                let (bytes, spans) = body.to_vec_and_spans(&step.messages);
-                (Some(bytes), Some(spans))
-            }
+        let (body, spans) = if unchanged {
+            (None, None)
+        } else {
+            let (bytes, spans) = body.to_vec_and_spans(&step.messages);
+            (Some(bytes), Some(spans))
         };
         CompactOutput { body, spans, summary }
     }

@@ -412,7 +412,6 @@ fn next_stop(bytes: &[u8], at: &mut usize) -> Option<u8> {
     }
 }
 
-/// The four hex digits at `at` (of a `\u` escape) as a number.
 /// What each one-letter JSON escape (`\n`, `\"`…) stands for, by its letter; 0 for the others.
 static SHORT_ESCAPES: [u8; 256] = {
     let mut table = [0u8; 256];
@@ -427,6 +426,7 @@ static SHORT_ESCAPES: [u8; 256] = {
     table
 };
 
+/// The four hex digits at `at` (of a `\u` escape) as a number.
 fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
     let hex = bytes.get(at..at + 4)?;
     hex.iter().try_fold(0u32, |n, &b| Some(n * 16 + char::from(b).to_digit(16)?))

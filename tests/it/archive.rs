@@ -40,7 +40,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
 
 /// [`exchange`] with the spans of the raw and forwarded bodies that the proxy's parse and the
 /// compactor's writing give (the writer then does not parse them again).
-fn laid_out(mut record: ExchangeRecord) -> ExchangeRecord {
+fn with_spans(mut record: ExchangeRecord) -> ExchangeRecord {
     fn spans(body: &Bytes) -> Option<pare::wire::Spans> {
         ChatBody::parse(body).ok().and_then(|parsed| parsed.spans_in(body))
     }
@@ -96,16 +96,16 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
         });
         // Every other raw body with the proxy's spans: both ways of splitting store the same pieces.
         let record = exchange("s1", body, forwarded.as_deref());
-        let record = if k % 2 == 0 { laid_out(record) } else { record };
+        let record = if k % 2 == 0 { with_spans(record) } else { record };
         assert_eq!(record.raw_spans.is_some(), k % 2 == 0);
         let ticket = archive.record_exchange(record);
         archive.record_response(ticket, response(format!("{{\"answer\":{k}}}").as_bytes()));
     }
     for body in &pretty {
-        archive.record_exchange(laid_out(exchange("s2", body, None)));
+        archive.record_exchange(with_spans(exchange("s2", body, None)));
     }
     for body in &odd {
-        archive.record_exchange(laid_out(exchange("s3", body, None)));
+        archive.record_exchange(with_spans(exchange("s3", body, None)));
     }
     archive.flush().unwrap();
     let reader = ArchiveReader::open(dir.path()).unwrap();
@@ -205,7 +205,7 @@ fn storage_grows_linearly_with_the_session() {
     let archive = start(dir.path());
     let bodies = growing_session(120, false);
     for body in &bodies {
-        archive.record_exchange(laid_out(exchange("s", body, None)));
+        archive.record_exchange(with_spans(exchange("s", body, None)));
     }
     archive.close();
     let conn = store::open_ro(dir.path()).unwrap();
