@@ -121,6 +121,18 @@ async fn bad_and_extreme_inputs_are_answered_forwarded_and_archived() {
     let orphan = body_of(orphan);
     assert_eq!(send(&pare, &stub, "orphan", orphan.clone()).await, orphan);
 
+    // A number past f64's range is valid JSON that serde_json will not read as a value: the message
+    // holding it cannot be read, so the request goes out as sent, even one long enough to compact.
+    let long = conversation(30, |i| (0..40).map(|j| format!("{i}:{j} ok\n")).collect());
+    let control = body_of(long.clone());
+    let forwarded = send(&pare, &stub, "big-number-control", control.clone()).await;
+    assert!(forwarded.len() < control.len(), "the same session without the number is compacted");
+    let mut big_number = long;
+    big_number[2]["seed"] = json!("__BIG__");
+    let big_number = String::from_utf8(body_of(big_number)).unwrap().replace("\"__BIG__\"", "1e999").into_bytes();
+    assert!(serde_json::from_slice::<Value>(&big_number).is_err(), "serde_json reads 1e999 after all");
+    assert!(send(&pare, &stub, "big-number", big_number.clone()).await == big_number, "not forwarded as sent");
+
     // Unknown roles and `null` wherever it can be: answered, forwarded as valid JSON, nothing invented.
     let odd = serde_json::to_vec(&json!({"model": null, "stream": null, "tools": null, "messages": [
         {"role": "developer", "content": "be brief"},
@@ -162,6 +174,7 @@ async fn bad_and_extreme_inputs_are_answered_forwarded_and_archived() {
     assert_eq!(archived_raw(&pare, "utf8").await, invalid_utf8);
     assert_eq!(archived_raw(&pare, "deep").await, deep);
     assert_eq!(archived_raw(&pare, "orphan").await, orphan);
+    assert_eq!(archived_raw(&pare, "big-number").await, big_number);
     assert_eq!(archived_raw(&pare, "nulls").await, odd);
     assert_eq!(archived_raw(&pare, "huge").await, huge_body);
 }
