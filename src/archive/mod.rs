@@ -166,6 +166,9 @@ pub struct ArchiveHealth {
     pub queue_depth: u64,
     /// Records committed since start.
     pub committed_records: u64,
+    /// Transactions committed since start: several records share one when they arrive within
+    /// `archive.flush_interval_ms` of each other.
+    pub commits: u64,
     /// Records that could not be stored (disk full, read-only, queue full…) since start.
     pub lost_records: u64,
     pub last_error: Option<String>,
@@ -193,6 +196,15 @@ pub(crate) enum Job {
 }
 
 impl Job {
+    /// Whether someone waits for this job's commit: a strict-durability exchange, a flush, the shutdown.
+    fn is_awaited(&self) -> bool {
+        match self {
+            Job::Exchange { ack, .. } => ack.is_some(),
+            Job::Response { .. } => false,
+            Job::Flush(_) | Job::Shutdown(_) => true,
+        }
+    }
+
     fn size(&self) -> u64 {
         match self {
             Job::Exchange { record, .. } => {
@@ -211,6 +223,7 @@ pub(crate) struct Shared {
     queue_depth: AtomicU64,
     queue_bytes: AtomicU64,
     committed: AtomicU64,
+    commits: AtomicU64,
     lost: AtomicU64,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
@@ -266,6 +279,7 @@ impl Archive {
             queue_depth: AtomicU64::new(0),
             queue_bytes: AtomicU64::new(0),
             committed: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             last_error: Mutex::new(None),
@@ -389,6 +403,7 @@ impl Archive {
             writable: self.shared.writable.load(Ordering::Relaxed),
             queue_depth: self.shared.queue_depth.load(Ordering::Relaxed),
             committed_records: self.shared.committed.load(Ordering::Relaxed),
+            commits: self.shared.commits.load(Ordering::Relaxed),
             lost_records: self.shared.lost.load(Ordering::Relaxed),
             last_error: self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }

@@ -1,5 +1,6 @@
 //! The background writer: one thread that owns the read-write connection, takes records from a channel
-//! and commits them in groups (everything waiting, for at most `flush_interval` per transaction).
+//! and commits them in groups: what arrives within `flush_interval` of a group's first record, or
+//! what is already queued when someone waits for the commit (strict durability, a flush, shutdown).
 //!
 //! Fail-open: when the store cannot be opened or a commit fails (disk full, read-only, I/O error), the
 //! batch is rolled back, its records are counted as lost and logged loudly, and the writer carries on
@@ -116,16 +117,22 @@ impl Writer {
             self.shared.fail(0, e);
         }
         while let Ok(first) = rx.recv() {
+            // Gather a group: records keep arriving for up to `flush_interval` after the first, so
+            // that a steady trickle of requests shares one commit (each commit writes its pages to the
+            // WAL again) instead of paying one per record. Whoever waits for the commit — a strict
+            // request, a flush, the shutdown — ends the gathering: only what is already queued joins.
+            let deadline = Instant::now() + self.flush_interval;
+            let mut urgent = first.is_awaited();
             let mut batch = vec![first];
-            let started = Instant::now();
-            while batch.len() < MAX_BATCH
-                && !matches!(batch.last(), Some(Job::Shutdown(_)))
-                && started.elapsed() < self.flush_interval
-            {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
+            while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Job::Shutdown(_))) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
                 }
+                let next = if urgent { rx.try_recv().ok() } else { rx.recv_timeout(left).ok() };
+                let Some(job) = next else { break };
+                urgent |= job.is_awaited();
+                batch.push(job);
             }
             let stop = matches!(batch.last(), Some(Job::Shutdown(_)));
             self.commit(batch);
@@ -154,6 +161,7 @@ impl Writer {
             match self.write_batch(&mut records) {
                 Ok(()) => {
                     self.shared.committed.fetch_add(n, Ordering::Relaxed);
+                    self.shared.commits.fetch_add(1, Ordering::Relaxed);
                     if !self.shared.writable.swap(true, Ordering::Relaxed) {
                         tracing::warn!(archive = %self.dir.display(), "archive is writable again");
                     }

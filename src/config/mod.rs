@@ -111,7 +111,8 @@ pub struct ArchiveConfig {
     /// Directory of the store; default `$XDG_DATA_HOME/pare` (`~/.local/share/pare`).
     pub dir: Option<PathBuf>,
     pub durability: Durability,
-    /// Longest time a record waits in the writer's queue before a group commit, in milliseconds.
+    /// Records arriving within this many milliseconds of a group's first record share its commit (the
+    /// longest a buffered record waits for it; a strict request, a flush or shutdown do not wait).
     pub flush_interval_ms: u64,
     /// Request headers naming the session explicitly, first present wins.
     pub session_headers: Vec<String>,

@@ -247,6 +247,11 @@ impl Collector for PipelineCollector {
                 health.committed_records,
             ));
             counters.push((
+                "pare_archive_commits",
+                "Transactions the archive committed (records arriving together share one)",
+                health.commits,
+            ));
+            counters.push((
                 "pare_archive_lost_records",
                 "Records the archive could not store (disk full, read-only, queue full)",
                 health.lost_records,

@@ -80,6 +80,46 @@ fn growing_session(n: usize, pretty: bool) -> Vec<Vec<u8>> {
     out
 }
 
+/// Records that arrive within `flush_interval` of each other share one transaction, where the writer
+/// used to commit each as soon as it woke up; a flush still returns as soon as what came before it is in.
+#[test]
+fn records_arriving_together_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, Duration::from_secs(30));
+    let bodies = growing_session(20, false);
+    for (k, body) in bodies.iter().enumerate() {
+        let ticket = archive.record_exchange(exchange("together", body, None));
+        archive.record_response(ticket, response(format!("{{\"answer\":{k}}}").as_bytes()));
+        // The writer is woken by each record: give it time to commit alone if it still would.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let started = std::time::Instant::now();
+    archive.flush().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "the flush waited for the 30 s interval");
+    let health = archive.health();
+    assert_eq!(health.committed_records, 40);
+    assert_eq!(health.commits, 1, "{health:?}");
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert_eq!(reader.exchanges("together").unwrap().len(), 20);
+}
+
+/// A strict request does not wait for the group to fill: its exchange ends the gathering, even when
+/// a buffered record opened the group.
+#[test]
+fn a_strict_record_is_committed_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Strict, Duration::from_secs(30));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let bodies = growing_session(2, false);
+    let first = archive.record_exchange(exchange("strict", &bodies[0], None));
+    archive.record_response(first, response(b"{\"answer\":0}"));
+    let started = std::time::Instant::now();
+    let (_, committed) = runtime.block_on(archive.record_exchange_committed(exchange("strict", &bodies[1], None)));
+    committed.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "the strict record waited for the 30 s interval");
+    assert_eq!(archive.health().committed_records, 3);
+}
+
 #[test]
 fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();

@@ -405,6 +405,7 @@ async fn health_and_metrics_report_the_archive() {
                 assert_eq!(series(&text, "pare_archive_writable"), Some(1.0), "{text}");
                 assert_eq!(series(&text, "pare_archive_lost_records_total"), Some(0.0), "{text}");
                 assert!(series(&text, "pare_archive_queue_depth").is_some(), "{text}");
+                assert!(series(&text, "pare_archive_commits_total").is_some_and(|n| n >= 1.0), "{text}");
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -414,6 +415,7 @@ async fn health_and_metrics_report_the_archive() {
     let health = json_body(client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
     assert_eq!(health["status"], "ok");
     assert_eq!(health["archive"]["writable"], true);
+    assert!(health["archive"]["commits"].as_u64().is_some_and(|n| n >= 1), "{health}");
 }
 
 #[tokio::test]
