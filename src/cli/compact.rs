@@ -5,8 +5,10 @@
 //! Tokens are counted with tiktoken (the encoding of the request's model from `models:`, else
 //! `budget.encoding`). With `--window`, the engine also applies salience tiers and elision down to
 //! the low-water mark of the usable window (window minus the answer's reserve), as an epoch would.
-//! A body that is not a chat request is written back unchanged and the exit status is 1.
+//! A request no rule changes is written back as read (as the proxy forwards it); a body that is not a
+//! chat request is written back unchanged and the exit status is 1.
 
+use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
@@ -43,10 +45,16 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         engine.compact_traced(&body, &CompactOptions { target_tokens, ..Default::default() }, &counter);
     let mut messages = out.prefix.clone();
     messages.extend(body.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
-    let forwarded = body.to_vec_with_messages(&messages);
+    // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
+    // body would differ in the whitespace between its top-level values).
+    let unchanged = messages.len() == body.messages.len() && messages.iter().zip(&body.messages).all(|(m, r)| m == r);
+    let forwarded: Cow<'_, [u8]> =
+        if unchanged { Cow::Borrowed(&input) } else { Cow::Owned(body.to_vec_with_messages(&messages)) };
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&forwarded).context("cannot write to stdout")?;
-    stdout.write_all(b"\n").context("cannot write to stdout")?;
+    if !forwarded.ends_with(b"\n") {
+        stdout.write_all(b"\n").context("cannot write to stdout")?;
+    }
 
     let tools = body.field("tools").map(|t| t.get());
     if args.stats {

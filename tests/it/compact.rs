@@ -808,6 +808,19 @@ fn cli_compacts_a_real_request_and_reports_per_rule() {
 }
 
 #[test]
+fn cli_writes_a_request_no_rule_changes_back_as_read() {
+    // Pretty-printed, nothing to compact: the same bytes come out, as the proxy would forward them.
+    let messages = vec![user("hello"), assistant("hi"), user("bye")];
+    let pretty = serde_json::to_vec_pretty(&json!({"model": "m", "messages": messages, "stream": true})).unwrap();
+    for input in [pretty.clone(), [pretty.as_slice(), b"\n"].concat()] {
+        let out = pare_compact(&["-"], &input);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let expected = if input.ends_with(b"\n") { input.clone() } else { [input.as_slice(), b"\n"].concat() };
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), String::from_utf8(expected).unwrap());
+    }
+}
+
+#[test]
 fn cli_diff_shows_a_change_to_tool_call_arguments() {
     // Only the old call's arguments change (its result is a short success, kept): the diff must show
     // the call, and the elision marker in it, not an empty text.
