@@ -432,6 +432,11 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
             if !is_identifier(token, seen, camel) {
                 continue;
             }
+            // The line-number prefix of a numbered view (`  1227\tcode`, `1227|code`) numbers the view,
+            // not the data; the next ones would fill the list with 1228, 1229…
+            if seen & !(WORD | INNER) == DIGIT && is_line_number(bytes, start, end) {
+                continue;
+            }
             // A JSON (or Python) object key names the schema, not the data.
             if start > 0 && matches!(bytes[start - 1], b'"' | b'\'') {
                 let after = text[end..].trim_start_matches(['"', '\'']).trim_start();
@@ -447,6 +452,13 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
         }
         None
     })
+}
+
+/// Whether the digits at `start..end` of `bytes` open a line of a numbered view (`cat -n`, `nl`:
+/// spaces, the number, a tab; Hermes: the number, `|`), as `outline` reads such lines.
+fn is_line_number(bytes: &[u8], start: usize, end: usize) -> bool {
+    let line_start = bytes[..start].iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
+    bytes[line_start..start].iter().all(|&b| b == b' ') && matches!(bytes.get(end), Some(b'\t' | b'|'))
 }
 
 /// IDs mixing letters and digits, snake_case and camelCase names, paths, numbers of 4+ digits, from
@@ -622,6 +634,21 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         // Names shown elsewhere are skipped, and the cap counts only what is listed.
         let shown = shown_names(["ticket HAT170 for load_user"]);
         assert_eq!(salient_names(text, 3, &["src/app/models.py"], &shown), vec!["8JX2WO", "user_id", "UserCache.get"]);
+    }
+
+    #[test]
+    fn line_numbers_of_a_numbered_view_are_not_names() {
+        let none = FxHashSet::default();
+        // `cat -n` / OpenHands' viewer (spaces, number, tab) and Hermes (number, `|`): the prefixes go,
+        // the same numbers inside a line stay, and so does a `grep -n` hit's line number (`1459:`).
+        let view =
+            "  1227\tdef load_user(user_id):\n  1228\t    return 40213 + 1227\n1229|x = HAT170\n1459:    sep_2\n";
+        assert_eq!(
+            salient_names(view, 10, &[], &none),
+            vec!["load_user", "user_id", "40213", "1227", "HAT170", "1459", "sep_2"]
+        );
+        // Digits followed by a tab elsewhere than at the start of a line are data.
+        assert_eq!(salient_names("id\t20240516\tok", 10, &[], &none), vec!["20240516"]);
     }
 
     #[test]
