@@ -111,10 +111,44 @@ impl Edits {
         self.savings[idx].push((rule, before - after));
     }
 
-    /// Replace a tool result by a marker line (no later rule touches it).
+    /// Replace a tool result (or a later system message) by a marker line (no later rule touches it).
     pub fn set_marker(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) {
         self.set_text(conv, idx, rule, marker, false);
         self.claimed[idx] = true;
+    }
+
+    /// [`Edits::set_marker`] for a marker whose reason lies in other messages (an identical later
+    /// output, a later retry, a loop of calls), set only when it surely saves: its JSON text at least
+    /// [`MARKER_MARGIN`] bytes shorter than the text it replaces. Otherwise nothing changes and the
+    /// message stays open to the later rules. A claim that the final count reverts for saving nothing
+    /// would keep the message whole; compacting the output again — where that reason may be gone (the
+    /// later duplicate collapsed, the retry's arguments shortened) — would then let another rule change
+    /// it, and compaction would not be idempotent. Returns whether the marker was set.
+    pub fn set_marker_if_saving(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) -> bool {
+        if json_len(&marker) + MARKER_MARGIN > self.current_bytes(conv, idx) {
+            return false;
+        }
+        self.set_marker(conv, idx, rule, marker);
+        true
+    }
+
+    /// Length in bytes of [`Edits::current_text`] (a lower bound of what replacing it removes from the
+    /// message's JSON: escapes, the parts around it, a JSON result's other members only add to it).
+    fn current_bytes(&self, conv: &Conversation<'_>, idx: usize) -> usize {
+        if let Some(edit) = &self.text[idx] {
+            return edit.text.len();
+        }
+        match (&conv.outcomes[idx], &conv.msgs[idx]) {
+            (Some(o), _) => o.text.len(),
+            (None, Some(m)) => match &m.content {
+                Some(crate::wire::Content::Text(s)) => s.len(),
+                Some(crate::wire::Content::Parts(parts)) => {
+                    parts.iter().filter_map(|p| p.text.as_deref()).map(str::len).sum()
+                }
+                _ => 0,
+            },
+            _ => 0,
+        }
     }
 
     pub fn drop_message(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId) {
@@ -242,6 +276,22 @@ pub fn content_with_text(original: Option<&Content>, text: &str) -> String {
         _ => push_json_string(&mut out, text),
     }
     out
+}
+
+/// How much shorter than the text it replaces a marker's JSON must be to be set: four bytes are one
+/// token to the bytes/4 estimate, so a marker that passes always saves there.
+const MARKER_MARGIN: usize = 4;
+
+/// Length of `s` written as a JSON string's contents (quotes excluded), as serde_json escapes it.
+fn json_len(s: &str) -> usize {
+    s.len()
+        + s.bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                0..0x20 => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
 }
 
 #[cfg(test)]

@@ -1343,6 +1343,26 @@ fn check_generated(
     Ok(())
 }
 
+/// Found by the property test below: the same output twice, the older result's pointer marker
+/// longer than the output (its call's key argument is a long line of unicode). The duplicates rule
+/// claimed it, the final count reverted the marker, and the message stayed whole while the later
+/// copy was collapsed; compacting that output again found no duplicate any more and collapsed the
+/// older one. A pointer marker that does not save is now not set, and collapse takes the message
+/// in the first pass.
+#[test]
+fn a_pointer_marker_that_saves_nothing_leaves_the_message_to_collapse() {
+    use generated::{Output, Turn};
+    let turns = vec![
+        Turn::Calls { calls: vec![(4, 8, Output::Parts(20))], reversed: false, reasoning: false },
+        Turn::Calls { calls: vec![(0, 0, Output::Parts(20))], reversed: false, reasoning: false },
+    ];
+    let msgs = generated::build(&turns);
+    check_generated(&msgs, BUILTIN_PACKS[0].0, 0, None).unwrap();
+    let (out, report) = forward(json!({"protect_last_turns": 0}), &msgs);
+    assert!(text(&out[3]).starts_with("[tool: str_replace_editor → ok"), "{report}");
+    assert!(text(&out[5]).starts_with("[tool: read_file → ok"), "{report}");
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config { cases: 128, failure_persistence: None, ..Default::default() })]
 

@@ -39,6 +39,6 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             "later_id" => Some(later_id.clone()),
             other => conv.fact(idx, other),
         });
-        edits.set_marker(conv, idx, RuleId::Duplicates, marker);
+        edits.set_marker_if_saving(conv, idx, RuleId::Duplicates, marker);
     }
 }

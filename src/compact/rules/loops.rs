@@ -43,6 +43,6 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         })
     });
     for ((idx, _, _), marker) in repeats.into_iter().zip(markers) {
-        edits.set_marker(conv, idx, RuleId::Loops, marker);
+        edits.set_marker_if_saving(conv, idx, RuleId::Loops, marker);
     }
 }

@@ -28,7 +28,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let retried = last_success.get(&(call.name.as_str(), retry_key(call))).is_some_and(|&later| later > c);
         if failed && retried {
             let marker = conv.render_marker(idx, &policy.spec.retry_pruning.template);
-            edits.set_marker(conv, idx, RuleId::RetryPruning, marker);
+            edits.set_marker_if_saving(conv, idx, RuleId::RetryPruning, marker);
         }
     }
 }
