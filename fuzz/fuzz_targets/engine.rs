@@ -1,7 +1,8 @@
 //! Fuzz the compaction engine: arbitrary bytes that parse as a chat request are compacted with the
 //! default pack, with and without a token target; the engine must not panic and the output must keep
-//! the invariants — every message JSON or forwarded as sent, valid tool pairing whenever the input had it, the protected tail and every user
-//! message byte-identical, tokens never growing, and the same bytes on a second run.
+//! the invariants — every message JSON or forwarded as sent, valid tool pairing whenever the input
+//! had it, the protected tail and every user message byte-identical, tokens never growing, the same
+//! bytes on a second run, and nothing changed by compacting the output again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -57,5 +58,16 @@ fuzz_target!(|data: &[u8]| {
         assert!(users_out.iter().all(|u| raw.contains(u)), "a user message changed");
         let again = engine.compact(&body, &opts, &Quarter);
         assert_eq!(again.prefix, out.prefix, "not deterministic");
+        // Idempotent: compacting the forwarded request again changes nothing.
+        let forwarded_body = body.to_vec_with_messages(&forwarded);
+        let reparsed = ChatBody::parse(&forwarded_body).expect("pare's own output parses");
+        let twice = engine.compact(&reparsed, &opts, &Quarter);
+        let twice: Vec<&str> = twice
+            .prefix
+            .iter()
+            .map(String::as_str)
+            .chain(reparsed.messages[twice.boundary..].iter().copied())
+            .collect();
+        assert_eq!(twice, forwarded, "not idempotent");
     }
 });
