@@ -123,31 +123,21 @@ impl Edits {
     /// message stays open to the later rules. A claim that the final count reverts for saving nothing
     /// would keep the message whole; compacting the output again — where that reason may be gone (the
     /// later duplicate collapsed, the retry's arguments shortened) — would then let another rule change
-    /// it, and compaction would not be idempotent. Returns whether the marker was set.
-    pub fn set_marker_if_saving(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) -> bool {
-        if json_len(&marker) + MARKER_MARGIN > self.current_bytes(conv, idx) {
-            return false;
+    /// it, and compaction would not be idempotent.
+    pub fn set_marker_if_saving(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId, marker: String) {
+        if json_len(&marker) + MARKER_MARGIN <= self.current_bytes(conv, idx) {
+            self.set_marker(conv, idx, rule, marker);
         }
-        self.set_marker(conv, idx, rule, marker);
-        true
     }
 
-    /// Length in bytes of [`Edits::current_text`] (a lower bound of what replacing it removes from the
-    /// message's JSON: escapes, the parts around it, a JSON result's other members only add to it).
+    /// Length in bytes of [`Edits::current_text`], without copying a tool result's text (what replacing
+    /// it removes from the message's JSON is at least this: escapes and a JSON result's other members
+    /// only add to it).
     fn current_bytes(&self, conv: &Conversation<'_>, idx: usize) -> usize {
-        if let Some(edit) = &self.text[idx] {
-            return edit.text.len();
-        }
-        match (&conv.outcomes[idx], &conv.msgs[idx]) {
-            (Some(o), _) => o.text.len(),
-            (None, Some(m)) => match &m.content {
-                Some(crate::wire::Content::Text(s)) => s.len(),
-                Some(crate::wire::Content::Parts(parts)) => {
-                    parts.iter().filter_map(|p| p.text.as_deref()).map(str::len).sum()
-                }
-                _ => 0,
-            },
-            _ => 0,
+        match (&self.text[idx], &conv.outcomes[idx]) {
+            (Some(edit), _) => edit.text.len(),
+            (None, Some(o)) => o.text.len(),
+            (None, None) => conv.msgs[idx].as_ref().map_or(0, |m| m.text().len()),
         }
     }
 
