@@ -434,7 +434,7 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
             }
             // The line-number prefix of a numbered view (`  1227\tcode`, `1227|code`) numbers the view,
             // not the data; the next ones would fill the list with 1228, 1229…
-            if seen & !(WORD | INNER) == DIGIT && is_line_number(bytes, start, end) {
+            if seen & !(WORD | INNER) == DIGIT && is_line_number(text, start, end) {
                 continue;
             }
             // A JSON (or Python) object key names the schema, not the data.
@@ -454,11 +454,13 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// Whether the digits at `start..end` of `bytes` open a line of a numbered view (`cat -n`, `nl`:
-/// spaces, the number, a tab; Hermes: the number, `|`), as `outline` reads such lines.
-fn is_line_number(bytes: &[u8], start: usize, end: usize) -> bool {
-    let line_start = bytes[..start].iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
-    bytes[line_start..start].iter().all(|&b| b == b' ') && matches!(bytes.get(end), Some(b'\t' | b'|'))
+/// Whether the digits at `start..end` of `text` are the line number that opens a line of a numbered
+/// view (`  1227\tcode`, `1227|code`), as the structural map reads such lines.
+fn is_line_number(text: &str, start: usize, end: usize) -> bool {
+    let line_start = text.as_bytes()[..start].iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
+    let line = &text[line_start..];
+    // `split_numbered` gives the code after the separator that follows the number.
+    super::outline::split_numbered(line).is_some_and(|(_, code)| line.len() - code.len() == end + 1 - line_start)
 }
 
 /// IDs mixing letters and digits, snake_case and camelCase names, paths, numbers of 4+ digits, from

@@ -57,7 +57,7 @@ pub struct Entry {
 
 /// `    12\tcode` (`cat -n`, `nl`) or `12|code` (Hermes): the number and the code. Reads bytes: it runs
 /// on every line of every source read.
-fn split_numbered(line: &str) -> Option<(usize, &str)> {
+pub(super) fn split_numbered(line: &str) -> Option<(usize, &str)> {
     let bytes = line.as_bytes();
     let mut at = bytes.iter().position(|&b| b != b' ')?;
     let digits_start = at;
