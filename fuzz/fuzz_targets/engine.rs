@@ -1,14 +1,15 @@
 //! Fuzz the compaction engine: arbitrary bytes that parse as a chat request are compacted with the
-//! default pack, with and without a token target; the engine must not panic and the output must keep
-//! the invariants — every message JSON or forwarded as sent, valid tool pairing whenever the input
-//! had it, the protected tail and every user message byte-identical, tokens never growing, the same
-//! bytes on a second run, and nothing changed by compacting the output again.
+//! default pack, with no budget, a token target or a history budget; the engine must not panic and
+//! the output must keep the invariants — every message JSON or forwarded as sent, valid tool
+//! pairing whenever the input had it, the protected tail and every user message byte-identical,
+//! tokens never growing, the same bytes on a second run, and nothing changed by compacting the
+//! output again.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use pare::budget::tokens::CountTokens;
 use pare::compact::validate::{Skeleton, check};
-use pare::compact::{CompactOptions, Engine};
+use pare::compact::{CompactOptions, Engine, HistoryBudget};
 use pare::wire::ChatBody;
 
 /// A cheap deterministic counter (a quarter of the bytes, at least one).
@@ -29,8 +30,9 @@ fuzz_target!(|data: &[u8]| {
     let raw = body.messages.clone();
     let raw_tokens: u64 = raw.iter().map(|m| Quarter.message(m)).sum();
     let input_valid = check(&raw.iter().map(|m| Skeleton::of(m)).collect::<Vec<_>>()).is_ok();
-    for target in [None, Some(raw_tokens / 2)] {
-        let opts = CompactOptions { target_tokens: target, ..CompactOptions::default() };
+    let history = HistoryBudget { high: raw_tokens / 8, low: raw_tokens / 16 };
+    for (target, history) in [(None, None), (Some(raw_tokens / 2), None), (None, Some(history))] {
+        let opts = CompactOptions { target_tokens: target, history, ..CompactOptions::default() };
         let out = engine.compact(&body, &opts, &Quarter);
         assert!(out.boundary <= raw.len());
         let forwarded: Vec<&str> =

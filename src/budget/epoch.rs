@@ -9,7 +9,8 @@
 //!   usable window, i.e. window − answer reserve), the engine compacts it in one step down to the
 //!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up.
 //! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
-//!   token target only above it); between advances the frozen forms are reused.
+//!   token target only above it, and the history budget `budget.eager_history` on every advance);
+//!   between advances the frozen forms are reused.
 //! - **off**: forwarded unchanged; tokens are still counted for the headers.
 //!
 //! The engine is fed the *forwarded* form (frozen prefix + new raw messages), not the raw request:
@@ -26,7 +27,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
-use crate::compact::{CompactOptions, Compacted, Engine, Source};
+use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
 use crate::config::{Config, Mode};
 use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::wire::{ChatBody, WireError, role_of};
@@ -68,6 +69,8 @@ pub struct EpochPolicy {
     pub low_water: f64,
     /// Eager mode: turns between two advances of the frozen frontier.
     pub polling: u32,
+    /// Eager mode: the history's own budget, applied on every advance whatever the window.
+    pub history: Option<HistoryBudget>,
 }
 
 impl EpochPolicy {
@@ -77,7 +80,11 @@ impl EpochPolicy {
             Mode::Eager => (b.eager_high_water, b.eager_low_water),
             Mode::Epoch | Mode::Off => (b.high_water, b.low_water),
         };
-        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: b.polling.max(1) }
+        let history = match config.compaction.mode {
+            Mode::Eager => b.eager_history.map(|h| HistoryBudget { high: h.high_tokens, low: h.low_tokens }),
+            Mode::Epoch | Mode::Off => None,
+        };
+        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: b.polling.max(1), history }
     }
 }
 
@@ -341,7 +348,11 @@ impl SessionCompactor {
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
             Mode::Eager => {
-                let options = CompactOptions { target_tokens: over.then_some(target), ..Default::default() };
+                let options = CompactOptions {
+                    target_tokens: over.then_some(target),
+                    history: self.policy.history,
+                    ..Default::default()
+                };
                 self.attempt(request, &candidate, &options, counter)
             }
         };
@@ -353,7 +364,11 @@ impl SessionCompactor {
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
             _ => {
-                let options = CompactOptions { target_tokens: over.then_some(target), ..Default::default() };
+                let options = CompactOptions {
+                    target_tokens: over.then_some(target),
+                    history: self.policy.history,
+                    ..Default::default()
+                };
                 let out = self.engine.compact(request.body, &options, counter);
                 (out.boundary.min(request.raw.len()), out.prefix, out.report)
             }

@@ -53,10 +53,24 @@ pub type EngineConfigError = PackError;
 pub struct CompactOptions {
     /// Token target for the whole forwarded request (messages + tools). `None`: rules only.
     pub target_tokens: Option<u64>,
+    /// A budget for the history alone, whatever the window (eager mode): see [`HistoryBudget`].
+    pub history: Option<HistoryBudget>,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
     pub single_thread: bool,
+}
+
+/// A token budget for the *history*: the messages before the protected tail that salience tiers and
+/// elision may compress — every message there except the first system message, user messages and
+/// messages a rule keeps whole. When the history after the rules weighs more than `high` tokens,
+/// tiers and elision bring it down to `low` (or to the request's `target_tokens`, whichever asks for
+/// less). It does not depend on the window, the tools or the tail: it bounds what old turns cost on
+/// every request, as observation masking keeps only the last turns' outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryBudget {
+    pub high: u64,
+    pub low: u64,
 }
 
 /// What [`Engine::compact`] produces.
@@ -182,10 +196,11 @@ impl Engine {
 
         let mut elided = salience::Elided::default();
         let mut fitted = false;
-        if let Some(target) = opts.target_tokens {
+        if opts.target_tokens.is_some() || opts.history.is_some() {
             let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
-            let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, target);
-            fitted = fit.report.tokens_after_rules > target;
+            let budget = salience::Budget { target: opts.target_tokens, history: opts.history };
+            let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
+            fitted = fit.report.tokens_after_rules > fit.report.target_tokens;
             report.tiers = Some(fit.report);
             elided = fit.elided;
         }

@@ -84,6 +84,9 @@ pub struct RuleStats {
 pub struct TierReport {
     pub target_tokens: u64,
     pub tokens_after_rules: u64,
+    /// The history's tokens after the rules, when a history budget was given (eager mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_tokens_after_rules: Option<u64>,
     pub focus: u64,
     pub recent: u64,
     pub summary: u64,

@@ -16,7 +16,6 @@
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::Engine;
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
@@ -25,6 +24,7 @@ use super::markers::{
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
+use super::{Engine, HistoryBudget};
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
 
 /// Groups elided by [`fit`]: each run of elided groups is replaced by one marker message.
@@ -100,7 +100,15 @@ impl Unit {
     }
 }
 
-/// Bring the request under `target` tokens with tiers, then elision. `rendered` holds the forwarded
+/// What [`fit`] brings the request under: a target for the whole request, a budget for its history,
+/// or both (the lower of the two targets they give wins).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Budget {
+    pub target: Option<u64>,
+    pub history: Option<HistoryBudget>,
+}
+
+/// Bring the request under its [`Budget`] with tiers, then elision. `rendered` holds the forwarded
 /// form of each changed message before the boundary and is updated in place.
 pub fn fit(
     engine: &Engine,
@@ -109,7 +117,7 @@ pub fn fit(
     rendered: &mut [Option<String>],
     counter: &dyn CountTokens,
     tools_tokens: u64,
-    target: u64,
+    budget: Budget,
 ) -> Fit {
     let current = |edits: &Edits, rendered: &[Option<String>], idx: usize| -> u64 {
         if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx])) }
@@ -118,7 +126,20 @@ pub fn fit(
     let mut tokens: Vec<u64> = (0..conv.boundary).map(|i| current(edits, rendered, i)).collect();
     let fixed_extra = tail + tools_tokens + REPLY_PRIMING;
     let after_rules = tokens.iter().sum::<u64>() + fixed_extra;
-    let mut report = TierReport { target_tokens: target, tokens_after_rules: after_rules, ..TierReport::default() };
+    let history = history_tokens(conv, edits, &tokens);
+    // The history budget, when the history is over its high mark, as a target for the whole request:
+    // everything else stays as the rules left it, the history goes down to `low`.
+    let history_target = budget.history.filter(|h| history > h.high).map(|h| after_rules - history + h.low);
+    let target = match (budget.target, history_target) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(u64::MAX),
+    };
+    let mut report = TierReport {
+        target_tokens: target,
+        tokens_after_rules: after_rules,
+        history_tokens_after_rules: budget.history.map(|_| history),
+        ..TierReport::default()
+    };
     let mut elided = Elided::default();
     if after_rules <= target {
         return Fit { report, elided };
@@ -222,6 +243,28 @@ pub fn fit(
     report.over_target = total > target;
     elided.runs = runs;
     Fit { report, elided }
+}
+
+/// Tokens of the history as the rules left it: the groups before the boundary that tiers and elision
+/// may touch (tool calls, assistant messages, system messages after the first), less any group a rule
+/// keeps whole. What [`HistoryBudget`] bounds.
+fn history_tokens(conv: &Conversation<'_>, edits: &Edits, tokens: &[u64]) -> u64 {
+    conv.groups
+        .iter()
+        .filter(|g| {
+            history_kind(conv, g.kind, g.start) && !(g.start..g.end).any(|i| edits.kept[i] && !edits.dropped[i])
+        })
+        .map(|g| tokens[g.start..g.end].iter().sum::<u64>())
+        .sum()
+}
+
+/// A group of a kind tiers and elision may compress: tool calls, assistant text, a later system message.
+fn history_kind(conv: &Conversation<'_>, kind: GroupKind, start: usize) -> bool {
+    match kind {
+        GroupKind::ToolCalls | GroupKind::Assistant => true,
+        GroupKind::System => conv.first_system != Some(start),
+        GroupKind::User | GroupKind::Other => false,
+    }
 }
 
 /// Per message, what an elision marker says of it (tool name and files of a tool result; what an
@@ -542,11 +585,7 @@ fn units(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, marker_facts: 
     }
     let mut out = Vec::new();
     for g in &conv.groups {
-        let elidable_kind = match g.kind {
-            GroupKind::ToolCalls | GroupKind::Assistant => true,
-            GroupKind::System => conv.first_system != Some(g.start),
-            GroupKind::User | GroupKind::Other => false,
-        };
+        let elidable_kind = history_kind(conv, g.kind, g.start);
         let live: Vec<usize> = (g.start..g.end).filter(|&i| !edits.dropped[i]).collect();
         if !elidable_kind || live.is_empty() || live.iter().any(|&i| edits.kept[i]) {
             continue;

@@ -205,6 +205,9 @@ pub struct BudgetConfig {
     pub eager_high_water: f64,
     /// Eager mode's `low_water`: what tiers and elision compact down to.
     pub eager_low_water: f64,
+    /// Eager mode's budget for the history (what lies between the task and the protected tail),
+    /// whatever the window; `null`: the window marks alone.
+    pub eager_history: Option<HistoryTokens>,
     /// Eager mode: advance the frozen frontier every this many turns (1, as SWE-agent's `polling`:
     /// eager is for upstreams without a prompt cache, where a stable prefix buys nothing).
     pub polling: u32,
@@ -250,6 +253,7 @@ impl Default for BudgetConfig {
             // keeps recall above 0.95. Prefill, which keeps the epoch marks high, is not eager's cost.
             eager_high_water: 0.65,
             eager_low_water: 0.4,
+            eager_history: Some(HistoryTokens::default()),
             polling: 1,
             encoding: "o200k_base".into(),
             salience: SalienceConfig::default(),
@@ -279,6 +283,27 @@ pub struct SalienceConfig {
 impl Default for SalienceConfig {
     fn default() -> Self {
         Self { tau_turns: 8.0, w_recency: 0.4, w_error: 0.3, w_keywords: 0.2, w_files: 0.1 }
+    }
+}
+
+/// Eager mode's history budget, in tokens: when the history after the rules weighs more than
+/// `high_tokens`, salience tiers and elision bring it down to `low_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistoryTokens {
+    pub high_tokens: u64,
+    pub low_tokens: u64,
+}
+
+impl Default for HistoryTokens {
+    fn default() -> Self {
+        // Measured on the corpus (`pare eval --mode eager`, 32k window, where the window marks never
+        // fire on a coding session; coding sessions saved / needle recall): none 41.9 % / 0.985,
+        // 5000/1500 47.2 % / 0.976, 4000/1000 49.8 % / 0.973, 3500/1250 50.4 % / 0.974, 3000/1500
+        // 50.7 % / 0.956, 2000/1000 54.1 % / 0.946. 3500/1250 is the highest high mark measured that
+        // saves half (recall is not monotonic in the marks: a few replies quoting many identifiers of
+        // one old file move it). See BENCHMARKS.md, "Eager's history budget".
+        Self { high_tokens: 3500, low_tokens: 1250 }
     }
 }
 
@@ -470,6 +495,12 @@ impl Config {
         if b.output_reserve >= b.default_context_window {
             bad("budget.output_reserve", "must be smaller than default_context_window".into());
         }
+        if let Some(h) = b.eager_history.filter(|h| h.low_tokens >= h.high_tokens) {
+            bad(
+                "budget.eager_history",
+                format!("need low_tokens ({}) < high_tokens ({})", h.low_tokens, h.high_tokens),
+            );
+        }
         if b.polling == 0 {
             bad("budget.polling", "must be at least 1 turn".into());
         }
@@ -597,6 +628,19 @@ models:
         assert_eq!(got, vec!["budget.eager_high_water"], "{err}");
         let ok = Config::from_yaml("budget:\n  eager_high_water: 1.0\n  eager_low_water: 0.2\n").unwrap();
         assert_eq!((ok.budget.eager_high_water, ok.budget.high_water), (1.0, 0.9));
+    }
+
+    #[test]
+    fn eager_history_is_checked_filled_in_and_can_be_turned_off() {
+        let err =
+            Config::from_yaml("budget:\n  eager_history:\n    high_tokens: 1000\n    low_tokens: 1000\n").unwrap_err();
+        let got: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(got, vec!["budget.eager_history"], "{err}");
+        let partial = Config::from_yaml("budget:\n  eager_history:\n    high_tokens: 8000\n").unwrap();
+        assert_eq!(partial.budget.eager_history, Some(HistoryTokens { high_tokens: 8000, low_tokens: 1250 }));
+        let off = Config::from_yaml("budget:\n  eager_history: null\n").unwrap();
+        assert_eq!(off.budget.eager_history, None);
+        assert_eq!(Config::default().budget.eager_history, Some(HistoryTokens { high_tokens: 3500, low_tokens: 1250 }));
     }
 
     #[test]

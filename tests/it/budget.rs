@@ -317,7 +317,7 @@ use std::sync::Mutex;
 
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, SessionCompactor};
-use pare::compact::{CompactOptions, Compacted, Source};
+use pare::compact::{CompactOptions, Compacted, HistoryBudget, Source};
 use pare::pipeline::CompactOutput;
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
@@ -329,12 +329,18 @@ use serde_json::{Value, json};
 pub(crate) struct MaskEngine {
     tail_turns: usize,
     targets: Mutex<Vec<Option<u64>>>,
+    histories: Mutex<Vec<Option<HistoryBudget>>>,
     fitted: Mutex<Vec<bool>>,
 }
 
 impl MaskEngine {
     pub(crate) fn new(tail_turns: usize) -> Arc<MaskEngine> {
-        Arc::new(MaskEngine { tail_turns, targets: Mutex::new(Vec::new()), fitted: Mutex::new(Vec::new()) })
+        Arc::new(MaskEngine {
+            tail_turns,
+            targets: Mutex::new(Vec::new()),
+            histories: Mutex::new(Vec::new()),
+            fitted: Mutex::new(Vec::new()),
+        })
     }
     fn calls(&self) -> usize {
         self.targets.lock().unwrap().len()
@@ -353,6 +359,7 @@ impl CompactEngine for MaskEngine {
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
+        self.histories.lock().unwrap().push(options.history);
         let messages = body.messages.clone();
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
@@ -622,6 +629,47 @@ fn eager_and_epoch_each_use_their_own_water_marks() {
         }
         assert!(crossed, "{mode}: the session must cross {high}");
     }
+}
+
+#[test]
+fn eager_gives_the_engine_its_history_budget_and_epoch_does_not() {
+    let custom = "  eager_history:\n    high_tokens: 900\n    low_tokens: 300\n";
+    let cases = [
+        ("eager", "", Some(HistoryBudget { high: 3500, low: 1250 })),
+        ("eager", custom, Some(HistoryBudget { high: 900, low: 300 })),
+        ("eager", "  eager_history: null\n", None),
+        ("epoch", custom, None),
+    ];
+    for (mode, history, want) in cases {
+        let yaml = format!("compaction:\n  mode: {mode}\n{RESERVE_YAML}{history}");
+        let engine = MaskEngine::new(2);
+        let compactor = compactor_with(&yaml, engine.clone());
+        // Outputs of about 600 tokens: an epoch fires in this window.
+        let _ = run(&compactor, "s", &coding_session(20, 150), WINDOW);
+        let histories = engine.histories.lock().unwrap().clone();
+        assert!(!histories.is_empty(), "{yaml}: the engine never ran");
+        assert!(histories.iter().all(|h| *h == want), "{yaml}: {histories:?}");
+    }
+}
+
+/// The history budget with the real engine: in eager mode old turns are elided once the history
+/// passes its high mark, however large the window.
+#[test]
+fn eager_bounds_the_history_in_any_window() {
+    let engine = Arc::new(pare::compact::Engine::default_pack());
+    let session = coding_session(40, 120);
+    let last = |yaml: &str| {
+        let compactor = compactor_with(yaml, engine.clone());
+        run(&compactor, "s", &session, 1_000_000).pop().unwrap()
+    };
+    let elided = |messages: &[String]| messages.iter().any(|m| m.contains("earlier messages elided"));
+    let budget = "compaction:\n  mode: eager\nbudget:\n  eager_history:\n    high_tokens: 900\n    low_tokens: 300\n";
+    let (bounded, bounded_out) = last(budget);
+    let (unbounded, unbounded_out) = last("compaction:\n  mode: eager\nbudget:\n  eager_history: null\n");
+    assert!(elided(&bounded), "no elision marker: {bounded:?}");
+    assert!(!elided(&unbounded), "elided without a history budget: {unbounded:?}");
+    let (b, u) = (bounded_out.summary.tokens_forwarded, unbounded_out.summary.tokens_forwarded);
+    assert!(b + 500 < u, "bounded {b} vs unbounded {u} tokens");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use pare::budget::tokens::{CountTokens, QuarterCounter};
 use pare::compact::pack::{BUILTIN_PACKS, load_pack};
-use pare::compact::{CompactOptions, Compacted, Engine};
+use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget};
 use pare::config::{SalienceConfig, TierBudgets};
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
@@ -25,8 +25,13 @@ fn engine(pack: &str, overrides: Value) -> Engine {
 
 /// Compact a body; returns the forwarded body and the engine's result.
 pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compacted) {
+    run_with(engine, body, &CompactOptions { target_tokens: target, ..Default::default() })
+}
+
+/// [`run`] with any options.
+fn run_with(engine: &Engine, body: &[u8], options: &CompactOptions) -> (Vec<u8>, Compacted) {
     let parsed = ChatBody::parse(body).expect("fixture parses");
-    let out = engine.compact(&parsed, &CompactOptions { target_tokens: target, ..Default::default() }, &QuarterCounter);
+    let out = engine.compact(&parsed, options, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
     messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
@@ -156,7 +161,7 @@ fn a_large_request_compacts_the_same_on_one_thread_and_on_all_cores() {
                 &CompactOptions { target_tokens: target, ..Default::default() },
                 &QuarterCounter,
             );
-            let one = CompactOptions { target_tokens: target, single_thread: true };
+            let one = CompactOptions { target_tokens: target, single_thread: true, ..Default::default() };
             let one_thread = engine.compact(&parsed, &one, &QuarterCounter);
             assert!(all_cores.report["tokens_saved"].as_i64().unwrap_or(0) > 0, "{pack}: the rules saved nothing");
             assert_eq!(all_cores.prefix, one_thread.prefix, "{pack}, target {target:?}");
@@ -212,12 +217,17 @@ fn forward(overrides: Value, messages: &[Value]) -> (Vec<Value>, Value) {
 }
 
 fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Vec<Value>, Value) {
+    forward_opts(engine, messages, &CompactOptions { target_tokens: target, ..Default::default() })
+}
+
+/// [`forward_with`] with any options: invariants, determinism and idempotence checked.
+fn forward_opts(engine: &Engine, messages: &[Value], options: &CompactOptions) -> (Vec<Value>, Value) {
     let input = body(messages);
-    let (out, result) = run(engine, &input, target);
+    let (out, result) = run_with(engine, &input, options);
     assert_invariants(&input, &out, &result);
-    let (again, _) = run(engine, &input, target);
+    let (again, _) = run_with(engine, &input, options);
     assert_eq!(out, again, "not deterministic");
-    let (twice, _) = run(engine, &out, target);
+    let (twice, _) = run_with(engine, &out, options);
     assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent");
     let v: Value = serde_json::from_slice(&out).unwrap();
     (v["messages"].as_array().unwrap().clone(), result.report)
@@ -922,6 +932,53 @@ fn tiers_and_elision_bring_the_request_under_target() {
     assert!(marker.contains("; files: src/module_"), "{marker}");
 }
 
+/// Tokens of the history of a forwarded request whose last `tail` messages are the protected tail:
+/// every message before the tail but the first system message and the user messages.
+fn history_of(out: &[Value], tail: usize) -> u64 {
+    out[..out.len() - tail]
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| m["role"] != "user" && !(*i == 0 && m["role"] == "system"))
+        .map(|(_, m)| QuarterCounter.message(&m.to_string()))
+        .sum()
+}
+
+#[test]
+fn a_history_budget_bounds_the_history_whatever_the_request_size() {
+    let msgs = long_session(30);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (rules_only, report) = forward_with(&engine, &msgs, None);
+    let tail = msgs.len() - report["boundary"].as_u64().unwrap() as usize;
+    let history = history_of(&rules_only, tail);
+    let with = |high: u64, low: u64, target: Option<u64>| {
+        let options =
+            CompactOptions { target_tokens: target, history: Some(HistoryBudget { high, low }), ..Default::default() };
+        forward_opts(&engine, &msgs, &options)
+    };
+
+    // At or under its high mark the history is left as the rules made it.
+    let (out, report) = with(history, history / 4, None);
+    assert_eq!(out, rules_only, "{report}");
+    assert_eq!(report["tiers"]["history_tokens_after_rules"], history, "{report}");
+
+    // Over it, tiers and elision bring it down to the low mark; what is not history is untouched.
+    for low in [history / 2, history / 4, history / 10] {
+        let (out, report) = with(history - 1, low, None);
+        assert!(history_of(&out, tail) <= low, "low {low}: history {}; {report}", history_of(&out, tail));
+        assert_eq!(out[0], msgs[0]);
+        assert_eq!(out[out.len() - tail..], msgs[msgs.len() - tail..]);
+        assert_eq!(report["tiers"]["over_target"], false, "{report}");
+    }
+
+    // With a target as well, the lower of the two wins.
+    let after_rules = tokens_of(&rules_only, 0);
+    let (out, report) = with(history - 1, history / 2, Some(after_rules - history * 3 / 4));
+    assert!(tokens_of(&out, 0) <= after_rules - history * 3 / 4, "{report}");
+    assert!(history_of(&out, tail) <= history / 4, "{report}");
+    let (out, report) = with(history - 1, history / 4, Some(after_rules - history / 2));
+    assert!(history_of(&out, tail) <= history / 4, "{report}");
+}
+
 /// A system prompt, a task, then `n` tool turns on files `m{i}.rs` with the given tool names and results.
 fn path_turns(n: usize, tool: impl Fn(usize) -> &'static str, output: impl Fn(usize) -> String) -> Vec<Value> {
     let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
@@ -1293,21 +1350,17 @@ fn check_generated(
     msgs: &[Value],
     pack: &str,
     turns: u32,
-    target: Option<u64>,
+    options: &CompactOptions,
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     use proptest::prop_assert;
     use proptest::prop_assert_eq;
     let engine = engine(pack, json!({"protect_last_turns": turns}));
     let input = body(msgs);
     let parsed = ChatBody::parse(&input).unwrap();
-    let (result, sources) = engine.compact_traced(
-        &parsed,
-        &CompactOptions { target_tokens: target, ..Default::default() },
-        &QuarterCounter,
-    );
+    let (result, sources) = engine.compact_traced(&parsed, options, &QuarterCounter);
     prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
     prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
-    let (out, again) = run(&engine, &input, target);
+    let (out, again) = run_with(&engine, &input, options);
     assert_invariants(&input, &out, &again);
     // Unknown keys of every edited message survive; untouched messages are their original bytes.
     for (entry, source) in result.prefix.iter().zip(&sources) {
@@ -1336,9 +1389,9 @@ fn check_generated(
             }
         }
     }
-    let (same, _) = run(&engine, &input, target);
+    let (same, _) = run_with(&engine, &input, options);
     prop_assert_eq!(&out, &same, "not deterministic");
-    let (twice, r2) = run(&engine, &out, target);
+    let (twice, r2) = run_with(&engine, &out, options);
     prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent: {}", r2.report);
     Ok(())
 }
@@ -1357,7 +1410,7 @@ fn a_pointer_marker_that_saves_nothing_leaves_the_message_to_collapse() {
         Turn::Calls { calls: vec![(0, 0, Output::Parts(20))], reversed: false, reasoning: false },
     ];
     let msgs = generated::build(&turns);
-    check_generated(&msgs, BUILTIN_PACKS[0].0, 0, None).unwrap();
+    check_generated(&msgs, BUILTIN_PACKS[0].0, 0, &CompactOptions::default()).unwrap();
     let (out, report) = forward(json!({"protect_last_turns": 0}), &msgs);
     assert!(text(&out[3]).starts_with("[tool: str_replace_editor → ok"), "{report}");
     assert!(text(&out[5]).starts_with("[tool: read_file → ok"), "{report}");
@@ -1372,9 +1425,17 @@ proptest::proptest! {
         pack in 0usize..3,
         protect in 0u32..6,
         target_share in proptest::option::of(5u64..100),
+        history_share in proptest::option::of((1u64..60, 0u64..100)),
     ) {
         let msgs = generated::build(&turns);
-        let target = target_share.map(|s| tokens_of(&msgs, 0) * s / 100);
-        check_generated(&msgs, BUILTIN_PACKS[pack].0, protect, target)?;
+        let tokens = tokens_of(&msgs, 0);
+        let target = target_share.map(|s| tokens * s / 100);
+        // A history budget: high a share of the request, low a share of high.
+        let history = history_share.map(|(h, l)| {
+            let high = (tokens * h / 100).max(1);
+            HistoryBudget { high, low: high * l / 100 }
+        });
+        let options = CompactOptions { target_tokens: target, history, ..Default::default() };
+        check_generated(&msgs, BUILTIN_PACKS[pack].0, protect, &options)?;
     }
 }
