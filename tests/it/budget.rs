@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pare::budget::tokens::{CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use pare::budget::window::{DetectConfig, ModelTable, WindowResolver};
-use pare::config::Config;
+use pare::config::{Config, HistoryTokens, Mode};
 use tiktoken_rs::{ChatCompletionRequestMessage, FunctionCall};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -783,6 +783,19 @@ fn replay_forwards_unparseable_lines_unchanged() {
 /// The acceptance check: the proxy forwards exactly what `pare replay` predicts.
 #[tokio::test]
 async fn proxy_forwards_what_replay_predicts() {
+    proxy_matches_replay(Mode::Epoch, &|| MaskEngine::new(2) as Arc<dyn CompactEngine>).await;
+}
+
+/// The same check with the real engine, in both compacting modes (eager with a small history
+/// budget, so that tiers and elision run as well as the rules).
+#[tokio::test]
+async fn proxy_forwards_what_replay_predicts_with_the_real_engine() {
+    let engine = || -> Arc<dyn CompactEngine> { Arc::new(pare::compact::Engine::default_pack()) };
+    proxy_matches_replay(Mode::Epoch, &engine).await;
+    proxy_matches_replay(Mode::Eager, &engine).await;
+}
+
+async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEngine>) {
     use crate::support::stub::Stub;
     use crate::support::{client, pare as in_process, within};
 
@@ -791,10 +804,12 @@ async fn proxy_forwards_what_replay_predicts() {
 
     let stub = Stub::start(Stub::openai).await;
     let mut config = in_process::config_for(&stub);
+    config.compaction.mode = mode;
     config.budget.default_context_window = WINDOW;
     config.budget.output_reserve = 1024;
     config.budget.detect_window = false;
-    let compactor = Arc::new(SessionCompactor::new(&config, MaskEngine::new(2)).unwrap());
+    config.budget.eager_history = Some(HistoryTokens { high_tokens: 900, low_tokens: 300 });
+    let compactor = Arc::new(SessionCompactor::new(&config, engine()).unwrap());
     let server = in_process::start_with_compactor(config.clone(), compactor).await;
 
     let http = client();
@@ -814,12 +829,14 @@ async fn proxy_forwards_what_replay_predicts() {
     }
     let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
 
-    let replay_compactor = SessionCompactor::new(&config, MaskEngine::new(2)).unwrap();
+    let replay_compactor = SessionCompactor::new(&config, engine()).unwrap();
     let predicted: Vec<Vec<u8>> =
         replay_session(&replay_compactor, "replay", &lines, None).into_iter().map(|r| r.forwarded).collect();
     assert_eq!(received.len(), predicted.len());
     for (k, (got, want)) in received.iter().zip(&predicted).enumerate() {
-        assert!(got == want, "request {k}: the proxy forwarded something else than replay predicts");
+        assert!(got == want, "{mode:?}, request {k}: the proxy forwarded something else than replay predicts");
     }
-    assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "the window must make pare compact");
+    assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "{mode:?}: pare must compact");
+    let elided = received.iter().any(|b| String::from_utf8_lossy(b).contains("earlier messages elided"));
+    assert!(elided || mode != Mode::Eager, "eager: the history budget must elide");
 }
