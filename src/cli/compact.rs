@@ -5,6 +5,8 @@
 //! Tokens are counted with tiktoken (the encoding of the request's model from `models:`, else
 //! `budget.encoding`). With `--window`, the engine also applies salience tiers and elision down to
 //! the low-water mark of the usable window (window minus the answer's reserve), as an epoch would.
+//! When the config's `compaction.mode` is `eager`, what an eager advance does applies instead: the
+//! history budget (`budget.eager_history`) always, and `eager_low_water` for `--window`.
 //! A request no rule changes is written back as read (as the proxy forwards it); a body that is not a
 //! chat request is written back unchanged and the exit status is 1.
 
@@ -18,8 +20,8 @@ use serde_json::Value;
 use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::shorten;
-use crate::compact::{CompactOptions, Compacted, Engine, Source};
-use crate::config::Config;
+use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
+use crate::config::{Config, Mode};
 use crate::wire::{ChatBody, Message};
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
@@ -37,12 +39,16 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let models = ModelTable::from_config(&config)?;
     let settings = models.settings(body.model().as_deref());
     let counter = TokenCounter::new(&CounterConfig { encoding: settings.encoding, ..CounterConfig::default() });
+    let eager = config.compaction.mode == Mode::Eager;
+    let low_water = if eager { config.budget.eager_low_water } else { config.budget.low_water };
     let target_tokens = args.window.map(|window| {
         let usable = window.saturating_sub(answer_reserve(&body, settings.output_reserve, window));
-        (usable as f64 * config.budget.low_water) as u64
+        (usable as f64 * low_water) as u64
     });
-    let (out, sources) =
-        engine.compact_traced(&body, &CompactOptions { target_tokens, ..Default::default() }, &counter);
+    let history =
+        config.budget.eager_history.filter(|_| eager).map(|h| HistoryBudget { high: h.high_tokens, low: h.low_tokens });
+    let options = CompactOptions { target_tokens, history, ..Default::default() };
+    let (out, sources) = engine.compact_traced(&body, &options, &counter);
     let mut messages = out.prefix.clone();
     messages.extend(body.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
@@ -90,9 +96,11 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
         r["messages_out"],
         out.boundary,
     );
-    if let Some(target) = target {
+    let tiers = r.get("tiers");
+    // The target tiers and elision aimed at: the window's, or the history budget's when lower.
+    if let Some(target) = tiers.and_then(|t| t["target_tokens"].as_u64()).or(target) {
         s.push_str(&format!("target {target} tokens"));
-        if let Some(t) = r.get("tiers") {
+        if let Some(t) = tiers {
             s.push_str(&format!(
                 " · tiers focus {} recent {} summary {} background {} · elided {} groups{}",
                 t["focus"],
@@ -104,6 +112,9 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
             ));
         }
         s.push('\n');
+    }
+    if let Some(history) = tiers.and_then(|t| t["history_tokens_after_rules"].as_u64()) {
+        s.push_str(&format!("history {history} tokens after the rules (eager's history budget)\n"));
     }
     for key in ["input_invalid", "validation_failed"] {
         if let Some(why) = r.get(key).and_then(Value::as_str) {

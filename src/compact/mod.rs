@@ -200,7 +200,7 @@ impl Engine {
             let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
             let budget = salience::Budget { target: opts.target_tokens, history: opts.history };
             let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
-            fitted = fit.report.tokens_after_rules > fit.report.target_tokens;
+            fitted = fit.report.target_tokens.is_some_and(|target| fit.report.tokens_after_rules > target);
             report.tiers = Some(fit.report);
             elided = fit.elided;
         }

@@ -82,7 +82,9 @@ pub struct RuleStats {
 /// Salience tiers and elision (only when a token target was given and rules were not enough).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TierReport {
-    pub target_tokens: u64,
+    /// What tiers and elision aimed at: the window's target, or the one the history budget sets when
+    /// the history is over its high mark, whichever is lower. `None`: neither asked for anything.
+    pub target_tokens: Option<u64>,
     pub tokens_after_rules: u64,
     /// The history's tokens after the rules, when a history budget was given (eager mode).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -131,8 +131,8 @@ pub fn fit(
     // everything else stays as the rules left it, the history goes down to `low`.
     let history_target = budget.history.filter(|h| history > h.high).map(|h| after_rules - history + h.low);
     let target = match (budget.target, history_target) {
-        (Some(a), Some(b)) => a.min(b),
-        (a, b) => a.or(b).unwrap_or(u64::MAX),
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     };
     let mut report = TierReport {
         target_tokens: target,
@@ -141,9 +141,9 @@ pub fn fit(
         ..TierReport::default()
     };
     let mut elided = Elided::default();
-    if after_rules <= target {
+    let Some(target) = target.filter(|&t| after_rules > t) else {
         return Fit { report, elided };
-    }
+    };
 
     let facts = MarkerFacts::new(engine, conv, edits);
     let units = units(engine, conv, edits, &facts);

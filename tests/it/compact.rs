@@ -851,6 +851,34 @@ fn cli_diff_shows_a_change_to_tool_call_arguments() {
 }
 
 #[test]
+fn cli_applies_the_history_budget_when_the_config_is_eager() {
+    let input = std::fs::read(fixtures().join("mini_swe_agent_sqlfluff.json")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = |name: &str, yaml: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let eager = config(
+        "eager.yaml",
+        "compaction:\n  mode: eager\nbudget:\n  eager_history: {high_tokens: 600, low_tokens: 200}\n",
+    );
+    let epoch = config("epoch.yaml", "budget:\n  eager_history: {high_tokens: 600, low_tokens: 200}\n");
+    let with_eager = pare_compact(&["--config", &eager, "--stats", "-"], &input);
+    let with_epoch = pare_compact(&["--config", &epoch, "--stats", "-"], &input);
+    for out in [&with_eager, &with_epoch] {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let stderr = String::from_utf8_lossy(&with_eager.stderr);
+    assert!(stderr.contains("\nhistory ") && stderr.contains("\ntarget "), "{stderr}");
+    assert!(String::from_utf8_lossy(&with_eager.stdout).contains("earlier messages elided"), "{stderr}");
+    // Epoch mode never applies it: rules only, no elision.
+    assert!(!String::from_utf8_lossy(&with_epoch.stderr).contains("history "));
+    assert!(!String::from_utf8_lossy(&with_epoch.stdout).contains("earlier messages elided"));
+    assert!(with_eager.stdout.len() < with_epoch.stdout.len());
+}
+
+#[test]
 fn cli_window_enables_tiers_and_stdin_works() {
     let input = std::fs::read(fixtures().join("mini_swe_agent_sqlfluff.json")).unwrap();
     let out = pare_compact(&["--window", "3000", "--stats", "-"], &input);
