@@ -1,6 +1,7 @@
 //! Compaction overhead of the budget layer on a 200k-token session: *warm* (the session's state and
 //! token counts are known; the request adds one turn) and *cold* (a fresh compactor meets the whole
 //! session at once, tokenizes every message and runs an epoch). Targets: warm ≤ 2 ms, cold ≤ 40 ms.
+//! `warm_eager_…` is the warm request in eager mode, which runs the engine on every turn.
 //!
 //! The timings exclude parsing the body ([`ChatBody::parse`], done once per request by the
 //! pipeline for every purpose), which `parse_200k_token_body` measures apart.
@@ -103,16 +104,26 @@ fn budget(c: &mut Criterion) {
         })
     });
 
-    let warm = compactor();
-    let parsed = ChatBody::parse(&full).expect("valid body");
+    let mut eager_config = Config::default();
+    eager_config.compaction.mode = pare::config::Mode::Eager;
+    let eager = SessionCompactor::new(&eager_config, Arc::new(Engine::default_pack())).expect("valid config");
+    warm_bench(c, "warm_200k_tokens_one_new_turn", &compactor(), &messages);
+    // Eager runs the engine on every turn (polling 1), over the frozen prefix and the new messages.
+    warm_bench(c, "warm_eager_200k_tokens_one_new_turn", &eager, &messages);
+}
+
+/// One request adding one turn to a session `warm` already knows.
+fn warm_bench(c: &mut Criterion, name: &str, warm: &SessionCompactor, messages: &[Value]) {
+    let parsed_full = body(messages);
+    let parsed = ChatBody::parse(&parsed_full).expect("valid body");
     warm.compact_body("s", &parsed, Some(WINDOW));
     let mut turn = 1_000_000;
-    c.bench_function("warm_200k_tokens_one_new_turn", |b| {
+    c.bench_function(name, |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let id = format!("call_{turn}");
-                let mut grown = messages.clone();
+                let mut grown = messages.to_vec();
                 grown.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"cargo test\"}"}}]}));
                 grown.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 3)}));
                 turn += 1;
