@@ -63,7 +63,7 @@ pub struct CompactOptions {
 
 /// A token budget for the *history*: the messages before the protected tail that salience tiers and
 /// elision may compress — every message there except the first system message, user messages and
-/// messages a rule keeps whole. When the history after the rules weighs more than `high` tokens,
+/// groups a rule keeps whole. When the history after the rules weighs more than `high` tokens,
 /// tiers and elision bring it down to `low` (or to the request's `target_tokens`, whichever asks for
 /// less). It does not depend on the window, the tools or the tail: it bounds what old turns cost on
 /// every request, as observation masking keeps only the last turns' outputs.

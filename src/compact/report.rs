@@ -79,7 +79,7 @@ pub struct RuleStats {
     pub tokens_saved: i64,
 }
 
-/// Salience tiers and elision (only when a token target was given and rules were not enough).
+/// Salience tiers and elision (present when a token target or a history budget was given).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TierReport {
     /// What tiers and elision aimed at: the window's target, or the one the history budget sets when

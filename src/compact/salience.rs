@@ -1,5 +1,5 @@
-//! Salience tiers and elision, used when a token target is given and the rules alone leave the
-//! request over it (the hyle design).
+//! Salience tiers and elision, used when a token target is given (or a history budget sets one) and
+//! the rules alone leave the request over it (the hyle design).
 //!
 //! Each group outside the protected tail (a tool-call group, a lone assistant message, a later
 //! system message) gets `S = w_r·R + w_e·E + w_k·K + w_f·F`: `R = exp(−age/τ)` with the age in turns
