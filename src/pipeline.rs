@@ -27,7 +27,10 @@ pub struct CompactionSummary {
     pub tokens_forwarded: u64,
     /// Epoch number of the session after this request (0 = never compacted).
     pub epoch: u64,
-    /// System + tools + protected tail alone exceed the window: forwarded anyway.
+    /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
+    /// mode, what pare never shrinks (first system message, user messages, protected tail, tools)
+    /// does not fit; in off mode, the raw request does not. Forwarded anyway, and said so in the
+    /// `x-pare-over-window` header, the log line, the report and `pare_over_window_requests_total`.
     pub over_window: bool,
     /// The engine's detailed report (per rule savings, messages changed…).
     pub report: serde_json::Value,

@@ -260,13 +260,12 @@ impl SessionCompactor {
         let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
         if self.policy.mode == Mode::Off {
-            let summary = CompactionSummary {
-                tokens_raw,
-                tokens_forwarded: tokens_raw,
-                epoch: 0,
-                over_window: tokens_raw > usable,
-                report: base_report,
-            };
+            let over_window = tokens_raw > usable;
+            let mut report = base_report;
+            if over_window {
+                report["over_window"] = json!(true);
+            }
+            let summary = CompactionSummary { tokens_raw, tokens_forwarded: tokens_raw, epoch: 0, over_window, report };
             return CompactOutput { body: None, spans: None, summary };
         }
 
@@ -284,13 +283,11 @@ impl SessionCompactor {
         if !step.engine_report.is_null() {
             report["engine"] = step.engine_report;
         }
-        let summary = CompactionSummary {
-            tokens_raw,
-            tokens_forwarded,
-            epoch: state.epoch,
-            over_window: tokens_forwarded > usable,
-            report,
-        };
+        let over_window = tokens_forwarded > usable;
+        if over_window {
+            report["over_window"] = json!(true);
+        }
+        let summary = CompactionSummary { tokens_raw, tokens_forwarded, epoch: state.epoch, over_window, report };
         let (body, spans) = if unchanged {
             (None, None)
         } else {

@@ -89,6 +89,7 @@ impl AccessLog {
             tokens_raw = self.summary.as_ref().map(|s| s.tokens_raw),
             tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
             epoch = self.summary.as_ref().map(|s| s.epoch),
+            over_window = self.summary.as_ref().map(|s| s.over_window),
             model = self.model.as_deref(),
             session = self.session.as_deref(),
             skipped = self.skipped.as_deref(),

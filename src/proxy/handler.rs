@@ -198,6 +198,9 @@ fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
         headers.insert("x-pare-tokens-raw", HeaderValue::from(summary.tokens_raw));
         headers.insert("x-pare-tokens-forwarded", HeaderValue::from(summary.tokens_forwarded));
         headers.insert("x-pare-epoch", HeaderValue::from(summary.epoch));
+        if summary.over_window {
+            headers.insert("x-pare-over-window", HeaderValue::from_static("true"));
+        }
     }
     if let Some(value) = access.session.as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
         headers.insert("x-pare-session", value);

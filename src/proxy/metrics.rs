@@ -53,6 +53,7 @@ pub struct Metrics {
     tokens_raw: Family<ModelLabels, Counter>,
     tokens_forwarded: Family<ModelLabels, Counter>,
     compacted: Family<ModelLabels, Counter>,
+    over_window: Family<ModelLabels, Counter>,
     epochs: Family<ModelLabels, Counter>,
     models: Mutex<HashSet<String>>,
     session_epochs: Mutex<lru::LruCache<String, u64>>,
@@ -94,6 +95,7 @@ impl Metrics {
         let tokens_raw = Family::<ModelLabels, Counter>::default();
         let tokens_forwarded = Family::<ModelLabels, Counter>::default();
         let compacted = Family::<ModelLabels, Counter>::default();
+        let over_window = Family::<ModelLabels, Counter>::default();
         let epochs = Family::<ModelLabels, Counter>::default();
 
         let pare = registry.sub_registry_with_prefix("pare");
@@ -109,6 +111,11 @@ impl Metrics {
             "Chat requests forwarded smaller than received, by model",
             compacted.clone(),
         );
+        pare.register(
+            "over_window_requests",
+            "Chat requests forwarded over the usable window (system + users + tail + tools alone do not fit), by model",
+            over_window.clone(),
+        );
         pare.register("epochs", "Compaction epochs started, by model", epochs.clone());
         registry.register_collector(Box::new(PipelineCollector { pipeline }));
 
@@ -122,6 +129,7 @@ impl Metrics {
             tokens_raw,
             tokens_forwarded,
             compacted,
+            over_window,
             epochs,
             models: Mutex::new(HashSet::new()),
             session_epochs: Mutex::new(lru::LruCache::new(
@@ -157,6 +165,9 @@ impl Metrics {
             self.tokens_forwarded.get_or_create(&labels).inc_by(summary.tokens_forwarded);
             if summary.tokens_forwarded < summary.tokens_raw {
                 self.compacted.get_or_create(&labels).inc();
+            }
+            if summary.over_window {
+                self.over_window.get_or_create(&labels).inc();
             }
             if let Some(session) = exchange.session
                 && self.epoch_advanced(session, summary.epoch)
@@ -317,7 +328,8 @@ mod tests {
         let metrics = metrics();
         let epoch0 = CompactionSummary { tokens_raw: 100, tokens_forwarded: 100, epoch: 0, ..Default::default() };
         let epoch1 = CompactionSummary { tokens_raw: 200, tokens_forwarded: 120, epoch: 1, ..Default::default() };
-        for exchange in [chat(&epoch0, "qwen", "s1"), chat(&epoch1, "qwen", "s1"), chat(&epoch1, "qwen", "s1")] {
+        let over = CompactionSummary { over_window: true, ..epoch1.clone() };
+        for exchange in [chat(&epoch0, "qwen", "s1"), chat(&epoch1, "qwen", "s1"), chat(&over, "qwen", "s1")] {
             metrics.started();
             metrics.finished(&exchange);
         }
@@ -326,6 +338,7 @@ mod tests {
         assert!(text.contains(r#"pare_tokens_forwarded_total{model="qwen"} 340"#), "{text}");
         assert!(text.contains(r#"pare_epochs_total{model="qwen"} 1"#), "{text}");
         assert!(text.contains(r#"pare_compacted_requests_total{model="qwen"} 2"#), "{text}");
+        assert!(text.contains(r#"pare_over_window_requests_total{model="qwen"} 1"#), "{text}");
         assert!(text.contains(r#"pare_requests_total{route="chat_completions",status="200"} 3"#), "{text}");
         assert!(text.contains("pare_requests_in_flight 0"), "{text}");
         assert!(text.contains("pare_fail_open_total 0"), "{text}");

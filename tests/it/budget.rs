@@ -695,7 +695,10 @@ fn over_window_is_flagged_when_the_tail_alone_does_not_fit() {
     let results = run(&compactor, "s", &requests, WINDOW);
     let last = &results.last().unwrap().1.summary;
     assert!(last.over_window);
+    assert_eq!(last.report["over_window"], true, "{}", last.report);
     assert_eq!(last.tokens_forwarded, last.tokens_raw, "forwarded anyway");
+    let first = &results[0].1.summary;
+    assert!(!first.over_window && first.report.get("over_window").is_none(), "{}", first.report);
 }
 
 #[test]
@@ -784,6 +787,40 @@ fn replay_forwards_unparseable_lines_unchanged() {
 #[tokio::test]
 async fn proxy_forwards_what_replay_predicts() {
     proxy_matches_replay(Mode::Epoch, &|| MaskEngine::new(2) as Arc<dyn CompactEngine>).await;
+}
+
+/// A request whose floor (here one user message) does not fit the window is forwarded anyway, as
+/// sent, and the answer, the report and the metrics say so.
+#[tokio::test]
+async fn the_proxy_says_when_it_forwards_over_the_window() {
+    use crate::support::stub::Stub;
+    use crate::support::{client, pare as in_process};
+
+    let stub = Stub::start(Stub::openai).await;
+    let mut config = in_process::config_for(&stub);
+    config.budget.default_context_window = 2048;
+    config.budget.output_reserve = 512;
+    config.budget.detect_window = false;
+    let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(pare::compact::Engine::default_pack())).unwrap());
+    let server = in_process::start_with_compactor(config, compactor).await;
+    let send = |content: String| {
+        let body = json!({"model": "test-model", "messages": [{"role": "user", "content": content}]}).to_string();
+        client().post(server.url("/v1/chat/completions")).header("content-type", "application/json").body(body).send()
+    };
+    let small = send("hello".into()).await.unwrap();
+    assert_eq!(small.status(), 200);
+    assert!(!small.headers().contains_key("x-pare-over-window"));
+    let huge: String = (0..3000).map(|i| format!("word{i} ")).collect();
+    let over = send(huge.clone()).await.unwrap();
+    assert_eq!(over.status(), 200);
+    assert_eq!(over.headers()["x-pare-over-window"], "true");
+    let raw_tokens: u64 = over.headers()["x-pare-tokens-raw"].to_str().unwrap().parse().unwrap();
+    assert!(raw_tokens > 2048, "{raw_tokens}");
+    assert_eq!(over.headers()["x-pare-tokens-forwarded"], over.headers()["x-pare-tokens-raw"]);
+    let forwarded = stub.requests().last().unwrap().json();
+    assert_eq!(forwarded["messages"][0]["content"], huge, "forwarded as sent");
+    let metrics = client().get(server.url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"pare_over_window_requests_total{model="test-model"} 1"#), "{metrics}");
 }
 
 /// The same check with the real engine, in both compacting modes (eager with a small history
