@@ -27,6 +27,9 @@ pub struct CompactionSummary {
     pub tokens_forwarded: u64,
     /// Epoch number of the session after this request (0 = never compacted).
     pub epoch: u64,
+    /// This request started an epoch (eager: an advance that changed the forwarded prefix). Said by
+    /// the compactor, so a restart that seeds sessions at their archived epoch numbers counts none.
+    pub epoch_started: bool,
     /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
     /// mode, what pare never shrinks (first system message, user messages, protected tail, tools)
     /// does not fit; in off mode, the raw request does not. Forwarded anyway, and said so in the

@@ -265,12 +265,20 @@ impl SessionCompactor {
             if over_window {
                 report["over_window"] = json!(true);
             }
-            let summary = CompactionSummary { tokens_raw, tokens_forwarded: tokens_raw, epoch: 0, over_window, report };
+            let summary = CompactionSummary {
+                tokens_raw,
+                tokens_forwarded: tokens_raw,
+                epoch: 0,
+                epoch_started: false,
+                over_window,
+                report,
+            };
             return CompactOutput { body: None, spans: None, summary };
         }
 
         let state = self.session(session);
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let epoch_before = state.epoch;
         let step = self.step(&mut state, &request, counter);
         let tokens_forwarded = step.tokens;
         let unchanged = step.messages.len() == request.raw.len()
@@ -287,7 +295,14 @@ impl SessionCompactor {
         if over_window {
             report["over_window"] = json!(true);
         }
-        let summary = CompactionSummary { tokens_raw, tokens_forwarded, epoch: state.epoch, over_window, report };
+        let summary = CompactionSummary {
+            tokens_raw,
+            tokens_forwarded,
+            epoch: state.epoch,
+            epoch_started: state.epoch > epoch_before,
+            over_window,
+            report,
+        };
         let (body, spans) = if unchanged {
             (None, None)
         } else {

@@ -68,7 +68,6 @@ impl AccessLog {
                 overhead: self.pare,
                 summary: self.summary.as_ref(),
                 model: self.model.as_deref(),
-                session: self.session.as_deref(),
             });
         }
         let end_text = match end {
@@ -111,7 +110,6 @@ impl Drop for AccessLog {
                 overhead: self.pare,
                 summary: None,
                 model: None,
-                session: None,
             });
         }
     }

@@ -22,8 +22,6 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// At most this many distinct `model` label values; later ones are counted as `other` (the label
 /// comes from the client and must not grow without bound).
 const MAX_MODELS: usize = 64;
-/// Sessions whose last epoch is remembered to count epoch starts.
-const MAX_SESSIONS: usize = 4096;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -56,7 +54,6 @@ pub struct Metrics {
     over_window: Family<ModelLabels, Counter>,
     epochs: Family<ModelLabels, Counter>,
     models: Mutex<HashSet<String>>,
-    session_epochs: Mutex<lru::LruCache<String, u64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,9 +129,6 @@ impl Metrics {
             over_window,
             epochs,
             models: Mutex::new(HashSet::new()),
-            session_epochs: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(MAX_SESSIONS).expect("non-zero"),
-            )),
         }
     }
 
@@ -169,9 +163,7 @@ impl Metrics {
             if summary.over_window {
                 self.over_window.get_or_create(&labels).inc();
             }
-            if let Some(session) = exchange.session
-                && self.epoch_advanced(session, summary.epoch)
-            {
+            if summary.epoch_started {
                 self.epochs.get_or_create(&labels).inc();
             }
         }
@@ -192,12 +184,6 @@ impl Metrics {
         "other".to_owned()
     }
 
-    fn epoch_advanced(&self, session: &str, epoch: u64) -> bool {
-        let mut sessions = self.session_epochs.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = sessions.put(session.to_owned(), epoch).unwrap_or(0);
-        epoch > previous
-    }
-
     /// The scrape answer.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -215,7 +201,6 @@ pub struct Exchange<'a> {
     pub overhead: Duration,
     pub summary: Option<&'a CompactionSummary>,
     pub model: Option<&'a str>,
-    pub session: Option<&'a str>,
 }
 
 /// Exports the pipeline's own counters (fail-open, unparseable) at scrape time.
@@ -297,10 +282,9 @@ mod tests {
         Metrics::new(Registry::default(), pipeline)
     }
 
-    fn chat(summary: &CompactionSummary, model: &str, session: &str) -> Exchange<'static> {
+    fn chat(summary: &CompactionSummary, model: &str) -> Exchange<'static> {
         let summary: &'static CompactionSummary = Box::leak(Box::new(summary.clone()));
         let model: &'static str = Box::leak(model.to_owned().into_boxed_str());
-        let session: &'static str = Box::leak(session.to_owned().into_boxed_str());
         Exchange {
             path: "/v1/chat/completions",
             status: 200,
@@ -309,7 +293,6 @@ mod tests {
             overhead: Duration::from_micros(40),
             summary: Some(summary),
             model: Some(model),
-            session: Some(session),
         }
     }
 
@@ -327,9 +310,16 @@ mod tests {
     fn tokens_and_epochs_are_counted_per_model() {
         let metrics = metrics();
         let epoch0 = CompactionSummary { tokens_raw: 100, tokens_forwarded: 100, epoch: 0, ..Default::default() };
-        let epoch1 = CompactionSummary { tokens_raw: 200, tokens_forwarded: 120, epoch: 1, ..Default::default() };
-        let over = CompactionSummary { over_window: true, ..epoch1.clone() };
-        for exchange in [chat(&epoch0, "qwen", "s1"), chat(&epoch1, "qwen", "s1"), chat(&over, "qwen", "s1")] {
+        let epoch1 = CompactionSummary {
+            tokens_raw: 200,
+            tokens_forwarded: 120,
+            epoch: 1,
+            epoch_started: true,
+            ..Default::default()
+        };
+        // The next request of the same epoch (and over the window): no epoch started.
+        let over = CompactionSummary { over_window: true, epoch_started: false, ..epoch1.clone() };
+        for exchange in [chat(&epoch0, "qwen"), chat(&epoch1, "qwen"), chat(&over, "qwen")] {
             metrics.started();
             metrics.finished(&exchange);
         }
