@@ -211,7 +211,7 @@ pub struct BudgetConfig {
     /// Eager mode: advance the frozen frontier every this many turns (1, as SWE-agent's `polling`:
     /// eager is for upstreams without a prompt cache, where a stable prefix buys nothing).
     pub polling: u32,
-    /// Tokenizer encoding: `o200k_base` or `cl100k_base` (per-model in `models`).
+    /// Tokenizer encoding: `o200k_base`, `cl100k_base`, `p50k_base` or `r50k_base` (per-model in `models`).
     pub encoding: String,
     /// Salience parameters.
     pub salience: SalienceConfig,

@@ -126,7 +126,10 @@ def test_upstream_errors_reach_the_sdk_as_api_errors(pare, fresh):
 
 def test_every_request_is_logged_once(pare, fresh):
     before = len(pare.access_log())
-    sync_client(pare).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    raw = sync_client(pare).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}]
+    )
+    raw.parse()
 
     # A line is written when its response ends, so the previous test's line may land after `before`
     # was taken: look only at chat lines.
@@ -139,6 +142,13 @@ def test_every_request_is_logged_once(pare, fresh):
     line = lines[0]
     assert line["method"] == "POST" and line["status"] == 200
     assert "upstream_ms" in line and "pare_us" in line
+    # The line carries the figures of the response's x-pare-* headers.
+    headers = raw.headers
+    assert line["tokens_raw"] == int(headers["x-pare-tokens-raw"]) > 0, (line, dict(headers))
+    assert line["tokens_forwarded"] == int(headers["x-pare-tokens-forwarded"]), line
+    assert line["epoch"] == int(headers["x-pare-epoch"]), line
+    assert line["session"] == headers["x-pare-session"] and line["session"], line
+    assert line["over_window"] is False and "x-pare-over-window" not in headers, line
 
 
 def test_pare_health(pare):

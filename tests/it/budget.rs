@@ -673,6 +673,39 @@ fn eager_bounds_the_history_in_any_window() {
 }
 
 #[test]
+fn a_models_entry_sets_the_encoding_window_and_reserve_the_compactor_uses() {
+    let yaml = "models:\n  - match: \"^legacy\"\n    context_window: 3000\n    output_reserve: 500\n    \
+                encoding: cl100k_base\nbudget:\n  default_context_window: 9000\n  detect_window: false\n";
+    let compactor = compactor_with(yaml, MaskEngine::new(2));
+    let body = |model: &str, extra: &str| {
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#).into_bytes()
+    };
+    let legacy = body("legacy-7b", "");
+    let parsed = ChatBody::parse(&legacy).unwrap();
+    assert_eq!(compactor.counter(parsed.model().as_deref()).encoding(), Encoding::Cl100kBase);
+    assert_eq!(compactor.window_and_reserve(&parsed, None), (3000, 500));
+    // The request's own max_tokens is the reserve, whatever the model's.
+    let asks = body("legacy-7b", r#","max_tokens":700"#);
+    assert_eq!(compactor.window_and_reserve(&ChatBody::parse(&asks).unwrap(), None), (3000, 700));
+    let other = body("qwen3", r#","max_completion_tokens":100"#);
+    let parsed = ChatBody::parse(&other).unwrap();
+    assert_eq!(compactor.counter(parsed.model().as_deref()).encoding(), Encoding::O200kBase);
+    assert_eq!(compactor.window_and_reserve(&parsed, None), (9000, 100));
+    // The counts in the summary are the model's encoding's.
+    let text = "Ünïcödé façade naïve — 東京 ".repeat(40);
+    let session =
+        |model: &str| json!({"model": model, "messages": [{"role": "user", "content": text}]}).to_string().into_bytes();
+    let (legacy_tokens, other_tokens) = (
+        compactor.compact_body("a", &ChatBody::parse(&session("legacy-7b")).unwrap(), None).summary.tokens_raw,
+        compactor.compact_body("b", &ChatBody::parse(&session("qwen3")).unwrap(), None).summary.tokens_raw,
+    );
+    let message = json!({"role": "user", "content": text}).to_string();
+    assert_eq!(legacy_tokens, counter(Encoding::Cl100kBase).count_request(&[message.as_str()], None));
+    assert_eq!(other_tokens, counter(Encoding::O200kBase).count_request(&[message.as_str()], None));
+    assert_ne!(legacy_tokens, other_tokens);
+}
+
+#[test]
 fn off_mode_forwards_unchanged_and_still_counts() {
     let engine = MaskEngine::new(2);
     let compactor = compactor_with("compaction:\n  mode: off\n", engine.clone());
@@ -787,6 +820,77 @@ fn replay_forwards_unparseable_lines_unchanged() {
 #[tokio::test]
 async fn proxy_forwards_what_replay_predicts() {
     proxy_matches_replay(Mode::Epoch, &|| MaskEngine::new(2) as Arc<dyn CompactEngine>).await;
+}
+
+/// After a restart pare rebuilds each session's compacted prefix from the archive: the requests after
+/// it are forwarded exactly as an uninterrupted pare would have forwarded them (an append to the
+/// last epoch's prefix, not a fresh epoch), and no phantom epoch is counted.
+#[tokio::test]
+async fn a_restarted_pare_picks_up_the_sticky_prefix_from_the_archive() {
+    use crate::support::stub::Stub;
+    use crate::support::{client, pare as in_process, within};
+    use pare::pipeline::Pipeline;
+
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = in_process::config_for(&stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.budget.default_context_window = WINDOW;
+    config.budget.output_reserve = 1024;
+    config.budget.detect_window = false;
+    let config = Arc::new(config);
+    let requests = coding_session(30, 150);
+    let start = || async {
+        let pipeline = Arc::new(Pipeline::from_config(config.clone()).unwrap());
+        in_process::start_with_pipeline(config.clone(), pipeline).await
+    };
+    let send = |server: &in_process::Pare, body: &[u8]| {
+        let request = client()
+            .post(server.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-pare-session", "restarted")
+            .body(body.to_vec())
+            .send();
+        async move {
+            let response = within("pare to answer", request).await.unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            response.bytes().await.unwrap();
+        }
+    };
+    let restart_at = 20;
+    let first = start().await;
+    for body in &requests[..restart_at] {
+        send(&first, body).await;
+    }
+    first.shutdown().await.unwrap();
+    let second = start().await;
+    for body in &requests[restart_at..] {
+        send(&second, body).await;
+    }
+    let metrics = client().get(second.url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
+    second.shutdown().await.unwrap();
+
+    let compactor = SessionCompactor::new(&config, Arc::new(pare::compact::Engine::default_pack())).unwrap();
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+    let predicted = replay_session(&compactor, "uninterrupted", &lines, None);
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+    assert_eq!(received.len(), requests.len());
+    let epochs_before: Vec<usize> = (0..restart_at).filter(|&k| epoch_started(&predicted[k])).collect();
+    assert!(!epochs_before.is_empty() && received[restart_at - 1] != requests[restart_at - 1], "no epoch before");
+    for (k, (got, want)) in received.iter().zip(&predicted).enumerate() {
+        assert!(*got == want.forwarded, "request {k}: not what an uninterrupted pare forwards");
+    }
+    let epochs_after = (restart_at..requests.len()).filter(|&k| epoch_started(&predicted[k])).count();
+    let counted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"pare_epochs_total{model="test-model"} "#))
+        .map_or(0, |n| n.parse::<usize>().unwrap());
+    assert_eq!(counted, epochs_after, "{metrics}");
+}
+
+fn epoch_started(result: &pare::budget::replay::Replayed) -> bool {
+    result.summary.as_ref().is_some_and(|s| s.epoch_started)
 }
 
 /// A request whose floor (here one user message) does not fit the window is forwarded anyway, as
