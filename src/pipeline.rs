@@ -323,7 +323,11 @@ impl Pipeline {
     /// upstream's prompt cache.
     pub fn from_config(config: Arc<Config>) -> Result<Pipeline, BuildError> {
         let engine = crate::compact::Engine::from_config(&config)?;
-        let compactor = Arc::new(SessionCompactor::new(&config, Arc::new(engine))?);
+        // The proxy knows when each message arrives: recency on the wall clock when the config asks.
+        let compactor = Arc::new(
+            SessionCompactor::new(&config, Arc::new(engine))?
+                .with_wall_clock(&config, crate::budget::epoch::system_clock()),
+        );
         crate::proxy::upstream::install_crypto_provider();
         let client = reqwest::Client::builder()
             // Upstream logs (and pare's e2e suite) can tell pare's own probes from the agent's requests.

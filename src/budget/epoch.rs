@@ -93,6 +93,17 @@ impl EpochPolicy {
 struct Frozen {
     raw_hashes: Vec<u128>,
     prefix: Vec<String>,
+    /// With a wall clock: when pare first received each prefix message (an elided run: its youngest
+    /// message), in clock milliseconds. Empty without one (or after a restart: taken as "now").
+    prefix_seen: Vec<u64>,
+}
+
+/// Milliseconds on the wall clock. The proxy reads the system clock; tests substitute their own.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock, as a [`Clock`].
+pub fn system_clock() -> Clock {
+    Arc::new(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
 }
 
 /// What pare remembers about one session.
@@ -106,6 +117,9 @@ struct SessionState {
     /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded,
     /// instead of re-compacting (and breaking the cache) on every request.
     saturated: bool,
+    /// With a wall clock: each raw message of the last request (hash) and when pare first received
+    /// it (clock milliseconds).
+    seen: Vec<(u128, u64)>,
 }
 
 /// Why a session could not be seeded from an archived pair.
@@ -124,6 +138,9 @@ pub struct SessionCompactor {
     policy: EpochPolicy,
     counters: Vec<TokenCounter>,
     sessions: Mutex<LruCache<String, Arc<Mutex<SessionState>>>>,
+    /// Set (by [`SessionCompactor::with_wall_clock`]) only when `salience.tau_seconds` asks for
+    /// recency on the wall clock; `None`: ages in turns.
+    clock: Option<Clock>,
 }
 
 impl std::fmt::Debug for SessionCompactor {
@@ -181,7 +198,18 @@ impl SessionCompactor {
             policy: EpochPolicy::from_config(config),
             counters,
             sessions: Mutex::new(LruCache::new(capacity)),
+            clock: None,
         })
+    }
+
+    /// Score recency on `clock` when the config sets `budget.salience.tau_seconds` (the proxy does
+    /// this; replay and eval have no arrival times and stay with turns). Without `tau_seconds`, a
+    /// no-op.
+    pub fn with_wall_clock(mut self, config: &Config, clock: Clock) -> SessionCompactor {
+        if config.budget.salience.tau_seconds.is_some() {
+            self.clock = Some(clock);
+        }
+        self
     }
 
     pub fn policy(&self) -> &EpochPolicy {
@@ -224,8 +252,9 @@ impl SessionCompactor {
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
             raw_hashes: raw_msgs[..n_raw].iter().map(|m| xxh3_128(m.as_bytes())).collect(),
             prefix: fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
+            prefix_seen: Vec::new(),
         });
-        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false };
+        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false, seen: Vec::new() };
         self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
     }
@@ -323,6 +352,9 @@ impl SessionCompactor {
             state.saturated = false;
             state.advanced_at_len = 0;
         }
+        // With a wall clock: when each raw message and each candidate message first arrived.
+        let now = self.clock.as_ref().map(|clock| clock());
+        let times = now.map(|now| arrival_times(state, &hashes, now));
         let candidate: Vec<String> = match &state.frozen {
             Some(f) => f
                 .prefix
@@ -357,21 +389,30 @@ impl SessionCompactor {
         }
 
         let n_frozen = state.frozen.as_ref().map_or(0, |f| f.prefix.len());
+        let ages = |times: &[u64]| -> Vec<f64> {
+            let now = now.unwrap_or_default();
+            times.iter().map(|&t| now.saturating_sub(t) as f64 / 1000.0).collect()
+        };
+        let candidate_ages = times.as_ref().map(|t| ages(&t.candidate));
         let attempt = match self.policy.mode {
-            Mode::Epoch | Mode::Off => self.lightest_fitting(request, &candidate, n_frozen, target, counter),
+            Mode::Epoch | Mode::Off => {
+                self.lightest_fitting(request, &candidate, n_frozen, target, candidate_ages, counter)
+            }
             Mode::Eager => {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
                     history: self.policy.history,
+                    message_ages_secs: candidate_ages,
                     ..Default::default()
                 };
                 self.attempt(request, &candidate, &options, counter)
             }
         };
-        let (raw_boundary, prefix, engine_report) = match attempt {
+        let (raw_boundary, prefix, engine_report, prefix_seen) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
                 let frozen_raw = state.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
-                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report)
+                let seen = times.as_ref().map(|t| prefix_times(&a.sources, &t.candidate, a.prefix.len(), now));
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen)
             }
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
@@ -379,10 +420,12 @@ impl SessionCompactor {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
                     history: self.policy.history,
+                    message_ages_secs: times.as_ref().map(|t| ages(&t.raw)),
                     ..Default::default()
                 };
-                let out = self.engine.compact(request.body, &options, counter);
-                (out.boundary.min(request.raw.len()), out.prefix, out.report)
+                let (out, sources) = self.engine.compact_traced(request.body, &options, counter);
+                let seen = times.as_ref().map(|t| prefix_times(&sources, &t.raw, out.prefix.len(), now));
+                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
         let mut messages = prefix.clone();
@@ -391,7 +434,11 @@ impl SessionCompactor {
         if changed {
             state.epoch += 1;
         }
-        state.frozen = Some(Frozen { raw_hashes: hashes[..raw_boundary].to_vec(), prefix });
+        state.frozen = Some(Frozen {
+            raw_hashes: hashes[..raw_boundary].to_vec(),
+            prefix,
+            prefix_seen: prefix_seen.unwrap_or_default(),
+        });
         state.advanced_at_len = request.raw.len();
         let forwarded_tokens = counter.count_request(&messages, request.tools);
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
@@ -415,15 +462,16 @@ impl SessionCompactor {
         candidate: &[String],
         n_frozen: usize,
         target: u64,
+        ages: Option<Vec<f64>>,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
         let bytes = request.body.to_vec_with_messages(candidate);
         let body = ChatBody::parse(&bytes).ok()?;
-        let with_target = CompactOptions { target_tokens: Some(target), ..Default::default() };
+        let with_target = CompactOptions { target_tokens: Some(target), message_ages_secs: ages, ..Default::default() };
         let (whole, sources) = self.engine.compact_traced(&body, &with_target, counter);
         let boundary = whole.boundary.min(candidate.len());
         if whole.fitted || sources.len() != whole.prefix.len() {
-            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report });
+            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
         }
         let fixed = request.tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
         let prefix_tokens: Vec<u64> = whole.prefix.iter().map(|m| counter.message(m)).collect();
@@ -446,12 +494,13 @@ impl SessionCompactor {
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
                 messages.extend(candidate[cut..].iter().map(String::as_str));
                 if crate::eval::check_tool_pairing(&messages).is_ok() {
-                    return Some(Attempt { boundary: cut, prefix, report: whole.report });
+                    let sources = sources[..n_out].to_vec();
+                    return Some(Attempt { boundary: cut, prefix, report: whole.report, sources });
                 }
             }
             raw_after -= raw_tokens[cut];
         }
-        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report })
+        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources })
     }
 
     /// The engine over the whole candidate.
@@ -464,8 +513,8 @@ impl SessionCompactor {
     ) -> Option<Attempt> {
         let bytes = request.body.to_vec_with_messages(candidate);
         let body = ChatBody::parse(&bytes).ok()?;
-        let out = self.engine.compact(&body, options, counter);
-        Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report })
+        let (out, sources) = self.engine.compact_traced(&body, options, counter);
+        Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report, sources })
     }
 }
 
@@ -490,6 +539,57 @@ struct Attempt {
     boundary: usize,
     prefix: Vec<String>,
     report: serde_json::Value,
+    /// For each prefix message, the candidate message(s) it stands for.
+    sources: Vec<Source>,
+}
+
+/// Arrival times (clock milliseconds) of a request's raw messages and of its candidate messages.
+struct Times {
+    raw: Vec<u64>,
+    candidate: Vec<u64>,
+}
+
+/// Record when each raw message of this request first arrived (a message at the same index with
+/// the same hash as in the last request keeps its time; anything else arrives `now`) and read the
+/// candidate's times: the frozen prefix's, then the raw messages' after it.
+fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
+    let seen: Vec<(u128, u64)> = hashes
+        .iter()
+        .enumerate()
+        .map(|(idx, &hash)| {
+            let earlier = state.seen.get(idx).filter(|(h, _)| *h == hash).map(|(_, t)| *t);
+            (hash, earlier.unwrap_or(now))
+        })
+        .collect();
+    state.seen = seen;
+    let raw: Vec<u64> = state.seen.iter().map(|(_, t)| *t).collect();
+    let candidate = match &state.frozen {
+        Some(f) => {
+            let mut times = f.prefix_seen.clone();
+            times.resize(f.prefix.len(), now);
+            times.extend_from_slice(&raw[f.raw_hashes.len()..]);
+            times
+        }
+        None => raw.clone(),
+    };
+    Times { raw, candidate }
+}
+
+/// When each message of a compacted prefix arrived: that of the message it stands for, or of the
+/// youngest of an elided run.
+fn prefix_times(sources: &[Source], times: &[u64], prefix_len: usize, now: Option<u64>) -> Vec<u64> {
+    let now = now.unwrap_or_default();
+    if sources.len() != prefix_len {
+        return vec![now; prefix_len];
+    }
+    let at = |idx: usize| times.get(idx).copied().unwrap_or(now);
+    sources
+        .iter()
+        .map(|source| match source {
+            Source::Raw(idx) | Source::Edited(idx) => at(*idx),
+            Source::Elided { start, end } => (*start..*end).map(at).max().unwrap_or(now),
+        })
+        .collect()
 }
 
 impl ChatCompactor for SessionCompactor {

@@ -55,6 +55,11 @@ pub struct CompactOptions {
     pub target_tokens: Option<u64>,
     /// A budget for the history alone, whatever the window (eager mode): see [`HistoryBudget`].
     pub history: Option<HistoryBudget>,
+    /// Age in seconds of each input message (since pare first received it). With
+    /// `budget.salience.tau_seconds` set, salience's recency is `exp(−age/tau_seconds)` of a group's
+    /// youngest message instead of its age in turns. `None` (or a length that does not match the
+    /// messages): turns.
+    pub message_ages_secs: Option<Vec<f64>>,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
@@ -198,7 +203,8 @@ impl Engine {
         let mut fitted = false;
         if opts.target_tokens.is_some() || opts.history.is_some() {
             let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
-            let budget = salience::Budget { target: opts.target_tokens, history: opts.history };
+            let ages = opts.message_ages_secs.as_deref().filter(|ages| ages.len() == conv.msgs.len());
+            let budget = salience::Budget { target: opts.target_tokens, history: opts.history, ages };
             let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
             fitted = fit.report.target_tokens.is_some_and(|target| fit.report.tokens_after_rules > target);
             report.tiers = Some(fit.report);

@@ -3,7 +3,9 @@
 //!
 //! Each group outside the protected tail (a tool-call group, a lone assistant message, a later
 //! system message) gets `S = w_r·R + w_e·E + w_k·K + w_f·F`: `R = exp(−age/τ)` with the age in turns
-//! (assistant messages after it; no clock, so the result is deterministic), `E` = an error in its
+//! (assistant messages after it; no clock, so the result is deterministic) — or, opted into with
+//! `salience.tau_seconds`, in seconds since pare received the group's youngest message (the caller
+//! passes the ages: the engine reads no clock), `E` = an error in its
 //! results, `K` = overlap of its words with the task (first and latest user message), `F` = it
 //! mentions a file the protected tail touches. In descending `S` (the more recent first on ties),
 //! groups fill the Focus / Recent / Summary / Background shares of the budget left after everything
@@ -103,9 +105,11 @@ impl Unit {
 /// What [`fit`] brings the request under: a target for the whole request, a budget for its history,
 /// or both (the lower of the two targets they give wins).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Budget {
+pub struct Budget<'a> {
     pub target: Option<u64>,
     pub history: Option<HistoryBudget>,
+    /// Age in seconds of each message, for recency on the wall clock (`salience.tau_seconds`).
+    pub ages: Option<&'a [f64]>,
 }
 
 /// Bring the request under its [`Budget`] with tiers, then elision. `rendered` holds the forwarded
@@ -117,7 +121,7 @@ pub fn fit(
     rendered: &mut [Option<String>],
     counter: &dyn CountTokens,
     tools_tokens: u64,
-    budget: Budget,
+    budget: Budget<'_>,
 ) -> Fit {
     let current = |edits: &Edits, rendered: &[Option<String>], idx: usize| -> u64 {
         if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx])) }
@@ -146,7 +150,7 @@ pub fn fit(
     };
 
     let facts = MarkerFacts::new(engine, conv, edits);
-    let units = units(engine, conv, edits, &facts);
+    let units = units(engine, conv, edits, &facts, budget.ages);
     let forms = Forms { engine, conv, counter };
     let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
     let budget = target.saturating_sub(after_rules - scored) as f64;
@@ -574,7 +578,13 @@ fn earlier_elision(conv: &Conversation<'_>, edits: &Edits, idx: usize) -> Option
 }
 
 /// The groups tiers may touch, scored (their forms are made on demand, see [`Unit::form`]).
-fn units(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, marker_facts: &MarkerFacts) -> Vec<Unit> {
+fn units(
+    engine: &Engine,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    marker_facts: &MarkerFacts,
+    ages: Option<&[f64]>,
+) -> Vec<Unit> {
     let sal = &engine.salience;
     let task = task_words(conv);
     let tail_files = tail_files(conv);
@@ -596,8 +606,17 @@ fn units(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, marker_facts: 
         if g.kind == GroupKind::Assistant && edits.compacted[g.start] && !earlier_elision {
             continue;
         }
-        let age = assistants_from[g.start].saturating_sub(1) as f64;
-        let recency = (-age / sal.tau_turns.max(1e-9)).exp();
+        let recency = match (sal.tau_seconds, ages) {
+            // On the wall clock: the age of the group's youngest message (a result arrives after its call).
+            (Some(tau), Some(ages)) => {
+                let age = ages[g.start..g.end].iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
+                (-age / tau.max(1e-9)).exp()
+            }
+            _ => {
+                let age = assistants_from[g.start].saturating_sub(1) as f64;
+                (-age / sal.tau_turns.max(1e-9)).exp()
+            }
+        };
         let error = (g.start..g.end)
             .any(|i| conv.outcomes[i].as_ref().is_some_and(|o| !o.status.is_ok() || o.first_error.is_some()));
         let overlap = task_overlap(conv, g.start, g.end, &task);

@@ -272,8 +272,12 @@ impl Default for BudgetConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SalienceConfig {
-    /// Recency half-scale in turns: `R = exp(-age/tau)`.
+    /// Recency scale in turns: `R = exp(-age/tau)`.
     pub tau_turns: f64,
+    /// Opt-in: recency on the wall clock, scale in seconds — `R = exp(-age/tau_seconds)` with the age
+    /// since the proxy first received the message. `None`: turns (deterministic; what replay and
+    /// eval, which have no arrival times, always use).
+    pub tau_seconds: Option<f64>,
     pub w_recency: f64,
     pub w_error: f64,
     pub w_keywords: f64,
@@ -282,7 +286,7 @@ pub struct SalienceConfig {
 
 impl Default for SalienceConfig {
     fn default() -> Self {
-        Self { tau_turns: 8.0, w_recency: 0.4, w_error: 0.3, w_keywords: 0.2, w_files: 0.1 }
+        Self { tau_turns: 8.0, tau_seconds: None, w_recency: 0.4, w_error: 0.3, w_keywords: 0.2, w_files: 0.1 }
     }
 }
 
@@ -513,6 +517,9 @@ impl Config {
         let s = &b.salience;
         if !(s.tau_turns > 0.0 && s.tau_turns.is_finite()) {
             bad("budget.salience.tau_turns", "must be a positive number of turns".into());
+        }
+        if s.tau_seconds.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+            bad("budget.salience.tau_seconds", "must be a positive number of seconds, or null (turns)".into());
         }
         for (name, w) in
             [("w_recency", s.w_recency), ("w_error", s.w_error), ("w_keywords", s.w_keywords), ("w_files", s.w_files)]

@@ -330,6 +330,7 @@ pub(crate) struct MaskEngine {
     tail_turns: usize,
     targets: Mutex<Vec<Option<u64>>>,
     histories: Mutex<Vec<Option<HistoryBudget>>>,
+    ages: Mutex<Vec<Option<Vec<f64>>>>,
     fitted: Mutex<Vec<bool>>,
 }
 
@@ -339,6 +340,7 @@ impl MaskEngine {
             tail_turns,
             targets: Mutex::new(Vec::new()),
             histories: Mutex::new(Vec::new()),
+            ages: Mutex::new(Vec::new()),
             fitted: Mutex::new(Vec::new()),
         })
     }
@@ -360,6 +362,7 @@ impl CompactEngine for MaskEngine {
     ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
         self.histories.lock().unwrap().push(options.history);
+        self.ages.lock().unwrap().push(options.message_ages_secs.clone());
         let messages = body.messages.clone();
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
@@ -703,6 +706,47 @@ fn a_models_entry_sets_the_encoding_window_and_reserve_the_compactor_uses() {
     assert_eq!(legacy_tokens, counter(Encoding::Cl100kBase).count_request(&[message.as_str()], None));
     assert_eq!(other_tokens, counter(Encoding::O200kBase).count_request(&[message.as_str()], None));
     assert_ne!(legacy_tokens, other_tokens);
+}
+
+/// With `salience.tau_seconds` and a clock, the engine is given each message's age: the time since
+/// the request that first carried it, kept for the frozen prefix across epochs. Without
+/// `tau_seconds` (or without a clock, as in replay) it is given none.
+#[test]
+fn the_compactor_gives_the_engine_message_ages_on_the_wall_clock() {
+    use std::sync::atomic::AtomicU64;
+    let session = coding_session(20, 150);
+    let yaml = format!("{RESERVE_YAML}  salience:\n    tau_seconds: 600\n");
+    let config = Config::from_yaml(&yaml).unwrap();
+    let now = Arc::new(AtomicU64::new(1_000_000));
+    let clock_now = now.clone();
+    let clock: pare::budget::epoch::Clock = Arc::new(move || clock_now.load(Ordering::SeqCst));
+    let engine = MaskEngine::new(2);
+    let compactor = SessionCompactor::new(&config, engine.clone()).unwrap().with_wall_clock(&config, clock.clone());
+    // Request k arrives at 1,000 s + 10 s·k; its two new messages arrive with it.
+    let mut ages_seen = Vec::new();
+    for (k, raw) in session.iter().enumerate() {
+        now.store(1_000_000 + 10_000 * k as u64, Ordering::SeqCst);
+        let calls = engine.calls();
+        compactor.compact_body("s", &ChatBody::parse(raw).unwrap(), Some(WINDOW));
+        if engine.calls() > calls {
+            ages_seen.push((k, engine.ages.lock().unwrap().last().unwrap().clone().expect("ages given")));
+        }
+    }
+    assert!(ages_seen.len() >= 2, "two epochs at least: {}", ages_seen.len());
+    for (k, ages) in &ages_seen {
+        // Message j > 1 came with request (j - 2) / 2 + 1; the system prompt and task with request 0.
+        let want: Vec<f64> = (0..ages.len())
+            .map(|j| if j < 2 { 10.0 * *k as f64 } else { 10.0 * (*k - ((j - 2) / 2 + 1)) as f64 })
+            .collect();
+        assert_eq!(ages, &want, "request {k}");
+    }
+    // No tau_seconds: no ages, clock or not.
+    let engine = MaskEngine::new(2);
+    let plain = Config::from_yaml(RESERVE_YAML).unwrap();
+    let compactor = SessionCompactor::new(&plain, engine.clone()).unwrap().with_wall_clock(&plain, clock);
+    let _ = run(&compactor, "s", &session, WINDOW);
+    let ages = engine.ages.lock().unwrap().clone();
+    assert!(!ages.is_empty() && ages.iter().all(Option::is_none), "{ages:?}");
 }
 
 #[test]

@@ -1007,6 +1007,35 @@ fn a_history_budget_bounds_the_history_whatever_the_request_size() {
     assert!(history_of(&out, tail) <= history / 4, "{report}");
 }
 
+/// Recency on the wall clock (`salience.tau_seconds`): the ages the caller passes decide which groups
+/// go first, not their position in turns; without ages, turns.
+#[test]
+fn wall_clock_recency_follows_the_ages_given() {
+    let n = 12;
+    let msgs = path_turns(n, |_| "read_file", |i| format!("contents of m{i}.rs\n{}", lines(12, "code")));
+    let pack_text = BUILTIN_PACKS.iter().find(|(name, _)| *name == "default").unwrap().1;
+    let pack = load_pack("default", pack_text, Some(&json!({"protect_last_turns": 2}))).unwrap();
+    let salience = SalienceConfig { tau_seconds: Some(60.0), ..SalienceConfig::default() };
+    let clocked = Engine::from_pack(pack, salience, TierBudgets::default());
+    let (rules_only, _) = forward_with(&clocked, &msgs, None);
+    let target = tokens_of(&rules_only, 0) * 6 / 10;
+    // A group is elided when its call is gone (the rules may have collapsed its output already).
+    let kept = |out: &[Value], i: usize| out.iter().any(|m| m.to_string().contains(&format!(r#""id":"c{i}""#)));
+    // Groups 0..n-2 are outside the 2-turn tail; the target keeps only some of them.
+    let kept_groups = |out: &[Value]| -> Vec<usize> { (0..n - 2).filter(|&i| kept(out, i)).collect() };
+    // In turns (no ages given): what stays is the most recent.
+    let (by_turns, report) = forward_with(&clocked, &msgs, Some(target));
+    let left = kept_groups(&by_turns);
+    assert!(!left.is_empty() && left.iter().all(|&i| i >= n / 2), "{left:?} {report}");
+    // On the clock, with the first half received just now and the second half an hour ago: what
+    // stays is the first half's (groups 0..6 hold messages 2..14; message 13, a result, is young).
+    let ages: Vec<f64> = (0..msgs.len()).map(|i| if i < msgs.len() / 2 { 1.0 } else { 3600.0 }).collect();
+    let options = CompactOptions { target_tokens: Some(target), message_ages_secs: Some(ages), ..Default::default() };
+    let (by_clock, report) = forward_opts(&clocked, &msgs, &options);
+    let left = kept_groups(&by_clock);
+    assert!(!left.is_empty() && left.iter().all(|&i| i < n / 2), "{left:?} {report}");
+}
+
 /// A system prompt, a task, then `n` tool turns on files `m{i}.rs` with the given tool names and results.
 fn path_turns(n: usize, tool: impl Fn(usize) -> &'static str, output: impl Fn(usize) -> String) -> Vec<Value> {
     let mut msgs = vec![json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
