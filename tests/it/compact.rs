@@ -1177,7 +1177,7 @@ fn an_unreachable_target_says_so_and_still_never_grows() {
 }
 
 #[test]
-fn errors_and_focused_files_outrank_older_successes() {
+fn errors_outrank_newer_successes() {
     // Two old groups of the same size and age order; the failing one must keep a richer form.
     let big = lines(40, "listing");
     let msgs = vec![
@@ -1198,6 +1198,47 @@ fn errors_and_focused_files_outrank_older_successes() {
     let target = tokens_of(&rules_only, 0) - 200;
     let (out, report) = forward_with(&engine, &msgs, Some(target));
     assert!(text(&out[3]).len() > text(&out[5]).len(), "{report}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
+}
+
+/// The two other terms of salience: `F`, a group that mentions a file the protected tail touches, and
+/// `K`, a group whose words overlap the task, each outweigh one turn of recency — the older group keeps
+/// the richer form. Without the mention or the overlap, the newer one does (the control).
+#[test]
+fn focused_files_and_task_words_outrank_one_turn_of_recency() {
+    let big = |word: &str| lines(40, word);
+    let engine = engine(
+        "default",
+        json!({"protect_last_turns": 1, "collapse_succeeded": {"enabled": false}, "truncate": {"enabled": false},
+               "structure": {"enabled": false}, "duplicates": {"enabled": false}}),
+    );
+    let richer_is_older = |older: (&str, &str), newer: (&str, &str), task: &str, tail_path: &str| -> bool {
+        let msgs = vec![
+            system("sys"),
+            user(task),
+            call("a", "read_file", json!({"path": older.0})),
+            result("a", &big(older.1)),
+            call("b", "read_file", json!({"path": newer.0})),
+            result("b", &big(newer.1)),
+            user("continue"),
+            call("t", "read_file", json!({"path": tail_path})),
+            result("t", "x = 1"),
+        ];
+        let (rules_only, _) = forward_with(&engine, &msgs, None);
+        // Leave the two groups about a third of their size: one fits the Recent tier, the other not.
+        let groups = tokens_of(&rules_only[2..6], 0) - 3;
+        let target = tokens_of(&rules_only, 0) - groups * 7 / 10;
+        let (out, report) = forward_with(&engine, &msgs, Some(target));
+        let (a, b) = (text(&out[3]).len(), text(&out[5]).len());
+        assert_ne!(a, b, "{report}");
+        a > b
+    };
+    // F: the older read is of the file the tail works on.
+    assert!(richer_is_older(("src/parser.py", "plain"), ("docs/notes.md", "plain"), "go on", "src/parser.py"));
+    assert!(!richer_is_older(("src/lexer.py", "plain"), ("docs/notes.md", "plain"), "go on", "src/parser.py"));
+    // K: the older output shares the task's words.
+    let task = "repair tokenizer overflow handling";
+    assert!(richer_is_older(("a.txt", "tokenizer overflow handling"), ("b.txt", "plain"), task, "c.txt"));
+    assert!(!richer_is_older(("a.txt", "unrelated words"), ("b.txt", "plain"), task, "c.txt"));
 }
 
 // ---------------------------------------------------------------------------------------------
