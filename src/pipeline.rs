@@ -31,9 +31,11 @@ pub struct CompactionSummary {
     /// the compactor, so a restart that seeds sessions at their archived epoch numbers counts none.
     pub epoch_started: bool,
     /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
-    /// mode, what pare never shrinks (first system message, user messages, protected tail, tools)
-    /// does not fit; in off mode, the raw request does not. Forwarded anyway, and said so in the
-    /// `x-pare-over-window` header, the log line, the report and `pare_over_window_requests_total`.
+    /// mode, compaction could not bring it under — what pare never shrinks (first system message,
+    /// user messages, protected tail, tools, messages a rule keeps whole) does not fit, or at a very
+    /// small window the markers left in place of what went; in off mode, the raw request is over.
+    /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the report
+    /// and `pare_over_window_requests_total`.
     pub over_window: bool,
     /// The engine's detailed report (per rule savings, messages changed…).
     pub report: serde_json::Value,
