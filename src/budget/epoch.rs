@@ -353,8 +353,7 @@ impl SessionCompactor {
             state.advanced_at_len = 0;
         }
         // With a wall clock: when each raw message and each candidate message first arrived.
-        let now = self.clock.as_ref().map(|clock| clock());
-        let times = now.map(|now| arrival_times(state, &hashes, now));
+        let times = self.clock.as_ref().map(|clock| arrival_times(state, &hashes, clock()));
         let candidate: Vec<String> = match &state.frozen {
             Some(f) => f
                 .prefix
@@ -389,11 +388,7 @@ impl SessionCompactor {
         }
 
         let n_frozen = state.frozen.as_ref().map_or(0, |f| f.prefix.len());
-        let ages = |times: &[u64]| -> Vec<f64> {
-            let now = now.unwrap_or_default();
-            times.iter().map(|&t| now.saturating_sub(t) as f64 / 1000.0).collect()
-        };
-        let candidate_ages = times.as_ref().map(|t| ages(&t.candidate));
+        let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => {
                 self.lightest_fitting(request, &candidate, n_frozen, target, candidate_ages, counter)
@@ -411,7 +406,7 @@ impl SessionCompactor {
         let (raw_boundary, prefix, engine_report, prefix_seen) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
                 let frozen_raw = state.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
-                let seen = times.as_ref().map(|t| prefix_times(&a.sources, &t.candidate, a.prefix.len(), now));
+                let seen = times.as_ref().map(|t| t.of_prefix(&a.sources, &t.candidate, a.prefix.len()));
                 (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen)
             }
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
@@ -420,11 +415,11 @@ impl SessionCompactor {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
                     history: self.policy.history,
-                    message_ages_secs: times.as_ref().map(|t| ages(&t.raw)),
+                    message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
                     ..Default::default()
                 };
                 let (out, sources) = self.engine.compact_traced(request.body, &options, counter);
-                let seen = times.as_ref().map(|t| prefix_times(&sources, &t.raw, out.prefix.len(), now));
+                let seen = times.as_ref().map(|t| t.of_prefix(&sources, &t.raw, out.prefix.len()));
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
@@ -545,8 +540,32 @@ struct Attempt {
 
 /// Arrival times (clock milliseconds) of a request's raw messages and of its candidate messages.
 struct Times {
+    now: u64,
     raw: Vec<u64>,
     candidate: Vec<u64>,
+}
+
+impl Times {
+    /// Each message's age in seconds.
+    fn ages(&self, times: &[u64]) -> Vec<f64> {
+        times.iter().map(|&t| self.now.saturating_sub(t) as f64 / 1000.0).collect()
+    }
+
+    /// When each message of a compacted prefix arrived (`sources` index into `times`): that of the
+    /// message it stands for, or of the youngest of an elided run.
+    fn of_prefix(&self, sources: &[Source], times: &[u64], prefix_len: usize) -> Vec<u64> {
+        if sources.len() != prefix_len {
+            return vec![self.now; prefix_len];
+        }
+        let at = |idx: usize| times.get(idx).copied().unwrap_or(self.now);
+        sources
+            .iter()
+            .map(|source| match source {
+                Source::Raw(idx) | Source::Edited(idx) => at(*idx),
+                Source::Elided { start, end } => (*start..*end).map(at).max().unwrap_or(self.now),
+            })
+            .collect()
+    }
 }
 
 /// Record when each raw message of this request first arrived (a message at the same index with
@@ -572,24 +591,7 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
         }
         None => raw.clone(),
     };
-    Times { raw, candidate }
-}
-
-/// When each message of a compacted prefix arrived: that of the message it stands for, or of the
-/// youngest of an elided run.
-fn prefix_times(sources: &[Source], times: &[u64], prefix_len: usize, now: Option<u64>) -> Vec<u64> {
-    let now = now.unwrap_or_default();
-    if sources.len() != prefix_len {
-        return vec![now; prefix_len];
-    }
-    let at = |idx: usize| times.get(idx).copied().unwrap_or(now);
-    sources
-        .iter()
-        .map(|source| match source {
-            Source::Raw(idx) | Source::Edited(idx) => at(*idx),
-            Source::Elided { start, end } => (*start..*end).map(at).max().unwrap_or(now),
-        })
-        .collect()
+    Times { now, raw, candidate }
 }
 
 impl ChatCompactor for SessionCompactor {

@@ -130,10 +130,10 @@ pub fn fit(
     let mut tokens: Vec<u64> = (0..conv.boundary).map(|i| current(edits, rendered, i)).collect();
     let fixed_extra = tail + tools_tokens + REPLY_PRIMING;
     let after_rules = tokens.iter().sum::<u64>() + fixed_extra;
-    let history = history_tokens(conv, edits, &tokens);
+    let history = budget.history.map(|h| (h, history_tokens(conv, edits, &tokens)));
     // The history budget, when the history is over its high mark, as a target for the whole request:
     // everything else stays as the rules left it, the history goes down to `low`.
-    let history_target = budget.history.filter(|h| history > h.high).map(|h| after_rules - history + h.low);
+    let history_target = history.filter(|(h, weight)| *weight > h.high).map(|(h, weight)| after_rules - weight + h.low);
     let target = match (budget.target, history_target) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -141,7 +141,7 @@ pub fn fit(
     let mut report = TierReport {
         target_tokens: target,
         tokens_after_rules: after_rules,
-        history_tokens_after_rules: budget.history.map(|_| history),
+        history_tokens_after_rules: history.map(|(_, weight)| weight),
         ..TierReport::default()
     };
     let mut elided = Elided::default();
