@@ -34,8 +34,8 @@ pub struct CompactionSummary {
     /// mode, compaction could not bring it under — what pare never shrinks (first system message,
     /// user messages, protected tail, tools, messages a rule keeps whole) does not fit, or at a very
     /// small window the markers left in place of what went; in off mode, the raw request is over.
-    /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the report
-    /// and `pare_over_window_requests_total`.
+    /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the archived
+    /// summary and `pare_over_window_requests_total`.
     pub over_window: bool,
     /// The engine's detailed report (per rule savings, messages changed…).
     pub report: serde_json::Value,

@@ -289,18 +289,13 @@ impl SessionCompactor {
         let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
         if self.policy.mode == Mode::Off {
-            let over_window = tokens_raw > usable;
-            let mut report = base_report;
-            if over_window {
-                report["over_window"] = json!(true);
-            }
             let summary = CompactionSummary {
                 tokens_raw,
                 tokens_forwarded: tokens_raw,
                 epoch: 0,
                 epoch_started: false,
-                over_window,
-                report,
+                over_window: tokens_raw > usable,
+                report: base_report,
             };
             return CompactOutput { body: None, spans: None, summary };
         }
@@ -320,16 +315,12 @@ impl SessionCompactor {
         if !step.engine_report.is_null() {
             report["engine"] = step.engine_report;
         }
-        let over_window = tokens_forwarded > usable;
-        if over_window {
-            report["over_window"] = json!(true);
-        }
         let summary = CompactionSummary {
             tokens_raw,
             tokens_forwarded,
             epoch: state.epoch,
             epoch_started: state.epoch > epoch_before,
-            over_window,
+            over_window: tokens_forwarded > usable,
             report,
         };
         let (body, spans) = if unchanged {

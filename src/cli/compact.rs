@@ -17,11 +17,12 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::Value;
 
+use crate::budget::EpochPolicy;
 use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::shorten;
-use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
-use crate::config::{Config, Mode};
+use crate::compact::{CompactOptions, Compacted, Engine, Source};
+use crate::config::Config;
 use crate::wire::{ChatBody, Message};
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
@@ -39,15 +40,13 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let models = ModelTable::from_config(&config)?;
     let settings = models.settings(body.model().as_deref());
     let counter = TokenCounter::new(&CounterConfig { encoding: settings.encoding, ..CounterConfig::default() });
-    let eager = config.compaction.mode == Mode::Eager;
-    let low_water = if eager { config.budget.eager_low_water } else { config.budget.low_water };
+    // The mode's low-water mark and, in eager mode, its history budget — as the proxy resolves them.
+    let policy = EpochPolicy::from_config(&config);
     let target_tokens = args.window.map(|window| {
         let usable = window.saturating_sub(answer_reserve(&body, settings.output_reserve, window));
-        (usable as f64 * low_water) as u64
+        (usable as f64 * policy.low_water) as u64
     });
-    let history =
-        config.budget.eager_history.filter(|_| eager).map(|h| HistoryBudget { high: h.high_tokens, low: h.low_tokens });
-    let options = CompactOptions { target_tokens, history, ..Default::default() };
+    let options = CompactOptions { target_tokens, history: policy.history, ..Default::default() };
     let (out, sources) = engine.compact_traced(&body, &options, &counter);
     let mut messages = out.prefix.clone();
     messages.extend(body.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
