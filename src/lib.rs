@@ -36,7 +36,7 @@ pub mod wire;
 /// short-lived strings — a large request's messages, decoded texts, markers — allocated and freed on
 /// the rayon pool and on tokio's threads: on the engine bench's request mimalloc cut the engine's
 /// instructions from 41.2 M to 38.0 M and its time on one thread by about a fifth against glibc's
-/// malloc (BENCHMARKS.md, issue 3). A library user keeps their own allocator: this is only a name to
+/// malloc (BENCHMARKS.md, *Allocator*). A library user keeps their own allocator: this is only a name to
 /// put in a `#[global_allocator]` static.
 #[cfg(feature = "mimalloc")]
 pub use mimalloc::MiMalloc as Allocator;

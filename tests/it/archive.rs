@@ -80,8 +80,8 @@ fn growing_session(n: usize, pretty: bool) -> Vec<Vec<u8>> {
     out
 }
 
-/// Records that arrive within `flush_interval` of each other share one transaction, where the writer
-/// used to commit each as soon as it woke up; a flush still returns as soon as what came before it is in.
+/// Records that arrive within `flush_interval` of each other share one transaction rather than one
+/// commit each; a flush still returns as soon as what came before it is in.
 #[test]
 fn records_arriving_together_share_one_commit() {
     let dir = tempfile::tempdir().unwrap();

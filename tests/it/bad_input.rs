@@ -1,4 +1,4 @@
-//! What bad or extreme input gets (MISSION.md, "What a bad input gets"; issue 6, item 3): each case goes
+//! What bad or extreme input gets (MISSION.md, "What a bad input gets"): each case goes
 //! through the real pipeline — sessions, tiktoken counting, epochs, the default rule pack, the archive —
 //! and must be answered, forwarded as specified, never panic, and be archived byte for byte.
 
@@ -180,7 +180,7 @@ async fn bad_and_extreme_inputs_are_answered_forwarded_and_archived() {
 }
 
 /// A stream the client abandons: the upstream request is cancelled and the archive keeps what arrived,
-/// marked partial (issue 5 item 3, issue 6 item 2).
+/// marked partial.
 #[tokio::test]
 async fn a_stream_the_client_abandons_is_archived_as_partial() {
     use crate::support::stub::{self, Recorded, Reply, Step};
