@@ -1,4 +1,10 @@
-"""Fixtures of the end-to-end suite: the stub upstream and pare in front of it (a real process)."""
+"""Fixtures of the end-to-end suite: the stub upstream and pare in front of it (a real process).
+
+Tests that hold only once pare speaks a wire format itself (compaction, archive, `x-pare-*` headers on
+`/v1/responses` or `/v1/messages`) carry the marker `needs_responses_adapter` or
+`needs_messages_adapter`; they run when `PARE_E2E_ADAPTERS` (comma-separated: `responses`, `messages`)
+names their adapter and are deselected otherwise.
+"""
 
 import json
 import os
@@ -6,12 +12,33 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from stub_upstream import StubUpstream
 
 START_TIMEOUT_S = 30
+PARE_CLI_TIMEOUT_S = 30
+# The project-local npm prefix tests/e2e/run.sh installs Codex CLI and Claude Code into.
+NODE_BIN = Path(__file__).resolve().parent / ".node" / "node_modules" / ".bin"
+ADAPTER_MARKERS = {"needs_responses_adapter": "responses", "needs_messages_adapter": "messages"}
+
+
+def pytest_configure(config):
+    for marker, adapter in ADAPTER_MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: holds once pare's {adapter} adapter is in (PARE_E2E_ADAPTERS)")
+
+
+def pytest_collection_modifyitems(config, items):
+    enabled = {a.strip() for a in os.environ.get("PARE_E2E_ADAPTERS", "").split(",") if a.strip()}
+    keep, drop = [], []
+    for item in items:
+        needs = {adapter for marker, adapter in ADAPTER_MARKERS.items() if item.get_closest_marker(marker)}
+        (keep if needs <= enabled else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 class PareProcess:
@@ -27,6 +54,8 @@ class PareProcess:
              "--archive", str(archive_dir), "--log-format", "json"],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True,
         )
+        self.binary = binary
+        self.archive = Path(archive_dir)
         self.lines = []
         self.lock = threading.Lock()
         self.ready = threading.Event()
@@ -53,6 +82,24 @@ class PareProcess:
         """The per-request lines pare logged so far."""
         with self.lock:
             return [e for e in self.lines if e.get("target") == "pare::access"]
+
+    def cli(self, *args):
+        """Run `pare ARGS --archive DIR` against this server's archive; its stdout."""
+        result = subprocess.run(
+            [self.binary, *args, "--archive", str(self.archive)],
+            capture_output=True, text=True, timeout=PARE_CLI_TIMEOUT_S,
+        )
+        assert result.returncode == 0, f"pare {' '.join(args)}: {result.stderr}"
+        return result.stdout
+
+    def sessions(self):
+        """`pare sessions list --json`: session id → its line."""
+        lines = self.cli("sessions", "list", "--json").splitlines()
+        return {s["id"]: s for s in map(json.loads, lines)}
+
+    def bodies(self, session, kind):
+        """The exact bodies of a session's requests, `kind` "raw" (as received) or "forwarded"."""
+        return self.cli("sessions", "show", session, f"--{kind}").encode().split(b"\n")[:-1]
 
     def stop(self):
         """SIGTERM, then wait: pare must exit 0 on its own."""
@@ -83,6 +130,12 @@ def fresh(stub, pare):
     """The stub with a clean request record."""
     stub.clear()
     return stub
+
+
+def new_requests(before, after):
+    """Requests archived between two `sessions()` snapshots, per session id."""
+    grown = {sid: s["requests"] - before.get(sid, {}).get("requests", 0) for sid, s in after.items()}
+    return {sid: n for sid, n in grown.items() if n}
 
 
 def wait_until(predicate, timeout_s=10.0, what="a condition"):

@@ -2,7 +2,11 @@
 
 Speaks the real wire format (JSON completions, SSE `data: {...}` chunks ending with `data: [DONE]`,
 streamed tool calls, the usage chunk when `stream_options.include_usage` is set), answers the probes
-agents send to guess the server kind with 404, and records every request it receives.
+agents send to guess the server kind with 404, and records every request it receives (a
+`content-encoding: zstd` body is recorded decoded, its encoding kept in the headers; a Responses or
+Messages stream's SSE bytes are recorded as `streamed`).
+The Responses (`/v1/responses`) and Messages (`/v1/messages`) formats live in stub_responses.py and
+stub_messages.py.
 
 Scripts, chosen from the request's tools:
 - Hermes (`terminal` among the tools): `terminal` running `ls`, then `read_file notes.txt`, then
@@ -127,6 +131,13 @@ def stream_chunks(model, reply, include_usage):
         yield usage
 
 
+def decode_zstd(body):
+    """A zstd request body, decoded (Codex compresses its requests to some providers)."""
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj().decompress(body)
+
+
 class StubUpstream:
     """The stub server on 127.0.0.1:0, serving from a background thread."""
 
@@ -147,9 +158,12 @@ class StubUpstream:
             def _record(self):
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if body and self.headers.get("content-encoding") == "zstd":
+                    body = decode_zstd(body)
                 entry = {"method": self.command, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
                 with stub.lock:
                     stub.requests.append(entry)
+                self.entry = entry
                 return body
 
             def _json(self, status, value):
@@ -172,6 +186,8 @@ class StubUpstream:
             def do_POST(self):
                 raw = self._record()
                 path = self.path.split("?")[0]
+                if path.endswith(("/responses", "/messages", "/messages/count_tokens")):
+                    return self._wire(path, raw)
                 if not path.endswith("/chat/completions"):
                     return self._not_found(path)
                 try:
@@ -193,6 +209,30 @@ class StubUpstream:
                     self.wfile.write(b"0\r\n\r\n")
                 else:
                     self._json(200, completion(model, reply))
+
+            def _wire(self, path, raw):
+                import stub_messages
+                import stub_responses
+
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    return self._json(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "invalid json"}})
+                if path.endswith("/count_tokens"):
+                    return self._json(200, stub_messages.count_tokens(body))
+                wire = stub_responses if path.endswith("/responses") else stub_messages
+                if not body.get("stream"):
+                    return self._json(200, wire.respond(body))
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                events = [f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode() for kind, event in wire.stream_events(body)]
+                self.entry["streamed"] = b"".join(events)
+                for event in events:
+                    self._chunk(event)
+                self.wfile.write(b"0\r\n\r\n")
 
             def _chunk(self, data):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
