@@ -132,6 +132,23 @@ def fresh(stub, pare):
     return stub
 
 
+def json_object_around(body, needle):
+    """The bytes of the innermost JSON object in `body` that contains `needle`."""
+    text = body.decode()
+    at = text.index(needle)
+    decoder = json.JSONDecoder()
+    start = at
+    while start > 0:
+        start = text.rindex("{", 0, start)
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if end > at:
+            return text[start:end].encode()
+    raise AssertionError(f"{needle!r} is in no JSON object")
+
+
 def new_requests(before, after):
     """Requests archived between two `sessions()` snapshots, per session id."""
     grown = {sid: s["requests"] - before.get(sid, {}).get("requests", 0) for sid, s in after.items()}

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import wait_until
+from conftest import json_object_around, wait_until
 from stub_messages import MESSAGES_ANSWER, SHELL_TOOL, SIGNATURE, THINKING
 from stub_responses import MARKER
 
@@ -47,23 +47,6 @@ class Client:
 
 def messages_requests(stub):
     return [r for r in stub.recorded() if r["path"].split("?")[0] == "/v1/messages"]
-
-
-def json_object_around(body, needle):
-    """The bytes of the innermost JSON object in `body` that contains `needle`."""
-    text = body.decode()
-    at = text.index(needle)
-    decoder = json.JSONDecoder()
-    start = at
-    while start > 0:
-        start = text.rindex("{", 0, start)
-        try:
-            _, end = decoder.raw_decode(text, start)
-        except ValueError:
-            continue
-        if end > at:
-            return text[start:end].encode()
-    raise AssertionError(f"{needle!r} is in no JSON object")
 
 
 def call(client, messages, stream):
