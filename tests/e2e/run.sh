@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The end-to-end suite: real clients (the official openai SDK, Hermes Agent) against a release-free
-# debug build of pare in front of a scripted stub upstream. Creates its own venv in .venv-e2e.
+# The end-to-end suite: real clients (the official openai and anthropic SDKs, Hermes Agent, Codex CLI,
+# Claude Code) against a debug build of pare in front of a scripted stub upstream. Creates its own
+# venv in .venv-e2e and npm prefix in tests/e2e/.node, each reinstalled only when its pin list changes.
+# PARE_BIN, when set, names the pare binary to test; else it is built (honouring CARGO_TARGET_DIR).
+# PARE_E2E_ADAPTERS (comma-separated: responses, messages) selects the tests that need pare's
+# Responses/Messages adapters; the others are deselected.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,10 +22,32 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "e2e: installing tests/e2e/requirements.txt"
     timeout 900 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
     echo "$want" > "$stamp"
+    echo "e2e: $(du -sh "$venv" | cut -f1) in $venv"
 fi
 
-timeout 900 cargo build --quiet --bin pare
-export PARE_BIN="$root/target/debug/pare"
+node_prefix="$root/tests/e2e/.node"
+node_stamp="$node_prefix/.packages.sha256"
+want="$(sha256sum tests/e2e/node-packages.txt | cut -d' ' -f1)"
+if [[ ! -f "$node_stamp" || "$(cat "$node_stamp")" != "$want" ]]; then
+    command -v npm >/dev/null || { echo "e2e: npm is required (Codex CLI, Claude Code)" >&2; exit 1; }
+    mapfile -t packages < <(grep -v '^\s*\(#\|$\)' tests/e2e/node-packages.txt)
+    echo "e2e: installing ${packages[*]} into $node_prefix"
+    mkdir -p "$node_prefix"
+    timeout 900 npm install --prefix "$node_prefix" --no-save --no-audit --no-fund --loglevel=error "${packages[@]}"
+    echo "$want" > "$node_stamp"
+    echo "e2e: $(du -sh "$node_prefix" | cut -f1) in $node_prefix"
+fi
+
+if [[ -z "${PARE_BIN:-}" ]]; then
+    PARE_BIN="$(timeout 900 cargo build --quiet --bin pare --message-format=json \
+        | "$venv/bin/python" -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "pare":
+        print(m["executable"])')"
+fi
+export PARE_BIN
+echo "e2e: pare at $PARE_BIN; adapter tests enabled: ${PARE_E2E_ADAPTERS:-none}"
 
 cd tests/e2e
 exec timeout 900 "$venv/bin/python" -m pytest -p no:cacheprovider -q "$@"
