@@ -3,8 +3,7 @@
 Speaks the real wire format (JSON completions, SSE `data: {...}` chunks ending with `data: [DONE]`,
 streamed tool calls, the usage chunk when `stream_options.include_usage` is set), answers the probes
 agents send to guess the server kind with 404, and records every request it receives (a
-`content-encoding: zstd` body is recorded decoded, its encoding kept in the headers; a Responses or
-Messages stream's SSE bytes are recorded as `streamed`).
+Responses or Messages stream's SSE bytes too, as `streamed`).
 The Responses (`/v1/responses`) and Messages (`/v1/messages`) formats live in stub_responses.py and
 stub_messages.py.
 
@@ -131,13 +130,6 @@ def stream_chunks(model, reply, include_usage):
         yield usage
 
 
-def decode_zstd(body):
-    """A zstd request body, decoded (Codex compresses its requests to some providers)."""
-    import zstandard
-
-    return zstandard.ZstdDecompressor().decompressobj().decompress(body)
-
-
 class StubUpstream:
     """The stub server on 127.0.0.1:0, serving from a background thread."""
 
@@ -158,8 +150,6 @@ class StubUpstream:
             def _record(self):
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
-                if body and self.headers.get("content-encoding") == "zstd":
-                    body = decode_zstd(body)
                 entry = {"method": self.command, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
                 with stub.lock:
                     stub.requests.append(entry)

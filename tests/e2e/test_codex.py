@@ -4,7 +4,7 @@ answer and exit 0, and every request it sent must pass through pare (and, with t
 be archived in one session).
 
 Offline: an API-key provider (`env_key`), no ChatGPT login; no websockets; analytics, the update
-check and the plugin sync (which resolves github.com) off."""
+check and the plugin sync (which resolves github.com) off; no retries, so a failing proxy fails fast."""
 
 import json
 import os
@@ -34,6 +34,9 @@ def codex_config(pare_url):
         wire_api = "responses"
         env_key = "PARE_TEST_KEY"
         supports_websockets = false
+        request_max_retries = 0
+        stream_max_retries = 0
+        stream_idle_timeout_ms = 60000
 
         [analytics]
         enabled = false
