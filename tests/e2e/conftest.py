@@ -44,14 +44,14 @@ def pytest_collection_modifyitems(config, items):
 class PareProcess:
     """`pare serve` on 127.0.0.1:0 in front of `upstream_url`; its log lines are kept."""
 
-    def __init__(self, upstream_url, archive_dir):
+    def __init__(self, upstream_url, archive_dir, extra_args=()):
         binary = os.environ.get("PARE_BIN")
         if not binary:
             raise RuntimeError("PARE_BIN must name the pare binary (tests/e2e/run.sh sets it)")
         env = dict(os.environ, RUST_LOG="info")
         self.process = subprocess.Popen(
             [binary, "serve", "--listen", "127.0.0.1:0", "--upstream", upstream_url,
-             "--archive", str(archive_dir), "--log-format", "json"],
+             "--archive", str(archive_dir), "--log-format", "json", *extra_args],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True,
         )
         self.binary = binary
