@@ -65,6 +65,9 @@ class PareProcess:
             self.process.kill()
             raise RuntimeError(f"pare did not start: {self.lines}")
         self.url = f"http://{self.addr}"
+        # The archive's schema is written just after pare starts listening: `pare sessions` fails on
+        # the store until then.
+        wait_until(lambda: self._run_cli("sessions", "list").returncode == 0, START_TIMEOUT_S, "pare's archive")
 
     def _read_logs(self):
         for line in self.process.stderr:
@@ -83,12 +86,15 @@ class PareProcess:
         with self.lock:
             return [e for e in self.lines if e.get("target") == "pare::access"]
 
-    def cli(self, *args):
-        """Run `pare ARGS --archive DIR` against this server's archive; its stdout."""
-        result = subprocess.run(
+    def _run_cli(self, *args):
+        return subprocess.run(
             [self.binary, *args, "--archive", str(self.archive)],
             capture_output=True, text=True, timeout=PARE_CLI_TIMEOUT_S,
         )
+
+    def cli(self, *args):
+        """Run `pare ARGS --archive DIR` against this server's archive; its stdout."""
+        result = self._run_cli(*args)
         assert result.returncode == 0, f"pare {' '.join(args)}: {result.stderr}"
         return result.stdout
 
