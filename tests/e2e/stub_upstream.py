@@ -201,6 +201,7 @@ class StubUpstream:
                     self._json(200, completion(model, reply))
 
             def _wire(self, path, raw):
+                # Imported here: both modules import this one's constants.
                 import stub_messages
                 import stub_responses
 
