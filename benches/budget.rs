@@ -88,7 +88,7 @@ fn budget(c: &mut Criterion) {
         let engine = Engine::default_pack();
         let counter = builder.counter(Some("bench"));
         let parsed = ChatBody::parse(&full).expect("valid body");
-        b.iter(|| black_box(engine.compact(&parsed, &pare::compact::CompactOptions::default(), counter)))
+        b.iter(|| black_box(engine.compact(&parsed.view(), &pare::compact::CompactOptions::default(), counter)))
     });
     c.bench_function("cold_200k_tokens", |b| {
         b.iter_custom(|iters| {

@@ -16,7 +16,9 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use pare::budget::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
-use pare::wire::ChatBody;
+use pare::neutral::View;
+use pare::wire::responses::ResponsesBody;
+use pare::wire::{ChatBody, WireBody, convert};
 use serde_json::Value;
 
 #[path = "common/engine_request.rs"]
@@ -27,8 +29,21 @@ fn compact_bytes(engine: &Engine, body: &[u8], target: Option<u64>, counter: &dy
     compact_with(engine, body, &CompactOptions { target_tokens: target, ..Default::default() }, counter)
 }
 
+/// The Responses API's path for the same conversation: the adapter's parse into neutral messages,
+/// the engine, the adapter's write-back (what the proxy does for `POST …/responses`).
+fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, counter: &dyn CountTokens) -> Vec<u8> {
+    let parsed = ResponsesBody::parse(body).unwrap();
+    let messages = parsed.messages();
+    let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
+    let mut forwarded = out.prefix;
+    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    parsed.write(&forwarded).unwrap().0
+}
+
 fn bench(c: &mut Criterion) {
     let body = large_request();
+    let responses =
+        convert::chat_to_responses(&serde_json::from_slice(&body).unwrap()).unwrap().to_string().into_bytes();
     let engine = Engine::default_pack();
     let n_messages = ChatBody::parse(&body).unwrap().messages.len();
     let tiktoken = TokenCounter::new(&CounterConfig::default());
@@ -67,6 +82,17 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("pare parse + rules + tiers to 50k tokens + serialize", |b| {
         b.iter(|| black_box(compact_bytes(&engine, black_box(&body), Some(50_000), &QuarterCounter)))
+    });
+    group.finish();
+
+    // The same conversation as a Responses request (`wire::convert`), through its adapter.
+    let mut group = c.benchmark_group("same conversation, Responses API");
+    let rules = CompactOptions::default();
+    group.bench_function("pare parse + rules + write (Responses)", |b| {
+        b.iter(|| black_box(compact_responses(&engine, black_box(&responses), &rules, &QuarterCounter)))
+    });
+    group.bench_function("pare parse + rules + write (chat)", |b| {
+        b.iter(|| black_box(compact_with(&engine, black_box(&body), &rules, &QuarterCounter)))
     });
     group.finish();
 }

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 
 use pare::budget::tokens::{CountTokens, CounterConfig, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
-use pare::wire::{ChatBody, role_of};
+use pare::neutral::role_of;
+use pare::wire::ChatBody;
 
 #[derive(Default)]
 struct Totals {
@@ -51,7 +52,7 @@ fn main() {
             let text = std::fs::read_to_string(&session).expect("read session");
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 let Ok(body) = ChatBody::parse(line.as_bytes()) else { continue };
-                let out = engine.compact(&body, &CompactOptions::default(), &counter);
+                let out = engine.compact(&body.view(), &CompactOptions::default(), &counter);
                 t.requests += 1;
                 t.raw_tokens += body.messages.iter().map(|m| counter.message(m)).sum::<u64>();
                 t.old_results += body.messages[..out.boundary]

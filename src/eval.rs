@@ -30,7 +30,8 @@ use crate::budget::replay::{replay_session, session_lines};
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
-use crate::wire::{ChatBody, Message, role_of};
+use crate::neutral::{Message, View, role_of};
+use crate::wire::{Wire, WireBody};
 
 /// Why a corpus could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -185,22 +186,36 @@ pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
     Ok(files)
 }
 
+/// Which sessions an evaluation reads, and how.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvalInput {
+    /// The wire format of the session files' request bodies (after `convert`).
+    pub wire: Wire,
+    /// The files hold chat requests: convert each session to Responses requests
+    /// ([`crate::wire::convert::chat_session_to_responses`]) before evaluating.
+    pub convert_chat: bool,
+}
+
 /// Evaluate every session under `dir` at `window`.
 pub fn evaluate_corpus(
     dir: &Path,
     compactor: &SessionCompactor,
     engine: &dyn CompactEngine,
     window: u64,
+    input: EvalInput,
 ) -> Result<CorpusReport, EvalError> {
     // Sessions are independent (each has its own state in the compactor, keyed by its path): evaluate
     // them on all cores; `collect` keeps the sorted order, so the report does not depend on the pool.
     let evaluate = |path: &PathBuf| -> Result<SessionReport, EvalError> {
-        let text = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
+        let mut text = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
+        if input.convert_chat {
+            text = crate::wire::convert::chat_session_to_responses(&String::from_utf8_lossy(&text)).into_bytes();
+        }
         let source =
             path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let id = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let requests = session_lines(&text);
-        let metrics = evaluate_session(compactor, engine, &path.display().to_string(), &requests, window);
+        let metrics = evaluate_session(compactor, engine, input.wire, &path.display().to_string(), &requests, window);
         Ok(SessionReport { source, id, metrics })
     };
     let sessions: Vec<SessionReport> = session_files(dir)?.par_iter().map(evaluate).collect::<Result<_, _>>()?;
@@ -215,18 +230,22 @@ pub fn evaluate_corpus(
 }
 
 /// Evaluate one session (its request bodies in order).
+///
+/// Every figure is computed on the requests' neutral messages (for chat, the messages themselves);
+/// validity is the format's own pairing check of the forwarded body ([`WireBody::check`]).
 pub fn evaluate_session(
     compactor: &SessionCompactor,
     engine: &dyn CompactEngine,
+    wire: Wire,
     session: &str,
     requests: &[&[u8]],
     window: u64,
 ) -> Metrics {
     compactor.forget(session);
-    let first = replay_session(compactor, session, requests, Some(window));
+    let first = replay_session(compactor, wire, session, requests, Some(window));
     let again_id = format!("{session}#again");
     compactor.forget(&again_id);
-    let again = replay_session(compactor, &again_id, requests, Some(window));
+    let again = replay_session(compactor, wire, &again_id, requests, Some(window));
     compactor.forget(session);
     compactor.forget(&again_id);
     let deterministic = first.iter().zip(&again).all(|(a, b)| a.forwarded == b.forwarded);
@@ -235,10 +254,13 @@ pub fn evaluate_session(
         Metrics { sessions: 1, requests: requests.len(), deterministic: deterministic as usize, ..Metrics::default() };
     let needle_re = needle_regex();
     let mut previous: Option<(Parsed<'_>, Parsed<'_>)> = None;
-    let parsed_raw: Vec<Option<ChatBody<'_>>> = requests.iter().map(|r| ChatBody::parse(r).ok()).collect();
+    let parsed_raw: Vec<Option<Box<dyn WireBody + '_>>> =
+        requests.iter().map(|r| crate::wire::parse(wire, r).ok()).collect();
+    let raw_messages: Vec<Vec<&str>> =
+        parsed_raw.iter().map(|p| p.as_ref().map(|b| b.messages()).unwrap_or_default()).collect();
     for (k, replayed) in first.iter().enumerate() {
         let fwd_bytes = &replayed.forwarded;
-        let (Some(raw), Ok(fwd)) = (&parsed_raw[k], ChatBody::parse(fwd_bytes)) else {
+        let (Some(raw), Ok(fwd)) = (&parsed_raw[k], crate::wire::parse(wire, fwd_bytes)) else {
             // Not a chat request: forwarded as is; it only counts as a request.
             m.valid_forwarded += 1;
             m.valid_raw += 1;
@@ -246,9 +268,10 @@ pub fn evaluate_session(
             continue;
         };
         let counter = compactor.counter(raw.model().as_deref());
-        let raw_p = Parsed::new(raw, counter);
-        let fwd_p = Parsed::new(&fwd, counter);
-        let (window, reserve) = compactor.window_and_reserve(raw, Some(window));
+        let fwd_messages = fwd.messages();
+        let raw_p = Parsed::new(&raw_messages[k], raw.tools(), counter);
+        let fwd_p = Parsed::new(&fwd_messages, fwd.tools(), counter);
+        let (window, reserve) = compactor.window_and_reserve(raw.as_ref(), Some(window));
         let usable = window.saturating_sub(reserve);
         m.usable_window = if m.usable_window == 0 { usable } else { m.usable_window.min(usable) };
         m.tokens_raw += raw_p.total;
@@ -259,7 +282,8 @@ pub fn evaluate_session(
             m.epochs = m.epochs.max(summary.epoch);
         }
 
-        let boundary = engine.compact(raw, &CompactOptions::default(), counter).boundary.min(raw.messages.len());
+        let view = View { messages: &raw_messages[k], tools: raw.tools() };
+        let boundary = engine.compact(&view, &CompactOptions::default(), counter).boundary.min(raw_messages[k].len());
         let floor = floor_tokens(&raw_p, boundary);
         m.tokens_floor += floor;
         if fwd_p.total > usable {
@@ -278,12 +302,13 @@ pub fn evaluate_session(
                 m.uncached_forwarded += fwd_p.total;
             }
         }
-        m.valid_forwarded += check_tool_pairing(&fwd_p.messages).is_ok() as usize;
-        m.valid_raw += check_tool_pairing(&raw_p.messages).is_ok() as usize;
+        m.valid_forwarded += fwd.check().is_ok() as usize;
+        m.valid_raw += raw.check().is_ok() as usize;
         m.preserved += preserves_user_and_tail(&raw_p.messages, &fwd_p.messages, boundary) as usize;
 
-        if let Some(next) = parsed_raw.get(k + 1).and_then(Option::as_ref) {
-            let (needles, kept) = next_step_needles(&needle_re, raw, next, &fwd_p.messages);
+        if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
+            let raw_view = View { messages: &raw_messages[k], tools: raw.tools() };
+            let (needles, kept) = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages);
             m.needles += needles;
             m.needles_kept += kept;
         }
@@ -304,12 +329,12 @@ struct Parsed<'a> {
 }
 
 impl<'a> Parsed<'a> {
-    fn new(body: &ChatBody<'a>, counter: &TokenCounter) -> Parsed<'a> {
+    fn new(body_messages: &[&'a str], tools: Option<&str>, counter: &TokenCounter) -> Parsed<'a> {
         let messages: Vec<std::borrow::Cow<'a, str>> =
-            body.messages.iter().map(|m| std::borrow::Cow::Borrowed(*m)).collect();
+            body_messages.iter().map(|m| std::borrow::Cow::Borrowed(*m)).collect();
         let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
         let roles = messages.iter().map(|m| role_of(m).into_owned()).collect();
-        let tools = body.field("tools").map(|t| t.get().to_owned()).filter(|t| t != "null");
+        let tools = tools.map(str::to_owned);
         let tools_tokens = tools.as_deref().map_or(0, |t| counter.tools(t));
         let total = message_tokens.iter().sum::<u64>() + tools_tokens + REPLY_PRIMING;
         Parsed { messages, message_tokens, roles, tools, tools_tokens, total }
@@ -352,40 +377,6 @@ fn floor_tokens(raw: &Parsed<'_>, boundary: usize) -> u64 {
         .map(|i| raw.message_tokens[i])
         .sum();
     kept + raw.tools_tokens + REPLY_PRIMING
-}
-
-/// Invariant 1: every assistant tool call is answered by a `tool` message before the next non-tool
-/// message, and every `tool` message answers a pending call. Returns the first violation.
-pub fn check_tool_pairing<M: AsRef<str>>(messages: &[M]) -> Result<(), String> {
-    let mut pending: Vec<String> = Vec::new();
-    let mut answered: Vec<String> = Vec::new();
-    for (i, raw) in messages.iter().enumerate() {
-        let message: Message =
-            serde_json::from_str(raw.as_ref()).map_err(|e| format!("message {i} is not a message object: {e}"))?;
-        if message.role == "tool" {
-            let id = message.tool_call_id.clone().unwrap_or_default();
-            match pending.iter().position(|p| *p == id) {
-                Some(at) => {
-                    answered.push(pending.remove(at));
-                }
-                None => {
-                    return Err(format!("message {i}: tool result `{id}` answers no pending call"));
-                }
-            }
-            continue;
-        }
-        if let Some(unanswered) = pending.first() {
-            return Err(format!("message {i}: call `{unanswered}` has no tool result before it"));
-        }
-        answered.clear();
-        if message.role == "assistant" {
-            pending = message.tool_calls.iter().flatten().map(|c| c.id.clone()).collect();
-        }
-    }
-    match pending.first() {
-        Some(unanswered) => Err(format!("call `{unanswered}` has no tool result at the end")),
-        None => Ok(()),
-    }
 }
 
 /// User messages of `raw` appear, in order and byte-identical, in `fwd`; and `fwd` ends with
@@ -442,13 +433,13 @@ fn has_file_extension(token: &str) -> bool {
 
 /// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
 /// only in tool outputs) and how many of them `fwd` still contains.
-fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatBody<'_>, fwd: &[M]) -> (u64, u64) {
+fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], fwd: &[M]) -> (u64, u64) {
     let n = raw.messages.len();
-    let extends = next.messages.len() > n && raw.messages.iter().zip(&next.messages).all(|(a, b)| a == b);
+    let extends = next.len() > n && raw.messages.iter().zip(next).all(|(a, b)| a == b);
     if !extends {
         return (0, 0);
     }
-    let Ok(reply) = Message::from_raw(next.messages[n]) else {
+    let Ok(reply) = Message::from_raw(next[n]) else {
         return (0, 0);
     };
     if reply.role != "assistant" {
@@ -463,13 +454,13 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &ChatBody<'_>, next: &ChatB
     }
     // Compare decoded text, never JSON bytes: in `"line\nNow"` the bytes hold a spurious `nNow`.
     let (mut tool_text, mut other_text) = (String::new(), String::new());
-    for m in &raw.messages {
+    for m in raw.messages {
         let text = *m;
         let out = if role_of(text) == "tool" { &mut tool_text } else { &mut other_text };
         push_decoded(text, out);
     }
-    if let Some(tools) = raw.field("tools") {
-        push_decoded(tools.get(), &mut other_text);
+    if let Some(tools) = raw.tools {
+        push_decoded(tools, &mut other_text);
     }
     let mut forwarded = String::new();
     for m in fwd {
@@ -539,19 +530,6 @@ mod tests {
             "Open src/core/loop.py and config.yaml, reservation ZFA04Y, call read_file, getUserId, 12345, 123, the word Hello.",
         );
         assert_eq!(found, vec!["src/core/loop.py", "config.yaml", "ZFA04Y", "read_file", "getUserId", "12345"]);
-    }
-
-    #[test]
-    fn tool_pairing_violations_are_found() {
-        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]}"#;
-        let ans_a = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
-        let ans_b = r#"{"role":"tool","tool_call_id":"b","content":"y"}"#;
-        let user = r#"{"role":"user","content":"u"}"#;
-        assert!(check_tool_pairing(&[user, call, ans_b, ans_a, user]).is_ok());
-        assert!(check_tool_pairing(&[user, call, ans_a, user]).unwrap_err().contains("`b`"));
-        assert!(check_tool_pairing(&[user, ans_a]).unwrap_err().contains("answers no pending call"));
-        assert!(check_tool_pairing(&[user, call, ans_a, ans_b, ans_b]).is_err());
-        assert!(check_tool_pairing(&[user, call]).is_err());
     }
 
     #[test]

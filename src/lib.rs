@@ -6,15 +6,18 @@
 //!
 //! # Layout
 //!
-//! - [`wire`]: the Chat Completions request as pare reads it — typed where the rules look, raw bytes
-//!   everywhere else, so nothing pare does not understand is ever lost.
+//! - [`neutral`]: pare's wire-neutral conversation (chat-shaped messages, tool calls paired with
+//!   their results by id, opaque parts) and its fast typed read: what the engine reads.
+//! - [`wire`]: one adapter per request format (Chat Completions, Responses): parse once into the
+//!   neutral view, write the forwarded body back — raw bytes for everything the engine did not change.
 //! - [`compact`]: the pure engine. `request + policy → request + report`; no I/O, no clock, cannot fail
 //!   on user data. Rules, markers, structural maps, validation of tool-call pairing.
 //! - [`budget`]: token counting, context windows, salience tiers and cache-stable epochs: decides *when*
 //!   and *how much* to compact, and keeps forwarded prompts append-only between epochs.
 //! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
 //! - [`archive`]: the durable raw store (SQLite), session audit, DPO/SFT export.
-//! - [`pipeline`]: the seam the proxy calls for one chat request: session → archive → compaction.
+//! - [`pipeline`]: the seam the proxy calls for one request: session → archive → compaction.
+//! - [`exchange`]: the types proxy, pipeline and archive share about one exchange (a leaf).
 //! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
 //! - [`cli`]: the command line (`serve`, `compact`, `replay`, `eval`, `sessions`, `export`, `check`).
@@ -26,6 +29,8 @@ pub mod cli;
 pub mod compact;
 pub mod config;
 pub mod eval;
+pub mod exchange;
+pub mod neutral;
 pub mod pipeline;
 pub mod proxy;
 pub mod session;

@@ -1,4 +1,4 @@
-//! The seam the proxy calls for one chat-completions request: which session it belongs to, the raw
+//! The seam the proxy calls for one request of a wire format pare compacts: which session it belongs to, the raw
 //! record for the archive, and the compacted body to forward. Also where fail-open is enforced: any
 //! error or panic inside compaction forwards the original bytes and is counted.
 
@@ -9,43 +9,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::HeaderMap;
 
+pub use crate::exchange::{CompactionSummary, ResponseSink, StreamEnd};
+
 use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability};
 use crate::session::SessionTracker;
-use crate::wire::{ChatBody, Spans};
+use crate::wire::{Spans, Wire, WireBody};
 
 /// A session's id (time-sortable, see [`crate::session`]).
 pub type SessionId = String;
-
-/// What compaction reports for one request; carried into headers, the log line and the archive.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct CompactionSummary {
-    pub tokens_raw: u64,
-    pub tokens_forwarded: u64,
-    /// Epoch number of the session after this request (0 = never compacted).
-    pub epoch: u64,
-    /// This request started an epoch (eager: an advance that changed the forwarded prefix). Said by
-    /// the compactor, so a restart that seeds sessions at their archived epoch numbers counts none.
-    pub epoch_started: bool,
-    /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
-    /// mode, compaction could not bring it under — what pare never shrinks (first system message,
-    /// user messages, protected tail, tools, messages a rule keeps whole) does not fit, or at a very
-    /// small window the markers left in place of what went; in off mode, the raw request is over.
-    /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the archived
-    /// summary and `pare_over_window_requests_total`.
-    pub over_window: bool,
-    /// The engine's detailed report (per rule savings, messages changed…).
-    pub report: serde_json::Value,
-}
 
 /// Input of one compaction.
 pub struct CompactInput<'a> {
     pub session: &'a str,
     pub raw: &'a [u8],
-    pub body: &'a ChatBody<'a>,
+    pub body: &'a dyn WireBody,
+    /// The body's neutral messages, read once for the session tracker and the compactor.
+    pub messages: &'a [&'a str],
     /// Context window of the request's model when the pipeline resolved one (config or detection).
     pub window: Option<u64>,
 }
@@ -53,7 +36,7 @@ pub struct CompactInput<'a> {
 /// Output of one compaction: `body` is `None` when the request is forwarded unchanged.
 pub struct CompactOutput {
     pub body: Option<Vec<u8>>,
-    /// Where `body`'s values lie, when the compactor wrote it with [`ChatBody::to_vec_and_spans`]:
+    /// Where `body`'s values lie, when the compactor wrote it with [`WireBody::write`]:
     /// the archive then stores it without parsing it. `None`: the archive parses `body` itself.
     pub spans: Option<Spans>,
     pub summary: CompactionSummary,
@@ -71,7 +54,7 @@ struct Compaction {
     skipped: Option<String>,
 }
 
-/// Anything that can compact a chat request. The engine is pure; implementations may keep
+/// Anything that can compact a request. The engine is pure; implementations may keep
 /// per-session state (epochs, stickiness) behind interior mutability.
 pub trait ChatCompactor: Send + Sync {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput>;
@@ -86,28 +69,9 @@ impl ChatCompactor for IdentityCompactor {
     }
 }
 
-/// Receives the upstream's answer to a chat request as it streams (for the archive).
-/// The proxy calls `finish` exactly once: on end of body, on error, or when the body is dropped.
-pub trait ResponseSink: Send {
-    fn head(&mut self, status: u16, headers: &HeaderMap);
-    fn chunk(&mut self, bytes: &Bytes);
-    fn finish(self: Box<Self>, end: StreamEnd);
-}
-
-/// How a response body ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StreamEnd {
-    Complete,
-    /// The client went away before the end.
-    ClientGone,
-    /// The upstream failed mid-body (reset, timeout).
-    UpstreamError(String),
-    /// pare answered itself (502/504…) and the upstream never did.
-    NoResponse(String),
-}
-
-/// What the proxy needs to forward one chat request.
+/// What the proxy needs to forward one request.
 pub struct PreparedChat {
+    pub wire: Wire,
     /// The body to forward (the original bytes when nothing changed).
     pub body: Bytes,
     pub session: Option<SessionId>,
@@ -185,21 +149,36 @@ impl Pipeline {
 
     /// Prepare one chat request for forwarding. Never fails: the worst case forwards `raw` unchanged.
     pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
+        self.prepare_at(Wire::Chat, "POST", DEFAULT_CHAT_PATH, headers, raw).await
     }
 
     /// [`Pipeline::prepare_chat`] recording the request's method and path.
+    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+        self.prepare_at(Wire::Chat, method, path, headers, raw).await
+    }
+
+    /// Prepare one request of format `wire` for forwarding, recording its method and path. Never
+    /// fails: the worst case forwards `raw` unchanged.
     ///
     /// Order: assign the session, compact (pure, in memory, fail-open), hand the raw and forwarded
     /// bodies to the archive — in `strict` durability wait until that record is committed — and return
     /// the body to forward with a [`ResponseSink`] that records the answer.
-    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too.
-        let parsed = off_the_reactor(raw.len(), || ChatBody::parse(&raw));
-        let assignment = self.sessions.assign(headers, parsed.as_ref().ok());
+    pub async fn prepare_at(
+        &self,
+        wire: Wire,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        raw: Bytes,
+    ) -> PreparedChat {
+        // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
+        // neutral messages are read once, for the session tracker and the compactor.
+        let parsed = off_the_reactor(raw.len(), || crate::wire::parse(wire, &raw));
+        let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
+        let assignment = self.sessions.assign(headers, messages.as_deref());
         let session = assignment.session.clone();
         let (model, request_stream) = match &parsed {
-            Ok(body) => (body.model(), body.field("stream").is_some_and(|v| v.get().trim() == "true")),
+            Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
         };
         let Compaction { body: changed, spans: forwarded_spans, summary, skipped } = match &parsed {
@@ -212,7 +191,8 @@ impl Pipeline {
                     Some(windows) => Some(windows.window(model.as_deref()).await),
                     None => None,
                 };
-                off_the_reactor(raw.len(), || self.compact(&session, &raw, body, window))
+                let messages = messages.as_deref().unwrap_or_default();
+                off_the_reactor(raw.len(), || self.compact(&session, &raw, body.as_ref(), messages, window))
             }
         };
         // Where the raw body's values lie, for the archive: its writer then does not parse it again
@@ -221,6 +201,7 @@ impl Pipeline {
             (Some(_), Ok(body)) => body.spans_in(&raw),
             _ => None,
         };
+        drop(messages);
         drop(parsed);
         let forward = changed.clone().unwrap_or_else(|| raw.clone());
         let ticket = match &self.archive {
@@ -256,14 +237,35 @@ impl Pipeline {
                 Some((Arc::clone(archive), ticket))
             }
         };
-        let sink =
-            ArchiveSink::new(ticket, Arc::clone(&self.sessions), session.clone(), assignment.key_req, request_stream);
-        PreparedChat { body: forward, session: Some(session), model, summary, skipped, sink: Some(Box::new(sink)) }
+        let sink = ArchiveSink::new(
+            ticket,
+            Arc::clone(&self.sessions),
+            session.clone(),
+            assignment.key_req,
+            request_stream,
+            wire,
+        );
+        PreparedChat {
+            wire,
+            body: forward,
+            session: Some(session),
+            model,
+            summary,
+            skipped,
+            sink: Some(Box::new(sink)),
+        }
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
-    fn compact(&self, session: &str, raw: &Bytes, body: &ChatBody<'_>, window: Option<u64>) -> Compaction {
-        let input = CompactInput { session, raw, body, window };
+    fn compact(
+        &self,
+        session: &str,
+        raw: &Bytes,
+        body: &dyn WireBody,
+        messages: &[&str],
+        window: Option<u64>,
+    ) -> Compaction {
+        let input = CompactInput { session, raw, body, messages, window };
         match compact_fail_open(self.compactor.as_ref(), &input) {
             Ok(out) => Compaction {
                 spans: out.body.as_ref().and(out.spans),
@@ -383,13 +385,15 @@ fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit:
                 continue;
             }
         };
-        let epoch = reader
-            .exchanges(&session)
-            .ok()
-            .and_then(|xs| xs.into_iter().rev().find_map(|x| x.summary))
-            .and_then(|summary| summary.get("epoch").and_then(serde_json::Value::as_u64))
-            .unwrap_or(0);
-        match compactor.seed(&session, &last.raw, &last.forwarded, epoch) {
+        let exchanges = reader.exchanges(&session).unwrap_or_default();
+        let wire = exchanges.last().and_then(|x| Wire::of_path(&x.path)).unwrap_or_default();
+        let epoch = exchanges
+            .into_iter()
+            .rev()
+            .find_map(|x| x.summary)
+            .and_then(|summary| serde_json::from_value::<CompactionSummary>(summary).ok())
+            .map_or(0, |summary| summary.epoch);
+        match compactor.seed(&session, wire, &last.raw, &last.forwarded, epoch) {
             Ok(()) => n_seeded += 1,
             Err(err) => tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state"),
         }

@@ -40,7 +40,6 @@ use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::config::ArchiveConfig;
-use crate::wire::ChatBody;
 
 /// Ext keys remembered per session (older branches beyond this can no longer be joined).
 const EXT_KEYS_PER_SESSION: usize = 4096;
@@ -162,7 +161,7 @@ pub enum Assigned {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub session: String,
-    /// Key of the request's whole message list (`None` for a body that is not a chat request).
+    /// Key of the request's whole message list (`None` for a body that did not parse).
     pub key_req: Option<u64>,
     pub how: Assigned,
 }
@@ -287,16 +286,17 @@ impl SessionTracker {
     }
 
     /// Assign a request to a session and remember it as waiting for its answer.
-    pub fn assign(&self, headers: &HeaderMap, body: Option<&ChatBody<'_>>) -> Assignment {
+    /// `messages` are the request's neutral messages (`None` for a body that did not parse).
+    pub fn assign(&self, headers: &HeaderMap, messages: Option<&[&str]>) -> Assignment {
         let explicit = self.header_session(headers);
-        let Some(body) = body else {
+        let Some(messages) = messages else {
             let (session, how) = match explicit {
                 Some(s) => (s, Assigned::Header),
                 None => (new_session_id(), Assigned::New),
             };
             return Assignment { session, key_req: None, how };
         };
-        let prefixes = prefix_keys(&self.message_keys(&body.messages));
+        let prefixes = prefix_keys(&self.message_keys(messages));
         let key_req = prefixes.last().copied();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (session, how) = match explicit {
@@ -314,8 +314,14 @@ impl SessionTracker {
     /// The answer to a request completed: register "request + answer" as the session's head.
     /// Returns the ext key (stored with the response, so the tracker can be rebuilt).
     pub fn answered(&self, session: &str, key_req: Option<u64>, answer: &Value) -> Option<u64> {
+        self.answered_with(session, key_req, std::slice::from_ref(answer))
+    }
+
+    /// [`SessionTracker::answered`] with an answer of several neutral messages (a Responses
+    /// answer's output items).
+    pub fn answered_with(&self, session: &str, key_req: Option<u64>, answer: &[Value]) -> Option<u64> {
         let key_req = key_req?;
-        let ext = chain_key(key_req, message_key_value(answer));
+        let ext = answer.iter().fold(key_req, |acc, m| chain_key(acc, message_key_value(m)));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         forget_pending(&mut inner, session, key_req);
         inner.register_ext(session, ext);
@@ -395,8 +401,8 @@ mod tests {
 
     fn assign(t: &SessionTracker, messages: &[Value]) -> Assignment {
         let bytes = body(messages);
-        let parsed = ChatBody::parse(&bytes).unwrap();
-        t.assign(&HeaderMap::new(), Some(&parsed))
+        let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
+        t.assign(&HeaderMap::new(), Some(&parsed.messages))
     }
 
     fn sys() -> Value {
@@ -493,11 +499,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-pare-session", "agent-7".parse().unwrap());
         let bytes = body(&[sys(), user("x")]);
-        let parsed = ChatBody::parse(&bytes).unwrap();
-        let a = t.assign(&headers, Some(&parsed));
+        let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
+        let a = t.assign(&headers, Some(&parsed.messages));
         assert_eq!((a.session.as_str(), a.how), ("agent-7", Assigned::Header));
         headers.insert("x-pare-session", "../../etc/passwd".parse().unwrap());
-        let b = t.assign(&headers, Some(&parsed));
+        let b = t.assign(&headers, Some(&parsed.messages));
         assert_ne!(b.session, "../../etc/passwd");
         assert!(valid_session_id(&b.session));
         assert!(!valid_session_id(""));

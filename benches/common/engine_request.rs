@@ -85,7 +85,7 @@ pub fn large_request() -> Vec<u8> {
 /// Parse, compact and serialize one body, as the proxy does for a request that crosses its high-water mark.
 pub fn compact_with(engine: &Engine, body: &[u8], options: &CompactOptions, counter: &dyn CountTokens) -> Vec<u8> {
     let parsed = ChatBody::parse(body).unwrap();
-    let out = engine.compact(&parsed, options, counter);
+    let out = engine.compact(&parsed.view(), options, counter);
     let mut messages = out.prefix;
     messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     parsed.to_vec_with_messages(&messages)

@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     let history = HistoryBudget { high: raw_tokens / 8, low: raw_tokens / 16 };
     for (target, history) in [(None, None), (Some(raw_tokens / 2), None), (None, Some(history))] {
         let opts = CompactOptions { target_tokens: target, history, ..CompactOptions::default() };
-        let out = engine.compact(&body, &opts, &Quarter);
+        let out = engine.compact(&body.view(), &opts, &Quarter);
         assert!(out.boundary <= raw.len());
         let forwarded: Vec<&str> =
             out.prefix.iter().map(String::as_str).chain(raw[out.boundary..].iter().copied()).collect();
@@ -58,12 +58,12 @@ fuzz_target!(|data: &[u8]| {
             forwarded.iter().filter(|m| Skeleton::of(m).is_some_and(|s| s.role == "user")).collect();
         assert_eq!(users_in, users_out.len(), "a user message was dropped or added");
         assert!(users_out.iter().all(|u| raw.contains(u)), "a user message changed");
-        let again = engine.compact(&body, &opts, &Quarter);
+        let again = engine.compact(&body.view(), &opts, &Quarter);
         assert_eq!(again.prefix, out.prefix, "not deterministic");
         // Idempotent: compacting the forwarded request again changes nothing.
         let forwarded_body = body.to_vec_with_messages(&forwarded);
         let reparsed = ChatBody::parse(&forwarded_body).expect("pare's own output parses");
-        let twice = engine.compact(&reparsed, &opts, &Quarter);
+        let twice = engine.compact(&reparsed.view(), &opts, &Quarter);
         let twice: Vec<&str> = twice
             .prefix
             .iter()

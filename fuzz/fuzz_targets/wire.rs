@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use pare::wire::{ChatBody, Message};
+use pare::neutral::Message;
+use pare::wire::ChatBody;
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {

@@ -36,7 +36,8 @@ pub struct MessagesPiece<'a> {
     pub close: &'a [u8],
 }
 
-/// Split a body. A body that is not a JSON object with a `messages` array is one blob.
+/// Split a body. A body that is not a JSON object with a `messages` array (chat) or an `input` array
+/// (Responses) is one blob.
 pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
     split_json(body).unwrap_or_else(|| if body.is_empty() { Vec::new() } else { vec![Piece::Blob(body)] })
 }
@@ -55,7 +56,7 @@ pub fn split_along<'a>(body: &'a [u8], spans: Option<&Spans>) -> Vec<Piece<'a>> 
 
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     // The proxy's own parse: one validating pass over the body that gives each value's bytes in place.
-    let parsed = ChatBody::parse(body).ok()?;
+    let parsed = ChatBody::parse(body).or_else(|_| ChatBody::parse_keyed(body, "input")).ok()?;
     pieces(body, &parsed.spans_in(body)?)
 }
 

@@ -18,6 +18,11 @@
 //!   `command not found`, `No such file or directory`); branches abandoned before the final transcript
 //!   are not searched for retries.
 //!
+//! Responses API exchanges are exported in the same formats, converted to chat messages: `instructions`
+//! is the system message, `developer` messages become `system` ones, function, custom and local shell
+//! calls become `tool_calls`, their outputs tool messages; `reasoning` items (encrypted) and opaque
+//! items (`compaction`, web search calls…) are dropped.
+//!
 //! Messages are exported with `role`, `content` (text parts joined into a string, so every row has the
 //! same shape), `tool_calls` (`arguments` as a JSON string), `tool_call_id` and `name`; reasoning fields
 //! and unknown keys are left out.
@@ -32,6 +37,8 @@ use super::ArchiveError;
 use super::query::{ArchiveReader, SessionFilter};
 use super::read::BodyKind;
 use crate::session::{chain_key, content_text, message_key_value, prefix_keys};
+use crate::wire::responses::ResponsesBody;
+use crate::wire::{Wire, WireBody};
 
 /// One exchange as export sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,9 +122,15 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
         let mut exchanges = Vec::new();
         for ex in reader.exchanges(&info.id)? {
             let raw = reader.body(&info.id, ex.seq, BodyKind::Raw)?;
-            let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-            let messages = body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
-            let tools = body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())).cloned();
+            let (messages, tools) = match Wire::of_path(&ex.path) {
+                Some(Wire::Responses) => responses_as_chat(&raw),
+                _ => {
+                    let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+                    let messages = body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+                    (messages, body.get("tools").cloned())
+                }
+            };
+            let tools = tools.filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
             let answer = reader.response(&info.id, ex.seq)?.and_then(|r| {
                 let ok = !r.partial && r.status.is_none_or(|s| (200..300).contains(&s));
                 ok.then(|| r.assembled.and_then(|a| a.get("message").cloned())).flatten()
@@ -127,6 +140,42 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
         out.push(SessionData { id: info.id, exchanges });
     }
     Ok(out)
+}
+
+/// A Responses request as chat messages and chat tools: its neutral messages (instructions as the
+/// system message, message items, calls as assistant `tool_calls`, outputs as tool messages), with
+/// `developer` messages as `system` ones; reasoning and opaque items are left out, and so are
+/// tools other than functions.
+fn responses_as_chat(raw: &[u8]) -> (Vec<Value>, Option<Value>) {
+    let Ok(body) = ResponsesBody::parse(raw) else {
+        return (Vec::new(), None);
+    };
+    let messages = body
+        .messages()
+        .iter()
+        .filter_map(|m| serde_json::from_str::<Value>(m).ok())
+        .filter(|m| m.get("role").and_then(Value::as_str) != Some("opaque"))
+        .map(|mut m| {
+            if m["role"] == "developer" {
+                m["role"] = json!("system");
+            }
+            m
+        })
+        .collect();
+    let tools = body.tools().and_then(|t| serde_json::from_str::<Vec<Value>>(t).ok()).map(|tools| {
+        let functions = tools.into_iter().filter(|t| t.get("type").and_then(Value::as_str) == Some("function"));
+        Value::Array(
+            functions
+                .map(|t| {
+                    let mut function = t.as_object().cloned().unwrap_or_default();
+                    function.remove("type");
+                    function.remove("strict");
+                    json!({"type": "function", "function": function})
+                })
+                .collect(),
+        )
+    });
+    (messages, tools)
 }
 
 /// A message reduced to the keys training formats use (see the module docs).

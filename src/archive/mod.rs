@@ -8,7 +8,7 @@
 //! - [`chain`]: the per-session hash chain that `verify` checks.
 //! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
-//! - [`response`]: the [`crate::pipeline::ResponseSink`] that assembles the assistant's answer.
+//! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`query`]: the audit side: list, load, delete sessions.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -22,6 +22,7 @@ pub mod export;
 pub mod query;
 pub mod read;
 pub mod response;
+pub mod responses_sse;
 pub mod store;
 pub mod verify;
 mod writer;
@@ -37,7 +38,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::config::{ArchiveConfig, Durability};
-use crate::pipeline::{CompactionSummary, StreamEnd};
+use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::wire::Spans;
 
 /// Errors of the archive. Writing never surfaces them to the proxy (fail-open); the CLI reports them.

@@ -22,6 +22,9 @@ pub struct SessionInfo {
     pub tokens_raw: i64,
     /// Σ tokens of the forwarded requests.
     pub tokens_forwarded: i64,
+    /// The wire format of the session's last request (`chat`, `responses`), from its path; `None`
+    /// for a path pare does not compact.
+    pub wire: Option<&'static str>,
 }
 
 /// Which sessions to list or export.
@@ -95,10 +98,12 @@ fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
         model: r.get(4)?,
         tokens_raw: r.get(5)?,
         tokens_forwarded: r.get(6)?,
+        wire: r.get::<_, Option<String>>(7)?.and_then(|path| crate::wire::Wire::of_path(&path)).map(|w| w.name()),
     })
 }
 
-const SESSION_COLUMNS: &str = "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded";
+const SESSION_COLUMNS: &str = "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded,
+    (SELECT path FROM exchanges WHERE exchanges.session = sessions.id ORDER BY seq DESC LIMIT 1)";
 
 impl ArchiveReader {
     /// Open the store in `dir` read-only.

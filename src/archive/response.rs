@@ -9,8 +9,9 @@ use http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::{Archive, ResponseRecord, Ticket, keep_headers, now_ms};
-use crate::pipeline::{ResponseSink, StreamEnd};
+use crate::exchange::{ResponseSink, StreamEnd};
 use crate::session::SessionTracker;
+use crate::wire::Wire;
 
 /// Most response bytes kept per exchange; a longer body is stored up to here and marked partial.
 pub const MAX_BODY: usize = 64 * 1024 * 1024;
@@ -20,7 +21,7 @@ pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
     if stream || looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
 }
 
-fn looks_like_sse(body: &[u8]) -> bool {
+pub(super) fn looks_like_sse(body: &[u8]) -> bool {
     let start = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(0);
     body[start..].starts_with(b"data:") || body[start..].starts_with(b"event:") || body[start..].starts_with(b":")
 }
@@ -182,6 +183,8 @@ pub struct ArchiveSink {
     registered: Option<Option<u64>>,
     /// The assembled answer, kept when it was assembled early (at `[DONE]`).
     assembled: Option<Value>,
+    /// The request's format, which says how to read the answer.
+    wire: Wire,
 }
 
 impl ArchiveSink {
@@ -191,6 +194,7 @@ impl ArchiveSink {
         session: String,
         key_req: Option<u64>,
         request_stream: bool,
+        wire: Wire,
     ) -> ArchiveSink {
         ArchiveSink {
             archive,
@@ -204,6 +208,14 @@ impl ArchiveSink {
             truncated: false,
             registered: None,
             assembled: None,
+            wire,
+        }
+    }
+
+    fn assemble(&self) -> Option<Value> {
+        match self.wire {
+            Wire::Chat => assemble(&self.body, self.stream),
+            Wire::Responses => super::responses_sse::assemble(&self.body, self.stream),
         }
     }
 
@@ -212,11 +224,15 @@ impl ArchiveSink {
         if self.registered.is_some() {
             return;
         }
-        self.assembled = assemble(&self.body, self.stream);
+        self.assembled = self.assemble();
         let ok = self.status.is_none_or(|s| (200..300).contains(&s));
-        let message = self.assembled.as_ref().and_then(|a| a.get("message")).filter(|_| ok);
-        let key = match message {
-            Some(m) => self.tracker.answered(&self.session, self.key_req, m),
+        // The answer's neutral messages: one for chat, the output items' for Responses.
+        let messages: Option<Vec<Value>> = self.assembled.as_ref().filter(|_| ok).and_then(|a| match self.wire {
+            Wire::Chat => a.get("message").map(|m| vec![m.clone()]),
+            Wire::Responses => a.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()).cloned(),
+        });
+        let key = match messages {
+            Some(m) => self.tracker.answered_with(&self.session, self.key_req, &m),
             None => {
                 self.tracker.unanswered(&self.session, self.key_req);
                 None
@@ -241,7 +257,7 @@ impl ResponseSink for ArchiveSink {
             self.truncated = true;
         }
         self.body.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if self.stream && self.registered.is_none() && memchr_done(bytes) {
+        if self.stream && self.wire == Wire::Chat && self.registered.is_none() && memchr_done(bytes) {
             self.register();
         }
     }
@@ -251,7 +267,7 @@ impl ResponseSink for ArchiveSink {
             self.register();
         } else if self.registered.is_none() {
             self.tracker.unanswered(&self.session, self.key_req);
-            self.assembled = assemble(&self.body, self.stream);
+            self.assembled = self.assemble();
         }
         let key_ext = self.registered.flatten();
         if let Some((archive, ticket)) = self.archive.take() {

@@ -486,7 +486,7 @@ fn headers_json(headers: &[(String, String)]) -> String {
 }
 
 fn end_reason(rec: &ResponseRecord) -> String {
-    use crate::pipeline::StreamEnd;
+    use crate::exchange::StreamEnd;
     let base = match &rec.end {
         StreamEnd::Complete => "complete".to_string(),
         StreamEnd::ClientGone => "client_gone".to_string(),

@@ -29,20 +29,21 @@ use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
 use crate::config::{Config, Mode};
+use crate::neutral::{View, role_of};
 use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
-use crate::wire::{ChatBody, WireError, role_of};
+use crate::wire::{Wire, WireBody, WireError};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
-    fn compact(&self, body: &ChatBody<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(body, options, counter).0
+    fn compact(&self, view: &View<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(view, options, counter).0
     }
     /// [`CompactEngine::compact`] plus, for each forwarded prefix message, the raw message(s) it
     /// stands for.
     fn compact_traced(
         &self,
-        body: &ChatBody<'_>,
+        view: &View<'_>,
         options: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>);
@@ -51,11 +52,11 @@ pub trait CompactEngine: Send + Sync {
 impl CompactEngine for Engine {
     fn compact_traced(
         &self,
-        body: &ChatBody<'_>,
+        view: &View<'_>,
         options: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
-        Engine::compact_traced(self, body, options, counter)
+        Engine::compact_traced(self, view, options, counter)
     }
 }
 
@@ -125,10 +126,10 @@ struct SessionState {
 /// Why a session could not be seeded from an archived pair.
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
-    #[error("archived raw body of session `{session}` is not a chat request: {source}")]
-    Raw { session: String, source: WireError },
-    #[error("archived forwarded body of session `{session}` is not a chat request: {source}")]
-    Forwarded { session: String, source: WireError },
+    #[error("archived raw body of session `{session}` is not a {wire} request: {source}")]
+    Raw { session: String, wire: &'static str, source: WireError },
+    #[error("archived forwarded body of session `{session}` is not a {wire} request: {source}")]
+    Forwarded { session: String, wire: &'static str, source: WireError },
 }
 
 /// The stateful [`ChatCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
@@ -150,15 +151,15 @@ impl std::fmt::Debug for SessionCompactor {
 }
 
 /// One request, resolved against the configuration.
-struct Request<'b, 'a> {
-    body: &'b ChatBody<'a>,
-    raw: Vec<&'a str>,
+struct Request<'a> {
+    /// The neutral messages of the request.
+    raw: &'a [&'a str],
     tools: Option<&'a str>,
     window: u64,
     reserve: u64,
 }
 
-impl<'b, 'a> Request<'b, 'a> {
+impl Request<'_> {
     fn usable(&self) -> u64 {
         self.window.saturating_sub(self.reserve)
     }
@@ -226,10 +227,10 @@ impl SessionCompactor {
     }
 
     /// The window and answer reserve pare applies to `body` (`window` overrides config and default).
-    pub fn window_and_reserve(&self, body: &ChatBody<'_>, window: Option<u64>) -> (u64, u64) {
+    pub fn window_and_reserve(&self, body: &dyn WireBody, window: Option<u64>) -> (u64, u64) {
         let settings = self.table.settings(body.model().as_deref());
         let window = window.or(settings.context_window).unwrap_or(self.table.default_window());
-        (window, answer_reserve(body, settings.output_reserve, window))
+        (window, answer_reserve(body.output_limit(), settings.output_reserve, window))
     }
 
     /// Sessions currently remembered.
@@ -241,12 +242,19 @@ impl SessionCompactor {
     /// that after a restart the next request reuses the same forwarded prefix instead of starting a
     /// new epoch. The forwarded body is `prefix ++ raw[n..]`; `n` is found from the longest common
     /// suffix of the two message lists.
-    pub fn seed(&self, session: &str, raw: &[u8], forwarded: &[u8], epoch: u64) -> Result<(), SeedError> {
-        let raw_body = ChatBody::parse(raw).map_err(|source| SeedError::Raw { session: session.to_owned(), source })?;
-        let fwd_body = ChatBody::parse(forwarded)
-            .map_err(|source| SeedError::Forwarded { session: session.to_owned(), source })?;
-        let raw_msgs = &raw_body.messages;
-        let fwd_msgs = &fwd_body.messages;
+    pub fn seed(&self, session: &str, wire: Wire, raw: &[u8], forwarded: &[u8], epoch: u64) -> Result<(), SeedError> {
+        let raw_body = crate::wire::parse(wire, raw).map_err(|source| SeedError::Raw {
+            session: session.to_owned(),
+            wire: wire.name(),
+            source,
+        })?;
+        let fwd_body = crate::wire::parse(wire, forwarded).map_err(|source| SeedError::Forwarded {
+            session: session.to_owned(),
+            wire: wire.name(),
+            source,
+        })?;
+        let raw_msgs = &raw_body.messages();
+        let fwd_msgs = &fwd_body.messages();
         let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
@@ -279,12 +287,24 @@ impl SessionCompactor {
     }
 
     /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
-    pub fn compact_body(&self, session: &str, body: &ChatBody<'_>, window: Option<u64>) -> CompactOutput {
+    pub fn compact_body(&self, session: &str, body: &dyn WireBody, window: Option<u64>) -> CompactOutput {
+        let messages = body.messages();
+        self.compact_messages(session, body, &messages, window)
+    }
+
+    /// [`SessionCompactor::compact_body`] with the body's neutral messages already read.
+    pub fn compact_messages(
+        &self,
+        session: &str,
+        body: &dyn WireBody,
+        messages: &[&str],
+        window: Option<u64>,
+    ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
-        let tools = body.field("tools").map(|t| t.get()).filter(|t| *t != "null");
-        let request = Request { body, raw: body.messages.clone(), tools, window, reserve };
+        let tools = body.tools();
+        let request = Request { raw: messages, tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
-        let tokens_raw = counter.count_request(&request.raw, tools);
+        let tokens_raw = counter.count_request(request.raw, tools);
         let usable = request.usable();
         let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
 
@@ -306,7 +326,7 @@ impl SessionCompactor {
         let step = self.step(&mut state, &request, counter);
         let tokens_forwarded = step.tokens;
         let unchanged = step.messages.len() == request.raw.len()
-            && step.messages.iter().zip(&request.raw).all(|(f, r)| f.as_str() == *r);
+            && step.messages.iter().zip(request.raw).all(|(f, r)| f.as_str() == *r);
         let mut report = base_report;
         report["action"] = json!(step.action);
         if step.history_changed {
@@ -326,14 +346,23 @@ impl SessionCompactor {
         let (body, spans) = if unchanged {
             (None, None)
         } else {
-            let (bytes, spans) = body.to_vec_and_spans(&step.messages);
-            (Some(bytes), Some(spans))
+            match body.write(&step.messages) {
+                Ok((bytes, spans)) => (Some(bytes), Some(spans)),
+                Err(err) => {
+                    // Fail-open: the forwarded conversation has no valid form in this wire format.
+                    let mut summary = summary;
+                    summary.tokens_forwarded = summary.tokens_raw;
+                    summary.over_window = tokens_raw > usable;
+                    summary.report["write_failed"] = json!(err.to_string());
+                    return CompactOutput { body: None, spans: None, summary };
+                }
+            }
         };
         CompactOutput { body, spans, summary }
     }
 
     /// One transition of a session's state machine; returns the forwarded messages.
-    fn step(&self, state: &mut SessionState, request: &Request<'_, '_>, counter: &TokenCounter) -> Step {
+    fn step(&self, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
         let hashes: Vec<u128> = request.raw.iter().map(|m| xxh3_128(m.as_bytes())).collect();
         let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
@@ -409,7 +438,8 @@ impl SessionCompactor {
                     message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
                     ..Default::default()
                 };
-                let (out, sources) = self.engine.compact_traced(request.body, &options, counter);
+                let view = View { messages: request.raw, tools: request.tools };
+                let (out, sources) = self.engine.compact_traced(&view, &options, counter);
                 let seen = times.as_ref().map(|t| t.of_prefix(&sources, &t.raw, out.prefix.len()));
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
@@ -444,17 +474,17 @@ impl SessionCompactor {
     /// tiers, then elision) and that is the epoch.
     fn lightest_fitting(
         &self,
-        request: &Request<'_, '_>,
+        request: &Request<'_>,
         candidate: &[String],
         n_frozen: usize,
         target: u64,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let bytes = request.body.to_vec_with_messages(candidate);
-        let body = ChatBody::parse(&bytes).ok()?;
+        let messages: Vec<&str> = candidate.iter().map(String::as_str).collect();
+        let view = View { messages: &messages, tools: request.tools };
         let with_target = CompactOptions { target_tokens: Some(target), message_ages_secs: ages, ..Default::default() };
-        let (whole, sources) = self.engine.compact_traced(&body, &with_target, counter);
+        let (whole, sources) = self.engine.compact_traced(&view, &with_target, counter);
         let boundary = whole.boundary.min(candidate.len());
         if whole.fitted || sources.len() != whole.prefix.len() {
             return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
@@ -479,7 +509,7 @@ impl SessionCompactor {
                 let prefix = whole.prefix[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
                 messages.extend(candidate[cut..].iter().map(String::as_str));
-                if crate::eval::check_tool_pairing(&messages).is_ok() {
+                if crate::compact::validate::check_messages(&messages).is_ok() {
                     let sources = sources[..n_out].to_vec();
                     return Some(Attempt { boundary: cut, prefix, report: whole.report, sources });
                 }
@@ -492,14 +522,14 @@ impl SessionCompactor {
     /// The engine over the whole candidate.
     fn attempt(
         &self,
-        request: &Request<'_, '_>,
+        request: &Request<'_>,
         candidate: &[String],
         options: &CompactOptions,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let bytes = request.body.to_vec_with_messages(candidate);
-        let body = ChatBody::parse(&bytes).ok()?;
-        let (out, sources) = self.engine.compact_traced(&body, options, counter);
+        let messages: Vec<&str> = candidate.iter().map(String::as_str).collect();
+        let view = View { messages: &messages, tools: request.tools };
+        let (out, sources) = self.engine.compact_traced(&view, options, counter);
         Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report, sources })
     }
 }
@@ -587,7 +617,7 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
 
 impl ChatCompactor for SessionCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(self.compact_body(input.session, input.body, input.window))
+        Ok(self.compact_messages(input.session, input.body, input.messages, input.window))
     }
 }
 

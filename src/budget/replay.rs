@@ -2,7 +2,7 @@
 //! uses, giving exactly the bodies the proxy would forward. Shared by `pare replay` and `pare eval`.
 
 use crate::pipeline::{ChatCompactor, CompactInput, CompactionSummary, compact_fail_open};
-use crate::wire::ChatBody;
+use crate::wire::Wire;
 
 /// One replayed request.
 #[derive(Debug, Clone)]
@@ -17,14 +17,21 @@ pub struct Replayed {
 
 /// Forward one request of `session` as the proxy does: unparseable bodies and compactor failures
 /// (errors or panics) forward the raw bytes (fail-open).
-pub fn replay_request(compactor: &dyn ChatCompactor, session: &str, raw: &[u8], window: Option<u64>) -> Replayed {
-    let body = match ChatBody::parse(raw) {
+pub fn replay_request(
+    compactor: &dyn ChatCompactor,
+    wire: Wire,
+    session: &str,
+    raw: &[u8],
+    window: Option<u64>,
+) -> Replayed {
+    let body = match crate::wire::parse(wire, raw) {
         Ok(body) => body,
         Err(err) => {
             return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(err.to_string()) };
         }
     };
-    let input = CompactInput { session, raw, body: &body, window };
+    let messages = body.messages();
+    let input = CompactInput { session, raw, body: body.as_ref(), messages: &messages, window };
     match compact_fail_open(compactor, &input) {
         Ok(out) => {
             Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }
@@ -44,9 +51,10 @@ pub fn session_lines(text: &[u8]) -> Vec<&[u8]> {
 /// Replay every request of one session in order.
 pub fn replay_session(
     compactor: &dyn ChatCompactor,
+    wire: Wire,
     session: &str,
     requests: &[&[u8]],
     window: Option<u64>,
 ) -> Vec<Replayed> {
-    requests.iter().map(|raw| replay_request(compactor, session, raw, window)).collect()
+    requests.iter().map(|raw| replay_request(compactor, wire, session, raw, window)).collect()
 }

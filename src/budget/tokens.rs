@@ -24,7 +24,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::wire::{Content, Message};
+use crate::neutral::{Content, Message};
 
 /// Counts tokens of request parts as the upstream would see them.
 pub trait CountTokens: Send + Sync {

@@ -14,7 +14,6 @@ use serde_json::Value;
 
 use super::tokens::{Encoding, UnknownEncoding};
 use crate::config::{BudgetConfig, Config, ModelConfig};
-use crate::wire::ChatBody;
 
 /// A `models:` entry that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -98,13 +97,10 @@ impl ModelTable {
     }
 }
 
-/// Tokens reserved for the answer: the request's `max_completion_tokens` or `max_tokens` when it names
-/// one, else `configured`. Capped at half the window so that a request asking for more than the window
+/// Tokens reserved for the answer: the request's own limit when it names one (chat's
+/// `max_completion_tokens` or `max_tokens`, Responses' `max_output_tokens`), else `configured`. Capped at half the window so that a request asking for more than the window
 /// still leaves room to fit its prompt.
-pub fn answer_reserve(body: &ChatBody<'_>, configured: u64, window: u64) -> u64 {
-    let requested = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|key| body.field(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok()));
+pub fn answer_reserve(requested: Option<u64>, configured: u64, window: u64) -> u64 {
     requested.unwrap_or(configured).min(window / 2)
 }
 
@@ -280,13 +276,41 @@ mod tests {
     #[test]
     fn reserve_prefers_the_request_and_is_capped() {
         let raw = br#"{"model":"m","messages":[],"max_tokens":1000}"#;
-        assert_eq!(answer_reserve(&ChatBody::parse(raw).unwrap(), 4096, 65536), 1000);
+        assert_eq!(
+            answer_reserve(
+                crate::wire::WireBody::output_limit(&crate::wire::ChatBody::parse(raw).unwrap()),
+                4096,
+                65536
+            ),
+            1000
+        );
         let raw = br#"{"model":"m","messages":[],"max_tokens":1000,"max_completion_tokens":2000}"#;
-        assert_eq!(answer_reserve(&ChatBody::parse(raw).unwrap(), 4096, 65536), 2000);
+        assert_eq!(
+            answer_reserve(
+                crate::wire::WireBody::output_limit(&crate::wire::ChatBody::parse(raw).unwrap()),
+                4096,
+                65536
+            ),
+            2000
+        );
         let raw = br#"{"model":"m","messages":[]}"#;
-        assert_eq!(answer_reserve(&ChatBody::parse(raw).unwrap(), 4096, 65536), 4096);
+        assert_eq!(
+            answer_reserve(
+                crate::wire::WireBody::output_limit(&crate::wire::ChatBody::parse(raw).unwrap()),
+                4096,
+                65536
+            ),
+            4096
+        );
         let raw = br#"{"model":"m","messages":[],"max_tokens":100000}"#;
-        assert_eq!(answer_reserve(&ChatBody::parse(raw).unwrap(), 4096, 65536), 32768);
+        assert_eq!(
+            answer_reserve(
+                crate::wire::WireBody::output_limit(&crate::wire::ChatBody::parse(raw).unwrap()),
+                4096,
+                65536
+            ),
+            32768
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! When the config's `compaction.mode` is `eager`, what an eager advance does applies instead: the
 //! history budget (`budget.eager_history`) always, and `eager_low_water` for `--window`.
 //! A request no rule changes is written back as read (as the proxy forwards it); a body that is not a
-//! chat request is written back unchanged and the exit status is 1.
+//! request of the `--wire` format is written back unchanged and the exit status is 1.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};
@@ -23,13 +23,13 @@ use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::shorten;
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::Config;
-use crate::wire::{ChatBody, Message};
+use crate::neutral::{Message, View};
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Engine::from_config(&config)?;
     let input = read_input(&args.input)?;
-    let body = match ChatBody::parse(&input) {
+    let body = match crate::wire::parse(args.wire, &input) {
         Ok(body) => body,
         Err(err) => {
             std::io::stdout().write_all(&input).context("cannot write to stdout")?;
@@ -43,33 +43,44 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     // The mode's low-water mark and, in eager mode, its history budget — as the proxy resolves them.
     let policy = EpochPolicy::from_config(&config);
     let target_tokens = args.window.map(|window| {
-        let usable = window.saturating_sub(answer_reserve(&body, settings.output_reserve, window));
+        let usable = window.saturating_sub(answer_reserve(body.output_limit(), settings.output_reserve, window));
         (usable as f64 * policy.low_water) as u64
     });
     let options = CompactOptions { target_tokens, history: policy.history, ..Default::default() };
-    let (out, sources) = engine.compact_traced(&body, &options, &counter);
+    let raw_messages = body.messages();
+    let tools = body.tools();
+    let view = View { messages: &raw_messages, tools };
+    let (out, sources) = engine.compact_traced(&view, &options, &counter);
     let mut messages = out.prefix.clone();
-    messages.extend(body.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    messages.extend(raw_messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
     // body would differ in the whitespace between its top-level values).
-    let unchanged = messages.len() == body.messages.len() && messages.iter().zip(&body.messages).all(|(m, r)| m == r);
-    let forwarded: Cow<'_, [u8]> =
-        if unchanged { Cow::Borrowed(&input) } else { Cow::Owned(body.to_vec_with_messages(&messages)) };
+    let unchanged = messages.len() == raw_messages.len() && messages.iter().zip(&raw_messages).all(|(m, r)| m == r);
+    let forwarded: Cow<'_, [u8]> = if unchanged {
+        Cow::Borrowed(&input)
+    } else {
+        match body.write(&messages) {
+            Ok((bytes, _)) => Cow::Owned(bytes),
+            Err(err) => {
+                eprintln!("pare: {}: forwarded unchanged: {err}", args.input);
+                Cow::Borrowed(&input)
+            }
+        }
+    };
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&forwarded).context("cannot write to stdout")?;
     if !forwarded.ends_with(b"\n") {
         stdout.write_all(b"\n").context("cannot write to stdout")?;
     }
 
-    let tools = body.field("tools").map(|t| t.get());
     if args.stats {
-        let before = request_tokens(&counter, &body.messages, tools);
+        let before = request_tokens(&counter, &raw_messages, tools);
         let after = request_tokens(&counter, &messages, tools);
         let encoding = settings.encoding.name();
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
     }
     if args.diff {
-        eprint!("{}", diff(&body, &out, &sources));
+        eprint!("{}", diff(&raw_messages, &out, &sources));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -190,7 +201,7 @@ fn role(raw: &str) -> String {
 }
 
 /// The `--diff` listing: each changed, dropped or elided message, before → after.
-pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String {
+pub fn diff(raw_messages: &[&str], out: &Compacted, sources: &[Source]) -> String {
     let mut entries: Vec<(usize, String)> = Vec::new();
     let mut covered = vec![false; out.boundary];
     for (entry, source) in out.prefix.iter().zip(sources) {
@@ -198,7 +209,7 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
             Source::Raw(idx) => covered[idx] = true,
             Source::Edited(idx) => {
                 covered[idx] = true;
-                let before = body.messages[idx];
+                let before = raw_messages[idx];
                 let (minus, plus) = previews(before, entry);
                 entries.push((
                     idx,
@@ -221,7 +232,7 @@ pub fn diff(body: &ChatBody<'_>, out: &Compacted, sources: &[Source]) -> String 
     }
     for (idx, seen) in covered.iter().enumerate() {
         if !seen {
-            let before = body.messages[idx];
+            let before = raw_messages[idx];
             entries.push((idx, format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before))));
         }
     }

@@ -12,7 +12,9 @@ pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Arc::new(Engine::from_config(&config)?);
     let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
-    let report = evaluate_corpus(&args.corpus, &compactor, engine.as_ref(), args.window)?;
+    let wire = if args.convert { crate::wire::Wire::Responses } else { args.wire };
+    let input = crate::eval::EvalInput { wire, convert_chat: args.convert };
+    let report = evaluate_corpus(&args.corpus, &compactor, engine.as_ref(), args.window, input)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

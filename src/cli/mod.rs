@@ -90,6 +90,9 @@ pub struct CompactArgs {
     /// Print to stderr, per changed message, before → after.
     #[arg(long)]
     pub diff: bool,
+    /// Wire format of the request bodies: `chat` (Chat Completions) or `responses` (OpenAI Responses).
+    #[arg(long, value_enum, default_value = "chat")]
+    pub wire: crate::wire::Wire,
     /// Request body file, or `-` for stdin.
     #[arg(default_value = "-")]
     pub input: String,
@@ -103,7 +106,10 @@ pub struct ReplayArgs {
     pub window: Option<u64>,
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// Session file: one chat-completions request body per line.
+    /// Wire format of the request bodies: `chat` (Chat Completions) or `responses` (OpenAI Responses).
+    #[arg(long, value_enum, default_value = "chat")]
+    pub wire: crate::wire::Wire,
+    /// Session file: one request body per line.
     pub session: PathBuf,
 }
 
@@ -118,6 +124,13 @@ pub struct EvalArgs {
     /// Print the per-session and total figures as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Wire format of the sessions: `chat`, or `responses` (files of Responses bodies; with
+    /// `--convert`, chat sessions converted to Responses bodies first).
+    #[arg(long, value_enum, default_value = "chat")]
+    pub wire: crate::wire::Wire,
+    /// Read each chat session and convert it to Responses bodies before evaluating (`--wire responses`).
+    #[arg(long)]
+    pub convert: bool,
     /// Directory searched recursively for `*.jsonl` session files.
     pub corpus: PathBuf,
 }

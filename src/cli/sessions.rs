@@ -17,6 +17,7 @@ use crate::archive::read::BodyKind;
 use crate::archive::verify::{summary_line, verify};
 use crate::config::Config;
 use crate::session::content_text;
+use crate::wire::Wire;
 
 /// The archive directory in force: `--archive`, else `archive.dir` from `--config`, else the default.
 pub(crate) fn archive_dir(archive: Option<PathBuf>, config: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
@@ -101,6 +102,7 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
                 "model": s.model,
                 "tokens_raw": s.tokens_raw,
                 "tokens_forwarded": s.tokens_forwarded,
+                "wire": s.wire,
             });
             writeln!(out, "{line}")?;
         }
@@ -108,17 +110,18 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "{:<26}  {:<20}  {:<20}  {:>5}  {:<24}  tokens raw → forwarded",
-        "ID", "STARTED", "LAST", "REQS", "MODEL"
+        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  tokens raw → forwarded",
+        "ID", "STARTED", "LAST", "REQS", "WIRE", "MODEL"
     )?;
     for s in sessions {
         writeln!(
             out,
-            "{:<26}  {:<20}  {:<20}  {:>5}  {:<24}  {} → {}",
+            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {} → {}",
             s.id,
             show_time(s.started_ms),
             show_time(s.last_ms),
             s.n_requests,
+            s.wire.unwrap_or("-"),
             s.model.as_deref().unwrap_or("-"),
             s.tokens_raw,
             s.tokens_forwarded
@@ -147,11 +150,13 @@ fn print_bodies(
     Ok(())
 }
 
-fn messages_of(body: &[u8]) -> Vec<Value> {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("messages").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
+/// A body's conversation as neutral messages, read by the adapter of the exchange's path.
+fn messages_of(path: &str, body: &[u8]) -> Vec<Value> {
+    let wire = Wire::of_path(path).unwrap_or_default();
+    match crate::wire::parse(wire, body) {
+        Ok(parsed) => parsed.messages().iter().filter_map(|m| serde_json::from_str(m).ok()).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 fn indent(text: &str) -> String {
@@ -198,9 +203,10 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "session {} · request {seq} of {} · {} · model {} · {} bytes raw{}",
+        "session {} · request {seq} of {} · {} · {} · model {} · {} bytes raw{}",
         info.id,
         info.n_requests,
+        Wire::of_path(&ex.path).map_or("-", Wire::name),
         show_time(ex.at_ms),
         ex.model.as_deref().unwrap_or("-"),
         ex.raw_len,
@@ -210,9 +216,9 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         }
     )?;
     let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
-    let messages = messages_of(&raw);
+    let messages = messages_of(&ex.path, &raw);
     if messages.is_empty() {
-        writeln!(out, "(not a chat request: {} bytes; see --raw)", raw.len())?;
+        writeln!(out, "(no conversation pare reads: {} bytes; see --raw)", raw.len())?;
     }
     for (idx, m) in messages.iter().enumerate() {
         writeln!(out, "{}", render_message(idx + 1, m))?;
@@ -257,8 +263,8 @@ fn write_diff(out: &mut impl Write, reader: &ArchiveReader, session: &str, ex: &
         writeln!(out, "request {}: forwarded unchanged, {} bytes{tokens}{why}", ex.seq, ex.raw_len)?;
         return Ok(());
     };
-    let raw = messages_of(&reader.body(session, ex.seq, BodyKind::Raw)?);
-    let fwd = messages_of(&reader.body(session, ex.seq, BodyKind::Forwarded)?);
+    let raw = messages_of(&ex.path, &reader.body(session, ex.seq, BodyKind::Raw)?);
+    let fwd = messages_of(&ex.path, &reader.body(session, ex.seq, BodyKind::Forwarded)?);
     writeln!(
         out,
         "request {}: {} → {} bytes, {} → {} messages{tokens}",

@@ -13,7 +13,7 @@ use super::markers::{
     CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
-use crate::wire::{Members, Message};
+use crate::neutral::{Members, Message};
 
 /// What kind of unit a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::conversation::Conversation;
 use super::markers::is_compacted;
 use super::report::RuleId;
-use crate::wire::{Content, push_json_string, raw_members};
+use crate::neutral::{Content, push_json_string, raw_members};
 
 /// New text for a message's content.
 #[derive(Debug, Clone)]
@@ -312,7 +312,7 @@ mod tests {
     /// The content written directly is what serde_json writes for the same value.
     #[test]
     fn content_with_text_writes_what_serde_json_writes() {
-        let parts: Vec<crate::wire::ContentPart> = serde_json::from_str(
+        let parts: Vec<crate::neutral::ContentPart> = serde_json::from_str(
             r#"[{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"old","cache_control":{"type":"ephemeral"},"n":1.5}]"#,
         )
         .unwrap();

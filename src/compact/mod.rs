@@ -1,4 +1,5 @@
-//! The compaction engine: a pure, deterministic, always-valid rewrite of a request's `messages`.
+//! The compaction engine: a pure, deterministic, always-valid rewrite of a request's conversation,
+//! read in pare's neutral form ([`crate::neutral`]): it knows no wire format.
 //!
 //! `request + policy (+ a target) → forwarded messages + report`. No I/O, no clock, no randomness;
 //! it cannot fail on user data: whatever it does not understand passes through unchanged.
@@ -33,7 +34,7 @@ use regex::Regex;
 
 use crate::budget::tokens::CountTokens;
 use crate::config::{Config, SalienceConfig, TierBudgets};
-use crate::wire::ChatBody;
+use crate::neutral::View;
 
 use conversation::Conversation;
 use edits::Edits;
@@ -164,20 +165,20 @@ impl Engine {
     }
 
     /// Compact a request. Never fails: anything unexpected forwards the original messages.
-    pub fn compact(&self, body: &ChatBody<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(body, opts, counter).0
+    pub fn compact(&self, view: &View<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        self.compact_traced(view, opts, counter).0
     }
 
     /// [`Engine::compact`], with the origin of each entry of the prefix (for `pare compact --diff`).
     pub fn compact_traced(
         &self,
-        body: &ChatBody<'_>,
+        view: &View<'_>,
         opts: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         let policy = &self.policy;
         let conv = Conversation::analyse(
-            &body.messages,
+            view.messages,
             policy.spec.protect_last_turns,
             &policy.spec.key_arguments,
             &policy.success,
@@ -202,7 +203,7 @@ impl Engine {
         let mut elided = salience::Elided::default();
         let mut fitted = false;
         if opts.target_tokens.is_some() || opts.history.is_some() {
-            let tools = body.field("tools").map(|t| counter.tools(t.get())).unwrap_or(0);
+            let tools = view.tools.map(|t| counter.tools(t)).unwrap_or(0);
             let ages = opts.message_ages_secs.as_deref().filter(|ages| ages.len() == conv.msgs.len());
             let budget = salience::Budget { target: opts.target_tokens, history: opts.history, ages };
             let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
@@ -275,7 +276,7 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Sou
     (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
 }
 
-fn skeleton_of(m: &crate::wire::Message) -> Skeleton {
+fn skeleton_of(m: &crate::neutral::Message) -> Skeleton {
     Skeleton {
         role: m.role.clone(),
         tool_calls: m.tool_calls.iter().flatten().map(|c| c.id.clone()).collect(),

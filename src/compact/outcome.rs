@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::markers::is_compacted;
-use crate::wire::{self, MemberValue, Want};
+use crate::neutral::{self, MemberValue, Want};
 
 /// The JSON keys that carry a result's main text, tried in order.
 const TEXT_FIELDS: &[&str] = &["output", "content", "stdout", "result", "text"];
@@ -254,7 +254,7 @@ impl Field {
 
 impl<'a> ResultObject<'a> {
     /// `content` read as a JSON object, or `None` when it is not one. The fast member read of
-    /// [`wire::object_members`] decodes only the text fields; what it declines (an escaped key, say)
+    /// [`neutral::object_members`] decodes only the text fields; what it declines (an escaped key, say)
     /// is read by serde_json.
     fn read(content: &'a str) -> Option<ResultObject<'a>> {
         let want = |key: &str| match Field::of(key) {
@@ -262,7 +262,7 @@ impl<'a> ResultObject<'a> {
             Field::Other => Want::Skip,
             _ => Want::Raw,
         };
-        let Some(members) = wire::object_members(content, want) else {
+        let Some(members) = neutral::object_members(content, want) else {
             return serde_json::from_str::<ResultObject<'_>>(content).ok();
         };
         let mut out = ResultObject::default();
@@ -605,7 +605,7 @@ mod tests {
             #[test]
             fn reads_result_objects_as_serde_json(text in object_text()) {
                 let by_serde = serde_json::from_str::<ResultObject<'_>>(&text).ok();
-                prop_assert!(crate::wire::object_members(&text, |_| crate::wire::Want::Skip).is_some(), "declined: {}", text);
+                prop_assert!(crate::neutral::object_members(&text, |_| crate::neutral::Want::Skip).is_some(), "declined: {}", text);
                 prop_assert_eq!(ResultObject::read(&text), by_serde, "text: {}", text);
             }
         }

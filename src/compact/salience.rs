@@ -757,7 +757,7 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
 
 /// The task: the first and the latest user message (the first 8 KiB of each).
 fn task_words(conv: &Conversation<'_>) -> Vec<String> {
-    let users: Vec<&crate::wire::Message> = conv.msgs.iter().flatten().filter(|m| m.role == "user").collect();
+    let users: Vec<&crate::neutral::Message> = conv.msgs.iter().flatten().filter(|m| m.role == "user").collect();
     let mut set = BTreeSet::new();
     for m in [users.first(), users.last()].into_iter().flatten() {
         let text = m.text();

@@ -94,6 +94,13 @@ pub fn check(messages: &[Option<Skeleton>]) -> Result<(), Violation> {
     Ok(())
 }
 
+/// [`check`] over neutral messages as JSON text: the Chat Completions pairing rules, which every
+/// wire format's neutral view must satisfy too.
+pub fn check_messages<M: AsRef<str>>(messages: &[M]) -> Result<(), Violation> {
+    let skeletons: Vec<Option<Skeleton>> = messages.iter().map(|m| Skeleton::of(m.as_ref())).collect();
+    check(&skeletons)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

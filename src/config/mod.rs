@@ -177,11 +177,14 @@ pub struct CompactionConfig {
     pub pack: String,
     /// Overrides applied on top of the pack, same shape as a pack's `rules:` section.
     pub rules: Option<serde_json::Value>,
+    /// Decode a request body sent with `content-encoding: zstd` or `gzip` (Codex CLI can send one)
+    /// to compact it; it is then forwarded uncompressed. `false`: such bodies pass through untouched.
+    pub decode_request_bodies: bool,
 }
 
 impl Default for CompactionConfig {
     fn default() -> Self {
-        Self { mode: Mode::Epoch, pack: "default".into(), rules: None }
+        Self { mode: Mode::Epoch, pack: "default".into(), rules: None, decode_request_bodies: true }
     }
 }
 

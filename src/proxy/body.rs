@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::access::AccessLog;
 use super::error::cause_chain;
-use crate::pipeline::{ResponseSink, StreamEnd};
+use crate::exchange::{ResponseSink, StreamEnd};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

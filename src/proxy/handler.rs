@@ -21,7 +21,9 @@ use super::error::{ProxyError, cause_chain};
 use super::metrics::Metrics;
 use super::upstream::{self, PARE_TOKEN_HEADER, Upstream};
 use crate::config::Config;
-use crate::pipeline::{Pipeline, ResponseSink, StreamEnd};
+use crate::exchange::{ResponseSink, StreamEnd};
+use crate::pipeline::Pipeline;
+use crate::wire::Wire;
 
 /// The body type of every response pare sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -95,10 +97,34 @@ where
     };
     let body_read = Instant::now();
 
-    let is_chat = parts.method == Method::POST && path.ends_with("/chat/completions") && is_json_ish(&parts.headers);
+    // A request pare compacts: a JSON `POST` to a path of a wire format it reads, its body readable
+    // (plain, or compressed in an encoding pare decodes when the config lets it).
+    let mut wire = Wire::of_path(path).filter(|_| parts.method == Method::POST && is_json_ish(&parts.headers));
+    let mut raw = raw;
+    let mut forward_headers = None;
+    if wire.is_some() && parts.headers.contains_key(header::CONTENT_ENCODING) {
+        match decode_body(
+            &parts.headers,
+            &raw,
+            proxy.config.compaction.decode_request_bodies,
+            proxy.config.server.max_body,
+        ) {
+            Ok(decoded) => {
+                raw = decoded;
+                let mut headers = parts.headers.clone();
+                headers.remove(header::CONTENT_ENCODING);
+                forward_headers = Some(headers);
+            }
+            Err(why) => {
+                tracing::debug!(path, reason = why, "compressed body passed through untouched");
+                wire = None;
+            }
+        }
+    }
+    let intercepted = wire.is_some();
     let mut sink: Option<Box<dyn ResponseSink>> = None;
-    let forward = if is_chat {
-        let prepared = proxy.pipeline.prepare_chat_at(parts.method.as_str(), path, &parts.headers, raw).await;
+    let forward = if let Some(wire) = wire {
+        let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, &parts.headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;
@@ -110,7 +136,8 @@ where
     };
 
     let url = proxy.upstream.base.map(path, parts.uri.query());
-    let headers = upstream::request_headers(&parts.headers, proxy.upstream.api_key());
+    let headers =
+        upstream::request_headers(forward_headers.as_ref().unwrap_or(&parts.headers), proxy.upstream.api_key());
     let send_body = (!forward.is_empty() || had_body(&parts.headers)).then_some(forward);
     let dispatched = Instant::now();
     access.pare = dispatched - body_read;
@@ -128,7 +155,7 @@ where
     if let Some(sink) = sink.as_mut() {
         sink.head(status.as_u16(), &headers);
     }
-    if is_chat {
+    if intercepted {
         add_pare_headers(&mut headers, &access);
     }
     let upstream_body = reqwest::Body::from(response);
@@ -158,6 +185,28 @@ where
         Err(err) if err.is::<LengthLimitError>() => Err(ProxyError::BodyTooLargeStreamed { limit }),
         Err(err) => Err(ProxyError::ClientBody { cause: cause_chain(&*err) }),
     }
+}
+
+/// A request body sent with `content-encoding: zstd` or `gzip`, decoded (at most `limit` bytes).
+/// `Err` says why it is passed through as it is: decoding is off, another encoding, a corrupt or
+/// over-limit body.
+fn decode_body(headers: &HeaderMap, raw: &Bytes, enabled: bool, limit: u64) -> Result<Bytes, &'static str> {
+    use std::io::Read;
+    if !enabled {
+        return Err("compaction.decode_request_bodies is false");
+    }
+    let encoding = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let reader: Box<dyn Read + '_> = match encoding.trim().to_ascii_lowercase().as_str() {
+        "zstd" => Box::new(zstd::stream::read::Decoder::new(&raw[..]).map_err(|_| "corrupt zstd body")?),
+        "gzip" | "x-gzip" => Box::new(flate2::read::GzDecoder::new(&raw[..])),
+        _ => return Err("an encoding pare does not decode"),
+    };
+    let mut decoded = Vec::new();
+    reader.take(limit.saturating_add(1)).read_to_end(&mut decoded).map_err(|_| "corrupt compressed body")?;
+    if decoded.len() as u64 > limit {
+        return Err("decoded body over server.max_body");
+    }
+    Ok(Bytes::from(decoded))
 }
 
 /// Compare the presented token with the configured one in time independent of where they differ.
@@ -260,6 +309,25 @@ mod tests {
         assert!(!token_matches(Some(&HeaderValue::from_static("s3cre")), "s3cret"));
         assert!(!token_matches(Some(&HeaderValue::from_static("s3creT")), "s3cret"));
         assert!(!token_matches(None, "s3cret"));
+    }
+
+    #[test]
+    fn zstd_and_gzip_bodies_are_decoded_within_the_limit() {
+        use std::io::Write;
+        let body = br#"{"model":"m","input":"hello"}"#;
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
+        let zstd = Bytes::from(zstd::encode_all(&body[..], 3).unwrap());
+        assert_eq!(decode_body(&headers, &zstd, true, 1024).unwrap(), &body[..]);
+        assert!(decode_body(&headers, &zstd, false, 1024).is_err());
+        assert_eq!(decode_body(&headers, &zstd, true, 10), Err("decoded body over server.max_body"));
+        assert!(decode_body(&headers, &Bytes::from_static(b"not zstd"), true, 1024).is_err());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(body).unwrap();
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_eq!(decode_body(&headers, &Bytes::from(gz.finish().unwrap()), true, 1024).unwrap(), &body[..]);
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
+        assert!(decode_body(&headers, &Bytes::from_static(body), true, 1024).is_err());
     }
 
     #[test]

@@ -14,7 +14,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::pipeline::{CompactionSummary, Pipeline, StreamEnd};
+use crate::exchange::{CompactionSummary, StreamEnd};
+use crate::pipeline::Pipeline;
 
 /// The content type of the scrape answer.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -32,6 +33,8 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
+    /// The request's wire format (`chat`, `responses`).
+    wire: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +70,8 @@ pub fn route(path: &str) -> &'static str {
         "pare"
     } else if path.ends_with("/chat/completions") {
         "chat_completions"
+    } else if path.ends_with("/responses") {
+        "responses"
     } else if path.ends_with("/completions") {
         "completions"
     } else if path.ends_with("/embeddings") {
@@ -101,19 +106,27 @@ impl Metrics {
         pare.register("upstream_seconds", "Upstream time to response headers, by route", upstream_seconds.clone());
         pare.register("overhead_seconds", "Time pare itself spent on a request, by route", overhead_seconds.clone());
         pare.register("requests_in_flight", "Exchanges not yet finished (streams included)", in_flight.clone());
-        pare.register("tokens_raw", "Prompt tokens as the agent sent them, by model", tokens_raw.clone());
-        pare.register("tokens_forwarded", "Prompt tokens as forwarded upstream, by model", tokens_forwarded.clone());
+        pare.register(
+            "tokens_raw",
+            "Prompt tokens as the agent sent them, by model and wire format",
+            tokens_raw.clone(),
+        );
+        pare.register(
+            "tokens_forwarded",
+            "Prompt tokens as forwarded upstream, by model and wire format",
+            tokens_forwarded.clone(),
+        );
         pare.register(
             "compacted_requests",
-            "Chat requests forwarded smaller than received, by model",
+            "Requests forwarded smaller than received, by model and wire format",
             compacted.clone(),
         );
         pare.register(
             "over_window_requests",
-            "Chat requests forwarded over the usable window (system + users + tail + tools alone do not fit), by model",
+            "Requests forwarded over the usable window (system + users + tail + tools alone do not fit), by model and wire format",
             over_window.clone(),
         );
-        pare.register("epochs", "Compaction epochs started, by model", epochs.clone());
+        pare.register("epochs", "Compaction epochs started, by model and wire format", epochs.clone());
         registry.register_collector(Box::new(PipelineCollector { pipeline }));
 
         Metrics {
@@ -154,7 +167,8 @@ impl Metrics {
         }
         self.overhead_seconds.get_or_create(&RouteLabels { route }).observe(exchange.overhead.as_secs_f64());
         if let Some(summary) = exchange.summary {
-            let labels = ModelLabels { model: self.model_label(exchange.model) };
+            let wire = crate::wire::Wire::of_path(exchange.path).unwrap_or_default().name();
+            let labels = ModelLabels { model: self.model_label(exchange.model), wire };
             self.tokens_raw.get_or_create(&labels).inc_by(summary.tokens_raw);
             self.tokens_forwarded.get_or_create(&labels).inc_by(summary.tokens_forwarded);
             if summary.tokens_forwarded < summary.tokens_raw {
@@ -303,6 +317,8 @@ mod tests {
         assert_eq!(route("/v1/completions"), "completions");
         assert_eq!(route("/v1/models/gpt-4o"), "models");
         assert_eq!(route("/props"), "other");
+        assert_eq!(route("/v1/responses"), "responses");
+        assert_eq!(route("/v1/responses/resp_1"), "other");
         assert_eq!(route("/_pare/metrics"), "pare");
     }
 
@@ -324,11 +340,11 @@ mod tests {
             metrics.finished(&exchange);
         }
         let text = metrics.encode().unwrap();
-        assert!(text.contains(r#"pare_tokens_raw_total{model="qwen"} 500"#), "{text}");
-        assert!(text.contains(r#"pare_tokens_forwarded_total{model="qwen"} 340"#), "{text}");
-        assert!(text.contains(r#"pare_epochs_total{model="qwen"} 1"#), "{text}");
-        assert!(text.contains(r#"pare_compacted_requests_total{model="qwen"} 2"#), "{text}");
-        assert!(text.contains(r#"pare_over_window_requests_total{model="qwen"} 1"#), "{text}");
+        assert!(text.contains(r#"pare_tokens_raw_total{model="qwen",wire="chat"} 500"#), "{text}");
+        assert!(text.contains(r#"pare_tokens_forwarded_total{model="qwen",wire="chat"} 340"#), "{text}");
+        assert!(text.contains(r#"pare_epochs_total{model="qwen",wire="chat"} 1"#), "{text}");
+        assert!(text.contains(r#"pare_compacted_requests_total{model="qwen",wire="chat"} 2"#), "{text}");
+        assert!(text.contains(r#"pare_over_window_requests_total{model="qwen",wire="chat"} 1"#), "{text}");
         assert!(text.contains(r#"pare_requests_total{route="chat_completions",status="200"} 3"#), "{text}");
         assert!(text.contains("pare_requests_in_flight 0"), "{text}");
         assert!(text.contains("pare_fail_open_total 0"), "{text}");

@@ -896,7 +896,7 @@ fn hermes_resume_without_tool_names_stays_in_one_session() {
     let mut sessions = Vec::new();
     for (k, line) in requests.iter().enumerate() {
         let body = ChatBody::parse(line.as_bytes()).unwrap();
-        let assignment = tracker.assign(&HeaderMap::new(), Some(&body));
+        let assignment = tracker.assign(&HeaderMap::new(), Some(&body.messages));
         // The answer to request k is the assistant message request k+1 carries at that position.
         if let Some(next) = requests.get(k + 1) {
             let next: Value = serde_json::from_str(next).unwrap();

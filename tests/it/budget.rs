@@ -318,8 +318,9 @@ use std::sync::Mutex;
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::{CompactOptions, Compacted, HistoryBudget, Source};
+use pare::neutral::View;
 use pare::pipeline::CompactOutput;
-use pare::wire::ChatBody;
+use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 
 /// A small engine with known behaviour: the last `tail_turns` assistant turns are protected; before
@@ -356,14 +357,14 @@ fn role(raw: &str) -> String {
 impl CompactEngine for MaskEngine {
     fn compact_traced(
         &self,
-        body: &ChatBody<'_>,
+        view: &View<'_>,
         options: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         self.targets.lock().unwrap().push(options.target_tokens);
         self.histories.lock().unwrap().push(options.history);
         self.ages.lock().unwrap().push(options.message_ages_secs.clone());
-        let messages = body.messages.clone();
+        let messages = view.messages.to_vec();
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
             if assistants.len() >= self.tail_turns { assistants[assistants.len() - self.tail_turns] } else { 0 };
@@ -385,7 +386,7 @@ impl CompactEngine for MaskEngine {
             .collect::<Vec<String>>();
         let tokens = prefix.iter().map(|m| counter.message(m)).sum::<u64>()
             + messages[boundary..].iter().map(|m| counter.message(m)).sum::<u64>()
-            + body.field("tools").map_or(0, |t| counter.tools(t.get()))
+            + view.tools.map_or(0, |t| counter.tools(t))
             + REPLY_PRIMING;
         let fitted = options.target_tokens.is_some_and(|target| tokens > target);
         self.fitted.lock().unwrap().push(fitted);
@@ -810,14 +811,14 @@ fn seeding_from_an_archived_pair_restores_the_sticky_prefix() {
     let forwarded_k = results[k].1.body.clone().unwrap();
 
     let restarted = compactor_with(RESERVE_YAML, MaskEngine::new(2));
-    restarted.seed("s", &requests[k], &forwarded_k, results[k].1.summary.epoch).unwrap();
+    restarted.seed("s", Wire::Chat, &requests[k], &forwarded_k, results[k].1.summary.epoch).unwrap();
     let after = run(&restarted, "s", &requests[k + 1..], WINDOW);
     for (i, (messages, out)) in after.iter().enumerate() {
         assert_eq!(messages, &results[k + 1 + i].0, "request {} differs after a restart", k + 1 + i);
         assert_eq!(out.summary.epoch, results[k + 1 + i].1.summary.epoch);
     }
 
-    let err = restarted.seed("s", b"{not json", &forwarded_k, 1).unwrap_err();
+    let err = restarted.seed("s", Wire::Chat, b"{not json", &forwarded_k, 1).unwrap_err();
     assert!(err.to_string().contains("session `s`"), "{err}");
 }
 
@@ -842,7 +843,7 @@ fn replay_is_deterministic_and_matches_the_compactor_path() {
     let text = std::fs::read(&path).unwrap();
     let lines = session_lines(&text);
     let compactor = SessionCompactor::new(&Config::default(), Arc::new(pare::compact::Engine::default_pack())).unwrap();
-    let library: Vec<u8> = replay_session(&compactor, &path, &lines, Some(4096))
+    let library: Vec<u8> = replay_session(&compactor, Wire::Chat, &path, &lines, Some(4096))
         .into_iter()
         .flat_map(|r| r.forwarded.into_iter().chain(std::iter::once(b'\n')))
         .collect();
@@ -855,7 +856,7 @@ fn replay_forwards_unparseable_lines_unchanged() {
     let compactor = compactor_with("", MaskEngine::new(2));
     let good = coding_session(2, 5);
     let lines: Vec<&[u8]> = vec![&good[0], b"{broken", &good[1]];
-    let out = replay_session(&compactor, "s", &lines, Some(WINDOW));
+    let out = replay_session(&compactor, Wire::Chat, "s", &lines, Some(WINDOW));
     assert_eq!(out[1].forwarded, b"{broken");
     assert!(out[1].summary.is_none() && out[1].skipped.is_some());
     assert!(out[2].summary.is_some());
@@ -918,7 +919,7 @@ async fn a_restarted_pare_picks_up_the_sticky_prefix_from_the_archive() {
 
     let compactor = SessionCompactor::new(&config, Arc::new(pare::compact::Engine::default_pack())).unwrap();
     let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
-    let predicted = replay_session(&compactor, "uninterrupted", &lines, None);
+    let predicted = replay_session(&compactor, Wire::Chat, "uninterrupted", &lines, None);
     let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
     assert_eq!(received.len(), requests.len());
     let epochs_before: Vec<usize> = (0..restart_at).filter(|&k| epoch_started(&predicted[k])).collect();
@@ -929,7 +930,7 @@ async fn a_restarted_pare_picks_up_the_sticky_prefix_from_the_archive() {
     let epochs_after = (restart_at..requests.len()).filter(|&k| epoch_started(&predicted[k])).count();
     let counted = metrics
         .lines()
-        .find_map(|l| l.strip_prefix(r#"pare_epochs_total{model="test-model"} "#))
+        .find_map(|l| l.strip_prefix(r#"pare_epochs_total{model="test-model",wire="chat"} "#))
         .map_or(0, |n| n.parse::<usize>().unwrap());
     assert_eq!(counted, epochs_after, "{metrics}");
 }
@@ -969,7 +970,7 @@ async fn the_proxy_says_when_it_forwards_over_the_window() {
     let forwarded = stub.requests().last().unwrap().json();
     assert_eq!(forwarded["messages"][0]["content"], huge, "forwarded as sent");
     let metrics = client().get(server.url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains(r#"pare_over_window_requests_total{model="test-model"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"pare_over_window_requests_total{model="test-model",wire="chat"} 1"#), "{metrics}");
 }
 
 /// The same check with the real engine, in both compacting modes (eager with a small history
@@ -1016,8 +1017,10 @@ async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEn
     let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
 
     let replay_compactor = SessionCompactor::new(&config, engine()).unwrap();
-    let predicted: Vec<Vec<u8>> =
-        replay_session(&replay_compactor, "replay", &lines, None).into_iter().map(|r| r.forwarded).collect();
+    let predicted: Vec<Vec<u8>> = replay_session(&replay_compactor, Wire::Chat, "replay", &lines, None)
+        .into_iter()
+        .map(|r| r.forwarded)
+        .collect();
     assert_eq!(received.len(), predicted.len());
     for (k, (got, want)) in received.iter().zip(&predicted).enumerate() {
         assert!(got == want, "{mode:?}, request {k}: the proxy forwarded something else than replay predicts");

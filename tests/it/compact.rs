@@ -31,7 +31,7 @@ pub fn run(engine: &Engine, body: &[u8], target: Option<u64>) -> (Vec<u8>, Compa
 /// [`run`] with any options.
 fn run_with(engine: &Engine, body: &[u8], options: &CompactOptions) -> (Vec<u8>, Compacted) {
     let parsed = ChatBody::parse(body).expect("fixture parses");
-    let out = engine.compact(&parsed, options, &QuarterCounter);
+    let out = engine.compact(&parsed.view(), options, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
     messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
@@ -157,12 +157,12 @@ fn a_large_request_compacts_the_same_on_one_thread_and_on_all_cores() {
         let engine = engine(pack, json!({}));
         for target in [None, Some(20_000)] {
             let all_cores = engine.compact(
-                &parsed,
+                &parsed.view(),
                 &CompactOptions { target_tokens: target, ..Default::default() },
                 &QuarterCounter,
             );
             let one = CompactOptions { target_tokens: target, single_thread: true, ..Default::default() };
-            let one_thread = engine.compact(&parsed, &one, &QuarterCounter);
+            let one_thread = engine.compact(&parsed.view(), &one, &QuarterCounter);
             assert!(all_cores.report["tokens_saved"].as_i64().unwrap_or(0) > 0, "{pack}: the rules saved nothing");
             assert_eq!(all_cores.prefix, one_thread.prefix, "{pack}, target {target:?}");
             assert_eq!(all_cores.report, one_thread.report, "{pack}, target {target:?}");
@@ -1455,7 +1455,7 @@ fn check_generated(
     let engine = engine(pack, json!({"protect_last_turns": turns}));
     let input = body(msgs);
     let parsed = ChatBody::parse(&input).unwrap();
-    let (result, sources) = engine.compact_traced(&parsed, options, &QuarterCounter);
+    let (result, sources) = engine.compact_traced(&parsed.view(), options, &QuarterCounter);
     prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
     prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
     let (out, again) = run_with(&engine, &input, options);

@@ -8,7 +8,8 @@ use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::{CompactOptions, Compacted, Source};
 use pare::config::Config;
 use pare::eval::{Metrics, evaluate_session};
-use pare::wire::ChatBody;
+use pare::neutral::View;
+use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 
 use crate::budget::MaskEngine;
@@ -55,7 +56,7 @@ fn needle_session() -> Vec<Value> {
 fn eval(yaml: &str, engine: Arc<dyn CompactEngine>, requests: &[Vec<u8>], window: u64) -> Metrics {
     let compactor = compactor(yaml, engine.clone());
     let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
-    evaluate_session(&compactor, engine.as_ref(), "s", &lines, window)
+    evaluate_session(&compactor, engine.as_ref(), Wire::Chat, "s", &lines, window)
 }
 
 #[test]
@@ -146,15 +147,15 @@ struct BadEngine {
 impl CompactEngine for BadEngine {
     fn compact_traced(
         &self,
-        body: &ChatBody<'_>,
+        view: &View<'_>,
         _options: &CompactOptions,
         _counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        let boundary = body.messages.len().saturating_sub(1);
+        let boundary = view.messages.len().saturating_sub(1);
         let mut prefix = Vec::new();
         let mut sources = Vec::new();
-        for (i, m) in body.messages[..boundary].iter().enumerate() {
+        for (i, m) in view.messages[..boundary].iter().enumerate() {
             let mut v: Value = serde_json::from_str(m).unwrap();
             if v["role"] == "tool" && self.drop_tool_results {
                 continue;
@@ -224,7 +225,9 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
     let yaml = "compaction:\n  mode: eager\n  rules:\n    protect_last_turns: 1\n";
     let engine: Arc<dyn CompactEngine> =
         Arc::new(pare::compact::Engine::from_config(&Config::from_yaml(yaml).unwrap()).unwrap());
-    let report = pare::eval::evaluate_corpus(dir, &compactor(yaml, engine.clone()), engine.as_ref(), 4096).unwrap();
+    let report =
+        pare::eval::evaluate_corpus(dir, &compactor(yaml, engine.clone()), engine.as_ref(), 4096, Default::default())
+            .unwrap();
     let files = pare::eval::session_files(dir).unwrap();
     assert_eq!(report.sessions.len(), files.len());
     for (session, path) in report.sessions.iter().zip(&files) {
@@ -232,7 +235,7 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
         let text = std::fs::read(path).unwrap();
         let lines = pare::budget::replay::session_lines(&text);
         let alone = compactor(yaml, engine.clone());
-        let expected = evaluate_session(&alone, engine.as_ref(), &path.display().to_string(), &lines, 4096);
+        let expected = evaluate_session(&alone, engine.as_ref(), Wire::Chat, &path.display().to_string(), &lines, 4096);
         assert_eq!(session.metrics, expected, "{}", path.display());
     }
     assert!(report.total.tokens_forwarded < report.total.tokens_raw, "eager at 4k compacts something");

@@ -10,3 +10,4 @@ mod compact;
 mod eval;
 mod proxy;
 mod proxy_hardening;
+mod responses;

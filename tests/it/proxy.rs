@@ -303,8 +303,8 @@ struct LastMessageCompactor;
 
 impl ChatCompactor for LastMessageCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        let last = input.body.messages.last().copied().unwrap_or("");
-        let body = input.body.to_vec_with_messages(&[last]);
+        let last = input.messages.last().copied().unwrap_or("");
+        let (body, _) = input.body.write(&[last.to_owned()]).unwrap();
         Ok(CompactOutput {
             body: Some(body),
             spans: None,

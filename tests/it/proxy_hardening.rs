@@ -309,8 +309,8 @@ async fn metrics_count_requests_tokens_latency_and_fail_open() {
     let text = response.text().await.unwrap();
     assert_eq!(series(&text, r#"pare_requests_total{route="chat_completions",status="200"}"#), Some(2.0), "{text}");
     assert_eq!(series(&text, r#"pare_requests_total{route="other",status="404"}"#), Some(1.0), "{text}");
-    assert_eq!(series(&text, r#"pare_tokens_raw_total{model="stub-model"}"#), Some(2000.0), "{text}");
-    assert_eq!(series(&text, r#"pare_tokens_forwarded_total{model="stub-model"}"#), Some(1000.0), "{text}");
+    assert_eq!(series(&text, r#"pare_tokens_raw_total{model="stub-model",wire="chat"}"#), Some(2000.0), "{text}");
+    assert_eq!(series(&text, r#"pare_tokens_forwarded_total{model="stub-model",wire="chat"}"#), Some(1000.0), "{text}");
     assert_eq!(series(&text, r#"pare_upstream_seconds_count{route="chat_completions"}"#), Some(2.0), "{text}");
     assert_eq!(series(&text, r#"pare_overhead_seconds_count{route="chat_completions"}"#), Some(2.0), "{text}");
     assert_eq!(series(&text, "pare_requests_in_flight"), Some(0.0), "{text}");

@@ -6,7 +6,7 @@ use super::super::Policy;
 use super::super::conversation::Conversation;
 use super::super::edits::{Edits, THINKING_PARTS};
 use super::super::report::RuleId;
-use crate::wire::Content;
+use crate::neutral::Content;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     for idx in 0..conv.boundary {

@@ -46,7 +46,7 @@ mod tests {
 
     fn compact_once(engine: &Engine, body: &[u8]) -> (Vec<u8>, serde_json::Value) {
         let parsed = ChatBody::parse(body).unwrap();
-        let out = engine.compact(&parsed, &CompactOptions::default(), &QuarterCounter);
+        let out = engine.compact(&parsed.view(), &CompactOptions::default(), &QuarterCounter);
         let mut messages = out.prefix;
         messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
         (parsed.to_vec_with_messages(&messages), out.report)

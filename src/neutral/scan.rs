@@ -1,4 +1,4 @@
-//! The fast path of [`ChatBody::parse`](super::ChatBody::parse): one pass over the body that checks
+//! The fast path of [`ChatBody::parse`](crate::wire::ChatBody::parse): one pass over the body that checks
 //! it is valid JSON and finds the top-level keys and the bytes of each message, without building any
 //! value.
 //!
@@ -16,10 +16,10 @@
 
 /// The top level of a chat body as the scan finds it.
 #[derive(Debug)]
-pub(super) struct Split<'a> {
+pub(crate) struct Split<'a> {
     /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
     pub fields: Vec<(&'a str, &'a str)>,
-    /// Position of `messages` among the keys, as in [`ChatBody`](super::ChatBody).
+    /// Position of `messages` among the keys, as in [`ChatBody`](crate::wire::ChatBody).
     pub messages_idx: usize,
     /// The `messages` array as it is in the body, brackets included.
     pub messages_raw: &'a str,
@@ -36,7 +36,7 @@ const MAX_DEPTH: usize = 128;
 const MAX_TOP_LEVEL_KEYS: usize = 64;
 
 /// Split `body`, or `None` when the scan declines (see the module's doc).
-pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
+pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
     let text = std::str::from_utf8(body).ok()?;
     let mut s = Scanner { bytes: body, at: 0 };
     s.whitespace();
@@ -48,14 +48,14 @@ pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
         let key_start = s.at;
         s.string()?;
         let key = &text[key_start + 1..s.at - 1];
-        let repeated = key == "messages" && messages.is_some() || fields.iter().any(|(k, _)| *k == key);
+        let repeated = key == list_key && messages.is_some() || fields.iter().any(|(k, _)| *k == key);
         if key.as_bytes().contains(&b'\\') || repeated || fields.len() == MAX_TOP_LEVEL_KEYS {
             return None;
         }
         s.whitespace();
         s.expect(b':')?;
         s.whitespace();
-        if key == "messages" {
+        if key == list_key {
             let start = s.at;
             let elements = s.elements(text)?;
             messages = Some((fields.len(), &text[start..s.at], elements));
@@ -81,7 +81,7 @@ pub(super) fn split(body: &[u8]) -> Option<Split<'_>> {
 
 /// A validating reader over JSON bytes (valid UTF-8), also used by the typed message read of
 /// [`super::read`]. Every method returns `None` at anything it does not accept, leaving `at` anywhere.
-pub(super) struct Scanner<'a> {
+pub(crate) struct Scanner<'a> {
     pub(super) bytes: &'a [u8],
     pub(super) at: usize,
 }
@@ -449,8 +449,8 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    use super::super::TopLevel;
     use super::*;
+    use crate::wire::TopLevel;
 
     /// A split with owned strings: fields, the position of `messages`, the array, the messages.
     type Owned = (Vec<(String, String)>, usize, String, Vec<String>);
@@ -458,7 +458,7 @@ mod tests {
     /// What serde_json's parse of the same body gives, in the scan's terms (`None` when it refuses the
     /// body or finds no `messages` array).
     fn by_serde(body: &[u8]) -> Option<Owned> {
-        let top: TopLevel<'_> = serde_json::from_slice(body).ok()?;
+        let top = TopLevel::parse(body, "messages").ok()?;
         let (idx, raw, messages) = top.messages()?;
         let fields = top.fields.into_iter().map(|(k, v)| (k, v.get().to_owned())).collect();
         Some((fields, idx, raw.get().to_owned(), messages.into_iter().map(|m| m.get().to_owned()).collect()))
@@ -472,7 +472,7 @@ mod tests {
 
     /// The scan agrees with serde_json whenever it answers.
     fn agrees(body: &[u8]) -> Result<(), TestCaseError> {
-        if let Some(split) = split(body) {
+        if let Some(split) = split(body, "messages") {
             prop_assert_eq!(Some(owned(split)), by_serde(body), "body: {:?}", String::from_utf8_lossy(body));
         }
         Ok(())
@@ -481,7 +481,7 @@ mod tests {
     #[test]
     fn splits_like_serde_json_with_whitespace_and_escapes() {
         let body = " {\"model\" : \"m\",\n\t\"messages\" :[ {\"role\":\"user\",\"content\":\"a\\\"b\\\\\\u00e9\\n\"} ,\r\n[1,-2.5e+3,true,false,null,{}] , \"x\",0 ] , \"n\":-0.0E-1 }\n";
-        let split = split(body.as_bytes()).expect("a valid chat body is scanned");
+        let split = split(body.as_bytes(), "messages").expect("a valid chat body is scanned");
         assert_eq!(split.messages_idx, 1);
         assert_eq!(
             split.messages,
@@ -534,13 +534,13 @@ b"}]}"#,
             r#"{"model":"m",model":1,"messages":[]}"#,
             "",
         ] {
-            assert!(split(body.as_bytes()).is_none(), "scanned: {body}");
+            assert!(split(body.as_bytes(), "messages").is_none(), "scanned: {body}");
         }
-        assert!(split(b"{\"messages\":[\"\xff\"]}").is_none(), "invalid UTF-8");
+        assert!(split(b"{\"messages\":[\"\xff\"]}", "messages").is_none(), "invalid UTF-8");
         let deep = format!("{{\"messages\":[{}{}]}}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
-        assert!(split(deep.as_bytes()).is_none(), "nesting past MAX_DEPTH");
+        assert!(split(deep.as_bytes(), "messages").is_none(), "nesting past MAX_DEPTH");
         let shallow = format!("{{\"messages\":[{}{}]}}", "[".repeat(MAX_DEPTH - 3), "]".repeat(MAX_DEPTH - 3));
-        assert!(split(shallow.as_bytes()).is_some(), "nesting under MAX_DEPTH");
+        assert!(split(shallow.as_bytes(), "messages").is_some(), "nesting under MAX_DEPTH");
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
@@ -576,7 +576,7 @@ b"}]}"#,
         /// Every valid chat body serde_json writes is scanned, and split exactly as serde_json splits it.
         #[test]
         fn scans_every_body_serde_json_writes(body in chat_body()) {
-            prop_assert!(split(&body).is_some(), "declined: {}", String::from_utf8_lossy(&body));
+            prop_assert!(split(&body, "messages").is_some(), "declined: {}", String::from_utf8_lossy(&body));
             agrees(&body)?;
         }
 

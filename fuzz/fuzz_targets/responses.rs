@@ -1,0 +1,39 @@
+//! Fuzz the Responses adapter (`ResponsesBody::parse` and its writing back): arbitrary bytes must
+//! never panic; a body it accepts is a JSON object serde_json accepts with an `input` list or
+//! string; its neutral messages are JSON objects; writing them back unchanged gives a body that
+//! parses to the same neutral messages and the same items; and a compaction by the default engine
+//! either writes a body that passes the format's pairing check or is refused (forwarded unchanged).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pare::budget::tokens::QuarterCounter;
+use pare::compact::{CompactOptions, Engine};
+use pare::neutral::View;
+use pare::wire::WireBody;
+use pare::wire::responses::ResponsesBody;
+use serde_json::Value;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(body) = ResponsesBody::parse(data) else { return };
+    let top: serde_json::Map<String, Value> = serde_json::from_slice(data).expect("an accepted body is a JSON object");
+    assert!(matches!(top.get("input"), Some(Value::Array(_) | Value::String(_))), "accepted without an input");
+    let messages = body.messages();
+    for m in &messages {
+        assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
+    }
+    let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
+    if let Ok((bytes, _)) = body.write(&owned) {
+        let again = ResponsesBody::parse(&bytes).expect("what the adapter writes, it reads");
+        assert_eq!(again.messages(), messages, "round trip changed the neutral view");
+        assert_eq!(again.items(), body.items(), "round trip changed the items");
+    }
+    let engine = Engine::default_pack();
+    let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
+    let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
+    let mut forwarded = out.prefix.clone();
+    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    if let Ok((bytes, _)) = body.write(&forwarded) {
+        let written = ResponsesBody::parse(&bytes).expect("a written body parses");
+        assert!(written.check().is_ok(), "a written body breaks the pairing rules: {:?}", written.check());
+    }
+});

@@ -1,0 +1,217 @@
+//! pare's neutral conversation form: what the engine, the session tracker and the budget read,
+//! whatever the wire format of the request.
+//!
+//! A conversation is a list of messages, each one JSON object in the shape of a Chat Completions
+//! message: `role` (`system`, `developer`, `user`, `assistant`, `tool`), `content` (a string, an
+//! array of parts with `text`, or null), an assistant's `tool_calls` (`id`, `function.name`,
+//! `function.arguments`) and a tool result's `tool_call_id`, which pairs it with its call. Other keys
+//! are carried and never read. A message the engine does not understand (not an object, or a role it
+//! does not know) is opaque: kept in place, never rewritten, never elided across.
+//!
+//! Each wire format is an adapter ([`crate::wire`]) that reads a request into this form once and
+//! writes the forwarded request back from it. For Chat Completions the neutral form is the wire's
+//! own bytes, so nothing is copied; other formats build it from their items. Reading it is this
+//! module's typed read ([`Message::read`], with its fast path in `read` over the scanner in `scan`).
+
+mod read;
+pub(crate) mod scan;
+#[cfg(test)]
+pub(crate) mod testing;
+
+pub use read::{MemberValue, Want, object_members, raw_members};
+pub use scan::push_json_string;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A JSON object's members as (key, raw value text), in order.
+pub type Members<'a> = Vec<(&'a str, &'a str)>;
+
+/// A request as the engine sees it: its conversation in the neutral form, and the parts of the
+/// request the engine never changes but must count.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    /// One neutral message per entry, as JSON text, in order.
+    pub messages: &'a [&'a str],
+    /// The request's tool definitions as raw JSON (counted, never touched), when it has any.
+    pub tools: Option<&'a str>,
+}
+
+/// The `role` of a neutral message ("" when it has none or is not an object); reads only that key.
+pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
+    #[derive(Deserialize)]
+    struct Role<'a> {
+        #[serde(borrow, default)]
+        role: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or_default()
+}
+
+/// A message's `content`: a string, an array of parts, or null/absent.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+    /// Anything else (a number, an object…) is carried unchanged.
+    Other(Value),
+}
+
+/// One part of an array `content`. `text` is typed; every other key (`type`, `image_url`,
+/// `cache_control`…) is carried in `extra`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ContentPart {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One chat message. Typed fields are those the rules read; all others are in `extra`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Message {
+    #[serde(default)]
+    pub role: String,
+    #[serde(default, deserialize_with = "deserialize_present", skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Value>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `content: null` must survive a round trip as `null`, distinct from an absent key.
+fn deserialize_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Content>, D::Error> {
+    let v = Value::deserialize(d)?;
+    Ok(Some(match v {
+        Value::String(s) => Content::Text(s),
+        // Read the parts from the borrowed value: a failed attempt must not cost a copy of the text.
+        Value::Array(_) => match Vec::<ContentPart>::deserialize(&v) {
+            Ok(parts) => Content::Parts(parts),
+            Err(_) => Content::Other(v),
+        },
+        other => Content::Other(other),
+    }))
+}
+
+/// One entry of an assistant's `tool_calls`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: String,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionCall>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The `function` of a tool call; `arguments` is a JSON-encoded string on the wire.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct FunctionCall {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Message {
+    /// Parse one raw message. Fails only when the message is not a JSON object of this shape.
+    ///
+    /// The common shapes are read by the fast typed read of `wire::read`, which gives what serde_json's
+    /// derived read gives; whatever it declines is read by serde_json.
+    pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
+        Message::read(raw).0
+    }
+
+    /// [`Message::from_raw`], and the message's members as (key, raw value) in order when the fast
+    /// read gave them (whoever rewrites the message then need not find them again).
+    pub fn read(raw: &str) -> (serde_json::Result<Message>, Option<Members<'_>>) {
+        match read::message(raw) {
+            Some((message, members)) => (Ok(message), Some(members)),
+            None => (serde_json::from_str(raw), None),
+        }
+    }
+
+    /// The text of the content: the string, or the `text` parts joined by newlines.
+    pub fn text(&self) -> String {
+        match &self.content {
+            Some(Content::Text(s)) => s.clone(),
+            Some(Content::Parts(parts)) => {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n")
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_round_trip_keeps_unknown_keys_and_null_content() {
+        let raw = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}","z":1},"w":2}],"zz":{"k":[1,2]}}"#;
+        let m: Message = serde_json::from_str(raw).unwrap();
+        assert_eq!(serde_json::to_string(&m).unwrap(), raw);
+    }
+
+    #[test]
+    fn content_parts_keep_extra_keys() {
+        let raw = r#"{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"image_url","image_url":{"url":"data:x"}}]}"#;
+        let m: Message = serde_json::from_str(raw).unwrap();
+        assert_eq!(serde_json::to_string(&m).unwrap(), raw);
+        assert_eq!(m.text(), "a");
+    }
+
+    #[test]
+    fn tool_call_round_trip_keeps_extras_at_every_level() {
+        let raw =
+            r#"{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}","strict":true},"index":0}"#;
+        let call: ToolCall = serde_json::from_str(raw).unwrap();
+        assert_eq!(call.extra.get("index"), Some(&serde_json::json!(0)));
+        assert_eq!(call.function.as_ref().unwrap().extra.get("strict"), Some(&serde_json::json!(true)));
+        assert_eq!(serde_json::to_string(&call).unwrap(), raw);
+        // Some clients send `arguments` as an object: it is carried as-is.
+        let raw = r#"{"id":"c2","function":{"name":"g","arguments":{"x":[1,2]}}}"#;
+        let call: ToolCall = serde_json::from_str(raw).unwrap();
+        assert_eq!(serde_json::to_string(&call).unwrap(), raw);
+    }
+
+    #[test]
+    fn content_part_round_trip() {
+        for raw in [
+            r#"{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}"#,
+            r#"{"type":"image_url","image_url":{"url":"data:x","detail":"low"}}"#,
+            r#"{"type":"thinking","thinking":"hmm","signature":"s"}"#,
+        ] {
+            let part: ContentPart = serde_json::from_str(raw).unwrap();
+            assert_eq!(serde_json::to_string(&part).unwrap(), raw);
+        }
+    }
+
+    #[test]
+    fn message_with_reasoning_and_odd_content_round_trips() {
+        for raw in [
+            r#"{"role":"assistant","content":"x","reasoning_content":"why","reasoning":{"effort":"low"}}"#,
+            r#"{"role":"tool","content":42,"tool_call_id":"c","name":"f"}"#,
+            r#"{"role":"user"}"#,
+        ] {
+            let m: Message = serde_json::from_str(raw).unwrap();
+            assert_eq!(serde_json::to_string(&m).unwrap(), raw);
+        }
+    }
+}

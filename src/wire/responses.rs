@@ -1,0 +1,502 @@
+//! The OpenAI Responses API (`POST …/responses`) as a wire adapter.
+//!
+//! A request is `instructions` (the system prompt) and `input`: a string (one user message) or a
+//! list of items. The adapter reads the items into neutral messages:
+//!
+//! | items | neutral message |
+//! |---|---|
+//! | `instructions` | the first `system` message (never touched: written back as its bytes) |
+//! | `message` (user, system, developer, assistant), or an item with a `role` and no `type` | that role, `content` as sent (a string or parts with `text`) |
+//! | an assistant `message` followed by `function_call` / `custom_tool_call` / `local_shell_call` items | one assistant message with `tool_calls` (`id` = `call_id`) |
+//! | `function_call_output` / `custom_tool_call_output` / `local_shell_call_output` | a `tool` message paired by `call_id` |
+//! | `reasoning` | none of its own: it belongs to the item it precedes and goes wherever that goes |
+//! | `compaction`, `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
+//!
+//! Writing back maps each forwarded neutral message to items: one the engine left alone is its
+//! items' original bytes; a rewritten tool result is its output item with `output` replaced; a
+//! rewritten call turn is its items with each call's `arguments` (or custom `input`) replaced and
+//! every reasoning item kept byte for byte; anything else (an elision marker, a condensed system
+//! message) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
+//! result is checked ([`check_items`]): every call has its output, no output lacks its call, every
+//! reasoning item is followed by the item it precedes; otherwise the original body is forwarded.
+//!
+//! `previous_response_id` needs nothing special: the server holds the earlier turns, the request
+//! carries only the new items, and those are what pare compacts.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::{ChatBody, Spans, Wire, WireBody, WireError};
+use crate::neutral::{Content, Message, push_json_string, raw_members};
+
+/// What one input item is to the adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Message,
+    Call,
+    Output,
+    Reasoning,
+    Opaque,
+}
+
+/// The keys of an item the adapter reads; everything else stays in the item's bytes.
+#[derive(Deserialize, Default)]
+struct Head<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    call_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    action: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// One input item, read.
+#[derive(Debug)]
+struct Item {
+    kind: Kind,
+    /// `type` as sent (`function_call`, `custom_tool_call`…).
+    type_name: String,
+    role: String,
+    /// The id pairing a call with its output.
+    call_id: String,
+}
+
+impl Item {
+    fn read(raw: &str) -> (Item, Option<Head<'_>>) {
+        let Ok(head) = serde_json::from_str::<Head<'_>>(raw) else {
+            return (
+                Item { kind: Kind::Opaque, type_name: String::new(), role: String::new(), call_id: String::new() },
+                None,
+            );
+        };
+        let type_name = head.kind.as_deref().unwrap_or("").to_owned();
+        let kind = match type_name.as_str() {
+            "message" => Kind::Message,
+            "" if head.role.is_some() => Kind::Message,
+            "function_call" | "custom_tool_call" | "local_shell_call" => Kind::Call,
+            "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" => Kind::Output,
+            "reasoning" => Kind::Reasoning,
+            _ => Kind::Opaque,
+        };
+        let role = head.role.as_deref().unwrap_or("").to_owned();
+        let kind = match kind {
+            Kind::Message if !matches!(role.as_str(), "user" | "system" | "developer" | "assistant") => Kind::Opaque,
+            Kind::Call | Kind::Output if call_id_of(&head).is_none() => Kind::Opaque,
+            other => other,
+        };
+        let call_id = call_id_of(&head).unwrap_or_default().to_owned();
+        (Item { kind, type_name, role, call_id }, Some(head))
+    }
+}
+
+/// The id pairing a call with its output: `call_id` (a local shell output may carry only `id`).
+fn call_id_of<'h>(head: &'h Head<'_>) -> Option<&'h str> {
+    head.call_id
+        .as_deref()
+        .or_else(|| (head.kind.as_deref() == Some("local_shell_call_output")).then_some(head.id.as_deref()).flatten())
+}
+
+/// A Responses request body read into the neutral view.
+#[derive(Debug)]
+pub struct ResponsesBody<'a> {
+    /// The top level, split around `input` (its elements are the raw items).
+    body: ChatBody<'a>,
+    /// `input` is a string: one user message, forwarded as sent.
+    input_is_text: bool,
+    items: Vec<Item>,
+    /// The neutral messages: the instructions first when the request has them, then the items'.
+    neutral: Vec<String>,
+    /// Instructions are neutral message 0.
+    has_instructions: bool,
+    /// For each neutral message after the instructions, the items `start..end` it stands for.
+    ranges: Vec<(usize, usize)>,
+}
+
+impl<'a> ResponsesBody<'a> {
+    /// Parse a Responses request. Fails when the body is not a JSON object with an `input` list or
+    /// string.
+    pub fn parse(bytes: &'a [u8]) -> Result<ResponsesBody<'a>, WireError> {
+        let (body, input_is_text) = match ChatBody::parse_keyed(bytes, "input") {
+            Ok(body) => (body, false),
+            Err(WireError::NoMessages(_)) => (text_input(bytes)?, true),
+            Err(err) => return Err(err),
+        };
+        let mut out = ResponsesBody {
+            body,
+            input_is_text,
+            items: Vec::new(),
+            neutral: Vec::new(),
+            has_instructions: false,
+            ranges: Vec::new(),
+        };
+        if let Some(instructions) = out.body.field("instructions").filter(|v| v.get().starts_with('"')) {
+            out.neutral.push(format!(r#"{{"role":"system","content":{}}}"#, instructions.get()));
+            out.has_instructions = true;
+        }
+        if input_is_text {
+            out.neutral.push(format!(r#"{{"role":"user","content":{}}}"#, out.body.messages_raw));
+            return Ok(out);
+        }
+        let mut heads = Vec::with_capacity(out.body.messages.len());
+        for raw in &out.body.messages {
+            let (item, head) = Item::read(raw);
+            out.items.push(item);
+            heads.push(head);
+        }
+        let mut start = 0;
+        while start < out.items.len() {
+            let end = turn_end(&out.items, start);
+            out.neutral.push(neutral_of(&out.items[start..end], &heads[start..end], &out.body.messages[start..end]));
+            out.ranges.push((start, end));
+            start = end;
+        }
+        Ok(out)
+    }
+
+    /// The raw items of the request, in order.
+    pub fn items(&self) -> &[&'a str] {
+        &self.body.messages
+    }
+
+    /// Neutral message index → first neutral index of the items (0 or 1).
+    fn first_item_message(&self) -> usize {
+        usize::from(self.has_instructions)
+    }
+}
+
+/// A body whose `input` is a string: the top level with an empty item list.
+fn text_input(bytes: &[u8]) -> Result<ChatBody<'_>, WireError> {
+    let top = super::TopLevel::parse(bytes, "input")?;
+    let (idx, raw) =
+        top.messages.filter(|(_, raw)| raw.get().starts_with('"')).ok_or(WireError::NoMessages("input"))?;
+    Ok(ChatBody {
+        key: "input",
+        fields: top.fields.into_iter().collect(),
+        messages_idx: idx,
+        messages_raw: raw.get(),
+        messages: Vec::new(),
+    })
+}
+
+/// One past the last item of the neutral message starting at `start`: reasoning items join the item
+/// they precede; an assistant message joins the calls right after it (reasoning between them
+/// included); consecutive calls form one turn.
+fn turn_end(items: &[Item], start: usize) -> usize {
+    let next_non_reasoning =
+        |from: usize| (from..items.len()).find(|&j| items[j].kind != Kind::Reasoning).unwrap_or(items.len());
+    let j = next_non_reasoning(start);
+    if j == items.len() {
+        return items.len();
+    }
+    let mut end = j + 1;
+    let is_assistant_text = items[j].kind == Kind::Message && items[j].role == "assistant";
+    if is_assistant_text || items[j].kind == Kind::Call {
+        loop {
+            let k = next_non_reasoning(end);
+            if k < items.len() && items[k].kind == Kind::Call {
+                end = k + 1;
+            } else {
+                break;
+            }
+        }
+    }
+    end
+}
+
+/// The neutral message of items forming one unit (see [`turn_end`]).
+fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> String {
+    let main = items.iter().position(|i| i.kind != Kind::Reasoning);
+    let Some(main) = main else {
+        return opaque(raws);
+    };
+    let head = heads[main].as_ref();
+    match items[main].kind {
+        Kind::Message | Kind::Call => {
+            let role = if items[main].kind == Kind::Call { "assistant" } else { items[main].role.as_str() };
+            let mut out = String::with_capacity(64);
+            out.push_str(r#"{"role":"#);
+            push_json_string(&mut out, role);
+            out.push_str(r#","content":"#);
+            let content = heads[main..]
+                .iter()
+                .zip(&items[main..])
+                .find(|(_, i)| i.kind == Kind::Message)
+                .and_then(|(h, _)| h.as_ref()?.content);
+            out.push_str(content.map_or("null", RawValue::get));
+            let calls: Vec<usize> = (main..items.len()).filter(|&k| items[k].kind == Kind::Call).collect();
+            if !calls.is_empty() {
+                out.push_str(r#","tool_calls":["#);
+                for (n, &k) in calls.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    let h = heads[k].as_ref().expect("a call item has a head");
+                    out.push_str(r#"{"id":"#);
+                    push_json_string(&mut out, &items[k].call_id);
+                    out.push_str(r#","type":"function","function":{"name":"#);
+                    let name = match items[k].type_name.as_str() {
+                        "local_shell_call" => "local_shell",
+                        _ => h.name.as_deref().unwrap_or(""),
+                    };
+                    push_json_string(&mut out, name);
+                    out.push_str(r#","arguments":"#);
+                    match items[k].type_name.as_str() {
+                        "function_call" => out.push_str(h.arguments.map_or(r#""""#, RawValue::get)),
+                        "custom_tool_call" => out.push_str(h.input.map_or(r#""""#, RawValue::get)),
+                        _ => push_json_string(&mut out, h.action.map_or("", RawValue::get)),
+                    }
+                    out.push_str("}}");
+                }
+                out.push(']');
+            }
+            out.push('}');
+            out
+        }
+        Kind::Output => {
+            let mut out = String::with_capacity(64);
+            out.push_str(r#"{"role":"tool","tool_call_id":"#);
+            push_json_string(&mut out, &items[main].call_id);
+            out.push_str(r#","content":"#);
+            out.push_str(head.and_then(|h| h.output).map_or("null", RawValue::get));
+            out.push('}');
+            out
+        }
+        Kind::Reasoning | Kind::Opaque => opaque(raws),
+    }
+}
+
+/// An opaque neutral message: the engine keeps it in place; its text is the items' (so it counts).
+fn opaque(raws: &[&str]) -> String {
+    let mut out = String::from(r#"{"role":"opaque","content":"#);
+    push_json_string(&mut out, &raws.join(","));
+    out.push('}');
+    out
+}
+
+impl WireBody for ResponsesBody<'_> {
+    fn wire(&self) -> Wire {
+        Wire::Responses
+    }
+    fn messages(&self) -> Vec<&str> {
+        self.neutral.iter().map(String::as_str).collect()
+    }
+    fn tools(&self) -> Option<&str> {
+        self.body.field("tools").map(|t| t.get()).filter(|t| *t != "null")
+    }
+    fn model(&self) -> Option<String> {
+        self.body.model()
+    }
+    fn stream(&self) -> bool {
+        self.body.field("stream").is_some_and(|v| v.get().trim() == "true")
+    }
+    fn output_limit(&self) -> Option<u64> {
+        self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    }
+    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError> {
+        if self.input_is_text {
+            return Err(WireError::Invalid("a string `input` is forwarded as sent".into()));
+        }
+        let items = self.items_for(messages)?;
+        check_items(&items).map_err(WireError::Invalid)?;
+        let unchanged = items.len() == self.body.messages.len()
+            && items.iter().zip(&self.body.messages).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
+        Ok(if unchanged { self.body.to_vec_and_spans_keeping_array() } else { self.body.to_vec_and_spans(&items) })
+    }
+    fn spans_in(&self, body: &[u8]) -> Option<Spans> {
+        if self.input_is_text {
+            return None;
+        }
+        self.body.spans_in(body)
+    }
+    fn check(&self) -> Result<(), String> {
+        check_items(&self.body.messages)
+    }
+}
+
+impl ResponsesBody<'_> {
+    /// The input items standing for the forwarded neutral `messages`.
+    fn items_for(&self, messages: &[String]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let first = self.first_item_message();
+        if self.has_instructions && messages.first() != self.neutral.first() {
+            return Err(WireError::Invalid("the instructions were changed".into()));
+        }
+        let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (idx, text) in self.neutral.iter().enumerate().skip(first) {
+            by_text.entry(text.as_str()).or_default().push(idx);
+        }
+        // Call id → the neutral message of its call turn, and of its output.
+        let (mut calls, mut outputs): (HashMap<&str, usize>, HashMap<&str, usize>) = Default::default();
+        for (n, &(start, end)) in self.ranges.iter().enumerate() {
+            for item in &self.items[start..end] {
+                let map = match item.kind {
+                    Kind::Call => &mut calls,
+                    Kind::Output => &mut outputs,
+                    _ => continue,
+                };
+                map.entry(item.call_id.as_str()).or_insert(n + first);
+            }
+        }
+        let raw = &self.body.messages;
+        let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
+        let mut cursor = first;
+        for text in &messages[first..] {
+            // Untouched: the original items, the first occurrence at or after the cursor.
+            if let Some(idx) = by_text.get(text.as_str()).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+                let (start, end) = self.ranges[idx - first];
+                out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
+                cursor = idx + 1;
+                continue;
+            }
+            let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+            let paired = match message.role.as_str() {
+                "tool" => message.tool_call_id.as_deref().and_then(|id| outputs.get(id)),
+                "assistant" => {
+                    message.tool_calls.as_ref().and_then(|c| c.first()).and_then(|c| calls.get(c.id.as_str()))
+                }
+                _ => None,
+            };
+            match paired.copied() {
+                Some(idx) => {
+                    let (start, end) = self.ranges[idx - first];
+                    for k in start..end {
+                        out.push(self.rewrite_item(k, &message)?);
+                    }
+                    cursor = idx + 1;
+                }
+                None => out.push(Cow::Owned(message_item(&message)?)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Item `k` with what the forwarded neutral `message` changed: a tool output's `output`, a call's
+    /// arguments, an assistant message's content. Reasoning and opaque items are kept.
+    fn rewrite_item(&self, k: usize, message: &Message) -> Result<Cow<'_, str>, WireError> {
+        let raw = self.body.messages[k];
+        let item = &self.items[k];
+        let replace = |key: &str, value: String| -> Result<Cow<'_, str>, WireError> {
+            replace_member(raw, key, &value)
+                .map(Cow::Owned)
+                .ok_or_else(|| WireError::Invalid(format!("item {k} cannot be rewritten")))
+        };
+        match item.kind {
+            Kind::Output => replace("output", content_json(&message.content)),
+            Kind::Call => {
+                let call = message.tool_calls.iter().flatten().find(|c| c.id == item.call_id);
+                let arguments = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments);
+                match (item.type_name.as_str(), arguments) {
+                    ("function_call", Some(Value::String(a))) => replace("arguments", json_string(a)),
+                    ("custom_tool_call", Some(Value::String(a))) => replace("input", json_string(a)),
+                    _ => Ok(Cow::Borrowed(raw)),
+                }
+            }
+            Kind::Message if item.role == "assistant" => {
+                let original = Item::read(raw).1.and_then(|h| h.content.map(|c| c.get().to_owned()));
+                let new = content_json(&message.content);
+                if original.as_deref() == Some(new.as_str()) { Ok(Cow::Borrowed(raw)) } else { replace("content", new) }
+            }
+            _ => Ok(Cow::Borrowed(raw)),
+        }
+    }
+}
+
+/// A neutral message the engine wrote (a marker, a condensed message) as a `message` item.
+fn message_item(message: &Message) -> Result<String, WireError> {
+    let role = match message.role.as_str() {
+        role @ ("user" | "system" | "developer" | "assistant") => role,
+        other => return Err(WireError::Invalid(format!("a forwarded `{other}` message has no item to stand for"))),
+    };
+    let mut out = String::from(r#"{"type":"message","role":"#);
+    push_json_string(&mut out, role);
+    out.push_str(r#","content":"#);
+    out.push_str(&content_json(&message.content));
+    out.push('}');
+    Ok(out)
+}
+
+/// A neutral `content` as JSON text (a string stays a string, parts stay parts).
+fn content_json(content: &Option<Content>) -> String {
+    match content {
+        Some(Content::Text(text)) => json_string(text),
+        Some(c) => serde_json::to_string(c).unwrap_or_else(|_| "null".into()),
+        None => "null".into(),
+    }
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    push_json_string(&mut out, text);
+    out
+}
+
+/// `item` (a JSON object) with the value of `key` replaced by `value` (raw JSON); every other member
+/// keeps its bytes. `None` when the item is not an object pare can split.
+fn replace_member(item: &str, key: &str, value: &str) -> Option<String> {
+    let members = raw_members(item)?;
+    let mut out = String::with_capacity(item.len());
+    out.push('{');
+    for (n, (k, v)) in members.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, k);
+        out.push(':');
+        out.push_str(if *k == key { value } else { v });
+    }
+    out.push('}');
+    Some(out)
+}
+
+/// The Responses API's pairing rules over input items: every call (`function_call`,
+/// `custom_tool_call`, `local_shell_call`) has its output, no output lacks its call (before it), no
+/// call id repeats, and every `reasoning` item is followed by a non-reasoning item other than an
+/// output (the item it belongs to). Items that are not objects pare reads are skipped.
+pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), String> {
+    let read: Vec<Item> = items.iter().map(|raw| Item::read(raw.as_ref()).0).collect();
+    let mut calls: HashMap<&str, bool> = HashMap::new();
+    for (idx, item) in read.iter().enumerate() {
+        match item.kind {
+            Kind::Call => {
+                if calls.insert(item.call_id.as_str(), false).is_some() {
+                    return Err(format!("item {idx} repeats call id `{}`", item.call_id));
+                }
+            }
+            Kind::Output => match calls.get_mut(item.call_id.as_str()) {
+                Some(answered) if !*answered => *answered = true,
+                _ => return Err(format!("output item {idx} answers `{}`, which is not an open call", item.call_id)),
+            },
+            Kind::Reasoning => {
+                let next = read[idx + 1..].iter().find(|i| i.kind != Kind::Reasoning);
+                if next.is_none_or(|i| i.kind == Kind::Output) {
+                    return Err(format!("reasoning item {idx} is not followed by its item"));
+                }
+            }
+            Kind::Message | Kind::Opaque => {}
+        }
+    }
+    match calls.iter().find(|(_, answered)| !**answered) {
+        Some((id, _)) => Err(format!("call `{id}` has no output")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,261 @@
+//! Tests of the Responses adapter: round trips, the neutral view, write-back and its checks.
+
+use super::*;
+
+/// A Codex-shaped request: instructions, a developer and a user message, reasoning before calls,
+/// a custom tool call, a local shell call, a compaction item and an unknown item.
+const CODEX: &str = r#"{"model":"gpt-5-codex","instructions":"You are Codex.","input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"sandbox: workspace-write"}]},{"type":"message","role":"user","content":[{"type":"input_text","text":"fix the test"}]},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAAA1"},{"type":"function_call","id":"fc_1","call_id":"call_1","name":"shell","arguments":"{\"command\":[\"cat\",\"src/lib.rs\"]}"},{"type":"function_call_output","call_id":"call_1","output":"fn main() {}\n"},{"type":"reasoning","id":"rs_2","summary":[{"type":"summary_text","text":"patch"}],"encrypted_content":"gAAAA2"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Patching."}]},{"type":"custom_tool_call","call_id":"call_2","name":"apply_patch","input":"*** Begin Patch\n*** End Patch"},{"type":"custom_tool_call_output","call_id":"call_2","output":"Done!"},{"type":"local_shell_call","id":"ls_1","call_id":"call_3","status":"completed","action":{"type":"exec","command":["ls"]}},{"type":"local_shell_call_output","call_id":"call_3","output":"a\nb"},{"type":"compaction","encrypted_content":"opaque"},{"type":"web_search_call","id":"ws_1","status":"completed"},{"role":"user","content":"thanks"}],"tools":[{"type":"function","name":"shell","parameters":{}}],"stream":true,"store":false,"max_output_tokens":1234}"#;
+
+fn parse(body: &str) -> ResponsesBody<'_> {
+    ResponsesBody::parse(body.as_bytes()).unwrap()
+}
+
+#[test]
+fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
+    for body in [
+        CODEX,
+        r#"{"input":[],"model":"m"}"#,
+        r#"{"model":"m","input":[{"role":"user","content":"hi"}],"previous_response_id":"resp_1"}"#,
+        r#"{"instructions":"x","input":[ {"type":"message","role":"user","content":"a"} , {"type":"x"} ],"z":{"k":1}}"#,
+    ] {
+        let parsed = parse(body);
+        let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+        let (bytes, spans) = parsed.write(&messages).unwrap();
+        assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
+        assert_eq!(ResponsesBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans));
+    }
+}
+
+#[test]
+fn items_read_into_turns_paired_by_call_id() {
+    let parsed = parse(CODEX);
+    let messages = parsed.messages();
+    let roles: Vec<String> = messages.iter().map(|m| crate::neutral::role_of(m).into_owned()).collect();
+    assert_eq!(
+        roles,
+        [
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "opaque",
+            "opaque",
+            "user"
+        ]
+    );
+    let turn: Value = serde_json::from_str(messages[5]).unwrap();
+    assert_eq!(turn["content"][0]["text"], "Patching.");
+    assert_eq!(turn["tool_calls"][0]["id"], "call_2");
+    assert_eq!(turn["tool_calls"][0]["function"]["arguments"], "*** Begin Patch\n*** End Patch");
+    let shell: Value = serde_json::from_str(messages[7]).unwrap();
+    assert_eq!(shell["tool_calls"][0]["function"]["name"], "local_shell");
+    assert_eq!(parsed.output_limit(), Some(1234));
+    assert!(parsed.stream());
+    assert_eq!(parsed.tools(), Some(r#"[{"type":"function","name":"shell","parameters":{}}]"#));
+    // The neutral form passes the engine's pairing check.
+    let skeletons: Vec<_> = messages.iter().map(|m| crate::compact::validate::Skeleton::of(m)).collect();
+    assert!(crate::compact::validate::check(&skeletons).is_ok());
+}
+
+#[test]
+fn a_rewritten_output_and_arguments_keep_every_other_byte() {
+    let parsed = parse(CODEX);
+    let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+    messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"[tool: cat → ok]"}"#.to_owned();
+    messages[3] = messages[3].replace(r#"[\"cat\",\"src/lib.rs\"]"#, r#"[\"cat\"]"#);
+    let (bytes, _) = parsed.write(&messages).unwrap();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    let input: Value = serde_json::from_str(CODEX).unwrap();
+    assert_eq!(out["input"][4]["output"], "[tool: cat → ok]");
+    assert_eq!(out["input"][3]["arguments"], r#"{"command":["cat"]}"#);
+    assert_eq!(out["input"][2], input["input"][2], "the reasoning item before the call is kept");
+    for k in [0, 1, 5, 6, 7, 8, 9, 10, 11, 12, 13] {
+        assert_eq!(out["input"][k], input["input"][k], "item {k}");
+    }
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains(r#"{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAAA1"}"#));
+    assert!(text.starts_with(r#"{"model":"gpt-5-codex","instructions":"You are Codex.","input":["#));
+}
+
+#[test]
+fn an_elided_turn_takes_its_reasoning_and_a_marker_becomes_a_message_item() {
+    let parsed = parse(CODEX);
+    let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+    let marker = r#"{"role":"assistant","content":"[pare: 2 earlier messages elided]"}"#.to_owned();
+    let mut forwarded = messages[..3].to_vec();
+    forwarded.push(marker);
+    forwarded.extend(messages[5..].iter().cloned());
+    let (bytes, _) = parsed.write(&forwarded).unwrap();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        out["input"][2],
+        serde_json::json!({"type":"message","role":"assistant","content":"[pare: 2 earlier messages elided]"})
+    );
+    assert_eq!(out["input"][3]["id"], "rs_2");
+    assert!(!String::from_utf8(bytes).unwrap().contains("rs_1"));
+}
+
+#[test]
+fn a_write_that_breaks_pairing_or_instructions_is_refused() {
+    let parsed = parse(CODEX);
+    let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+    // The call turn without its output.
+    let mut orphan = messages.clone();
+    orphan.remove(4);
+    assert!(parsed.write(&orphan).is_err());
+    let mut instructions = messages.clone();
+    instructions[0] = r#"{"role":"system","content":"other"}"#.to_owned();
+    assert!(parsed.write(&instructions).is_err());
+    // An opaque message the engine made up has no item.
+    let mut made_up = messages.clone();
+    made_up.insert(2, r#"{"role":"opaque","content":"x"}"#.to_owned());
+    assert!(parsed.write(&made_up).is_err());
+}
+
+#[test]
+fn check_items_follows_the_api_rules() {
+    let call = r#"{"type":"function_call","call_id":"a","name":"f","arguments":"{}"}"#;
+    let out = r#"{"type":"function_call_output","call_id":"a","output":"x"}"#;
+    let reasoning = r#"{"type":"reasoning","encrypted_content":"e"}"#;
+    let user = r#"{"type":"message","role":"user","content":"u"}"#;
+    assert!(check_items(&[user, reasoning, call, out]).is_ok());
+    assert!(check_items(&[user, call]).unwrap_err().contains("no output"));
+    assert!(check_items(&[out, call]).unwrap_err().contains("not an open call"));
+    assert!(check_items(&[call, out, out]).is_err());
+    assert!(check_items(&[user, reasoning]).unwrap_err().contains("reasoning"));
+    assert!(check_items(&[call, reasoning, out]).is_err());
+}
+
+#[test]
+fn a_string_input_is_one_user_message_forwarded_as_sent() {
+    let body = r#"{"model":"m","instructions":"be brief","input":"hello"}"#;
+    let parsed = parse(body);
+    assert_eq!(
+        parsed.messages(),
+        [r#"{"role":"system","content":"be brief"}"#, r#"{"role":"user","content":"hello"}"#]
+    );
+    assert!(parsed.write(&[]).is_err());
+    assert!(ResponsesBody::parse(br#"{"model":"m"}"#).is_err());
+    assert!(ResponsesBody::parse(br#"{"input":3}"#).is_err());
+    assert!(ResponsesBody::parse(b"{nope").is_err());
+}
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::budget::tokens::QuarterCounter;
+    use crate::compact::{CompactOptions, Engine};
+    use crate::neutral::View;
+
+    /// One turn of an agent: a user message, an assistant text, a call turn (with or without
+    /// reasoning, one to three parallel calls of the three call kinds, answered), or an opaque item.
+    fn turn(k: usize) -> impl Strategy<Value = Vec<Value>> {
+        let text = "[a-z ]{0,40}( line\n[a-z/._ ]{0,30}){0,30}";
+        prop_oneof![
+            text.prop_map(|t| vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]})]),
+            (text, any::<bool>()).prop_map(move |(t, reasoning)| {
+                let mut items = Vec::new();
+                if reasoning {
+                    items.push(json!({"type": "reasoning", "id": format!("rs_{k}"), "summary": [], "encrypted_content": format!("enc{k}")}));
+                }
+                items.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]}));
+                items
+            }),
+            (prop::collection::vec((0u8..3, text), 1..4), any::<bool>(), any::<bool>()).prop_map(move |(calls, reasoning, fail)| {
+                let mut items = Vec::new();
+                if reasoning {
+                    items.push(json!({"type": "reasoning", "id": format!("rs_{k}"), "summary": [], "encrypted_content": format!("enc{k}")}));
+                }
+                let mut outputs = Vec::new();
+                for (n, (kind, output)) in calls.into_iter().enumerate() {
+                    let id = format!("call_{k}_{n}");
+                    let (call, out_type) = match kind {
+                        0 => (json!({"type": "function_call", "call_id": id, "name": "read_file", "arguments": json!({"path": format!("src/f{k}.rs"), "long": output.clone()}).to_string()}), "function_call_output"),
+                        1 => (json!({"type": "custom_tool_call", "call_id": id, "name": "apply_patch", "input": output.clone()}), "custom_tool_call_output"),
+                        _ => (json!({"type": "local_shell_call", "call_id": id, "id": format!("ls_{k}"), "status": "completed", "action": {"type": "exec", "command": ["ls"]}}), "local_shell_call_output"),
+                    };
+                    items.push(call);
+                    let output = if fail { format!("Error: {output}") } else { output };
+                    outputs.push(json!({"type": out_type, "call_id": id, "output": output}));
+                }
+                items.extend(outputs);
+                items
+            }),
+            Just(vec![json!({"type": "compaction", "encrypted_content": format!("cmp{k}")})]),
+        ]
+    }
+
+    fn request() -> impl Strategy<Value = String> {
+        (prop::collection::vec(any::<prop::sample::Index>(), 1..14), any::<bool>()).prop_flat_map(
+            |(turns, instructions)| {
+                let turns: Vec<_> = (0..turns.len()).map(turn).collect();
+                turns.prop_map(move |turns| {
+                    let mut body = json!({"model": "m"});
+                    if instructions {
+                        body["instructions"] = json!("You are an agent.");
+                    }
+                    body["input"] = Value::Array(turns.into_iter().flatten().collect());
+                    body["store"] = json!(false);
+                    body.to_string()
+                })
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
+            let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
+            let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+            prop_assert_eq!(parsed.write(&messages).unwrap().0, body.into_bytes());
+        }
+
+        #[test]
+        fn compaction_keeps_pairing_users_instructions_tail_and_reasoning_bytes(body in request(), target in 50u64..2000) {
+            let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
+            let raw = parsed.messages();
+            let engine = Engine::default_pack();
+            let options = CompactOptions { target_tokens: Some(target), ..Default::default() };
+            let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
+            let mut messages = out.prefix.clone();
+            messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
+            let Ok((bytes, _)) = parsed.write(&messages) else {
+                // Only a conversation the engine left invalid (never) or an input the API would refuse.
+                prop_assert!(parsed.check().is_err(), "a valid request could not be written back");
+                return Ok(());
+            };
+            let forwarded = ResponsesBody::parse(&bytes).unwrap();
+            prop_assert!(forwarded.check().is_ok(), "{:?}", forwarded.check());
+            let (raw_v, fwd_v): (Value, Value) = (serde_json::from_str(&body).unwrap(), serde_json::from_slice(&bytes).unwrap());
+            prop_assert_eq!(&raw_v["instructions"], &fwd_v["instructions"]);
+            let raw_items = parsed.items();
+            let fwd_items = forwarded.items();
+            for item in raw_items.iter().filter(|i| i.contains(r#""role":"user""#)) {
+                prop_assert!(fwd_items.contains(item), "user item lost: {}", item);
+            }
+            for item in fwd_items.iter().filter(|i| i.contains(r#""type":"reasoning""#)) {
+                prop_assert!(raw_items.contains(item), "reasoning item changed: {}", item);
+            }
+            let first_tail_item = parsed.ranges.get(out.boundary.saturating_sub(parsed.first_item_message())).map(|r| r.0);
+            if let Some(start) = first_tail_item {
+                let tail = &raw_items[start..];
+                prop_assert_eq!(&fwd_items[fwd_items.len() - tail.len()..], tail);
+            }
+            // Compacting the forwarded request again changes nothing.
+            let again_raw = forwarded.messages();
+            let again = engine.compact(&View { messages: &again_raw, tools: None }, &CompactOptions::default(), &QuarterCounter);
+            let mut again_messages = again.prefix.clone();
+            again_messages.extend(again_raw[again.boundary..].iter().map(|m| (*m).to_owned()));
+            prop_assert_eq!(again_messages, again_raw.iter().map(|m| (*m).to_owned()).collect::<Vec<_>>());
+        }
+    }
+}
