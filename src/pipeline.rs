@@ -387,6 +387,11 @@ fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit:
         };
         let exchanges = reader.exchanges(&session).unwrap_or_default();
         let wire = exchanges.last().and_then(|x| Wire::of_path(&x.path)).unwrap_or_default();
+        // A forwarded Responses body does not say which raw items its rewritten items stand for
+        // (the neutral view names items by their raw bytes): such a session starts a fresh epoch.
+        if wire != Wire::Chat {
+            continue;
+        }
         let epoch = exchanges
             .into_iter()
             .rev()

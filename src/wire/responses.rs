@@ -12,11 +12,13 @@
 //! | `reasoning` | none of its own: it belongs to the item it precedes and goes wherever that goes |
 //! | `compaction`, `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
 //!
-//! Writing back maps each forwarded neutral message to items: one the engine left alone is its
-//! items' original bytes; a rewritten tool result is its output item with `output` replaced; a
-//! rewritten call turn is its items with each call's `arguments` (or custom `input`) replaced and
-//! every reasoning item kept byte for byte; anything else (an elision marker, a condensed system
-//! message) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
+//! Each neutral message names its items with a key (`pare_items`, a hash of their bytes) that the
+//! engine's rewrites keep and the wire never sees. Writing back maps each forwarded neutral message
+//! to items: one the engine left alone is its items' original bytes; a rewritten tool result is its
+//! output item with `output` replaced; a rewritten call turn is its items with each call's
+//! `arguments` (or custom `input`) replaced and every reasoning item kept byte for byte; a rewritten
+//! message (a condensed developer message) is its item with `content` replaced, its reasoning kept;
+//! a message that names no items (an elision marker) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
 //! result is checked ([`check_items`]): every call has its output, no output lacks its call, every
 //! reasoning item is followed by the item it precedes; otherwise the original body is forwarded.
 //!
@@ -164,7 +166,10 @@ impl<'a> ResponsesBody<'a> {
         let mut start = 0;
         while start < out.items.len() {
             let end = turn_end(&out.items, start);
-            out.neutral.push(neutral_of(&out.items[start..end], &heads[start..end], &out.body.messages[start..end]));
+            let raws = &out.body.messages[start..end];
+            let mut neutral = neutral_of(&out.items[start..end], &heads[start..end], raws);
+            tag(&mut neutral, &range_key(raws));
+            out.neutral.push(neutral);
             out.ranges.push((start, end));
             start = end;
         }
@@ -283,6 +288,29 @@ fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> Stri
     }
 }
 
+/// The key naming a range of items in their neutral message: a hash of their bytes, the same in
+/// every request that carries them (at any position) and in the neutral message's rewrites, which
+/// keep unknown keys. Only the neutral form carries it; it is never written to the wire.
+fn range_key(raws: &[&str]) -> String {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for raw in raws {
+        hasher.update(raw.as_bytes());
+        hasher.update(b"\xff");
+    }
+    format!("{:032x}", hasher.digest128())
+}
+
+/// The key under which a neutral message names its items (see [`range_key`]).
+const ITEMS_KEY: &str = "pare_items";
+
+/// Add `"pare_items": key` as the last member of the neutral message `json` (an object).
+fn tag(json: &mut String, key: &str) {
+    json.pop();
+    json.push_str(r#","pare_items":""#);
+    json.push_str(key);
+    json.push_str(r#""}"#);
+}
+
 /// An opaque neutral message: the engine keeps it in place; its text is the items' (so it counts).
 fn opaque(raws: &[&str]) -> String {
     let mut out = String::from(r#"{"role":"opaque","content":"#);
@@ -332,54 +360,37 @@ impl WireBody for ResponsesBody<'_> {
 }
 
 impl ResponsesBody<'_> {
-    /// The input items standing for the forwarded neutral `messages`.
+    /// The input items standing for the forwarded neutral `messages`: a message the engine left
+    /// alone is its items' original bytes; a rewritten one names its items (`pare_items`) and is
+    /// written as those items with its changes; any other (a marker) is a new `message` item.
     fn items_for(&self, messages: &[String]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let first = self.first_item_message();
         if self.has_instructions && messages.first() != self.neutral.first() {
             return Err(WireError::Invalid("the instructions were changed".into()));
         }
-        let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_text: HashMap<&str, usize> = HashMap::new();
+        let mut by_key: HashMap<String, usize> = HashMap::new();
         for (idx, text) in self.neutral.iter().enumerate().skip(first) {
-            by_text.entry(text.as_str()).or_default().push(idx);
-        }
-        // Call id → the neutral message of its call turn, and of its output.
-        let (mut calls, mut outputs): (HashMap<&str, usize>, HashMap<&str, usize>) = Default::default();
-        for (n, &(start, end)) in self.ranges.iter().enumerate() {
-            for item in &self.items[start..end] {
-                let map = match item.kind {
-                    Kind::Call => &mut calls,
-                    Kind::Output => &mut outputs,
-                    _ => continue,
-                };
-                map.entry(item.call_id.as_str()).or_insert(n + first);
-            }
+            by_text.entry(text.as_str()).or_insert(idx);
+            let (start, end) = self.ranges[idx - first];
+            by_key.entry(range_key(&self.body.messages[start..end])).or_insert(idx);
         }
         let raw = &self.body.messages;
         let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
-        let mut cursor = first;
         for text in &messages[first..] {
-            // Untouched: the original items, the first occurrence at or after the cursor.
-            if let Some(idx) = by_text.get(text.as_str()).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+            if let Some(&idx) = by_text.get(text.as_str()) {
                 let (start, end) = self.ranges[idx - first];
                 out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
-                cursor = idx + 1;
                 continue;
             }
             let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
-            let paired = match message.role.as_str() {
-                "tool" => message.tool_call_id.as_deref().and_then(|id| outputs.get(id)),
-                "assistant" => {
-                    message.tool_calls.as_ref().and_then(|c| c.first()).and_then(|c| calls.get(c.id.as_str()))
-                }
-                _ => None,
-            };
-            match paired.copied() {
-                Some(idx) => {
+            let source = message.extra.get(ITEMS_KEY).and_then(Value::as_str).and_then(|key| by_key.get(key));
+            match source {
+                Some(&idx) => {
                     let (start, end) = self.ranges[idx - first];
                     for k in start..end {
                         out.push(self.rewrite_item(k, &message)?);
                     }
-                    cursor = idx + 1;
                 }
                 None => out.push(Cow::Owned(message_item(&message)?)),
             }
@@ -408,7 +419,7 @@ impl ResponsesBody<'_> {
                     _ => Ok(Cow::Borrowed(raw)),
                 }
             }
-            Kind::Message if item.role == "assistant" => {
+            Kind::Message if item.role != "user" => {
                 let original = Item::read(raw).1.and_then(|h| h.content.map(|c| c.get().to_owned()));
                 let new = content_json(&message.content);
                 if original.as_deref() == Some(new.as_str()) { Ok(Cow::Borrowed(raw)) } else { replace("content", new) }
@@ -418,7 +429,7 @@ impl ResponsesBody<'_> {
     }
 }
 
-/// A neutral message the engine wrote (a marker, a condensed message) as a `message` item.
+/// A neutral message the engine wrote (a marker) as a `message` item.
 fn message_item(message: &Message) -> Result<String, WireError> {
     let role = match message.role.as_str() {
         role @ ("user" | "system" | "developer" | "assistant") => role,

@@ -31,6 +31,9 @@ fn items_read_into_turns_paired_by_call_id() {
     let parsed = parse(CODEX);
     let messages = parsed.messages();
     let roles: Vec<String> = messages.iter().map(|m| crate::neutral::role_of(m).into_owned()).collect();
+    // Every item-made message names its items; the instructions name none.
+    assert!(!messages[0].contains("pare_items"));
+    assert!(messages[1..].iter().all(|m| m.contains(r#","pare_items":""#)));
     assert_eq!(
         roles,
         [
@@ -66,7 +69,7 @@ fn items_read_into_turns_paired_by_call_id() {
 fn a_rewritten_output_and_arguments_keep_every_other_byte() {
     let parsed = parse(CODEX);
     let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
-    messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"[tool: cat → ok]"}"#.to_owned();
+    messages[4] = messages[4].replace(r#""fn main() {}\n""#, r#""[tool: cat → ok]""#);
     messages[3] = messages[3].replace(r#"[\"cat\",\"src/lib.rs\"]"#, r#"[\"cat\"]"#);
     let (bytes, _) = parsed.write(&messages).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
@@ -98,6 +101,24 @@ fn an_elided_turn_takes_its_reasoning_and_a_marker_becomes_a_message_item() {
     );
     assert_eq!(out["input"][3]["id"], "rs_2");
     assert!(!String::from_utf8(bytes).unwrap().contains("rs_1"));
+}
+
+/// A rewritten developer message keeps its item (and the reasoning before it); a tool message that
+/// names no item cannot be written.
+#[test]
+fn a_rewritten_message_keeps_its_item_and_a_nameless_tool_message_is_refused() {
+    let parsed = parse(CODEX);
+    let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+    messages[1] = messages[1]
+        .replace(r#"[{"type":"input_text","text":"sandbox: workspace-write"}]"#, r#""[system prompt: sandbox]""#);
+    let (bytes, _) = parsed.write(&messages).unwrap();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        out["input"][0],
+        serde_json::json!({"type":"message","role":"developer","content":"[system prompt: sandbox]"})
+    );
+    messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"x"}"#.to_owned();
+    assert!(parsed.write(&messages).is_err());
 }
 
 #[test]
