@@ -477,17 +477,19 @@ fn replace_member(item: &str, key: &str, value: &str) -> Option<String> {
 }
 
 /// The Responses API's pairing rules over input items: every call (`function_call`,
-/// `custom_tool_call`, `local_shell_call`) has its output, no output lacks its call (before it), no
-/// call id repeats, and every `reasoning` item is followed by a non-reasoning item other than an
-/// output (the item it belongs to). Items that are not objects pare reads are skipped.
+/// `custom_tool_call`, `local_shell_call`) has its output after it, no output answers a call that is
+/// not open, no call id is reused while its call is open, and every `reasoning` item is followed by
+/// a non-reasoning item other than an output (the item it belongs to). Items that are not objects
+/// pare reads are skipped.
 pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), String> {
     let read: Vec<Item> = items.iter().map(|raw| Item::read(raw.as_ref()).0).collect();
+    // Call id → whether its latest call has been answered.
     let mut calls: HashMap<&str, bool> = HashMap::new();
     for (idx, item) in read.iter().enumerate() {
         match item.kind {
             Kind::Call => {
-                if calls.insert(item.call_id.as_str(), false).is_some() {
-                    return Err(format!("item {idx} repeats call id `{}`", item.call_id));
+                if calls.insert(item.call_id.as_str(), false) == Some(false) {
+                    return Err(format!("item {idx} repeats open call id `{}`", item.call_id));
                 }
             }
             Kind::Output => match calls.get_mut(item.call_id.as_str()) {

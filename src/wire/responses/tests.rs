@@ -148,6 +148,9 @@ fn check_items_follows_the_api_rules() {
     assert!(check_items(&[user, call]).unwrap_err().contains("no output"));
     assert!(check_items(&[out, call]).unwrap_err().contains("not an open call"));
     assert!(check_items(&[call, out, out]).is_err());
+    assert!(check_items(&[call, call, out]).unwrap_err().contains("repeats open call id"));
+    // An id answered may be used again (agents reuse ids across turns).
+    assert!(check_items(&[call, out, user, call, out]).is_ok());
     assert!(check_items(&[user, reasoning]).unwrap_err().contains("reasoning"));
     assert!(check_items(&[call, reasoning, out]).is_err());
 }
