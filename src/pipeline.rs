@@ -2,14 +2,16 @@
 //! record for the archive, and the compacted body to forward. Also where fail-open is enforced: any
 //! error or panic inside compaction forwards the original bytes and is counted.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::HeaderMap;
 
-pub use crate::exchange::{CompactionSummary, ResponseSink, StreamEnd};
+pub use crate::exchange::{
+    ChatCompactor, CompactInput, CompactOutput, CompactionSummary, IdentityCompactor, ResponseSink, StreamEnd,
+    compact_fail_open,
+};
 
 use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
@@ -22,26 +24,6 @@ use crate::wire::{Spans, Wire, WireBody};
 /// A session's id (time-sortable, see [`crate::session`]).
 pub type SessionId = String;
 
-/// Input of one compaction.
-pub struct CompactInput<'a> {
-    pub session: &'a str,
-    pub raw: &'a [u8],
-    pub body: &'a dyn WireBody,
-    /// The body's neutral messages, read once for the session tracker and the compactor.
-    pub messages: &'a [&'a str],
-    /// Context window of the request's model when the pipeline resolved one (config or detection).
-    pub window: Option<u64>,
-}
-
-/// Output of one compaction: `body` is `None` when the request is forwarded unchanged.
-pub struct CompactOutput {
-    pub body: Option<Vec<u8>>,
-    /// Where `body`'s values lie, when the compactor wrote it with [`WireBody::write`]:
-    /// the archive then stores it without parsing it. `None`: the archive parses `body` itself.
-    pub spans: Option<Spans>,
-    pub summary: CompactionSummary,
-}
-
 /// What [`Pipeline::compact`] made of one request.
 #[derive(Default)]
 struct Compaction {
@@ -52,21 +34,6 @@ struct Compaction {
     summary: Option<CompactionSummary>,
     /// Why compaction did not apply.
     skipped: Option<String>,
-}
-
-/// Anything that can compact a request. The engine is pure; implementations may keep
-/// per-session state (epochs, stickiness) behind interior mutability.
-pub trait ChatCompactor: Send + Sync {
-    fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput>;
-}
-
-/// Forwards every request unchanged (mode `off`, and the seam's default until wired).
-pub struct IdentityCompactor;
-
-impl ChatCompactor for IdentityCompactor {
-    fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default() })
-    }
 }
 
 /// What the proxy needs to forward one request.
@@ -297,17 +264,6 @@ fn off_the_reactor<T>(bytes: usize, work: impl FnOnce() -> T) -> T {
     if multi_threaded && bytes >= BLOCKING_COMPACTION_BYTES { tokio::task::block_in_place(work) } else { work() }
 }
 
-/// One compaction under `catch_unwind`: the proxy and `pare replay` both go through here, so that they
-/// forward the same bytes. `Err` says why compaction did not apply (an error or a panic); the caller
-/// then forwards the original body.
-pub fn compact_fail_open(compactor: &dyn ChatCompactor, input: &CompactInput<'_>) -> Result<CompactOutput, String> {
-    match catch_unwind(AssertUnwindSafe(|| compactor.compact(input))) {
-        Ok(Ok(out)) => Ok(out),
-        Ok(Err(err)) => Err(format!("compaction failed: {err:#}")),
-        Err(panic) => Err(format!("compaction panicked: {}", panic_message(&panic))),
-    }
-}
-
 /// Why the pipeline of a configuration cannot be built (reported at start, before listening).
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -405,15 +361,5 @@ fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit:
     }
     if n_seeded > 0 {
         tracing::info!(sessions = n_seeded, "compaction state rebuilt from the archive");
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".into()
     }
 }

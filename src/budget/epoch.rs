@@ -29,8 +29,8 @@ use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
 use crate::config::{Config, Mode};
+use crate::exchange::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::neutral::{View, role_of};
-use crate::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::wire::{Wire, WireBody, WireError};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by

@@ -1,7 +1,7 @@
 //! Replaying a session: its requests, in order, through the same [`ChatCompactor`] path the proxy
 //! uses, giving exactly the bodies the proxy would forward. Shared by `pare replay` and `pare eval`.
 
-use crate::pipeline::{ChatCompactor, CompactInput, CompactionSummary, compact_fail_open};
+use crate::exchange::{ChatCompactor, CompactInput, CompactionSummary, compact_fail_open};
 use crate::wire::Wire;
 
 /// One replayed request.

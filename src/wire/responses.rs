@@ -181,7 +181,7 @@ impl<'a> ResponsesBody<'a> {
         &self.body.messages
     }
 
-    /// Neutral message index → first neutral index of the items (0 or 1).
+    /// Index of the first neutral message made of items (after the instructions, when present).
     fn first_item_message(&self) -> usize {
         usize::from(self.has_instructions)
     }
