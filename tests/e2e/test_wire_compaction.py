@@ -127,10 +127,20 @@ def test_responses_long_history_is_compacted(small_pare, stub):
     calls = [i["call_id"] for i in kept if i.get("type") == "function_call"]
     outputs = [i["call_id"] for i in kept if i.get("type") == "function_call_output"]
     assert calls == outputs, "every call keeps its output and every output its call, in order"
-    for item in items:
-        if item["type"] == "reasoning":
+    # A reasoning item is forwarded byte for byte right before the item it precedes, or it went
+    # together with that whole turn (the API refuses a reasoning item without its following item).
+    kept_calls = set(calls)
+    for at, item in enumerate(items):
+        if item["type"] != "reasoning":
+            continue
+        follower = items[at + 1]["call_id"]
+        if item["encrypted_content"] in request["body"].decode():
             ours = json_object_around(sent[0], item["encrypted_content"])
             assert json_object_around(request["body"], item["encrypted_content"]) == ours, "reasoning bytes are kept"
+            position = next(i for i, k in enumerate(kept) if k.get("id") == item["id"])
+            assert kept[position + 1].get("call_id") == follower, "a reasoning item stays before its call"
+        else:
+            assert follower not in kept_calls, "a reasoning item goes only with its whole turn"
     assert_archived(small_pare, session, sent[0], request["body"])
 
 
@@ -167,10 +177,20 @@ def test_messages_long_history_is_compacted(small_pare, stub):
         results = [b["tool_use_id"] for b in after["content"] if b["type"] == "tool_result"]
         if uses or results:
             assert before["role"] == "assistant" and uses == results, (before, after)
+    # A thinking block is forwarded byte for byte at the head of its turn, or it went together with
+    # that whole turn (its signature must verify against the turn it opened).
+    kept_uses = {b["id"] for m in kept if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"}
     for message in messages:
         for block in message["content"]:
-            if block["type"] == "thinking":
+            if block["type"] != "thinking":
+                continue
+            uses = {b["id"] for b in message["content"] if b["type"] == "tool_use"}
+            if block["signature"] in request["body"].decode():
                 ours = json_object_around(sent[0], block["signature"])
                 assert json_object_around(request["body"], block["signature"]) == ours, "thinking bytes are kept"
+                turn = next(m for m in kept if any(b.get("signature") == block["signature"] for b in m["content"]))
+                assert turn["content"][0]["type"] == "thinking" and uses <= kept_uses, "thinking opens its own turn"
+            else:
+                assert not uses & kept_uses, "a thinking block goes only with its whole turn"
     assert request["body"].count(b'"cache_control"') <= 4
     assert_archived(small_pare, session, sent[0], request["body"])
