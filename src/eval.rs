@@ -26,11 +26,13 @@ use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::budget::replay::{replay_session, session_lines};
+use crate::budget::replay::session_lines;
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
+use crate::corpus::{Requests, SessionInput};
 use crate::neutral::{Message, View, role_of};
+use crate::strategy::Strategy;
 use crate::wire::{Wire, WireBody};
 
 /// Why a corpus could not be read.
@@ -158,6 +160,11 @@ pub struct SessionReport {
 pub struct CorpusReport {
     pub window: u64,
     pub mode: String,
+    /// `pare`, or the peer strategy that produced the forwarded requests.
+    pub strategy: String,
+    /// The side of the split by task evaluated (`tune`, `holdout`), or `None` for every session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     pub sessions: Vec<SessionReport>,
     pub sources: BTreeMap<String, Metrics>,
     pub total: Metrics,
@@ -204,21 +211,42 @@ pub fn evaluate_corpus(
     window: u64,
     input: EvalInput,
 ) -> Result<CorpusReport, EvalError> {
-    // Sessions are independent (each has its own state in the compactor, keyed by its path): evaluate
-    // them on all cores; `collect` keeps the sorted order, so the report does not depend on the pool.
-    let evaluate = |path: &PathBuf| -> Result<SessionReport, EvalError> {
-        let mut text = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
-        if input.convert_chat {
-            text = crate::wire::convert::chat_session_to_responses(&String::from_utf8_lossy(&text)).into_bytes();
-        }
-        let source =
-            path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let id = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let requests = session_lines(&text);
-        let metrics = evaluate_session(compactor, engine, input.wire, &path.display().to_string(), &requests, window);
-        Ok(SessionReport { source, id, metrics })
+    evaluate_sessions(&crate::corpus::from_dir(dir)?, Strategy::Pare, compactor, engine, window, input)
+}
+
+/// Evaluate `sessions` at `window`, forwarding what `strategy` sends.
+pub fn evaluate_sessions(
+    sessions: &[SessionInput],
+    strategy: Strategy,
+    compactor: &SessionCompactor,
+    engine: &dyn CompactEngine,
+    window: u64,
+    input: EvalInput,
+) -> Result<CorpusReport, EvalError> {
+    // Sessions are independent (each has its own state in the compactor, keyed by its id): evaluate
+    // them on all cores; `collect` keeps the given order, so the report does not depend on the pool.
+    let evaluate = |session: &SessionInput| -> Result<SessionReport, EvalError> {
+        // A session file is read (and converted) here; an archive's bodies are used as they are.
+        let text: Vec<u8>;
+        let (key, requests): (String, Vec<&[u8]>) = match &session.requests {
+            Requests::File(path) => {
+                let read = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
+                text = match input.convert_chat {
+                    true => {
+                        crate::wire::convert::chat_session_to_responses(&String::from_utf8_lossy(&read)).into_bytes()
+                    }
+                    false => read,
+                };
+                (path.display().to_string(), session_lines(&text))
+            }
+            Requests::Bodies(bodies) => {
+                (format!("{}/{}", session.source, session.id), bodies.iter().map(Vec::as_slice).collect())
+            }
+        };
+        let metrics = evaluate_session_with(strategy, compactor, engine, input.wire, &key, &requests, window);
+        Ok(SessionReport { source: session.source.clone(), id: session.id.clone(), metrics })
     };
-    let sessions: Vec<SessionReport> = session_files(dir)?.par_iter().map(evaluate).collect::<Result<_, _>>()?;
+    let sessions: Vec<SessionReport> = sessions.par_iter().map(evaluate).collect::<Result<_, _>>()?;
     let mut sources: BTreeMap<String, Metrics> = BTreeMap::new();
     let mut total = Metrics::default();
     for s in &sessions {
@@ -226,7 +254,7 @@ pub fn evaluate_corpus(
         total.add(&s.metrics);
     }
     let mode = format!("{:?}", compactor.policy().mode).to_lowercase();
-    Ok(CorpusReport { window, mode, sessions, sources, total })
+    Ok(CorpusReport { window, mode, strategy: strategy.to_string(), split: None, sessions, sources, total })
 }
 
 /// Evaluate one session (its request bodies in order).
@@ -241,11 +269,24 @@ pub fn evaluate_session(
     requests: &[&[u8]],
     window: u64,
 ) -> Metrics {
+    evaluate_session_with(Strategy::Pare, compactor, engine, wire, session, requests, window)
+}
+
+/// [`evaluate_session`] forwarding what `strategy` sends.
+pub fn evaluate_session_with(
+    strategy: Strategy,
+    compactor: &SessionCompactor,
+    engine: &dyn CompactEngine,
+    wire: Wire,
+    session: &str,
+    requests: &[&[u8]],
+    window: u64,
+) -> Metrics {
     compactor.forget(session);
-    let first = replay_session(compactor, wire, session, requests, Some(window));
+    let first = crate::strategy::replay(strategy, compactor, wire, session, requests, window);
     let again_id = format!("{session}#again");
     compactor.forget(&again_id);
-    let again = replay_session(compactor, wire, &again_id, requests, Some(window));
+    let again = crate::strategy::replay(strategy, compactor, wire, &again_id, requests, window);
     compactor.forget(session);
     compactor.forget(&again_id);
     let deterministic = first.iter().zip(&again).all(|(a, b)| a.forwarded == b.forwarded);

@@ -22,18 +22,22 @@
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
 //! - [`cli`]: the command line (`serve`, `compact`, `replay`, `eval`, `sessions`, `export`, `check`).
 //! - [`eval`]: the metrics of MISSION.md over a corpus of sessions.
+//! - [`corpus`]: the sessions eval reads (files or an archive) and their split by task.
+//! - [`strategy`]: the peers' deterministic strategies eval measures pare against.
 
 pub mod archive;
 pub mod budget;
 pub mod cli;
 pub mod compact;
 pub mod config;
+pub mod corpus;
 pub mod eval;
 pub mod exchange;
 pub mod neutral;
 pub mod pipeline;
 pub mod proxy;
 pub mod session;
+pub mod strategy;
 pub mod wire;
 
 /// The global allocator of the `pare` binary and of the benchmarks that measure it: mimalloc (cargo

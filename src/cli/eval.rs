@@ -4,17 +4,36 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use super::SplitArg;
 use crate::compact::Engine;
 use crate::config::Config;
-use crate::eval::{CorpusReport, Metrics, evaluate_corpus};
+use crate::corpus::{self, Split};
+use crate::eval::{CorpusReport, Metrics, evaluate_sessions};
+use crate::strategy::Strategy;
+use crate::wire::Wire;
 
 pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Arc::new(Engine::from_config(&config)?);
     let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
-    let wire = if args.convert { crate::wire::Wire::Responses } else { args.wire };
+    let wire = if args.convert { Wire::Responses } else { args.wire };
+    if args.strategy != Strategy::Pare && wire != Wire::Chat {
+        anyhow::bail!("--strategy {} reads Chat Completions sessions only (--wire chat)", args.strategy);
+    }
     let input = crate::eval::EvalInput { wire, convert_chat: args.convert };
-    let report = evaluate_corpus(&args.corpus, &compactor, engine.as_ref(), args.window, input)?;
+    let sessions = match (&args.archive, &args.corpus) {
+        (Some(_), _) if args.convert => anyhow::bail!("--convert reads session files, not an archive"),
+        (Some(archive), _) => corpus::from_archive(archive)?,
+        (None, Some(dir)) => corpus::from_dir(dir)?,
+        (None, None) => anyhow::bail!("give a corpus directory or --archive DIR"),
+    };
+    let split = args.split.map(|s| match s {
+        SplitArg::Tune => Split::Tune,
+        SplitArg::Holdout => Split::Holdout,
+    });
+    let sessions = corpus::select(sessions, split);
+    let mut report = evaluate_sessions(&sessions, args.strategy, &compactor, engine.as_ref(), args.window, input)?;
+    report.split = split.map(|s| s.name().to_owned());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -55,7 +74,9 @@ fn row(out: &mut String, name: &str, m: &Metrics) {
 /// The human-readable report: sessions grouped by source, a line per source, then the total.
 pub fn render_table(report: &CorpusReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "pare eval: window {} tokens, mode {}", report.window, report.mode);
+    let _ =
+        write!(out, "pare eval: window {} tokens, mode {}, strategy {}", report.window, report.mode, report.strategy);
+    let _ = writeln!(out, "{}", report.split.as_ref().map(|s| format!(", {s} sessions")).unwrap_or_default());
     let _ = writeln!(out, "{HEADER}");
     for (source, metrics) in &report.sources {
         for s in report.sessions.iter().filter(|s| &s.source == source) {

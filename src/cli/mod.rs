@@ -131,8 +131,25 @@ pub struct EvalArgs {
     /// Read each chat session and convert it to Responses bodies before evaluating (`--wire responses`).
     #[arg(long)]
     pub convert: bool,
+    /// What forwards the requests: pare, or a peer's strategy (mask:N, clear:K@F, truncate).
+    #[arg(long, default_value = "pare")]
+    pub strategy: crate::strategy::Strategy,
+    /// Only the sessions of one side of the split by task (tune or holdout).
+    #[arg(long, value_enum)]
+    pub split: Option<SplitArg>,
+    /// Evaluate the sessions of a pare archive (its raw requests) instead of a corpus directory.
+    #[arg(long, conflicts_with = "corpus")]
+    pub archive: Option<PathBuf>,
     /// Directory searched recursively for `*.jsonl` session files.
-    pub corpus: PathBuf,
+    #[arg(required_unless_present = "archive")]
+    pub corpus: Option<PathBuf>,
+}
+
+/// One side of `pare eval`'s split by task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SplitArg {
+    Tune,
+    Holdout,
 }
 
 #[derive(Debug, Args)]
