@@ -229,7 +229,7 @@ fn suffix_within(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::check_tool_pairing;
+    use crate::wire::WireBody;
     use serde_json::json;
 
     fn call(id: &str) -> Value {
@@ -260,7 +260,7 @@ mod tests {
     }
 
     fn valid(bytes: &[u8]) -> bool {
-        check_tool_pairing(&ChatBody::parse(bytes).unwrap().messages).is_ok()
+        ChatBody::parse(bytes).unwrap().check().is_ok()
     }
 
     #[test]

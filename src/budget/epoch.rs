@@ -28,7 +28,7 @@ use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
-use crate::config::{Config, Mode};
+use crate::config::{Config, HistoryShare, Mode};
 use crate::exchange::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::neutral::{View, role_of};
 use crate::wire::{Wire, WireBody, WireError};
@@ -70,8 +70,8 @@ pub struct EpochPolicy {
     pub low_water: f64,
     /// Eager mode: turns between two advances of the frozen frontier.
     pub polling: u32,
-    /// Eager mode: the history's own budget, applied on every advance whatever the window.
-    pub history: Option<HistoryBudget>,
+    /// Eager mode: the history's own budget, a share of the usable window, applied on every advance.
+    pub history: Option<HistoryShare>,
 }
 
 impl EpochPolicy {
@@ -82,10 +82,15 @@ impl EpochPolicy {
             Mode::Epoch | Mode::Off => (b.high_water, b.low_water),
         };
         let history = match config.compaction.mode {
-            Mode::Eager => b.eager_history.map(|h| HistoryBudget { high: h.high_tokens, low: h.low_tokens }),
+            Mode::Eager => b.eager_history,
             Mode::Epoch | Mode::Off => None,
         };
         EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: b.polling.max(1), history }
+    }
+
+    /// The history budget in tokens for a usable window of `usable` tokens.
+    pub fn history_budget(&self, usable: u64) -> Option<HistoryBudget> {
+        self.history.map(|h| h.tokens(usable)).map(|(high, low)| HistoryBudget { high, low })
     }
 }
 
@@ -416,7 +421,7 @@ impl SessionCompactor {
             Mode::Eager => {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
-                    history: self.policy.history,
+                    history: self.policy.history_budget(usable as u64),
                     message_ages_secs: candidate_ages,
                     ..Default::default()
                 };
@@ -434,7 +439,7 @@ impl SessionCompactor {
             _ => {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
-                    history: self.policy.history,
+                    history: self.policy.history_budget(usable as u64),
                     message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
                     ..Default::default()
                 };

@@ -6,7 +6,8 @@
 //! `budget.encoding`). With `--window`, the engine also applies salience tiers and elision down to
 //! the low-water mark of the usable window (window minus the answer's reserve), as an epoch would.
 //! When the config's `compaction.mode` is `eager`, what an eager advance does applies instead: the
-//! history budget (`budget.eager_history`) always, and `eager_low_water` for `--window`.
+//! history budget (`budget.eager_history`, shares of the usable window: `--window`'s, else the
+//! model's) always, and `eager_low_water` for `--window`.
 //! A request no rule changes is written back as read (as the proxy forwards it); a body that is not a
 //! request of the `--wire` format is written back unchanged and the exit status is 1.
 
@@ -42,11 +43,10 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let counter = TokenCounter::new(&CounterConfig { encoding: settings.encoding, ..CounterConfig::default() });
     // The mode's low-water mark and, in eager mode, its history budget — as the proxy resolves them.
     let policy = EpochPolicy::from_config(&config);
-    let target_tokens = args.window.map(|window| {
-        let usable = window.saturating_sub(answer_reserve(body.output_limit(), settings.output_reserve, window));
-        (usable as f64 * policy.low_water) as u64
-    });
-    let options = CompactOptions { target_tokens, history: policy.history, ..Default::default() };
+    let window = args.window.or(settings.context_window).unwrap_or(config.budget.default_context_window);
+    let usable = window.saturating_sub(answer_reserve(body.output_limit(), settings.output_reserve, window));
+    let target_tokens = args.window.map(|_| (usable as f64 * policy.low_water) as u64);
+    let options = CompactOptions { target_tokens, history: policy.history_budget(usable), ..Default::default() };
     let raw_messages = body.messages();
     let tools = body.tools();
     let view = View { messages: &raw_messages, tools };

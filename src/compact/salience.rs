@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, NAMES_PER_MARKER, files_suffix, group_digits, is_compacted, mentioned_files, names_suffix,
+    ElisionSummary, NAMES_PER_ELISION, files_suffix, group_digits, is_compacted, mentioned_files, names_suffix,
     parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
@@ -539,7 +539,7 @@ fn elision_marker(
         what.push(format!("assistant notes ×{notes}"));
     }
     // Names: the most recent results' first (the next step is likelier to reuse them), then what an
-    // earlier elision marker listed; at most NAMES_PER_MARKER, none twice.
+    // earlier elision marker listed; at most NAMES_PER_ELISION, none twice.
     let mut names: Vec<&str> = Vec::new();
     for idx in (start..end).rev() {
         if edits.dropped[idx] || conv.msgs[idx].is_none() {
@@ -550,7 +550,7 @@ fn elision_marker(
             None => &marker_facts.names[idx],
         };
         for n in listed {
-            if names.len() >= NAMES_PER_MARKER {
+            if names.len() >= NAMES_PER_ELISION {
                 break;
             }
             if !names.contains(&n.as_str()) {

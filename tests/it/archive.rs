@@ -912,3 +912,43 @@ fn hermes_resume_without_tool_names_stays_in_one_session() {
     assert_eq!(hows[0], Assigned::New);
     assert!(hows[1..].iter().all(|h| *h == Assigned::Extends), "{hows:?}");
 }
+
+/// `pare eval --archive`: the sessions of an archive are read back as their raw requests, in order,
+/// and evaluate as the same bodies read from a session file do.
+#[test]
+fn eval_replays_the_raw_sessions_of_an_archive() {
+    use pare::budget::{CompactEngine, SessionCompactor};
+    use pare::corpus::{Requests, SessionInput, from_archive};
+    use pare::eval::{EvalInput, evaluate_sessions};
+    use pare::strategy::Strategy;
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive = start(dir.path());
+    let bodies = growing_session(12, false);
+    for body in &bodies {
+        // What pare forwarded is archived too; eval must read the raw side.
+        archive.record_exchange(with_spans(exchange("agent-1", body, Some(b"{\"messages\":[]}"))));
+    }
+    archive.record_exchange(exchange("agent-2", &bodies[0], None));
+    archive.close();
+
+    let sessions = from_archive(dir.path()).unwrap();
+    let ids: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["agent-1", "agent-2"]);
+    let Requests::Bodies(read) = &sessions[0].requests else { panic!("an archive's sessions are bodies") };
+    assert_eq!(read, &bodies);
+
+    let config = Config::from_yaml("compaction:\n  mode: eager\n").unwrap();
+    let engine = Arc::new(pare::compact::Engine::from_config(&config).unwrap());
+    let compactor = SessionCompactor::new(&config, engine.clone() as Arc<dyn CompactEngine>).unwrap();
+    let report =
+        evaluate_sessions(&sessions, Strategy::Pare, &compactor, engine.as_ref(), 8_192, EvalInput::default()).unwrap();
+    let direct = SessionInput { source: "archive".into(), id: "agent-1".into(), requests: Requests::Bodies(bodies) };
+    let expected =
+        evaluate_sessions(&[direct], Strategy::Pare, &compactor, engine.as_ref(), 8_192, EvalInput::default()).unwrap();
+    assert_eq!(report.sessions[0].metrics, expected.sessions[0].metrics);
+    assert_eq!(report.sessions[0].metrics.requests, 12);
+    assert!(report.sessions[0].metrics.saved() > 0.0, "eager collapses the outputs older than the tail");
+    assert_eq!(report.total.sessions, 2);
+    assert_eq!(report.sources.keys().collect::<Vec<_>>(), ["archive"]);
+}

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pare::budget::tokens::{CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use pare::budget::window::{DetectConfig, ModelTable, WindowResolver};
-use pare::config::{Config, HistoryTokens, Mode};
+use pare::config::{Config, HistoryShare, Mode};
 use tiktoken_rs::{ChatCompletionRequestMessage, FunctionCall};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -637,10 +637,15 @@ fn eager_and_epoch_each_use_their_own_water_marks() {
 
 #[test]
 fn eager_gives_the_engine_its_history_budget_and_epoch_does_not() {
-    let custom = "  eager_history:\n    high_tokens: 900\n    low_tokens: 300\n";
+    let custom = "  eager_history:\n    high: 0.125\n    low: 0.05\n";
+    // The shares of this window's usable tokens (8,192 − the 1,024 reserved for the answer).
+    let tokens = |share: HistoryShare| {
+        let (high, low) = share.tokens(WINDOW - 1024);
+        Some(HistoryBudget { high, low })
+    };
     let cases = [
-        ("eager", "", Some(HistoryBudget { high: 3500, low: 1250 })),
-        ("eager", custom, Some(HistoryBudget { high: 900, low: 300 })),
+        ("eager", "", tokens(HistoryShare::default())),
+        ("eager", custom, Some(HistoryBudget { high: 896, low: 358 })),
         ("eager", "  eager_history: null\n", None),
         ("epoch", custom, None),
     ];
@@ -657,9 +662,9 @@ fn eager_gives_the_engine_its_history_budget_and_epoch_does_not() {
 }
 
 /// The history budget with the real engine: in eager mode old turns are elided once the history
-/// passes its high mark, however large the window.
+/// passes its high mark, a share of the window, even where the window marks never fire.
 #[test]
-fn eager_bounds_the_history_in_any_window() {
+fn eager_bounds_the_history_as_a_share_of_the_window() {
     let engine = Arc::new(pare::compact::Engine::default_pack());
     let session = coding_session(40, 120);
     let last = |yaml: &str| {
@@ -667,7 +672,8 @@ fn eager_bounds_the_history_in_any_window() {
         run(&compactor, "s", &session, 1_000_000).pop().unwrap()
     };
     let elided = |messages: &[String]| messages.iter().any(|m| m.contains("earlier messages elided"));
-    let budget = "compaction:\n  mode: eager\nbudget:\n  eager_history:\n    high_tokens: 900\n    low_tokens: 300\n";
+    // 0.1 % and 0.04 % of the usable million: about 1,000 and 400 tokens of history.
+    let budget = "compaction:\n  mode: eager\nbudget:\n  eager_history:\n    high: 0.001\n    low: 0.0004\n";
     let (bounded, bounded_out) = last(budget);
     let (unbounded, unbounded_out) = last("compaction:\n  mode: eager\nbudget:\n  eager_history: null\n");
     assert!(elided(&bounded), "no elision marker: {bounded:?}");
@@ -995,7 +1001,7 @@ async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEn
     config.budget.default_context_window = WINDOW;
     config.budget.output_reserve = 1024;
     config.budget.detect_window = false;
-    config.budget.eager_history = Some(HistoryTokens { high_tokens: 900, low_tokens: 300 });
+    config.budget.eager_history = Some(HistoryShare { high: 0.125, low: 0.05 });
     let compactor = Arc::new(SessionCompactor::new(&config, engine()).unwrap());
     let server = in_process::start_with_compactor(config.clone(), compactor).await;
 

@@ -859,11 +859,9 @@ fn cli_applies_the_history_budget_when_the_config_is_eager() {
         std::fs::write(&path, yaml).unwrap();
         path.to_str().unwrap().to_owned()
     };
-    let eager = config(
-        "eager.yaml",
-        "compaction:\n  mode: eager\nbudget:\n  eager_history: {high_tokens: 600, low_tokens: 200}\n",
-    );
-    let epoch = config("epoch.yaml", "budget:\n  eager_history: {high_tokens: 600, low_tokens: 200}\n");
+    let eager =
+        config("eager.yaml", "compaction:\n  mode: eager\nbudget:\n  eager_history: {high: 0.01, low: 0.003}\n");
+    let epoch = config("epoch.yaml", "budget:\n  eager_history: {high: 0.01, low: 0.003}\n");
     let with_eager = pare_compact(&["--config", &eager, "--stats", "-"], &input);
     let with_epoch = pare_compact(&["--config", &epoch, "--stats", "-"], &input);
     for out in [&with_eager, &with_epoch] {

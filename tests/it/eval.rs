@@ -240,3 +240,68 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
     }
     assert!(report.total.tokens_forwarded < report.total.tokens_raw, "eager at 4k compacts something");
 }
+
+/// The peers' strategies run through the same metrics: SWE-agent's masking of all but the last
+/// observation loses the needle of the first output; Anthropic's clearing only above its trigger.
+#[test]
+fn peer_strategies_are_measured_with_the_same_metrics() {
+    use pare::eval::evaluate_session_with;
+    use pare::strategy::Strategy;
+    let requests = requests_of(&needle_session());
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+    let engine: Arc<dyn CompactEngine> = MaskEngine::new(1);
+    let compactor = compactor("", engine.clone());
+    let run = |strategy: Strategy| {
+        evaluate_session_with(strategy, &compactor, engine.as_ref(), Wire::Chat, "s", &lines, 100_000)
+    };
+
+    let mask = run(Strategy::Mask { keep: 1 });
+    assert_eq!((mask.needles, mask.needles_kept), (2, 0), "the first output is masked before the reply");
+    assert!(mask.saved() > 0.0);
+    assert_eq!(mask.validity(), 1.0);
+    assert_eq!(mask.deterministic_share(), 1.0);
+    assert_eq!(mask.epochs, 0);
+
+    // 100,000 tokens of window: the trigger is never crossed, nothing is cleared.
+    let clear = run(Strategy::Clear { keep: 0, trigger: 0.5 });
+    assert_eq!((clear.saved(), clear.recall()), (0.0, 1.0));
+    let tight = evaluate_session_with(
+        Strategy::Clear { keep: 0, trigger: 0.1 },
+        &compactor,
+        engine.as_ref(),
+        Wire::Chat,
+        "s",
+        &lines,
+        2_000,
+    );
+    assert!(tight.saved() > 0.0 && tight.recall() < 1.0, "{tight:?}");
+    assert_eq!(tight.validity(), 1.0);
+
+    // No output of this session is over Codex's 10 KiB.
+    let truncate = run(Strategy::Truncate);
+    assert_eq!((truncate.saved(), truncate.recall()), (0.0, 1.0));
+}
+
+/// `--split`: every run of a task falls on one side, and the two sides cover the corpus.
+#[test]
+fn the_split_keeps_a_tasks_runs_together_and_covers_the_corpus() {
+    use pare::corpus::{Requests, SessionInput, Split, select, split_of};
+    let ids = [
+        "pr1__model_a__django__django-11099",
+        "pr1__model_b__django__django-11099",
+        "v1-agent__astropy__astropy-7336",
+        "airline-task03-trial0",
+        "airline-task03-trial4",
+        "retail-task11-trial2",
+    ];
+    let sessions: Vec<SessionInput> = ids
+        .iter()
+        .map(|id| SessionInput { source: "s".into(), id: (*id).into(), requests: Requests::Bodies(Vec::new()) })
+        .collect();
+    let tune = select(sessions.clone(), Some(Split::Tune));
+    let holdout = select(sessions.clone(), Some(Split::Holdout));
+    assert_eq!(tune.len() + holdout.len(), ids.len());
+    assert_eq!(select(sessions, None).len(), ids.len());
+    assert_eq!(split_of(ids[0]), split_of(ids[1]));
+    assert_eq!(split_of(ids[3]), split_of(ids[4]));
+}
