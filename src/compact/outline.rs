@@ -99,8 +99,10 @@ pub(super) fn short_lines(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed).
-pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
+/// The source lines with their real 1-based numbers (line-number prefixes and wrappers removed). A
+/// view without line numbers is numbered from `first_line`: the line of the file it starts at (a
+/// `sed -n '120,160p'` view starts at 120).
+pub fn numbered_lines(text: &str, first_line: usize) -> Vec<(usize, &str)> {
     // One pass for the common case, a line-numbered view: split and number-parse together.
     let mut numbered: Vec<(usize, &str)> = Vec::with_capacity(text.len() / 32);
     let mut n_lines = 0;
@@ -125,12 +127,12 @@ pub fn numbered_lines(text: &str) -> Vec<(usize, &str)> {
     if start > 0 && lines.last().is_some_and(|l| l.trim() == "</output>") {
         end -= 1;
     }
-    lines[start..end.max(start)].iter().enumerate().map(|(i, l)| (i + 1, *l)).collect()
+    lines[start..end.max(start)].iter().enumerate().map(|(i, l)| (i + first_line, *l)).collect()
 }
 
 /// The definitions of a source text, or `None` when the language is unknown.
-pub fn outline(language: Language, text: &str, max_depth: usize) -> Vec<Entry> {
-    let lines = numbered_lines(text);
+pub fn outline(language: Language, text: &str, max_depth: usize, first_line: usize) -> Vec<Entry> {
+    let lines = numbered_lines(text, first_line);
     let mut entries = match language {
         Language::Python => python(&lines),
         other => braces(other, &lines),
@@ -495,7 +497,7 @@ mod tests {
     use super::*;
 
     fn ranges(language: Language, text: &str) -> Vec<(usize, usize, usize, String)> {
-        outline(language, text, 3).into_iter().map(|e| (e.depth, e.start, e.end, e.signature)).collect()
+        outline(language, text, 3, 1).into_iter().map(|e| (e.depth, e.start, e.end, e.signature)).collect()
     }
 
     #[test]

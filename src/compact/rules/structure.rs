@@ -18,14 +18,21 @@ static READ_COMMAND: LazyLock<Regex> = LazyLock::new(|| {
         .expect("static regex")
 });
 
-/// The source file a call read, when it is one.
-fn read_path(arguments: &str) -> Option<String> {
+static SED_RANGE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"sed\s+-n\s+['"]?(\d+),\d+p"#).expect("static regex"));
+
+/// The source file a call read, when it is one, and the line of the file its output starts at: a
+/// `sed -n 'A,Bp'` view without line numbers starts at A, so that the map's line ranges are the
+/// file's and one `sed -n` of a range brings that definition back.
+fn read_path(arguments: &str) -> Option<(String, usize)> {
     if let Some(path) = path_argument(arguments) {
-        return Some(path);
+        return Some((path, 1));
     }
     let v: serde_json::Value = serde_json::from_str(arguments).ok()?;
     let command = v.get("command").or_else(|| v.get("cmd"))?.as_str()?;
-    READ_COMMAND.captures(command).map(|c| c[1].to_owned())
+    let path = READ_COMMAND.captures(command).map(|c| c[1].to_owned())?;
+    let first_line = SED_RANGE.captures(command).and_then(|c| c[1].parse().ok()).unwrap_or(1usize).max(1);
+    Some((path, first_line))
 }
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
@@ -51,9 +58,9 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
     let rule = &policy.spec.structure;
     let outcome = conv.outcomes[idx].as_ref()?;
     let call = conv.call_of_result[idx].map(|c| &conv.calls[c])?;
-    let path = read_path(&call.arguments)?;
+    let (path, first_line) = read_path(&call.arguments)?;
     let language = Language::of_path(&path)?;
-    let entries = outline(language, &outcome.text, rule.max_depth);
+    let entries = outline(language, &outcome.text, rule.max_depth, first_line);
     if entries.is_empty() {
         return None;
     }
@@ -77,11 +84,17 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
 mod tests {
     #[test]
     fn read_commands_name_their_file() {
-        assert_eq!(super::read_path(r#"{"path":"/w/a.py","command":"view"}"#).as_deref(), Some("/w/a.py"));
-        assert_eq!(super::read_path(r#"{"command":"cat src/x.rs"}"#).as_deref(), Some("src/x.rs"));
-        assert_eq!(super::read_path(r#"{"command":"nl -ba src/x.rs"}"#).as_deref(), Some("src/x.rs"));
-        assert_eq!(super::read_path(r#"{"command":"sed -n '1,200p' a/b.go"}"#).as_deref(), Some("a/b.go"));
-        assert_eq!(super::read_path(r#"{"command":"cat a.py | grep x"}"#), None);
-        assert_eq!(super::read_path(r#"{"command":"pytest"}"#), None);
+        let read = |args: &str| super::read_path(args);
+        let at = |path: &str, line: usize| Some((path.to_owned(), line));
+        assert_eq!(read(r#"{"path":"/w/a.py","command":"view"}"#), at("/w/a.py", 1));
+        assert_eq!(read(r#"{"command":"cat src/x.rs"}"#), at("src/x.rs", 1));
+        assert_eq!(read(r#"{"command":"nl -ba src/x.rs"}"#), at("src/x.rs", 1));
+        assert_eq!(read(r#"{"command":"sed -n '1,200p' a/b.go"}"#), at("a/b.go", 1));
+        assert_eq!(
+            read(r#"{"command":"sed -n '420,500p' django/db/models/expressions.py"}"#),
+            at("django/db/models/expressions.py", 420)
+        );
+        assert_eq!(read(r#"{"command":"cat a.py | grep x"}"#), None);
+        assert_eq!(read(r#"{"command":"pytest"}"#), None);
     }
 }
