@@ -19,6 +19,7 @@
 //! - [`pipeline`]: the seam the proxy calls for one request: session → archive → compaction.
 //! - [`exchange`]: the types proxy, pipeline and archive share about one exchange (a leaf).
 //! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
+//! - [`ui`]: the audit UI under `/_pare/ui/` — server-rendered pages over the archive, read-only.
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
 //! - [`cli`]: the command line (`serve`, `compact`, `replay`, `eval`, `sessions`, `export`, `check`).
 //! - [`eval`]: the metrics of MISSION.md over a corpus of sessions.
@@ -38,6 +39,7 @@ pub mod pipeline;
 pub mod proxy;
 pub mod session;
 pub mod strategy;
+pub mod ui;
 pub mod wire;
 
 /// The global allocator of the `pare` binary and of the benchmarks that measure it: mimalloc (cargo

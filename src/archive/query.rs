@@ -27,6 +27,25 @@ pub struct SessionInfo {
     pub wire: Option<&'static str>,
 }
 
+/// One session as the audit UI lists it: [`SessionInfo`] and what its exchanges say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionOverview {
+    pub info: SessionInfo,
+    /// The path of its first request (which API it spoke).
+    pub first_path: Option<String>,
+    /// Its epoch number after its last request (0: never compacted).
+    pub epochs: i64,
+    /// Answers whose body was cut short.
+    pub partial: i64,
+}
+
+/// A page of [`SessionOverview`]s and how many sessions match in all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionOverview>,
+    pub total: i64,
+}
+
 /// Which sessions to list or export.
 #[derive(Debug, Clone, Default)]
 pub struct SessionFilter {
@@ -125,6 +144,37 @@ impl ArchiveReader {
         ))?;
         let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session], session_info)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Sessions matching `filter`, most recently active first (ties by id, so pages are stable),
+    /// `limit` of them from `offset` on. Reads only the sessions of the page and, for each, its first
+    /// and last exchange and its partial answers (indexed lookups): fast on any number of sessions.
+    pub fn session_page(&self, filter: &SessionFilter, offset: i64, limit: i64) -> Result<SessionPage, ArchiveError> {
+        const WHERE: &str = "(?1 IS NULL OR last_ms >= ?1) AND (?2 IS NULL OR instr(coalesce(model, ''), ?2) > 0)
+               AND (?3 IS NULL OR id = ?3)";
+        let total = self.conn.query_row(
+            &format!("SELECT count(*) FROM sessions WHERE {WHERE}"),
+            params![filter.since_ms, filter.model, filter.session],
+            |r| r.get(0),
+        )?;
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {SESSION_COLUMNS},
+               (SELECT path FROM exchanges e WHERE e.session = s.id ORDER BY seq LIMIT 1),
+               (SELECT json_extract(summary, '$.epoch') FROM exchanges e WHERE e.session = s.id
+                  ORDER BY seq DESC LIMIT 1),
+               (SELECT count(*) FROM responses r WHERE r.session = s.id AND r.partial = 1)
+             FROM sessions s WHERE {WHERE}
+             ORDER BY last_ms DESC, id DESC LIMIT ?4 OFFSET ?5"
+        ))?;
+        let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session, limit, offset], |r| {
+            Ok(SessionOverview {
+                info: session_info(r)?,
+                first_path: r.get(7)?,
+                epochs: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
+                partial: r.get(9)?,
+            })
+        })?;
+        Ok(SessionPage { sessions: rows.collect::<Result<_, _>>()?, total })
     }
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ArchiveError> {

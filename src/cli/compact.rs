@@ -22,6 +22,7 @@ use crate::budget::EpochPolicy;
 use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::shorten;
+use crate::compact::provenance::{Step, steps};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::Config;
 use crate::neutral::{Message, View};
@@ -202,42 +203,33 @@ fn role(raw: &str) -> String {
 
 /// The `--diff` listing: each changed, dropped or elided message, before → after.
 pub fn diff(raw_messages: &[&str], out: &Compacted, sources: &[Source]) -> String {
-    let mut entries: Vec<(usize, String)> = Vec::new();
-    let mut covered = vec![false; out.boundary];
-    for (entry, source) in out.prefix.iter().zip(sources) {
-        match *source {
-            Source::Raw(idx) => covered[idx] = true,
-            Source::Edited(idx) => {
-                covered[idx] = true;
-                let before = raw_messages[idx];
+    let mut listing = String::new();
+    for step in steps(out.boundary, sources) {
+        match step {
+            Step::Kept { .. } => {}
+            Step::Edited { raw: idx, fwd } => {
+                let (before, entry) = (raw_messages[idx], &out.prefix[fwd]);
                 let (minus, plus) = previews(before, entry);
-                entries.push((
-                    idx,
-                    format!(
-                        "#{idx} {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
-                        role(before),
-                        before.len(),
-                        entry.len()
-                    ),
+                listing.push_str(&format!(
+                    "#{idx} {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
+                    role(before),
+                    before.len(),
+                    entry.len()
                 ));
             }
-            Source::Elided { start, end } => {
-                covered[start..end].iter_mut().for_each(|c| *c = true);
-                entries.push((
-                    start,
-                    format!("#{start}..#{} elided ({} messages)\n  + {}\n", end - 1, end - start, preview(entry)),
-                ));
+            Step::Elided { start, end, fwd } => listing.push_str(&format!(
+                "#{start}..#{} elided ({} messages)\n  + {}\n",
+                end - 1,
+                end - start,
+                preview(&out.prefix[fwd])
+            )),
+            Step::Dropped { raw: idx } => {
+                let before = raw_messages[idx];
+                listing.push_str(&format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before)));
             }
         }
     }
-    for (idx, seen) in covered.iter().enumerate() {
-        if !seen {
-            let before = raw_messages[idx];
-            entries.push((idx, format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before))));
-        }
-    }
-    entries.sort_by_key(|(idx, _)| *idx);
-    entries.into_iter().map(|(_, e)| e).collect()
+    listing
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ mod eval;
 mod export;
 mod replay;
 mod serve;
-mod sessions;
+pub(crate) mod sessions;
+mod ui;
 
 /// pare — a transparent OpenAI-compatible compaction proxy.
 #[derive(Debug, Parser)]
@@ -38,6 +39,10 @@ pub enum Command {
     Export(ExportArgs),
     /// Validate a config file or a rule pack; lists every problem with its line.
     Check(CheckArgs),
+    /// Browse the archive in a web browser (read-only): sessions, requests raw ↔ forwarded, exports.
+    #[command(after_help = "Example:\n  pare ui --archive ~/.local/share/pare --listen 127.0.0.1:8788\n  \
+                            then open http://127.0.0.1:8788/_pare/ui/")]
+    Ui(UiArgs),
 }
 
 /// How compaction decides when to run (see ARCHITECTURE.md, "Epochs").
@@ -231,6 +236,20 @@ pub enum SftFormat {
 }
 
 #[derive(Debug, Args)]
+pub struct UiArgs {
+    /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
+    #[arg(long, env = "PARE_ARCHIVE")]
+    pub archive: Option<PathBuf>,
+    /// Configuration file: its rule pack names the rules in the request view, and its `server`
+    /// section allows a non-loopback address (with `auth_token`).
+    #[arg(long, short = 'c', env = "PARE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8788")]
+    pub listen: String,
+}
+
+#[derive(Debug, Args)]
 pub struct CheckArgs {
     /// A config file (compaction.example.yaml's shape) or a rule pack (rules/*.yaml's shape).
     pub file: PathBuf,
@@ -247,6 +266,7 @@ pub fn main() -> ExitCode {
         Command::Sessions(args) => sessions::run(args),
         Command::Export(args) => export::run(args),
         Command::Check(args) => check::run(args),
+        Command::Ui(args) => ui::run(args),
     };
     match result {
         Ok(code) => code,

@@ -77,7 +77,7 @@ fn init_tracing(format: LogFormat) {
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let interrupt = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %err, "cannot listen for SIGINT");

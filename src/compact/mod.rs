@@ -25,6 +25,7 @@ pub mod markers;
 pub mod outcome;
 pub mod outline;
 pub mod pack;
+pub mod provenance;
 pub mod report;
 pub mod rules;
 pub mod salience;

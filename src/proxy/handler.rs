@@ -34,6 +34,8 @@ pub struct Proxy {
     pub pipeline: Arc<Pipeline>,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
+    /// The audit UI over the archive (`None` when archiving is off).
+    pub ui: Option<Arc<crate::ui::Ui>>,
 }
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
@@ -83,6 +85,11 @@ where
         return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
+    if path == crate::ui::PREFIX || path.starts_with("/_pare/ui/") {
+        if let Some(ui) = &proxy.ui {
+            return crate::ui::respond(ui.clone(), &parts).await;
+        }
+    }
     if path == PARE_PREFIX || path.starts_with("/_pare/") {
         let response = endpoints::handle(proxy, &parts).await;
         tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
@@ -210,7 +217,7 @@ fn decode_body(headers: &HeaderMap, raw: &Bytes, enabled: bool, limit: u64) -> R
 }
 
 /// Compare the presented token with the configured one in time independent of where they differ.
-fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
+pub fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
     let Some(presented) = presented else {
         return false;
     };

@@ -19,6 +19,6 @@ pub mod server;
 pub mod upstream;
 
 pub use error::{Culprit, ProxyError};
-pub use handler::{PARE_PREFIX, Proxy, ProxyBody};
+pub use handler::{PARE_PREFIX, Proxy, ProxyBody, token_matches};
 pub use server::{ServeError, bind, check_exposure, run, run_with_registry};
 pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase, install_crypto_provider};

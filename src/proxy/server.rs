@@ -95,7 +95,8 @@ where
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
-    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics });
+    let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.dir().to_owned(), &config)));
+    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics, ui });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");

@@ -11,3 +11,4 @@ mod eval;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod ui;

@@ -1,0 +1,29 @@
+//! `pare ui`: the audit UI over an archive alone (no proxy), read-only, until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::UiArgs;
+use super::sessions::archive_dir;
+use crate::config::Config;
+use crate::ui::Ui;
+
+pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    crate::archive::query::ArchiveReader::open(&dir)?;
+    let ui = Arc::new(Ui::new(dir, &config));
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
+    runtime.block_on(async {
+        let listener = crate::proxy::bind(&args.listen, &config).await?;
+        let addr = listener.local_addr().context("cannot read the listening address")?;
+        eprintln!("pare ui: http://{addr}{}/", crate::ui::PREFIX);
+        let token = config.server.auth_token.clone().filter(|t| !t.is_empty());
+        crate::ui::run(listener, ui, token, super::serve::shutdown_signal()).await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

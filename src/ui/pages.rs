@@ -1,0 +1,529 @@
+//! The markup of the audit UI (maud: checked at compile time, every interpolated value escaped).
+//! Styles are inline in the page; there is no script.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use serde_json::Value;
+
+use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode, summary_u64, wire_of_path};
+use crate::archive::query::{ExchangeInfo, ResponseInfo, SessionInfo, SessionPage};
+use crate::archive::verify::{VerifyReport, summary_line};
+use crate::cli::sessions::show_time;
+use crate::compact::markers::{group_digits, one_line};
+use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+use crate::session::content_text;
+
+const STYLE: &str = r#"
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans",sans-serif;color:#1f2328;background:#f6f8fa}
+header{background:#1f2937;color:#f9fafb;padding:10px 24px;display:flex;gap:16px;align-items:baseline}
+header a{color:#f9fafb;text-decoration:none;font-weight:600;font-size:16px}
+header .where{color:#9ca3af;font-size:12px}
+main{padding:16px 24px 40px}
+h1{font-size:18px;margin:4px 0 12px}
+h2{font-size:15px;margin:22px 0 8px}
+a{color:#0b5cad}
+code,.mono,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #d0d7de;border-radius:6px}
+th,td{padding:5px 8px;border-bottom:1px solid #eaeef2;text-align:left;vertical-align:middle;white-space:nowrap}
+th{background:#f0f3f6;font-weight:600;font-size:12px;color:#57606a}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.wide{white-space:normal;width:38%}
+tr:hover td{background:#f8fafc}
+.bar{position:relative;height:16px;min-width:240px;background:#f0f3f6;border-radius:3px}
+.bar .raw{position:absolute;left:0;top:0;bottom:0;background:#bcd0ea;border-radius:3px}
+.bar .fwd{position:absolute;left:0;top:4px;bottom:4px;background:#2f6fb8;border-radius:2px}
+.bar .win{position:absolute;top:-3px;bottom:-3px;width:2px;background:#c2410c}
+.badge{display:inline-block;padding:0 6px;border-radius:10px;font-size:11.5px;font-weight:600;line-height:18px;background:#eef2f6;color:#374151}
+.ok{background:#dcfce7;color:#166534}.bad{background:#fee2e2;color:#991b1b}.warn{background:#fef3c7;color:#92400e}
+.epoch{background:#ede9fe;color:#5b21b6}.rule{background:#e0f2fe;color:#075985}
+.muted{color:#6e7781}
+.filters{display:flex;gap:10px;align-items:end;flex-wrap:wrap;margin-bottom:12px}
+.filters label{display:flex;flex-direction:column;font-size:12px;color:#57606a;gap:2px}
+input{font:inherit;padding:4px 6px;border:1px solid #d0d7de;border-radius:4px}
+button,.button{font:inherit;font-size:13px;padding:4px 10px;border:1px solid #d0d7de;border-radius:5px;background:#fff;color:#1f2328;text-decoration:none;cursor:pointer;display:inline-block}
+.button:hover,button:hover{background:#f3f4f6}
+.actions{display:flex;gap:8px;flex-wrap:wrap;align-items:center;margin:8px 0}
+.pager{display:flex;gap:12px;align-items:center;margin:10px 0}
+.facts{display:flex;gap:22px;flex-wrap:wrap;background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:10px 14px}
+.facts div{display:flex;flex-direction:column}.facts b{font-size:15px}.facts span{font-size:11.5px;color:#57606a}
+.legend{font-size:12px;color:#57606a;margin:6px 0}
+.legend i{display:inline-block;width:12px;height:10px;margin:0 4px 0 10px;vertical-align:middle}
+details{background:#fff;border:1px solid #d0d7de;border-radius:6px;margin:6px 0}
+details>summary{cursor:pointer;padding:5px 10px;color:#57606a}
+details[open]>summary{border-bottom:1px solid #eaeef2}
+.change{background:#fff;border:1px solid #d0d7de;border-left:4px solid #2f6fb8;border-radius:6px;margin:8px 0}
+.change.dropped{border-left-color:#c2410c}.change.elided{border-left-color:#7c3aed}
+.change>.head{padding:5px 10px;border-bottom:1px solid #eaeef2;display:flex;gap:8px;align-items:center}
+.pair{display:grid;grid-template-columns:1fr 1fr}
+.pair>div{min-width:0;padding:6px 10px}.pair>div+div{border-left:1px solid #eaeef2;background:#fbfdff}
+.side{font-size:11px;text-transform:uppercase;letter-spacing:.04em;color:#6e7781;margin-bottom:2px}
+.msg{margin:4px 0}
+.role{font-weight:600;font-size:12.5px}
+.role.user{color:#1a7f37}.role.assistant{color:#0b5cad}.role.tool{color:#8250df}.role.system{color:#9a6700}
+pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;max-height:26em;overflow:auto;background:#f6f8fa;border-radius:4px;padding:6px 8px}
+.call{color:#8250df}
+.error{background:#fff;border:1px solid #d0d7de;border-left:4px solid #c2410c;border-radius:6px;padding:12px 16px}
+"#;
+
+/// Longest text shown of one message; the downloads have every byte.
+const SHOWN_CHARS: usize = 20_000;
+
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · pare" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    a href={ (PREFIX) "/" } { "pare · archive" }
+                    span.where { "audit of what agents sent and what models saw" }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+pub fn error_page(title: &str, detail: &str) -> Markup {
+    layout(
+        title,
+        html! {
+            div.error { h1 { (title) } p { (detail) } p { a href={ (PREFIX) "/" } { "All sessions" } } }
+        },
+    )
+}
+
+fn int(n: i64) -> String {
+    let digits = group_digits(n.unsigned_abs() as usize);
+    if n < 0 { format!("-{digits}") } else { digits }
+}
+
+fn saved(raw: i64, forwarded: i64) -> String {
+    if raw <= 0 { "—".into() } else { format!("{:.1} %", 100.0 * (raw - forwarded) as f64 / raw as f64) }
+}
+
+fn session_href(id: &str) -> String {
+    format!("{PREFIX}/session/{}", percent_encode(id))
+}
+
+fn request_href(id: &str, seq: i64) -> String {
+    format!("{PREFIX}/session/{}/request/{seq}", percent_encode(id))
+}
+
+fn index_href(query: &str) -> String {
+    if query.is_empty() { format!("{PREFIX}/") } else { format!("{PREFIX}/?{query}") }
+}
+
+fn export_buttons(query: &str) -> Markup {
+    let amp = if query.is_empty() { "" } else { "&" };
+    html! {
+        a.button href={ (PREFIX) "/export/sft?" (query) } { "SFT JSONL (OpenAI)" }
+        a.button href={ (PREFIX) "/export/sft?" (query) (amp) "format=sharegpt" } { "SFT JSONL (ShareGPT)" }
+        a.button href={ (PREFIX) "/export/dpo?" (query) } { "DPO JSONL" }
+    }
+}
+
+pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<String, (i64, bool)>) -> Markup {
+    let pages = ((page.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+    let first = (query.page - 1) * PAGE_SIZE;
+    let filter_query = query.to_query(1);
+    let pager = html! {
+        div.pager {
+            @if query.page > 1 {
+                a.button rel="prev" href=(index_href(&query.to_query(query.page - 1))) { "← newer" }
+            }
+            span.muted {
+                @if page.sessions.is_empty() { "no sessions" } @else {
+                    (int(first + 1)) "–" (int(first + page.sessions.len() as i64)) " of " (int(page.total))
+                    " sessions · page " (query.page) " of " (pages)
+                }
+            }
+            @if query.page < pages {
+                a.button rel="next" href=(index_href(&query.to_query(query.page + 1))) { "older →" }
+            }
+        }
+    };
+    layout(
+        "Sessions",
+        html! {
+            h1 { "Sessions" span.muted { " · " code { (dir.display()) } } }
+            form.filters method="get" action={ (PREFIX) "/" } {
+                label { "Model contains" input name="model" value=[query.model.as_deref()] placeholder="qwen"; }
+                label { "Active since" input name="since" value=[query.since.as_deref()] placeholder="YYYY-MM-DD"; }
+                button type="submit" { "Filter" }
+                @if query.model.is_some() || query.since.is_some() { a.button href={ (PREFIX) "/" } { "Clear" } }
+                span.actions { span.muted { "Export these sessions:" } (export_buttons(&filter_query)) }
+            }
+            (pager)
+            table id="sessions" {
+                thead { tr {
+                    th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First" } th { "Last" }
+                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num { "Epochs" } th.num { "Partial" }
+                    th { "Verified" }
+                } }
+                tbody {
+                    @for s in &page.sessions {
+                        tr {
+                            td.mono { a href=(session_href(&s.info.id)) { (s.info.id) } }
+                            td { (s.info.model.as_deref().unwrap_or("—")) }
+                            td { span.badge { (wire_of_path(s.first_path.as_deref())) } }
+                            td.num { (int(s.info.n_requests)) }
+                            td.muted { (show_time(s.info.started_ms)) }
+                            td.muted { (show_time(s.info.last_ms)) }
+                            td.num { (int(s.info.tokens_raw)) " → " (int(s.info.tokens_forwarded)) }
+                            td.num { (saved(s.info.tokens_raw, s.info.tokens_forwarded)) }
+                            td.num { @if s.epochs > 0 { span.badge.epoch { (s.epochs) } } @else { span.muted { "0" } } }
+                            td.num { @if s.partial > 0 { span.badge.warn { (s.partial) } } @else { span.muted { "0" } } }
+                            td { (verify_badge(verified.get(&s.info.id), s.info.n_requests)) }
+                        }
+                    }
+                }
+            }
+            @if page.total > PAGE_SIZE { (pager) }
+        },
+    )
+}
+
+fn verify_badge(cached: Option<&(i64, bool)>, n_requests: i64) -> Markup {
+    match cached {
+        Some(&(n, true)) if n == n_requests => html! { span.badge.ok { "✓ verified" } },
+        Some(&(n, false)) if n == n_requests => html! { span.badge.bad { "✗ failed" } },
+        _ => html! { span.muted title="verified when the session is opened" { "not yet" } },
+    }
+}
+
+/// One line saying what an answer was: its text's first line, or its calls.
+fn answer_summary(answer: Option<&ResponseInfo>) -> Markup {
+    let Some(answer) = answer else { return html! { span.muted { "no answer recorded" } } };
+    let message = answer.assembled.as_ref().and_then(|a| a.get("message"));
+    let text = message.map(|m| content_text(m.get("content"))).unwrap_or_default();
+    let first_line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let calls: Vec<String> = message
+        .and_then(|m| m.get("tool_calls"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|call| {
+            let f = call.get("function");
+            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("?");
+            let args = match f.and_then(|f| f.get("arguments")) {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            format!("→ {name}({})", one_line(&args, 60))
+        })
+        .collect();
+    html! {
+        @if answer.partial { span.badge.warn { "partial" } " " }
+        @if let Some(status) = answer.status.filter(|s| *s >= 400) { span.badge.bad { (status) } " " }
+        @if !first_line.is_empty() { (one_line(first_line, 110)) " " }
+        @for call in &calls { span.call { (call) } " " }
+        @if first_line.is_empty() && calls.is_empty() && message.is_none() { span.muted { (answer.end_reason) } }
+    }
+}
+
+fn bar(raw: u64, forwarded: u64, window: Option<u64>, scale: u64) -> Markup {
+    let pct = |n: u64| format!("{:.2}%", 100.0 * n as f64 / scale.max(1) as f64);
+    html! {
+        div.bar title={ (int(raw as i64)) " raw → " (int(forwarded as i64)) " forwarded tokens" } {
+            div.raw style={ "width:" (pct(raw)) } {}
+            div.fwd style={ "width:" (pct(forwarded)) } {}
+            @if let Some(window) = window { div.win style={ "left:" (pct(window)) } title={ "window " (int(window as i64)) } {} }
+        }
+    }
+}
+
+pub fn session(
+    info: &SessionInfo,
+    exchanges: &[ExchangeInfo],
+    answers: &[Option<ResponseInfo>],
+    report: &VerifyReport,
+) -> Markup {
+    let tokens = |e: &ExchangeInfo, key: &str| summary_u64(e.summary.as_ref(), key);
+    let window =
+        |e: &ExchangeInfo| e.summary.as_ref().and_then(|s| s.pointer("/report/window")).and_then(Value::as_u64);
+    let scale = exchanges.iter().flat_map(|e| [tokens(e, "tokens_raw"), window(e)]).flatten().max().unwrap_or(1);
+    let epochs = exchanges.iter().filter_map(|e| tokens(e, "epoch")).max().unwrap_or(0);
+    let partial = answers.iter().flatten().filter(|a| a.partial).count();
+    let wire = wire_of_path(exchanges.first().map(|e| e.path.as_str()));
+    let session_query = format!("session={}", percent_encode(&info.id));
+    layout(
+        &format!("Session {}", info.id),
+        html! {
+            h1 { "Session " code { (info.id) } }
+            div.facts {
+                div { b { (info.model.as_deref().unwrap_or("—")) } span { "model" } }
+                div { b { (wire) } span { "wire format" } }
+                div { b { (int(info.n_requests)) } span { "requests" } }
+                div { b { (show_time(info.started_ms)) } span { "first" } }
+                div { b { (show_time(info.last_ms)) } span { "last" } }
+                div { b { (int(info.tokens_raw)) " → " (int(info.tokens_forwarded)) } span { "tokens raw → forwarded" } }
+                div { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved" } }
+                div { b { (epochs) } span { "epochs" } }
+                div { b { (partial) } span { "partial answers" } }
+                div id="verify" {
+                    b { @if report.ok() { span.badge.ok { "✓ verified" } } @else { span.badge.bad { "✗ " (report.problems.len()) " problem(s)" } } }
+                    span { (summary_line(report)) }
+                }
+            }
+            @if !report.ok() {
+                ul.error { @for problem in &report.problems { li { (problem.to_string()) } } }
+            }
+            div.actions { span.muted { "Export this session:" } (export_buttons(&session_query)) }
+            h2 { "Requests" }
+            div.legend {
+                i style="background:#bcd0ea" {} "raw (what the agent sent)"
+                i style="background:#2f6fb8" {} "forwarded (what the model saw)"
+                i style="background:#c2410c;width:2px" {} "the model's window"
+            }
+            table id="requests" {
+                thead { tr {
+                    th.num { "#" } th { "Time" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" } th { "Answer" }
+                } }
+                tbody {
+                    @for (e, answer) in exchanges.iter().zip(answers) {
+                        @let raw = tokens(e, "tokens_raw");
+                        @let fwd = tokens(e, "tokens_forwarded");
+                        tr {
+                            td.num { a href=(request_href(&info.id, e.seq)) { (e.seq) } }
+                            td.muted { (show_time(e.at_ms)) }
+                            td.num { (raw.map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) }
+                            td.num { (fwd.map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) }
+                            td { (bar(raw.unwrap_or(0), fwd.or(raw).unwrap_or(0), window(e), scale)) }
+                            td {
+                                @if e.summary.as_ref().and_then(|s| s.get("epoch_started")) == Some(&Value::Bool(true)) {
+                                    span.badge.epoch { "epoch " (tokens(e, "epoch").unwrap_or(0)) }
+                                } @else if e.fwd_len.is_none() {
+                                    span.muted { "unchanged" }
+                                }
+                                @if e.summary.as_ref().and_then(|s| s.get("over_window")) == Some(&Value::Bool(true)) {
+                                    " " span.badge.bad { "over window" }
+                                }
+                            }
+                            td.wide { (answer_summary(answer.as_ref())) }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// What the request page shows.
+pub struct RequestView<'a> {
+    pub info: &'a SessionInfo,
+    pub exchange: &'a ExchangeInfo,
+    pub raw: &'a [u8],
+    pub forwarded: &'a [u8],
+}
+
+/// One message as a readable block: role, ids, text, tool calls, reasoning size.
+fn message(idx: usize, json: &str) -> Markup {
+    let m: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+    let text = content_text(m.get("content"));
+    let n_chars = text.chars().count();
+    let shown: String = text.chars().take(SHOWN_CHARS).collect();
+    let reasoning = ["reasoning_content", "reasoning"]
+        .iter()
+        .filter_map(|k| m.get(*k))
+        .map(|r| r.as_str().map_or_else(|| r.to_string().chars().count(), |s| s.chars().count()))
+        .sum::<usize>();
+    html! {
+        div.msg {
+            span.role.(role) { "#" (idx) " " (role) }
+            @if let Some(name) = m.get("name").and_then(Value::as_str) { " " code { (name) } }
+            @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { span.muted { " answers " code { (id) } } }
+            span.muted { " · " (int(n_chars as i64)) " chars" }
+            @if reasoning > 0 { span.muted { " · reasoning " (int(reasoning as i64)) " chars" } }
+            @if !shown.trim().is_empty() {
+                pre { (shown) @if n_chars > SHOWN_CHARS { "\n… " (int((n_chars - SHOWN_CHARS) as i64)) " more chars (download the body for all)" } }
+            }
+            @for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                @let f = call.get("function");
+                @let args = match f.and_then(|f| f.get("arguments")) { Some(Value::String(s)) => s.clone(), Some(v) => v.to_string(), None => String::new() };
+                pre.call { "→ " (f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("?")) "(" (args) ")"
+                    @if let Some(id) = call.get("id").and_then(Value::as_str) { "  [" (id) "]" } }
+            }
+        }
+    }
+}
+
+fn unchanged_run(run: &[(usize, &str)]) -> Markup {
+    let (first, last) = (run[0].0, run[run.len() - 1].0);
+    html! {
+        details.kept {
+            summary {
+                @if run.len() == 1 {
+                    "#" (first) " " (serde_json::from_str::<Value>(run[0].1).ok().and_then(|m| m.get("role").and_then(Value::as_str).map(str::to_owned)).unwrap_or_default())
+                    " · unchanged"
+                } @else { "#" (first) "–#" (last) " · " (run.len()) " messages unchanged" }
+            }
+            div style="padding:4px 10px" { @for (idx, m) in run { (message(*idx, m)) } }
+        }
+    }
+}
+
+fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
+    let sources = align(raw, forwarded);
+    let mut blocks: Vec<Markup> = Vec::new();
+    let mut run: Vec<(usize, &str)> = Vec::new();
+    for step in steps(raw.len(), &sources) {
+        if let Step::Kept { raw: idx, .. } = step {
+            run.push((idx, raw[idx]));
+            continue;
+        }
+        if !run.is_empty() {
+            blocks.push(unchanged_run(&run));
+            run.clear();
+        }
+        blocks.push(match step {
+            Step::Edited { raw: idx, fwd } => {
+                let rule = rules.rule_of(raw[idx], forwarded[fwd]);
+                html! {
+                    div.change {
+                        div.head {
+                            b { "#" (idx) " rewritten" }
+                            @match &rule { Some(rule) => span.badge.rule { (rule) }, None => span.muted { "rule not recognised" } }
+                            span.muted { (int(raw[idx].len() as i64)) " → " (int(forwarded[fwd].len() as i64)) " bytes · forwarded as #" (fwd) }
+                        }
+                        div.pair {
+                            div { div.side { "sent by the agent" } (message(idx, raw[idx])) }
+                            div { div.side { "forwarded" } (message(fwd, forwarded[fwd])) }
+                        }
+                    }
+                }
+            }
+            Step::Elided { start, end, fwd } => html! {
+                div.change.elided {
+                    div.head { b { "#" (start) "–#" (end - 1) " elided" } span.badge.rule { "elision" } span.muted { (end - start) " messages → one marker, forwarded as #" (fwd) } }
+                    div.pair {
+                        div { div.side { "sent by the agent" }
+                            details { summary { (end - start) " messages" } div style="padding:4px 10px" { @for idx in start..end { (message(idx, raw[idx])) } } } }
+                        div { div.side { "forwarded" } (message(fwd, forwarded[fwd])) }
+                    }
+                }
+            },
+            Step::Dropped { raw: idx } => html! {
+                div.change.dropped {
+                    div.head { b { "#" (idx) " dropped" } span.muted { "not forwarded" } }
+                    div.pair {
+                        div { div.side { "sent by the agent" } (message(idx, raw[idx])) }
+                        div { div.side { "forwarded" } p.muted { "— nothing —" } }
+                    }
+                }
+            },
+            Step::Kept { .. } => html! {},
+        });
+    }
+    if !run.is_empty() {
+        blocks.push(unchanged_run(&run));
+    }
+    html! { @for block in blocks { (block) } }
+}
+
+fn compaction_report(summary: Option<&Value>) -> Markup {
+    let Some(summary) = summary else { return html! { p.muted { "no compaction summary recorded" } } };
+    let report = summary.get("report");
+    let engine = report.and_then(|r| r.get("engine"));
+    let rules = engine.and_then(|e| e.get("rules")).and_then(Value::as_object);
+    let field = |v: Option<&Value>| {
+        v.map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())).unwrap_or_else(|| "—".into())
+    };
+    html! {
+        div.facts {
+            div { b { (field(report.and_then(|r| r.get("mode")))) } span { "mode" } }
+            div { b { (field(report.and_then(|r| r.get("action")))) } span { "action" } }
+            div { b { (field(report.and_then(|r| r.get("window")))) } span { "window" } }
+            div { b { (field(summary.get("epoch"))) } span { "epoch" } }
+            div { b { (field(engine.and_then(|e| e.get("pack")))) } span { "pack" } }
+            div { b { (field(engine.and_then(|e| e.get("boundary")))) } span { "protected tail from #" } }
+        }
+        @if let Some(rules) = rules.filter(|r| !r.is_empty()) {
+            table id="rules" style="margin-top:8px;width:auto" {
+                thead { tr { th { "Rule" } th.num { "Messages" } th.num { "Chars saved" } th.num { "Tokens saved" } } }
+                tbody { @for (name, v) in rules { tr {
+                    td { span.badge.rule { (name) } }
+                    td.num { (int(v["messages"].as_i64().unwrap_or(0))) }
+                    td.num { (int(v["chars_saved"].as_i64().unwrap_or(0))) }
+                    td.num { (int(v["tokens_saved"].as_i64().unwrap_or(0))) }
+                } } }
+            }
+        }
+        details { summary { "Full report (JSON)" } pre { (serde_json::to_string_pretty(summary).unwrap_or_default()) } }
+    }
+}
+
+fn answer_block(answer: Option<&ResponseInfo>, n_messages: usize) -> Markup {
+    let Some(answer) = answer else { return html! { p.muted { "no answer recorded" } } };
+    let message_json = answer.assembled.as_ref().and_then(|a| a.get("message")).map(Value::to_string);
+    let finish = answer.assembled.as_ref().and_then(|a| a.get("finish_reason")).and_then(Value::as_str);
+    html! {
+        div.actions {
+            span.badge { "status " (answer.status.map(|s| s.to_string()).unwrap_or_else(|| "—".into())) }
+            span.badge { (if answer.stream { "streamed" } else { "json" }) }
+            span.badge { "end: " (answer.end_reason) }
+            @if let Some(finish) = finish { span.badge { "finish: " (finish) } }
+            @if answer.partial { span.badge.warn { "partial" } }
+        }
+        div.change id="answer" style="padding:4px 10px" {
+            @match &message_json {
+                Some(json) => (message(n_messages, json)),
+                None => pre { (String::from_utf8_lossy(&answer.body).chars().take(SHOWN_CHARS).collect::<String>()) },
+            }
+        }
+    }
+}
+
+pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &RuleMatcher) -> Markup {
+    let (info, e) = (view.info, view.exchange);
+    let raw_msgs = messages_of(view.raw);
+    let fwd_msgs = messages_of(view.forwarded);
+    let raw: Vec<&str> = raw_msgs.iter().map(|m| m.get()).collect();
+    let forwarded: Vec<&str> = fwd_msgs.iter().map(|m| m.get()).collect();
+    let summary = e.summary.as_ref();
+    let base = request_href(&info.id, e.seq);
+    layout(
+        &format!("Request {} of {}", e.seq, info.id),
+        html! {
+            h1 {
+                a href=(session_href(&info.id)) { code { (info.id) } } " · request " (e.seq) " of " (info.n_requests)
+            }
+            div.actions {
+                @if e.seq > 1 { a.button rel="prev" href=(request_href(&info.id, e.seq - 1)) { "← request " (e.seq - 1) } }
+                @if e.seq < info.n_requests { a.button rel="next" href=(request_href(&info.id, e.seq + 1)) { "request " (e.seq + 1) " →" } }
+                a.button href={ (base) "/raw" } download { "Download raw body" }
+                a.button href={ (base) "/forwarded" } download { "Download forwarded body" }
+            }
+            div.facts {
+                div { b { (show_time(e.at_ms)) } span { "time" } }
+                div { b { (e.model.as_deref().unwrap_or("—")) } span { "model" } }
+                div { b { code { (e.method) " " (e.path) } } span { "request" } }
+                div { b { (int(e.raw_len)) " → " (int(e.fwd_len.unwrap_or(e.raw_len))) } span { "bytes raw → forwarded" } }
+                div { b { (summary_u64(summary, "tokens_raw").map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) " → "
+                          (summary_u64(summary, "tokens_forwarded").map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
+                div { b { (raw.len()) " → " (forwarded.len()) } span { "messages" } }
+            }
+            @if let Some(skipped) = &e.skipped { p { span.badge.warn { "forwarded unchanged" } " " (skipped) } }
+            h2 { "Messages: sent by the agent ↔ forwarded to the model" }
+            @if raw.is_empty() {
+                p.muted { "Not a chat request body (" (int(e.raw_len)) " bytes): download it to read it." }
+            } @else {
+                (aligned(&raw, &forwarded, rules))
+            }
+            h2 { "Answer" }
+            (answer_block(answer, forwarded.len()))
+            h2 { "Compaction report" }
+            (compaction_report(summary))
+        },
+    )
+}
