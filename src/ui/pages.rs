@@ -10,7 +10,6 @@ use serde_json::Value;
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode, summary_u64, wire_of_path};
 use crate::archive::query::{ExchangeInfo, ResponseInfo, SessionInfo, SessionPage};
 use crate::archive::verify::{VerifyReport, summary_line};
-use crate::cli::sessions::show_time;
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
 use crate::session::content_text;
@@ -101,6 +100,13 @@ pub fn error_page(title: &str, detail: &str) -> Markup {
     )
 }
 
+/// A time for people: UTC, to the second.
+fn show_time(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
 fn int(n: i64) -> String {
     let digits = group_digits(n.unsigned_abs() as usize);
     if n < 0 { format!("-{digits}") } else { digits }
@@ -165,7 +171,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
             (pager)
             table id="sessions" {
                 thead { tr {
-                    th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First" } th { "Last" }
+                    th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First (UTC)" } th { "Last (UTC)" }
                     th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num { "Epochs" } th.num { "Partial" }
                     th { "Verified" }
                 } }
@@ -264,8 +270,8 @@ pub fn session(
                 div { b { (info.model.as_deref().unwrap_or("—")) } span { "model" } }
                 div { b { (wire) } span { "wire format" } }
                 div { b { (int(info.n_requests)) } span { "requests" } }
-                div { b { (show_time(info.started_ms)) } span { "first" } }
-                div { b { (show_time(info.last_ms)) } span { "last" } }
+                div { b { (show_time(info.started_ms)) } span { "first (UTC)" } }
+                div { b { (show_time(info.last_ms)) } span { "last (UTC)" } }
                 div { b { (int(info.tokens_raw)) " → " (int(info.tokens_forwarded)) } span { "tokens raw → forwarded" } }
                 div { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved" } }
                 div { b { (epochs) } span { "epochs" } }
@@ -287,7 +293,7 @@ pub fn session(
             }
             table id="requests" {
                 thead { tr {
-                    th.num { "#" } th { "Time" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" } th { "Answer" }
+                    th.num { "#" } th { "Time (UTC)" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" } th { "Answer" }
                 } }
                 tbody {
                     @for (e, answer) in exchanges.iter().zip(answers) {
@@ -302,6 +308,8 @@ pub fn session(
                             td {
                                 @if e.summary.as_ref().and_then(|s| s.get("epoch_started")) == Some(&Value::Bool(true)) {
                                     span.badge.epoch { "epoch " (tokens(e, "epoch").unwrap_or(0)) }
+                                } @else if let Some(epoch) = tokens(e, "epoch").filter(|n| *n > 0) {
+                                    span.muted { "epoch " (epoch) }
                                 } @else if e.fwd_len.is_none() {
                                     span.muted { "unchanged" }
                                 }
@@ -505,7 +513,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
                 a.button href={ (base) "/forwarded" } download { "Download forwarded body" }
             }
             div.facts {
-                div { b { (show_time(e.at_ms)) } span { "time" } }
+                div { b { (show_time(e.at_ms)) } span { "time (UTC)" } }
                 div { b { (e.model.as_deref().unwrap_or("—")) } span { "model" } }
                 div { b { code { (e.method) " " (e.path) } } span { "request" } }
                 div { b { (int(e.raw_len)) " → " (int(e.fwd_len.unwrap_or(e.raw_len))) } span { "bytes raw → forwarded" } }

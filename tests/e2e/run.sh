@@ -25,6 +25,12 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "e2e: $(du -sh "$venv" | cut -f1) in $venv"
 fi
 
+# test_ui_chromium.py drives Debian's headless Chromium (CI runs as root on Debian).
+if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then
+    echo "e2e: installing chromium with apt-get"
+    timeout 900 apt-get install -y -qq chromium || { apt-get update -qq && timeout 900 apt-get install -y -qq chromium; }
+fi
+
 node_prefix="$root/tests/e2e/.node"
 node_stamp="$node_prefix/.packages.sha256"
 want="$(sha256sum tests/e2e/node-packages.txt | cut -d' ' -f1)"
