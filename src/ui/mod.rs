@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::archive::ArchiveError;
 use crate::archive::export::{SftFormat, export_dpo, export_sft};
-use crate::archive::query::{ArchiveReader, SessionFilter};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter};
 use crate::archive::read::BodyKind;
 use crate::archive::verify::verify;
 use crate::compact::provenance::RuleMatcher;
@@ -253,14 +253,24 @@ impl Ui {
     fn request(&self, id: &str, seq: i64) -> Result<Reply, ArchiveError> {
         let reader = self.reader()?;
         let info = reader.session(id)?;
-        let exchange = reader.exchanges(id)?.into_iter().find(|e| e.seq == seq);
-        let Some(exchange) = exchange else {
+        let exchanges = reader.exchanges(id)?;
+        let Some(exchange) = exchanges.iter().find(|e| e.seq == seq) else {
             return Err(ArchiveError::NoRequest { session: id.to_owned(), seq });
         };
+        // Between epochs the forwarded prefix is the one compacted when the epoch started.
+        let started =
+            |e: &&ExchangeInfo| e.summary.as_ref().and_then(|s| s.get("epoch_started")) == Some(&Value::Bool(true));
+        let epoch_started_at = exchanges
+            .iter()
+            .filter(|e| e.seq <= seq)
+            .filter(started)
+            .map(|e| e.seq)
+            .last()
+            .filter(|&start| start != seq);
         let raw = reader.body(id, seq, BodyKind::Raw)?;
         let forwarded = reader.body(id, seq, BodyKind::Forwarded)?;
         let answer = reader.response(id, seq)?;
-        let view = pages::RequestView { info: &info, exchange: &exchange, raw: &raw, forwarded: &forwarded };
+        let view = pages::RequestView { info: &info, exchange, raw: &raw, forwarded: &forwarded, epoch_started_at };
         Ok(Reply::html(200, pages::request(&view, answer.as_ref(), &self.rules)))
     }
 

@@ -332,6 +332,8 @@ pub struct RequestView<'a> {
     pub exchange: &'a ExchangeInfo,
     pub raw: &'a [u8],
     pub forwarded: &'a [u8],
+    /// The request that started the epoch this one belongs to.
+    pub epoch_started_at: Option<i64>,
 }
 
 /// One message as a readable block: role, ids, text, tool calls, reasoning size.
@@ -439,7 +441,7 @@ fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
     html! { @for block in blocks { (block) } }
 }
 
-fn compaction_report(summary: Option<&Value>) -> Markup {
+fn compaction_report(summary: Option<&Value>, epoch_link: Markup) -> Markup {
     let Some(summary) = summary else { return html! { p.muted { "no compaction summary recorded" } } };
     let report = summary.get("report");
     let engine = report.and_then(|r| r.get("engine"));
@@ -453,8 +455,11 @@ fn compaction_report(summary: Option<&Value>) -> Markup {
             div { b { (field(report.and_then(|r| r.get("action")))) } span { "action" } }
             div { b { (field(report.and_then(|r| r.get("window")))) } span { "window" } }
             div { b { (field(summary.get("epoch"))) } span { "epoch" } }
-            div { b { (field(engine.and_then(|e| e.get("pack")))) } span { "pack" } }
-            div { b { (field(engine.and_then(|e| e.get("boundary")))) } span { "protected tail from #" } }
+            (epoch_link)
+            @if engine.is_some() {
+                div { b { (field(engine.and_then(|e| e.get("pack")))) } span { "pack" } }
+                div { b { (field(engine.and_then(|e| e.get("boundary")))) } span { "protected tail from #" } }
+            }
         }
         @if let Some(rules) = rules.filter(|r| !r.is_empty()) {
             table id="rules" style="margin-top:8px;width:auto" {
@@ -531,7 +536,11 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
             h2 { "Answer" }
             (answer_block(answer, forwarded.len()))
             h2 { "Compaction report" }
-            (compaction_report(summary))
+            (compaction_report(summary, html! {
+            @if let Some(start) = view.epoch_started_at {
+                div { b { a href=(request_href(&info.id, start)) { "request " (start) } } span { "compacted the prefix of this epoch" } }
+            }
+        }))
         },
     )
 }
