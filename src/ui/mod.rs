@@ -194,7 +194,8 @@ impl Ui {
             return Reply::html(405, pages::error_page("Method not allowed", "the audit UI only reads"));
         }
         let rest = path.strip_prefix(PREFIX).unwrap_or(path).trim_end_matches('/');
-        let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+        let decoded: Vec<String> = rest.split('/').filter(|p| !p.is_empty()).map(percent_decode).collect();
+        let parts: Vec<&str> = decoded.iter().map(String::as_str).collect();
         let query = Query::parse(query);
         let result = match parts.as_slice() {
             [] => self.index(&query),
@@ -265,7 +266,7 @@ impl Ui {
             .filter(|e| e.seq <= seq)
             .filter(started)
             .map(|e| e.seq)
-            .last()
+            .next_back()
             .filter(|&start| start != seq);
         let raw = reader.body(id, seq, BodyKind::Raw)?;
         let forwarded = reader.body(id, seq, BodyKind::Forwarded)?;

@@ -332,6 +332,7 @@ fn the_index_pages_through_ten_thousand_sessions() {
 }
 
 /// A rewritten message shows the original, its replacement and the rule; a dropped one says so.
+/// The session id holds a `:`, which links percent-encode.
 #[test]
 fn a_rewritten_message_shows_original_replacement_and_rule() {
     let dir = tempfile::tempdir().unwrap();
@@ -350,7 +351,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         raw["messages"][4], raw["messages"][5],
     ]});
     archive.record_exchange(ExchangeRecord {
-        session: "crafted".into(),
+        session: "crafted:1".into(),
         at_ms: 1_760_000_000_000,
         method: "POST".into(),
         path: "/v1/chat/completions".into(),
@@ -366,7 +367,8 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
     });
     archive.close();
     let ui = Ui::new(dir.path().to_owned(), &Config::default());
-    let reply = ui.route("GET", "/_pare/ui/session/crafted/request/1", None);
+    // Links percent-encode the id (`:` may appear in a header-given one); the route decodes it.
+    let reply = ui.route("GET", "/_pare/ui/session/crafted%3A1/request/1", None);
     assert_eq!(reply.status, 200);
     let Payload::Bytes(page) = reply.body else { panic!("a page") };
     let page = String::from_utf8(page).unwrap();
