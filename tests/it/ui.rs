@@ -43,7 +43,7 @@ fn conversation(n_steps: usize) -> Vec<Vec<u8>> {
 struct Served {
     pare: Pare,
     _stub: Stub,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     sent: Vec<Vec<u8>>,
     forwarded: Vec<Bytes>,
 }
@@ -79,7 +79,7 @@ async fn serve_with_traffic(token: Option<&str>) -> Served {
     }
     within("the archive flush", async { pipeline.archive().unwrap().flush().unwrap() }).await;
     let forwarded = stub.requests().into_iter().map(|r| r.body).collect();
-    Served { pare, _stub: stub, _dir: dir, sent, forwarded }
+    Served { pare, _stub: stub, dir, sent, forwarded }
 }
 
 async fn get(pare: &Pare, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
@@ -209,7 +209,7 @@ async fn the_ui_needs_the_token_when_one_is_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pare_ui_serves_an_archive_alone() {
     let served = serve_with_traffic(None).await;
-    let dir = served._dir.path();
+    let dir = served.dir.path();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
         .args(["ui", "--archive", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .stderr(std::process::Stdio::piped())
@@ -233,7 +233,7 @@ async fn pare_ui_serves_an_archive_alone() {
 }
 
 /// 10,000 one-request sessions written by the real archive writer, `s00001` the oldest.
-pub fn large_archive(dir: &Path, n: usize) {
+fn large_archive(dir: &Path, n: usize) {
     let archive = Archive::start(dir.to_owned(), Durability::Buffered, Duration::from_millis(50));
     for k in 1..=n {
         let body = json!({"model": if k % 2 == 0 { "qwen-14b" } else { "llama-8b" }, "messages": [
