@@ -27,25 +27,6 @@ pub struct SessionInfo {
     pub wire: Option<&'static str>,
 }
 
-/// One session as the audit UI lists it: [`SessionInfo`] and what its exchanges say.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SessionOverview {
-    pub info: SessionInfo,
-    /// The path of its first request (which API it spoke).
-    pub first_path: Option<String>,
-    /// Its epoch number after its last request (0: never compacted).
-    pub epochs: i64,
-    /// Answers whose body was cut short.
-    pub partial: i64,
-}
-
-/// A page of [`SessionOverview`]s and how many sessions match in all.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SessionPage {
-    pub sessions: Vec<SessionOverview>,
-    pub total: i64,
-}
-
 /// Which sessions to list or export.
 #[derive(Debug, Clone, Default)]
 pub struct SessionFilter {
@@ -85,6 +66,25 @@ pub struct ResponseInfo {
     pub body: Vec<u8>,
     /// `{"message", "finish_reason", "usage", "model"}`.
     pub assembled: Option<Value>,
+}
+
+/// One session as the audit UI lists it: [`SessionInfo`] and what its exchanges say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionOverview {
+    pub info: SessionInfo,
+    /// The path of its first request (which API it spoke).
+    pub first_path: Option<String>,
+    /// Its epoch number after its last request (0: never compacted).
+    pub epochs: i64,
+    /// Answers whose body was cut short.
+    pub partial: i64,
+}
+
+/// A page of [`SessionOverview`]s and how many sessions match in all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionOverview>,
+    pub total: i64,
 }
 
 /// The last request of a session, raw and forwarded.
@@ -159,19 +159,19 @@ impl ArchiveReader {
         )?;
         let mut stmt = self.conn.prepare(&format!(
             "SELECT {SESSION_COLUMNS},
-               (SELECT path FROM exchanges e WHERE e.session = s.id ORDER BY seq LIMIT 1),
-               (SELECT json_extract(summary, '$.epoch') FROM exchanges e WHERE e.session = s.id
-                  ORDER BY seq DESC LIMIT 1),
-               (SELECT count(*) FROM responses r WHERE r.session = s.id AND r.partial = 1)
-             FROM sessions s WHERE {WHERE}
+               (SELECT path FROM exchanges e WHERE e.session = sessions.id ORDER BY seq LIMIT 1) AS first_path,
+               (SELECT json_extract(summary, '$.epoch') FROM exchanges e WHERE e.session = sessions.id
+                  ORDER BY seq DESC LIMIT 1) AS epochs,
+               (SELECT count(*) FROM responses r WHERE r.session = sessions.id AND r.partial = 1) AS n_partial
+             FROM sessions WHERE {WHERE}
              ORDER BY last_ms DESC, id DESC LIMIT ?4 OFFSET ?5"
         ))?;
         let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session, limit, offset], |r| {
             Ok(SessionOverview {
                 info: session_info(r)?,
-                first_path: r.get(7)?,
-                epochs: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
-                partial: r.get(9)?,
+                first_path: r.get("first_path")?,
+                epochs: r.get::<_, Option<i64>>("epochs")?.unwrap_or(0),
+                partial: r.get("n_partial")?,
             })
         })?;
         Ok(SessionPage { sessions: rows.collect::<Result<_, _>>()?, total })
