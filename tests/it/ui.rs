@@ -380,3 +380,53 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
     assert!(dropped.contains("thinking out loud"));
     assert!(!page.contains("agent/1"), "request headers are not shown");
 }
+
+/// A request between epochs links the request that compacted its prefix; the session marks where
+/// the epoch started.
+#[test]
+fn requests_between_epochs_link_the_epoch_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, Duration::from_millis(5));
+    for (seq, epoch, started) in [(1, 0, false), (2, 1, true), (3, 1, false)] {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": format!("turn {seq}")}]});
+        let summary = CompactionSummary {
+            tokens_raw: 100 * seq,
+            tokens_forwarded: 60 * seq,
+            epoch,
+            epoch_started: started,
+            ..Default::default()
+        };
+        archive.record_exchange(ExchangeRecord {
+            session: "epochs".into(),
+            at_ms: 1_760_000_000_000 + seq as i64,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: Some("m".into()),
+            headers: Vec::new(),
+            raw: Bytes::from(serde_json::to_vec(&body).unwrap()),
+            raw_spans: None,
+            forwarded: None,
+            forwarded_spans: None,
+            summary: Some(summary),
+            skipped: None,
+            key_req: None,
+        });
+    }
+    archive.close();
+    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let page = |path: &str| match ui.route("GET", path, None).body {
+        Payload::Bytes(bytes) => String::from_utf8(bytes).unwrap(),
+        Payload::Export(_) => panic!("a page"),
+    };
+    let link =
+        "<a href=\"/_pare/ui/session/epochs/request/2\">request 2</a></b><span>compacted the prefix of this epoch";
+    assert!(page("/_pare/ui/session/epochs/request/3").contains(link));
+    assert!(
+        !page("/_pare/ui/session/epochs/request/2").contains("compacted the prefix"),
+        "the start itself links nothing"
+    );
+    assert!(!page("/_pare/ui/session/epochs/request/1").contains("compacted the prefix"));
+    let session = page("/_pare/ui/session/epochs");
+    assert!(session.contains("<span class=\"badge epoch\">epoch 1</span>"), "{session}");
+    assert!(session.contains("<span class=\"muted\">epoch 1</span>"), "{session}");
+}
