@@ -72,8 +72,6 @@ pub struct ResponseInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SessionOverview {
     pub info: SessionInfo,
-    /// The path of its first request (which API it spoke).
-    pub first_path: Option<String>,
     /// Its epoch number after its last request (0: never compacted).
     pub epochs: i64,
     /// Answers whose body was cut short.
@@ -147,8 +145,8 @@ impl ArchiveReader {
     }
 
     /// Sessions matching `filter`, most recently active first (ties by id, so pages are stable),
-    /// `limit` of them from `offset` on. Reads only the sessions of the page and, for each, its first
-    /// and last exchange and its partial answers (indexed lookups): fast on any number of sessions.
+    /// `limit` of them from `offset` on. Reads only the sessions of the page and, for each, its last
+    /// exchange and its partial answers (indexed lookups): fast on any number of sessions.
     pub fn session_page(&self, filter: &SessionFilter, offset: i64, limit: i64) -> Result<SessionPage, ArchiveError> {
         const WHERE: &str = "(?1 IS NULL OR last_ms >= ?1) AND (?2 IS NULL OR instr(coalesce(model, ''), ?2) > 0)
                AND (?3 IS NULL OR id = ?3)";
@@ -159,7 +157,6 @@ impl ArchiveReader {
         )?;
         let mut stmt = self.conn.prepare(&format!(
             "SELECT {SESSION_COLUMNS},
-               (SELECT path FROM exchanges e WHERE e.session = sessions.id ORDER BY seq LIMIT 1) AS first_path,
                (SELECT json_extract(summary, '$.epoch') FROM exchanges e WHERE e.session = sessions.id
                   ORDER BY seq DESC LIMIT 1) AS epochs,
                (SELECT count(*) FROM responses r WHERE r.session = sessions.id AND r.partial = 1) AS n_partial
@@ -169,7 +166,6 @@ impl ArchiveReader {
         let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session, limit, offset], |r| {
             Ok(SessionOverview {
                 info: session_info(r)?,
-                first_path: r.get("first_path")?,
                 epochs: r.get::<_, Option<i64>>("epochs")?.unwrap_or(0),
                 partial: r.get("n_partial")?,
             })

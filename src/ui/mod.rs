@@ -321,23 +321,13 @@ fn file_safe(id: &str) -> String {
     id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
 }
 
-/// The messages of a chat body (empty when it is not one).
-fn messages_of(body: &[u8]) -> Vec<Box<serde_json::value::RawValue>> {
-    #[derive(serde::Deserialize)]
-    struct Chat {
-        #[serde(default)]
-        messages: Vec<Box<serde_json::value::RawValue>>,
-    }
-    serde_json::from_slice::<Chat>(body).map(|c| c.messages).unwrap_or_default()
-}
-
-/// The wire format of an exchange, from its path.
-pub fn wire_of_path(path: Option<&str>) -> &'static str {
-    match path {
-        Some(p) if p.ends_with("/responses") => "responses",
-        Some(p) if p.ends_with("/messages") => "messages",
-        _ => "chat",
-    }
+/// A body's conversation as neutral messages (JSON text), read by the adapter of the exchange's
+/// path, as `pare sessions show` reads it; empty when the body is not a request pare reads.
+fn messages_of(path: &str, body: &[u8]) -> Vec<String> {
+    let wire = crate::wire::Wire::of_path(path).unwrap_or_default();
+    crate::wire::parse(wire, body)
+        .map(|parsed| parsed.messages().into_iter().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 /// `summary[key]` as a number.

@@ -7,7 +7,7 @@ use std::path::Path;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde_json::Value;
 
-use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode, summary_u64, wire_of_path};
+use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode, summary_u64};
 use crate::archive::query::{ExchangeInfo, ResponseInfo, SessionInfo, SessionPage};
 use crate::archive::verify::{VerifyReport, summary_line};
 use crate::compact::markers::{group_digits, one_line};
@@ -180,7 +180,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
                         tr {
                             td.mono { a href=(session_href(&s.info.id)) { (s.info.id) } }
                             td { (s.info.model.as_deref().unwrap_or("—")) }
-                            td { span.badge { (wire_of_path(s.first_path.as_deref())) } }
+                            td { span.badge { (s.info.wire.unwrap_or("—")) } }
                             td.num { (int(s.info.n_requests)) }
                             td.muted { (show_time(s.info.started_ms)) }
                             td.muted { (show_time(s.info.last_ms)) }
@@ -260,7 +260,7 @@ pub fn session(
     let scale = exchanges.iter().flat_map(|e| [tokens(e, "tokens_raw"), window(e)]).flatten().max().unwrap_or(1);
     let epochs = exchanges.iter().filter_map(|e| tokens(e, "epoch")).max().unwrap_or(0);
     let partial = answers.iter().flatten().filter(|a| a.partial).count();
-    let wire = wire_of_path(exchanges.first().map(|e| e.path.as_str()));
+    let wire = info.wire.unwrap_or("—");
     let session_query = format!("session={}", percent_encode(&info.id));
     layout(
         &format!("Session {}", info.id),
@@ -499,10 +499,10 @@ fn answer_block(answer: Option<&ResponseInfo>, n_messages: usize) -> Markup {
 
 pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &RuleMatcher) -> Markup {
     let (info, e) = (view.info, view.exchange);
-    let raw_msgs = messages_of(view.raw);
-    let fwd_msgs = messages_of(view.forwarded);
-    let raw: Vec<&str> = raw_msgs.iter().map(|m| m.get()).collect();
-    let forwarded: Vec<&str> = fwd_msgs.iter().map(|m| m.get()).collect();
+    let raw_msgs = messages_of(&e.path, view.raw);
+    let fwd_msgs = messages_of(&e.path, view.forwarded);
+    let raw: Vec<&str> = raw_msgs.iter().map(String::as_str).collect();
+    let forwarded: Vec<&str> = fwd_msgs.iter().map(String::as_str).collect();
     let summary = e.summary.as_ref();
     let base = request_href(&info.id, e.seq);
     layout(
@@ -529,7 +529,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
             @if let Some(skipped) = &e.skipped { p { span.badge.warn { "forwarded unchanged" } " " (skipped) } }
             h2 { "Messages: sent by the agent ↔ forwarded to the model" }
             @if raw.is_empty() {
-                p.muted { "Not a chat request body (" (int(e.raw_len)) " bytes): download it to read it." }
+                p.muted { "Not a request body pare reads (" (int(e.raw_len)) " bytes): download it to read it." }
             } @else {
                 (aligned(&raw, &forwarded, rules))
             }

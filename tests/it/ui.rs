@@ -430,3 +430,46 @@ fn requests_between_epochs_link_the_epoch_start() {
     assert!(session.contains("<span class=\"badge epoch\">epoch 1</span>"), "{session}");
     assert!(session.contains("<span class=\"muted\">epoch 1</span>"), "{session}");
 }
+
+/// A Responses API session (Codex's format) is listed with its wire format, and its requests are
+/// aligned on the neutral messages the adapter reads, as chat requests are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_sessions_are_listed_and_aligned() {
+    let answer = json!({"id": "resp_1", "object": "response", "status": "completed", "model": "stub-model",
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "On it.", "annotations": []}]}]});
+    let stub = Stub::start(move |_| crate::support::stub::Reply::json(200, answer.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(&stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.archive.flush_interval_ms = 5;
+    config.compaction.mode = Mode::Eager;
+    config.budget.default_context_window = 6000;
+    config.budget.output_reserve = 1000;
+    config.budget.detect_window = false;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    let pare = start_with_pipeline(config, Arc::clone(&pipeline)).await;
+    for chat in conversation(10) {
+        let body = pare::wire::convert::chat_to_responses(&serde_json::from_slice(&chat).unwrap()).unwrap();
+        let request = client()
+            .post(pare.url("/v1/responses"))
+            .header("content-type", "application/json")
+            .header("x-pare-session", "codex")
+            .body(body.to_string());
+        let response = within("a proxied Responses request", request.send()).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    within("the archive flush", async { pipeline.archive().unwrap().flush().unwrap() }).await;
+    assert!(stub.requests().last().unwrap().body.len() < 20_000, "the last request was compacted");
+
+    let (_, _, index) = get(&pare, "/_pare/ui/").await;
+    assert!(index.contains("href=\"/_pare/ui/session/codex\"") && index.contains(">responses<"), "{index}");
+    let (status, _, page) = get(&pare, "/_pare/ui/session/codex/request/10").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("sent by the agent") && page.contains("class=\"badge rule\""), "{page}");
+    assert!(page.contains("&lt;script&gt;"), "the user's text, read from the Responses items, is shown escaped");
+    assert!(!page.contains("Not a request body"));
+}
