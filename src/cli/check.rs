@@ -30,16 +30,18 @@ fn is_rule_pack(text: &str) -> bool {
     matches!(yaml::parse(text), Ok(root) if matches!(&root.value, NodeValue::Map(entries) if entries.iter().any(|(k, _, _)| k == "rules")))
 }
 
-/// Every problem of a configuration: its own, then those of the pack it selects and of its overrides.
+/// Every problem of a configuration — its own, those of the pack it selects and of its overrides —
+/// in line order.
 fn check_config(text: &str) -> Vec<Problem> {
-    let config = match Config::from_yaml(text) {
-        Ok(config) => config,
-        Err(err) => return err.problems,
-    };
-    let root = match yaml::parse(text) {
-        Ok(root) => root,
-        Err(problem) => return vec![problem],
-    };
+    let (config, mut problems) = Config::from_yaml_all(text);
+    let (Some(config), Ok(root)) = (config, yaml::parse(text)) else { return problems };
+    problems.extend(check_selected_pack(&config, &root));
+    problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
+    problems
+}
+
+/// The problems of the pack a configuration selects and of its `compaction.rules` overrides.
+fn check_selected_pack(config: &Config, root: &yaml::Node) -> Vec<Problem> {
     let pack_line = root.line_of("compaction.pack");
     let pack = &config.compaction.pack;
     let pack_source = match pack_text(pack) {

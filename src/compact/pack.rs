@@ -460,12 +460,18 @@ impl RulesSpec {
         let mut push = |path: String, message: String| problems.push(Problem { line: None, path, message });
         for (i, pattern) in self.success.error_patterns.iter().enumerate() {
             if let Err(e) = Regex::new(pattern) {
-                push(format!("rules.success.error_patterns.{i}"), format!("bad regex `{pattern}`: {e}"));
+                push(
+                    format!("rules.success.error_patterns.{i}"),
+                    format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
+                );
             }
         }
         for (i, pattern) in self.collapse_succeeded.except_tools.iter().enumerate() {
             if let Err(e) = Regex::new(pattern) {
-                push(format!("rules.collapse_succeeded.except_tools.{i}"), format!("bad regex `{pattern}`: {e}"));
+                push(
+                    format!("rules.collapse_succeeded.except_tools.{i}"),
+                    format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
+                );
             }
         }
         if self.loops.min_repeats < 2 {
@@ -518,7 +524,10 @@ impl RulesSpec {
                 if let Some(pattern) = pattern
                     && let Err(e) = Regex::new(pattern)
                 {
-                    push(format!("{at}.match.{key}"), format!("bad regex `{pattern}`: {e}"));
+                    push(
+                        format!("{at}.match.{key}"),
+                        format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
+                    );
                 }
             }
             if let Some(status) = &rule.matches.status
@@ -642,12 +651,17 @@ impl RulesSpec {
 /// Why a pack could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
-    #[error("cannot read rule pack {path}: {source}")]
+    #[error("cannot read rule pack {path}: {source} (built-in packs: {})", builtin_names())]
     Read { path: String, source: std::io::Error },
     #[error("rule pack {name} is not valid YAML: {message}")]
     Yaml { name: String, message: String },
     #[error("{}", render(.name, .problems))]
     Invalid { name: String, problems: Vec<Problem> },
+}
+
+/// The built-in pack names, comma-separated.
+fn builtin_names() -> String {
+    BUILTIN_PACKS.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
 }
 
 fn render(name: &str, problems: &[Problem]) -> String {

@@ -391,7 +391,20 @@ pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base", "p50k_base", "r50k
 impl Config {
     /// Parse and validate a configuration from YAML text, reporting every problem.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        let root = yaml::parse(text).map_err(|p| ConfigError { path: None, problems: vec![p] })?;
+        match Config::from_yaml_all(text) {
+            (Some(config), problems) if problems.is_empty() => Ok(config),
+            (_, problems) => Err(ConfigError { path: None, problems }),
+        }
+    }
+
+    /// Every problem of a configuration, in line order (unplaceable ones last), and the configuration
+    /// with defaults in place of the bad values when the rest could be read (`pare check` goes on to
+    /// check the rule pack and overrides it selects).
+    pub fn from_yaml_all(text: &str) -> (Option<Config>, Vec<Problem>) {
+        let root = match yaml::parse(text) {
+            Ok(root) => root,
+            Err(problem) => return (None, vec![problem]),
+        };
         let mut problems = Vec::new();
         let config: Option<Config> = yaml::deserialize_all(&root, &mut problems);
         if let Some(config) = &config {
@@ -400,12 +413,8 @@ impl Config {
                 problems.push(p);
             }
         }
-        // Read top to bottom: problems in line order, unplaceable ones last.
         problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
-        match config {
-            Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigError { path: None, problems }),
-        }
+        (config, problems)
     }
 
     /// Load a configuration file, or the built-in defaults when `path` is `None`.

@@ -116,11 +116,59 @@ pub fn parse(text: &str) -> Result<Node, Problem> {
         // A document of only comments is empty, not null.
         Ok(root) if root.value == NodeValue::Null => Ok(Node { line: 1, value: NodeValue::Map(Vec::new()) }),
         Ok(root) => Ok(spanned(root)),
-        Err(err) => Err(Problem {
-            line: err.location().map(|l| l.line()).filter(|&l| l > 0),
-            path: String::new(),
-            message: first_line(&err.to_string()),
-        }),
+        Err(err) => {
+            let location = err.location().filter(|l| l.line() > 0);
+            let line = location.map(|l| l.line());
+            let message = first_line(&err.to_string());
+            // The message repeats the location ("error: line 2 column 15: unclosed bracket"): keep the rest.
+            let what =
+                message.rsplit_once(": ").filter(|(head, _)| head.contains("column")).map_or(&*message, |(_, w)| w);
+            let message = match location {
+                Some(l) => format!("YAML syntax error at line {}, column {}: {what}", l.line(), l.column()),
+                None => format!("YAML syntax error: {what}"),
+            };
+            let path = line.and_then(|line| key_path_at(text, line)).unwrap_or_else(|| "(document)".into());
+            Err(Problem { line, path, message })
+        }
+    }
+}
+
+/// The dotted path of the block-mapping keys that enclose line `line` (1-based), read from the
+/// indentation of the lines up to it: where a syntax error sits when the document cannot be parsed.
+fn key_path_at(text: &str, line: u64) -> Option<String> {
+    let mut open: Vec<(usize, &str)> = Vec::new();
+    for l in text.lines().take(line as usize) {
+        let body = l.trim_start();
+        let indent = l.len() - body.len();
+        let (indent, body) = match body.strip_prefix("- ") {
+            Some(rest) => (indent + 2, rest.trim_start()),
+            None => (indent, body),
+        };
+        let Some((key, _)) = body.split_once(':') else { continue };
+        if key.is_empty() || body.starts_with('#') || !key.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c)) {
+            continue;
+        }
+        open.retain(|(i, _)| *i < indent);
+        open.push((indent, key));
+    }
+    (!open.is_empty()).then(|| open.iter().map(|(_, k)| *k).collect::<Vec<_>>().join("."))
+}
+
+/// The required field named in a serde error message, if it is one.
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("missing field `")?;
+    Some(rest[..rest.find('`')?].to_owned())
+}
+
+/// "unknown field `x`, expected one of `a`, `b`" → "unknown key `x`; did you mean `a`?" when one
+/// known key is close to it (a misspelling), else the message as it is.
+fn suggest(message: &str, field: &str) -> String {
+    let Some((_, expected)) = message.split_once("expected") else { return message.to_owned() };
+    let known = expected.split('`').skip(1).step_by(2);
+    let best = known.map(|k| (strsim::jaro_winkler(field, k), k)).max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, key)) if score >= 0.85 => format!("unknown key `{field}`; did you mean `{key}`?"),
+        _ => message.to_owned(),
     }
 }
 
@@ -233,24 +281,36 @@ pub fn deserialize_value_all<T: DeserializeOwned>(
     problems: &mut Vec<Problem>,
 ) -> Option<T> {
     // Each round removes one node, so the loop ends; the bound is a guard against a pathological input.
+    let mut removed: Vec<Vec<String>> = Vec::new();
     for _ in 0..1000 {
         match serde_path_to_error::deserialize::<_, T>(json.clone()) {
             Ok(value) => return Some(value),
             Err(err) => {
                 let mut segs = segments(err.path());
-                let message = first_line(&err.inner().to_string());
+                let mut message = first_line(&err.inner().to_string());
                 // For an unknown key the path names the map that holds it; point at the key itself.
-                if let Some(field) = unknown_field(&message)
-                    && segs.last() != Some(&field)
-                {
-                    segs.push(field);
+                if let Some(field) = unknown_field(&message) {
+                    message = suggest(&message, &field);
+                    if segs.last() != Some(&field) {
+                        segs.push(field);
+                    }
                 }
                 segs.retain(|s| !s.is_empty());
+                // A required key this loop removed for being bad is missing now: that was said
+                // already, so the node that needs it goes without a second problem.
+                let missing = missing_field(&message).map(|f| [segs.as_slice(), &[f]].concat());
+                if missing.is_some_and(|path| removed.contains(&path)) {
+                    if !remove_at(&mut json, &segs) {
+                        return None;
+                    }
+                    continue;
+                }
                 let dotted = segs.join(".");
                 problems.push(Problem { line: line_of(&dotted), path: dotted, message });
                 if !remove_at(&mut json, &segs) {
                     return None;
                 }
+                removed.push(segs);
             }
         }
     }
@@ -309,9 +369,27 @@ mod tests {
     }
 
     #[test]
-    fn syntax_errors_carry_a_line() {
+    fn syntax_errors_carry_a_line_a_column_and_the_enclosing_keys() {
         let err = parse("a:\n  n: 1\n b: [\n").unwrap_err();
         assert!(err.line.is_some(), "{err:?}");
+        let err = parse("budget:\n  tiers:\n    high_water: [1\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err:?}");
+        assert_eq!(err.path, "budget.tiers.high_water");
+        assert!(err.message.starts_with("YAML syntax error at line 3, column "), "{}", err.message);
+        assert!(!err.message.contains("error: line"), "the location is said once: {}", err.message);
+        assert_eq!(parse("[1, 2\n").unwrap_err().path, "(document)");
+    }
+
+    #[test]
+    fn a_misspelt_key_gets_a_suggestion_and_a_foreign_one_the_list() {
+        let root = parse("a:\n  nn: 1\nlsit: []\nzzzzzz: 0\n").unwrap();
+        let mut problems = Vec::new();
+        let _: Option<Outer> = deserialize_all(&root, &mut problems);
+        let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.path.as_str(), p.message.as_str())).collect();
+        assert_eq!(got[0], ("a.nn", "unknown key `nn`; did you mean `n`?"));
+        assert_eq!(got[1], ("lsit", "unknown key `lsit`; did you mean `list`?"));
+        assert_eq!(got[2].0, "zzzzzz");
+        assert!(got[2].1.starts_with("unknown field `zzzzzz`, expected one of `a`, `b`, `list`"), "{}", got[2].1);
     }
 
     #[test]

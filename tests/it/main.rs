@@ -6,6 +6,7 @@ mod support;
 mod archive;
 mod bad_input;
 mod budget;
+mod cli;
 mod compact;
 mod eval;
 mod proxy;
