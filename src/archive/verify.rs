@@ -500,13 +500,14 @@ fn short(hash: &[u8]) -> String {
 
 /// Count rows the way `sessions verify` reports them, for a one-line summary.
 pub fn summary_line(report: &VerifyReport) -> String {
+    let n = |x: u64| crate::compact::markers::group_digits(x as usize);
     format!(
         "{} session(s), {} request(s), {} response(s), {} bodies ({} bytes) checked: {}",
-        report.sessions,
-        report.exchanges,
-        report.responses,
-        report.bodies,
-        report.body_bytes,
+        n(report.sessions),
+        n(report.exchanges),
+        n(report.responses),
+        n(report.bodies),
+        n(report.body_bytes),
         if report.ok() { "OK".to_string() } else { format!("{} problem(s)", report.problems.len()) }
     )
 }

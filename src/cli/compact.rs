@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::budget::EpochPolicy;
 use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
-use crate::compact::markers::shorten;
+use crate::compact::markers::{group_digits, group_signed, shorten};
 use crate::compact::provenance::{Step, steps};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::Config;
@@ -101,16 +101,18 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
     let r = &out.report;
     let pct = if before > 0 { 100.0 * (before as f64 - after as f64) / before as f64 } else { 0.0 };
     let mut s = format!(
-        "pack {} · messages {} → {} (tail from #{}) · tokens {before} → {after} (−{pct:.1} %, {encoding})\n",
+        "pack {} · messages {} → {} (tail from #{}) · tokens {} → {} (−{pct:.1} %, {encoding})\n",
         r["pack"].as_str().unwrap_or("?"),
         r["messages_in"],
         r["messages_out"],
         out.boundary,
+        group_digits(before as usize),
+        group_digits(after as usize),
     );
     let tiers = r.get("tiers");
     // The target tiers and elision aimed at: the window's, or the history budget's when lower.
     if let Some(target) = tiers.and_then(|t| t["target_tokens"].as_u64()).or(target) {
-        s.push_str(&format!("target {target} tokens"));
+        s.push_str(&format!("target {} tokens", group_digits(target as usize)));
         if let Some(t) = tiers {
             s.push_str(&format!(
                 " · tiers focus {} recent {} summary {} background {} · elided {} groups{}",
@@ -125,7 +127,10 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
         s.push('\n');
     }
     if let Some(history) = tiers.and_then(|t| t["history_tokens_after_rules"].as_u64()) {
-        s.push_str(&format!("history {history} tokens after the rules (eager's history budget)\n"));
+        s.push_str(&format!(
+            "history {} tokens after the rules (eager's history budget)\n",
+            group_digits(history as usize)
+        ));
     }
     for key in ["input_invalid", "validation_failed"] {
         if let Some(why) = r.get(key).and_then(Value::as_str) {
@@ -138,8 +143,8 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
             s.push_str(&format!(
                 "{name:<24}{:>10}{:>14}{:>14}\n",
                 v["messages"].as_u64().unwrap_or(0),
-                v["chars_saved"].as_i64().unwrap_or(0),
-                v["tokens_saved"].as_i64().unwrap_or(0)
+                group_signed(v["chars_saved"].as_i64().unwrap_or(0)),
+                group_signed(v["tokens_saved"].as_i64().unwrap_or(0))
             ));
         }
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::SplitArg;
 use crate::compact::Engine;
+use crate::compact::markers::group_digits as n;
 use crate::config::Config;
 use crate::corpus::{self, Split};
 use crate::eval::{CorpusReport, Metrics, evaluate_sessions};
@@ -42,7 +43,27 @@ pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-const HEADER: &str = "session                                   reqs   raw tok   fwd tok  saved at most  peak/usable   over fit-over  prefill F/R  recall   valid  kept  determ  epochs";
+/// The table's header, in the widths of [`row`].
+fn header() -> String {
+    format!(
+        "{:<41} {:>6} {:>11} {:>11} {:>6} {:>7} {:>15} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
+        "session",
+        "reqs",
+        "raw tok",
+        "fwd tok",
+        "saved",
+        "at most",
+        "peak/usable",
+        "over",
+        "fit-over",
+        "prefill F/R",
+        "recall",
+        "valid",
+        "kept",
+        "determ",
+        "epochs"
+    )
+}
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
@@ -52,32 +73,37 @@ fn row(out: &mut String, name: &str, m: &Metrics) {
     let name = if name.len() > 40 { format!("…{}", &name[name.len() - 39..]) } else { name.to_owned() };
     let _ = writeln!(
         out,
-        "{name:<41} {:>5} {:>9} {:>9} {:>6} {:>7} {:>6}/{:<6} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
-        m.requests,
-        m.tokens_raw,
-        m.tokens_forwarded,
+        "{name:<41} {:>6} {:>11} {:>11} {:>6} {:>7} {:>7}/{:<7} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
+        n(m.requests as usize),
+        n(m.tokens_raw as usize),
+        n(m.tokens_forwarded as usize),
         pct(m.saved()),
         pct(m.ceiling()),
-        m.peak_forwarded,
-        m.usable_window,
-        m.over_window,
-        m.over_window_fitting,
+        n(m.peak_forwarded as usize),
+        n(m.usable_window as usize),
+        n(m.over_window as usize),
+        n(m.over_window_fitting as usize),
         format!("{:.2}x", m.prefill_ratio()),
         format!("{:.3}", m.recall()),
         pct(m.validity()),
         pct(m.preserved_share()),
         pct(m.deterministic_share()),
-        m.epochs,
+        n(m.epochs as usize),
     );
 }
 
 /// The human-readable report: sessions grouped by source, a line per source, then the total.
 pub fn render_table(report: &CorpusReport) -> String {
     let mut out = String::new();
-    let _ =
-        write!(out, "pare eval: window {} tokens, mode {}, strategy {}", report.window, report.mode, report.strategy);
+    let _ = write!(
+        out,
+        "pare eval: window {} tokens, mode {}, strategy {}",
+        n(report.window as usize),
+        report.mode,
+        report.strategy
+    );
     let _ = writeln!(out, "{}", report.split.as_ref().map(|s| format!(", {s} sessions")).unwrap_or_default());
-    let _ = writeln!(out, "{HEADER}");
+    let _ = writeln!(out, "{}", header());
     for (source, metrics) in &report.sources {
         for s in report.sessions.iter().filter(|s| &s.source == source) {
             row(&mut out, &format!("  {}", s.id), &s.metrics);
@@ -91,16 +117,16 @@ pub fn render_table(report: &CorpusReport) -> String {
         "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · peak {} of usable {} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
         pct(t.saved()),
         pct(t.ceiling()),
-        t.peak_forwarded,
-        t.usable_window,
-        t.over_window,
-        t.over_window_fitting,
-        t.uncached_forwarded,
-        t.uncached_raw,
+        n(t.peak_forwarded as usize),
+        n(t.usable_window as usize),
+        n(t.over_window as usize),
+        n(t.over_window_fitting as usize),
+        n(t.uncached_forwarded as usize),
+        n(t.uncached_raw as usize),
         t.prefill_ratio(),
         t.recall(),
-        t.needles_kept,
-        t.needles,
+        n(t.needles_kept as usize),
+        n(t.needles as usize),
         pct(t.validity()),
         pct(if t.requests == 0 { 1.0 } else { t.valid_raw as f64 / t.requests as f64 }),
         pct(t.preserved_share()),

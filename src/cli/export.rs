@@ -11,13 +11,10 @@ use crate::archive::export::{SftFormat, export_dpo, export_sft};
 use crate::archive::query::{ArchiveReader, SessionFilter};
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let since_ms = args.since.as_deref().map(parse_since).transpose()?;
     let dir = archive_dir(args.archive, args.config.as_deref())?;
     let reader = ArchiveReader::open(&dir)?;
-    let filter = SessionFilter {
-        since_ms: args.since.as_deref().map(parse_since).transpose()?,
-        model: None,
-        session: args.session.clone(),
-    };
+    let filter = SessionFilter { since_ms, model: None, session: args.session.clone() };
     if let Some(id) = &args.session {
         reader.session(id)?;
     }

@@ -26,18 +26,25 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy.
+    #[command(after_help = "Example:\n  pare serve --upstream http://127.0.0.1:8080/v1 --archive ./pare-archive\n  \
+                            (then point the agent at http://127.0.0.1:8787/v1)")]
     Serve(ServeArgs),
     /// Compact one request body (FILE or `-` for stdin) and write the forwarded body to stdout.
+    #[command(after_help = "Example:\n  pare compact --window 32000 --stats --diff request.json > forwarded.json")]
     Compact(CompactArgs),
     /// Replay a session file (one request body per line) and print what the proxy would forward.
+    #[command(after_help = "Example:\n  pare replay --window 16000 --mode epoch session.jsonl > forwarded.jsonl")]
     Replay(ReplayArgs),
-    /// Compute the metrics of MISSION.md over a corpus directory of session files.
+    /// Measure compaction over a corpus of session files: tokens saved, uncached prefill, needle
+    /// recall, validity, determinism.
+    #[command(after_help = "Example:\n  pare eval --window 16000 --mode eager sessions/")]
     Eval(EvalArgs),
     /// Audit the archive: list, show, verify and delete sessions.
     Sessions(SessionsArgs),
     /// Export training data from the raw archived sessions.
     Export(ExportArgs),
     /// Validate a config file or a rule pack; lists every problem with its line.
+    #[command(after_help = "Example:\n  pare check compaction.yaml")]
     Check(CheckArgs),
     /// Browse the archive in a web browser (read-only): sessions, requests raw ↔ forwarded, exports.
     #[command(after_help = "Example:\n  pare ui --archive ~/.local/share/pare --listen 127.0.0.1:8788\n  \
@@ -49,8 +56,11 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeArg {
+    /// Forward raw until the high-water mark, then compact once and keep that prefix (prompt cache).
     Epoch,
+    /// Apply the rules on every request (upstreams without a prompt cache).
     Eager,
+    /// Forward every request unchanged (archive only).
     Off,
 }
 
@@ -74,16 +84,29 @@ pub struct ServeArgs {
     /// Log format (default `log.format` from the config, else text).
     #[arg(long, value_enum, env = "PARE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
+    /// Colour in text logs: `auto` when stderr is a terminal (and NO_COLOR is unset).
+    #[arg(long, value_enum, default_value = "auto", env = "PARE_COLOR")]
+    pub color: ColorChoice,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// One human-readable line per event.
     Text,
+    /// One JSON object per line.
     Json,
 }
 
 #[derive(Debug, Args)]
 pub struct CompactArgs {
+    /// Configuration file (YAML); built-in defaults equal compaction.example.yaml.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
     /// Context window in tokens; enables the budget (tiers, elision) on top of the rules.
@@ -105,10 +128,13 @@ pub struct CompactArgs {
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
+    /// Configuration file (YAML); built-in defaults equal compaction.example.yaml.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
+    /// Context window in tokens (default: the configured or detected window of the model).
     #[arg(long)]
     pub window: Option<u64>,
+    /// Compaction mode (default `compaction.mode` from the config).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
     /// Wire format of the request bodies: `chat` (Chat Completions) or `responses` (OpenAI Responses).
@@ -120,10 +146,13 @@ pub struct ReplayArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
+    /// Configuration file (YAML); built-in defaults equal compaction.example.yaml.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
+    /// Context window in tokens every session is replayed against.
     #[arg(long)]
     pub window: u64,
+    /// Compaction mode (default `compaction.mode` from the config).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
     /// Print the per-session and total figures as JSON.
@@ -162,6 +191,7 @@ pub struct SessionsArgs {
     /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
     #[arg(long, global = true, env = "PARE_ARCHIVE")]
     pub archive: Option<PathBuf>,
+    /// Configuration file whose `archive.dir` names the archive.
     #[arg(long, short = 'c', global = true)]
     pub config: Option<PathBuf>,
     #[command(subcommand)]
@@ -171,22 +201,32 @@ pub struct SessionsArgs {
 #[derive(Debug, Subcommand)]
 pub enum SessionsCommand {
     /// One line per session: id, start, last activity, requests, model, tokens raw → forwarded.
+    #[command(after_help = "Example:\n  pare sessions list --since 2026-11-01 --model gpt-4o")]
     List {
-        /// Only sessions active since this date (YYYY-MM-DD or RFC 3339).
-        #[arg(long)]
+        /// Only sessions active since this time: YYYY-MM-DD (midnight UTC) or RFC 3339
+        /// (2026-11-24T18:00:00Z).
+        #[arg(long, value_name = "YYYY-MM-DD|RFC3339")]
         since: Option<String>,
+        /// Only sessions whose model contains this text.
         #[arg(long)]
         model: Option<String>,
+        /// One JSON object per session instead of the table.
         #[arg(long)]
         json: bool,
     },
-    /// A readable transcript of one session.
+    /// A readable transcript of one session (its last request, or `--request N`).
+    #[command(after_help = "Example:\n  pare sessions show 01JDQ3V5X8M2K7ZQ4N6R9T1WAB --diff")]
     Show {
+        /// Session id, as `pare sessions list` prints it.
         id: String,
+        /// Print the exact request bodies the agent sent.
         #[arg(long, group = "view")]
         raw: bool,
+        /// Print the exact request bodies pare forwarded.
         #[arg(long, group = "view")]
         forwarded: bool,
+        /// Per request, what compaction changed since the previous request: each rewritten message
+        /// as the original next to its replacement, with the rule that made it.
         #[arg(long, group = "view")]
         diff: bool,
         /// Only this request (1-based sequence number).
@@ -194,15 +234,25 @@ pub enum SessionsCommand {
         request: Option<u64>,
     },
     /// Recompute every raw body, check its hash and the chain; non-zero exit on any problem.
-    Verify { id: Option<String> },
+    #[command(after_help = "Example:\n  pare sessions verify --archive /var/lib/pare")]
+    Verify {
+        /// Only this session (default: every session).
+        id: Option<String>,
+    },
     /// Delete one session and everything recorded for it.
-    Delete { id: String },
+    #[command(after_help = "Example:\n  pare sessions delete 01JDQ3V5X8M2K7ZQ4N6R9T1WAB")]
+    Delete {
+        /// Session id, as `pare sessions list` prints it.
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
+    /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
     #[arg(long, global = true, env = "PARE_ARCHIVE")]
     pub archive: Option<PathBuf>,
+    /// Configuration file whose `archive.dir` names the archive.
     #[arg(long, short = 'c', global = true)]
     pub config: Option<PathBuf>,
     /// Output file (default stdout).
@@ -211,8 +261,9 @@ pub struct ExportArgs {
     /// Only this session.
     #[arg(long, global = true)]
     pub session: Option<String>,
-    /// Only sessions active since this date.
-    #[arg(long, global = true)]
+    /// Only sessions active since this time: YYYY-MM-DD (midnight UTC) or RFC 3339
+    /// (2026-11-24T18:00:00Z).
+    #[arg(long, global = true, value_name = "YYYY-MM-DD|RFC3339")]
     pub since: Option<String>,
     #[command(subcommand)]
     pub command: ExportCommand,
@@ -221,9 +272,12 @@ pub struct ExportArgs {
 #[derive(Debug, Subcommand)]
 pub enum ExportCommand {
     /// Preference pairs in TRL's conversational format, mined from branches and retries.
+    #[command(after_help = "Example:\n  pare export --since 2026-11-01 --out pairs.jsonl dpo")]
     Dpo,
     /// One conversation per session.
+    #[command(after_help = "Example:\n  pare export --out sft.jsonl sft --format sharegpt")]
     Sft {
+        /// Line format of the conversations.
         #[arg(long, value_enum, default_value = "openai")]
         format: SftFormat,
     },
@@ -231,7 +285,9 @@ pub enum ExportCommand {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SftFormat {
+    /// `{"messages": [...]}` with OpenAI roles.
     Openai,
+    /// `{"conversations": [{"from", "value"}]}`.
     Sharegpt,
 }
 
@@ -271,8 +327,61 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("pare: {err:#}");
+            eprintln!("pare: {}", error_chain(&err));
             ExitCode::from(2)
         }
+    }
+}
+
+/// An error and its causes, each said once: a message that already quotes its cause (an error type
+/// that writes its `source` into its own message) is not followed by the cause again.
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn a_cause_quoted_by_its_error_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use (os error 98)");
+        let err = anyhow::Error::new(crate::proxy::ServeError::Bind { addr: "127.0.0.1:8787".into(), source: io });
+        assert_eq!(error_chain(&err), "cannot listen on 127.0.0.1:8787: Address already in use (os error 98)");
+        let wrapped = anyhow::anyhow!("disk full").context("cannot write the report");
+        assert_eq!(error_chain(&wrapped), "cannot write the report: disk full");
+    }
+
+    /// Every subcommand says what each of its flags and arguments is for, and shows an example.
+    #[test]
+    fn every_flag_has_help_and_every_command_an_example() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path}: --{id} has no help"));
+                }
+            }
+            if cmd.get_after_help().is_none() && !cmd.has_subcommands() {
+                missing.push(format!("{path}: no example (after_help)"));
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
     }
 }

@@ -1,19 +1,20 @@
 //! `pare serve`: load the configuration, apply command-line overrides, set up logging, build the
 //! tokio runtime and run the proxy until SIGINT or SIGTERM.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
-use super::{LogFormat, ModeArg, ServeArgs};
+use super::{ColorChoice, LogFormat, ModeArg, ServeArgs};
 use crate::config::{Config, Mode};
 use crate::pipeline::Pipeline;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
-    init_tracing(log_format(&args, &config)?);
+    init_tracing(log_format(&args, &config)?, ansi(args.color, std::io::stderr().is_terminal()));
     let config = Arc::new(config);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
@@ -63,10 +64,20 @@ fn log_format(args: &ServeArgs, config: &Config) -> anyhow::Result<LogFormat> {
     }
 }
 
+/// Whether text logs carry ANSI colours: `auto` only on a terminal and when `NO_COLOR` is unset
+/// (a journal, a file or a pipe gets plain text).
+fn ansi(choice: ColorChoice, stderr_is_terminal: bool) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => stderr_is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+    }
+}
+
 /// Logs go to stderr; the level comes from `RUST_LOG` (default `info`).
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, ansi: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
@@ -111,7 +122,15 @@ mod tests {
     use super::*;
 
     fn args() -> ServeArgs {
-        ServeArgs { config: None, listen: None, upstream: None, archive: None, mode: None, log_format: None }
+        ServeArgs {
+            config: None,
+            listen: None,
+            upstream: None,
+            archive: None,
+            mode: None,
+            log_format: None,
+            color: ColorChoice::Auto,
+        }
     }
 
     #[test]
@@ -131,6 +150,13 @@ mod tests {
     #[test]
     fn without_flags_the_defaults_apply() {
         assert_eq!(load_config(&args()).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn colour_follows_the_flag_and_otherwise_the_terminal() {
+        assert!(ansi(ColorChoice::Always, false));
+        assert!(!ansi(ColorChoice::Never, true));
+        assert!(!ansi(ColorChoice::Auto, false));
     }
 
     #[test]

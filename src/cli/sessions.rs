@@ -15,6 +15,7 @@ use super::{SessionsArgs, SessionsCommand};
 use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
 use crate::archive::read::BodyKind;
 use crate::archive::verify::{summary_line, verify};
+use crate::compact::markers::group_signed as n;
 use crate::config::Config;
 use crate::session::content_text;
 use crate::wire::Wire;
@@ -33,8 +34,11 @@ pub(crate) fn parse_since(text: &str) -> anyhow::Result<i64> {
     if let Ok(ts) = text.parse::<jiff::Timestamp>() {
         return Ok(ts.as_millisecond());
     }
-    let date: jiff::civil::Date =
-        text.parse().with_context(|| format!("--since {text:?} is neither YYYY-MM-DD nor an RFC 3339 timestamp"))?;
+    let date: jiff::civil::Date = text.parse().with_context(|| {
+        format!(
+            "--since {text:?} is neither YYYY-MM-DD nor an RFC 3339 timestamp (e.g. 2026-11-24 or 2026-11-24T18:00:00Z)"
+        )
+    })?;
     let ts = date.to_zoned(jiff::tz::TimeZone::UTC).with_context(|| format!("--since {text:?} is out of range"))?;
     Ok(ts.timestamp().as_millisecond())
 }
@@ -50,9 +54,9 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     let dir = archive_dir(args.archive, args.config.as_deref())?;
     match args.command {
         SessionsCommand::List { since, model, json } => {
+            let since_ms = since.as_deref().map(parse_since).transpose()?;
             let reader = ArchiveReader::open(&dir)?;
-            let filter =
-                SessionFilter { since_ms: since.as_deref().map(parse_since).transpose()?, model, session: None };
+            let filter = SessionFilter { since_ms, model, session: None };
             list(&reader.sessions(&filter)?, json)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -83,7 +87,9 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
             let report = delete_session(&dir, &id)?;
             println!(
                 "deleted session {id}: {} request(s), {} response(s), {} blob(s) freed",
-                report.exchanges, report.responses, report.blobs_freed
+                n(report.exchanges as i64),
+                n(report.responses as i64),
+                n(report.blobs_freed as i64)
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -120,11 +126,11 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
             s.id,
             show_time(s.started_ms),
             show_time(s.last_ms),
-            s.n_requests,
+            n(s.n_requests),
             s.wire.unwrap_or("-"),
             s.model.as_deref().unwrap_or("-"),
-            s.tokens_raw,
-            s.tokens_forwarded
+            n(s.tokens_raw),
+            n(s.tokens_forwarded)
         )?;
     }
     Ok(())
@@ -209,9 +215,9 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         Wire::of_path(&ex.path).map_or("-", Wire::name),
         show_time(ex.at_ms),
         ex.model.as_deref().unwrap_or("-"),
-        ex.raw_len,
+        n(ex.raw_len),
         match ex.fwd_len {
-            Some(n) => format!(" → {n} bytes forwarded"),
+            Some(len) => format!(" → {} bytes forwarded", n(len)),
             None => ", forwarded unchanged".into(),
         }
     )?;

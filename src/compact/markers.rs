@@ -208,6 +208,12 @@ pub fn group_digits(n: usize) -> String {
     out
 }
 
+/// [`group_digits`] for a signed count (`-1,234`).
+pub fn group_signed(n: i64) -> String {
+    let digits = group_digits(n.unsigned_abs() as usize);
+    if n < 0 { format!("-{digits}") } else { digits }
+}
+
 /// One line, at most `max` chars, with `…` when cut. Never splits a char.
 pub fn one_line(text: &str, max: usize) -> String {
     let line = text.trim().lines().next().unwrap_or("").trim();

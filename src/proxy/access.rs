@@ -81,9 +81,9 @@ impl AccessLog {
             method = %self.method,
             path = %self.path,
             status = self.status,
-            upstream_ms = self.upstream.map(|d| d.as_secs_f64() * 1e3),
+            upstream_ms = self.upstream.map(millis),
             pare_us = self.pare.as_micros() as u64,
-            total_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            total_ms = millis(self.started.elapsed()),
             bytes_out = self.bytes_out,
             tokens_raw = self.summary.as_ref().map(|s| s.tokens_raw),
             tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
@@ -96,6 +96,11 @@ impl AccessLog {
             "request"
         );
     }
+}
+
+/// Milliseconds to two decimals (`3.72`): the log line's precision, not the float's.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e5).round() / 100.0
 }
 
 impl Drop for AccessLog {
@@ -112,5 +117,17 @@ impl Drop for AccessLog {
                 model: None,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_figures_are_rounded_to_two_decimals() {
+        assert_eq!(format!("{}", millis(Duration::from_nanos(3_721_505_999))), "3721.51");
+        assert_eq!(format!("{}", millis(Duration::from_nanos(3_721_506))), "3.72");
+        assert_eq!(format!("{}", millis(Duration::ZERO)), "0");
     }
 }

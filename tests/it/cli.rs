@@ -92,3 +92,86 @@ fn a_yaml_syntax_error_gives_its_line_column_and_key() {
     assert_eq!((got[0].0, got[0].1.as_str()), (2, "budget.high_water"), "{report}");
     assert!(got[0].2.starts_with("YAML syntax error at line 2, column "), "{report}");
 }
+
+/// `pare serve` with stderr on a pipe (a journal, a file): the log lines are plain text, and the
+/// access line's timings are rounded to two decimals.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    let dir = tempfile::tempdir().unwrap();
+    // A port that was free a moment ago, and an upstream that refuses connections (the discard port
+    // of a listener that is closed again).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--upstream"])
+        .arg(format!("http://127.0.0.1:{refused}"))
+        .arg("--archive")
+        .arg(dir.path())
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start pare serve");
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let wait_for = |needle: &str, seen: &mut Vec<String>| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(line) = lines_rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                let found = line.contains(needle);
+                seen.push(line);
+                if found {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    let listening = wait_for("pare listening", &mut seen);
+    let mut answered = false;
+    if listening {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        answered = wait_for("total_ms=", &mut seen);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(listening && answered, "{seen:#?}");
+    for line in &seen {
+        assert!(!line.contains('\u{1b}'), "an ANSI escape in {line:?}");
+    }
+    let access = seen.iter().find(|l| l.contains("total_ms=")).unwrap();
+    let total = access.split("total_ms=").nth(1).unwrap().split(' ').next().unwrap();
+    let decimals = total.split_once('.').map_or(0, |(_, d)| d.len());
+    assert!(decimals <= 2, "{access}");
+}
+
+/// `--since` says its format in its help and in its error.
+#[test]
+fn since_says_its_format() {
+    let help = String::from_utf8_lossy(&pare(&["sessions", "list", "--help"]).stdout).into_owned();
+    assert!(help.contains("YYYY-MM-DD") && help.contains("RFC 3339"), "{help}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = pare(&["sessions", "list", "--archive", dir.path().to_str().unwrap(), "--since", "last week"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("YYYY-MM-DD") && err.contains("2026-11-24T18:00:00Z"), "{err}");
+}
