@@ -10,7 +10,8 @@
 //! concurrent streaming clients (default 200) for SECONDS (default 60) through pare, then the same
 //! load direct, reporting errors, latency percentiles and pare's peak RSS.
 //!
-//! Without `--bench` (as under `cargo test --all-targets`) a few iterations run as a smoke check.
+//! Without `--bench` (as under `cargo test --all-targets`) a few iterations run as a smoke check and
+//! print no figures.
 //! `PARE_BENCH_SERVE_ARGS` adds arguments to `pare serve` (e.g. `--mode off`, `--config FILE`) to
 //! separate the proxy's own cost from the engine's and the archive's.
 
@@ -33,6 +34,18 @@ use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 
 type StubBody = UnsyncBoxBody<Bytes, std::convert::Infallible>;
+
+/// Whether figures are printed: only under `cargo bench` (which passes `--bench`). Under `cargo test
+/// --all-targets` the bench is a debug build run as a smoke check, and its timings mean nothing.
+static FIGURES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+macro_rules! figures {
+    ($($arg:tt)*) => {
+        if FIGURES.load(Ordering::Relaxed) {
+            println!($($arg)*);
+        }
+    };
+}
 
 const SMALL_ANSWER: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
 
@@ -267,7 +280,7 @@ impl Pairs {
         for v in [&mut direct, &mut pare, &mut added] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
-        println!(
+        figures!(
             "{name:<24} n={:<5} direct p50 {:>9.1} µs p99 {:>9.1} µs | pare p50 {:>9.1} µs p99 {:>9.1} µs | \
              added p50 {:>8.1} µs p99 {:>8.1} µs (median of paired differences {:>8.1} µs)",
             direct.len(),
@@ -322,8 +335,8 @@ async fn overhead(full: bool) {
     // Warm up both paths (connection pools, page faults).
     interleaved(if full { 200 } else { 2 }, stub, pare.addr, |a| post(&client, a, &small)).await;
 
-    println!("pare overhead (concurrency 1, zero-delay stub, direct and through-pare interleaved)");
-    println!("large body: {} bytes", large.len());
+    figures!("pare overhead (concurrency 1, zero-delay stub, direct and through-pare interleaved)");
+    figures!("large body: {} bytes", large.len());
     interleaved(n_small, stub, pare.addr, |a| post(&client, a, &small)).await.report("small chat");
     interleaved(n_large, stub, pare.addr, |a| post(&client, a, &large)).await.report("850 KB chat");
     interleaved(n_large, stub, pare.addr, |a| post_to(&client, a, "/v1/embeddings", &large))
@@ -341,7 +354,7 @@ async fn overhead(full: bool) {
         assert_eq!(prepared.body.len(), large.len());
     }
     prepare.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!(
+    figures!(
         "prepare_chat on the 850 KB body (in process): p50 {:.1} µs p99 {:.1} µs",
         percentile(&prepare, 0.5),
         percentile(&prepare, 0.99)
@@ -355,7 +368,7 @@ async fn overhead(full: bool) {
     let wall = started.elapsed();
     let cpu = pare.cpu() - cpu_before;
     let (rss, peak) = pare.rss_kib();
-    println!(
+    figures!(
         "pare cpu per small request: {:.1} µs ({} requests, {:.3} s cpu in {:.3} s wall; clock tick {:.0} Hz)",
         cpu.as_secs_f64() * 1e6 / n_cpu as f64,
         n_cpu,
@@ -363,7 +376,7 @@ async fn overhead(full: bool) {
         wall.as_secs_f64(),
         clock_ticks_per_second()
     );
-    println!(
+    figures!(
         "pare rss: idle {:.1} MiB, after the run {:.1} MiB, peak {:.1} MiB",
         idle_rss as f64 / 1024.0,
         rss as f64 / 1024.0,
@@ -424,7 +437,7 @@ async fn load(seconds: u64, clients: usize) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (idle, _) = pare.rss_kib();
     let duration = Duration::from_secs(seconds);
-    println!("load: {clients} concurrent streaming clients, {seconds} s each run, loopback");
+    figures!("load: {clients} concurrent streaming clients, {seconds} s each run, loopback");
     let sampler = {
         let pid = pare.child.id();
         tokio::spawn(async move {
@@ -443,7 +456,7 @@ async fn load(seconds: u64, clients: usize) {
     };
     for (name, addr) in [("through pare", pare.addr), ("direct", stub)] {
         let (latencies, errors) = load_run(addr, clients, duration).await;
-        println!(
+        figures!(
             "{name:<13} requests {:>7} errors {errors} rate {:>8.0}/s latency p50 {:>8.0} µs p90 {:>8.0} µs p99 {:>8.0} µs max {:>8.0} µs",
             latencies.len(),
             latencies.len() as f64 / seconds as f64,
@@ -455,7 +468,7 @@ async fn load(seconds: u64, clients: usize) {
     }
     sampler.abort();
     let (rss, peak) = pare.rss_kib();
-    println!(
+    figures!(
         "pare rss: idle {:.1} MiB, after {:.1} MiB, peak (VmHWM) {:.1} MiB",
         idle as f64 / 1024.0,
         rss as f64 / 1024.0,
@@ -466,6 +479,10 @@ async fn load(seconds: u64, clients: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let full = args.iter().any(|a| a == "--bench");
+    if !full {
+        FIGURES.store(false, Ordering::Relaxed);
+        println!("proxy bench: smoke run in test mode, no figures (they come from `cargo bench --bench proxy`)");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     if let Some(idx) = args.iter().position(|a| a == "load") {
         let seconds = args.get(idx + 1).and_then(|s| s.parse().ok()).unwrap_or(60);
