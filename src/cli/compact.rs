@@ -22,7 +22,7 @@ use crate::budget::EpochPolicy;
 use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::{group_digits, group_signed, shorten};
-use crate::compact::provenance::{Step, steps};
+use crate::compact::provenance::{RuleMatcher, Step, steps};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::Config;
 use crate::neutral::{Message, View};
@@ -81,7 +81,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
     }
     if args.diff {
-        eprint!("{}", diff(&raw_messages, &out, &sources));
+        eprint!("{}", diff(&raw_messages, &out, &sources, &RuleMatcher::new(&engine.policy.spec)));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -185,6 +185,14 @@ fn preview(raw: &str) -> String {
     shorten(&shown(raw), PREVIEW_CHARS)
 }
 
+/// Width of a one-line mention of a message (a new message, one that an elision hid).
+const MENTION_CHARS: usize = 120;
+
+/// `#N role: text…` on one line.
+pub(crate) fn mention(idx: usize, raw: &str) -> String {
+    format!("#{idx} {}: {}", role(raw), shorten(&shown(raw), MENTION_CHARS))
+}
+
 /// `--diff` lines for a changed message: when the change lies beyond the first line's width (an
 /// argument elided after its head lines, a result truncated), both sides start a little before the
 /// first character that differs, so that the change is what is shown.
@@ -207,34 +215,43 @@ fn role(raw: &str) -> String {
 }
 
 /// The `--diff` listing: each changed, dropped or elided message, before → after.
-pub fn diff(raw_messages: &[&str], out: &Compacted, sources: &[Source]) -> String {
-    let mut listing = String::new();
-    for step in steps(out.boundary, sources) {
-        match step {
-            Step::Kept { .. } => {}
-            Step::Edited { raw: idx, fwd } => {
-                let (before, entry) = (raw_messages[idx], &out.prefix[fwd]);
-                let (minus, plus) = previews(before, entry);
-                listing.push_str(&format!(
-                    "#{idx} {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
-                    role(before),
-                    before.len(),
-                    entry.len()
-                ));
-            }
-            Step::Elided { start, end, fwd } => listing.push_str(&format!(
-                "#{start}..#{} elided ({} messages)\n  + {}\n",
+pub fn diff(raw_messages: &[&str], out: &Compacted, sources: &[Source], rules: &RuleMatcher) -> String {
+    let forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+    steps(out.boundary, sources).into_iter().filter_map(|step| change(step, raw_messages, &forwarded, rules)).collect()
+}
+
+/// One change as `pare compact --diff` and `pare sessions show --diff` show it: the message number
+/// (from 0) and role, the rule that made it (read from its marker), then the original, shortened,
+/// next to what replaced it. `raw` and `forwarded` are the two message lists `step` refers to; a
+/// message forwarded as sent is no change.
+pub(crate) fn change(step: Step, raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Option<String> {
+    let rule = |before: &str, after: &str| rules.rule_of(before, after).unwrap_or_else(|| "rule not named".into());
+    match step {
+        Step::Kept { .. } => None,
+        Step::Edited { raw: idx, fwd } => {
+            let (before, entry) = (raw[idx], forwarded[fwd]);
+            let (minus, plus) = previews(before, entry);
+            Some(format!(
+                "#{idx} {} · {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
+                role(before),
+                rule(before, entry),
+                group_digits(before.len()),
+                group_digits(entry.len())
+            ))
+        }
+        Step::Elided { start, end, fwd } => {
+            let hidden: String = (start..end).map(|idx| format!("  - {}\n", mention(idx, raw[idx]))).collect();
+            let marker = forwarded[fwd];
+            Some(format!(
+                "#{start}..#{} elided ({} messages) · {}\n{hidden}  + {}\n",
                 end - 1,
                 end - start,
-                preview(&out.prefix[fwd])
-            )),
-            Step::Dropped { raw: idx } => {
-                let before = raw_messages[idx];
-                listing.push_str(&format!("#{idx} {} dropped\n  - {}\n", role(before), preview(before)));
-            }
+                rule(raw[start], marker),
+                preview(marker)
+            ))
         }
+        Step::Dropped { raw: idx } => Some(format!("#{idx} {} dropped\n  - {}\n", role(raw[idx]), preview(raw[idx]))),
     }
-    listing
 }
 
 #[cfg(test)]

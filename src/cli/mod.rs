@@ -326,6 +326,14 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // A reader that went away (`pare sessions show ID | head`) ends the output, not in an error.
+        Err(err)
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(err) => {
             eprintln!("pare: {}", error_chain(&err));
             ExitCode::from(2)

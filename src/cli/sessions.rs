@@ -2,7 +2,9 @@
 //!
 //! `show` prints a readable transcript by default; `--raw`/`--forwarded` print exact body bytes (one
 //! request with `--request N`, else every request, each followed by a newline: a session file `pare
-//! replay` reads); `--diff` shows, per request, what compaction changed.
+//! replay` reads); `--diff` shows, per request, what changed since the request before: new
+//! messages, and each message whose forwarded form changed (at an epoch, an eager advance), as the
+//! original next to its replacement with the rule that made it. Messages are numbered from 0.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,6 +18,9 @@ use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionI
 use crate::archive::read::BodyKind;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;
+use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+
+use super::compact::{change, mention};
 use crate::config::Config;
 use crate::session::content_text;
 use crate::wire::Wire;
@@ -68,7 +73,10 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
                 let kind = if raw { BodyKind::Raw } else { BodyKind::Forwarded };
                 print_bodies(&reader, &info, kind, request)?;
             } else if diff {
-                print_diff(&reader, &info, request)?;
+                // Rules are named from the markers of the configured pack's templates.
+                let config = Config::load(args.config.as_deref())?;
+                let spec = crate::compact::Engine::from_config(&config)?.policy.spec;
+                print_diff(&reader, &info, request, &RuleMatcher::new(&spec))?;
             } else {
                 print_transcript(&reader, &info, request)?;
             }
@@ -227,7 +235,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         writeln!(out, "(no conversation pare reads: {} bytes; see --raw)", raw.len())?;
     }
     for (idx, m) in messages.iter().enumerate() {
-        writeln!(out, "{}", render_message(idx + 1, m))?;
+        writeln!(out, "{}", render_message(idx, m))?;
     }
     match reader.response(&info.id, seq)? {
         None => writeln!(out, "── no answer recorded")?,
@@ -241,7 +249,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
                 if resp.partial { ", PARTIAL" } else { "" },
             )?;
             match resp.assembled.as_ref().and_then(|a| a.get("message")) {
-                Some(m) => writeln!(out, "{}", render_message(messages.len() + 1, m))?,
+                Some(m) => writeln!(out, "{}", render_message(messages.len(), m))?,
                 None => writeln!(out, "{}", indent(&String::from_utf8_lossy(&resp.body)))?,
             }
         }
@@ -249,54 +257,136 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
     Ok(())
 }
 
-fn print_diff(reader: &ArchiveReader, info: &SessionInfo, request: Option<i64>) -> anyhow::Result<()> {
+/// How one request forwarded one raw message: what `--diff` compares with the request before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Treatment {
+    Kept,
+    Edited(String),
+    /// Elided with raw messages `start..end` behind this marker.
+    Elided {
+        start: usize,
+        end: usize,
+        marker: String,
+    },
+    Dropped,
+}
+
+/// Per raw message of one request: its bytes and how it was forwarded.
+type Forwarding = Vec<(String, Treatment)>;
+
+fn forwarding(raw: &[&str], forwarded: &[&str], steps: &[Step]) -> Forwarding {
+    let mut out: Forwarding = raw.iter().map(|m| ((*m).to_owned(), Treatment::Kept)).collect();
+    for step in steps {
+        match *step {
+            Step::Kept { .. } => {}
+            Step::Edited { raw, fwd } => out[raw].1 = Treatment::Edited(forwarded[fwd].to_owned()),
+            Step::Elided { start, end, fwd } => {
+                let marker = forwarded[fwd].to_owned();
+                for entry in &mut out[start..end] {
+                    entry.1 = Treatment::Elided { start, end, marker: marker.clone() };
+                }
+            }
+            Step::Dropped { raw } => out[raw].1 = Treatment::Dropped,
+        }
+    }
+    out
+}
+
+/// The raw message indices a step covers.
+fn covered(step: &Step) -> std::ops::Range<usize> {
+    match *step {
+        Step::Kept { raw, .. } | Step::Edited { raw, .. } | Step::Dropped { raw } => raw..raw + 1,
+        Step::Elided { start, end, .. } => start..end,
+    }
+}
+
+fn print_diff(
+    reader: &ArchiveReader,
+    info: &SessionInfo,
+    request: Option<i64>,
+    rules: &RuleMatcher,
+) -> anyhow::Result<()> {
     let exchanges = reader.exchanges(&info.id)?;
     let mut out = std::io::stdout().lock();
-    for ex in exchanges.iter().filter(|e| request.is_none_or(|n| n == e.seq)) {
-        write_diff(&mut out, reader, &info.id, ex)?;
+    let mut previous: Forwarding = Vec::new();
+    for ex in &exchanges {
+        if request.is_some_and(|n| ex.seq > n) {
+            break;
+        }
+        let (block, now) = diff_block(reader, &info.id, ex, &previous, rules)?;
+        if request.is_none_or(|n| n == ex.seq) {
+            out.write_all(block.as_bytes())?;
+        }
+        previous = now;
     }
     Ok(())
 }
 
-fn write_diff(out: &mut impl Write, reader: &ArchiveReader, session: &str, ex: &ExchangeInfo) -> anyhow::Result<()> {
-    let tokens = ex
-        .summary
-        .as_ref()
-        .map(|s| format!(", tokens {} → {}", s["tokens_raw"], s["tokens_forwarded"]))
-        .unwrap_or_default();
-    let Some(fwd_len) = ex.fwd_len else {
-        let why = ex.skipped.as_deref().map(|s| format!(" ({s})")).unwrap_or_default();
-        writeln!(out, "request {}: forwarded unchanged, {} bytes{tokens}{why}", ex.seq, ex.raw_len)?;
-        return Ok(());
+/// One request of `--diff`: a header, then in message order each message new since the request
+/// before (one line) and each change to how a message is forwarded (original next to replacement,
+/// with its rule); what the request before already forwarded the same way is not repeated.
+fn diff_block(
+    reader: &ArchiveReader,
+    session: &str,
+    ex: &ExchangeInfo,
+    previous: &Forwarding,
+    rules: &RuleMatcher,
+) -> anyhow::Result<(String, Forwarding)> {
+    let raw_body = reader.body(session, ex.seq, BodyKind::Raw)?;
+    let fwd_body = match ex.fwd_len {
+        Some(_) => reader.body(session, ex.seq, BodyKind::Forwarded)?,
+        None => raw_body.clone(),
     };
-    let raw = messages_of(&ex.path, &reader.body(session, ex.seq, BodyKind::Raw)?);
-    let fwd = messages_of(&ex.path, &reader.body(session, ex.seq, BodyKind::Forwarded)?);
-    writeln!(
-        out,
-        "request {}: {} → {} bytes, {} → {} messages{tokens}",
-        ex.seq,
-        ex.raw_len,
-        fwd_len,
-        raw.len(),
-        fwd.len()
-    )?;
-    let fwd_set: std::collections::HashSet<String> = fwd.iter().map(Value::to_string).collect();
-    let raw_set: std::collections::HashSet<String> = raw.iter().map(Value::to_string).collect();
-    for (idx, m) in raw.iter().enumerate() {
-        if !fwd_set.contains(&m.to_string()) {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-            let size = content_text(m.get("content")).chars().count();
-            writeln!(out, "  - [{}] {role}, {size} chars: rewritten or dropped", idx + 1)?;
+    let mut head = format!("request {} · {}", ex.seq, show_time(ex.at_ms));
+    let wire = Wire::of_path(&ex.path).unwrap_or_default();
+    let (Ok(raw_parsed), Ok(fwd_parsed)) = (crate::wire::parse(wire, &raw_body), crate::wire::parse(wire, &fwd_body))
+    else {
+        head.push_str(&format!(" · no conversation pare reads ({} bytes)\n", n(ex.raw_len)));
+        return Ok((head, Vec::new()));
+    };
+    let (raw, fwd) = (raw_parsed.messages(), fwd_parsed.messages());
+    head.push_str(&format!(" · messages {} → {}", n(raw.len() as i64), n(fwd.len() as i64)));
+    if let Some(summary) = &ex.summary {
+        let count = |key: &str| summary[key].as_i64().map(n).unwrap_or_else(|| "-".into());
+        head.push_str(&format!(" · tokens {} → {}", count("tokens_raw"), count("tokens_forwarded")));
+        if summary["epoch_started"] == true {
+            head.push_str(&format!(" · epoch {} starts", summary["epoch"]));
         }
     }
-    for (idx, m) in fwd.iter().enumerate() {
-        if !raw_set.contains(&m.to_string()) {
-            let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-            let text = content_text(m.get("content"));
-            let preview: String = text.chars().take(160).collect();
-            let more = if text.chars().count() > 160 { "…" } else { "" };
-            writeln!(out, "  + [{}] {role}: {preview}{more}", idx + 1)?;
+    if ex.fwd_len.is_none() {
+        head.push_str(" · forwarded as sent");
+        if let Some(why) = &ex.skipped {
+            head.push_str(&format!(" ({why})"));
         }
     }
-    Ok(())
+    head.push('\n');
+    let steps = steps(raw.len(), &align(&raw, &fwd));
+    let now = forwarding(&raw, &fwd, &steps);
+    let mut lines = String::new();
+    for step in &steps {
+        let range = covered(step);
+        let seen_alike = range.clone().all(|i| previous.get(i).is_some_and(|p| *p == now[i]));
+        if seen_alike {
+            continue;
+        }
+        let is_new = range.clone().all(|i| previous.get(i).is_none_or(|p| p.0 != now[i].0));
+        let text = match (step, is_new) {
+            (Step::Kept { raw: idx, .. }, true) => format!("+ {}\n", mention(*idx, raw[*idx])),
+            (Step::Kept { raw: idx, .. }, false) => format!("#{idx} forwarded as sent again\n"),
+            _ => match change(*step, &raw, &fwd, rules) {
+                Some(block) if is_new => format!("+ new {block}"),
+                Some(block) => block,
+                None => continue,
+            },
+        };
+        for line in text.lines() {
+            lines.push_str("  ");
+            lines.push_str(line);
+            lines.push('\n');
+        }
+    }
+    if lines.is_empty() {
+        lines.push_str("  (nothing new)\n");
+    }
+    Ok((head + &lines, now))
 }

@@ -175,3 +175,131 @@ fn since_says_its_format() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("YYYY-MM-DD") && err.contains("2026-11-24T18:00:00Z"), "{err}");
 }
+
+/// A 52-request session with two epochs (ten results collapsed at request 21; four steps elided and
+/// ten more results collapsed at request 40): `sessions show --diff` lists each request's new
+/// messages and only the changes of that request, each original next to its replacement and rule,
+/// so its size grows with the changes, not with the requests times the session's length.
+#[test]
+fn sessions_diff_shows_each_change_once() {
+    use bytes::Bytes;
+    use pare::archive::{Archive, ExchangeRecord};
+    use pare::config::Durability;
+    use pare::pipeline::CompactionSummary;
+    use serde_json::{Value, json};
+
+    let output =
+        |k: usize| (1..=6).map(|l| format!("line {l} of step {k}: some output")).collect::<Vec<_>>().join("\n");
+    let call = |k: usize| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function",
+            "function": {"name": "terminal", "arguments": format!("{{\"command\":\"run {k}\"}}")}}]})
+    };
+    let result = |k: usize, text: String| json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": text});
+    let collapsed =
+        |k: usize| result(k, format!("[tool: terminal → ok, {} chars, 6 lines]", output(k).chars().count()));
+    let head = || {
+        vec![
+            json!({"role": "system", "content": "You are a coding agent."}),
+            json!({"role": "user", "content": "Fix the bug."}),
+        ]
+    };
+    let body = |messages: Vec<Value>| Bytes::from(json!({"model": "m", "messages": messages}).to_string());
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, std::time::Duration::from_millis(20));
+    for k in 1..=52usize {
+        let mut raw = head();
+        for step in 1..=k {
+            raw.push(call(step));
+            raw.push(result(step, output(step)));
+        }
+        // Epoch 1 from request 21: steps 1–10 collapsed. Epoch 2 from request 40: steps 1–4 elided
+        // into one marker, steps 11–20 collapsed as well.
+        let (epoch, forwarded) = match k {
+            1..=20 => (0, None),
+            _ => {
+                let mut fwd = head();
+                let first = if k >= 40 {
+                    fwd.push(
+                        json!({"role": "assistant", "content": "[pare: 8 earlier messages elided — terminal ×4]"}),
+                    );
+                    5
+                } else {
+                    1
+                };
+                let collapsed_to = if k >= 40 { 20 } else { 10 };
+                for step in first..=k {
+                    fwd.push(call(step));
+                    fwd.push(if step <= collapsed_to { collapsed(step) } else { result(step, output(step)) });
+                }
+                (if k >= 40 { 2 } else { 1 }, Some(body(fwd)))
+            }
+        };
+        archive.record_exchange(ExchangeRecord {
+            session: "s52".into(),
+            at_ms: 1_700_000_000_000 + k as i64 * 1000,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: Some("m".into()),
+            headers: Vec::new(),
+            raw: body(raw),
+            raw_spans: None,
+            forwarded,
+            forwarded_spans: None,
+            summary: Some(CompactionSummary {
+                tokens_raw: 1000 * k as u64,
+                tokens_forwarded: 900 * k as u64,
+                epoch,
+                epoch_started: k == 21 || k == 40,
+                ..Default::default()
+            }),
+            skipped: None,
+            key_req: None,
+        });
+    }
+    archive.close();
+
+    let archive_dir = dir.path().to_str().unwrap();
+    let out = pare(&["sessions", "show", "s52", "--diff", "--archive", archive_dir]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let blocks: Vec<&str> = text.split("request ").filter(|b| !b.is_empty()).collect();
+    assert_eq!(blocks.len(), 52, "{text}");
+    for (k, block) in (1..).zip(&blocks) {
+        let lines: Vec<&str> = block.lines().collect();
+        let new: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with("  + #")).collect();
+        // Numbered from 0: request k brings messages 2k and 2k+1 (request 1 also the first two).
+        let expected_new: Vec<usize> = if k == 1 { (0..4).collect() } else { vec![2 * k, 2 * k + 1] };
+        let got_new: Vec<usize> = new.iter().map(|l| l[5..].split(' ').next().unwrap().parse().unwrap()).collect();
+        assert_eq!(got_new, expected_new, "request {k}:\n{block}");
+        let collapses =
+            lines.iter().filter(|l| l.starts_with("  #") && l.contains(" tool · collapse_succeeded (")).count();
+        let elisions = lines.iter().filter(|l| l.starts_with("  #2..#9 elided (8 messages) · elision")).count();
+        match k {
+            21 | 40 => {
+                assert_eq!((collapses, elisions), (10, usize::from(k == 40)), "request {k}:\n{block}");
+                assert!(lines[0].ends_with(&format!("epoch {} starts", if k == 21 { 1 } else { 2 })), "{block}");
+            }
+            _ => assert_eq!(lines.len(), 1 + new.len(), "request {k} repeats earlier changes:\n{block}"),
+        }
+    }
+    // Each change shows the original next to its replacement.
+    let epoch1 = blocks[20];
+    let at = epoch1.find("  #3 tool · collapse_succeeded").unwrap_or_else(|| panic!("{epoch1}"));
+    let change: Vec<&str> = epoch1[at..].lines().take(3).collect();
+    assert!(change[1].starts_with("    - line 1 of step 1: some output⏎line 2"), "{change:?}");
+    assert!(change[2].starts_with("    + [tool: terminal → ok,"), "{change:?}");
+    // The elision lists what it hid, each message by its number.
+    let epoch2 = blocks[39];
+    for idx in 2..=9 {
+        assert!(epoch2.contains(&format!("\n    - #{idx} ")), "#{idx} missing:\n{epoch2}");
+    }
+    // Output grows with the changes: 52 headers, 106 new messages, 20 collapses of 3 lines and one
+    // elision of 10.
+    assert_eq!(text.lines().count(), 52 + 106 + 20 * 3 + 10, "{text}");
+
+    // The transcript numbers messages from 0 too.
+    let transcript = pare(&["sessions", "show", "s52", "--request", "1", "--archive", archive_dir]);
+    let transcript = String::from_utf8(transcript.stdout).unwrap();
+    assert!(transcript.contains("\n[0] system\n") && transcript.contains("\n[3] tool"), "{transcript}");
+}
