@@ -122,7 +122,7 @@ pub fn parse(text: &str) -> Result<Node, Problem> {
             let message = first_line(&err.to_string());
             // The message repeats the location ("error: line 2 column 15: unclosed bracket"): keep the rest.
             let what =
-                message.rsplit_once(": ").filter(|(head, _)| head.contains("column")).map_or(&*message, |(_, w)| w);
+                message.find("column ").and_then(|at| message[at..].split_once(": ")).map_or(&*message, |(_, w)| w);
             let message = match location {
                 Some(l) => format!("YAML syntax error at line {}, column {}: {what}", l.line(), l.column()),
                 None => format!("YAML syntax error: {what}"),
