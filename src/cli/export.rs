@@ -35,6 +35,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         }
     };
     out.flush()?;
-    eprintln!("exported {} {what} from {} session(s)", stats.rows, stats.sessions);
+    let n = crate::compact::markers::group_digits;
+    eprintln!("exported {} {what} from {} session(s)", n(stats.rows), n(stats.sessions));
     Ok(ExitCode::SUCCESS)
 }
