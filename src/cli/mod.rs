@@ -17,7 +17,13 @@ mod ui;
 
 /// pare — a transparent OpenAI-compatible compaction proxy.
 #[derive(Debug, Parser)]
-#[command(name = "pare", version, about, long_about = None)]
+#[command(
+    name = "pare",
+    version,
+    about,
+    long_about = None,
+    after_help = "Example:\n  pare serve --upstream http://127.0.0.1:8080/v1   (then use http://127.0.0.1:8787/v1)"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -40,8 +46,10 @@ pub enum Command {
     #[command(after_help = "Example:\n  pare eval --window 16000 --mode eager sessions/")]
     Eval(EvalArgs),
     /// Audit the archive: list, show, verify and delete sessions.
+    #[command(after_help = "Example:\n  pare sessions list --archive /var/lib/pare")]
     Sessions(SessionsArgs),
     /// Export training data from the raw archived sessions.
+    #[command(after_help = "Example:\n  pare export --since 2026-11-01 --out sft.jsonl sft")]
     Export(ExportArgs),
     /// Validate a config file or a rule pack; lists every problem with its line.
     #[command(after_help = "Example:\n  pare check compaction.yaml")]
@@ -381,7 +389,7 @@ mod tests {
                     missing.push(format!("{path}: --{id} has no help"));
                 }
             }
-            if cmd.get_after_help().is_none() && !cmd.has_subcommands() {
+            if cmd.get_after_help().is_none() {
                 missing.push(format!("{path}: no example (after_help)"));
             }
             for sub in cmd.get_subcommands() {
