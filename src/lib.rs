@@ -15,6 +15,7 @@
 //! - [`budget`]: token counting, context windows, salience tiers and cache-stable epochs: decides *when*
 //!   and *how much* to compact, and keeps forwarded prompts append-only between epochs.
 //! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
+//! - [`memory`]: one byte budget for all per-session state; evicts least recently used sessions.
 //! - [`archive`]: the durable raw store (SQLite), session audit, DPO/SFT export.
 //! - [`pipeline`]: the seam the proxy calls for one request: session → archive → compaction.
 //! - [`exchange`]: the types proxy, pipeline and archive share about one exchange (a leaf).
@@ -35,6 +36,7 @@ pub mod corpus;
 pub mod eval;
 pub mod exchange;
 pub mod neutral;
+pub mod memory;
 pub mod pipeline;
 pub mod proxy;
 pub mod session;

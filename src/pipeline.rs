@@ -17,8 +17,9 @@ use crate::archive::response::ArchiveSink;
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
-use crate::config::{Config, Durability};
-use crate::session::SessionTracker;
+use crate::config::{Config, Durability, Mode};
+use crate::memory::{BudgetStats, StateBudget};
+use crate::session::{Assigned, SessionTracker};
 use crate::wire::{Spans, Wire, WireBody};
 
 /// A session's id (time-sortable, see [`crate::session`]).
@@ -68,6 +69,11 @@ pub struct Pipeline {
     archive: Option<Arc<Archive>>,
     /// Resolves the model's context window (config, detection, default) before compaction.
     windows: Option<Arc<WindowResolver>>,
+    /// The byte budget of all per-session state (tracker, compactor, archive writer).
+    budget: Arc<StateBudget>,
+    /// The session compactor, when the pipeline was built from a configuration: a known session it
+    /// does not remember (evicted by the budget, or older than a restart) is reseeded from the archive.
+    stateful: Option<Arc<SessionCompactor>>,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -75,16 +81,35 @@ pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 
 impl Pipeline {
     pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
-        let sessions = Arc::new(SessionTracker::new(&config.archive));
-        Pipeline { config, compactor, stats: PipelineStats::default(), sessions, archive: None, windows: None }
+        let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
+        Pipeline::with_budget(config, compactor, budget)
+    }
+
+    /// [`Pipeline::new`] whose session tracker charges `budget` (shared with the compactor).
+    pub fn with_budget(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>, budget: Arc<StateBudget>) -> Pipeline {
+        let sessions = Arc::new(SessionTracker::with_budget(&config.archive, budget.clone()));
+        Pipeline {
+            config,
+            compactor,
+            stats: PipelineStats::default(),
+            sessions,
+            archive: None,
+            windows: None,
+            budget,
+            stateful: None,
+        }
+    }
+
+    /// What the per-session state weighs against its budget.
+    pub fn memory(&self) -> BudgetStats {
+        self.budget.stats()
     }
 
     /// Record every exchange in `archive`, and rebuild the session tracker from the sessions it holds
     /// (so a restarted pare keeps assigning requests to their sessions). Reads the store: call at start.
     pub fn with_archive(mut self, archive: Arc<Archive>) -> Pipeline {
-        match archive::query::ArchiveReader::open(archive.dir())
-            .and_then(|r| r.recent_session_keys(self.config.archive.tracked_sessions))
-        {
+        archive.share_budget(self.budget.clone());
+        match archive::query::ArchiveReader::open(archive.dir()).and_then(|r| r.recent_session_keys(SEEDED_SESSIONS)) {
             Ok(sessions) => {
                 for (session, keys) in sessions {
                     self.sessions.seed(&session, keys);
@@ -144,6 +169,9 @@ impl Pipeline {
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
         let assignment = self.sessions.assign(headers, messages.as_deref());
         let session = assignment.session.clone();
+        if assignment.how != Assigned::New {
+            self.reseed(&session).await;
+        }
         let (model, request_stream) = match &parsed {
             Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
@@ -223,6 +251,24 @@ impl Pipeline {
         }
     }
 
+    /// A known session whose compaction state is not in memory (the budget evicted it, or it is older
+    /// than a restart) gets its frozen prefix back from its last archived pair, so that forwarding goes
+    /// on as if it had stayed. Waits for the archive to commit what is queued (the session's last
+    /// exchange may be among it).
+    async fn reseed(&self, session: &str) {
+        let (Some(compactor), Some(archive)) = (&self.stateful, &self.archive) else { return };
+        if compactor.policy().mode == Mode::Off || compactor.remembers(session) {
+            return;
+        }
+        if let Err(err) = archive.flush_async().await {
+            tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
+        }
+        let archive = Arc::clone(archive);
+        let session = session.to_owned();
+        let compactor = Arc::clone(compactor);
+        let _ = tokio::task::spawn_blocking(move || seed_session(&compactor, &archive, &session)).await;
+    }
+
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
     fn compact(
         &self,
@@ -284,9 +330,11 @@ impl Pipeline {
     pub fn from_config(config: Arc<Config>) -> Result<Pipeline, BuildError> {
         let engine = crate::compact::Engine::from_config(&config)?;
         // The proxy knows when each message arrives: recency on the wall clock when the config asks.
+        let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
         let compactor = Arc::new(
             SessionCompactor::new(&config, Arc::new(engine))?
-                .with_wall_clock(&config, crate::budget::epoch::system_clock()),
+                .with_wall_clock(&config, crate::budget::epoch::system_clock())
+                .with_budget(budget.clone()),
         );
         crate::proxy::upstream::install_crypto_provider();
         let client = reqwest::Client::builder()
@@ -302,12 +350,13 @@ impl Pipeline {
             ModelTable::from_config(&config)?,
             DetectConfig::from_budget(&config.budget),
         );
-        let mut pipeline = Pipeline::new(config.clone(), compactor.clone());
+        let mut pipeline = Pipeline::with_budget(config.clone(), compactor.clone(), budget);
         pipeline.windows = Some(Arc::new(windows));
+        pipeline.stateful = Some(compactor.clone());
         if config.archive.enabled {
             let archive = Archive::open(&config.archive);
             pipeline = pipeline.with_archive(archive.clone());
-            seed_compaction_state(&compactor, &archive, config.budget.max_sessions);
+            seed_compaction_state(&compactor, &archive, SEEDED_SESSIONS);
         }
         Ok(pipeline)
     }
@@ -333,33 +382,57 @@ fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit:
     };
     let mut n_seeded = 0usize;
     for (session, _) in sessions {
-        let last = match reader.last_bodies(&session) {
-            Ok(Some(last)) => last,
-            Ok(None) => continue,
-            Err(err) => {
-                tracing::warn!(session = %session, error = %err, "cannot read the session's last request");
-                continue;
-            }
-        };
-        let exchanges = reader.exchanges(&session).unwrap_or_default();
-        let wire = exchanges.last().and_then(|x| Wire::of_path(&x.path)).unwrap_or_default();
-        // A forwarded Responses body does not say which raw items its rewritten items stand for
-        // (the neutral view names items by their raw bytes): such a session starts a fresh epoch.
-        if wire != Wire::Chat {
-            continue;
-        }
-        let epoch = exchanges
-            .into_iter()
-            .rev()
-            .find_map(|x| x.summary)
-            .and_then(|summary| serde_json::from_value::<CompactionSummary>(summary).ok())
-            .map_or(0, |summary| summary.epoch);
-        match compactor.seed(&session, wire, &last.raw, &last.forwarded, epoch) {
-            Ok(()) => n_seeded += 1,
-            Err(err) => tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state"),
+        if seed_from(compactor, &reader, &session) {
+            n_seeded += 1;
         }
     }
     if n_seeded > 0 {
         tracing::info!(sessions = n_seeded, "compaction state rebuilt from the archive");
+    }
+}
+
+/// Sessions whose tracker keys and compacted prefix are rebuilt from the archive at start (the most
+/// recently active; the memory budget may evict some of them again).
+const SEEDED_SESSIONS: usize = 256;
+
+/// Rebuild one session's compacted prefix from the archive; best effort.
+fn seed_session(compactor: &SessionCompactor, archive: &Archive, session: &str) {
+    match archive::query::ArchiveReader::open(archive.dir()) {
+        Ok(reader) => {
+            seed_from(compactor, &reader, session);
+        }
+        Err(err) => tracing::warn!(session = %session, error = %err, "cannot read the archive to rebuild a session"),
+    }
+}
+
+/// Seed `session` from its last archived (raw, forwarded) pair and epoch number; false when it has none,
+/// they cannot be read, or it is not a chat session (a forwarded Responses body does not say which raw
+/// items its rewritten items stand for: such a session starts a fresh epoch).
+fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReader, session: &str) -> bool {
+    let last = match reader.last_bodies(session) {
+        Ok(Some(last)) => last,
+        Ok(None) => return false,
+        Err(err) => {
+            tracing::warn!(session = %session, error = %err, "cannot read the session's last request");
+            return false;
+        }
+    };
+    let exchanges = reader.exchanges(session).unwrap_or_default();
+    let wire = exchanges.last().and_then(|x| Wire::of_path(&x.path)).unwrap_or_default();
+    if wire != Wire::Chat {
+        return false;
+    }
+    let epoch = exchanges
+        .into_iter()
+        .rev()
+        .find_map(|x| x.summary)
+        .and_then(|summary| serde_json::from_value::<CompactionSummary>(summary).ok())
+        .map_or(0, |summary| summary.epoch);
+    match compactor.seed(session, wire, &last.raw, &last.forwarded, epoch) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state");
+            false
+        }
     }
 }

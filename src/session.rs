@@ -27,12 +27,13 @@
 //!   never joins it: identical openings start separate sessions. The price: re-sending the very first
 //!   request of a conversation (a retry before any answer) starts a new session too.
 //!
-//! The tracker is in memory and bounded (`archive.tracked_sessions`, least recently used dropped); at
-//! start it is rebuilt from the archive's stored keys.
+//! The tracker is in memory, its keys charged to the byte budget (`memory.max_state_bytes`, see
+//! [`crate::memory`]) which evicts least recently used sessions; at start, and when an evicted session
+//! comes back, it is rebuilt from the archive's stored keys.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
 use lru::LruCache;
@@ -40,11 +41,19 @@ use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::config::ArchiveConfig;
+use crate::memory::{Holder, StateBudget};
 
 /// Ext keys remembered per session (older branches beyond this can no longer be joined).
 const EXT_KEYS_PER_SESSION: usize = 4096;
 /// Raw message bytes → normalized key, so unchanged messages are not re-parsed on every request.
 const KEY_MEMO: usize = 200_000;
+/// Bytes of one memo entry (key, value, the LRU's node and map slot), reserved in the budget.
+const KEY_MEMO_ENTRY_BYTES: u64 = 80;
+/// Evicted sessions whose head key is remembered (see `Inner::evicted_heads`).
+const EVICTED_HEADS: usize = 16_384;
+/// Bytes one ext or pending key of a session costs (its place in the session's list and in the
+/// key → sessions map), on top of the session id's length.
+const KEY_BYTES: u64 = 72;
 
 /// A valid explicit session id: 1 to 128 characters among `A-Z a-z 0-9 . _ : -`, not starting with a
 /// dot. Session ids are printed and used as database keys, never as paths; the check keeps them tame.
@@ -179,6 +188,9 @@ struct Inner {
     ext: HashMap<u64, Vec<String>>,
     /// Request key → sessions whose request with that key is waiting for its answer.
     pending: HashMap<u64, Vec<String>>,
+    /// Head key → session, for sessions the memory budget evicted: the next request extending one
+    /// joins it again (older branches of it are forgotten).
+    evicted_heads: LruCache<u64, String>,
 }
 
 fn remove_from(map: &mut HashMap<u64, Vec<String>>, key: u64, session: &str) {
@@ -193,20 +205,37 @@ fn remove_from(map: &mut HashMap<u64, Vec<String>>, key: u64, session: &str) {
 }
 
 impl Inner {
-    /// Make `session` the most recently used, tracking it if new; forgets evicted sessions' keys.
+    /// Make `session` the most recently used, tracking it if new.
     fn touch(&mut self, session: &str) -> &mut Tracked {
-        if !self.sessions.contains(session)
-            && let Some((evicted, state)) = self.sessions.push(session.to_owned(), Tracked::default())
-            && evicted != session
-        {
-            for key in state.ext_keys {
-                remove_from(&mut self.ext, key, &evicted);
-            }
-            for key in state.pending {
-                remove_from(&mut self.pending, key, &evicted);
-            }
+        if !self.sessions.contains(session) {
+            self.sessions.push(session.to_owned(), Tracked::default());
         }
         self.sessions.get_mut(session).expect("just inserted")
+    }
+
+    /// Drop the sessions the budget evicted, with their keys.
+    fn forget_evicted(&mut self, budget: &StateBudget) {
+        for evicted in budget.take_evicted(Holder::Tracker) {
+            if let Some(state) = self.sessions.pop(&evicted) {
+                if let Some(head) = state.head {
+                    self.evicted_heads.put(head, evicted.clone());
+                }
+                for key in state.ext_keys {
+                    remove_from(&mut self.ext, key, &evicted);
+                }
+                for key in state.pending {
+                    remove_from(&mut self.pending, key, &evicted);
+                }
+            }
+        }
+    }
+
+    /// Tell the budget what `session`'s keys weigh now.
+    fn charge(&self, budget: &StateBudget, session: &str) {
+        if let Some(t) = self.sessions.peek(session) {
+            let n_keys = (t.ext_keys.len() + t.pending.len()) as u64;
+            budget.charge(Holder::Tracker, session, n_keys * (KEY_BYTES + session.len() as u64));
+        }
     }
 
     fn register_ext(&mut self, session: &str, key: u64) {
@@ -229,19 +258,28 @@ pub struct SessionTracker {
     headers: Vec<String>,
     inner: Mutex<Inner>,
     memo: Mutex<LruCache<u128, u64>>,
+    budget: Arc<StateBudget>,
 }
 
 impl SessionTracker {
+    /// A tracker with its own default budget ([`SessionTracker::with_budget`] shares one).
     pub fn new(config: &ArchiveConfig) -> SessionTracker {
-        let capacity = NonZeroUsize::new(config.tracked_sessions.max(1)).expect("max(1)");
+        SessionTracker::with_budget(config, Arc::new(StateBudget::default()))
+    }
+
+    /// A tracker whose sessions are charged to `budget` (the key memo reserves its capacity there).
+    pub fn with_budget(config: &ArchiveConfig, budget: Arc<StateBudget>) -> SessionTracker {
+        budget.reserve(KEY_MEMO as u64 * KEY_MEMO_ENTRY_BYTES + EVICTED_HEADS as u64 * (KEY_BYTES + 32));
         SessionTracker {
             headers: config.session_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
             inner: Mutex::new(Inner {
-                sessions: LruCache::new(capacity),
+                sessions: LruCache::unbounded(),
                 ext: HashMap::new(),
                 pending: HashMap::new(),
+                evicted_heads: LruCache::new(NonZeroUsize::new(EVICTED_HEADS).expect("non-zero")),
             }),
             memo: Mutex::new(LruCache::new(NonZeroUsize::new(KEY_MEMO).expect("non-zero"))),
+            budget,
         }
     }
 
@@ -299,6 +337,7 @@ impl SessionTracker {
         let prefixes = prefix_keys(&self.message_keys(messages));
         let key_req = prefixes.last().copied();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.forget_evicted(&self.budget);
         let (session, how) = match explicit {
             Some(s) => (s, Assigned::Header),
             None => choose(&mut inner, &prefixes),
@@ -308,6 +347,7 @@ impl SessionTracker {
             tracked.pending.push(key);
             inner.pending.entry(key).or_default().push(session.clone());
         }
+        inner.charge(&self.budget, &session);
         Assignment { session, key_req, how }
     }
 
@@ -323,8 +363,10 @@ impl SessionTracker {
         let key_req = key_req?;
         let ext = answer.iter().fold(key_req, |acc, m| chain_key(acc, message_key_value(m)));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.forget_evicted(&self.budget);
         forget_pending(&mut inner, session, key_req);
         inner.register_ext(session, ext);
+        inner.charge(&self.budget, session);
         Some(ext)
     }
 
@@ -339,9 +381,11 @@ impl SessionTracker {
     /// Rebuild a session's state from its stored ext keys (oldest first).
     pub fn seed(&self, session: &str, ext_keys: impl IntoIterator<Item = u64>) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.forget_evicted(&self.budget);
         for key in ext_keys {
             inner.register_ext(session, key);
         }
+        inner.charge(&self.budget, session);
     }
 
     /// Number of sessions currently tracked in memory.
@@ -362,6 +406,9 @@ fn forget_pending(inner: &mut Inner, session: &str, key: u64) {
 fn choose(inner: &mut Inner, prefixes: &[u64]) -> (String, Assigned) {
     for key in prefixes.iter().rev() {
         let Some(candidates) = inner.ext.get(key) else {
+            if let Some(session) = inner.evicted_heads.pop(key) {
+                return (session, Assigned::Extends);
+            }
             continue;
         };
         let head = candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
@@ -513,8 +560,11 @@ mod tests {
 
     #[test]
     fn the_tracker_is_bounded_and_forgets_evicted_sessions() {
-        let config = ArchiveConfig { tracked_sessions: 2, ..ArchiveConfig::default() };
-        let t = SessionTracker::new(&config);
+        // Room for two sessions of one key each, after the memo's reservation.
+        let reserved = KEY_MEMO as u64 * KEY_MEMO_ENTRY_BYTES + EVICTED_HEADS as u64 * (KEY_BYTES + 32);
+        let per_session = crate::memory::SESSION_OVERHEAD_BYTES + KEY_BYTES + 26;
+        let budget = Arc::new(StateBudget::new(reserved + 2 * per_session));
+        let t = SessionTracker::with_budget(&ArchiveConfig::default(), budget.clone());
         let first = assign(&t, &[sys(), user("one")]);
         t.answered(&first.session, first.key_req, &call("c1"));
         for n in 0..3 {
@@ -522,8 +572,10 @@ mod tests {
             t.answered(&s.session, s.key_req, &call("c1"));
         }
         assert_eq!(t.n_tracked(), 2);
+        assert_eq!(budget.stats().evictions, 2);
+        // The evicted session's keys are gone, its head is not: its next request joins it again.
         let late = assign(&t, &[sys(), user("one"), call("c1"), result("c1", "x")]);
-        assert_eq!(late.how, Assigned::New);
+        assert_eq!((late.session.as_str(), late.how), (first.session.as_str(), Assigned::Extends));
     }
 
     #[test]

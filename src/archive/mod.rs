@@ -228,6 +228,8 @@ pub(crate) struct Shared {
     lost: AtomicU64,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
+    /// The memory budget the writer charges its cursors to, once shared.
+    budget: std::sync::OnceLock<Arc<crate::memory::StateBudget>>,
 }
 
 impl Shared {
@@ -284,6 +286,7 @@ impl Archive {
             lost: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             last_error: Mutex::new(None),
+            budget: std::sync::OnceLock::new(),
         });
         let (tx, rx) = mpsc::channel();
         let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
@@ -298,6 +301,12 @@ impl Archive {
             next_ticket: AtomicU64::new(1),
             durability,
         })
+    }
+
+    /// Charge the writer's per-session cursors (each session's last bodies) to `budget`; an evicted
+    /// cursor is reloaded from the store when its session writes again. Once: later calls are ignored.
+    pub fn share_budget(&self, budget: Arc<crate::memory::StateBudget>) {
+        let _ = self.shared.budget.set(budget);
     }
 
     pub fn dir(&self) -> &Path {

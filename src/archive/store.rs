@@ -184,6 +184,15 @@ fn restrict_file(path: &Path) -> Result<(), ArchiveError> {
     Ok(())
 }
 
+/// Lowercase hexadecimal of `bytes` (hashes in reports and logs).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }

@@ -495,7 +495,7 @@ fn response_hash(session: &str, r: &ResponseRow) -> [u8; 32] {
 }
 
 fn short(hash: &[u8]) -> String {
-    hex::encode(&hash[..hash.len().min(8)])
+    store::hex(&hash[..hash.len().min(8)])
 }
 
 /// Count rows the way `sessions verify` reports them, for a one-line summary.

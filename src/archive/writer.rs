@@ -21,6 +21,7 @@ use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::read::{self, BodyKind};
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
+use crate::memory::Holder;
 use crate::wire::Spans;
 
 /// Most records in one transaction.
@@ -52,6 +53,20 @@ struct Cursor {
     head: [u8; 32],
     raw: Option<ListState>,
     fwd: Option<ListState>,
+}
+
+impl Cursor {
+    /// Bytes the cursor keeps alive: its items, spans and bodies (a body shared by both lists once).
+    fn bytes(&self) -> u64 {
+        let list = |l: &ListState| {
+            l.items.len() * std::mem::size_of::<Item>() + l.body.as_ref().map_or(0, |(_, spans)| spans.len() * 16)
+        };
+        let body = |l: &Option<ListState>| l.as_ref().and_then(|l| l.body.as_ref()).map(|(b, _)| b.clone());
+        let (raw, fwd) = (body(&self.raw), body(&self.fwd));
+        let shared = matches!((&raw, &fwd), (Some(r), Some(f)) if r.as_ptr() == f.as_ptr());
+        let bodies = raw.as_ref().map_or(0, Bytes::len) + if shared { 0 } else { fwd.as_ref().map_or(0, Bytes::len) };
+        (self.raw.as_ref().map_or(0, list) + self.fwd.as_ref().map_or(0, list) + bodies) as u64
+    }
 }
 
 struct Pending {
@@ -143,6 +158,17 @@ impl Writer {
         if let Some(conn) = self.conn.take() {
             let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
         }
+    }
+
+    /// Keep `session`'s cursor, charged to the memory budget; drop the cursors it evicted.
+    fn keep(&mut self, session: String, cursor: Cursor) {
+        if let Some(budget) = self.shared.budget.get() {
+            budget.charge(Holder::Archive, &session, cursor.bytes());
+            for evicted in budget.take_evicted(Holder::Archive) {
+                self.cursors.pop(&evicted);
+            }
+        }
+        self.cursors.put(session, cursor);
     }
 
     fn commit(&mut self, batch: Vec<Job>) {
@@ -399,7 +425,7 @@ impl Writer {
         cursor.head = hash;
         cursor.raw = raw_state.map(|s| ListState { exchange, ..s });
         cursor.fwd = fwd_state.map(|s| ListState { exchange, ..s });
-        self.cursors.put(rec.session.clone(), cursor);
+        self.keep(rec.session.clone(), cursor);
         self.pending.put(ticket, Pending { exchange, session: rec.session.clone(), seq });
         Ok(())
     }
@@ -463,7 +489,7 @@ impl Writer {
         .execute(params![pending.session, cursor.n_records + 1, &hash[..], rec.at_ms])?;
         cursor.n_records += 1;
         cursor.head = hash;
-        self.cursors.put(pending.session, cursor);
+        self.keep(pending.session, cursor);
         Ok(())
     }
 }

@@ -17,7 +17,6 @@
 //! compacting compacted messages changes nothing, so the parts of the prefix an epoch does not need
 //! to touch stay byte-identical and the upstream keeps reusing their cache.
 
-use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
@@ -32,6 +31,7 @@ use crate::config::{Config, HistoryShare, Mode};
 use crate::exchange::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::neutral::{View, role_of};
 use crate::wire::{Wire, WireBody, WireError};
+use crate::memory::{Holder, StateBudget};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
@@ -128,6 +128,16 @@ struct SessionState {
     seen: Vec<(u128, u64)>,
 }
 
+impl SessionState {
+    /// Bytes this state keeps (charged to the memory budget).
+    fn bytes(&self) -> u64 {
+        let frozen = self.frozen.as_ref().map_or(0, |f| {
+            f.raw_hashes.len() * 16 + f.prefix.iter().map(|m| m.len() + 24).sum::<usize>() + f.prefix_seen.len() * 8
+        });
+        (frozen + self.seen.len() * 24) as u64
+    }
+}
+
 /// Why a session could not be seeded from an archived pair.
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
@@ -143,7 +153,9 @@ pub struct SessionCompactor {
     table: ModelTable,
     policy: EpochPolicy,
     counters: Vec<TokenCounter>,
+    /// Every session's state; the memory budget evicts the least recently used.
     sessions: Mutex<LruCache<String, Arc<Mutex<SessionState>>>>,
+    budget: Arc<StateBudget>,
     /// Set (by [`SessionCompactor::with_wall_clock`]) only when `salience.tau_seconds` asks for
     /// recency on the wall clock; `None`: ages in turns.
     clock: Option<Clock>,
@@ -181,15 +193,14 @@ struct Step {
 }
 
 impl SessionCompactor {
-    /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. Tokenizers are
-    /// warmed here so that the first request does not pay for building them.
+    /// A compactor for `config` (mode, water marks, `models:`, encodings) over `engine`. An encoding's
+    /// tables are loaded by its first count (see `budget::bpe`).
     pub fn new(config: &Config, engine: Arc<dyn CompactEngine>) -> Result<SessionCompactor, ModelTableError> {
         let table = ModelTable::from_config(config)?;
-        let counters = table
+        let counters: Vec<TokenCounter> = table
             .encodings()
             .into_iter()
             .map(|encoding| {
-                encoding.warm();
                 TokenCounter::new(&CounterConfig {
                     encoding,
                     image_tokens: config.budget.image_tokens,
@@ -197,15 +208,34 @@ impl SessionCompactor {
                 })
             })
             .collect();
-        let capacity = NonZeroUsize::new(config.budget.max_sessions.max(1)).expect("max(1) is non-zero");
+        let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
+        for counter in &counters {
+            budget.reserve(counter.cache_bytes());
+        }
         Ok(SessionCompactor {
             engine,
             table,
             policy: EpochPolicy::from_config(config),
             counters,
-            sessions: Mutex::new(LruCache::new(capacity)),
+            sessions: Mutex::new(LruCache::unbounded()),
+            budget,
             clock: None,
         })
+    }
+
+    /// Charge sessions to `budget` (shared with the tracker and the archive); the token caches
+    /// reserve their capacity there.
+    pub fn with_budget(mut self, budget: Arc<StateBudget>) -> SessionCompactor {
+        for counter in &self.counters {
+            budget.reserve(counter.cache_bytes());
+        }
+        self.budget = budget;
+        self
+    }
+
+    /// Whether this session's state is in memory (not new, not evicted).
+    pub fn remembers(&self, session: &str) -> bool {
+        self.lock_sessions().contains(session)
     }
 
     /// Score recency on `clock` when the config sets `budget.salience.tau_seconds` (the proxy does
@@ -268,6 +298,7 @@ impl SessionCompactor {
             prefix_seen: Vec::new(),
         });
         let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false, seen: Vec::new() };
+        self.budget.charge(Holder::Compactor, session, state.bytes());
         self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
     }
@@ -275,10 +306,16 @@ impl SessionCompactor {
     /// Forget a session's state (its next request starts fresh).
     pub fn forget(&self, session: &str) {
         self.lock_sessions().pop(session);
+        self.budget.release(Holder::Compactor, session);
     }
 
+    /// The sessions, without those the memory budget evicted.
     fn lock_sessions(&self) -> MutexGuard<'_, LruCache<String, Arc<Mutex<SessionState>>>> {
-        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let mut sessions = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for evicted in self.budget.take_evicted(Holder::Compactor) {
+            sessions.pop(&evicted);
+        }
+        sessions
     }
 
     fn session(&self, id: &str) -> Arc<Mutex<SessionState>> {
@@ -329,6 +366,7 @@ impl SessionCompactor {
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let epoch_before = state.epoch;
         let step = self.step(&mut state, &request, counter);
+        self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
         let unchanged = step.messages.len() == request.raw.len()
             && step.messages.iter().zip(request.raw).all(|(f, r)| f.as_str() == *r);

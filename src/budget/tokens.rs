@@ -4,8 +4,8 @@
 //! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
 //! code-like text, driven by [`super::bpe`]: it splits the text with a lazy DFA and a per-thread
 //! cache (no regex pool lock per piece) and counts a piece that is one token without the encoder.
-//! Cold requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs counts the
-//! older encodings and is the reference in tests.
+//! Cold requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs is the
+//! reference in tests (a dev-dependency); the GPT-3-era p50k/r50k encodings are not counted.
 //!
 //! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
 //! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its
@@ -71,15 +71,11 @@ pub enum Encoding {
     O200kBase,
     /// GPT-4 / GPT-3.5.
     Cl100kBase,
-    /// Codex-era models.
-    P50kBase,
-    /// GPT-3-era models.
-    R50kBase,
 }
 
 /// An encoding name pare does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown encoding `{0}` (expected `o200k_base`, `cl100k_base`, `p50k_base` or `r50k_base`)")]
+#[error("unknown encoding `{0}` (expected `o200k_base` or `cl100k_base`)")]
 pub struct UnknownEncoding(pub String);
 
 impl FromStr for Encoding {
@@ -88,8 +84,6 @@ impl FromStr for Encoding {
         match name {
             "o200k_base" | "o200k" => Ok(Encoding::O200kBase),
             "cl100k_base" | "cl100k" => Ok(Encoding::Cl100kBase),
-            "p50k_base" | "p50k" => Ok(Encoding::P50kBase),
-            "r50k_base" | "r50k" => Ok(Encoding::R50kBase),
             other => Err(UnknownEncoding(other.to_owned())),
         }
     }
@@ -102,8 +96,6 @@ impl Encoding {
         match self {
             Encoding::O200kBase => super::bpe::O200K.count(text),
             Encoding::Cl100kBase => super::bpe::CL100K.count(text),
-            Encoding::P50kBase => tiktoken_rs::p50k_base_singleton().count_ordinary(text),
-            Encoding::R50kBase => tiktoken_rs::r50k_base_singleton().count_ordinary(text),
         }
     }
 
@@ -112,14 +104,7 @@ impl Encoding {
         match self {
             Encoding::O200kBase => "o200k_base",
             Encoding::Cl100kBase => "cl100k_base",
-            Encoding::P50kBase => "p50k_base",
-            Encoding::R50kBase => "r50k_base",
         }
-    }
-
-    /// Build the tokenizer now so that the first request does not pay for it.
-    pub fn warm(self) {
-        let _ = self.count("warm");
     }
 }
 
@@ -144,11 +129,15 @@ impl Default for CounterConfig {
 pub struct TokenCounter {
     encoding: Encoding,
     image_tokens: u64,
+    cache_entries: usize,
     /// xxh3-128 of the raw bytes → tokens. Separate entries for messages and tool schemas cannot
     /// collide in practice (128-bit hashes), and both are keyed by their exact bytes.
     cache: Mutex<LruCache<u128, u64>>,
     tokenizations: AtomicU64,
 }
+
+/// Bytes of one count-cache entry, as [`TokenCounter::cache_bytes`] reserves them.
+const CACHE_ENTRY_BYTES: u64 = 80;
 
 /// Uncached bytes from which [`TokenCounter::count_uncached`] counts a batch on the rayon pool
 /// (≈ 32k tokens, about 3 ms of work on one core); a smaller batch is counted on demand.
@@ -169,6 +158,7 @@ impl TokenCounter {
         TokenCounter {
             encoding: config.encoding,
             image_tokens: config.image_tokens,
+            cache_entries: capacity.get(),
             cache: Mutex::new(LruCache::new(capacity)),
             tokenizations: AtomicU64::new(0),
         }
@@ -224,6 +214,11 @@ impl TokenCounter {
 
     pub fn encoding(&self) -> Encoding {
         self.encoding
+    }
+
+    /// Bytes the count cache takes when full (key, count, the LRU's node and map slot per entry).
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_entries as u64 * CACHE_ENTRY_BYTES
     }
 
     /// How many texts this counter has tokenized (cache misses); lets tests prove the cache works.

@@ -23,7 +23,27 @@ pub struct Config {
     /// Per-model overrides, first match wins.
     pub models: Vec<ModelConfig>,
     pub log: LogConfig,
+    pub memory: MemoryConfig,
 }
+
+/// What pare keeps in memory.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// One budget in bytes for all per-session state (session keys, frozen prefixes, the archive's
+    /// last bodies, the token and key caches); least recently used sessions are evicted past it and
+    /// rebuilt from the archive when they come back.
+    pub max_state_bytes: u64,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { max_state_bytes: crate::memory::DEFAULT_MAX_STATE_BYTES }
+    }
+}
+
+/// Keys that a byte budget replaced: refused with a pointer to it.
+const REPLACED_KEYS: &[&str] = &["budget.max_sessions", "archive.tracked_sessions"];
 
 /// The listening side.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -118,9 +138,6 @@ pub struct ArchiveConfig {
     pub session_headers: Vec<String>,
     /// Extra request headers never stored (Authorization, api-key, cookies are always dropped).
     pub redact_headers: Vec<String>,
-    /// Sessions the in-memory session tracker follows (least recently used are dropped; a dropped
-    /// session's next request starts a new session unless it names one by header).
-    pub tracked_sessions: usize,
     /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
     /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
     pub max_bytes: Option<u64>,
@@ -135,7 +152,6 @@ impl Default for ArchiveConfig {
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
-            tracked_sessions: 4096,
             max_bytes: None,
         }
     }
@@ -214,14 +230,12 @@ pub struct BudgetConfig {
     /// Eager mode: advance the frozen frontier every this many turns (1, as SWE-agent's `polling`:
     /// eager is for upstreams without a prompt cache, where a stable prefix buys nothing).
     pub polling: u32,
-    /// Tokenizer encoding: `o200k_base`, `cl100k_base`, `p50k_base` or `r50k_base` (per-model in `models`).
+    /// Tokenizer encoding: `o200k_base` or `cl100k_base` (per-model in `models`).
     pub encoding: String,
     /// Salience parameters.
     pub salience: SalienceConfig,
     /// Shares of the target given to each tier.
     pub tiers: TierBudgets,
-    /// Sessions whose compaction state is kept in memory (least recently used are dropped).
-    pub max_sessions: usize,
     /// Tokens counted for one image part (images are never tokenized as text). 765 is what OpenAI
     /// charges for a 1024×1024 image at high detail.
     pub image_tokens: u64,
@@ -261,7 +275,6 @@ impl Default for BudgetConfig {
             encoding: "o200k_base".into(),
             salience: SalienceConfig::default(),
             tiers: TierBudgets::default(),
-            max_sessions: 256,
             image_tokens: 765,
             token_cache_entries: 131_072,
             detect_timeout_ms: 2_000,
@@ -386,7 +399,7 @@ fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
 }
 
 /// Tokenizer encodings pare can count with.
-pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base", "p50k_base", "r50k_base"];
+pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base"];
 
 impl Config {
     /// Parse and validate a configuration from YAML text, reporting every problem.
@@ -407,6 +420,11 @@ impl Config {
         };
         let mut problems = Vec::new();
         let config: Option<Config> = yaml::deserialize_all(&root, &mut problems);
+        for p in problems.iter_mut().filter(|p| REPLACED_KEYS.contains(&p.path.as_str())) {
+            p.message = "replaced by `memory.max_state_bytes`: one budget in bytes for all per-session state \
+                         (least recently used sessions are evicted past it)"
+                .into();
+        }
         if let Some(config) = &config {
             for mut p in config.validate() {
                 p.line = p.line.or_else(|| root.line_of(&p.path));
@@ -449,6 +467,9 @@ impl Config {
         }
         if self.server.allow_non_loopback && self.server.auth_token.as_deref().is_none_or(str::is_empty) {
             bad("server.auth_token", "a non-loopback listener needs an auth_token".into());
+        }
+        if self.memory.max_state_bytes == 0 {
+            bad("memory.max_state_bytes", "must be at least 1 byte".into());
         }
         if self.server.max_body == 0 {
             bad("server.max_body", "must be at least 1 byte".into());
@@ -527,9 +548,6 @@ impl Config {
         if !ENCODINGS.contains(&b.encoding.as_str()) {
             bad("budget.encoding", format!("unknown encoding `{}` (known: {})", b.encoding, ENCODINGS.join(", ")));
         }
-        if b.max_sessions == 0 {
-            bad("budget.max_sessions", "must be at least 1".into());
-        }
         let s = &b.salience;
         if !(s.tau_turns > 0.0 && s.tau_turns.is_finite()) {
             bad("budget.salience.tau_turns", "must be a positive number of turns".into());
@@ -606,6 +624,18 @@ mod tests {
         assert_eq!(Config::default().validate(), Vec::new());
         assert_eq!(Config::from_yaml("").unwrap(), Config::default());
         assert_eq!(Config::from_yaml("# only a comment\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn session_counts_are_refused_for_the_byte_budget() {
+        let err = Config::from_yaml("archive:\n  tracked_sessions: 10\nbudget:\n  max_sessions: 2\n").unwrap_err();
+        let got: Vec<(Option<u64>, &str)> = err.problems.iter().map(|p| (p.line, p.path.as_str())).collect();
+        assert_eq!(got, vec![(Some(2), "archive.tracked_sessions"), (Some(4), "budget.max_sessions")]);
+        assert!(err.problems.iter().all(|p| p.message.contains("memory.max_state_bytes")), "{err}");
+        let config = Config::from_yaml("memory:\n  max_state_bytes: 1048576\n").unwrap();
+        assert_eq!(config.memory.max_state_bytes, 1 << 20);
+        let zero = Config::from_yaml("memory:\n  max_state_bytes: 0\n").unwrap_err();
+        assert_eq!(zero.problems[0].path, "memory.max_state_bytes");
     }
 
     #[test]

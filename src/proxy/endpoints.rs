@@ -54,6 +54,7 @@ async fn health(proxy: &Proxy) -> Response<Bytes> {
         "status": if probe.is_ok() && archive_ok { "ok" } else { "degraded" },
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": upstream,
+        "memory": proxy.pipeline.memory(),
     });
     if let Some(health) = archive {
         body["archive"] = serde_json::to_value(&health).unwrap_or(serde_json::Value::Null);

@@ -249,6 +249,8 @@ impl Collector for PipelineCollector {
                 stats.strict_unconfirmed.load(Relaxed),
             ),
         ];
+        let memory = self.pipeline.memory();
+        counters.push(("pare_memory_evictions", "Sessions the memory budget evicted", memory.evictions));
         let archive = self.pipeline.archive().map(|archive| archive.health());
         if let Some(health) = &archive {
             counters.push((
@@ -271,6 +273,19 @@ impl Collector for PipelineCollector {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
+        }
+        for (name, help, value) in [
+            (
+                "pare_memory_state_bytes",
+                "Bytes of per-session state held (caches' reservations included)",
+                memory.held_bytes,
+            ),
+            ("pare_memory_max_state_bytes", "The per-session state budget (memory.max_state_bytes)", memory.max_bytes),
+            ("pare_memory_sessions", "Sessions with state in memory", memory.sessions),
+        ] {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric)?;
         }
         if let Some(health) = &archive {
             for (name, help, value) in [
@@ -348,6 +363,9 @@ mod tests {
         assert!(text.contains(r#"pare_requests_total{route="chat_completions",status="200"} 3"#), "{text}");
         assert!(text.contains("pare_requests_in_flight 0"), "{text}");
         assert!(text.contains("pare_fail_open_total 0"), "{text}");
+        assert!(text.contains("pare_memory_evictions_total 0"), "{text}");
+        let budget = format!("pare_memory_max_state_bytes {}", crate::memory::DEFAULT_MAX_STATE_BYTES);
+        assert!(text.contains(&budget), "{text}");
     }
 
     #[test]

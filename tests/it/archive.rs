@@ -593,7 +593,7 @@ fn crash_child(dir: &Path) {
         let session = format!("strict-{}", k % 3);
         let (_, committed) = runtime.block_on(strict.record_exchange_committed(exchange(&session, body, None)));
         committed.unwrap();
-        writeln!(stdout, "ACK {session} {} {}", k / 3 + 1, hex::encode(store::sha256(body))).unwrap();
+        writeln!(stdout, "ACK {session} {} {}", k / 3 + 1, store::hex(&store::sha256(body))).unwrap();
         stdout.flush().unwrap();
         buffered.record_exchange(exchange("buffered", body, None));
     }
@@ -637,7 +637,7 @@ fn kill_9_loses_nothing_acknowledged_and_corrupts_nothing() {
     assert!(report.ok(), "{:?}", report.problems);
     for (session, seq, sha) in &acked {
         let body = reader.body(session, *seq, BodyKind::Raw).unwrap();
-        assert_eq!(hex::encode(store::sha256(&body)), *sha, "{session} request {seq}");
+        assert_eq!(store::hex(&store::sha256(&body)), *sha, "{session} request {seq}");
     }
     // The archive keeps working after the crash: a new writer appends to the same chains.
     let archive = start(dir.path());
@@ -734,7 +734,7 @@ fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
     for (k, body) in bodies.iter().enumerate() {
         // Distinct content per request, so the store must grow.
         let mut v: Value = serde_json::from_slice(body).unwrap();
-        let noise: Vec<String> = (0..40).map(|i| hex::encode(store::sha256(format!("{k}-{i}").as_bytes()))).collect();
+        let noise: Vec<String> = (0..40).map(|i| store::hex(&store::sha256(format!("{k}-{i}").as_bytes()))).collect();
         v["messages"].as_array_mut().unwrap().push(json!({"role": "user", "content": noise.join(" ")}));
         archive.record_exchange(exchange("s", &serde_json::to_vec(&v).unwrap(), None));
         archive.flush().unwrap();
@@ -748,7 +748,7 @@ fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
     assert!(health.last_error.as_deref().unwrap().contains("full"), "{health:?}");
     let lost = health.lost_records;
     // Another large record is lost too; a small one still fits and the archive reports it recovered.
-    let big: Vec<String> = (0..400).map(|i| hex::encode(store::sha256(format!("big-{i}").as_bytes()))).collect();
+    let big: Vec<String> = (0..400).map(|i| store::hex(&store::sha256(format!("big-{i}").as_bytes()))).collect();
     archive.record_exchange(exchange("s", big.join(" ").as_bytes(), None));
     archive.flush().unwrap();
     assert_eq!(archive.health().lost_records, lost + 1);

@@ -315,11 +315,15 @@ async fn unreachable_upstream_falls_back_within_the_timeout() {
 
 use std::sync::Mutex;
 
+use bytes::Bytes;
+use http::HeaderMap;
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::{CompactOptions, Compacted, HistoryBudget, Source};
+use pare::memory::{BudgetStats, StateBudget};
 use pare::neutral::View;
 use pare::pipeline::CompactOutput;
+use pare::pipeline::{Pipeline, StreamEnd};
 use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 
@@ -787,13 +791,26 @@ fn over_window_is_flagged_when_the_tail_alone_does_not_fit() {
 }
 
 #[test]
-fn session_memory_is_bounded() {
-    let compactor = compactor_with("budget:\n  max_sessions: 2\n", MaskEngine::new(2));
+fn session_memory_is_bounded_in_bytes() {
     let requests = coding_session(3, 10);
+    // What one session of these requests weighs, over the caches' reservation.
+    let measure = Arc::new(StateBudget::new(u64::MAX));
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2)).with_budget(measure.clone());
+    run(&compactor, "a", &requests, WINDOW);
+    let stats = measure.stats();
+    let one = stats.held_bytes - stats.reserved_bytes;
+    assert!(one > pare::memory::SESSION_OVERHEAD_BYTES, "{stats:?}");
+
+    let budget = Arc::new(StateBudget::new(stats.reserved_bytes + 2 * one + one / 2));
+    let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2)).with_budget(budget.clone());
     for session in ["a", "b", "c"] {
         run(&compactor, session, &requests, WINDOW);
     }
     assert_eq!(compactor.n_sessions(), 2);
+    let stats = budget.stats();
+    assert_eq!((stats.sessions, stats.evictions), (2, 1));
+    assert!(stats.held_bytes <= stats.max_bytes, "{stats:?}");
+    assert!(compactor.remembers("c") && !compactor.remembers("a"));
 }
 
 #[test]
@@ -1034,4 +1051,78 @@ async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEn
     assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "{mode:?}: pare must compact");
     let elided = received.iter().any(|b| String::from_utf8_lossy(b).contains("earlier messages elided"));
     assert!(elided || mode != Mode::Eager, "eager: the history budget must elide");
+}
+
+/// Three sessions through the whole pipeline (tracker, compactor, archive), their requests
+/// interleaved, each answered with the assistant message its next request carries. Returns every
+/// forwarded body, the session of each request and the memory figures.
+async fn interleaved_through_the_pipeline(max_state_bytes: Option<u64>) -> (Vec<Bytes>, Vec<String>, BudgetStats) {
+    let sessions: Vec<Vec<Vec<u8>>> = (0..3)
+        .map(|s| {
+            coding_session(30, 150)
+                .into_iter()
+                .map(|r| {
+                    let text = String::from_utf8(r).unwrap();
+                    text.replace("src/lib.rs", &format!("src/lib{s}.rs")).replace("\"stream\":true", "\"stream\":false")
+                })
+                .map(String::into_bytes)
+                .collect()
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::from_yaml(RESERVE_YAML).unwrap();
+    config.budget.default_context_window = WINDOW;
+    config.budget.detect_window = false;
+    config.archive.dir = Some(dir.path().to_owned());
+    if let Some(max) = max_state_bytes {
+        config.memory.max_state_bytes = max;
+    }
+    let pipeline = Pipeline::from_config(Arc::new(config)).unwrap();
+    let (mut forwarded, mut assigned) = (Vec::new(), Vec::new());
+    for k in 0..sessions[0].len() {
+        for requests in &sessions {
+            let prepared = pipeline.prepare_chat(&HeaderMap::new(), Bytes::from(requests[k].clone())).await;
+            let mut sink = prepared.sink.unwrap();
+            let mut headers = HeaderMap::new();
+            headers.insert("content-type", "application/json".parse().unwrap());
+            sink.head(200, &headers);
+            if let Some(next) = requests.get(k + 1) {
+                let next: Value = serde_json::from_slice(next).unwrap();
+                let messages = next["messages"].as_array().unwrap();
+                let answer = &messages[messages.len() - 2];
+                let body = json!({"choices": [{"index": 0, "message": answer, "finish_reason": "tool_calls"}]});
+                sink.chunk(&Bytes::from(body.to_string()));
+            }
+            sink.finish(StreamEnd::Complete);
+            forwarded.push(prepared.body);
+            assigned.push(prepared.session.unwrap());
+        }
+    }
+    let stats = pipeline.memory();
+    pipeline.archive().unwrap().close();
+    (forwarded, assigned, stats)
+}
+
+/// With a budget smaller than one session, every request evicts the other sessions (tracker keys,
+/// frozen prefixes, archive cursors): each comes back through its head key and its last archived
+/// pair, and pare forwards exactly what it forwards when nothing is evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_sessions_come_back_forwarding_the_same_bytes() {
+    let (kept, kept_sessions, kept_stats) = interleaved_through_the_pipeline(None).await;
+    assert_eq!(kept_stats.evictions, 0);
+    assert_eq!(kept_sessions.iter().collect::<std::collections::HashSet<_>>().len(), 3);
+    let compacted = kept
+        .iter()
+        .filter(|b| serde_json::from_slice::<Value>(b).unwrap()["messages"].as_array().unwrap().len() < 3 + 2 * 29)
+        .count();
+    assert!(compacted > 0, "some requests are compacted (epochs happen before evictions)");
+
+    let tiny = kept_stats.reserved_bytes + 1;
+    let (evicted, evicted_sessions, evicted_stats) = interleaved_through_the_pipeline(Some(tiny)).await;
+    assert!(evicted_stats.evictions >= 2 * 30, "{evicted_stats:?}");
+    assert_eq!(evicted_stats.sessions, 1, "only the session in use stays");
+    assert_eq!(evicted_sessions.iter().collect::<std::collections::HashSet<_>>().len(), 3);
+    for (k, (a, b)) in kept.iter().zip(&evicted).enumerate() {
+        assert!(a == b, "request {k} (session {}) forwarded differently after an eviction", k % 3);
+    }
 }

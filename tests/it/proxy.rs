@@ -522,6 +522,8 @@ async fn pare_endpoints_are_answered_locally_and_never_forwarded() {
     let health = json_body(response).await;
     assert_eq!(health["status"], "ok");
     assert_eq!(health["upstream"]["url"], format!("{}/v1", stub.url()));
+    assert_eq!(health["memory"]["max_bytes"], pare::memory::DEFAULT_MAX_STATE_BYTES);
+    assert_eq!(health["memory"]["evictions"], 0);
     let response = client().get(pare.url("/_pare/nothing-here")).send().await.unwrap();
     assert_eq!(response.status(), 404);
     let body = json_body(response).await;
