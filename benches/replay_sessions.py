@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Real sessions through `pare serve`, side by side with direct calls, and a burst of large sessions.
+
+Usage: benches/replay_sessions.py PARE_BINARY [--sessions DIR_OR_FILE ...] [--max-sessions N]
+                                   [--burst N] [--burst-kb KB] [--settle SECONDS] [--json]
+
+- replay: every request of each chosen session file (one chat body per line) is sent to a zero-delay
+  stub upstream directly and through pare, the two interleaved (the order alternates), one at a time.
+  The stub answers each request with the assistant message the session's next request carries, so pare
+  tracks the session as it would a live agent. Reported: pare's added latency (through − direct)
+  p50/p99 for warm requests under 200 KB (the session's 2nd request on, no epoch started), for warm
+  requests of 200 KB or more, for epoch requests (the `x-pare-epoch` header went up) and for first
+  requests; pare's RSS idle, after the replay, and its peak (VmHWM).
+- burst: N distinct sessions of one ~KB request each (a long corpus request with a unique first user
+  message), 8 at a time; pare's peak RSS and its RSS every second for --settle seconds after.
+
+Loopback only; every loop is bounded by the session files and N. Numbers are printed, never asserted.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ANSWERS = {}  # request id (x-bench-answer) -> assistant message
+ANSWERS_LOCK = threading.Lock()
+OK = {"role": "assistant", "content": "ok"}
+
+
+class Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        n = int(self.headers.get("content-length", "0"))
+        self.rfile.read(n)
+        with ANSWERS_LOCK:
+            message = ANSWERS.get(self.headers.get("x-bench-answer", ""), OK)
+        body = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "model": "bench",
+                           "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def rss_kib(pid, field="VmRSS"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_secs(pid):
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values, p):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def post(conn, body, headers):
+    start = time.perf_counter_ns()
+    conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    response = conn.getresponse()
+    response.read()
+    elapsed = (time.perf_counter_ns() - start) / 1000
+    return elapsed, response
+
+
+def session_files(paths, limit):
+    files = []
+    for p in map(Path, paths):
+        files += sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
+    return files[:limit]
+
+
+def start_pare(binary, stub_port, workdir, extra):
+    config = Path(workdir) / "pare.yaml"
+    config.write_text("budget:\n  detect_window: false\n")
+    port_file = Path(workdir) / "listen"
+    cmd = [binary, "serve", "--config", str(config), "--listen", "127.0.0.1:0",
+           "--upstream", f"http://127.0.0.1:{stub_port}/v1", "--archive", str(Path(workdir) / "archive")] + extra
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # pare logs the address it listens on.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if "127.0.0.1:" in line and ("listen" in line or "serving" in line):
+            import re
+            port = int(re.findall(r"127\.0\.0\.1:(\d+)", line)[-1])
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, port
+    proc.kill()
+    sys.exit("pare did not report its address")
+
+
+def replay(files, stub_port, pare_port, pid):
+    direct = http.client.HTTPConnection("127.0.0.1", stub_port)
+    through = http.client.HTTPConnection("127.0.0.1", pare_port)
+    groups = {"warm<200KB": [], "warm>=200KB": [], "epoch": [], "first": []}
+    cpu_before = cpu_secs(pid)
+    n = 0
+    for f in files:
+        lines = [l for l in f.read_text().splitlines() if l.strip()]
+        epoch = 0
+        for k, line in enumerate(lines):
+            body = line.encode()
+            answer_id = f"{f.name}:{k}"
+            if k + 1 < len(lines):
+                nxt = json.loads(lines[k + 1]).get("messages", [])
+                answer = next((m for m in reversed(nxt[:len(json.loads(line).get("messages", [])) + 1])
+                               if m.get("role") == "assistant"), OK)
+                with ANSWERS_LOCK:
+                    ANSWERS[answer_id] = answer
+            headers = {"content-type": "application/json", "x-bench-answer": answer_id}
+            if n % 2 == 0:
+                t_direct, _ = post(direct, body, headers)
+                t_pare, response = post(through, body, headers)
+            else:
+                t_pare, response = post(through, body, headers)
+                t_direct, _ = post(direct, body, headers)
+            n += 1
+            new_epoch = int(response.getheader("x-pare-epoch") or epoch)
+            added = t_pare - t_direct
+            if k == 0:
+                groups["first"].append(added)
+            elif new_epoch > epoch:
+                groups["epoch"].append(added)
+            elif len(body) < 200 * 1024:
+                groups["warm<200KB"].append(added)
+            else:
+                groups["warm>=200KB"].append(added)
+            epoch = new_epoch
+    cpu = cpu_secs(pid) - cpu_before
+    return groups, n, cpu
+
+
+def burst(n, kb, source, pare_port, pid, settle):
+    base = None
+    for line in source.read_text().splitlines():
+        if len(line) <= kb * 1024 * 1.15:
+            base = line
+    body = json.loads(base)
+    first_user = next(i for i, m in enumerate(body["messages"]) if m.get("role") == "user")
+
+    def one(i):
+        b = dict(body)
+        b["messages"] = list(body["messages"])
+        m = dict(b["messages"][first_user])
+        m["content"] = f"[burst session {i}] " + (m["content"] if isinstance(m["content"], str) else "")
+        b["messages"][first_user] = m
+        data = json.dumps(b).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", pare_port, timeout=120)
+        post(conn, data, {"content-type": "application/json"})
+        conn.close()
+        return len(data)
+
+    start = time.time()
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(one, range(n)))
+    took = time.time() - start
+    after = []
+    for _ in range(int(settle)):
+        time.sleep(1)
+        after.append(rss_kib(pid))
+    return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1),
+            "peak_mib": rss_kib(pid, "VmHWM") / 1024, "rss_end_of_burst_mib": after[0] / 1024 if after else None,
+            f"rss_after_{int(settle)}s_mib": after[-1] / 1024 if after else None,
+            "rss_trace_mib": [round(a / 1024, 1) for a in after]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--sessions", nargs="*", default=[])
+    ap.add_argument("--max-sessions", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=0)
+    ap.add_argument("--burst-kb", type=int, default=850)
+    ap.add_argument("--burst-source", default=None, help="session file whose request near --burst-kb is copied")
+    ap.add_argument("--settle", type=float, default=30)
+    ap.add_argument("--serve-arg", action="append", default=[])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    out = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        proc, port = start_pare(args.binary, stub.server_port, workdir, args.serve_arg)
+        try:
+            time.sleep(1)
+            out["idle_rss_mib"] = rss_kib(proc.pid) / 1024
+            files = session_files(args.sessions, args.max_sessions)
+            if files:
+                groups, n, cpu = replay(files, stub.server_port, port, proc.pid)
+                out["replay"] = {"sessions": len(files), "requests": n, "pare_cpu_s": round(cpu, 2)}
+                for name, values in groups.items():
+                    out["replay"][name] = {"n": len(values), "p50_us": pct(values, 50), "p99_us": pct(values, 99)}
+                out["rss_after_replay_mib"] = rss_kib(proc.pid) / 1024
+                out["peak_rss_replay_mib"] = rss_kib(proc.pid, "VmHWM") / 1024
+            if args.burst:
+                source = Path(args.burst_source) if args.burst_source else files[0]
+                out["burst"] = burst(args.burst, args.burst_kb, source, port, proc.pid, args.settle)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    stub.shutdown()
+    print(json.dumps(out, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
