@@ -38,6 +38,8 @@ OK = {"role": "assistant", "content": "ok"}
 
 class Stub(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body are two writes: without TCP_NODELAY, delayed ACKs stall the second.
+    disable_nagle_algorithm = True
 
     def do_POST(self):
         n = int(self.headers.get("content-length", "0"))
@@ -110,7 +112,7 @@ def start_pare(binary, stub_port, workdir, extra):
         line = proc.stderr.readline()
         if "127.0.0.1:" in line and ("listen" in line or "serving" in line):
             import re
-            port = int(re.findall(r"127\.0\.0\.1:(\d+)", line)[-1])
+            port = int(re.findall(r"127\.0\.0\.1:(\d+)", line)[0])
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             return proc, port
     proc.kill()
@@ -159,12 +161,18 @@ def replay(files, stub_port, pare_port, pid):
 
 
 def burst(n, kb, source, pare_port, pid, settle):
-    base = None
-    for line in source.read_text().splitlines():
-        if len(line) <= kb * 1024 * 1.15:
-            base = line
+    # The session's largest request; when it is smaller than the target, its longest tool output is
+    # repeated until the body weighs about `kb` (the corpus's requests stop near 400 KB).
+    base = max((l for l in source.read_text().splitlines() if l.strip()), key=len)
     body = json.loads(base)
     first_user = next(i for i, m in enumerate(body["messages"]) if m.get("role") == "user")
+    longest = max((i for i, m in enumerate(body["messages"]) if isinstance(m.get("content"), str)),
+                  key=lambda i: len(body["messages"][i]["content"]))
+    text = body["messages"][longest]["content"]
+    missing = kb * 1024 - len(base)
+    if missing > 0:
+        body["messages"][longest] = dict(body["messages"][longest],
+                                         content=text + ("\n" + text) * (missing // (len(text) + 1) + 1))
 
     def one(i):
         b = dict(body)

@@ -213,11 +213,24 @@ pub fn put_blob(conn: &Connection, hash: &[u8; 32], content: &[u8]) -> rusqlite:
 }
 
 fn encode_blob(content: &[u8]) -> (i64, Vec<u8>) {
-    if content.len() >= COMPRESS_MIN_LEN
-        && let Ok(compressed) = zstd::bulk::compress(content, ZSTD_LEVEL)
-        && compressed.len() + compressed.len() / 8 < content.len()
-    {
-        return (1, compressed);
+    thread_local! {
+        /// One compression context per thread (the writer's), reused: making one allocates and
+        /// zeroes its tables, which cost more than compressing a typical message.
+        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    if content.len() >= COMPRESS_MIN_LEN {
+        let compressed = COMPRESSOR.with_borrow_mut(|compressor| {
+            if compressor.is_none() {
+                *compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+            }
+            compressor.as_mut()?.compress(content).ok()
+        });
+        if let Some(compressed) = compressed
+            && compressed.len() + compressed.len() / 8 < content.len()
+        {
+            return (1, compressed);
+        }
     }
     (0, content.to_vec())
 }
@@ -279,6 +292,19 @@ mod tests {
         assert_eq!(read_blob(&conn, small).unwrap(), b"x");
         let codec: i64 = conn.query_row("SELECT codec FROM blobs WHERE id = ?1", [a], |r| r.get(0)).unwrap();
         assert_eq!(codec, 1, "a repetitive blob is compressed");
+    }
+
+    /// The writer's reused compression context writes the bytes a fresh one writes, whatever it
+    /// compressed before.
+    #[test]
+    fn a_reused_compressor_gives_the_one_shot_bytes() {
+        let texts: Vec<String> =
+            (0..20).map(|i| format!("line {i} of some tool output\n").repeat(10 + i * 37)).collect();
+        for text in texts.iter().chain(texts.iter().rev()) {
+            let (codec, data) = encode_blob(text.as_bytes());
+            assert_eq!(codec, 1);
+            assert_eq!(data, zstd::bulk::compress(text.as_bytes(), ZSTD_LEVEL).unwrap());
+        }
     }
 
     #[cfg(unix)]
