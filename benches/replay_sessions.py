@@ -194,7 +194,10 @@ def burst(n, kb, source, pare_port, pid, settle):
     for _ in range(int(settle)):
         time.sleep(1)
         after.append(rss_kib(pid))
-    return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1),
+    conn = http.client.HTTPConnection("127.0.0.1", pare_port)
+    conn.request("GET", "/_pare/health")
+    memory = json.loads(conn.getresponse().read()).get("memory")
+    return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1), "memory": memory,
             "peak_mib": rss_kib(pid, "VmHWM") / 1024, "rss_end_of_burst_mib": after[0] / 1024 if after else None,
             f"rss_after_{int(settle)}s_mib": after[-1] / 1024 if after else None,
             "rss_trace_mib": [round(a / 1024, 1) for a in after]}

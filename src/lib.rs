@@ -55,3 +55,33 @@ pub mod wire;
 pub use mimalloc::MiMalloc as Allocator;
 #[cfg(not(feature = "mimalloc"))]
 pub use std::alloc::System as Allocator;
+
+/// mimalloc v3's `mi_option_purge_delay` (its index in the option enum of `libmimalloc-sys` 0.1.49,
+/// pinned; the crate names no constant for it).
+#[cfg(feature = "mimalloc")]
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Make [`Allocator`] return freed memory to the system at once (mimalloc's `purge_delay` 0 instead
+/// of 1 s), unless `MIMALLOC_PURGE_DELAY` says otherwise: after a burst of large requests pare's
+/// resident memory comes back down (BENCHMARKS.md, *Memory*). The binary calls it first thing.
+pub fn tune_allocator() {
+    #[cfg(feature = "mimalloc")]
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets one of mimalloc's integer options; safe from any thread at any time.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    }
+}
+
+#[cfg(all(test, feature = "mimalloc"))]
+mod allocator_tests {
+    /// The pinned index still names the purge delay: its documented default is 1000 ms (read
+    /// before any test could change it, the environment not setting it).
+    #[test]
+    fn the_purge_delay_option_index_is_mimallocs() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            // SAFETY: reads an option.
+            let delay = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
+            assert_eq!(delay, 1000);
+        }
+    }
+}

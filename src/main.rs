@@ -4,5 +4,6 @@
 static GLOBAL: pare::Allocator = pare::Allocator;
 
 fn main() -> std::process::ExitCode {
+    pare::tune_allocator();
     pare::cli::main()
 }
