@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Real sessions through `pare serve`, side by side with direct calls, and a burst of large sessions.
 
-Usage: benches/replay_sessions.py PARE_BINARY [--sessions DIR_OR_FILE ...] [--max-sessions N]
-                                   [--burst N] [--burst-kb KB] [--settle SECONDS] [--json]
+Usage: benches/replay_sessions.py PARE_BINARY [--small-requests N] [--sessions DIR_OR_FILE ...]
+                                   [--max-sessions N] [--burst N] [--burst-kb KB] [--burst-source FILE]
+                                   [--settle SECONDS] [--json]
 
 - replay: every request of each chosen session file (one chat body per line) is sent to a zero-delay
   stub upstream directly and through pare, the two interleaved (the order alternates), one at a time.
@@ -11,6 +12,8 @@ Usage: benches/replay_sessions.py PARE_BINARY [--sessions DIR_OR_FILE ...] [--ma
   p50/p99 for warm requests under 200 KB (the session's 2nd request on, no epoch started), for warm
   requests of 200 KB or more, for epoch requests (the `x-pare-epoch` header went up) and for first
   requests; pare's RSS idle, after the replay, and its peak (VmHWM).
+- small requests: pare's idle RSS, then N small distinct requests (the first one loads the encoding's
+  tables) with their added latency, and the RSS after.
 - burst: N distinct sessions of one ~KB request each (a long corpus request with a unique first user
   message), 8 at a time; pare's peak RSS and its RSS every second for --settle seconds after.
 
@@ -203,11 +206,26 @@ def burst(n, kb, source, pare_port, pid, settle):
             "rss_trace_mib": [round(a / 1024, 1) for a in after]}
 
 
+def small_requests(n, stub_port, pare_port, pid):
+    """N small distinct requests, direct and through pare in turn: the first one loads the encoding."""
+    direct = http.client.HTTPConnection("127.0.0.1", stub_port)
+    through = http.client.HTTPConnection("127.0.0.1", pare_port)
+    added = []
+    for i in range(n):
+        body = json.dumps({"model": "gpt-4o", "messages": [{"role": "system", "content": "You are a coding agent."},
+                                                            {"role": "user", "content": f"List the files {i}."}]}).encode()
+        t_direct, _ = post(direct, body, {"content-type": "application/json"})
+        t_pare, _ = post(through, body, {"content-type": "application/json"})
+        added.append(round((t_pare - t_direct) / 1000, 2))
+    return {"added_ms": added, "rss_after_mib": rss_kib(pid) / 1024}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
     ap.add_argument("--sessions", nargs="*", default=[])
     ap.add_argument("--max-sessions", type=int, default=20)
+    ap.add_argument("--small-requests", type=int, default=0, help="N small requests first (the first loads the tables)")
     ap.add_argument("--burst", type=int, default=0)
     ap.add_argument("--burst-kb", type=int, default=850)
     ap.add_argument("--burst-source", default=None, help="session file whose request near --burst-kb is copied")
@@ -224,6 +242,8 @@ def main():
         try:
             time.sleep(1)
             out["idle_rss_mib"] = rss_kib(proc.pid) / 1024
+            if args.small_requests:
+                out["small_requests"] = small_requests(args.small_requests, stub.server_port, port, proc.pid)
             files = session_files(args.sessions, args.max_sessions)
             if files:
                 groups, n, cpu = replay(files, stub.server_port, port, proc.pid)

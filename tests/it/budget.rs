@@ -792,7 +792,8 @@ fn over_window_is_flagged_when_the_tail_alone_does_not_fit() {
 
 #[test]
 fn session_memory_is_bounded_in_bytes() {
-    let requests = coding_session(3, 10);
+    // Long enough to start an epoch: the frozen prefix is what a session's state weighs.
+    let requests = coding_session(40, 150);
     // What one session of these requests weighs, over the caches' reservation.
     let measure = Arc::new(StateBudget::new(u64::MAX));
     let compactor = compactor_with(RESERVE_YAML, MaskEngine::new(2)).with_budget(measure.clone());
