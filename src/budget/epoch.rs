@@ -29,9 +29,9 @@ use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
 use crate::config::{Config, HistoryShare, Mode};
 use crate::exchange::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, role_of};
 use crate::wire::{Wire, WireBody, WireError};
-use crate::memory::{Holder, StateBudget};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
