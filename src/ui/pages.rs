@@ -102,9 +102,7 @@ pub fn error_page(title: &str, detail: &str) -> Markup {
 
 /// A time for people: UTC, to the second.
 fn show_time(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
-        .unwrap_or_else(|_| ms.to_string())
+    crate::cli::sessions::show_time(ms).replacen('T', " ", 1).trim_end_matches('Z').to_owned()
 }
 
 fn int(n: i64) -> String {
