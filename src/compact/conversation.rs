@@ -3,9 +3,10 @@
 //! elided together), and one [`Call`] per tool call with its result's outcome.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
 
 use rayon::prelude::*;
+use regex::Regex;
 use rustc_hash::FxHashSet;
 use serde_json::Value;
 
@@ -13,6 +14,7 @@ use super::markers::{
     CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
+use super::outline::numbered_lines;
 use crate::neutral::{Members, Message};
 
 /// What kind of unit a group is.
@@ -289,8 +291,25 @@ impl<'a> Conversation<'a> {
     pub fn fact(&self, idx: usize, name: &str) -> Option<String> {
         match name {
             "names" => Some(names_suffix(self.names(idx))),
+            "restore" => Some(self.restore(idx).map(|r| format!("; restore: {r}")).unwrap_or_default()),
             other => self.facts(idx).value(other),
         }
+    }
+
+    /// The one call that shows tool result `idx` again, when it is a view of a file: the file's
+    /// lines it showed, by [`restore_call`].
+    pub fn restore(&self, idx: usize) -> Option<String> {
+        let call = self.call_of_result[idx].map(|c| &self.calls[c])?;
+        let (path, first_line) = read_path(&call.arguments)?;
+        if path_argument(&call.arguments).is_some()
+            && !VIEW_TOOL.is_match(&call.name)
+            && !is_view_command(&call.arguments)
+        {
+            return None;
+        }
+        let lines = numbered_lines(&self.outcomes[idx].as_ref()?.text, first_line);
+        let (from, to) = (lines.first()?.0, lines.last()?.0);
+        Some(restore_call(&call.name, &call.arguments, &path, from, to))
     }
 
     /// A call-marker template filled for tool result `idx`.
@@ -422,6 +441,48 @@ pub fn path_argument(arguments: &str) -> Option<String> {
         .find_map(|k| map.get(*k).and_then(Value::as_str))
         .filter(|s| !s.is_empty() && !s.contains('\n') && s.len() < 300)
         .map(str::to_owned)
+}
+
+static READ_COMMAND: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\s*(?:cd\s+\S+\s*&&\s*)?(?:cat(?:\s+-n)?|nl(?:\s+-\w+)*|head(?:\s+-n?\s*\d+)?|sed\s+-n\s+['"]?\d+,\d+p['"]?)\s+['"]?([^\s'"|;&>]+)['"]?\s*$"#)
+        .expect("static regex")
+});
+
+static SED_RANGE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"sed\s+-n\s+['"]?(\d+),\d+p"#).expect("static regex"));
+
+/// The source file a call read, when it is one, and the line of the file its output starts at: a
+/// `sed -n 'A,Bp'` view without line numbers starts at A, so that the map's line ranges are the
+/// file's and one `sed -n` of a range brings that definition back.
+pub fn read_path(arguments: &str) -> Option<(String, usize)> {
+    if let Some(path) = path_argument(arguments) {
+        return Some((path, 1));
+    }
+    let v: Value = serde_json::from_str(arguments).ok()?;
+    let command = v.get("command").or_else(|| v.get("cmd"))?.as_str()?;
+    let path = READ_COMMAND.captures(command).map(|c| c[1].to_owned())?;
+    let first_line = SED_RANGE.captures(command).and_then(|c| c[1].parse().ok()).unwrap_or(1usize).max(1);
+    Some((path, first_line))
+}
+
+/// A tool that reads a file given its path (`read_file`, `view`, `open`, `cat`): a search or a write
+/// given a path does not show the file.
+static VIEW_TOOL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)^(?:read|view|open|cat|show)(?:_?file)?$").expect("static regex"));
+
+/// An editor tool's view subcommand (OpenHands' `str_replace_editor` with `"command": "view"`).
+fn is_view_command(arguments: &str) -> bool {
+    serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.get("command").and_then(Value::as_str) == Some("view"))
+}
+
+/// The one call that shows lines `from`–`to` of `path` again with the agent's own tool: `sed -n` for
+/// a shell command's view, the view tool with the path and range otherwise.
+pub fn restore_call(tool: &str, arguments: &str, path: &str, from: usize, to: usize) -> String {
+    if path_argument(arguments).is_some() {
+        format!("{tool} {path} lines {from}-{to}")
+    } else {
+        format!("sed -n '{from},{to}p' {path}")
+    }
 }
 
 /// The key argument as markers show it: a JSON string literal.

@@ -220,7 +220,7 @@ impl Default for StructureRule {
             max_entries: 150,
             max_depth: 2,
             template:
-                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted, read it again for details){names}]"
+                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted; {restore} restores it){names}]"
                     .into(),
         }
     }
@@ -244,7 +244,7 @@ impl Default for CollapseRule {
             enabled: true,
             min_chars: 0,
             except_tools: Vec::new(),
-            template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{names}]".into(),
+            template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{restore}{names}]".into(),
         }
     }
 }
@@ -431,7 +431,8 @@ impl Default for TierSpec {
             light_max_chars: 300,
             light_head: 5,
             light_tail: 3,
-            heavy_template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{error}{files}{names}]".into(),
+            heavy_template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{error}{files}{restore}{names}]"
+                .into(),
             heavy_text_chars: 200,
             facts_template: "[tool: {ref} → {status}]".into(),
             facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
@@ -452,6 +453,10 @@ struct TemplateCheck<'a> {
 
 const CALL_FACTS: &[&str] =
     &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names"];
+/// [`CALL_FACTS`] and `{restore}` (the call that shows a file view again): the templates a
+/// [`Conversation`](super::conversation::Conversation) renders.
+const VIEW_FACTS: &[&str] =
+    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "restore"];
 
 impl RulesSpec {
     /// Every semantic problem, each with its dotted path under `rules`.
@@ -575,12 +580,14 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.structure.template".into(),
                 text: &self.structure.template,
-                allowed: &["tool", "arg", "call", "ref", "id", "path", "lines", "chars", "language", "names"],
+                allowed: &[
+                    "tool", "arg", "call", "ref", "id", "path", "lines", "chars", "language", "names", "restore",
+                ],
             },
             TemplateCheck {
                 path: "rules.collapse_succeeded.template".into(),
                 text: &self.collapse_succeeded.template,
-                allowed: CALL_FACTS,
+                allowed: VIEW_FACTS,
             },
             TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
             TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
@@ -597,7 +604,7 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.tiers.heavy_template".into(),
                 text: &self.tiers.heavy_template,
-                allowed: CALL_FACTS,
+                allowed: VIEW_FACTS,
             },
             TemplateCheck {
                 path: "rules.tiers.facts_template".into(),

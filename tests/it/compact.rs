@@ -292,8 +292,10 @@ fn collapse_replaces_succeeded_results_and_keeps_the_call() {
     let chars = lines(12, "ok").chars().count();
     assert_eq!(
         text(&out[3]),
-        format!("[tool: read_file → ok, {chars} chars, 12 lines; files: src/config.yaml]"),
-        "the call right above says which one it answers"
+        format!(
+            "[tool: read_file → ok, {chars} chars, 12 lines; files: src/config.yaml; restore: read_file src/config.yaml lines 1-12]"
+        ),
+        "the call right above says which one it answers; the marker names the call that restores the view"
     );
     assert_eq!(out[5], msgs[5], "a failed result is kept");
     assert_eq!(report["rules"]["collapse_succeeded"]["messages"], 1);
@@ -655,12 +657,36 @@ fn large_source_reads_become_structural_maps() {
     let map = text(&out[2]);
     let n_lines = src.lines().count();
     assert!(map.starts_with(&format!("[pare: structure of src/handlers.rs ({n_lines} lines, ")), "{map}");
+    assert!(
+        map.contains(&format!("body omitted; read_file src/handlers.rs lines 1-{n_lines} restores it")),
+        "the marker names the one call that restores the view: {map}"
+    );
     assert!(map.contains("\n  3-6  pub fn handler_0(x: u32) -> u32\n"), "{map}");
     assert!(map.contains("  198-201  pub fn handler_39(x: u32) -> u32"), "{map}");
     assert!(
         text(&out[4]).starts_with("[tool: read_file → ok") && text(&out[4]).contains("; files: notes.txt"),
         "unknown languages are collapsed"
     );
+}
+
+#[test]
+fn a_shell_view_map_names_the_sed_range_that_restores_it() {
+    let mut src = String::from("import os\n\n");
+    for i in 0..60 {
+        src.push_str(&format!("def handler_{i}(x):\n    y = x + {i}\n    return y * 2\n\n"));
+    }
+    let n = src.lines().count();
+    let output = format!("<returncode>0</returncode>\n<output>\n{src}</output>");
+    let msgs = with_tail(vec![
+        user("read"),
+        call("c1", "bash", json!({"command": "sed -n '300,500p' django/app.py"})),
+        result("c1", &output),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    let map = text(&out[2]);
+    let last = 300 + n - 1;
+    assert!(map.contains(&format!("; sed -n '300,{last}p' django/app.py restores it")), "{map}");
+    assert!(map.contains("\n  302-304  def handler_0(x)\n"), "{map}");
 }
 
 #[test]

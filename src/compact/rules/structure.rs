@@ -2,38 +2,12 @@
 //! `cat`/`nl`/`head`/`sed -n` command on one file) becomes the list of its definitions with 1-based
 //! line ranges — what the model needs to navigate the file again — instead of its whole body.
 
-use std::sync::LazyLock;
-
-use regex::Regex;
-
 use super::super::Policy;
-use super::super::conversation::{Conversation, line_count, path_argument};
+use super::super::conversation::{Conversation, line_count, read_path};
 use super::super::edits::Edits;
 use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names};
 use super::super::outline::{Language, outline};
 use super::super::report::RuleId;
-
-static READ_COMMAND: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"^\s*(?:cd\s+\S+\s*&&\s*)?(?:cat(?:\s+-n)?|nl(?:\s+-\w+)*|head(?:\s+-n?\s*\d+)?|sed\s+-n\s+['"]?\d+,\d+p['"]?)\s+['"]?([^\s'"|;&>]+)['"]?\s*$"#)
-        .expect("static regex")
-});
-
-static SED_RANGE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r#"sed\s+-n\s+['"]?(\d+),\d+p"#).expect("static regex"));
-
-/// The source file a call read, when it is one, and the line of the file its output starts at: a
-/// `sed -n 'A,Bp'` view without line numbers starts at A, so that the map's line ranges are the
-/// file's and one `sed -n` of a range brings that definition back.
-fn read_path(arguments: &str) -> Option<(String, usize)> {
-    if let Some(path) = path_argument(arguments) {
-        return Some((path, 1));
-    }
-    let v: serde_json::Value = serde_json::from_str(arguments).ok()?;
-    let command = v.get("command").or_else(|| v.get("cmd"))?.as_str()?;
-    let path = READ_COMMAND.captures(command).map(|c| c[1].to_owned())?;
-    let first_line = SED_RANGE.captures(command).and_then(|c| c[1].parse().ok()).unwrap_or(1usize).max(1);
-    Some((path, first_line))
-}
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.structure;
@@ -74,6 +48,8 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
         "lines" => Some(group_digits(n_lines)),
         "chars" => Some(group_digits(n_chars)),
         "language" => Some(language.name().to_owned()),
+        // A read that is not a view call (a search tool given a path) has no exact restoring call.
+        "restore" => Some(conv.restore(idx).unwrap_or_else(|| format!("a read of {path}"))),
         _ => conv.fact(idx, name),
     });
     let map = format!("{header}\n{body}");
@@ -84,7 +60,7 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
 mod tests {
     #[test]
     fn read_commands_name_their_file() {
-        let read = |args: &str| super::read_path(args);
+        let read = |args: &str| super::super::super::conversation::read_path(args);
         let at = |path: &str, line: usize| Some((path.to_owned(), line));
         assert_eq!(read(r#"{"path":"/w/a.py","command":"view"}"#), at("/w/a.py", 1));
         assert_eq!(read(r#"{"command":"cat src/x.rs"}"#), at("src/x.rs", 1));
@@ -96,5 +72,19 @@ mod tests {
         );
         assert_eq!(read(r#"{"command":"cat a.py | grep x"}"#), None);
         assert_eq!(read(r#"{"command":"pytest"}"#), None);
+    }
+
+    #[test]
+    fn restore_calls_use_the_agents_tool() {
+        let view = r#"{"command":"view","path":"/w/a.py"}"#;
+        assert_eq!(
+            super::super::super::conversation::restore_call("str_replace_editor", view, "/w/a.py", 1, 420),
+            "str_replace_editor /w/a.py lines 1-420"
+        );
+        let sed = r#"{"command":"sed -n '420,500p' x/e.py"}"#;
+        assert_eq!(
+            super::super::super::conversation::restore_call("bash", sed, "x/e.py", 420, 500),
+            "sed -n '420,500p' x/e.py"
+        );
     }
 }
