@@ -2,8 +2,8 @@
 //! stub upstream (not a timed test: numbers are printed, never asserted).
 //!
 //! `cargo bench --bench proxy` runs pare as a separate release process (`pare serve`) and reports:
-//! added latency p50/p99 for a small and an ~850 KB chat body (direct and through-pare requests
-//! interleaved, concurrency 1), streaming time-to-first-byte added, pare's CPU time per small request
+//! added latency p50/p99 for a small and an ~850 KB chat body and the same conversation as a Responses
+//! body (direct and through-pare requests interleaved, concurrency 1), streaming time-to-first-byte added, pare's CPU time per small request
 //! (from `/proc/<pid>/stat`), and its resident memory idle and after the run (`/proc/<pid>/status`).
 //!
 //! `cargo bench --bench proxy -- load [SECONDS] [CLIENTS]` runs the load test instead: CLIENTS
@@ -339,6 +339,14 @@ async fn overhead(full: bool) {
     figures!("large body: {} bytes", large.len());
     interleaved(n_small, stub, pare.addr, |a| post(&client, a, &small)).await.report("small chat");
     interleaved(n_large, stub, pare.addr, |a| post(&client, a, &large)).await.report("850 KB chat");
+    // The same conversation as Responses API input items (instructions, function_call /
+    // function_call_output pairs), through the Responses adapter.
+    let large_responses = Bytes::from(
+        pare::wire::convert::chat_to_responses(&serde_json::from_slice(&large).unwrap()).unwrap().to_string(),
+    );
+    interleaved(n_large, stub, pare.addr, |a| post_to(&client, a, "/v1/responses", &large_responses))
+        .await
+        .report("850 KB Responses");
     interleaved(n_large, stub, pare.addr, |a| post_to(&client, a, "/v1/embeddings", &large))
         .await
         .report("850 KB, not a chat");
