@@ -19,6 +19,7 @@
 pub mod body;
 pub mod chain;
 pub mod export;
+pub mod messages_sse;
 pub mod query;
 pub mod read;
 pub mod response;
