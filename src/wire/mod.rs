@@ -15,6 +15,7 @@
 //! arm in [`parse`].
 
 pub mod convert;
+pub mod messages;
 pub mod responses;
 
 use serde_json::value::RawValue;
