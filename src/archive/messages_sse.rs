@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn an_error_event_is_kept_with_or_without_a_message() {
         let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
-        let a = assemble_sse(sse(&[overloaded.clone()]).as_bytes()).unwrap();
+        let a = assemble_sse(sse(std::slice::from_ref(&overloaded)).as_bytes()).unwrap();
         assert_eq!(a["message"], Value::Null);
         assert_eq!(a["error"]["type"], "overloaded_error");
         let b = assemble_sse(sse(&[start("msg_05"), overloaded]).as_bytes()).unwrap();
