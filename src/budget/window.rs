@@ -42,6 +42,7 @@ pub struct ModelTable {
     default_encoding: Encoding,
     default_reserve: u64,
     default_window: u64,
+    anthropic_window: u64,
 }
 
 impl ModelTable {
@@ -65,6 +66,7 @@ impl ModelTable {
             default_encoding: budget.encoding.parse().map_err(ModelTableError::DefaultEncoding)?,
             default_reserve: budget.output_reserve,
             default_window: budget.default_context_window,
+            anthropic_window: budget.anthropic_context_window,
         })
     }
 
@@ -81,6 +83,11 @@ impl ModelTable {
     /// `budget.default_context_window`.
     pub fn default_window(&self) -> u64 {
         self.default_window
+    }
+
+    /// `budget.anthropic_context_window`: the default for a Messages API request.
+    pub fn anthropic_window(&self) -> u64 {
+        self.anthropic_window
     }
 
     /// Every encoding the table can select, the default first.

@@ -210,6 +210,10 @@ impl Default for CompactionConfig {
 pub struct BudgetConfig {
     /// Window used when neither `models` nor detection gives one, in tokens.
     pub default_context_window: u64,
+    /// Window of a Messages API request (`/v1/messages`) when neither `models` nor detection gives
+    /// one: Anthropic's models take 200k tokens. Its tokens are counted with `encoding` (Anthropic's
+    /// tokenizer is not public), an estimate.
+    pub anthropic_context_window: u64,
     /// Tokens reserved for the answer when the request names no `max_tokens`.
     pub output_reserve: u64,
     /// Ask the upstream for the model's window (vLLM, llama.cpp, Ollama, LM Studio).
@@ -255,6 +259,7 @@ impl Default for BudgetConfig {
     fn default() -> Self {
         Self {
             default_context_window: 65536,
+            anthropic_context_window: 200_000,
             output_reserve: 4096,
             detect_window: true,
             // Measured on the corpus (`pare eval`, 16k window): 0.9/0.4 gives uncached prefill 1.23× raw
@@ -534,6 +539,12 @@ impl Config {
             bad(
                 "budget.default_context_window",
                 format!("{} tokens is too small (at least 1024)", b.default_context_window),
+            );
+        }
+        if b.anthropic_context_window < 1024 {
+            bad(
+                "budget.anthropic_context_window",
+                format!("{} tokens is too small (at least 1024)", b.anthropic_context_window),
             );
         }
         if b.output_reserve >= b.default_context_window {
