@@ -2,7 +2,8 @@
 //!
 //! - [`cache`]: the agent's prompt-cache plan (`cache_control` marks) and where the marks stand after
 //!   compaction.
-//! - [`chat`]: a Messages conversation as chat messages, for export.
+//! - [`convert`]: a Messages conversation as chat messages (for export), and a chat request as the
+//!   Messages request Claude Code would have sent (for tests and evaluation).
 
 pub mod cache;
-pub mod chat;
+pub mod convert;
