@@ -44,7 +44,7 @@ pub fn chat_to_messages(chat: &Value) -> Option<Value> {
     out.insert("max_tokens".to_owned(), max_tokens.unwrap_or_else(|| json!(8192)));
     let ephemeral = json!({"type": "ephemeral"});
     let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
-    let mut push = |role: &'static str, block: Value, turns: &mut Vec<(&str, Vec<Value>)>| match turns.last_mut() {
+    let push = |role: &'static str, block: Value, turns: &mut Vec<(&str, Vec<Value>)>| match turns.last_mut() {
         Some((last, blocks)) if *last == role => blocks.push(block),
         _ => turns.push((role, vec![block])),
     };
