@@ -29,7 +29,10 @@ use serde_json::{Map, Value, json};
 /// - the last block of the last user turn carries `cache_control`: with the system's, Claude Code's
 ///   breakpoints;
 /// - chat tools become `{name, description, input_schema}`; `model`, `stream`, `temperature`,
-///   `max_tokens` (else `max_completion_tokens`, else 8192: the API requires it) are kept.
+///   `max_tokens` (else `max_completion_tokens`) are kept. A chat request without a limit gives a
+///   Messages request without `max_tokens`, which the API would refuse: pare then reserves
+///   `budget.output_reserve` for the answer, as for the chat request, so that both are compacted
+///   against the same usable window.
 ///
 /// `None` when `chat` has no `messages` array.
 pub fn chat_to_messages(chat: &Value) -> Option<Value> {
@@ -40,8 +43,9 @@ pub fn chat_to_messages(chat: &Value) -> Option<Value> {
             out.insert(key.to_owned(), v.clone());
         }
     }
-    let max_tokens = chat.get("max_tokens").or_else(|| chat.get("max_completion_tokens")).cloned();
-    out.insert("max_tokens".to_owned(), max_tokens.unwrap_or_else(|| json!(8192)));
+    if let Some(max_tokens) = chat.get("max_tokens").or_else(|| chat.get("max_completion_tokens")) {
+        out.insert("max_tokens".to_owned(), max_tokens.clone());
+    }
     let ephemeral = json!({"type": "ephemeral"});
     let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
     let push = |role: &'static str, block: Value, turns: &mut Vec<(&str, Vec<Value>)>| match turns.last_mut() {
@@ -169,6 +173,31 @@ pub fn to_chat(body: &Value, answer: Option<&Value>) -> Vec<Value> {
     out
 }
 
+/// The assistant message the API returned (`{"role": "assistant", "content": [...]}`) as a chat message.
+pub fn answer_to_chat(message: &Value) -> Value {
+    assistant(message.get("content"))
+}
+
+/// Messages tool definitions (`{name, description, input_schema}`) as chat tools; server tools
+/// (`{type: "web_search_…", …}`, no `input_schema`) are left out.
+pub fn tools_to_chat(tools: &Value) -> Value {
+    let tools = tools.as_array().map(Vec::as_slice).unwrap_or_default();
+    let chat: Vec<Value> = tools
+        .iter()
+        .filter(|t| t.get("input_schema").is_some())
+        .map(|t| {
+            let mut function = Map::new();
+            function.insert("name".into(), t.get("name").cloned().unwrap_or(Value::Null));
+            if let Some(description) = t.get("description") {
+                function.insert("description".into(), description.clone());
+            }
+            function.insert("parameters".into(), t["input_schema"].clone());
+            json!({"type": "function", "function": Value::Object(function)})
+        })
+        .collect();
+    Value::Array(chat)
+}
+
 /// The text of a content value: a string as is, text blocks joined with newlines, other blocks left out.
 pub fn text_of(content: &Value) -> String {
     match content {
@@ -260,6 +289,7 @@ mod tests {
             ],
         });
         let answer = json!({"role": "assistant", "content": [{"type": "text", "text": "Fixed."}]});
+        assert_eq!(answer_to_chat(&answer), json!({"role": "assistant", "content": "Fixed."}));
         assert_eq!(
             to_chat(&body, Some(&answer)),
             vec![
@@ -314,6 +344,8 @@ mod tests {
         assert_eq!(results[0], json!({"type": "tool_result", "tool_use_id": "c1", "content": "a.rs"}));
         assert_eq!(results[1]["content"], "ok");
         assert_eq!(results[2], json!({"type": "text", "text": "and now?", "cache_control": {"type": "ephemeral"}}));
+        assert_eq!(tools_to_chat(&m["tools"]), chat["tools"]);
+        assert_eq!(tools_to_chat(&json!([{"type": "web_search_20250305", "name": "web_search"}])), json!([]));
         // Back to chat: the same conversation, thinking left out.
         let back = to_chat(&m, None);
         assert_eq!(back.len(), 7);
