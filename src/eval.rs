@@ -198,8 +198,9 @@ pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
 pub struct EvalInput {
     /// The wire format of the session files' request bodies (after `convert`).
     pub wire: Wire,
-    /// The files hold chat requests: convert each session to Responses requests
-    /// ([`crate::wire::convert::chat_session_to_responses`]) before evaluating.
+    /// The files hold chat requests: convert each session to requests of `wire` (Responses:
+    /// [`crate::wire::convert::chat_session_to_responses`], Messages:
+    /// [`crate::wire::messages::convert::chat_session_to_messages`]) before evaluating.
     pub convert_chat: bool,
 }
 
@@ -233,7 +234,12 @@ pub fn evaluate_sessions(
                 let read = std::fs::read(path).map_err(|source| EvalError::Io { path: path.clone(), source })?;
                 text = match input.convert_chat {
                     true => {
-                        crate::wire::convert::chat_session_to_responses(&String::from_utf8_lossy(&read)).into_bytes()
+                        let chat = String::from_utf8_lossy(&read);
+                        match input.wire {
+                            Wire::Messages => crate::wire::messages::convert::chat_session_to_messages(&chat),
+                            _ => crate::wire::convert::chat_session_to_responses(&chat),
+                        }
+                        .into_bytes()
                     }
                     false => read,
                 };

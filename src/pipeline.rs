@@ -183,7 +183,7 @@ impl Pipeline {
             }
             Ok(body) => {
                 let window = match &self.windows {
-                    Some(windows) => Some(windows.window(model.as_deref()).await),
+                    Some(windows) => Some(windows.window_for(wire, model.as_deref()).await),
                     None => None,
                 };
                 let messages = messages.as_deref().unwrap_or_default();

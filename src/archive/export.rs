@@ -37,6 +37,7 @@ use super::ArchiveError;
 use super::query::{ArchiveReader, SessionFilter};
 use super::read::BodyKind;
 use crate::session::{chain_key, content_text, message_key_value, prefix_keys};
+use crate::wire::messages;
 use crate::wire::responses::ResponsesBody;
 use crate::wire::{Wire, WireBody};
 
@@ -124,6 +125,7 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
             let raw = reader.body(&info.id, ex.seq, BodyKind::Raw)?;
             let (messages, tools) = match Wire::of_path(&ex.path) {
                 Some(Wire::Responses) => responses_as_chat(&raw),
+                Some(Wire::Messages) => messages_as_chat(&raw),
                 _ => {
                     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
                     let messages = body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -133,13 +135,24 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
             let tools = tools.filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
             let answer = reader.response(&info.id, ex.seq)?.and_then(|r| {
                 let ok = !r.partial && r.status.is_none_or(|s| (200..300).contains(&s));
-                ok.then(|| r.assembled.and_then(|a| a.get("message").cloned())).flatten()
+                let message = ok.then(|| r.assembled.and_then(|a| a.get("message").cloned())).flatten();
+                match Wire::of_path(&ex.path) {
+                    Some(Wire::Messages) => message.map(|m| messages::convert::answer_to_chat(&m)),
+                    _ => message,
+                }
             });
             exchanges.push(ExchangeData { seq: ex.seq, messages, tools, answer });
         }
         out.push(SessionData { id: info.id, exchanges });
     }
     Ok(out)
+}
+
+/// A Messages request as chat messages and chat tools (see [`messages::convert::to_chat`]).
+fn messages_as_chat(raw: &[u8]) -> (Vec<Value>, Option<Value>) {
+    let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    let tools = body.get("tools").map(messages::convert::tools_to_chat);
+    (messages::convert::to_chat(&body, None), tools)
 }
 
 /// A Responses request as chat messages and chat tools: its neutral messages (instructions as the

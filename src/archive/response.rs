@@ -216,6 +216,7 @@ impl ArchiveSink {
         match self.wire {
             Wire::Chat => assemble(&self.body, self.stream),
             Wire::Responses => super::responses_sse::assemble(&self.body, self.stream),
+            Wire::Messages => super::messages_sse::assemble(&self.body, self.stream),
         }
     }
 
@@ -230,6 +231,7 @@ impl ArchiveSink {
         let messages: Option<Vec<Value>> = self.assembled.as_ref().filter(|_| ok).and_then(|a| match self.wire {
             Wire::Chat => a.get("message").map(|m| vec![m.clone()]),
             Wire::Responses => a.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()).cloned(),
+            Wire::Messages => a.get("message").and_then(crate::wire::messages::neutral_answer).map(|m| vec![m]),
         });
         let key = match messages {
             Some(m) => self.tracker.answered_with(&self.session, self.key_req, &m),
@@ -257,7 +259,12 @@ impl ResponseSink for ArchiveSink {
             self.truncated = true;
         }
         self.body.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if self.stream && self.wire == Wire::Chat && self.registered.is_none() && memchr_done(bytes) {
+        let done = match self.wire {
+            Wire::Chat => memchr_done(bytes),
+            Wire::Messages => super::messages_sse::saw_stop(bytes),
+            Wire::Responses => false,
+        };
+        if self.stream && self.registered.is_none() && done {
             self.register();
         }
     }

@@ -264,7 +264,7 @@ impl SessionCompactor {
     /// The window and answer reserve pare applies to `body` (`window` overrides config and default).
     pub fn window_and_reserve(&self, body: &dyn WireBody, window: Option<u64>) -> (u64, u64) {
         let settings = self.table.settings(body.model().as_deref());
-        let window = window.or(settings.context_window).unwrap_or(self.table.default_window());
+        let window = window.or(settings.context_window).unwrap_or(self.table.default_window_for(body.wire()));
         (window, answer_reserve(body.output_limit(), settings.output_reserve, window))
     }
 

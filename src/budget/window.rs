@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::tokens::{Encoding, UnknownEncoding};
 use crate::config::{BudgetConfig, Config, ModelConfig};
+use crate::wire::Wire;
 
 /// A `models:` entry that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -85,9 +86,13 @@ impl ModelTable {
         self.default_window
     }
 
-    /// `budget.anthropic_context_window`: the default for a Messages API request.
-    pub fn anthropic_window(&self) -> u64 {
-        self.anthropic_window
+    /// The window of a request of format `wire` when neither `models:` nor detection gives one:
+    /// `budget.anthropic_context_window` for the Messages API, else `budget.default_context_window`.
+    pub fn default_window_for(&self, wire: Wire) -> u64 {
+        match wire {
+            Wire::Messages => self.anthropic_window,
+            Wire::Chat | Wire::Responses => self.default_window,
+        }
     }
 
     /// Every encoding the table can select, the default first.
@@ -154,6 +159,12 @@ impl WindowResolver {
 
     /// The context window of `model`: config, else detected, else `budget.default_context_window`.
     pub async fn window(&self, model: Option<&str>) -> u64 {
+        self.window_for(Wire::Chat, model).await
+    }
+
+    /// The context window of `model` in a request of format `wire`: config, else detected, else the
+    /// default for the format ([`ModelTable::default_window_for`]).
+    pub async fn window_for(&self, wire: Wire, model: Option<&str>) -> u64 {
         if let Some(window) = self.table.settings(model).context_window {
             return window;
         }
@@ -162,7 +173,7 @@ impl WindowResolver {
         {
             return window;
         }
-        self.table.default_window()
+        self.table.default_window_for(wire)
     }
 
     /// The window the upstream reports for `model`, through the cache.

@@ -17,7 +17,11 @@ pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Arc::new(Engine::from_config(&config)?);
     let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
-    let wire = if args.convert { Wire::Responses } else { args.wire };
+    // `--convert` alone converts to Responses, the first format it served.
+    let wire = match (args.convert, args.wire) {
+        (true, Wire::Chat) => Wire::Responses,
+        (_, wire) => wire,
+    };
     if args.strategy != Strategy::Pare && wire != Wire::Chat {
         anyhow::bail!("--strategy {} reads Chat Completions sessions only (--wire chat)", args.strategy);
     }

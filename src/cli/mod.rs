@@ -126,7 +126,8 @@ pub struct CompactArgs {
     /// Print to stderr, per changed message, before → after.
     #[arg(long)]
     pub diff: bool,
-    /// Wire format of the request bodies: `chat` (Chat Completions) or `responses` (OpenAI Responses).
+    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses) or
+    /// `messages` (Anthropic Messages).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
     /// Request body file, or `-` for stdin.
@@ -145,7 +146,8 @@ pub struct ReplayArgs {
     /// Compaction mode (default `compaction.mode` from the config).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// Wire format of the request bodies: `chat` (Chat Completions) or `responses` (OpenAI Responses).
+    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses) or
+    /// `messages` (Anthropic Messages).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
     /// Session file: one request body per line.
@@ -166,11 +168,12 @@ pub struct EvalArgs {
     /// Print the per-session and total figures as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Wire format of the sessions: `chat`, or `responses` (files of Responses bodies; with
-    /// `--convert`, chat sessions converted to Responses bodies first).
+    /// Wire format of the sessions: `chat`, `responses` or `messages` (files of request bodies in that
+    /// format; with `--convert`, chat sessions converted to that format first).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
-    /// Read each chat session and convert it to Responses bodies before evaluating (`--wire responses`).
+    /// Read each chat session and convert it to `--wire`'s bodies before evaluating (Responses when
+    /// `--wire` is not given).
     #[arg(long)]
     pub convert: bool,
     /// What forwards the requests: pare, or a peer's strategy (mask:N, clear:K@F, truncate).

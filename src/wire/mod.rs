@@ -10,6 +10,7 @@
 //! - [`ChatBody`] (this file): Chat Completions. Its `messages` are already the neutral form, so the
 //!   adapter copies nothing; the body's split is the fast scan of `neutral::scan`.
 //! - [`responses`]: the OpenAI Responses API (`input` items, `instructions`).
+//! - [`messages`]: the Anthropic Messages API (`system`, `messages` turns of content blocks).
 //!
 //! A new format is one file with a type implementing [`WireBody`], a variant of [`Wire`] and its
 //! arm in [`parse`].
@@ -31,17 +32,20 @@ pub enum Wire {
     Chat,
     /// OpenAI Responses (`…/responses`, `instructions` + `input` items).
     Responses,
+    /// Anthropic Messages (`…/v1/messages`, `system` + `messages` turns of content blocks).
+    Messages,
 }
 
 impl Wire {
     /// Every format, in [`Wire::name`] order.
-    pub const ALL: [Wire; 2] = [Wire::Chat, Wire::Responses];
+    pub const ALL: [Wire; 3] = [Wire::Chat, Wire::Responses, Wire::Messages];
 
     /// The name used in headers, metrics labels and the command line.
     pub fn name(self) -> &'static str {
         match self {
             Wire::Chat => "chat",
             Wire::Responses => "responses",
+            Wire::Messages => "messages",
         }
     }
 
@@ -52,6 +56,8 @@ impl Wire {
             Some(Wire::Chat)
         } else if path.ends_with("/responses") {
             Some(Wire::Responses)
+        } else if path.ends_with("/v1/messages") {
+            Some(Wire::Messages)
         } else {
             None
         }
@@ -87,6 +93,7 @@ pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireErr
     Ok(match wire {
         Wire::Chat => Box::new(ChatBody::parse(bytes)?),
         Wire::Responses => Box::new(responses::ResponsesBody::parse(bytes)?),
+        Wire::Messages => Box::new(messages::MessagesBody::parse(bytes)?),
     })
 }
 

@@ -1,9 +1,748 @@
-//! The Anthropic Messages API (`POST …/v1/messages`: Claude Code, the `anthropic` SDKs) as pare reads it.
+//! The Anthropic Messages API (`POST …/v1/messages`: Claude Code, the `anthropic` SDKs) as a wire
+//! adapter.
 //!
-//! - [`cache`]: the agent's prompt-cache plan (`cache_control` marks) and where the marks stand after
-//!   compaction.
-//! - [`convert`]: a Messages conversation as chat messages (for export), and a chat request as the
-//!   Messages request Claude Code would have sent (for tests and evaluation).
+//! A request is `system` (a string or text blocks: the system prompt) and `messages`: turns that
+//! alternate `user` and `assistant`, each with `content` as a string or a list of blocks. The
+//! adapter reads the turns into neutral messages:
+//!
+//! | turn or block | neutral message |
+//! |---|---|
+//! | `system` | the first `system` message (never touched: written back as its bytes) |
+//! | a user turn's `tool_result` blocks | one `tool` message each (`tool_call_id` = `tool_use_id`, `content` the result's) |
+//! | a user turn's other blocks (`text`, `image`, `document`, …) or its string content | one `user` message: what the person wrote, never touched |
+//! | an assistant turn | one `assistant` message: `text` blocks as content parts, `tool_use` blocks as `tool_calls` (`arguments` = the JSON text of `input`) |
+//! | `thinking`, `redacted_thinking`, `server_tool_use`, `web_search_tool_result`, unknown blocks in an assistant turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
+//! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
+//!
+//! `cache_control` marks are left out of the neutral form (Claude Code moves its last mark to the
+//! newest turn on every request: the conversation it marks is the same) and written back where the
+//! agent's request has them ([`cache`] decides where a mark of an elided block goes).
+//!
+//! Writing back maps each forwarded neutral message to its blocks: one the engine left alone is its
+//! turn's original bytes; a rewritten tool result is its `tool_result` block with `content`
+//! replaced (`is_error`, `cache_control` and every other key kept); a rewritten call turn is its
+//! blocks with each `tool_use`'s `input` replaced (still an object with the same keys) and every
+//! thinking and unknown block kept byte for byte; an elision marker becomes an assistant turn with
+//! its text. A turn whose neutral messages are all gone is left out; a user turn keeps what the
+//! person wrote even when its results go. The result is checked ([`check_turns`]): every `tool_use`
+//! is answered by a `tool_result` in the next user turn, no result lacks its call, at most 4 marks;
+//! otherwise the original body is forwarded.
 
 pub mod cache;
 pub mod convert;
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::{ChatBody, Spans, Wire, WireBody, WireError};
+use crate::neutral::{Content, Message, push_json_string, raw_members};
+use cache::{Fate, Place};
+
+/// What a content block is to the adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    ToolUse,
+    ToolResult,
+    /// `thinking` / `redacted_thinking`: signed, never altered, never marked.
+    Thinking,
+    /// Images, documents, server tool blocks, unknown types.
+    Other,
+}
+
+/// The keys of a block the adapter reads; everything else stays in the block's bytes.
+#[derive(Deserialize, Default)]
+struct BlockHead<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
+}
+
+/// One content block, read.
+#[derive(Debug)]
+struct Block<'a> {
+    raw: &'a str,
+    kind: Kind,
+    /// A `tool_use`'s `id`, a `tool_result`'s `tool_use_id`.
+    id: String,
+    name: String,
+    input: Option<&'a str>,
+    content: Option<&'a str>,
+    /// The block carries its own `cache_control`.
+    marked: bool,
+}
+
+impl<'a> Block<'a> {
+    fn read(raw: &'a str) -> Block<'a> {
+        let head = serde_json::from_str::<BlockHead<'a>>(raw).ok();
+        let head = head.unwrap_or_default();
+        let kind = match head.kind.as_deref().unwrap_or("") {
+            "text" => Kind::Text,
+            "tool_use" if head.id.is_some() && head.input.is_some_and(|i| i.get().starts_with('{')) => Kind::ToolUse,
+            "tool_result" if head.tool_use_id.is_some() => Kind::ToolResult,
+            "thinking" | "redacted_thinking" => Kind::Thinking,
+            _ => Kind::Other,
+        };
+        let id = head.id.as_deref().or(head.tool_use_id.as_deref()).unwrap_or("").to_owned();
+        Block {
+            raw,
+            kind,
+            id,
+            name: head.name.as_deref().unwrap_or("").to_owned(),
+            input: head.input.map(RawValue::get),
+            content: head.content.map(RawValue::get),
+            marked: head.cache_control.is_some_and(|c| c.get() != "null"),
+        }
+    }
+}
+
+/// The keys of a turn the adapter reads.
+#[derive(Deserialize)]
+struct TurnHead<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow)]
+    content: &'a RawValue,
+}
+
+/// One turn of `messages`, read.
+#[derive(Debug)]
+struct Turn<'a> {
+    raw: &'a str,
+    /// `user` or `assistant`; any other turn is opaque.
+    role: String,
+    /// The content as sent (a string or an array).
+    content: &'a str,
+    /// The blocks, when the content is an array (empty for a string or an opaque turn).
+    blocks: Vec<Block<'a>>,
+    opaque: bool,
+}
+
+impl<'a> Turn<'a> {
+    fn read(raw: &'a str) -> Turn<'a> {
+        let opaque = || Turn { raw, role: String::new(), content: "", blocks: Vec::new(), opaque: true };
+        let Ok(head) = serde_json::from_str::<TurnHead<'a>>(raw) else { return opaque() };
+        if !matches!(head.role.as_ref(), "user" | "assistant") {
+            return opaque();
+        }
+        let content = head.content.get();
+        let blocks = if content.starts_with('[') {
+            match serde_json::from_str::<Vec<&'a RawValue>>(content) {
+                Ok(list) => list.into_iter().map(|b| Block::read(b.get())).collect(),
+                Err(_) => return opaque(),
+            }
+        } else if content.starts_with('"') {
+            Vec::new()
+        } else {
+            return opaque();
+        };
+        Turn { raw, role: head.role.into_owned(), content, blocks, opaque: false }
+    }
+
+    /// The turn is one unit that is kept or goes whole: opaque, a string content, or no blocks.
+    fn is_whole(&self) -> bool {
+        self.opaque || self.blocks.is_empty()
+    }
+
+    /// Blocks of the turn for the cache plan (a whole turn counts as one).
+    fn n_blocks(&self) -> usize {
+        if self.is_whole() { 1 } else { self.blocks.len() }
+    }
+}
+
+/// What one neutral message stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Unit {
+    /// The whole turn: an assistant turn, a user turn with string content, an opaque turn.
+    Turn(usize),
+    /// One `tool_result` block of a user turn.
+    Result { turn: usize, block: usize },
+    /// A user turn's blocks other than its results: what the person wrote.
+    UserBlocks(usize),
+}
+
+impl Unit {
+    fn turn(self) -> usize {
+        match self {
+            Unit::Turn(t) | Unit::UserBlocks(t) | Unit::Result { turn: t, .. } => t,
+        }
+    }
+}
+
+/// A Messages request body read into the neutral view.
+#[derive(Debug)]
+pub struct MessagesBody<'a> {
+    /// The top level, split around `messages` (its elements are the raw turns).
+    body: ChatBody<'a>,
+    turns: Vec<Turn<'a>>,
+    /// The neutral messages: the system prompt first when the request has one, then the turns'.
+    neutral: Vec<String>,
+    has_system: bool,
+    /// What each neutral message after the system prompt stands for.
+    units: Vec<Unit>,
+}
+
+impl<'a> MessagesBody<'a> {
+    /// Parse a Messages request. Fails when the body is not a JSON object with a `messages` list.
+    pub fn parse(bytes: &'a [u8]) -> Result<MessagesBody<'a>, WireError> {
+        let body = ChatBody::parse_keyed(bytes, "messages")?;
+        let mut out = MessagesBody {
+            turns: Vec::with_capacity(body.messages.len()),
+            body,
+            neutral: Vec::new(),
+            has_system: false,
+            units: Vec::new(),
+        };
+        if let Some(system) = out.body.field("system").map(RawValue::get).filter(|s| *s != "null") {
+            let mut message = String::from(r#"{"role":"system","content":"#);
+            message.push_str(&unmarked(system));
+            message.push('}');
+            out.neutral.push(message);
+            out.has_system = true;
+        }
+        out.turns = out.body.messages.iter().map(|raw| Turn::read(raw)).collect();
+        for (t, turn) in out.turns.iter().enumerate() {
+            if turn.opaque {
+                out.neutral.push(opaque(turn.raw));
+                out.units.push(Unit::Turn(t));
+            } else if turn.is_whole() {
+                out.neutral.push(text_message(&turn.role, turn.content));
+                out.units.push(Unit::Turn(t));
+            } else if turn.role == "assistant" {
+                out.neutral.push(assistant_message(&turn.blocks));
+                out.units.push(Unit::Turn(t));
+            } else {
+                for (b, block) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
+                    out.neutral.push(result_message(block));
+                    out.units.push(Unit::Result { turn: t, block: b });
+                }
+                let written: Vec<&Block<'_>> = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
+                if !written.is_empty() || turn.blocks.is_empty() {
+                    out.neutral.push(user_blocks_message(&written));
+                    out.units.push(Unit::UserBlocks(t));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn first_turn_message(&self) -> usize {
+        usize::from(self.has_system)
+    }
+}
+
+/// A content value (a string, or an array of blocks) without `cache_control` marks, as JSON text.
+fn unmarked(content: &str) -> String {
+    if !content.contains("\"cache_control\"") {
+        return content.to_owned();
+    }
+    match serde_json::from_str::<Value>(content) {
+        Ok(mut value) => {
+            strip_marks(&mut value);
+            value.to_string()
+        }
+        Err(_) => content.to_owned(),
+    }
+}
+
+fn strip_marks(value: &mut Value) {
+    if let Value::Array(blocks) = value {
+        for block in blocks {
+            if let Value::Object(map) = block {
+                map.shift_remove("cache_control");
+                if let Some(inner) = map.get_mut("content") {
+                    strip_marks(inner);
+                }
+            }
+        }
+    }
+}
+
+fn text_message(role: &str, content: &str) -> String {
+    let mut out = String::from(r#"{"role":"#);
+    push_json_string(&mut out, role);
+    out.push_str(r#","content":"#);
+    out.push_str(content);
+    out.push('}');
+    out
+}
+
+fn result_message(block: &Block<'_>) -> String {
+    let mut out = String::from(r#"{"role":"tool","tool_call_id":"#);
+    push_json_string(&mut out, &block.id);
+    out.push_str(r#","content":"#);
+    out.push_str(&block.content.map_or_else(|| "\"\"".to_owned(), unmarked));
+    out.push('}');
+    out
+}
+
+fn user_blocks_message(blocks: &[&Block<'_>]) -> String {
+    let list: Vec<&str> = blocks.iter().map(|b| b.raw).collect();
+    text_message("user", &unmarked(&format!("[{}]", list.join(","))))
+}
+
+fn assistant_message(blocks: &[Block<'_>]) -> String {
+    let texts: Vec<&str> = blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw).collect();
+    let mut out = String::from(r#"{"role":"assistant","content":"#);
+    if texts.is_empty() {
+        out.push_str("null");
+    } else {
+        out.push_str(&unmarked(&format!("[{}]", texts.join(","))));
+    }
+    let calls: Vec<&Block<'_>> = blocks.iter().filter(|b| b.kind == Kind::ToolUse).collect();
+    if !calls.is_empty() {
+        out.push_str(r#","tool_calls":["#);
+        for (n, call) in calls.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(r#"{"id":"#);
+            push_json_string(&mut out, &call.id);
+            out.push_str(r#","type":"function","function":{"name":"#);
+            push_json_string(&mut out, &call.name);
+            out.push_str(r#","arguments":"#);
+            push_json_string(&mut out, call.input.unwrap_or("{}"));
+            out.push_str("}}");
+        }
+        out.push(']');
+    }
+    out.push('}');
+    out
+}
+
+/// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).
+fn opaque(raw: &str) -> String {
+    let mut out = String::from(r#"{"role":"opaque","content":"#);
+    push_json_string(&mut out, raw);
+    out.push('}');
+    out
+}
+
+impl WireBody for MessagesBody<'_> {
+    fn wire(&self) -> Wire {
+        Wire::Messages
+    }
+    fn messages(&self) -> Vec<&str> {
+        self.neutral.iter().map(String::as_str).collect()
+    }
+    fn tools(&self) -> Option<&str> {
+        self.body.field("tools").map(|t| t.get()).filter(|t| *t != "null")
+    }
+    fn model(&self) -> Option<String> {
+        self.body.model()
+    }
+    fn stream(&self) -> bool {
+        self.body.field("stream").is_some_and(|v| v.get().trim() == "true")
+    }
+    fn output_limit(&self) -> Option<u64> {
+        self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    }
+    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(messages)?;
+        // A request that was already invalid goes as the agent sent it, when nothing changed.
+        let unchanged = turns.len() == self.body.messages.len()
+            && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
+        if unchanged {
+            return Ok(self.body.to_vec_and_spans_keeping_array());
+        }
+        check_turns(&turns).map_err(WireError::Invalid)?;
+        Ok(self.body.to_vec_and_spans(&turns))
+    }
+    fn spans_in(&self, body: &[u8]) -> Option<Spans> {
+        self.body.spans_in(body)
+    }
+    fn check(&self) -> Result<(), String> {
+        check_turns(&self.body.messages)
+    }
+}
+
+/// One forwarded neutral message, traced back to what it stands for.
+enum Forwarded {
+    /// Left alone by the engine.
+    Kept(Unit),
+    /// Rewritten by the engine (a shorter result, shorter arguments).
+    Rewritten(Unit, Message),
+    /// Written by the engine (an elision marker).
+    New(Message),
+}
+
+impl MessagesBody<'_> {
+    /// Trace each forwarded neutral message to its unit.
+    fn trace(&self, messages: &[String]) -> Result<Vec<Forwarded>, WireError> {
+        let first = self.first_turn_message();
+        if self.has_system && messages.first() != self.neutral.first() {
+            return Err(WireError::Invalid("the system prompt was changed".into()));
+        }
+        let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (idx, text) in self.neutral.iter().enumerate().skip(first) {
+            by_text.entry(text.as_str()).or_default().push(idx - first);
+        }
+        let mut by_call: HashMap<(&str, bool), usize> = HashMap::new();
+        for (n, unit) in self.units.iter().enumerate() {
+            match *unit {
+                Unit::Result { turn, block } => {
+                    by_call.entry((self.turns[turn].blocks[block].id.as_str(), true)).or_insert(n);
+                }
+                Unit::Turn(turn) => {
+                    for block in self.turns[turn].blocks.iter().filter(|b| b.kind == Kind::ToolUse) {
+                        by_call.entry((block.id.as_str(), false)).or_insert(n);
+                    }
+                }
+                Unit::UserBlocks(_) => {}
+            }
+        }
+        let mut out = Vec::with_capacity(messages.len());
+        let mut cursor = 0;
+        for text in &messages[first..] {
+            if let Some(n) = by_text.get(text.as_str()).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+                out.push(Forwarded::Kept(self.units[n]));
+                cursor = n + 1;
+                continue;
+            }
+            let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+            let paired = match message.role.as_str() {
+                "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
+                "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
+                _ => None,
+            };
+            match paired.and_then(|key| by_call.get(&key).copied()).filter(|&n| n >= cursor) {
+                Some(n) => {
+                    out.push(Forwarded::Rewritten(self.units[n], message));
+                    cursor = n + 1;
+                }
+                None => out.push(Forwarded::New(message)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The turns standing for the forwarded neutral `messages`, with the agent's cache marks placed.
+    fn turns_for(&self, messages: &[String]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = self.trace(messages)?;
+        // Per original turn: which of its units survive, and how.
+        let mut kept_units: HashSet<Unit> = HashSet::new();
+        let mut rewrites: HashMap<Unit, &Message> = HashMap::new();
+        for f in &traced {
+            match f {
+                Forwarded::Kept(unit) => {
+                    kept_units.insert(*unit);
+                }
+                Forwarded::Rewritten(unit, message) => {
+                    rewrites.insert(*unit, message);
+                }
+                Forwarded::New(_) => {}
+            }
+        }
+        let mut fates: Vec<Vec<Fate>> = self.turns.iter().map(|t| vec![Fate::Elided; t.n_blocks()]).collect();
+        // The blocks of each surviving turn, as (original block index or None for new, text).
+        let mut written: Vec<(Option<usize>, Vec<(Option<usize>, Cow<'_, str>)>)> = Vec::new();
+        let mut seen_turn: Option<usize> = None;
+        for f in &traced {
+            let unit = match f {
+                Forwarded::Kept(unit) | Forwarded::Rewritten(unit, _) => *unit,
+                Forwarded::New(message) => {
+                    written.push((None, vec![(None, Cow::Owned(new_turn(message)?))]));
+                    seen_turn = None;
+                    continue;
+                }
+            };
+            let t = unit.turn();
+            if seen_turn == Some(t) {
+                continue;
+            }
+            seen_turn = Some(t);
+            let turn = &self.turns[t];
+            if turn.is_whole() {
+                fates[t][0] = Fate::Kept;
+                written.push((Some(t), vec![(None, Cow::Borrowed(turn.raw))]));
+                continue;
+            }
+            let mut blocks = Vec::with_capacity(turn.blocks.len());
+            // A changed assistant text goes to the turn's first text block; its other text blocks go.
+            let mut new_text = match rewrites.get(&Unit::Turn(t)) {
+                Some(message) if turn.role == "assistant" => changed_text(turn, message),
+                _ => None,
+            };
+            let text_changed = new_text.is_some();
+            for (b, block) in turn.blocks.iter().enumerate() {
+                let unit = match (turn.role.as_str(), block.kind) {
+                    ("assistant", _) => Unit::Turn(t),
+                    (_, Kind::ToolResult) => Unit::Result { turn: t, block: b },
+                    _ => Unit::UserBlocks(t),
+                };
+                if kept_units.contains(&unit) {
+                    fates[t][b] = Fate::Kept;
+                    blocks.push((Some(b), Cow::Borrowed(block.raw)));
+                } else if let Some(message) = rewrites.get(&unit) {
+                    let rewritten = match block.kind {
+                        Kind::Text if text_changed => match new_text.take() {
+                            Some(text) if !text.is_empty() => Some(
+                                replace_member(block.raw, "text", &json_string(&text))
+                                    .ok_or_else(|| WireError::Invalid("a text block cannot be rewritten".into()))?,
+                            ),
+                            _ => None,
+                        },
+                        _ => rewrite_block(block, message)?,
+                    };
+                    match rewritten {
+                        Some(text) if text == block.raw => {
+                            fates[t][b] = Fate::Kept;
+                            blocks.push((Some(b), Cow::Borrowed(block.raw)));
+                        }
+                        Some(text) => {
+                            fates[t][b] = Fate::Rewritten;
+                            blocks.push((Some(b), Cow::Owned(text)));
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if !blocks.is_empty() {
+                written.push((Some(t), blocks));
+            }
+        }
+        self.place_marks(&fates, &mut written)?;
+        written
+            .into_iter()
+            .map(|(t, blocks)| match t {
+                None => Ok(blocks.into_iter().next().expect("a new turn is one text").1),
+                Some(t) => {
+                    let turn = &self.turns[t];
+                    let all_borrowed = blocks.iter().all(|(_, text)| matches!(text, Cow::Borrowed(_)));
+                    if turn.is_whole() || (all_borrowed && blocks.len() == turn.blocks.len()) {
+                        return Ok(Cow::Borrowed(turn.raw));
+                    }
+                    let list: Vec<&str> = blocks.iter().map(|(_, text)| text.as_ref()).collect();
+                    replace_member(turn.raw, "content", &format!("[{}]", list.join(",")))
+                        .map(Cow::Owned)
+                        .ok_or_else(|| WireError::Invalid(format!("turn {t} cannot be rewritten")))
+                }
+            })
+            .collect()
+    }
+
+    /// Move the marks of elided blocks (see [`cache::placement`]); a rewritten result whose content
+    /// carried a mark inside takes it on the block itself.
+    fn place_marks(
+        &self,
+        fates: &[Vec<Fate>],
+        written: &mut [(Option<usize>, Vec<(Option<usize>, Cow<'_, str>)>)],
+    ) -> Result<(), WireError> {
+        let marks = self.marks();
+        let may_carry = |t: usize, b: usize| {
+            let turn = &self.turns[t];
+            turn.blocks.get(b).is_some_and(|block| match turn.role.as_str() {
+                "assistant" => matches!(block.kind, Kind::Text | Kind::ToolUse),
+                _ => block.kind == Kind::ToolResult,
+            })
+        };
+        let placed = cache::placement(&marks, fates, may_carry);
+        let mut add: Vec<(usize, usize, &Value)> = Vec::new();
+        for (mark, place) in marks.iter().zip(&placed) {
+            let Place::Block { message: t, block: b } = mark.place else { continue };
+            match place {
+                Some(Place::Block { message, block }) if (*message, *block) != (t, b) => {
+                    add.push((*message, *block, &mark.value))
+                }
+                // A rewritten result loses the marks inside its old content: its block takes one.
+                Some(_) if fates[t][b] == Fate::Rewritten && !self.turns[t].blocks[b].marked => {
+                    add.push((t, b, &mark.value))
+                }
+                _ => {}
+            }
+        }
+        for (t, b, value) in add {
+            let Some((_, blocks)) = written.iter_mut().find(|(turn, _)| *turn == Some(t)) else { continue };
+            let Some((_, text)) = blocks.iter_mut().find(|(block, _)| *block == Some(b)) else { continue };
+            if text.contains("\"cache_control\"") && Block::read(text).marked {
+                continue;
+            }
+            let mark = value.to_string();
+            *text = Cow::Owned(
+                insert_member(text, "cache_control", &mark)
+                    .ok_or_else(|| WireError::Invalid(format!("block {b} of turn {t} cannot take a mark")))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// The agent's marks, in the API's order (read only when the body has any).
+    fn marks(&self) -> Vec<cache::Mark> {
+        let raw_tools = self.body.field("tools").map_or("", RawValue::get);
+        let raw_system = self.body.field("system").map_or("", RawValue::get);
+        if ![raw_tools, raw_system, self.body.messages_raw].iter().any(|s| s.contains("\"cache_control\"")) {
+            return Vec::new();
+        }
+        let mut body = Map::new();
+        for (key, raw) in [("tools", raw_tools), ("system", raw_system), ("messages", self.body.messages_raw)] {
+            if let Ok(value) = serde_json::from_str::<Value>(raw) {
+                body.insert(key.to_owned(), value);
+            }
+        }
+        cache::marks(&Value::Object(body))
+    }
+}
+
+/// The neutral message of an assistant answer (the `message` the API returns, or the one assembled
+/// from its stream): what the same turn reads as when the agent's next request carries it, so
+/// that the session tracker finds the conversation it extends.
+pub fn neutral_answer(message: &Value) -> Option<Value> {
+    let content = message.get("content")?;
+    let neutral = match content {
+        Value::String(_) => text_message("assistant", &content.to_string()),
+        Value::Array(blocks) => {
+            let raws: Vec<String> = blocks.iter().map(Value::to_string).collect();
+            let blocks: Vec<Block<'_>> = raws.iter().map(|raw| Block::read(raw)).collect();
+            assistant_message(&blocks)
+        }
+        _ => return None,
+    };
+    serde_json::from_str(&neutral).ok()
+}
+
+/// `block` with what the forwarded neutral `message` changed: a result's `content`, a call's `input`
+/// (which must stay an object with the same keys), an assistant's text. `None`: the block goes.
+fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>, WireError> {
+    let replace = |key: &str, value: &str| {
+        replace_member(block.raw, key, value).ok_or_else(|| WireError::Invalid("a block cannot be rewritten".into()))
+    };
+    match block.kind {
+        Kind::ToolResult => Ok(Some(replace("content", &content_json(&message.content))?)),
+        Kind::ToolUse => {
+            let call = message.tool_calls.iter().flatten().find(|c| c.id == block.id);
+            let Some(arguments) = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments) else {
+                return Err(WireError::Invalid(format!("call `{}` lost its tool_use", block.id)));
+            };
+            let Value::String(arguments) = arguments else {
+                return Err(WireError::Invalid(format!("call `{}` has arguments that are not a string", block.id)));
+            };
+            if Some(arguments.as_str()) == block.input {
+                return Ok(Some(block.raw.to_owned()));
+            }
+            let same_keys =
+                |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
+            match (same_keys(arguments), block.input.and_then(same_keys)) {
+                (Some(new), Some(old)) if new == old => Ok(Some(replace("input", arguments)?)),
+                _ => Err(WireError::Invalid(format!(
+                    "call `{}`: its input must stay an object with the same keys",
+                    block.id
+                ))),
+            }
+        }
+        Kind::Text | Kind::Thinking | Kind::Other => Ok(Some(block.raw.to_owned())),
+    }
+}
+
+/// The forwarded text of an assistant `turn`, when the engine changed it ("" when it took it away).
+fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
+    let original = Message::from_raw(&assistant_message(&turn.blocks)).map(|m| m.text()).unwrap_or_default();
+    let new_text = message.text();
+    (original != new_text).then_some(new_text)
+}
+
+/// A turn for a neutral message the engine wrote (an elision marker).
+fn new_turn(message: &Message) -> Result<String, WireError> {
+    let role = match message.role.as_str() {
+        role @ ("user" | "assistant") => role,
+        other => return Err(WireError::Invalid(format!("a forwarded `{other}` message has no turn to stand for"))),
+    };
+    Ok(text_message(role, &json_string(&message.text())))
+}
+
+/// A neutral `content` as the content of a `tool_result` (a string stays a string, parts stay blocks).
+fn content_json(content: &Option<Content>) -> String {
+    match content {
+        Some(Content::Text(text)) => json_string(text),
+        Some(c) => serde_json::to_string(c).unwrap_or_else(|_| "\"\"".into()),
+        None => "\"\"".into(),
+    }
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    push_json_string(&mut out, text);
+    out
+}
+
+/// `object` with the value of `key` replaced by `value` (raw JSON); every other member keeps its
+/// bytes. `None` when the text is not an object pare can split.
+fn replace_member(object: &str, key: &str, value: &str) -> Option<String> {
+    let members = raw_members(object)?;
+    let mut out = String::with_capacity(object.len());
+    out.push('{');
+    for (n, (k, v)) in members.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, k);
+        out.push(':');
+        out.push_str(if *k == key { value } else { v });
+    }
+    out.push('}');
+    Some(out)
+}
+
+/// `object` with `key: value` appended (raw JSON).
+fn insert_member(object: &str, key: &str, value: &str) -> Option<String> {
+    let members = raw_members(object)?;
+    let mut out = String::with_capacity(object.len() + key.len() + value.len() + 4);
+    out.push('{');
+    for (k, v) in &members {
+        push_json_string(&mut out, k);
+        out.push(':');
+        out.push_str(v);
+        out.push(',');
+    }
+    push_json_string(&mut out, key);
+    out.push(':');
+    out.push_str(value);
+    out.push('}');
+    Some(out)
+}
+
+/// The Messages API's rules over turns that pare could break: every `tool_use` of an assistant turn
+/// is answered by a `tool_result` in the next turn (a user turn), every `tool_result` answers a
+/// `tool_use` of the turn before it, and the request has at most 4 `cache_control` marks in its
+/// turns. Turns pare cannot read are skipped.
+pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
+    let read: Vec<Turn<'_>> = turns.iter().map(|t| Turn::read(t.as_ref())).collect();
+    let mut open: Vec<&str> = Vec::new();
+    let mut n_marks = 0;
+    for (t, turn) in read.iter().enumerate() {
+        n_marks += turn.blocks.iter().filter(|b| b.marked).count();
+        let results: Vec<&str> =
+            turn.blocks.iter().filter(|b| b.kind == Kind::ToolResult).map(|b| b.id.as_str()).collect();
+        if let Some(id) = results.iter().find(|id| !open.contains(id)) {
+            return Err(format!("turn {t}: tool_result for `{id}` answers no tool_use of the turn before"));
+        }
+        if let Some(id) = open.iter().find(|id| !results.contains(id)) {
+            return Err(format!("turn {t}: tool_use `{id}` of the turn before has no tool_result"));
+        }
+        open = turn.blocks.iter().filter(|b| b.kind == Kind::ToolUse).map(|b| b.id.as_str()).collect();
+        if turn.role != "assistant" && !open.is_empty() {
+            return Err(format!("turn {t}: a tool_use outside an assistant turn"));
+        }
+    }
+    if n_marks > 4 {
+        return Err(format!("{n_marks} cache_control marks in the turns (the API takes 4)"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
