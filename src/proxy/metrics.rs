@@ -33,7 +33,7 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
-    /// The request's wire format (`chat`, `responses`).
+    /// The request's wire format (`chat`, `responses`, `messages`).
     wire: &'static str,
 }
 
@@ -72,6 +72,10 @@ pub fn route(path: &str) -> &'static str {
         "chat_completions"
     } else if path.ends_with("/responses") {
         "responses"
+    } else if path.ends_with("/v1/messages") {
+        "messages"
+    } else if path.ends_with("/v1/messages/count_tokens") {
+        "count_tokens"
     } else if path.ends_with("/completions") {
         "completions"
     } else if path.ends_with("/embeddings") {
@@ -334,6 +338,9 @@ mod tests {
         assert_eq!(route("/props"), "other");
         assert_eq!(route("/v1/responses"), "responses");
         assert_eq!(route("/v1/responses/resp_1"), "other");
+        assert_eq!(route("/v1/messages"), "messages");
+        assert_eq!(route("/v1/messages/count_tokens"), "count_tokens");
+        assert_eq!(route("/v1/messages/batches"), "other");
         assert_eq!(route("/_pare/metrics"), "pare");
     }
 
