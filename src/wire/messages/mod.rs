@@ -392,15 +392,16 @@ impl MessagesBody<'_> {
         for (idx, text) in self.neutral.iter().enumerate().skip(first) {
             by_text.entry(text.as_str()).or_default().push(idx - first);
         }
-        let mut by_call: HashMap<(&str, bool), usize> = HashMap::new();
+        // Agents may reuse an id once its call is answered: every unit of an id, in order.
+        let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
         for (n, unit) in self.units.iter().enumerate() {
             match *unit {
                 Unit::Result { turn, block } => {
-                    by_call.entry((self.turns[turn].blocks[block].id.as_str(), true)).or_insert(n);
+                    by_call.entry((self.turns[turn].blocks[block].id.as_str(), true)).or_default().push(n);
                 }
                 Unit::Turn(turn) => {
                     for block in self.turns[turn].blocks.iter().filter(|b| b.kind == Kind::ToolUse) {
-                        by_call.entry((block.id.as_str(), false)).or_insert(n);
+                        by_call.entry((block.id.as_str(), false)).or_default().push(n);
                     }
                 }
                 Unit::UserBlocks(_) => {}
@@ -420,7 +421,7 @@ impl MessagesBody<'_> {
                 "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
                 _ => None,
             };
-            match paired.and_then(|key| by_call.get(&key).copied()).filter(|&n| n >= cursor) {
+            match paired.and_then(|key| by_call.get(&key)?.iter().copied().find(|&n| n >= cursor)) {
                 Some(n) => {
                     out.push(Forwarded::Rewritten(self.units[n], message));
                     cursor = n + 1;

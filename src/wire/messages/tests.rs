@@ -162,6 +162,18 @@ fn a_mark_of_an_elided_result_moves_to_the_nearest_block_before_it() {
 }
 
 #[test]
+fn a_reused_tool_use_id_rewrites_the_result_of_its_own_turn() {
+    // Agents reuse an id once its call is answered: the rewritten result is the later one.
+    let body = r#"{"messages":[{"role":"user","content":"go"},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{"n":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"first"}]},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{"n":2}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"second"}]},{"role":"assistant","content":"done"}]}"#;
+    let parsed = parse(body);
+    let mut messages = neutral(&parsed);
+    messages[4] = r#"{"role":"tool","tool_call_id":"a","content":"[2nd]"}"#.to_owned();
+    let out = written(&parsed, &messages);
+    assert_eq!(out["messages"][2]["content"][0]["content"], "first");
+    assert_eq!(out["messages"][4]["content"][0]["content"], "[2nd]");
+}
+
+#[test]
 fn the_turn_check_finds_broken_pairing_and_too_many_marks() {
     let call = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]}"#;
     let result = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}"#;
