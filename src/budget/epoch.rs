@@ -348,7 +348,11 @@ impl SessionCompactor {
         let counter = self.counter(body.model().as_deref());
         let tokens_raw = counter.count_request(request.raw, tools);
         let usable = request.usable();
-        let base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
+        let mut base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
+        if body.wire() == Wire::Messages {
+            // Anthropic's tokenizer is not public: the counts are the configured encoding's.
+            base_report["tokens_estimated"] = json!(true);
+        }
 
         if self.policy.mode == Mode::Off {
             let summary = CompactionSummary {

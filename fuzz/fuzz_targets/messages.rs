@@ -1,0 +1,40 @@
+//! Fuzz the Anthropic Messages adapter (`MessagesBody::parse` and its writing back): arbitrary bytes
+//! must never panic; a body it accepts is a JSON object serde_json accepts with a `messages` list;
+//! its neutral messages are JSON objects; writing them back unchanged gives the input bytes; and a
+//! compaction by the default engine either writes a body that passes the API's rules (pairing, at
+//! most 4 cache marks, never more than the input's) or is refused (forwarded unchanged).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pare::budget::tokens::QuarterCounter;
+use pare::compact::{CompactOptions, Engine};
+use pare::neutral::View;
+use pare::wire::WireBody;
+use pare::wire::messages::{MessagesBody, cache};
+use serde_json::Value;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(body) = MessagesBody::parse(data) else { return };
+    let top: Value = serde_json::from_slice(data).expect("an accepted body is JSON");
+    assert!(top.get("messages").is_some_and(Value::is_array), "accepted without a messages list");
+    let messages = body.messages();
+    for m in &messages {
+        assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
+    }
+    let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
+    let (bytes, _) = body.write(&owned).expect("the neutral view written back unchanged");
+    assert_eq!(bytes, data, "no rewrite must give the input bytes");
+    let engine = Engine::default_pack();
+    let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
+    let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
+    let mut forwarded = out.prefix.clone();
+    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    if let Ok((bytes, _)) = body.write(&forwarded)
+        && bytes != data
+    {
+        let written = MessagesBody::parse(&bytes).expect("a written body parses");
+        assert!(written.check().is_ok(), "a written body breaks the API's rules: {:?}", written.check());
+        let written: Value = serde_json::from_slice(&bytes).expect("a written body is JSON");
+        assert!(cache::marks(&written).len() <= cache::marks(&top).len(), "a written body gained a cache mark");
+    }
+});
