@@ -371,6 +371,10 @@ impl WireBody for MessagesBody<'_> {
     }
 }
 
+/// A forwarded turn being written: the original turn it stands for (`None`: a turn the engine
+/// wrote), and its blocks, each with its original index (`None`: the whole turn as one text).
+type WrittenTurn<'b> = (Option<usize>, Vec<(Option<usize>, Cow<'b, str>)>);
+
 /// One forwarded neutral message, traced back to what it stands for.
 enum Forwarded {
     /// Left alone by the engine.
@@ -451,7 +455,7 @@ impl MessagesBody<'_> {
         }
         let mut fates: Vec<Vec<Fate>> = self.turns.iter().map(|t| vec![Fate::Elided; t.n_blocks()]).collect();
         // The blocks of each surviving turn, as (original block index or None for new, text).
-        let mut written: Vec<(Option<usize>, Vec<(Option<usize>, Cow<'_, str>)>)> = Vec::new();
+        let mut written: Vec<WrittenTurn<'_>> = Vec::new();
         let mut seen_turn: Option<usize> = None;
         for f in &traced {
             let unit = match f {
@@ -542,7 +546,7 @@ impl MessagesBody<'_> {
     fn place_marks(
         &self,
         fates: &[Vec<Fate>],
-        written: &mut [(Option<usize>, Vec<(Option<usize>, Cow<'_, str>)>)],
+        written: &mut [WrittenTurn<'_>],
     ) -> Result<(), WireError> {
         let marks = self.marks();
         let may_carry = |t: usize, b: usize| {
