@@ -23,7 +23,8 @@
 //! replaced (`is_error`, `cache_control` and every other key kept); a rewritten call turn is its
 //! blocks with each `tool_use`'s `input` replaced (still an object with the same keys) and every
 //! thinking and unknown block kept byte for byte; an elision marker becomes an assistant turn with
-//! its text. A turn whose neutral messages are all gone is left out; a user turn keeps what the
+//! its text (a user turn when the next turn opens with a thinking block, which the API would
+//! otherwise find behind the marker's text once it joins the two turns). A turn whose neutral messages are all gone is left out; a user turn keeps what the
 //! person wrote even when its results go. The result is checked ([`check_turns`]): every `tool_use`
 //! is answered by a `tool_result` in the next user turn, no result lacks its call, at most 4 marks;
 //! otherwise the original body is forwarded.
@@ -522,10 +523,31 @@ impl MessagesBody<'_> {
             }
         }
         self.place_marks(&fates, &mut written)?;
+        // The API joins consecutive turns of one role, and the final assistant turn must open with
+        // its thinking block: a marker right before an assistant turn that opens with one is written
+        // as a user turn, which joins the user turn before it instead.
+        let opens_with_thinking: Vec<bool> = written
+            .iter()
+            .map(|(t, blocks)| {
+                let first = blocks.first().and_then(|(b, _)| *b);
+                t.zip(first).is_some_and(|(t, b)| {
+                    self.turns[t].role == "assistant" && self.turns[t].blocks[b].kind == Kind::Thinking
+                })
+            })
+            .collect();
         written
             .into_iter()
-            .map(|(t, blocks)| match t {
-                None => Ok(blocks.into_iter().next().expect("a new turn is one text").1),
+            .enumerate()
+            .map(|(i, (t, blocks))| match t {
+                None => {
+                    let text = blocks.into_iter().next().expect("a new turn is one text").1;
+                    if !opens_with_thinking.get(i + 1).copied().unwrap_or(false) {
+                        return Ok(text);
+                    }
+                    let marker =
+                        Message::from_raw(&text).map_err(|e| WireError::Invalid(format!("a new turn: {e}")))?;
+                    Ok(Cow::Owned(text_message("user", &json_string(&marker.text()))))
+                }
                 Some(t) => {
                     let turn = &self.turns[t];
                     let all_borrowed = blocks.iter().all(|(_, text)| matches!(text, Cow::Borrowed(_)));
@@ -543,11 +565,7 @@ impl MessagesBody<'_> {
 
     /// Move the marks of elided blocks (see [`cache::placement`]); a rewritten result whose content
     /// carried a mark inside takes it on the block itself.
-    fn place_marks(
-        &self,
-        fates: &[Vec<Fate>],
-        written: &mut [WrittenTurn<'_>],
-    ) -> Result<(), WireError> {
+    fn place_marks(&self, fates: &[Vec<Fate>], written: &mut [WrittenTurn<'_>]) -> Result<(), WireError> {
         let marks = self.marks();
         let may_carry = |t: usize, b: usize| {
             let turn = &self.turns[t];

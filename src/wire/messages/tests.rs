@@ -147,6 +147,26 @@ fn an_elided_call_turn_goes_with_its_thinking_and_results_but_not_the_persons_te
 }
 
 #[test]
+fn a_marker_before_a_turn_that_opens_with_thinking_is_a_user_turn() {
+    // The API would join an assistant marker with the next assistant turn, which must open with
+    // its thinking block when it is the final one.
+    let body = r#"{"messages":[{"role":"user","content":"go"},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"1"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"tool_use","id":"b","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"b","content":"2"}]}]}"#;
+    let parsed = parse(body);
+    let messages = neutral(&parsed);
+    let marker = r#"{"role":"assistant","content":"[pare: elided]"}"#.to_owned();
+    let forwarded: Vec<String> = [&messages[..1], std::slice::from_ref(&marker), &messages[3..]].concat();
+    let out = written(&parsed, &forwarded);
+    assert_eq!(out["messages"][1], json!({"role": "user", "content": "[pare: elided]"}));
+    assert_eq!(out["messages"][2]["content"][0]["type"], "thinking");
+    // Before a turn without thinking, the marker stays the assistant's.
+    let body = body.replace(r#"{"type":"thinking","thinking":"t","signature":"s"},"#, "");
+    let parsed = parse(&body);
+    let messages = neutral(&parsed);
+    let forwarded: Vec<String> = [&messages[..1], std::slice::from_ref(&marker), &messages[3..]].concat();
+    assert_eq!(written(&parsed, &forwarded)["messages"][1]["role"], "assistant");
+}
+
+#[test]
 fn a_mark_of_an_elided_result_moves_to_the_nearest_block_before_it() {
     let body = r#"{"messages":[{"role":"user","content":"task"},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"1"}]},{"role":"assistant","content":[{"type":"tool_use","id":"b","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"b","content":"2","cache_control":{"type":"ephemeral","ttl":"1h"}}]},{"role":"assistant","content":"done"},{"role":"user","content":[{"type":"text","text":"next","cache_control":{"type":"ephemeral"}}]}]}"#;
     let parsed = parse(body);
