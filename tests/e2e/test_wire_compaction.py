@@ -36,6 +36,7 @@ def small_pare(stub, tmp_path_factory):
             f"""\
             budget:
               default_context_window: {WINDOW}
+              anthropic_context_window: {WINDOW}
               detect_window: false
             """
         )

@@ -22,12 +22,13 @@
 //! turn's original bytes; a rewritten tool result is its `tool_result` block with `content`
 //! replaced (`is_error`, `cache_control` and every other key kept); a rewritten call turn is its
 //! blocks with each `tool_use`'s `input` replaced (still an object with the same keys) and every
-//! thinking and unknown block kept byte for byte; an elision marker becomes an assistant turn with
-//! its text (a user turn when the next turn opens with a thinking block, which the API would
-//! otherwise find behind the marker's text once it joins the two turns). A turn whose neutral messages are all gone is left out; a user turn keeps what the
-//! person wrote even when its results go. The result is checked ([`check_turns`]): every `tool_use`
-//! is answered by a `tool_result` in the next user turn, no result lacks its call, at most 4 marks;
-//! otherwise the original body is forwarded.
+//! thinking and unknown block kept byte for byte; an elision marker becomes an assistant turn of
+//! one text block (a user turn when the next turn opens with a thinking block, which the API would
+//! otherwise find behind the marker's text once it joins the two turns). A turn whose neutral
+//! messages are all gone is left out; a user turn keeps what the person wrote even when its results
+//! go. The result is checked ([`check_turns`]): every `tool_use` is answered by a `tool_result` in
+//! the next user turn, no result lacks its call, at most 4 marks; otherwise the original body is
+//! forwarded.
 
 pub mod cache;
 pub mod convert;
@@ -546,7 +547,7 @@ impl MessagesBody<'_> {
                     }
                     let marker =
                         Message::from_raw(&text).map_err(|e| WireError::Invalid(format!("a new turn: {e}")))?;
-                    Ok(Cow::Owned(text_message("user", &json_string(&marker.text()))))
+                    Ok(Cow::Owned(text_message("user", &text_blocks(&marker.text()))))
                 }
                 Some(t) => {
                     let turn = &self.turns[t];
@@ -684,7 +685,12 @@ fn new_turn(message: &Message) -> Result<String, WireError> {
         role @ ("user" | "assistant") => role,
         other => return Err(WireError::Invalid(format!("a forwarded `{other}` message has no turn to stand for"))),
     };
-    Ok(text_message(role, &json_string(&message.text())))
+    Ok(text_message(role, &text_blocks(&message.text())))
+}
+
+/// `[{"type":"text","text": text}]`: a turn pare writes has blocks, as the turns Claude Code sends.
+fn text_blocks(text: &str) -> String {
+    format!(r#"[{{"type":"text","text":{}}}]"#, json_string(text))
 }
 
 /// A neutral `content` as the content of a `tool_result` (a string stays a string, parts stay blocks).

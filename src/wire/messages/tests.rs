@@ -134,7 +134,7 @@ fn an_elided_call_turn_goes_with_its_thinking_and_results_but_not_the_persons_te
     assert_eq!(turns[0], input["messages"][0]);
     assert_eq!(
         turns[1],
-        json!({"role": "assistant", "content": "[pare: 3 earlier messages elided — Read ×1, Bash ×1]"})
+        json!({"role": "assistant", "content": [{"type": "text", "text": "[pare: 3 earlier messages elided — Read ×1, Bash ×1]"}]})
     );
     assert_eq!(turns[2], json!({"role": "user", "content": [{"type": "text", "text": "also check lib.rs"}]}));
     assert_eq!(turns[3], input["messages"][3]);
@@ -156,7 +156,7 @@ fn a_marker_before_a_turn_that_opens_with_thinking_is_a_user_turn() {
     let marker = r#"{"role":"assistant","content":"[pare: elided]"}"#.to_owned();
     let forwarded: Vec<String> = [&messages[..1], std::slice::from_ref(&marker), &messages[3..]].concat();
     let out = written(&parsed, &forwarded);
-    assert_eq!(out["messages"][1], json!({"role": "user", "content": "[pare: elided]"}));
+    assert_eq!(out["messages"][1], json!({"role": "user", "content": [{"type": "text", "text": "[pare: elided]"}]}));
     assert_eq!(out["messages"][2]["content"][0]["type"], "thinking");
     // Before a turn without thinking, the marker stays the assistant's.
     let body = body.replace(r#"{"type":"thinking","thinking":"t","signature":"s"},"#, "");
