@@ -3,13 +3,14 @@
 //!
 //! A mark ends a cached prefix: the API caches everything up to and including the marked block, in
 //! the order tools → system → messages, and accepts at most 4 marks, longer `ttl`s before shorter
-//! ones. pare never adds a mark and never moves one on its own account. Outside an epoch it rewrites
-//! no block that carries a mark and nothing before the last mark ([`touches_cached_prefix`]), so
-//! every prefix the agent asked to cache is forwarded as it was. When an epoch starts (the prompt is
-//! re-sent anyway), [`placement`] keeps each mark on its block — rewritten or not — and moves the mark
-//! of an elided block to the nearest surviving block before it that may carry one, after the
-//! previous mark; with no such block the mark is dropped. So the forwarded request has no more marks
-//! than the agent's, in the agent's order.
+//! ones. pare never adds a mark and never moves one on its own account. Between epochs nothing the
+//! agent already sent is rewritten: the marks are not part of the neutral form, so the session's
+//! frozen prefix keeps matching when the agent moves its last mark, and each forwarded request
+//! extends the previous one. When an epoch starts (the prompt is re-sent anyway), [`placement`]
+//! keeps each mark on its block — rewritten or not — and moves the mark of an elided block to the
+//! nearest surviving block before it that may carry one, after the previous mark; with no such block
+//! the mark is dropped. So the forwarded request has no more marks than the agent's, in the agent's
+//! order.
 
 use serde_json::Value;
 
@@ -69,24 +70,6 @@ fn push_marks(block: &Value, place: Place, out: &mut Vec<Mark>) {
             out.push(Mark { place, value: value.clone() });
         }
     }
-}
-
-/// The last message block that carries a mark: the end of the longest prefix the agent asked to
-/// cache inside the conversation (`None` when only tools and system, or nothing, are marked).
-pub fn last_message_breakpoint(marks: &[Mark]) -> Option<(usize, usize)> {
-    marks.iter().rev().find_map(|m| match m.place {
-        Place::Block { message, block } => Some((message, block)),
-        _ => None,
-    })
-}
-
-/// Whether compaction that leaves `fates[message][block]` would change a marked block or anything
-/// before the last mark — what pare may do only when an epoch starts.
-pub fn touches_cached_prefix(marks: &[Mark], fates: &[Vec<Fate>]) -> bool {
-    let Some(last) = last_message_breakpoint(marks) else { return false };
-    fates.iter().enumerate().any(|(message, blocks)| {
-        blocks.iter().enumerate().any(|(block, fate)| *fate != Fate::Kept && (message, block) <= last)
-    })
 }
 
 /// Where each mark stands in the forwarded request when an epoch applies `fates`: `Some(place)` (its
@@ -165,7 +148,6 @@ mod tests {
         assert_eq!(places, vec![Place::Tool(1), Place::System(1), block(2, 0), block(4, 1)]);
         assert_eq!(marks[1].value, json!({"type": "ephemeral", "ttl": "1h"}));
         assert!(places.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(last_message_breakpoint(&marks), Some((4, 1)));
         let nested = json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]}]});
         assert_eq!(super::marks(&nested).iter().map(|m| m.place).collect::<Vec<_>>(), vec![block(0, 0)]);
         assert!(super::marks(&json!({"system": "plain", "messages": [{"role": "user", "content": "hi"}]})).is_empty());
@@ -173,27 +155,6 @@ mod tests {
 
     fn all_kept() -> Vec<Vec<Fate>> {
         vec![vec![Kept], vec![Kept, Kept], vec![Kept], vec![Kept], vec![Kept, Kept]]
-    }
-
-    #[test]
-    fn outside_an_epoch_nothing_up_to_the_last_mark_may_change() {
-        let marks = marks(&claude_code_body());
-        assert!(!touches_cached_prefix(&marks, &all_kept()));
-        let mut fates = all_kept();
-        fates[3][0] = Rewritten;
-        assert!(touches_cached_prefix(&marks, &fates), "an old input before the last mark");
-        let mut fates = all_kept();
-        fates[2][0] = Rewritten;
-        assert!(touches_cached_prefix(&marks, &fates), "a marked block");
-        // With the last user turn marked (Claude Code's pattern) only what follows it is free; a
-        // request whose conversation carries no mark leaves the whole conversation free.
-        let only_system =
-            json!({"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}], "messages": []});
-        let mut fates = all_kept();
-        fates[1][1] = Elided;
-        assert!(!touches_cached_prefix(&super::marks(&only_system), &fates));
-        let head = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]}]});
-        assert!(!touches_cached_prefix(&super::marks(&head), &fates), "edits after the last mark");
     }
 
     #[test]
