@@ -1,10 +1,4 @@
-"""Fixtures of the end-to-end suite: the stub upstream and pare in front of it (a real process).
-
-Tests that hold only once pare speaks a wire format itself (compaction, archive, `x-pare-*` headers on
-`/v1/responses` or `/v1/messages`) carry the marker `needs_responses_adapter` or
-`needs_messages_adapter`; they run when `PARE_E2E_ADAPTERS` (comma-separated: `responses`, `messages`)
-names their adapter and are deselected otherwise.
-"""
+"""Fixtures of the end-to-end suite: the stub upstream and pare in front of it (a real process)."""
 
 import json
 import os
@@ -22,23 +16,6 @@ START_TIMEOUT_S = 30
 PARE_CLI_TIMEOUT_S = 30
 # The project-local npm prefix tests/e2e/run.sh installs Codex CLI and Claude Code into.
 NODE_BIN = Path(__file__).resolve().parent / ".node" / "node_modules" / ".bin"
-ADAPTER_MARKERS = {"needs_responses_adapter": "responses", "needs_messages_adapter": "messages"}
-
-
-def pytest_configure(config):
-    for marker, adapter in ADAPTER_MARKERS.items():
-        config.addinivalue_line("markers", f"{marker}: holds once pare's {adapter} adapter is in (PARE_E2E_ADAPTERS)")
-
-
-def pytest_collection_modifyitems(config, items):
-    enabled = {a.strip() for a in os.environ.get("PARE_E2E_ADAPTERS", "").split(",") if a.strip()}
-    keep, drop = [], []
-    for item in items:
-        needs = {adapter for marker, adapter in ADAPTER_MARKERS.items() if item.get_closest_marker(marker)}
-        (keep if needs <= enabled else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
 
 
 class PareProcess:

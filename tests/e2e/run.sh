@@ -3,8 +3,6 @@
 # Claude Code) against a debug build of pare in front of a scripted stub upstream. Creates its own
 # venv in .venv-e2e and npm prefix in tests/e2e/.node, each reinstalled only when its pin list changes.
 # PARE_BIN, when set, names the pare binary to test; else it is built (honouring CARGO_TARGET_DIR).
-# PARE_E2E_ADAPTERS (comma-separated: responses, messages) selects the tests that need pare's
-# Responses/Messages adapters; the others are deselected.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -53,7 +51,7 @@ for line in sys.stdin:
         print(m["executable"])')"
 fi
 export PARE_BIN
-echo "e2e: pare at $PARE_BIN; adapter tests enabled: ${PARE_E2E_ADAPTERS:-none}"
+echo "e2e: pare at $PARE_BIN"
 
 cd tests/e2e
 exec timeout 900 "$venv/bin/python" -m pytest -p no:cacheprovider -q "$@"

@@ -1,7 +1,7 @@
 """Claude Code (npm `@anthropic-ai/claude-code`, installed by run.sh into tests/e2e/.node) run as
 `claude -p` with `ANTHROPIC_BASE_URL` at pare → stub: it must run the scripted Bash command, print the
-answer and exit 0, and every request it sent must pass through pare (and, with the Messages adapter,
-be archived in one session with its signed thinking block forwarded byte for byte).
+answer and exit 0, and every request it sent must pass through pare and be archived in one session
+with its signed thinking block forwarded byte for byte.
 
 Offline: an API key, a temporary HOME, telemetry, error reporting, the auto-updater and nonessential
 traffic off."""
@@ -80,7 +80,6 @@ def test_claude_code_runs_bash_through_pare(pare, fresh, claude_run):
     assert all(line["status"] == 200 for line in lines())
 
 
-@pytest.mark.needs_messages_adapter
 def test_claude_code_session_is_archived(pare, fresh, claude_run):
     completed, _, before, _ = claude_run
     assert completed.returncode == 0, completed.stderr[-4000:]

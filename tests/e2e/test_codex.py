@@ -1,7 +1,7 @@
 """Codex CLI (npm `@openai/codex`, installed by run.sh into tests/e2e/.node) pointed at pare → stub
 through a custom Responses provider: `codex exec` must run the scripted shell command, print the
-answer and exit 0, and every request it sent must pass through pare (and, with the Responses adapter,
-be archived in one session).
+answer and exit 0, and every request it sent must pass through pare and be archived in one
+session.
 
 Offline: an API-key provider (`env_key`), no ChatGPT login; no websockets; analytics, the update
 check and the plugin sync (which resolves github.com) off; no retries, so a failing proxy fails fast."""
@@ -97,7 +97,6 @@ def test_codex_runs_the_command_through_pare(pare, fresh, codex_run):
     assert all(line["status"] == 200 for line in lines())
 
 
-@pytest.mark.needs_responses_adapter
 def test_codex_session_is_archived(pare, fresh, codex_run):
     completed, _, before, _ = codex_run
     assert completed.returncode == 0, completed.stderr[-4000:]

@@ -1,7 +1,7 @@
 """Hermes Agent in its Anthropic mode (`model.api_mode: anthropic_messages` on a custom provider,
 whose `base_url` the bundled `anthropic` SDK extends with `/v1/messages`) pointed at pare → stub: it
 must run the scripted `terminal` command, print the answer and exit 0, and every request it sent must
-pass through pare (and, with the Messages adapter, be archived in one session)."""
+pass through pare and be archived in one session."""
 
 import json
 import os
@@ -85,7 +85,6 @@ def test_hermes_anthropic_mode_runs_tools_through_pare(pare, fresh, hermes_run):
     assert 0 < marks <= 4, marks
 
 
-@pytest.mark.needs_messages_adapter
 def test_hermes_anthropic_session_is_archived(pare, fresh, hermes_run):
     completed, _, before = hermes_run
     assert completed.returncode == 0, completed.stderr[-4000:]
