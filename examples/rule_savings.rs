@@ -60,10 +60,8 @@ fn main() {
                     .filter(|m| role_of(m) == "tool")
                     .map(|m| counter.message(m))
                     .sum::<u64>();
-                if let Some(rules) = out.report["rules"].as_object() {
-                    for (rule, stats) in rules {
-                        *t.saved.entry(rule.clone()).or_default() += stats["tokens_saved"].as_i64().unwrap_or(0);
-                    }
+                for (rule, stats) in &out.report.rules {
+                    *t.saved.entry(rule.name().to_owned()).or_default() += stats.tokens_saved;
                 }
             }
         }

@@ -1,16 +1,20 @@
 //! The types the proxy, the pipeline, the compactor and the archive exchange about one request: the
 //! compaction seam ([`ChatCompactor`], its input and output, fail-open), what compaction reports, and
 //! the sink that receives the upstream's answer. A leaf module (it imports none of them but the wire
-//! types), so that neither the archive nor the budget and the pipeline import each other.
+//! types and the engine's report), so that neither the archive nor the budget and the pipeline import
+//! each other.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use bytes::Bytes;
 use http::HeaderMap;
 
+use crate::compact::report::Report;
+use crate::config::Mode;
 use crate::wire::{Spans, WireBody};
 
 /// What compaction reports for one request; carried into headers, the log line and the archive.
+/// Archived as JSON: a field added later has a default, so older summaries still read.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompactionSummary {
     pub tokens_raw: u64,
@@ -19,6 +23,7 @@ pub struct CompactionSummary {
     pub epoch: u64,
     /// This request started an epoch (eager: an advance that changed the forwarded prefix). Said by
     /// the compactor, so a restart that seeds sessions at their archived epoch numbers counts none.
+    #[serde(default)]
     pub epoch_started: bool,
     /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
     /// mode, compaction could not bring it under — what pare never shrinks (first system message,
@@ -26,9 +31,49 @@ pub struct CompactionSummary {
     /// small window the markers left in place of what went; in off mode, the raw request is over.
     /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the archived
     /// summary and `pare_over_window_requests_total`.
+    #[serde(default)]
     pub over_window: bool,
-    /// The engine's detailed report (per rule savings, messages changed…).
-    pub report: serde_json::Value,
+    /// What the budget did with the request, and the engine's report when it ran. `None` (JSON
+    /// `null`): no budget ran (the identity compactor).
+    #[serde(default)]
+    pub report: Option<BudgetReport>,
+}
+
+/// What the budget did with one request.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BudgetReport {
+    pub mode: Mode,
+    /// The request's context window and the tokens reserved for the answer.
+    pub window: u64,
+    pub reserve: u64,
+    /// The token counts are estimates (a Messages request: Anthropic's tokenizer is not public, the
+    /// configured encoding counted them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tokens_estimated: bool,
+    /// `None` in mode `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+    /// The agent edited or dropped earlier messages: the session's compacted prefix started afresh.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_changed: bool,
+    /// The engine's report, when the engine ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Report>,
+    /// The compacted conversation has no valid form in the request's wire format: forwarded raw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_failed: Option<String>,
+}
+
+/// One step of a session's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Under the high-water mark: the new messages are appended to the session's prefix.
+    Append,
+    /// Eager mode under the mark: the rules ran and the frozen frontier moved.
+    Advance,
+    /// An epoch: the engine compacted the conversation to the low-water mark.
+    Epoch,
 }
 
 /// Receives the upstream's answer to a request as it streams (for the archive).
@@ -104,5 +149,39 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archived summary reads back as the value that wrote it, and writes the same bytes again.
+    #[test]
+    fn an_archived_summary_reads_back_byte_for_byte() {
+        let summaries = [
+            r#"{"tokens_raw":5000,"tokens_forwarded":3000,"epoch":2,"epoch_started":true,"over_window":false,"report":{"mode":"epoch","window":8192,"reserve":1024,"action":"epoch","history_changed":true,"engine":{"pack":"default","messages_in":12,"messages_out":11,"boundary":8,"messages_changed":3,"messages_dropped":1,"chars_saved":472,"tokens_saved":180,"rules":{"collapse_succeeded":{"messages":3,"chars_saved":472,"tokens_saved":180}},"tiers":{"target_tokens":3000,"tokens_after_rules":4000,"focus":1,"recent":2,"summary":0,"background":0,"elided_groups":1,"elided_messages":1,"over_target":false}},"write_failed":"no form"}}"#,
+            r#"{"tokens_raw":10,"tokens_forwarded":10,"epoch":0,"epoch_started":false,"over_window":true,"report":{"mode":"off","window":8192,"reserve":1024}}"#,
+            r#"{"tokens_raw":10,"tokens_forwarded":10,"epoch":1,"epoch_started":false,"over_window":false,"report":{"mode":"eager","window":8192,"reserve":1024,"tokens_estimated":true,"action":"append"}}"#,
+            r#"{"tokens_raw":0,"tokens_forwarded":0,"epoch":0,"epoch_started":false,"over_window":false,"report":null}"#,
+        ];
+        for json in summaries {
+            let summary: CompactionSummary = serde_json::from_str(json).unwrap();
+            assert_eq!(serde_json::to_string(&summary).unwrap(), json);
+        }
+        let epoch: CompactionSummary = serde_json::from_str(summaries[0]).unwrap();
+        let report = epoch.report.unwrap();
+        assert_eq!(report.action, Some(Action::Epoch));
+        assert_eq!(report.engine.unwrap().rules[&crate::compact::report::RuleId::CollapseSucceeded].tokens_saved, 180);
+    }
+
+    /// A summary archived before a field existed still reads, the field at its default.
+    #[test]
+    fn a_summary_missing_later_fields_still_reads() {
+        let old = r#"{"tokens_raw":7,"tokens_forwarded":5,"epoch":1,"report":{"mode":"epoch","window":100,"reserve":10,"engine":{"pack":"default","rules":{}}}}"#;
+        let summary: CompactionSummary = serde_json::from_str(old).unwrap();
+        assert_eq!((summary.epoch, summary.epoch_started, summary.over_window), (1, false, false));
+        let report = summary.report.unwrap();
+        assert_eq!((report.action, report.engine.unwrap().tiers), (None, None));
     }
 }

@@ -422,12 +422,7 @@ fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReade
     if wire != Wire::Chat {
         return false;
     }
-    let epoch = exchanges
-        .into_iter()
-        .rev()
-        .find_map(|x| x.summary)
-        .and_then(|summary| serde_json::from_value::<CompactionSummary>(summary).ok())
-        .map_or(0, |summary| summary.epoch);
+    let epoch = exchanges.into_iter().rev().find_map(|x| x.summary).map_or(0, |summary| summary.epoch);
     match compactor.seed(session, wire, &last.raw, &last.forwarded, epoch) {
         Ok(()) => true,
         Err(err) => {

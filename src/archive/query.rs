@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::read::{self, BodyKind};
 use super::{ArchiveError, store};
+use crate::exchange::CompactionSummary;
 
 /// One session as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -51,7 +52,8 @@ pub struct ExchangeInfo {
     pub raw_len: i64,
     /// `None`: forwarded unchanged.
     pub fwd_len: Option<i64>,
-    pub summary: Option<Value>,
+    /// Unreadable summaries read as `None`.
+    pub summary: Option<CompactionSummary>,
     pub skipped: Option<String>,
 }
 

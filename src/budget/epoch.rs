@@ -20,15 +20,15 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lru::LruCache;
-use serde_json::json;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
+use crate::compact::report::Report;
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
 use crate::config::{Config, HistoryShare, Mode};
-use crate::exchange::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, role_of};
 use crate::wire::{Wire, WireBody, WireError};
@@ -187,9 +187,9 @@ struct Step {
     messages: Vec<String>,
     /// Tokens of the forwarded request (`messages` + tools), counted once by the step.
     tokens: u64,
-    action: &'static str,
+    action: Action,
     history_changed: bool,
-    engine_report: serde_json::Value,
+    engine_report: Option<Report>,
 }
 
 impl SessionCompactor {
@@ -348,11 +348,10 @@ impl SessionCompactor {
         let counter = self.counter(body.model().as_deref());
         let tokens_raw = counter.count_request(request.raw, tools);
         let usable = request.usable();
-        let mut base_report = json!({ "mode": mode_name(self.policy.mode), "window": window, "reserve": reserve });
-        if body.wire() == Wire::Messages {
-            // Anthropic's tokenizer is not public: the counts are the configured encoding's.
-            base_report["tokens_estimated"] = json!(true);
-        }
+        // Anthropic's tokenizer is not public: a Messages request's counts are the configured encoding's.
+        let tokens_estimated = body.wire() == Wire::Messages;
+        let base_report =
+            BudgetReport { mode: self.policy.mode, window, reserve, tokens_estimated, ..Default::default() };
 
         if self.policy.mode == Mode::Off {
             let summary = CompactionSummary {
@@ -361,7 +360,7 @@ impl SessionCompactor {
                 epoch: 0,
                 epoch_started: false,
                 over_window: tokens_raw > usable,
-                report: base_report,
+                report: Some(base_report),
             };
             return CompactOutput { body: None, spans: None, summary };
         }
@@ -374,21 +373,19 @@ impl SessionCompactor {
         let tokens_forwarded = step.tokens;
         let unchanged = step.messages.len() == request.raw.len()
             && step.messages.iter().zip(request.raw).all(|(f, r)| f.as_str() == *r);
-        let mut report = base_report;
-        report["action"] = json!(step.action);
-        if step.history_changed {
-            report["history_changed"] = json!(true);
-        }
-        if !step.engine_report.is_null() {
-            report["engine"] = step.engine_report;
-        }
+        let report = BudgetReport {
+            action: Some(step.action),
+            history_changed: step.history_changed,
+            engine: step.engine_report,
+            ..base_report
+        };
         let summary = CompactionSummary {
             tokens_raw,
             tokens_forwarded,
             epoch: state.epoch,
             epoch_started: state.epoch > epoch_before,
             over_window: tokens_forwarded > usable,
-            report,
+            report: Some(report),
         };
         let (body, spans) = if unchanged {
             (None, None)
@@ -400,7 +397,9 @@ impl SessionCompactor {
                     let mut summary = summary;
                     summary.tokens_forwarded = summary.tokens_raw;
                     summary.over_window = tokens_raw > usable;
-                    summary.report["write_failed"] = json!(err.to_string());
+                    if let Some(report) = &mut summary.report {
+                        report.write_failed = Some(err.to_string());
+                    }
                     return CompactOutput { body: None, spans: None, summary };
                 }
             }
@@ -448,9 +447,9 @@ impl SessionCompactor {
             return Step {
                 messages: candidate,
                 tokens: candidate_tokens,
-                action: "append",
+                action: Action::Append,
                 history_changed,
-                engine_report: serde_json::Value::Null,
+                engine_report: None,
             };
         }
 
@@ -506,10 +505,10 @@ impl SessionCompactor {
         let forwarded_tokens = counter.count_request(&messages, request.tools);
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
         let action = match (self.policy.mode, over) {
-            (Mode::Eager, false) => "advance",
-            _ => "epoch",
+            (Mode::Eager, false) => Action::Advance,
+            _ => Action::Epoch,
         };
-        Step { messages, tokens: forwarded_tokens, action, history_changed, engine_report }
+        Step { messages, tokens: forwarded_tokens, action, history_changed, engine_report: Some(engine_report) }
     }
 
     /// An epoch that compacts as little as it can. One engine run over the whole candidate, given
@@ -601,7 +600,7 @@ fn source_end(source: &Source) -> usize {
 struct Attempt {
     boundary: usize,
     prefix: Vec<String>,
-    report: serde_json::Value,
+    report: Report,
     /// For each prefix message, the candidate message(s) it stands for.
     sources: Vec<Source>,
 }
@@ -665,14 +664,6 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
 impl ChatCompactor for SessionCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         Ok(self.compact_messages(input.session, input.body, input.messages, input.window))
-    }
-}
-
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Epoch => "epoch",
-        Mode::Eager => "eager",
-        Mode::Off => "off",
     }
 }
 

@@ -102,51 +102,50 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
     let pct = if before > 0 { 100.0 * (before as f64 - after as f64) / before as f64 } else { 0.0 };
     let mut s = format!(
         "pack {} · messages {} → {} (tail from #{}) · tokens {} → {} (−{pct:.1} %, {encoding})\n",
-        r["pack"].as_str().unwrap_or("?"),
-        r["messages_in"],
-        r["messages_out"],
+        r.pack,
+        r.messages_in,
+        r.messages_out,
         out.boundary,
         group_digits(before as usize),
         group_digits(after as usize),
     );
-    let tiers = r.get("tiers");
+    let tiers = r.tiers.as_ref();
     // The target tiers and elision aimed at: the window's, or the history budget's when lower.
-    if let Some(target) = tiers.and_then(|t| t["target_tokens"].as_u64()).or(target) {
+    if let Some(target) = tiers.and_then(|t| t.target_tokens).or(target) {
         s.push_str(&format!("target {} tokens", group_digits(target as usize)));
         if let Some(t) = tiers {
             s.push_str(&format!(
                 " · tiers focus {} recent {} summary {} background {} · elided {} groups{}",
-                t["focus"],
-                t["recent"],
-                t["summary"],
-                t["background"],
-                t["elided_groups"],
-                if t["over_target"] == true { " · still over target" } else { "" }
+                t.focus,
+                t.recent,
+                t.summary,
+                t.background,
+                t.elided_groups,
+                if t.over_target { " · still over target" } else { "" }
             ));
         }
         s.push('\n');
     }
-    if let Some(history) = tiers.and_then(|t| t["history_tokens_after_rules"].as_u64()) {
+    if let Some(history) = tiers.and_then(|t| t.history_tokens_after_rules) {
         s.push_str(&format!(
             "history {} tokens after the rules (eager's history budget)\n",
             group_digits(history as usize)
         ));
     }
-    for key in ["input_invalid", "validation_failed"] {
-        if let Some(why) = r.get(key).and_then(Value::as_str) {
+    for (key, why) in [("input_invalid", &r.input_invalid), ("validation_failed", &r.validation_failed)] {
+        if let Some(why) = why {
             s.push_str(&format!("{key}: {why} (forwarded unchanged)\n"));
         }
     }
     s.push_str(&format!("{:<24}{:>10}{:>14}{:>14}\n", "rule", "messages", "chars saved", "tokens saved"));
-    if let Some(rules) = r["rules"].as_object() {
-        for (name, v) in rules {
-            s.push_str(&format!(
-                "{name:<24}{:>10}{:>14}{:>14}\n",
-                v["messages"].as_u64().unwrap_or(0),
-                group_signed(v["chars_saved"].as_i64().unwrap_or(0)),
-                group_signed(v["tokens_saved"].as_i64().unwrap_or(0))
-            ));
-        }
+    for (rule, v) in &r.rules {
+        s.push_str(&format!(
+            "{:<24}{:>10}{:>14}{:>14}\n",
+            rule.name(),
+            v.messages,
+            group_signed(v.chars_saved),
+            group_signed(v.tokens_saved)
+        ));
     }
     s
 }

@@ -371,10 +371,9 @@ fn diff_block(
     let (raw, fwd) = (raw_parsed.messages(), fwd_parsed.messages());
     head.push_str(&format!(" · messages {} → {}", n(raw.len() as i64), n(fwd.len() as i64)));
     if let Some(summary) = &ex.summary {
-        let count = |key: &str| summary[key].as_i64().map(n).unwrap_or_else(|| "-".into());
-        head.push_str(&format!(" · tokens {} → {}", count("tokens_raw"), count("tokens_forwarded")));
-        if summary["epoch_started"] == true {
-            head.push_str(&format!(" · epoch {} starts", summary["epoch"]));
+        head.push_str(&format!(" · tokens {} → {}", n(summary.tokens_raw as i64), n(summary.tokens_forwarded as i64)));
+        if summary.epoch_started {
+            head.push_str(&format!(" · epoch {} starts", summary.epoch));
         }
     }
     if ex.fwd_len.is_none() {

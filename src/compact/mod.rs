@@ -89,8 +89,8 @@ pub struct Compacted {
     /// The forwarded form of raw messages `0..boundary`, each a complete JSON message (an elided run is
     /// one marker message, so `prefix.len()` may be smaller than `boundary`).
     pub prefix: Vec<String>,
-    /// What each rule did (a serialized [`Report`]).
-    pub report: serde_json::Value,
+    /// What each rule did.
+    pub report: Report,
     /// A target was given and the rules alone did not reach it, so salience tiers and elision ran:
     /// the prefix is fitted as a whole. `false` means every edit in the prefix is a rule's, made
     /// message by message, so a caller may keep the compacted form of a leading part only (the
@@ -260,7 +260,7 @@ impl Engine {
         }
 
         fill_report(&conv, &edits, &elided, &mut report, prefix.len());
-        (Compacted { boundary: conv.boundary, prefix, report: report.to_value(), fitted }, sources)
+        (Compacted { boundary: conv.boundary, prefix, report, fitted }, sources)
     }
 }
 
@@ -271,7 +271,7 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Sou
     let compacted = Compacted {
         boundary: conv.msgs.len(),
         prefix: conv.raw.iter().map(|m| (*m).to_owned()).collect(),
-        report: report.to_value(),
+        report,
         fitted: false,
     };
     (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
@@ -378,7 +378,7 @@ fn fill_report(
     for (rule, stats) in per_rule {
         report.chars_saved += stats.chars_saved;
         report.tokens_saved += stats.tokens_saved;
-        report.rules.insert(rule.name(), stats);
+        report.rules.insert(rule, stats);
     }
     report.messages_out = prefix_len + (conv.msgs.len() - conv.boundary);
 }

@@ -2,10 +2,10 @@
 //! saved; the tiers and elision when a target was given; and why the request was forwarded
 //! unchanged when it was (invalid input, failed final validation).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Every rule and stage, in the order they run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleId {
     Custom,
@@ -70,7 +70,8 @@ impl RuleId {
 }
 
 /// What one rule did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RuleStats {
     pub messages: u64,
     pub chars_saved: i64,
@@ -80,7 +81,8 @@ pub struct RuleStats {
 }
 
 /// Salience tiers and elision (present when a token target or a history budget was given).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TierReport {
     /// What tiers and elision aimed at: the window's target, or the one the history budget sets when
     /// the history is over its high mark, whichever is lower. `None`: neither asked for anything.
@@ -99,8 +101,10 @@ pub struct TierReport {
     pub over_target: bool,
 }
 
-/// The report of one compaction.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// The report of one compaction. Archived inside each request's summary: every field has a default,
+/// so a summary written before a field existed still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Report {
     pub pack: String,
     pub messages_in: usize,
@@ -112,7 +116,7 @@ pub struct Report {
     pub chars_saved: i64,
     pub tokens_saved: i64,
     /// Per rule, in the order they run; rules that did nothing are left out.
-    pub rules: indexmap::IndexMap<&'static str, RuleStats>,
+    pub rules: indexmap::IndexMap<RuleId, RuleStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierReport>,
     /// The input itself breaks invariant 1 (an agent bug): forwarded unchanged.
@@ -123,8 +127,16 @@ pub struct Report {
     pub validation_failed: Option<String>,
 }
 
-impl Report {
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("the report always serializes")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_reads_and_writes_by_its_pack_name() {
+        for rule in RuleId::ALL {
+            let json = serde_json::to_string(&rule).unwrap();
+            assert_eq!(json, format!("\"{}\"", rule.name()));
+            assert_eq!(serde_json::from_str::<RuleId>(&json).unwrap(), rule);
+        }
     }
 }

@@ -11,8 +11,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use serde_json::Value;
-
 use crate::archive::ArchiveError;
 use crate::archive::export::{SftFormat, export_dpo, export_sft};
 use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter};
@@ -259,8 +257,7 @@ impl Ui {
             return Err(ArchiveError::NoRequest { session: id.to_owned(), seq });
         };
         // Between epochs the forwarded prefix is the one compacted when the epoch started.
-        let started =
-            |e: &&ExchangeInfo| e.summary.as_ref().and_then(|s| s.get("epoch_started")) == Some(&Value::Bool(true));
+        let started = |e: &&ExchangeInfo| e.summary.as_ref().is_some_and(|s| s.epoch_started);
         let epoch_started_at = exchanges
             .iter()
             .filter(|e| e.seq <= seq)
@@ -328,11 +325,6 @@ fn messages_of(path: &str, body: &[u8]) -> Vec<String> {
     crate::wire::parse(wire, body)
         .map(|parsed| parsed.messages().into_iter().map(str::to_owned).collect())
         .unwrap_or_default()
-}
-
-/// `summary[key]` as a number.
-fn summary_u64(summary: Option<&Value>, key: &str) -> Option<u64> {
-    summary.and_then(|s| s.get(key)).and_then(Value::as_u64)
 }
 
 #[cfg(test)]

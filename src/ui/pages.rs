@@ -7,11 +7,12 @@ use std::path::Path;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde_json::Value;
 
-use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode, summary_u64};
+use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
 use crate::archive::query::{ExchangeInfo, ResponseInfo, SessionInfo, SessionPage};
 use crate::archive::verify::{VerifyReport, summary_line};
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+use crate::exchange::CompactionSummary;
 use crate::session::content_text;
 
 const STYLE: &str = r#"
@@ -252,11 +253,10 @@ pub fn session(
     answers: &[Option<ResponseInfo>],
     report: &VerifyReport,
 ) -> Markup {
-    let tokens = |e: &ExchangeInfo, key: &str| summary_u64(e.summary.as_ref(), key);
-    let window =
-        |e: &ExchangeInfo| e.summary.as_ref().and_then(|s| s.pointer("/report/window")).and_then(Value::as_u64);
-    let scale = exchanges.iter().flat_map(|e| [tokens(e, "tokens_raw"), window(e)]).flatten().max().unwrap_or(1);
-    let epochs = exchanges.iter().filter_map(|e| tokens(e, "epoch")).max().unwrap_or(0);
+    let tokens = |e: &ExchangeInfo, of: fn(&CompactionSummary) -> u64| e.summary.as_ref().map(of);
+    let window = |e: &ExchangeInfo| e.summary.as_ref().and_then(|s| s.report.as_ref()).map(|r| r.window);
+    let scale = exchanges.iter().flat_map(|e| [tokens(e, |s| s.tokens_raw), window(e)]).flatten().max().unwrap_or(1);
+    let epochs = exchanges.iter().filter_map(|e| tokens(e, |s| s.epoch)).max().unwrap_or(0);
     let partial = answers.iter().flatten().filter(|a| a.partial).count();
     let wire = info.wire.unwrap_or("—");
     let session_query = format!("session={}", percent_encode(&info.id));
@@ -295,8 +295,8 @@ pub fn session(
                 } }
                 tbody {
                     @for (e, answer) in exchanges.iter().zip(answers) {
-                        @let raw = tokens(e, "tokens_raw");
-                        @let fwd = tokens(e, "tokens_forwarded");
+                        @let raw = tokens(e, |s| s.tokens_raw);
+                        @let fwd = tokens(e, |s| s.tokens_forwarded);
                         tr {
                             td.num { a href=(request_href(&info.id, e.seq)) { (e.seq) } }
                             td.muted { (show_time(e.at_ms)) }
@@ -304,14 +304,14 @@ pub fn session(
                             td.num { (fwd.map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) }
                             td { (bar(raw.unwrap_or(0), fwd.or(raw).unwrap_or(0), window(e), scale)) }
                             td {
-                                @if e.summary.as_ref().and_then(|s| s.get("epoch_started")) == Some(&Value::Bool(true)) {
-                                    span.badge.epoch { "epoch " (tokens(e, "epoch").unwrap_or(0)) }
-                                } @else if let Some(epoch) = tokens(e, "epoch").filter(|n| *n > 0) {
+                                @if e.summary.as_ref().is_some_and(|s| s.epoch_started) {
+                                    span.badge.epoch { "epoch " (tokens(e, |s| s.epoch).unwrap_or(0)) }
+                                } @else if let Some(epoch) = tokens(e, |s| s.epoch).filter(|n| *n > 0) {
                                     span.muted { "epoch " (epoch) }
                                 } @else if e.fwd_len.is_none() {
                                     span.muted { "unchanged" }
                                 }
-                                @if e.summary.as_ref().and_then(|s| s.get("over_window")) == Some(&Value::Bool(true)) {
+                                @if e.summary.as_ref().is_some_and(|s| s.over_window) {
                                     " " span.badge.bad { "over window" }
                                 }
                             }
@@ -439,34 +439,32 @@ fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
     html! { @for block in blocks { (block) } }
 }
 
-fn compaction_report(summary: Option<&Value>, epoch_link: Markup) -> Markup {
+fn compaction_report(summary: Option<&CompactionSummary>, epoch_link: Markup) -> Markup {
     let Some(summary) = summary else { return html! { p.muted { "no compaction summary recorded" } } };
-    let report = summary.get("report");
-    let engine = report.and_then(|r| r.get("engine"));
-    let rules = engine.and_then(|e| e.get("rules")).and_then(Value::as_object);
-    let field = |v: Option<&Value>| {
-        v.map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())).unwrap_or_else(|| "—".into())
-    };
+    let report = summary.report.as_ref();
+    let engine = report.and_then(|r| r.engine.as_ref());
+    // An enum as the word it is archived as.
+    let word = |v: Option<Value>| v.and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| "—".into());
     html! {
         div.facts {
-            div { b { (field(report.and_then(|r| r.get("mode")))) } span { "mode" } }
-            div { b { (field(report.and_then(|r| r.get("action")))) } span { "action" } }
-            div { b { (field(report.and_then(|r| r.get("window")))) } span { "window" } }
-            div { b { (field(summary.get("epoch"))) } span { "epoch" } }
+            div { b { (word(report.and_then(|r| serde_json::to_value(r.mode).ok()))) } span { "mode" } }
+            div { b { (word(report.and_then(|r| r.action).and_then(|a| serde_json::to_value(a).ok()))) } span { "action" } }
+            div { b { (report.map_or_else(|| "—".into(), |r| r.window.to_string())) } span { "window" } }
+            div { b { (summary.epoch) } span { "epoch" } }
             (epoch_link)
-            @if engine.is_some() {
-                div { b { (field(engine.and_then(|e| e.get("pack")))) } span { "pack" } }
-                div { b { (field(engine.and_then(|e| e.get("boundary")))) } span { "protected tail from #" } }
+            @if let Some(engine) = engine {
+                div { b { (engine.pack) } span { "pack" } }
+                div { b { (engine.boundary) } span { "protected tail from #" } }
             }
         }
-        @if let Some(rules) = rules.filter(|r| !r.is_empty()) {
+        @if let Some(rules) = engine.map(|e| &e.rules).filter(|r| !r.is_empty()) {
             table id="rules" style="margin-top:8px;width:auto" {
                 thead { tr { th { "Rule" } th.num { "Messages" } th.num { "Chars saved" } th.num { "Tokens saved" } } }
-                tbody { @for (name, v) in rules { tr {
-                    td { span.badge.rule { (name) } }
-                    td.num { (int(v["messages"].as_i64().unwrap_or(0))) }
-                    td.num { (int(v["chars_saved"].as_i64().unwrap_or(0))) }
-                    td.num { (int(v["tokens_saved"].as_i64().unwrap_or(0))) }
+                tbody { @for (rule, v) in rules { tr {
+                    td { span.badge.rule { (rule.name()) } }
+                    td.num { (int(v.messages as i64)) }
+                    td.num { (int(v.chars_saved)) }
+                    td.num { (int(v.tokens_saved)) }
                 } } }
             }
         }
@@ -520,8 +518,8 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
                 div { b { (e.model.as_deref().unwrap_or("—")) } span { "model" } }
                 div { b { code { (e.method) " " (e.path) } } span { "request" } }
                 div { b { (int(e.raw_len)) " → " (int(e.fwd_len.unwrap_or(e.raw_len))) } span { "bytes raw → forwarded" } }
-                div { b { (summary_u64(summary, "tokens_raw").map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) " → "
-                          (summary_u64(summary, "tokens_forwarded").map(|n| int(n as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
+                div { b { (summary.map(|s| int(s.tokens_raw as i64)).unwrap_or_else(|| "—".into())) " → "
+                          (summary.map(|s| int(s.tokens_forwarded as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
                 div { b { (raw.len()) " → " (forwarded.len()) } span { "messages" } }
             }
             @if let Some(skipped) = &e.skipped { p { span.badge.warn { "forwarded unchanged" } " " (skipped) } }

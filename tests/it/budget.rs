@@ -319,7 +319,9 @@ use bytes::Bytes;
 use http::HeaderMap;
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::report::Report;
 use pare::compact::{CompactOptions, Compacted, HistoryBudget, Source};
+use pare::exchange::Action;
 use pare::memory::{BudgetStats, StateBudget};
 use pare::neutral::View;
 use pare::pipeline::CompactOutput;
@@ -394,7 +396,7 @@ impl CompactEngine for MaskEngine {
             + REPLY_PRIMING;
         let fitted = options.target_tokens.is_some_and(|target| tokens > target);
         self.fitted.lock().unwrap().push(fitted);
-        (Compacted { boundary, prefix, report: json!({"masked": boundary}), fitted }, sources)
+        (Compacted { boundary, prefix, report: Report { boundary, ..Report::default() }, fitted }, sources)
     }
 }
 
@@ -470,7 +472,7 @@ fn epoch_fires_at_high_water_and_lands_under_low_water() {
             assert_eq!(s.tokens_raw, s.tokens_forwarded);
         }
         if s.epoch > previous_epoch {
-            assert_eq!(s.report["action"], "epoch");
+            assert_eq!(s.report.as_ref().unwrap().action, Some(Action::Epoch));
             assert!(s.tokens_forwarded as f64 <= 0.5 * usable, "request {k}: epoch landed at {}", s.tokens_forwarded);
         } else {
             assert!(s.tokens_forwarded as f64 <= 0.75 * usable, "request {k}: {} over high water", s.tokens_forwarded);
@@ -575,7 +577,7 @@ fn edited_history_starts_fresh() {
     let edited = String::from_utf8(requests[20].clone()).unwrap().replace("Fix the failing test", "Fix the flaky test");
     let body = ChatBody::parse(edited.as_bytes()).unwrap();
     let out = compactor.compact_body("s", &body, Some(WINDOW));
-    assert_eq!(out.summary.report["history_changed"], true);
+    assert!(out.summary.report.unwrap().history_changed);
     let forwarded = out.body.unwrap_or_else(|| edited.clone().into_bytes());
     let forwarded = String::from_utf8(forwarded).unwrap();
     assert!(forwarded.contains("Fix the flaky test"));
@@ -589,12 +591,14 @@ fn eager_mode_advances_every_polling_turns() {
     let compactor = compactor_with(yaml, engine.clone());
     // A large window: never at high water, so only polling advances the frontier.
     let results = run(&compactor, "s", &coding_session(13, 40), 1_000_000);
-    let actions: Vec<&str> = results.iter().map(|(_, o)| o.summary.report["action"].as_str().unwrap()).collect();
-    let advances: Vec<usize> = actions.iter().enumerate().filter(|(_, a)| **a == "advance").map(|(i, _)| i).collect();
+    let actions: Vec<Action> =
+        results.iter().map(|(_, o)| o.summary.report.as_ref().unwrap().action.unwrap()).collect();
+    let advances: Vec<usize> =
+        actions.iter().enumerate().filter(|(_, a)| **a == Action::Advance).map(|(i, _)| i).collect();
     assert_eq!(advances, vec![0, 3, 6, 9, 12], "{actions:?}");
     assert!(engine.targets.lock().unwrap().iter().all(Option::is_none), "no target below high water");
     for (k, pair) in results.windows(2).enumerate() {
-        if actions[k + 1] == "append" {
+        if actions[k + 1] == Action::Append {
             let (before, after) = (&pair[0].0, &pair[1].0);
             assert_eq!(after[..before.len()], before[..], "request {}: not a pure append", k + 1);
         }
@@ -633,7 +637,7 @@ fn eager_and_epoch_each_use_their_own_water_marks() {
             };
             let over = tokens.count_request(&candidate, None) as f64 > high * usable;
             crossed |= over;
-            assert_eq!(out.summary.report["action"] == "epoch", over, "{mode}, request {k}");
+            assert_eq!(out.summary.report.as_ref().unwrap().action == Some(Action::Epoch), over, "{mode}, request {k}");
         }
         assert!(crossed, "{mode}: the session must cross {high}");
     }

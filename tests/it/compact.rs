@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use pare::budget::tokens::{CountTokens, QuarterCounter};
 use pare::compact::pack::{BUILTIN_PACKS, load_pack};
+use pare::compact::report::{Report, RuleId};
 use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget};
 use pare::config::{SalienceConfig, TierBudgets};
 use pare::wire::ChatBody;
@@ -128,7 +129,7 @@ fn golden_outputs_are_idempotent_and_deterministic() {
             assert_eq!(
                 String::from_utf8_lossy(&once),
                 String::from_utf8_lossy(&twice),
-                "{input} × {pack}: compacting the output changed it: {}",
+                "{input} × {pack}: compacting the output changed it: {:?}",
                 report.report
             );
         }
@@ -163,7 +164,7 @@ fn a_large_request_compacts_the_same_on_one_thread_and_on_all_cores() {
             );
             let one = CompactOptions { target_tokens: target, single_thread: true, ..Default::default() };
             let one_thread = engine.compact(&parsed.view(), &one, &QuarterCounter);
-            assert!(all_cores.report["tokens_saved"].as_i64().unwrap_or(0) > 0, "{pack}: the rules saved nothing");
+            assert!(all_cores.report.tokens_saved > 0, "{pack}: the rules saved nothing");
             assert_eq!(all_cores.prefix, one_thread.prefix, "{pack}, target {target:?}");
             assert_eq!(all_cores.report, one_thread.report, "{pack}, target {target:?}");
             assert_eq!(all_cores.fitted, one_thread.fitted);
@@ -211,17 +212,17 @@ use build::*;
 
 /// Compact `messages` with the default pack (+ overrides); returns the forwarded messages and the
 /// report, after checking the invariants, determinism and idempotence.
-fn forward(overrides: Value, messages: &[Value]) -> (Vec<Value>, Value) {
+fn forward(overrides: Value, messages: &[Value]) -> (Vec<Value>, Report) {
     let engine = engine("default", overrides);
     forward_with(&engine, messages, None)
 }
 
-fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Vec<Value>, Value) {
+fn forward_with(engine: &Engine, messages: &[Value], target: Option<u64>) -> (Vec<Value>, Report) {
     forward_opts(engine, messages, &CompactOptions { target_tokens: target, ..Default::default() })
 }
 
 /// [`forward_with`] with any options: invariants, determinism and idempotence checked.
-fn forward_opts(engine: &Engine, messages: &[Value], options: &CompactOptions) -> (Vec<Value>, Value) {
+fn forward_opts(engine: &Engine, messages: &[Value], options: &CompactOptions) -> (Vec<Value>, Report) {
     let input = body(messages);
     let (out, result) = run_with(engine, &input, options);
     assert_invariants(&input, &out, &result);
@@ -298,7 +299,7 @@ fn collapse_replaces_succeeded_results_and_keeps_the_call() {
         "the call right above says which one it answers; the marker names the call that restores the view"
     );
     assert_eq!(out[5], msgs[5], "a failed result is kept");
-    assert_eq!(report["rules"]["collapse_succeeded"]["messages"], 1);
+    assert_eq!(report.rules[&RuleId::CollapseSucceeded].messages, 1);
 }
 
 #[test]
@@ -312,7 +313,7 @@ fn nothing_in_the_protected_tail_is_touched() {
     // Two assistant messages, two protected turns: everything from the first call on is tail.
     let (out, report) = forward(json!({"protect_last_turns": 2}), &msgs);
     assert_eq!(out, msgs);
-    assert_eq!(report["boundary"], 1);
+    assert_eq!(report.boundary, 1);
     let (out, _) = forward(ONE(), &msgs);
     assert_ne!(out[2], msgs[2]);
 }
@@ -335,7 +336,7 @@ fn truncate_keeps_head_and_tail_of_large_failures_only() {
     assert!(t.ends_with("Error: it broke"), "{t}");
     assert_eq!(t.lines().count(), 16);
     assert_eq!(out[4], msgs[4], "a result under 500 chars is not truncated");
-    assert_eq!(report["rules"]["truncate"]["messages"], 1);
+    assert_eq!(report.rules[&RuleId::Truncate].messages, 1);
 }
 
 #[test]
@@ -360,7 +361,7 @@ fn hard_cap_cuts_long_single_line_failures() {
     let t = text(&out[2]);
     assert!(t.chars().count() <= 4000, "{}", t.len());
     assert!(t.contains("\n[pare: …truncated "));
-    assert_eq!(report["rules"]["hard_cap"]["messages"], 1);
+    assert_eq!(report.rules[&RuleId::HardCap].messages, 1);
     let (out, _) = forward(json!({"protect_last_turns": 1, "hard_cap": {"enabled": false}}), &msgs);
     assert_eq!(out[2], msgs[2]);
 }
@@ -400,8 +401,8 @@ fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
     assert_eq!(args.keys().collect::<Vec<_>>(), ["command", "path", "file_text"], "same keys, same order");
     assert_eq!((args["command"].as_str(), args["path"].as_str()), (Some("create"), Some("/w/a.py")));
     assert!(args["file_text"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
-    assert_eq!(report["rules"]["arguments"]["messages"], 2);
-    assert!(report["rules"]["arguments"]["tokens_saved"].as_i64().unwrap() > 200, "{report}");
+    assert_eq!(report.rules[&RuleId::Arguments].messages, 2);
+    assert!(report.rules[&RuleId::Arguments].tokens_saved > 200, "{report:?}");
     assert_eq!(text(&out[2]), "[tool: bash → ok, 45 chars, 3 lines]", "the results are the other rules' business");
     let (out, _) = forward(json!({"protect_last_turns": 1, "arguments": {"enabled": false}}), &msgs);
     assert_eq!(out[1], msgs[1], "the rule can be switched off");
@@ -426,7 +427,7 @@ fn arguments_are_kept_in_the_tail_on_failure_and_when_short() {
     assert_eq!(out[1], msgs[1], "a failed call's arguments are what the model must fix");
     assert_eq!(out[3], msgs[3], "short arguments are left alone");
     assert_eq!(out[5], msgs[5], "the protected tail is left alone");
-    assert!(report["rules"].get("arguments").is_none(), "{report}");
+    assert!(!report.rules.contains_key(&RuleId::Arguments), "{report:?}");
 }
 
 /// Found by the property test: retry pruning turns the failed result into a marker, which reads as
@@ -444,7 +445,7 @@ fn a_retried_failure_keeps_its_arguments_on_every_compaction() {
     assert!(text(&out[2]).starts_with("[retried: bash("), "{}", text(&out[2]));
     assert_eq!(out[1], msgs[1], "the failed call keeps its arguments");
     assert_ne!(out[3], msgs[3], "the retry that succeeded is shortened");
-    assert_eq!(report["rules"]["arguments"]["messages"], 1);
+    assert_eq!(report.rules[&RuleId::Arguments].messages, 1);
 }
 
 #[test]
@@ -469,7 +470,7 @@ fn arguments_that_are_not_a_json_object_or_already_shortened_are_left_alone() {
     for i in [1, 3, 5, 7] {
         assert_eq!(out[i], msgs[i], "message {i}");
     }
-    assert!(report["rules"].get("arguments").is_none(), "{report}");
+    assert!(!report.rules.contains_key(&RuleId::Arguments), "{report:?}");
 }
 
 #[test]
@@ -540,7 +541,7 @@ fn consecutive_assistant_messages_keep_the_last_and_every_call() {
     let (out, report) = forward(json!({"protect_last_turns": 1}), &msgs);
     let texts: Vec<String> = out.iter().map(text).collect();
     assert_eq!(texts[..6], ["go", "", "Error: failed", "second", "ok", "alone"]);
-    assert_eq!(report["rules"]["consecutive_assistant"]["messages"], 3);
+    assert_eq!(report.rules[&RuleId::ConsecutiveAssistant].messages, 3);
 }
 
 #[test]
@@ -610,7 +611,7 @@ fn loops_collapse_all_but_the_latest_of_three_identical_calls() {
     );
     assert!(text(&out[4]).starts_with("[pare: repeated call 2 of 3:"));
     assert_eq!(out[6], msgs[6], "the latest occurrence is kept");
-    assert_eq!(report["rules"]["loops"]["messages"], 2);
+    assert_eq!(report.rules[&RuleId::Loops].messages, 2);
     // Two occurrences are not a loop.
     let (out, _) = forward(json!({"protect_last_turns": 1}), &[&msgs[..5], &tail()[..]].concat());
     assert_eq!(out[2], msgs[2]);
@@ -707,7 +708,7 @@ fn old_reasoning_is_stripped_outside_the_tail_only() {
     assert_eq!(out[3]["content"], json!([{"type": "text", "text": "answer"}]));
     assert_eq!(text(&out[5]), "Public answer");
     assert_eq!(out[7], msgs[7], "the tail keeps its reasoning");
-    assert_eq!(report["rules"]["reasoning"]["messages"], 3);
+    assert_eq!(report.rules[&RuleId::Reasoning].messages, 3);
 }
 
 #[test]
@@ -738,7 +739,7 @@ fn user_rules_keep_truncate_mark_and_clear() {
         text(&out[8]),
         "Error: x\nlog line 1 of the output\n[...truncated 28 lines...]\nlog line 30 of the output"
     );
-    assert_eq!(report["rules"]["custom"]["messages"], 3);
+    assert_eq!(report.rules[&RuleId::Custom].messages, 3);
 }
 
 /// A custom marker on a message that is not a tool result lists its names as every marker does:
@@ -791,7 +792,7 @@ fn invalid_input_is_forwarded_unchanged_and_reported() {
     let (out, result) = run(&engine("default", ONE()), &input, None);
     assert_eq!(out, input);
     assert_eq!(result.boundary, msgs.len());
-    assert!(result.report["input_invalid"].as_str().unwrap().contains("`c1`"), "{}", result.report);
+    assert!(result.report.input_invalid.unwrap().contains("`c1`"));
 }
 
 #[test]
@@ -806,7 +807,7 @@ fn markers_from_an_earlier_compaction_are_left_alone() {
     let (out, report) = forward(ONE(), &msgs);
     assert_eq!(out[2], msgs[2]);
     assert_eq!(out[4], msgs[4]);
-    assert_eq!(report["messages_changed"], 0);
+    assert_eq!(report.messages_changed, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -954,8 +955,9 @@ fn no_tiers_when_the_rules_reach_the_target() {
     let (rules_only, _) = forward_with(&engine, &msgs, None);
     let (with_target, report) = forward_with(&engine, &msgs, Some(1_000_000));
     assert_eq!(rules_only, with_target);
-    assert_eq!(report["tiers"]["focus"], 0);
-    assert_eq!(report["tiers"]["over_target"], false);
+    let tiers = report.tiers.unwrap();
+    assert_eq!(tiers.focus, 0);
+    assert!(!tiers.over_target);
 }
 
 #[test]
@@ -967,17 +969,16 @@ fn tiers_and_elision_bring_the_request_under_target() {
     for target in [after_rules * 3 / 4, after_rules / 2, after_rules / 4] {
         let (out, report) = forward_with(&engine, &msgs, Some(target));
         let got = tokens_of(&out, 0);
-        assert!(got <= target, "target {target}: got {got}; {report}");
-        assert_eq!(report["tiers"]["over_target"], false);
+        assert!(got <= target, "target {target}: got {got}; {report:?}");
+        let tiers = report.tiers.as_ref().unwrap();
+        assert!(!tiers.over_target);
         assert_eq!(out[0], msgs[0], "the first system message is kept");
-        let tiers = &report["tiers"];
-        let groups =
-            ["focus", "recent", "summary", "background"].iter().map(|t| tiers[t].as_u64().unwrap()).sum::<u64>();
-        assert!(groups > 0, "{report}");
+        let groups = tiers.focus + tiers.recent + tiers.summary + tiers.background;
+        assert!(groups > 0, "{report:?}");
     }
     // The tightest target elides: one marker per run, listing the tools that went.
     let (out, report) = forward_with(&engine, &msgs, Some(after_rules / 4));
-    assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 0, "{report}");
+    assert!(report.tiers.as_ref().unwrap().elided_groups > 0, "{report:?}");
     let marker =
         out.iter().map(text).find(|t| t.starts_with("[pare: ") && t.contains("earlier messages elided")).unwrap();
     assert!(marker.contains("read_file ×") && marker.contains("terminal ×"), "{marker}");
@@ -1000,7 +1001,7 @@ fn a_history_budget_bounds_the_history_whatever_the_request_size() {
     let msgs = long_session(30);
     let engine = engine("default", json!({"protect_last_turns": 2}));
     let (rules_only, report) = forward_with(&engine, &msgs, None);
-    let tail = msgs.len() - report["boundary"].as_u64().unwrap() as usize;
+    let tail = msgs.len() - report.boundary;
     let history = history_of(&rules_only, tail);
     let with = |high: u64, low: u64, target: Option<u64>| {
         let options =
@@ -1010,25 +1011,25 @@ fn a_history_budget_bounds_the_history_whatever_the_request_size() {
 
     // At or under its high mark the history is left as the rules made it.
     let (out, report) = with(history, history / 4, None);
-    assert_eq!(out, rules_only, "{report}");
-    assert_eq!(report["tiers"]["history_tokens_after_rules"], history, "{report}");
+    assert_eq!(out, rules_only, "{report:?}");
+    assert_eq!(report.tiers.as_ref().unwrap().history_tokens_after_rules, Some(history), "{report:?}");
 
     // Over it, tiers and elision bring it down to the low mark; what is not history is untouched.
     for low in [history / 2, history / 4, history / 10] {
         let (out, report) = with(history - 1, low, None);
-        assert!(history_of(&out, tail) <= low, "low {low}: history {}; {report}", history_of(&out, tail));
+        assert!(history_of(&out, tail) <= low, "low {low}: history {}; {report:?}", history_of(&out, tail));
         assert_eq!(out[0], msgs[0]);
         assert_eq!(out[out.len() - tail..], msgs[msgs.len() - tail..]);
-        assert_eq!(report["tiers"]["over_target"], false, "{report}");
+        assert!(!report.tiers.as_ref().unwrap().over_target, "{report:?}");
     }
 
     // With a target as well, the lower of the two wins.
     let after_rules = tokens_of(&rules_only, 0);
     let (out, report) = with(history - 1, history / 2, Some(after_rules - history * 3 / 4));
-    assert!(tokens_of(&out, 0) <= after_rules - history * 3 / 4, "{report}");
-    assert!(history_of(&out, tail) <= history / 4, "{report}");
+    assert!(tokens_of(&out, 0) <= after_rules - history * 3 / 4, "{report:?}");
+    assert!(history_of(&out, tail) <= history / 4, "{report:?}");
     let (out, report) = with(history - 1, history / 4, Some(after_rules - history / 2));
-    assert!(history_of(&out, tail) <= history / 4, "{report}");
+    assert!(history_of(&out, tail) <= history / 4, "{report:?}");
 }
 
 /// Recency on the wall clock (`salience.tau_seconds`): the ages the caller passes decide which groups
@@ -1050,14 +1051,14 @@ fn wall_clock_recency_follows_the_ages_given() {
     // In turns (no ages given): what stays is the most recent.
     let (by_turns, report) = forward_with(&clocked, &msgs, Some(target));
     let left = kept_groups(&by_turns);
-    assert!(!left.is_empty() && left.iter().all(|&i| i >= n / 2), "{left:?} {report}");
+    assert!(!left.is_empty() && left.iter().all(|&i| i >= n / 2), "{left:?} {report:?}");
     // On the clock, with the first half received just now and the second half an hour ago: what
     // stays is the first half's (groups 0..6 hold messages 2..14; message 13, a result, is young).
     let ages: Vec<f64> = (0..msgs.len()).map(|i| if i < msgs.len() / 2 { 1.0 } else { 3600.0 }).collect();
     let options = CompactOptions { target_tokens: Some(target), message_ages_secs: Some(ages), ..Default::default() };
     let (by_clock, report) = forward_opts(&clocked, &msgs, &options);
     let left = kept_groups(&by_clock);
-    assert!(!left.is_empty() && left.iter().all(|&i| i < n / 2), "{left:?} {report}");
+    assert!(!left.is_empty() && left.iter().all(|&i| i < n / 2), "{left:?} {report:?}");
 }
 
 /// A system prompt, a task, then `n` tool turns on files `m{i}.rs` with the given tool names and results.
@@ -1082,8 +1083,8 @@ fn runs_of_small_groups_are_elided_together() {
     let raw_tokens = tokens_of(&msgs, 0);
     let target = raw_tokens / 10;
     let (out, report) = forward_with(&engine, &msgs, Some(target));
-    assert!(tokens_of(&out, 0) <= target, "{report}");
-    assert!(report["tiers"]["elided_groups"].as_u64().unwrap() > 300, "{report}");
+    assert!(tokens_of(&out, 0) <= target, "{report:?}");
+    assert!(report.tiers.as_ref().unwrap().elided_groups > 300, "{report:?}");
     assert!(out.len() < 100, "{} messages left", out.len());
 }
 
@@ -1104,7 +1105,7 @@ fn a_run_that_pays_is_elided_even_after_one_that_does_not() {
     ];
     let engine = engine("default", json!({"protect_last_turns": 0}));
     let (once, report) = run(&engine, &body(&msgs), Some(6));
-    assert_eq!(report.report["tiers"]["elided_groups"], 2, "{}", report.report);
+    assert_eq!(report.report.tiers.as_ref().unwrap().elided_groups, 2, "{:?}", report.report);
     let (twice, _) = run(&engine, &once, Some(6));
     assert_eq!(String::from_utf8_lossy(&once), String::from_utf8_lossy(&twice));
 }
@@ -1126,12 +1127,12 @@ fn an_earlier_elision_marker_merges_into_the_next_one() {
     grown.extend_from_slice(&msgs[msgs.len() - 4..]);
     let (second, report) = forward_with(&engine, &grown, Some(tokens_of(&grown, 0) / 3));
     let found = markers(&second);
-    assert_eq!(found.len(), 1, "{found:?}\n{report}");
+    assert_eq!(found.len(), 1, "{found:?}\n{report:?}");
     let earlier = pare::compact::markers::parse_elision(&markers(&first)[0]).unwrap();
     let merged = pare::compact::markers::parse_elision(&found[0]).unwrap();
     assert!(merged.messages > earlier.messages, "{found:?}");
-    let elided_now = report["tiers"]["elided_messages"].as_u64().unwrap() as usize;
-    assert_eq!(merged.messages, earlier.messages + elided_now - 1, "{found:?}\n{report}");
+    let elided_now = report.tiers.as_ref().unwrap().elided_messages as usize;
+    assert_eq!(merged.messages, earlier.messages + elided_now - 1, "{found:?}\n{report:?}");
 }
 
 #[test]
@@ -1175,14 +1176,14 @@ fn a_target_reachable_only_with_terse_markers_is_reached() {
     let floor = tokens_of(&msgs[..2], 0) + tokens_of(&msgs[msgs.len() - 2..], 0);
     for target in floor..tokens_of(&msgs, 0) {
         let (out, report) = forward_with(&engine, &msgs, Some(target));
-        if report["tiers"]["over_target"] == false {
-            assert!(tokens_of(&out, 0) <= target, "{report}");
+        if !report.tiers.as_ref().unwrap().over_target {
+            assert!(tokens_of(&out, 0) <= target, "{report:?}");
             continue;
         }
         // Over target only when even one terse marker for everything elidable does not fit.
         let all_gone =
             out.iter().filter(|m| text(m).contains("earlier messages elided")).count() == 1 && out.len() == 5;
-        assert!(all_gone, "target {target} (floor {floor}) missed with groups left: {out:?}\n{report}");
+        assert!(all_gone, "target {target} (floor {floor}) missed with groups left: {out:?}\n{report:?}");
     }
 }
 
@@ -1191,14 +1192,14 @@ fn an_unreachable_target_says_so_and_still_never_grows() {
     let msgs = long_session(3);
     let engine = engine("default", json!({"protect_last_turns": 2}));
     let (out, report) = forward_with(&engine, &msgs, Some(10));
-    assert_eq!(report["tiers"]["over_target"], true);
+    assert!(report.tiers.as_ref().unwrap().over_target);
     assert!(tokens_of(&out, 0) <= tokens_of(&msgs, 0));
     // Users, the first system message and the tail survive even elision.
     assert_eq!(out[0], msgs[0]);
     assert_eq!(out[1], msgs[1]);
     // Over target after eliding all it could, the markers keep their counts but drop their file lists.
     let markers: Vec<String> = out.iter().map(text).filter(|t| t.contains("earlier messages elided")).collect();
-    assert!(!markers.is_empty(), "{report}");
+    assert!(!markers.is_empty(), "{report:?}");
     assert!(markers.iter().all(|m| !m.contains("; files:")), "{markers:?}");
 }
 
@@ -1223,7 +1224,7 @@ fn errors_outrank_newer_successes() {
     let (rules_only, _) = forward_with(&engine, &msgs, None);
     let target = tokens_of(&rules_only, 0) - 200;
     let (out, report) = forward_with(&engine, &msgs, Some(target));
-    assert!(text(&out[3]).len() > text(&out[5]).len(), "{report}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
+    assert!(text(&out[3]).len() > text(&out[5]).len(), "{report:?}\n{}\n---\n{}", text(&out[3]), text(&out[5]));
 }
 
 /// The two other terms of salience: `F`, a group that mentions a file the protected tail touches, and
@@ -1255,7 +1256,7 @@ fn focused_files_and_task_words_outrank_one_turn_of_recency() {
         let target = tokens_of(&rules_only, 0) - groups * 7 / 10;
         let (out, report) = forward_with(&engine, &msgs, Some(target));
         let (a, b) = (text(&out[3]).len(), text(&out[5]).len());
-        assert_ne!(a, b, "{report}");
+        assert_ne!(a, b, "{report:?}");
         a > b
     };
     // F: the older read is of the file the tail works on.
@@ -1482,8 +1483,8 @@ fn check_generated(
     let input = body(msgs);
     let parsed = ChatBody::parse(&input).unwrap();
     let (result, sources) = engine.compact_traced(&parsed.view(), options, &QuarterCounter);
-    prop_assert!(result.report.get("input_invalid").is_none(), "{}", result.report);
-    prop_assert!(result.report.get("validation_failed").is_none(), "{}", result.report);
+    prop_assert!(result.report.input_invalid.is_none(), "{:?}", result.report);
+    prop_assert!(result.report.validation_failed.is_none(), "{:?}", result.report);
     let (out, again) = run_with(&engine, &input, options);
     assert_invariants(&input, &out, &again);
     // Unknown keys of every edited message survive; untouched messages are their original bytes.
@@ -1516,7 +1517,7 @@ fn check_generated(
     let (same, _) = run_with(&engine, &input, options);
     prop_assert_eq!(&out, &same, "not deterministic");
     let (twice, r2) = run_with(&engine, &out, options);
-    prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent: {}", r2.report);
+    prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent: {:?}", r2.report);
     Ok(())
 }
 
@@ -1536,8 +1537,8 @@ fn a_pointer_marker_that_saves_nothing_leaves_the_message_to_collapse() {
     let msgs = generated::build(&turns);
     check_generated(&msgs, BUILTIN_PACKS[0].0, 0, &CompactOptions::default()).unwrap();
     let (out, report) = forward(json!({"protect_last_turns": 0}), &msgs);
-    assert!(text(&out[3]).starts_with("[tool: str_replace_editor → ok"), "{report}");
-    assert!(text(&out[5]).starts_with("[tool: read_file → ok"), "{report}");
+    assert!(text(&out[3]).starts_with("[tool: str_replace_editor → ok"), "{report:?}");
+    assert!(text(&out[5]).starts_with("[tool: read_file → ok"), "{report:?}");
 }
 
 proptest::proptest! {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pare::budget::tokens::{CountTokens, REPLY_PRIMING};
 use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::report::Report;
 use pare::compact::{CompactOptions, Compacted, Source};
 use pare::config::Config;
 use pare::eval::{Metrics, evaluate_session};
@@ -169,7 +170,7 @@ impl CompactEngine for BadEngine {
             prefix.push(v.to_string());
             sources.push(Source::Edited(i));
         }
-        (Compacted { boundary, prefix, report: Value::Null, fitted: false }, sources)
+        (Compacted { boundary, prefix, report: Report::default(), fitted: false }, sources)
     }
 }
 

@@ -124,8 +124,8 @@ fn replaying_a_converted_session_keeps_the_invariants_the_cached_prefix_and_comp
         let out = replay_session(&compactor, Wire::Messages, "s", &lines, None);
         for (k, (raw, replayed)) in lines.iter().zip(&out).enumerate() {
             assert!(replayed.skipped.is_none(), "{mode:?} {k}: {:?}", replayed.skipped);
-            let report = &replayed.summary.as_ref().unwrap().report;
-            assert_eq!(report["tokens_estimated"], true, "{mode:?} {k}: the counts are an estimate");
+            let report = replayed.summary.as_ref().unwrap().report.as_ref().unwrap();
+            assert!(report.tokens_estimated, "{mode:?} {k}: the counts are an estimate");
             check_forwarded(raw, &replayed.forwarded, &format!("{mode:?} request {k}"));
         }
         // Between epochs nothing already sent is rewritten: each request's turns (marks aside)

@@ -41,10 +41,11 @@ fn retry_key(call: &super::super::conversation::Call) -> &str {
 #[cfg(test)]
 mod tests {
     use crate::budget::tokens::QuarterCounter;
+    use crate::compact::report::{Report, RuleId};
     use crate::compact::{CompactOptions, Engine};
     use crate::wire::ChatBody;
 
-    fn compact_once(engine: &Engine, body: &[u8]) -> (Vec<u8>, serde_json::Value) {
+    fn compact_once(engine: &Engine, body: &[u8]) -> (Vec<u8>, Report) {
         let parsed = ChatBody::parse(body).unwrap();
         let out = engine.compact(&parsed.view(), &CompactOptions::default(), &QuarterCounter);
         let mut messages = out.prefix;
@@ -62,9 +63,9 @@ mod tests {
         let mut engine = Engine::default_pack();
         engine.policy.spec.protect_last_turns = 0;
         let (first, report) = compact_once(&engine, body.as_bytes());
-        assert!(report["rules"].get("duplicates").is_some(), "{report}");
-        assert!(report["rules"].get("retry_pruning").is_none(), "{report}");
+        assert!(report.rules.contains_key(&RuleId::Duplicates), "{report:?}");
+        assert!(!report.rules.contains_key(&RuleId::RetryPruning), "{report:?}");
         let (second, report) = compact_once(&engine, &first);
-        assert_eq!(String::from_utf8(second).unwrap(), String::from_utf8(first).unwrap(), "{report}");
+        assert_eq!(String::from_utf8(second).unwrap(), String::from_utf8(first).unwrap(), "{report:?}");
     }
 }
