@@ -183,6 +183,10 @@ pub const MAX_QUEUE_BYTES: u64 = 512 * 1024 * 1024;
 /// How long a `strict` request waits for its commit before it is forwarded anyway (and counted).
 pub const STRICT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long [`Archive::start_limited`] waits for the writer's first open of the store (a store busy
+/// in another process can hold it up to SQLite's busy timeout).
+pub const FIRST_OPEN_WAIT: Duration = Duration::from_secs(5);
+
 pub(crate) enum Job {
     Exchange {
         ticket: Ticket,
@@ -272,6 +276,8 @@ impl Archive {
     }
 
     /// Start the archive in `dir`; past `max_bytes` the store refuses records as a full disk would.
+    /// Returns once the writer's first open of the store is over (at most [`FIRST_OPEN_WAIT`]), so that
+    /// a reader opened afterwards finds the schema, never a store being created.
     pub fn start_limited(
         dir: PathBuf,
         durability: Durability,
@@ -290,11 +296,15 @@ impl Archive {
             budget: std::sync::OnceLock::new(),
         });
         let (tx, rx) = mpsc::channel();
+        let (opened_tx, opened_rx) = mpsc::sync_channel(1);
         let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
         let thread = std::thread::Builder::new()
             .name("pare-archive".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || writer.run(rx, opened_tx))
             .expect("spawning the archive writer thread");
+        if opened_rx.recv_timeout(FIRST_OPEN_WAIT).is_err() {
+            tracing::warn!(archive = %shared.dir.display(), "the archive store is still opening; starting without waiting for it");
+        }
         Arc::new(Archive {
             shared,
             tx: Mutex::new(Some(tx)),

@@ -132,7 +132,8 @@ pub fn open_rw(dir: &Path) -> Result<Connection, ArchiveError> {
     Ok(conn)
 }
 
-/// Open an existing store for reading (the CLI). Fails when there is no store in `dir`.
+/// Open an existing store for reading (the CLI). Fails with [`ArchiveError::NoStore`] when there is no
+/// store in `dir`, or only a file whose schema a starting writer has not written yet.
 pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
     let path = dir.join(DB_FILE);
     if !path.exists() {
@@ -141,6 +142,15 @@ pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
     let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(|e| ArchiveError::open(&path, e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
+    // The writer creates the tables in order: the last one there means they all are.
+    let has_schema: bool = conn
+        .query_row("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'responses')", [], |r| {
+            r.get(0)
+        })
+        .map_err(|e| ArchiveError::open(&path, e))?;
+    if !has_schema {
+        return Err(ArchiveError::NoStore(path));
+    }
     Ok(conn)
 }
 

@@ -10,7 +10,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -127,10 +127,13 @@ impl Writer {
         }
     }
 
-    pub(crate) fn run(mut self, rx: Receiver<Job>) {
+    /// Open the store, say on `opened` that the first attempt is over (the store and its schema exist,
+    /// or the failure is counted and the open retried), then write jobs until the shutdown.
+    pub(crate) fn run(mut self, rx: Receiver<Job>, opened: SyncSender<()>) {
         if let Err(e) = self.ensure_open() {
             self.shared.fail(0, e);
         }
+        let _ = opened.send(());
         while let Ok(first) = rx.recv() {
             // Gather a group: records keep arriving for up to `flush_interval` after the first, so
             // that a steady trickle of requests shares one commit (each commit writes its pages to the

@@ -42,9 +42,6 @@ class PareProcess:
             self.process.kill()
             raise RuntimeError(f"pare did not start: {self.lines}")
         self.url = f"http://{self.addr}"
-        # The archive's schema is written just after pare starts listening: `pare sessions` fails on
-        # the store until then.
-        wait_until(lambda: self._run_cli("sessions", "list").returncode == 0, START_TIMEOUT_S, "pare's archive")
 
     def _read_logs(self):
         for line in self.process.stderr:

@@ -724,6 +724,38 @@ fn an_archive_that_cannot_be_opened_keeps_the_pipeline_working_and_counts_losses
     assert_eq!(pipeline.stats.strict_unconfirmed.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
+/// `pare serve` listens once the archive has started: a reader opened right then (`pare sessions
+/// list`, the pipeline rebuilding its sessions) finds an empty archive, never a store whose schema is
+/// still being written.
+#[test]
+fn a_reader_opened_as_the_archive_starts_finds_it_empty() {
+    for _ in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = start(dir.path());
+        let reader = ArchiveReader::open(dir.path()).expect("the store exists once the archive has started");
+        assert_eq!(reader.sessions(&SessionFilter::default()).unwrap(), vec![]);
+        archive.close();
+    }
+    // A store that cannot be opened is said so as soon as the archive has started; pare still starts.
+    let parent = tempfile::tempdir().unwrap();
+    let not_a_dir = parent.path().join("archive");
+    std::fs::write(&not_a_dir, b"a file where the archive directory should be").unwrap();
+    let archive = start(&not_a_dir);
+    let health = archive.health();
+    assert!(!health.writable && health.last_error.is_some(), "{health:?}");
+    archive.close();
+}
+
+/// A store file whose schema is not there yet (a writer that is creating it) reads as no archive.
+#[test]
+fn a_store_without_its_schema_is_no_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(store::DB_FILE), b"").unwrap();
+    let err = ArchiveReader::open(dir.path()).err().expect("no archive to read");
+    assert!(matches!(err, pare::archive::ArchiveError::NoStore(_)), "{err}");
+    assert!(err.to_string().starts_with("no archive at "), "{err}");
+}
+
 #[test]
 fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
     let dir = tempfile::tempdir().unwrap();
