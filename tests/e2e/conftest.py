@@ -77,6 +77,20 @@ class PareProcess:
         lines = self.cli("sessions", "list", "--json").splitlines()
         return {s["id"]: s for s in map(json.loads, lines)}
 
+    def settled_sessions(self):
+        """`sessions()` once the archive has caught up with earlier traffic (two reads a quarter second
+        apart agree): the snapshot a test compares its own new sessions against. The writer commits in
+        groups, so records of an earlier test can land just after a plain snapshot."""
+        deadline = time.monotonic() + 10
+        last = self.sessions()
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self.sessions()
+            if now == last:
+                return now
+            last = now
+        return last
+
     def bodies(self, session, kind):
         """The exact bodies of a session's requests, `kind` "raw" (as received) or "forwarded"."""
         return self.cli("sessions", "show", session, f"--{kind}").encode().split(b"\n")[:-1]

@@ -42,7 +42,7 @@ def claude_run(pare, fresh, tmp_path):
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         NO_COLOR="1",
     )
-    before = pare.sessions()
+    before = pare.settled_sessions()
     access_before = len(pare.access_log())
     completed = subprocess.run(
         [str(NODE_BIN / "claude"), "-p", "Write the marker file and show it.", "--model", MODEL, "--allowedTools", "Bash"],

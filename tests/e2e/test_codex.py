@@ -63,7 +63,7 @@ def codex_run(pare, fresh, tmp_path):
     workdir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env.update(CODEX_HOME=str(home), HOME=str(tmp_path), PARE_TEST_KEY="sk-e2e-codex", NO_COLOR="1")
-    before = pare.sessions()
+    before = pare.settled_sessions()
     access_before = len(pare.access_log())
     completed = subprocess.run(
         [str(NODE_BIN / "codex"), "exec", "--skip-git-repo-check", "Write the marker file and show it."],

@@ -56,7 +56,7 @@ def hermes_run(pare, fresh, tmp_path):
     env = dict(os.environ, HERMES_HOME=str(home), HOME=str(tmp_path), HERMES_DISABLE_LAZY_INSTALLS="1", NO_COLOR="1")
     for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENROUTER_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         env.pop(key, None)
-    before = pare.sessions()
+    before = pare.settled_sessions()
     completed = subprocess.run(
         [HERMES, "-z", "Write the marker file and show it."],
         cwd=workdir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HERMES_TIMEOUT_S,

@@ -124,7 +124,7 @@ def test_messages_count_tokens(pare, fresh):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_archived_with_pare_headers(pare, fresh, tmp_path, stream):
-    before = pare.sessions()
+    before = pare.settled_sessions()
     client = Client(pare)
     answer, _, headers = tool_loop(client, tmp_path, stream)
     assert answer == MESSAGES_ANSWER

@@ -95,7 +95,7 @@ def test_responses_stream_bytes_reach_the_client_unchanged(pare, fresh):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_archived_with_pare_headers(pare, fresh, tmp_path, stream):
-    before = pare.sessions()
+    before = pare.settled_sessions()
     answer, _, headers, _ = tool_loop(pare, tmp_path, stream)
     assert answer == RESPONSES_ANSWER
     sessions = {h.get("x-pare-session") for h in headers}
