@@ -379,6 +379,32 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for TopSeed<'a> {
     }
 }
 
+/// `text` as a JSON string literal.
+pub(crate) fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    crate::neutral::push_json_string(&mut out, text);
+    out
+}
+
+/// `object` (a JSON object's text) with the value of `key` replaced by `value` (raw JSON); every other
+/// member keeps its bytes. `None` when the text is not an object pare can split. The adapters write
+/// rewritten items and blocks with it.
+pub(crate) fn replace_member(object: &str, key: &str, value: &str) -> Option<String> {
+    let members = crate::neutral::raw_members(object)?;
+    let mut out = String::with_capacity(object.len());
+    out.push('{');
+    for (n, (k, v)) in members.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        crate::neutral::push_json_string(&mut out, k);
+        out.push(':');
+        out.push_str(if *k == key { value } else { v });
+    }
+    out.push('}');
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

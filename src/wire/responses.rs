@@ -32,8 +32,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Spans, Wire, WireBody, WireError};
-use crate::neutral::{Content, Message, push_json_string, raw_members};
+use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use crate::neutral::{Content, Message, push_json_string};
 
 /// What one input item is to the adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,30 +450,6 @@ fn content_json(content: &Option<Content>) -> String {
         Some(c) => serde_json::to_string(c).unwrap_or_else(|_| "null".into()),
         None => "null".into(),
     }
-}
-
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    push_json_string(&mut out, text);
-    out
-}
-
-/// `item` (a JSON object) with the value of `key` replaced by `value` (raw JSON); every other member
-/// keeps its bytes. `None` when the item is not an object pare can split.
-fn replace_member(item: &str, key: &str, value: &str) -> Option<String> {
-    let members = raw_members(item)?;
-    let mut out = String::with_capacity(item.len());
-    out.push('{');
-    for (n, (k, v)) in members.iter().enumerate() {
-        if n > 0 {
-            out.push(',');
-        }
-        push_json_string(&mut out, k);
-        out.push(':');
-        out.push_str(if *k == key { value } else { v });
-    }
-    out.push('}');
-    Some(out)
 }
 
 /// The Responses API's pairing rules over input items: every call (`function_call`,

@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ChatBody, Spans, Wire, WireBody, WireError};
+use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
 use crate::neutral::{Content, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
 
@@ -700,30 +700,6 @@ fn content_json(content: &Option<Content>) -> String {
         Some(c) => serde_json::to_string(c).unwrap_or_else(|_| "\"\"".into()),
         None => "\"\"".into(),
     }
-}
-
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    push_json_string(&mut out, text);
-    out
-}
-
-/// `object` with the value of `key` replaced by `value` (raw JSON); every other member keeps its
-/// bytes. `None` when the text is not an object pare can split.
-fn replace_member(object: &str, key: &str, value: &str) -> Option<String> {
-    let members = raw_members(object)?;
-    let mut out = String::with_capacity(object.len());
-    out.push('{');
-    for (n, (k, v)) in members.iter().enumerate() {
-        if n > 0 {
-            out.push(',');
-        }
-        push_json_string(&mut out, k);
-        out.push(':');
-        out.push_str(if *k == key { value } else { v });
-    }
-    out.push('}');
-    Some(out)
 }
 
 /// `object` with `key: value` appended (raw JSON).
