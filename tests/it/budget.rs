@@ -315,6 +315,7 @@ async fn unreachable_upstream_falls_back_within_the_timeout() {
 
 use std::sync::Mutex;
 
+use crate::support::CodingAgent;
 use bytes::Bytes;
 use http::HeaderMap;
 use pare::budget::replay::{replay_session, session_lines};
@@ -400,23 +401,10 @@ impl CompactEngine for MaskEngine {
     }
 }
 
-/// A coding-agent-like session: system, user, then `n_turns` tool steps each with an output of
-/// about `words` tokens. Request k holds everything before the k-th assistant message.
+/// The shared coding session (`support::coding_session`) as chat request bodies.
 fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent."}),
-        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
-    ];
-    let mut requests = Vec::new();
-    for k in 0..n_turns {
-        requests.push(
-            json!({"model": "test-model", "messages": messages.clone(), "stream": true}).to_string().into_bytes(),
-        );
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "terminal", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
-        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
-    }
-    requests
+    let agent = CodingAgent { model: "test-model", tool: "terminal", id_prefix: "call_", reasoning: None };
+    crate::support::coding_session(&agent, n_turns, words).iter().map(|body| body.to_string().into_bytes()).collect()
 }
 
 fn compactor_with(yaml: &str, engine: Arc<dyn CompactEngine>) -> SessionCompactor {

@@ -15,28 +15,22 @@ use pare::wire::{Wire, WireBody};
 use serde_json::{Value, json};
 
 use crate::support::stub::{Reply, Step, Stub};
-use crate::support::{client, pare as in_process, within};
+use crate::support::{CodingAgent, client, pare as in_process, within};
 
 const WINDOW: u64 = 16_000;
 
-/// A chat coding session (one request per turn, large tool outputs, reasoning on every assistant
-/// turn) converted to Messages requests: a marked system prompt, signed thinking blocks, the last
-/// user turn marked.
+/// The shared coding session (`support::coding_session`, reasoning on every assistant turn)
+/// converted to Messages requests: a marked system prompt, signed thinking blocks, the last user
+/// turn marked.
 fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent."}),
-        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
-    ];
-    let mut requests = Vec::new();
-    for k in 0..n_turns {
-        let chat = json!({"model": "claude-test", "messages": messages.clone(), "stream": true});
-        requests.push(convert::chat_to_messages(&chat).unwrap().to_string().into_bytes());
-        messages.push(json!({"role": "assistant", "content": null, "reasoning_content": format!("thinking about step {k}"),
-            "tool_calls": [{"id": format!("toolu_{k}"), "type": "function", "function": {"name": "Bash", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
-        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
-        messages.push(json!({"role": "tool", "tool_call_id": format!("toolu_{k}"), "content": output}));
-    }
-    requests
+    let agent = CodingAgent {
+        model: "claude-test",
+        tool: "Bash",
+        id_prefix: "toolu_",
+        reasoning: Some(|k| format!("thinking about step {k}")),
+    };
+    let chat = crate::support::coding_session(&agent, n_turns, words);
+    chat.iter().map(|body| convert::chat_to_messages(body).unwrap().to_string().into_bytes()).collect()
 }
 
 fn config(mode: Mode) -> Config {

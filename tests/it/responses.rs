@@ -13,27 +13,21 @@ use pare::wire::{Wire, WireBody, convert};
 use serde_json::{Value, json};
 
 use crate::support::stub::{Reply, Step, Stub, sse_event};
-use crate::support::{client, pare as in_process, within};
+use crate::support::{CodingAgent, client, pare as in_process, within};
 
 const WINDOW: u64 = 16_000;
 
-/// A chat coding session (one request per turn, large tool outputs, reasoning on every assistant
-/// turn), converted to Responses requests.
+/// The shared coding session (`support::coding_session`, reasoning on every assistant turn),
+/// converted to Responses requests.
 fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent."}),
-        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
-    ];
-    let mut requests = Vec::new();
-    for k in 0..n_turns {
-        let chat = json!({"model": "test-model", "messages": messages.clone(), "stream": true});
-        requests.push(convert::chat_to_responses(&chat).unwrap().to_string().into_bytes());
-        messages.push(json!({"role": "assistant", "content": null, "reasoning_content": format!("gAAAA{k}encrypted"),
-            "tool_calls": [{"id": format!("call_{k}"), "type": "function", "function": {"name": "terminal", "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}}]}));
-        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": output}));
-    }
-    requests
+    let agent = CodingAgent {
+        model: "test-model",
+        tool: "terminal",
+        id_prefix: "call_",
+        reasoning: Some(|k| format!("gAAAA{k}encrypted")),
+    };
+    let chat = crate::support::coding_session(&agent, n_turns, words);
+    chat.iter().map(|body| convert::chat_to_responses(body).unwrap().to_string().into_bytes()).collect()
 }
 
 fn config(mode: Mode) -> Config {

@@ -36,3 +36,39 @@ pub async fn json(response: reqwest::Response) -> serde_json::Value {
     let bytes = response.bytes().await.expect("response body");
     serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not json ({e}): {}", String::from_utf8_lossy(&bytes)))
 }
+
+/// How [`coding_session`] names its calls.
+pub struct CodingAgent {
+    pub model: &'static str,
+    pub tool: &'static str,
+    /// Call ids are this prefix and the turn's number.
+    pub id_prefix: &'static str,
+    /// The `reasoning_content` of turn k's assistant message, when the agent reasons.
+    pub reasoning: Option<fn(usize) -> String>,
+}
+
+/// A coding-agent-like chat session: system, user, then `n_turns` tool steps each with an output of
+/// about `words` tokens. Request k holds everything before the k-th assistant message.
+pub fn coding_session(agent: &CodingAgent, n_turns: usize, words: usize) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs."}),
+    ];
+    let mut requests = Vec::new();
+    for k in 0..n_turns {
+        requests.push(json!({"model": agent.model, "messages": messages.clone(), "stream": true}));
+        let id = format!("{}{k}", agent.id_prefix);
+        let call = json!({"id": id, "type": "function",
+            "function": {"name": agent.tool, "arguments": format!("{{\"command\":\"cat file_{k}.txt\"}}")}});
+        let mut assistant = json!({"role": "assistant", "content": null});
+        if let Some(reasoning) = agent.reasoning {
+            assistant["reasoning_content"] = json!(reasoning(k));
+        }
+        assistant["tool_calls"] = json!([call]);
+        messages.push(assistant);
+        let output: String = (0..words).map(|w| format!("w{k}x{w} ")).collect();
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+    }
+    requests
+}
