@@ -69,12 +69,21 @@ pub trait WireBody: Send + Sync {
     fn wire(&self) -> Wire;
     /// The conversation in pare's neutral form, one JSON message per entry.
     fn messages(&self) -> Vec<&str>;
+    /// The body's top level as read around its conversation array (every format keeps its other
+    /// top-level keys this way).
+    fn top(&self) -> &ChatBody<'_>;
     /// The tool definitions as raw JSON, when the request has any.
-    fn tools(&self) -> Option<&str>;
+    fn tools(&self) -> Option<&str> {
+        self.top().field("tools").map(|t| t.get()).filter(|t| *t != "null")
+    }
     /// The request's `model`, when it is a string.
-    fn model(&self) -> Option<String>;
+    fn model(&self) -> Option<String> {
+        self.top().model()
+    }
     /// The request asks for a streamed answer.
-    fn stream(&self) -> bool;
+    fn stream(&self) -> bool {
+        self.top().field("stream").is_some_and(|v| v.get().trim() == "true")
+    }
     /// The most tokens the request lets the model answer with, when it says.
     fn output_limit(&self) -> Option<u64>;
     /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
@@ -104,14 +113,8 @@ impl WireBody for ChatBody<'_> {
     fn messages(&self) -> Vec<&str> {
         self.messages.clone()
     }
-    fn tools(&self) -> Option<&str> {
-        self.field("tools").map(|t| t.get()).filter(|t| *t != "null")
-    }
-    fn model(&self) -> Option<String> {
-        ChatBody::model(self)
-    }
-    fn stream(&self) -> bool {
-        self.field("stream").is_some_and(|v| v.get().trim() == "true")
+    fn top(&self) -> &ChatBody<'_> {
+        self
     }
     fn output_limit(&self) -> Option<u64> {
         ["max_completion_tokens", "max_tokens"]

@@ -342,14 +342,8 @@ impl WireBody for MessagesBody<'_> {
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
     }
-    fn tools(&self) -> Option<&str> {
-        self.body.field("tools").map(|t| t.get()).filter(|t| *t != "null")
-    }
-    fn model(&self) -> Option<String> {
-        self.body.model()
-    }
-    fn stream(&self) -> bool {
-        self.body.field("stream").is_some_and(|v| v.get().trim() == "true")
+    fn top(&self) -> &ChatBody<'_> {
+        &self.body
     }
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
