@@ -26,8 +26,8 @@ use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
-use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, Source};
-use crate::config::{Config, HistoryShare, Mode};
+use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor, Source};
+use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
 use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, role_of};
@@ -72,6 +72,9 @@ pub struct EpochPolicy {
     pub polling: u32,
     /// Eager mode: the history's own budget, a share of the usable window, applied on every advance.
     pub history: Option<HistoryShare>,
+    /// Epoch mode: the least history an epoch's target leaves, in tokens, and how far it may raise
+    /// the low-water mark.
+    pub history_floor: Option<HistoryFloorConfig>,
 }
 
 impl EpochPolicy {
@@ -85,7 +88,25 @@ impl EpochPolicy {
             Mode::Eager => b.eager_history,
             Mode::Epoch | Mode::Off => None,
         };
-        EpochPolicy { mode: config.compaction.mode, high_water, low_water, polling: b.polling.max(1), history }
+        let history_floor = match config.compaction.mode {
+            Mode::Epoch | Mode::Off => b.history_floor,
+            Mode::Eager => None,
+        };
+        EpochPolicy {
+            mode: config.compaction.mode,
+            high_water,
+            low_water,
+            polling: b.polling.max(1),
+            history,
+            history_floor,
+        }
+    }
+
+    /// The history floor in tokens for a usable window of `usable` tokens.
+    pub fn history_floor(&self, usable: u64) -> Option<HistoryFloor> {
+        let highest = |rise: f64| self.low_water + rise * (self.high_water - self.low_water);
+        self.history_floor
+            .map(|f| HistoryFloor { tokens: f.tokens, max_target: (highest(f.max_rise) * usable as f64) as u64 })
     }
 
     /// The history budget in tokens for a usable window of `usable` tokens.
@@ -481,6 +502,7 @@ impl SessionCompactor {
                 let options = CompactOptions {
                     target_tokens: over.then_some(target),
                     history: self.policy.history_budget(usable as u64),
+                    history_floor: self.policy.history_floor(usable as u64),
                     message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
                     ..Default::default()
                 };
@@ -529,8 +551,15 @@ impl SessionCompactor {
     ) -> Option<Attempt> {
         let messages: Vec<&str> = candidate.iter().map(String::as_str).collect();
         let view = View { messages: &messages, tools: request.tools };
-        let with_target = CompactOptions { target_tokens: Some(target), message_ages_secs: ages, ..Default::default() };
+        let with_target = CompactOptions {
+            target_tokens: Some(target),
+            history_floor: self.policy.history_floor(request.usable()),
+            message_ages_secs: ages,
+            ..Default::default()
+        };
         let (whole, sources) = self.engine.compact_traced(&view, &with_target, counter);
+        // The target the engine applied (the history floor may have raised it).
+        let target = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
         let boundary = whole.boundary.min(candidate.len());
         if whole.fitted || sources.len() != whole.prefix.len() {
             return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });

@@ -47,7 +47,12 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let window = args.window.or(settings.context_window).unwrap_or(config.budget.default_context_window);
     let usable = window.saturating_sub(answer_reserve(body.output_limit(), settings.output_reserve, window));
     let target_tokens = args.window.map(|_| (usable as f64 * policy.low_water) as u64);
-    let options = CompactOptions { target_tokens, history: policy.history_budget(usable), ..Default::default() };
+    let options = CompactOptions {
+        target_tokens,
+        history: policy.history_budget(usable),
+        history_floor: policy.history_floor(usable),
+        ..Default::default()
+    };
     let raw_messages = body.messages();
     let tools = body.tools();
     let view = View { messages: &raw_messages, tools };

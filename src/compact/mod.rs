@@ -57,6 +57,8 @@ pub struct CompactOptions {
     pub target_tokens: Option<u64>,
     /// A budget for the history alone, whatever the window (eager mode): see [`HistoryBudget`].
     pub history: Option<HistoryBudget>,
+    /// The least history the target leaves (epoch mode): see [`HistoryFloor`].
+    pub history_floor: Option<HistoryFloor>,
     /// Age in seconds of each input message (since pare first received it). With
     /// `budget.salience.tau_seconds` set, salience's recency is `exp(−age/tau_seconds)` of a group's
     /// youngest message instead of its age in turns. `None` (or a length that does not match the
@@ -78,6 +80,18 @@ pub struct CompactOptions {
 pub struct HistoryBudget {
     pub high: u64,
     pub low: u64,
+}
+
+/// The least *history* (what [`HistoryBudget`] counts) a token target leaves: when the rest of the
+/// request (first system message, user messages, kept groups, protected tail, tools) leaves less than
+/// `tokens` of `target_tokens` to the history, the target rises to that rest plus `tokens`, but never
+/// above `max_target`. What the next step needs from old turns is a number of tokens (a file view,
+/// a command's output), not a share of the window, so a small window keeps as much as a large one
+/// can afford.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryFloor {
+    pub tokens: u64,
+    pub max_target: u64,
 }
 
 /// What [`Engine::compact`] produces.
@@ -206,7 +220,8 @@ impl Engine {
         if opts.target_tokens.is_some() || opts.history.is_some() {
             let tools = view.tools.map(|t| counter.tools(t)).unwrap_or(0);
             let ages = opts.message_ages_secs.as_deref().filter(|ages| ages.len() == conv.msgs.len());
-            let budget = salience::Budget { target: opts.target_tokens, history: opts.history, ages };
+            let budget =
+                salience::Budget { target: opts.target_tokens, history: opts.history, floor: opts.history_floor, ages };
             let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
             fitted = fit.report.target_tokens.is_some_and(|target| fit.report.tokens_after_rules > target);
             report.tiers = Some(fit.report);

@@ -26,7 +26,7 @@ use super::markers::{
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
-use super::{Engine, HistoryBudget};
+use super::{Engine, HistoryBudget, HistoryFloor};
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
 
 /// Groups elided by [`fit`]: each run of elided groups is replaced by one marker message.
@@ -114,6 +114,8 @@ pub const MIN_TIER_SHARE: f64 = 0.5;
 pub struct Budget<'a> {
     pub target: Option<u64>,
     pub history: Option<HistoryBudget>,
+    /// Raises `target` so that it leaves the history at least this much.
+    pub floor: Option<HistoryFloor>,
     /// Age in seconds of each message, for recency on the wall clock (`salience.tau_seconds`).
     pub ages: Option<&'a [f64]>,
 }
@@ -136,11 +138,21 @@ pub fn fit(
     let mut tokens: Vec<u64> = (0..conv.boundary).map(|i| current(edits, rendered, i)).collect();
     let fixed_extra = tail + tools_tokens + REPLY_PRIMING;
     let after_rules = tokens.iter().sum::<u64>() + fixed_extra;
-    let history = budget.history.map(|h| (h, history_tokens(conv, edits, &tokens)));
+    let history_weight =
+        (budget.history.is_some() || budget.floor.is_some()).then(|| history_tokens(conv, edits, &tokens));
+    let history = budget.history.zip(history_weight);
+    // The history floor raises the window's target: everything but the history stays as the rules
+    // left it, and the history keeps at least `floor.tokens` (within `floor.max_target`).
+    let window_target = match (budget.target, budget.floor.zip(history_weight)) {
+        (Some(target), Some((floor, weight))) => {
+            Some(target.max((after_rules - weight + floor.tokens).min(floor.max_target)))
+        }
+        (target, _) => target,
+    };
     // The history budget, when the history is over its high mark, as a target for the whole request:
     // everything else stays as the rules left it, the history goes down to `low`.
     let history_target = history.filter(|(h, weight)| *weight > h.high).map(|(h, weight)| after_rules - weight + h.low);
-    let target = match (budget.target, history_target) {
+    let target = match (window_target, history_target) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };

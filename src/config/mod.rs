@@ -222,6 +222,9 @@ pub struct BudgetConfig {
     pub high_water: f64,
     /// Share of the usable window an epoch compacts down to.
     pub low_water: f64,
+    /// Epoch mode: the least history an epoch leaves, in tokens, raising `low_water` by at most
+    /// `max_rise` of the gap to `high_water`; `null`: `low_water` alone.
+    pub history_floor: Option<HistoryFloorConfig>,
     /// Eager mode's `high_water`: above this share of the usable window, salience tiers and elision
     /// run on top of the rules. Apart from the epoch marks because eager serves upstreams without a
     /// prompt cache, where compacting often costs no prefill.
@@ -269,6 +272,7 @@ impl Default for BudgetConfig {
             // of the usable window stays as slack for tokenizer mismatch with the model's own.
             high_water: 0.9,
             low_water: 0.4,
+            history_floor: Some(HistoryFloorConfig::default()),
             // Measured on the corpus (`pare eval --mode eager`, 16k window, coding sessions, low 0.4):
             // 0.9 saves 44.7 % at needle recall 0.981, 0.7 49.1 % / 0.969, 0.65 50.3 % / 0.973, 0.6
             // 51.6 % / 0.943: 0.65 is the highest mark that saves half, and the lowest measured that
@@ -336,6 +340,32 @@ impl Default for HistoryShare {
         // needle recall): fixed 3,500 / 1,250 75.0 % / 0.822, 6,000 / 2,000 69.9 % / 0.888, shares
         // 0.28 / 0.1 65.7 % / 0.913. See BENCHMARKS.md, "Held-out evaluation".
         Self { high: 0.28, low: 0.1 }
+    }
+}
+
+/// Epoch mode's floor for the history (what lies between the task and the protected tail): an
+/// epoch's target is `low_water` × usable, raised when needed so that the history keeps `tokens`,
+/// by at most `max_rise` of the gap between the two water marks (an epoch keeps buying at least
+/// `1 − max_rise` of that gap in appends).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistoryFloorConfig {
+    pub tokens: u64,
+    pub max_rise: f64,
+}
+
+impl Default for HistoryFloorConfig {
+    fn default() -> Self {
+        // At 16k (12,288 usable) low water leaves the history about 1,000 tokens once the task and a
+        // 5-turn tail are counted; at 32k, 6,000 or more, so there the floor never rises. Measured on
+        // the tuning side of the split (`pare eval --split tune --mode epoch`, coding sessions, 16k,
+        // saved / uncached prefill / needle recall), floor and highest target as a share of usable:
+        // none 66.7 % / 1.36× / 0.850; 2,000 up to 0.6 65.6 % / 1.47× / 0.891; 3,000 up to 0.6
+        // 64.3 % / 1.57× / 0.901, up to 0.7 (max_rise 0.6) 64.0 % / 1.63× / 0.916, up to 0.8 63.9 % /
+        // 1.68× / 0.921; 4,000 up to 0.7 62.6 % / 1.81× / 0.928; 5,000 up to 0.7 61.4 % / 2.01× /
+        // 0.940. Epoch 32k forwarded the same bytes with 3,000, 4,000 and 5,000 up to 0.7. See
+        // BENCHMARKS.md, "Held-out evaluation".
+        Self { tokens: 3000, max_rise: 0.6 }
     }
 }
 
@@ -553,6 +583,9 @@ impl Config {
         if let Some(h) = b.eager_history.filter(|h| !(0.0 < h.low && h.low < h.high && h.high <= 1.0)) {
             bad("budget.eager_history", format!("need 0 < low ({}) < high ({}) ≤ 1", h.low, h.high));
         }
+        if let Some(f) = b.history_floor.filter(|f| !(0.0..1.0).contains(&f.max_rise)) {
+            bad("budget.history_floor", format!("need 0 <= max_rise ({}) < 1", f.max_rise));
+        }
         if b.polling == 0 {
             bad("budget.polling", "must be at least 1 turn".into());
         }
@@ -692,6 +725,20 @@ models:
         assert_eq!(got, vec!["budget.eager_high_water"], "{err}");
         let ok = Config::from_yaml("budget:\n  eager_high_water: 1.0\n  eager_low_water: 0.2\n").unwrap();
         assert_eq!((ok.budget.eager_high_water, ok.budget.high_water), (1.0, 0.9));
+    }
+
+    #[test]
+    fn history_floor_is_checked_filled_in_and_can_be_turned_off() {
+        for bad in ["max_rise: 1.0", "max_rise: -0.1"] {
+            let err = Config::from_yaml(&format!("budget:\n  history_floor:\n    {bad}\n")).unwrap_err();
+            let got: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+            assert_eq!(got, vec!["budget.history_floor"], "{err}");
+        }
+        let partial = Config::from_yaml("budget:\n  history_floor:\n    tokens: 500\n").unwrap();
+        assert_eq!(partial.budget.history_floor, Some(HistoryFloorConfig { tokens: 500, max_rise: 0.6 }));
+        let off = Config::from_yaml("budget:\n  history_floor: null\n").unwrap();
+        assert_eq!(off.budget.history_floor, None);
+        assert_eq!(Config::default().budget.history_floor, Some(HistoryFloorConfig { tokens: 3000, max_rise: 0.6 }));
     }
 
     #[test]

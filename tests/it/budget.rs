@@ -319,9 +319,9 @@ use crate::support::CodingAgent;
 use bytes::Bytes;
 use http::HeaderMap;
 use pare::budget::replay::{replay_session, session_lines};
-use pare::budget::{CompactEngine, SessionCompactor};
+use pare::budget::{CompactEngine, EpochPolicy, SessionCompactor};
 use pare::compact::report::Report;
-use pare::compact::{CompactOptions, Compacted, HistoryBudget, Source};
+use pare::compact::{CompactOptions, Compacted, HistoryBudget, HistoryFloor, Source};
 use pare::exchange::Action;
 use pare::memory::{BudgetStats, StateBudget};
 use pare::neutral::View;
@@ -676,6 +676,35 @@ fn eager_bounds_the_history_as_a_share_of_the_window() {
     assert!(!elided(&unbounded), "elided without a history budget: {unbounded:?}");
     let (b, u) = (bounded_out.summary.tokens_forwarded, unbounded_out.summary.tokens_forwarded);
     assert!(b + 500 < u, "bounded {b} vs unbounded {u} tokens");
+}
+
+/// The history floor with the real engine: where the task and the protected tail leave the history
+/// little of the low-water target, an epoch lands higher (so the history keeps more of the old turns),
+/// never above the ceiling `low + max_rise × (high − low)`; without the floor it lands under low water.
+#[test]
+fn an_epochs_history_floor_raises_where_it_lands_up_to_its_ceiling() {
+    let engine = Arc::new(pare::compact::Engine::default_pack());
+    let session = coding_session(60, 150);
+    let window = 16_384;
+    let usable = (window - 1024) as f64;
+    let landings = |floor: &str| -> Vec<u64> {
+        let yaml = format!("budget:\n  output_reserve: 1024\n  high_water: 0.9\n  low_water: 0.3\n  {floor}\n");
+        let compactor = compactor_with(&yaml, engine.clone());
+        let results = run(&compactor, "s", &session, window);
+        results.iter().filter(|(_, o)| o.summary.epoch_started).map(|(_, o)| o.summary.tokens_forwarded).collect()
+    };
+    let without = landings("history_floor: null");
+    let with = landings("history_floor:\n    tokens: 3000\n    max_rise: 0.5");
+    assert!(!without.is_empty() && !with.is_empty(), "no epoch: {without:?} {with:?}");
+    assert!(without.iter().all(|&t| t as f64 <= 0.3 * usable), "{without:?} {with:?}");
+    assert!(with.iter().all(|&t| t as f64 <= 0.6 * usable), "{with:?}");
+    assert!(with[0] as f64 > 0.3 * usable && with[0] > without[0], "{with:?} vs {without:?}");
+
+    // The defaults: 3,000 tokens, up to 0.4 + 0.6 × (0.9 − 0.4) = 0.7 of the usable window; epoch mode only.
+    let floor = EpochPolicy::from_config(&Config::default()).history_floor(12_288);
+    assert_eq!(floor, Some(HistoryFloor { tokens: 3000, max_target: 8601 }));
+    let eager = Config::from_yaml("compaction:\n  mode: eager\n").unwrap();
+    assert_eq!(EpochPolicy::from_config(&eager).history_floor(12_288), None);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use pare::budget::tokens::{CountTokens, QuarterCounter};
 use pare::compact::pack::{BUILTIN_PACKS, load_pack};
 use pare::compact::report::{Report, RuleId};
-use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget};
+use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor};
 use pare::config::{SalienceConfig, TierBudgets};
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
@@ -1030,6 +1030,48 @@ fn a_history_budget_bounds_the_history_whatever_the_request_size() {
     assert!(history_of(&out, tail) <= history / 4, "{report:?}");
     let (out, report) = with(history - 1, history / 4, Some(after_rules - history / 2));
     assert!(history_of(&out, tail) <= history / 4, "{report:?}");
+}
+
+#[test]
+fn a_history_floor_raises_a_tight_target_up_to_its_ceiling() {
+    let msgs = long_session(30);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let (rules_only, report) = forward_with(&engine, &msgs, None);
+    let tail = msgs.len() - report.boundary;
+    let history = history_of(&rules_only, tail);
+    let after_rules = tokens_of(&rules_only, 0);
+    let rest = after_rules - history;
+    // A target that leaves the history a tenth of what the rules leave.
+    let tight = rest + history / 10;
+    let with = |tokens: u64, max_target: u64| {
+        let floor = HistoryFloor { tokens, max_target };
+        let options = CompactOptions { target_tokens: Some(tight), history_floor: Some(floor), ..Default::default() };
+        forward_opts(&engine, &msgs, &options)
+    };
+    let target_of = |report: &Report| report.tiers.as_ref().unwrap().target_tokens;
+    let (no_floor, report) = forward_with(&engine, &msgs, Some(tight));
+    assert!(history_of(&no_floor, tail) <= history / 10, "{report:?}");
+
+    // The floor raises the target to the rest plus the floor; the history keeps more than without it,
+    // and what is not history is untouched.
+    let (out, report) = with(history / 2, after_rules);
+    assert_eq!(target_of(&report), Some(rest + history / 2));
+    let kept = history_of(&out, tail);
+    assert!(kept <= history / 2 && kept > history_of(&no_floor, tail), "history {kept}; {report:?}");
+    assert_eq!(out[0], msgs[0]);
+    assert_eq!(out[out.len() - tail..], msgs[msgs.len() - tail..]);
+
+    // Never above its ceiling.
+    let (out, report) = with(history / 2, rest + history / 4);
+    assert_eq!(target_of(&report), Some(rest + history / 4));
+    assert!(history_of(&out, tail) <= history / 4, "{report:?}");
+
+    // A floor the target already leaves changes nothing; one over the whole history leaves the rules' output.
+    let (out, report) = with(history / 20, after_rules);
+    assert_eq!(target_of(&report), Some(tight));
+    assert_eq!(out, no_floor);
+    let (out, _) = with(history * 2, after_rules);
+    assert_eq!(out, rules_only);
 }
 
 /// Recency on the wall clock (`salience.tau_seconds`): the ages the caller passes decide which groups
