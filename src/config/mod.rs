@@ -357,13 +357,14 @@ pub struct HistoryFloorConfig {
 impl Default for HistoryFloorConfig {
     fn default() -> Self {
         // At 16k (12,288 usable) low water leaves the history about 1,000 tokens once the task and a
-        // 5-turn tail are counted; at 32k, 6,000 or more, so there the floor never rises. Measured on
+        // 5-turn tail are counted; at 32k it leaves enough that the floor changed no byte on the corpus
+        // (epoch 32k, both sides of the split). Measured on
         // the tuning side of the split (`pare eval --split tune --mode epoch`, coding sessions, 16k,
         // saved / uncached prefill / needle recall), floor and highest target as a share of usable:
         // none 66.7 % / 1.36× / 0.850; 2,000 up to 0.6 65.6 % / 1.47× / 0.891; 3,000 up to 0.6
         // 64.3 % / 1.57× / 0.901, up to 0.7 (max_rise 0.6) 64.0 % / 1.63× / 0.916, up to 0.8 63.9 % /
         // 1.68× / 0.921; 4,000 up to 0.7 62.6 % / 1.81× / 0.928; 5,000 up to 0.7 61.4 % / 2.01× /
-        // 0.940. Epoch 32k forwarded the same bytes with 3,000, 4,000 and 5,000 up to 0.7. See
+        // 0.940. Epoch 32k forwarded the same bytes with 3,000 and 4,000 up to 0.7, not with 5,000. See
         // BENCHMARKS.md, "Held-out evaluation".
         Self { tokens: 3000, max_rise: 0.6 }
     }
