@@ -4,7 +4,8 @@
 //!
 //! Tokens are counted with tiktoken (the encoding of the request's model from `models:`, else
 //! `budget.encoding`). With `--window`, the engine also applies salience tiers and elision down to
-//! the low-water mark of the usable window (window minus the answer's reserve), as an epoch would.
+//! the low-water mark of the usable window (window minus the answer's reserve), raised by the history
+//! floor (`budget.history_floor`), as an epoch would.
 //! When the config's `compaction.mode` is `eager`, what an eager advance does applies instead: the
 //! history budget (`budget.eager_history`, shares of the usable window: `--window`'s, else the
 //! model's) always, and `eager_low_water` for `--window`.
@@ -115,7 +116,8 @@ pub fn stats_table(out: &Compacted, before: u64, after: u64, encoding: &str, tar
         group_digits(after as usize),
     );
     let tiers = r.tiers.as_ref();
-    // The target tiers and elision aimed at: the window's, or the history budget's when lower.
+    // The target tiers and elision aimed at: the window's (raised by the history floor), or the
+    // history budget's when lower.
     if let Some(target) = tiers.and_then(|t| t.target_tokens).or(target) {
         s.push_str(&format!("target {} tokens", group_digits(target as usize)));
         if let Some(t) = tiers {
