@@ -35,8 +35,8 @@ fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, cou
     let parsed = ResponsesBody::parse(body).unwrap();
     let messages = parsed.messages();
     let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
-    let mut forwarded = out.prefix;
-    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+    forwarded.extend_from_slice(&messages[out.boundary..]);
     parsed.write(&forwarded).unwrap().0
 }
 

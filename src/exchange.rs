@@ -103,6 +103,9 @@ pub struct CompactInput<'a> {
     pub body: &'a dyn WireBody,
     /// The body's neutral messages, read once for the session tracker and the compactor.
     pub messages: &'a [&'a str],
+    /// Each message's hash ([`crate::neutral::message_hashes`]), computed once for the session
+    /// tracker, the compactor and the token cache.
+    pub hashes: &'a [u128],
     /// Context window of the request's model when the pipeline resolved one (config or detection).
     pub window: Option<u64>,
 }

@@ -19,7 +19,9 @@ use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
+use crate::neutral::message_hashes;
 use crate::session::{Assigned, SessionTracker};
+use crate::wire::recent::RecentBodies;
 use crate::wire::{Spans, Wire, WireBody};
 
 /// A session's id (time-sortable, see [`crate::session`]).
@@ -74,6 +76,9 @@ pub struct Pipeline {
     /// The session compactor, when the pipeline was built from a configuration: a known session it
     /// does not remember (evicted by the budget, or older than a restart) is reseeded from the archive.
     stateful: Option<Arc<SessionCompactor>>,
+    /// Recent chat bodies: a warm request is scanned only after the history it shares with its
+    /// session's previous request.
+    recent: RecentBodies,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -88,6 +93,7 @@ impl Pipeline {
     /// [`Pipeline::new`] whose session tracker charges `budget` (shared with the compactor).
     pub fn with_budget(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>, budget: Arc<StateBudget>) -> Pipeline {
         let sessions = Arc::new(SessionTracker::with_budget(&config.archive, budget.clone()));
+        budget.reserve(RecentBodies::MAX_BYTES);
         Pipeline {
             config,
             compactor,
@@ -97,6 +103,7 @@ impl Pipeline {
             windows: None,
             budget,
             stateful: None,
+            recent: RecentBodies::new(),
         }
     }
 
@@ -164,10 +171,11 @@ impl Pipeline {
         raw: Bytes,
     ) -> PreparedChat {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
-        // neutral messages are read once, for the session tracker and the compactor.
-        let parsed = off_the_reactor(raw.len(), || crate::wire::parse(wire, &raw));
+        // neutral messages are read and hashed once, for the session tracker and the compactor.
+        let parsed = off_the_reactor(raw.len(), || self.recent.parse(wire, &raw));
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
-        let assignment = self.sessions.assign(headers, messages.as_deref());
+        let hashes = messages.as_deref().map(message_hashes).unwrap_or_default();
+        let assignment = self.sessions.assign_hashed(headers, messages.as_deref().map(|m| (m, hashes.as_slice())));
         let session = assignment.session.clone();
         if assignment.how != Assigned::New {
             self.reseed(&session).await;
@@ -187,7 +195,7 @@ impl Pipeline {
                     None => None,
                 };
                 let messages = messages.as_deref().unwrap_or_default();
-                off_the_reactor(raw.len(), || self.compact(&session, &raw, body.as_ref(), messages, window))
+                off_the_reactor(raw.len(), || self.compact(&session, &raw, body.as_ref(), messages, &hashes, window))
             }
         };
         // Where the raw body's values lie, for the archive: its writer then does not parse it again
@@ -276,9 +284,10 @@ impl Pipeline {
         raw: &Bytes,
         body: &dyn WireBody,
         messages: &[&str],
+        hashes: &[u128],
         window: Option<u64>,
     ) -> Compaction {
-        let input = CompactInput { session, raw, body, messages, window };
+        let input = CompactInput { session, raw, body, messages, hashes, window };
         match compact_fail_open(self.compactor.as_ref(), &input) {
             Ok(out) => Compaction {
                 spans: out.body.as_ref().and(out.spans),

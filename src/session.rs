@@ -38,10 +38,11 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use lru::LruCache;
 use serde_json::Value;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::ArchiveConfig;
 use crate::memory::{Holder, StateBudget};
+use crate::neutral::message_hashes;
 
 /// Ext keys remembered per session (older branches beyond this can no longer be joined).
 const EXT_KEYS_PER_SESSION: usize = 4096;
@@ -301,7 +302,11 @@ impl SessionTracker {
 
     /// Normalized keys of a request's messages, reusing the keys of messages seen before.
     pub fn message_keys(&self, messages: &[&str]) -> Vec<u64> {
-        let raw_hashes: Vec<u128> = messages.iter().map(|m| xxh3_128(m.as_bytes())).collect();
+        self.message_keys_hashed(messages, &message_hashes(messages))
+    }
+
+    /// [`SessionTracker::message_keys`] with each message's hash given ([`message_hashes`]).
+    fn message_keys_hashed(&self, messages: &[&str], raw_hashes: &[u128]) -> Vec<u64> {
         let mut keys: Vec<Option<u64>> = {
             let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
             raw_hashes.iter().map(|h| memo.get(h).copied()).collect()
@@ -326,15 +331,21 @@ impl SessionTracker {
     /// Assign a request to a session and remember it as waiting for its answer.
     /// `messages` are the request's neutral messages (`None` for a body that did not parse).
     pub fn assign(&self, headers: &HeaderMap, messages: Option<&[&str]>) -> Assignment {
+        let hashes = messages.map(message_hashes).unwrap_or_default();
+        self.assign_hashed(headers, messages.map(|m| (m, hashes.as_slice())))
+    }
+
+    /// [`SessionTracker::assign`] with each message's hash given: `(messages, message_hashes(messages))`.
+    pub fn assign_hashed(&self, headers: &HeaderMap, messages: Option<(&[&str], &[u128])>) -> Assignment {
         let explicit = self.header_session(headers);
-        let Some(messages) = messages else {
+        let Some((messages, hashes)) = messages else {
             let (session, how) = match explicit {
                 Some(s) => (s, Assigned::Header),
                 None => (new_session_id(), Assigned::New),
             };
             return Assignment { session, key_req: None, how };
         };
-        let prefixes = prefix_keys(&self.message_keys(messages));
+        let prefixes = prefix_keys(&self.message_keys_hashed(messages, hashes));
         let key_req = prefixes.last().copied();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.forget_evicted(&self.budget);

@@ -21,14 +21,13 @@ fuzz_target!(|data: &[u8]| {
     for m in &messages {
         assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
     }
-    let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
-    let (bytes, _) = body.write(&owned).expect("the neutral view written back unchanged");
+    let (bytes, _) = body.write(&messages).expect("the neutral view written back unchanged");
     assert_eq!(bytes, data, "no rewrite must give the input bytes");
     let engine = Engine::default_pack();
     let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
-    let mut forwarded = out.prefix.clone();
-    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+    forwarded.extend_from_slice(&messages[out.boundary..]);
     if let Ok((bytes, _)) = body.write(&forwarded)
         && bytes != data
     {

@@ -21,8 +21,7 @@ fuzz_target!(|data: &[u8]| {
     for m in &messages {
         assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
     }
-    let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
-    if let Ok((bytes, _)) = body.write(&owned) {
+    if let Ok((bytes, _)) = body.write(&messages) {
         let again = ResponsesBody::parse(&bytes).expect("what the adapter writes, it reads");
         assert_eq!(again.messages(), messages, "round trip changed the neutral view");
         assert_eq!(again.items(), body.items(), "round trip changed the items");
@@ -30,8 +29,8 @@ fuzz_target!(|data: &[u8]| {
     let engine = Engine::default_pack();
     let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
-    let mut forwarded = out.prefix.clone();
-    forwarded.extend(messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+    forwarded.extend_from_slice(&messages[out.boundary..]);
     if let Ok((bytes, _)) = body.write(&forwarded) {
         let written = ResponsesBody::parse(&bytes).expect("a written body parses");
         assert!(written.check().is_ok(), "a written body breaks the pairing rules: {:?}", written.check());

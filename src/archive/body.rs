@@ -9,6 +9,8 @@
 //! these"), so a request costs only its new messages plus a few bytes. Concatenating the parts gives
 //! back the original bytes exactly, whitespace included.
 
+use sha2::{Digest, Sha256};
+
 use crate::wire::{ChatBody, Spans};
 
 /// Top-level values at least this long are stored as blobs (deduplicated across requests).
@@ -113,6 +115,30 @@ fn split_messages<'a>(
         at = m_end;
     }
     Some(MessagesPiece { open, items, close: &body[at..end] })
+}
+
+/// The SHA-256 state after a body's first `at` bytes (the end of its last message), kept with the
+/// session's last body: the session's next body repeats those bytes, and its hash goes on from here
+/// over the rest only. The hash is the same SHA-256 of the whole body.
+#[derive(Clone)]
+pub struct Midstate {
+    at: usize,
+    state: Sha256,
+}
+
+/// SHA-256 of `body`, and the state after its first `at` bytes. When `earlier` — the midstate of a
+/// body whose bytes are given with it — covers bytes `body` starts with too (compared, not assumed),
+/// hashing goes on from it.
+pub fn sha256_from(body: &[u8], at: usize, earlier: Option<(&[u8], &Midstate)>) -> ([u8; 32], Midstate) {
+    let at = at.min(body.len());
+    let (mut state, from) = match earlier {
+        Some((bytes, mid)) if mid.at <= at && bytes.get(..mid.at) == body.get(..mid.at) => (mid.state.clone(), mid.at),
+        _ => (Sha256::new(), 0),
+    };
+    state.update(&body[from..at]);
+    let mid = Midstate { at, state: state.clone() };
+    state.update(&body[at..]);
+    (state.finalize().into(), mid)
 }
 
 /// One entry of a stored message list: the separator before the message and the message's blob id.
@@ -386,6 +412,30 @@ mod tests {
         assert_eq!(m.items.len(), 2);
         assert_eq!(m.items[1].0, b",");
         assert!(pieces.iter().any(|p| matches!(p, Piece::Blob(b) if b.starts_with(b"[{\"type\""))));
+    }
+
+    /// A hash that goes on from an earlier body's midstate is the whole body's SHA-256, whatever the
+    /// earlier body shares with it.
+    #[test]
+    fn a_resumed_hash_is_the_whole_bodys_sha256() {
+        let earlier = br#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"n":1}"#;
+        let (hash, mid) = sha256_from(earlier, 53, None);
+        assert_eq!(hash, crate::archive::store::sha256(earlier));
+        let bodies: [&[u8]; 4] = [
+            br#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user"}],"n":1}"#,
+            br#"{"messages":[{"role":"user","content":"X"},{"role":"user","content":"b"},{"role":"user"}],"n":1}"#,
+            br#"{"messages":[]}"#,
+            b"",
+        ];
+        for body in bodies {
+            for at in [0, 10, 53, 80, 200] {
+                let (hash, next) = sha256_from(body, at, Some((earlier, &mid)));
+                assert_eq!(hash, crate::archive::store::sha256(body), "{at}");
+                // And the next body on from this one.
+                let (again, _) = sha256_from(earlier, 53, Some((body, &next)));
+                assert_eq!(again, crate::archive::store::sha256(earlier), "{at}");
+            }
+        }
     }
 
     #[test]

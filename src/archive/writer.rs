@@ -43,6 +43,8 @@ struct ListState {
     /// The body the items were split from, with each message's byte range (absent after a reload):
     /// equal bytes at the same index reuse the blob id without hashing.
     body: Option<(Bytes, Vec<(usize, usize)>)>,
+    /// The SHA-256 state after that body's last message: the next body repeating it hashes the rest.
+    digest: Option<body::Midstate>,
     since_keyframe: u64,
 }
 
@@ -59,7 +61,9 @@ impl Cursor {
     /// Bytes the cursor keeps alive: its items, spans and bodies (a body shared by both lists once).
     fn bytes(&self) -> u64 {
         let list = |l: &ListState| {
-            l.items.len() * std::mem::size_of::<Item>() + l.body.as_ref().map_or(0, |(_, spans)| spans.len() * 16)
+            l.items.len() * std::mem::size_of::<Item>()
+                + l.body.as_ref().map_or(0, |(_, spans)| spans.len() * 16)
+                + l.digest.as_ref().map_or(0, |_| std::mem::size_of::<body::Midstate>())
         };
         let body = |l: &Option<ListState>| l.as_ref().and_then(|l| l.body.as_ref()).map(|(b, _)| b.clone());
         let (raw, fwd) = (body(&self.raw), body(&self.fwd));
@@ -263,6 +267,7 @@ impl Writer {
                     exchange,
                     items: read::resolve_items(conn, exchange, kind)?,
                     body: None,
+                    digest: None,
                     // Unknown after a reload: the next list is written as a key frame.
                     since_keyframe: body::KEYFRAME_EVERY,
                 })
@@ -337,7 +342,13 @@ impl Writer {
                         new: items[n_shared..].to_vec(),
                         close: m.close.to_vec(),
                     }));
-                    state = Some(ListState { exchange: 0, items, body: Some((bytes.clone(), spans)), since_keyframe });
+                    state = Some(ListState {
+                        exchange: 0,
+                        items,
+                        body: Some((bytes.clone(), spans)),
+                        digest: None,
+                        since_keyframe,
+                    });
                 }
             }
         }
@@ -346,15 +357,16 @@ impl Writer {
 
     fn put_exchange(&mut self, conn: &Connection, ticket: Ticket, rec: &ExchangeRecord) -> Result<(), ArchiveError> {
         let mut cursor = self.cursor(conn, &rec.session)?;
-        let raw_sha = store::sha256(&rec.raw);
         let (raw_template, raw_state) =
             self.encode_body(conn, &rec.session, &rec.raw, rec.raw_spans.as_ref(), cursor.raw.as_ref())?;
+        let (raw_sha, raw_state) = digest(&rec.raw, raw_state, cursor.raw.as_ref());
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
                 let (tpl, state) =
                     self.encode_body(conn, &rec.session, f, rec.forwarded_spans.as_ref(), cursor.fwd.as_ref())?;
-                (Some(store::sha256(f)), Some(tpl), state)
+                let (sha, state) = digest(f, state, cursor.fwd.as_ref());
+                (Some(sha), Some(tpl), state)
             }
             None => (None, None, raw_state.clone()),
         };
@@ -495,6 +507,17 @@ impl Writer {
         self.keep(pending.session, cursor);
         Ok(())
     }
+}
+
+/// SHA-256 of `bytes`, going on from the session's previous body of the same kind where `bytes`
+/// repeats it ([`body::sha256_from`]); `state` (the list `bytes` was split into) keeps the midstate.
+fn digest(bytes: &Bytes, state: Option<ListState>, prev: Option<&ListState>) -> ([u8; 32], Option<ListState>) {
+    let Some(mut state) = state else { return (store::sha256(bytes), None) };
+    let at = state.body.as_ref().and_then(|(_, spans)| spans.last()).map_or(0, |m| m.1);
+    let earlier = prev.and_then(|p| Some((&p.body.as_ref()?.0[..], p.digest.as_ref()?)));
+    let (sha, mid) = body::sha256_from(bytes, at, earlier);
+    state.digest = Some(mid);
+    (sha, Some(state))
 }
 
 fn ack_all(records: &mut [Job], result: Result<(), String>) {

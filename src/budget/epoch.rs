@@ -17,10 +17,9 @@
 //! compacting compacted messages changes nothing, so the parts of the prefix an epoch does not need
 //! to touch stay byte-identical and the upstream keeps reusing their cache.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use lru::LruCache;
-use xxhash_rust::xxh3::xxh3_128;
 
 use super::tokens::CountTokens;
 use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
@@ -30,7 +29,7 @@ use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFl
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
 use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
 use crate::memory::{Holder, StateBudget};
-use crate::neutral::{View, role_of};
+use crate::neutral::{View, message_hashes, role_of};
 use crate::wire::{Wire, WireBody, WireError};
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
@@ -115,7 +114,8 @@ impl EpochPolicy {
     }
 }
 
-/// The forwarded form of the first `raw_hashes.len()` raw messages of a session.
+/// The forwarded form of the first `raw_hashes.len()` raw messages of a session. Shared (`Arc`) by
+/// the session's state and the request being forwarded, which borrows its messages.
 #[derive(Debug, Clone, PartialEq)]
 struct Frozen {
     raw_hashes: Vec<u128>,
@@ -123,6 +123,23 @@ struct Frozen {
     /// With a wall clock: when pare first received each prefix message (an elided run: its youngest
     /// message), in clock milliseconds. Empty without one (or after a restart: taken as "now").
     prefix_seen: Vec<u64>,
+    /// Tokens of `prefix`'s messages in an encoding, counted on the first request that needs them.
+    prefix_tokens: OnceLock<(Encoding, u64)>,
+}
+
+impl Frozen {
+    fn new(raw_hashes: Vec<u128>, prefix: Vec<String>, prefix_seen: Vec<u64>) -> Frozen {
+        Frozen { raw_hashes, prefix, prefix_seen, prefix_tokens: OnceLock::new() }
+    }
+
+    /// Tokens of the prefix's messages as `counter` counts them.
+    fn tokens(&self, counter: &TokenCounter) -> u64 {
+        let count = || counter.message_counts(&self.prefix, &message_hashes(&self.prefix), &[]).iter().sum();
+        match self.prefix_tokens.get_or_init(|| (counter.encoding(), count())) {
+            (encoding, n) if *encoding == counter.encoding() => *n,
+            _ => count(),
+        }
+    }
 }
 
 /// Milliseconds on the wall clock. The proxy reads the system clock; tests substitute their own.
@@ -137,7 +154,7 @@ pub fn system_clock() -> Clock {
 #[derive(Debug, Clone, Default)]
 struct SessionState {
     epoch: u64,
-    frozen: Option<Frozen>,
+    frozen: Option<Arc<Frozen>>,
     /// Raw message count when the eager frontier last advanced.
     advanced_at_len: usize,
     /// The last compaction could not get under the high-water mark (system + user + tail too large);
@@ -147,6 +164,9 @@ struct SessionState {
     /// With a wall clock: each raw message of the last request (hash) and when pare first received
     /// it (clock milliseconds).
     seen: Vec<(u128, u64)>,
+    /// Each raw message of the last request (hash) and its tokens: the next request's unchanged
+    /// history takes its counts from here.
+    counts: Vec<(u128, u64)>,
 }
 
 impl SessionState {
@@ -155,7 +175,7 @@ impl SessionState {
         let frozen = self.frozen.as_ref().map_or(0, |f| {
             f.raw_hashes.len() * 16 + f.prefix.iter().map(|m| m.len() + 24).sum::<usize>() + f.prefix_seen.len() * 8
         });
-        (frozen + self.seen.len() * 24) as u64
+        (frozen + self.seen.len() * 24 + self.counts.len() * 24) as u64
     }
 }
 
@@ -192,6 +212,12 @@ impl std::fmt::Debug for SessionCompactor {
 struct Request<'a> {
     /// The neutral messages of the request.
     raw: &'a [&'a str],
+    /// [`message_hashes`] of `raw`.
+    hashes: &'a [u128],
+    /// Tokens of each raw message.
+    counts: &'a [u64],
+    /// Tokens of the tools and the reply priming.
+    fixed: u64,
     tools: Option<&'a str>,
     window: u64,
     reserve: u64,
@@ -203,10 +229,11 @@ impl Request<'_> {
     }
 }
 
-/// The result of one step of the state machine.
+/// The result of one step of the state machine: the forwarded messages are `frozen`'s prefix followed
+/// by the raw messages after those it covers (all of them without a frozen prefix).
 struct Step {
-    messages: Vec<String>,
-    /// Tokens of the forwarded request (`messages` + tools), counted once by the step.
+    frozen: Option<Arc<Frozen>>,
+    /// Tokens of the forwarded request (messages + tools), counted once by the step.
     tokens: u64,
     action: Action,
     history_changed: bool,
@@ -313,12 +340,14 @@ impl SessionCompactor {
         let fwd_msgs = &fwd_body.messages();
         let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
-        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| Frozen {
-            raw_hashes: raw_msgs[..n_raw].iter().map(|m| xxh3_128(m.as_bytes())).collect(),
-            prefix: fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
-            prefix_seen: Vec::new(),
+        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| {
+            Arc::new(Frozen::new(
+                message_hashes(&raw_msgs[..n_raw]),
+                fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
+                Vec::new(),
+            ))
         });
-        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), saturated: false, seen: Vec::new() };
+        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), ..SessionState::default() };
         self.budget.charge(Holder::Compactor, session, state.bytes());
         self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
@@ -352,29 +381,31 @@ impl SessionCompactor {
     /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
     pub fn compact_body(&self, session: &str, body: &dyn WireBody, window: Option<u64>) -> CompactOutput {
         let messages = body.messages();
-        self.compact_messages(session, body, &messages, window)
+        self.compact_messages(session, body, &messages, &message_hashes(&messages), window)
     }
 
-    /// [`SessionCompactor::compact_body`] with the body's neutral messages already read.
+    /// [`SessionCompactor::compact_body`] with the body's neutral messages already read and hashed
+    /// (`hashes` is [`message_hashes`] of `messages`).
     pub fn compact_messages(
         &self,
         session: &str,
         body: &dyn WireBody,
         messages: &[&str],
+        hashes: &[u128],
         window: Option<u64>,
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.tools();
-        let request = Request { raw: messages, tools, window, reserve };
         let counter = self.counter(body.model().as_deref());
-        let tokens_raw = counter.count_request(request.raw, tools);
-        let usable = request.usable();
+        let fixed = tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
+        let usable = window.saturating_sub(reserve);
         // Anthropic's tokenizer is not public: a Messages request's counts are the configured encoding's.
         let tokens_estimated = body.wire() == Wire::Messages;
         let base_report =
             BudgetReport { mode: self.policy.mode, window, reserve, tokens_estimated, ..Default::default() };
 
         if self.policy.mode == Mode::Off {
+            let tokens_raw = counter.message_counts(messages, hashes, &[]).iter().sum::<u64>() + fixed;
             let summary = CompactionSummary {
                 tokens_raw,
                 tokens_forwarded: tokens_raw,
@@ -388,12 +419,18 @@ impl SessionCompactor {
 
         let state = self.session(session);
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The session's last request counted the unchanged history already.
+        let counts = counter.message_counts(messages, hashes, &state.counts);
+        let tokens_raw = counts.iter().sum::<u64>() + fixed;
+        let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
         let epoch_before = state.epoch;
         let step = self.step(&mut state, &request, counter);
+        state.counts = hashes.iter().copied().zip(counts.iter().copied()).collect();
         self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
-        let unchanged = step.messages.len() == request.raw.len()
-            && step.messages.iter().zip(request.raw).all(|(f, r)| f.as_str() == *r);
+        let unchanged = step.frozen.as_ref().is_none_or(|f| {
+            f.prefix.len() == f.raw_hashes.len() && f.prefix.iter().zip(request.raw).all(|(f, r)| f == r)
+        });
         let report = BudgetReport {
             action: Some(step.action),
             history_changed: step.history_changed,
@@ -411,7 +448,11 @@ impl SessionCompactor {
         let (body, spans) = if unchanged {
             (None, None)
         } else {
-            match body.write(&step.messages) {
+            let forwarded = match &step.frozen {
+                Some(f) => forwarded(&f.prefix, &request.raw[f.raw_hashes.len()..]),
+                None => request.raw.to_vec(),
+            };
+            match body.write(&forwarded) {
                 Ok((bytes, spans)) => (Some(bytes), Some(spans)),
                 Err(err) => {
                     // Fail-open: the forwarded conversation has no valid form in this wire format.
@@ -430,7 +471,7 @@ impl SessionCompactor {
 
     /// One transition of a session's state machine; returns the forwarded messages.
     fn step(&self, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
-        let hashes: Vec<u128> = request.raw.iter().map(|m| xxh3_128(m.as_bytes())).collect();
+        let hashes = request.hashes;
         let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
             // The agent edited or dropped earlier messages: the frozen prefix no longer describes
@@ -440,17 +481,14 @@ impl SessionCompactor {
             state.advanced_at_len = 0;
         }
         // With a wall clock: when each raw message and each candidate message first arrived.
-        let times = self.clock.as_ref().map(|clock| arrival_times(state, &hashes, clock()));
-        let candidate: Vec<String> = match &state.frozen {
-            Some(f) => f
-                .prefix
-                .iter()
-                .cloned()
-                .chain(request.raw[f.raw_hashes.len()..].iter().map(|m| (*m).to_owned()))
-                .collect(),
-            None => request.raw.iter().map(|m| (*m).to_owned()).collect(),
-        };
-        let candidate_tokens = counter.count_request(&candidate, request.tools);
+        let times = self.clock.as_ref().map(|clock| arrival_times(state, hashes, clock()));
+        // The candidate is the frozen prefix followed by the raw messages after it; its tokens are the
+        // prefix's (counted once per prefix) and the raw messages' (counted by the caller).
+        let frozen = state.frozen.clone();
+        let frozen_raw = frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
+        let candidate_tokens = frozen.as_ref().map_or(0, |f| f.tokens(counter))
+            + request.counts[frozen_raw..].iter().sum::<u64>()
+            + request.fixed;
         let usable = request.usable() as f64;
         let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
         let over = candidate_tokens as f64 > trigger;
@@ -466,7 +504,7 @@ impl SessionCompactor {
         };
         if !advance {
             return Step {
-                messages: candidate,
+                frozen,
                 tokens: candidate_tokens,
                 action: Action::Append,
                 history_changed,
@@ -474,7 +512,11 @@ impl SessionCompactor {
             };
         }
 
-        let n_frozen = state.frozen.as_ref().map_or(0, |f| f.prefix.len());
+        let candidate = match &frozen {
+            Some(f) => forwarded(&f.prefix, &request.raw[frozen_raw..]),
+            None => request.raw.to_vec(),
+        };
+        let n_frozen = frozen.as_ref().map_or(0, |f| f.prefix.len());
         let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => {
@@ -492,7 +534,6 @@ impl SessionCompactor {
         };
         let (raw_boundary, prefix, engine_report, prefix_seen) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
-                let frozen_raw = state.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
                 let seen = times.as_ref().map(|t| t.of_prefix(&a.sources, &t.candidate, a.prefix.len()));
                 (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen)
             }
@@ -512,25 +553,26 @@ impl SessionCompactor {
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
-        let mut messages = prefix.clone();
-        messages.extend(request.raw[raw_boundary..].iter().map(|m| (*m).to_owned()));
-        let changed = messages != candidate;
-        if changed {
+        if forwarded(&prefix, &request.raw[raw_boundary..]) != candidate {
             state.epoch += 1;
         }
-        state.frozen = Some(Frozen {
-            raw_hashes: hashes[..raw_boundary].to_vec(),
-            prefix,
-            prefix_seen: prefix_seen.unwrap_or_default(),
-        });
+        let frozen = Arc::new(Frozen::new(hashes[..raw_boundary].to_vec(), prefix, prefix_seen.unwrap_or_default()));
+        state.frozen = Some(frozen.clone());
         state.advanced_at_len = request.raw.len();
-        let forwarded_tokens = counter.count_request(&messages, request.tools);
+        let forwarded_tokens =
+            frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
         let action = match (self.policy.mode, over) {
             (Mode::Eager, false) => Action::Advance,
             _ => Action::Epoch,
         };
-        Step { messages, tokens: forwarded_tokens, action, history_changed, engine_report: Some(engine_report) }
+        Step {
+            frozen: Some(frozen),
+            tokens: forwarded_tokens,
+            action,
+            history_changed,
+            engine_report: Some(engine_report),
+        }
     }
 
     /// An epoch that compacts as little as it can. One engine run over the whole candidate, given
@@ -543,14 +585,13 @@ impl SessionCompactor {
     fn lightest_fitting(
         &self,
         request: &Request<'_>,
-        candidate: &[String],
+        candidate: &[&str],
         n_frozen: usize,
         target: u64,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let messages: Vec<&str> = candidate.iter().map(String::as_str).collect();
-        let view = View { messages: &messages, tools: request.tools };
+        let view = View { messages: candidate, tools: request.tools };
         let with_target = CompactOptions {
             target_tokens: Some(target),
             history_floor: self.policy.history_floor(request.usable()),
@@ -564,7 +605,7 @@ impl SessionCompactor {
         if whole.fitted || sources.len() != whole.prefix.len() {
             return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
         }
-        let fixed = request.tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
+        let fixed = request.fixed;
         let prefix_tokens: Vec<u64> = whole.prefix.iter().map(|m| counter.message(m)).collect();
         let raw_tokens: Vec<u64> = candidate.iter().map(|m| counter.message(m)).collect();
         // Walk the cut points from the oldest: before an assistant or user message (no tool-call
@@ -583,7 +624,7 @@ impl SessionCompactor {
             if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
                 let prefix = whole.prefix[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
-                messages.extend(candidate[cut..].iter().map(String::as_str));
+                messages.extend_from_slice(&candidate[cut..]);
                 if crate::compact::validate::check_messages(&messages).is_ok() {
                     let sources = sources[..n_out].to_vec();
                     return Some(Attempt { boundary: cut, prefix, report: whole.report, sources });
@@ -598,12 +639,11 @@ impl SessionCompactor {
     fn attempt(
         &self,
         request: &Request<'_>,
-        candidate: &[String],
+        candidate: &[&str],
         options: &CompactOptions,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let messages: Vec<&str> = candidate.iter().map(String::as_str).collect();
-        let view = View { messages: &messages, tools: request.tools };
+        let view = View { messages: candidate, tools: request.tools };
         let (out, sources) = self.engine.compact_traced(&view, options, counter);
         Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report, sources })
     }
@@ -692,8 +732,13 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
 
 impl ChatCompactor for SessionCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(self.compact_messages(input.session, input.body, input.messages, input.window))
+        Ok(self.compact_messages(input.session, input.body, input.messages, input.hashes, input.window))
     }
+}
+
+/// The forwarded messages `prefix ++ tail`, borrowed.
+fn forwarded<'a>(prefix: &'a [String], tail: &[&'a str]) -> Vec<&'a str> {
+    prefix.iter().map(String::as_str).chain(tail.iter().copied()).collect()
 }
 
 /// Assistant messages among `messages` (a turn starts at each).

@@ -31,7 +31,8 @@ pub fn replay_request(
         }
     };
     let messages = body.messages();
-    let input = CompactInput { session, raw, body: body.as_ref(), messages: &messages, window };
+    let hashes = crate::neutral::message_hashes(&messages);
+    let input = CompactInput { session, raw, body: body.as_ref(), messages: &messages, hashes: &hashes, window };
     match compact_fail_open(compactor, &input) {
         Ok(out) => {
             Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }

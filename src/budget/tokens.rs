@@ -24,7 +24,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::neutral::{Content, Message};
+use crate::neutral::{Content, Message, message_hashes};
 
 /// Counts tokens of request parts as the upstream would see them.
 pub trait CountTokens: Send + Sync {
@@ -172,8 +172,12 @@ impl TokenCounter {
     /// count where it is known now (cached, or counted here), so that a caller summing them does not
     /// hash every message a second time.
     pub fn count_uncached<M: AsRef<str> + Sync>(&self, messages: &[M]) -> Vec<Option<u64>> {
-        // Hash before taking the lock: other sessions count through the same cache meanwhile.
-        let keys: Vec<u128> = messages.iter().map(|m| xxh3_128(m.as_ref().as_bytes())).collect();
+        self.count_uncached_hashed(messages, &message_hashes(messages))
+    }
+
+    /// [`TokenCounter::count_uncached`] with each message's hash given (`hashes[i]` is
+    /// [`message_hashes`] of `messages[i]`).
+    fn count_uncached_hashed<M: AsRef<str> + Sync>(&self, messages: &[M], keys: &[u128]) -> Vec<Option<u64>> {
         let mut counts: Vec<Option<u64>> = {
             let mut cache = self.lock();
             keys.iter().map(|key| cache.get(key).copied()).collect()
@@ -195,7 +199,7 @@ impl TokenCounter {
                 cache.put(*key, *n);
             }
         }
-        for (count, key) in counts.iter_mut().zip(&keys) {
+        for (count, key) in counts.iter_mut().zip(keys) {
             if count.is_none() {
                 *count = counted.get(key).copied();
             }
@@ -203,12 +207,30 @@ impl TokenCounter {
         counts
     }
 
+    /// Each message's tokens (`hashes[i]` is [`message_hashes`] of `messages[i]`). `known` holds
+    /// (hash, tokens) of messages counted before, in order — a session's previous request: the
+    /// leading messages with the same hashes take their counts from it without a cache lookup; the
+    /// rest are read from the cache or counted (together, as [`TokenCounter::count_uncached`]).
+    pub fn message_counts<M: AsRef<str> + Sync>(
+        &self,
+        messages: &[M],
+        hashes: &[u128],
+        known: &[(u128, u64)],
+    ) -> Vec<u64> {
+        let n_known = known.iter().zip(hashes).take_while(|((a, _), b)| a == *b).count();
+        let (messages, hashes) = (&messages[n_known..], &hashes[n_known..]);
+        let rest = self.count_uncached_hashed(messages, hashes);
+        let rest = rest
+            .into_iter()
+            .zip(messages.iter().zip(hashes))
+            .map(|(n, (m, key))| n.unwrap_or_else(|| self.cached_by(*key, || self.count_message(m.as_ref()))));
+        known[..n_known].iter().map(|(_, n)| *n).chain(rest).collect()
+    }
+
     /// [`request_tokens`] of a whole request, each message hashed once: the uncached ones are
     /// counted together ([`TokenCounter::count_uncached`]), the rest read from the cache.
     pub fn count_request<M: AsRef<str> + Sync>(&self, messages: &[M], tools: Option<&str>) -> u64 {
-        let known = self.count_uncached(messages);
-        let messages: u64 =
-            known.iter().zip(messages).map(|(n, m)| n.unwrap_or_else(|| self.message(m.as_ref()))).sum();
+        let messages: u64 = self.message_counts(messages, &message_hashes(messages), &[]).iter().sum();
         messages + tools.map_or(0, |t| self.tools(t)) + REPLY_PRIMING
     }
 
@@ -232,7 +254,11 @@ impl TokenCounter {
     }
 
     fn cached(&self, raw: &str, count: impl FnOnce() -> u64) -> u64 {
-        let key = xxh3_128(raw.as_bytes());
+        self.cached_by(xxh3_128(raw.as_bytes()), count)
+    }
+
+    /// The count cached under `key` (the hash of the counted bytes), else `count()`, cached.
+    fn cached_by(&self, key: u128, count: impl FnOnce() -> u64) -> u64 {
         if let Some(n) = self.lock().get(&key) {
             return *n;
         }

@@ -58,8 +58,8 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let tools = body.tools();
     let view = View { messages: &raw_messages, tools };
     let (out, sources) = engine.compact_traced(&view, &options, &counter);
-    let mut messages = out.prefix.clone();
-    messages.extend(raw_messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    let mut messages: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+    messages.extend_from_slice(&raw_messages[out.boundary..]);
     // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
     // body would differ in the whitespace between its top-level values).
     let unchanged = messages.len() == raw_messages.len() && messages.iter().zip(&raw_messages).all(|(m, r)| m == r);

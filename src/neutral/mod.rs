@@ -37,6 +37,13 @@ pub struct View<'a> {
     pub tools: Option<&'a str>,
 }
 
+/// Each message's xxh3-128 hash of its exact bytes. The pipeline computes them once per request; the
+/// session tracker, the session compactor and the token cache all key on a message's bytes and share
+/// them, so a warm request hashes its history once.
+pub fn message_hashes<M: AsRef<str>>(messages: &[M]) -> Vec<u128> {
+    messages.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.as_ref().as_bytes())).collect()
+}
+
 /// The `role` of a neutral message ("" when it has none or is not an object); reads only that key.
 pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
     #[derive(Deserialize)]

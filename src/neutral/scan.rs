@@ -14,17 +14,31 @@
 //! that is not an array, nesting deeper than [`MAX_DEPTH`], more than [`MAX_TOP_LEVEL_KEYS`] keys — it
 //! declines, and the caller parses with serde_json, which then also words the error.
 
+use std::borrow::Cow;
+
 /// The top level of a chat body as the scan finds it.
 #[derive(Debug)]
 pub(crate) struct Split<'a> {
     /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
-    pub fields: Vec<(&'a str, &'a str)>,
+    pub fields: Vec<(Cow<'a, str>, &'a str)>,
     /// Position of `messages` among the keys, as in [`ChatBody`](crate::wire::ChatBody).
     pub messages_idx: usize,
     /// The `messages` array as it is in the body, brackets included.
     pub messages_raw: &'a str,
     /// Each element of the `messages` array.
     pub messages: Vec<&'a str>,
+}
+
+/// Where a scan starts again in a body whose leading bytes are those of a body the scan accepted:
+/// inside the conversation array, right after one of its elements. Byte offsets into both bodies.
+#[derive(Debug, Clone)]
+pub(crate) struct Resume<'r> {
+    /// The top-level keys before the array and their values' (start, end).
+    pub fields: &'r [(String, (usize, usize))],
+    /// Where the array starts (its `[`).
+    pub array_start: usize,
+    /// The elements kept, (start, end) each, in order; the scan goes on after the last one. Not empty.
+    pub elements: &'r [(usize, usize)],
 }
 
 /// Deeper nesting is left to serde_json (whose raw-value parse has no depth limit); the scan recurses
@@ -36,19 +50,49 @@ const MAX_DEPTH: usize = 128;
 const MAX_TOP_LEVEL_KEYS: usize = 64;
 
 /// Split `body`, or `None` when the scan declines (see the module's doc).
+#[cfg(test)]
 pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
+    split_resumed(body, list_key, None)
+}
+
+/// [`split`], scanning only what follows `resume` when given: the caller vouches that `body`
+/// starts with the bytes of a body this scan accepted up to the end of `resume`'s last element
+/// (and one byte more when that element ends in a digit, which a number could go on with), so
+/// that the scan would reach the same state there. The whole body is still checked to be UTF-8.
+pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&Resume<'_>>) -> Option<Split<'a>> {
     let text = std::str::from_utf8(body).ok()?;
     let mut s = Scanner { bytes: body, at: 0 };
-    s.whitespace();
-    s.expect(b'{')?;
-    s.whitespace();
-    let mut fields: Vec<(&str, &str)> = Vec::new();
+    let mut fields: Vec<(Cow<'a, str>, &'a str)> = Vec::new();
     let mut messages = None;
-    loop {
+    let mut end = false;
+    if let Some(resume) = resume {
+        let slice = |(start, end): (usize, usize)| text.get(start..end);
+        for (key, value) in resume.fields {
+            fields.push((Cow::Owned(key.clone()), slice(*value)?));
+        }
+        let kept = resume.elements.iter().map(|span| slice(*span)).collect::<Option<Vec<_>>>()?;
+        s.at = resume.elements.last()?.1;
+        s.whitespace();
+        let elements = match s.next()? {
+            b',' => {
+                s.whitespace();
+                s.more_elements(text, kept)?
+            }
+            b']' => kept,
+            _ => return None,
+        };
+        messages = Some((fields.len(), text.get(resume.array_start..s.at)?, elements));
+        end = s.after_member()?;
+    } else {
+        s.whitespace();
+        s.expect(b'{')?;
+        s.whitespace();
+    }
+    while !end {
         let key_start = s.at;
         s.string()?;
         let key = &text[key_start + 1..s.at - 1];
-        let repeated = key == list_key && messages.is_some() || fields.iter().any(|(k, _)| *k == key);
+        let repeated = key == list_key && messages.is_some() || fields.iter().any(|(k, _)| k == key);
         if key.as_bytes().contains(&b'\\') || repeated || fields.len() == MAX_TOP_LEVEL_KEYS {
             return None;
         }
@@ -62,14 +106,9 @@ pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
         } else {
             let start = s.at;
             s.value(1)?;
-            fields.push((key, &text[start..s.at]));
+            fields.push((Cow::Borrowed(key), &text[start..s.at]));
         }
-        s.whitespace();
-        match s.next()? {
-            b',' => s.whitespace(),
-            b'}' => break,
-            _ => return None,
-        }
+        end = s.after_member()?;
     }
     s.whitespace();
     if s.at != body.len() {
@@ -112,15 +151,32 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// After a top-level member: `true` at the object's closing brace, `false` after a comma.
+    fn after_member(&mut self) -> Option<bool> {
+        self.whitespace();
+        match self.next()? {
+            b',' => {
+                self.whitespace();
+                Some(false)
+            }
+            b'}' => Some(true),
+            _ => None,
+        }
+    }
+
     /// The elements of the array starting here, each as its raw text.
     fn elements<'t>(&mut self, text: &'t str) -> Option<Vec<&'t str>> {
         self.expect(b'[')?;
         self.whitespace();
-        let mut out = Vec::new();
         if self.peek()? == b']' {
             self.at += 1;
-            return Some(out);
+            return Some(Vec::new());
         }
+        self.more_elements(text, Vec::new())
+    }
+
+    /// `out` followed by the elements from here (the start of one) to the end of the array.
+    fn more_elements<'t>(&mut self, text: &'t str, mut out: Vec<&'t str>) -> Option<Vec<&'t str>> {
         loop {
             let start = self.at;
             self.value(2)?;
@@ -465,7 +521,7 @@ mod tests {
     }
 
     fn owned(split: Split<'_>) -> Owned {
-        let fields = split.fields.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+        let fields = split.fields.into_iter().map(|(k, v)| (k.into_owned(), v.to_owned())).collect();
         let messages = split.messages.into_iter().map(str::to_owned).collect();
         (fields, split.messages_idx, split.messages_raw.to_owned(), messages)
     }
@@ -492,7 +548,7 @@ mod tests {
                 "0"
             ]
         );
-        assert_eq!(split.fields, [("model", "\"m\""), ("n", "-0.0E-1")]);
+        assert_eq!(split.fields, [(Cow::Borrowed("model"), "\"m\""), (Cow::Borrowed("n"), "-0.0E-1")]);
         assert_eq!(Some(owned(split)), by_serde(body.as_bytes()));
     }
 
@@ -586,6 +642,44 @@ b"}]}"#,
         fn never_accepts_what_serde_json_refuses(body in chat_body(), edits in super::super::testing::edits()) {
             let body = super::super::testing::corrupt(body, edits);
             agrees(&body)?;
+        }
+    }
+
+    proptest! {
+        // Enough cases that a shared part ending in a number followed by a digit comes up.
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// A body that repeats another's bytes up to the end of one of its messages, then goes on
+        /// with anything (the rest of that body, corrupted), is split from there exactly as a scan
+        /// from its start splits it, or declined by both.
+        #[test]
+        fn a_resumed_scan_agrees_with_a_whole_one(
+            body in chat_body(),
+            at in any::<prop::sample::Index>(),
+            digit in any::<bool>(),
+            edits in super::super::testing::edits(),
+        ) {
+            let earlier = split(&body, "messages").expect("a body serde_json writes is scanned");
+            prop_assume!(!earlier.messages.is_empty());
+            let offset = |s: &str| s.as_ptr() as usize - body.as_ptr() as usize;
+            let span = |s: &str| (offset(s), offset(s) + s.len());
+            let kept: Vec<(usize, usize)> =
+                earlier.messages[..=at.index(earlier.messages.len())].iter().map(|m| span(m)).collect();
+            let fields: Vec<(String, (usize, usize))> = earlier.fields[..earlier.messages_idx]
+                .iter()
+                .map(|(k, v)| (k.to_string(), span(v)))
+                .collect();
+            let end = kept.last().unwrap().1;
+            let shared = end + usize::from(body[end - 1].is_ascii_digit());
+            let resume = Resume { fields: &fields, array_start: offset(earlier.messages_raw), elements: &kept };
+            let mut later = body[..shared].to_vec();
+            // A digit right after the shared bytes would lengthen a number that ended there.
+            if digit {
+                later.push(b'7');
+            }
+            later.extend(super::super::testing::corrupt(body[shared..].to_vec(), edits));
+            let resumed = split_resumed(&later, "messages", Some(&resume)).map(owned);
+            prop_assert_eq!(resumed, split(&later, "messages").map(owned), "body: {:?}", String::from_utf8_lossy(&later));
         }
     }
 }

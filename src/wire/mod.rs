@@ -12,11 +12,15 @@
 //! - [`responses`]: the OpenAI Responses API (`input` items, `instructions`).
 //! - [`messages`]: the Anthropic Messages API (`system`, `messages` turns of content blocks).
 //!
+//! [`recent::RecentBodies`] lets the proxy scan a chat body only after the messages it shares with
+//! a recent body it extends.
+//!
 //! A new format is one file with a type implementing [`WireBody`], a variant of [`Wire`] and its
 //! arm in [`parse`].
 
 pub mod convert;
 pub mod messages;
+pub mod recent;
 pub mod responses;
 
 use serde_json::value::RawValue;
@@ -89,7 +93,7 @@ pub trait WireBody: Send + Sync {
     /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
     /// conversation, and where its values lie. `Err` when the conversation cannot be written validly
     /// in this format: the caller forwards the original body.
-    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError>;
+    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError>;
     /// Where this body's values lie in `body`, the bytes it was parsed from (for the archive).
     fn spans_in(&self, body: &[u8]) -> Option<Spans>;
     /// The format's own pairing rules over the body (a tool call answered by its result, no result
@@ -121,7 +125,7 @@ impl WireBody for ChatBody<'_> {
             .iter()
             .find_map(|key| self.field(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok()))
     }
-    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         Ok(self.to_vec_and_spans(messages))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
@@ -175,7 +179,17 @@ impl<'a> ChatBody<'a> {
 
     /// [`ChatBody::parse`] around the array under `key` instead of `messages`.
     pub fn parse_keyed(bytes: &'a [u8], key: &'static str) -> Result<ChatBody<'a>, WireError> {
-        if let Some(body) = Self::from_scan(bytes, key) {
+        Self::parse_resumed(bytes, key, None)
+    }
+
+    /// [`ChatBody::parse_keyed`] whose scan starts again after `resume` (see [`scan::split_resumed`]
+    /// for what the caller vouches for).
+    pub(crate) fn parse_resumed(
+        bytes: &'a [u8],
+        key: &'static str,
+        resume: Option<&scan::Resume<'_>>,
+    ) -> Result<ChatBody<'a>, WireError> {
+        if let Some(body) = Self::from_scan(bytes, key, resume) {
             return Ok(body);
         }
         // The array's elements are read in a second pass over its bytes: this path is for bodies the
@@ -194,12 +208,12 @@ impl<'a> ChatBody<'a> {
 
     /// The fast path: the scan's split, with the (few, small) top-level values handed to serde_json
     /// as raw values.
-    fn from_scan(bytes: &'a [u8], key: &'static str) -> Option<ChatBody<'a>> {
-        let split = scan::split(bytes, key)?;
+    fn from_scan(bytes: &'a [u8], key: &'static str, resume: Option<&scan::Resume<'_>>) -> Option<ChatBody<'a>> {
+        let split = scan::split_resumed(bytes, key, resume)?;
         let fields = split
             .fields
             .into_iter()
-            .map(|(key, value)| Some((key.to_owned(), serde_json::from_str::<&'a RawValue>(value).ok()?)))
+            .map(|(key, value)| Some((key.into_owned(), serde_json::from_str::<&'a RawValue>(value).ok()?)))
             .collect::<Option<Vec<_>>>()?;
         Some(ChatBody {
             key,

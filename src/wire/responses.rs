@@ -332,7 +332,7 @@ impl WireBody for ResponsesBody<'_> {
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
-    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {
             return Err(WireError::Invalid("a string `input` is forwarded as sent".into()));
         }
@@ -357,9 +357,9 @@ impl ResponsesBody<'_> {
     /// The input items standing for the forwarded neutral `messages`: a message the engine left
     /// alone is its items' original bytes; a rewritten one names its items (`pare_items`) and is
     /// written as those items with its changes; any other (a marker) is a new `message` item.
-    fn items_for(&self, messages: &[String]) -> Result<Vec<Cow<'_, str>>, WireError> {
+    fn items_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let first = self.first_item_message();
-        if self.has_instructions && messages.first() != self.neutral.first() {
+        if self.has_instructions && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Invalid("the instructions were changed".into()));
         }
         let mut by_text: HashMap<&str, usize> = HashMap::new();
@@ -372,7 +372,7 @@ impl ResponsesBody<'_> {
         let raw = &self.body.messages;
         let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
         for text in &messages[first..] {
-            if let Some(&idx) = by_text.get(text.as_str()) {
+            if let Some(&idx) = by_text.get(*text) {
                 let (start, end) = self.ranges[idx - first];
                 out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
                 continue;

@@ -304,7 +304,7 @@ struct LastMessageCompactor;
 impl ChatCompactor for LastMessageCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         let last = input.messages.last().copied().unwrap_or("");
-        let (body, _) = input.body.write(&[last.to_owned()]).unwrap();
+        let (body, _) = input.body.write(&[last]).unwrap();
         Ok(CompactOutput {
             body: Some(body),
             spans: None,

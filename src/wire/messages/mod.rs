@@ -348,7 +348,7 @@ impl WireBody for MessagesBody<'_> {
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
-    fn write(&self, messages: &[String]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         let turns = self.turns_for(messages)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
         let unchanged = turns.len() == self.body.messages.len()
@@ -383,9 +383,9 @@ enum Forwarded {
 
 impl MessagesBody<'_> {
     /// Trace each forwarded neutral message to its unit.
-    fn trace(&self, messages: &[String]) -> Result<Vec<Forwarded>, WireError> {
+    fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
         let first = self.first_turn_message();
-        if self.has_system && messages.first() != self.neutral.first() {
+        if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Invalid("the system prompt was changed".into()));
         }
         let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -410,7 +410,7 @@ impl MessagesBody<'_> {
         let mut out = Vec::with_capacity(messages.len());
         let mut cursor = 0;
         for text in &messages[first..] {
-            if let Some(n) = by_text.get(text.as_str()).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+            if let Some(n) = by_text.get(*text).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
                 out.push(Forwarded::Kept(self.units[n]));
                 cursor = n + 1;
                 continue;
@@ -433,7 +433,7 @@ impl MessagesBody<'_> {
     }
 
     /// The turns standing for the forwarded neutral `messages`, with the agent's cache marks placed.
-    fn turns_for(&self, messages: &[String]) -> Result<Vec<Cow<'_, str>>, WireError> {
+    fn turns_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let traced = self.trace(messages)?;
         // Per original turn: which of its units survive, and how.
         let mut kept_units: HashSet<Unit> = HashSet::new();

@@ -20,7 +20,7 @@ fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
     ] {
         let parsed = parse(body);
         let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
-        let (bytes, spans) = parsed.write(&messages).unwrap();
+        let (bytes, spans) = parsed.write(&refs(&messages)).unwrap();
         assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
         assert_eq!(ResponsesBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans));
     }
@@ -71,7 +71,7 @@ fn a_rewritten_output_and_arguments_keep_every_other_byte() {
     let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
     messages[4] = messages[4].replace(r#""fn main() {}\n""#, r#""[tool: cat → ok]""#);
     messages[3] = messages[3].replace(r#"[\"cat\",\"src/lib.rs\"]"#, r#"[\"cat\"]"#);
-    let (bytes, _) = parsed.write(&messages).unwrap();
+    let (bytes, _) = parsed.write(&refs(&messages)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     let input: Value = serde_json::from_str(CODEX).unwrap();
     assert_eq!(out["input"][4]["output"], "[tool: cat → ok]");
@@ -93,7 +93,7 @@ fn an_elided_turn_takes_its_reasoning_and_a_marker_becomes_a_message_item() {
     let mut forwarded = messages[..3].to_vec();
     forwarded.push(marker);
     forwarded.extend(messages[5..].iter().cloned());
-    let (bytes, _) = parsed.write(&forwarded).unwrap();
+    let (bytes, _) = parsed.write(&refs(&forwarded)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         out["input"][2],
@@ -111,14 +111,14 @@ fn a_rewritten_message_keeps_its_item_and_a_nameless_tool_message_is_refused() {
     let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
     messages[1] = messages[1]
         .replace(r#"[{"type":"input_text","text":"sandbox: workspace-write"}]"#, r#""[system prompt: sandbox]""#);
-    let (bytes, _) = parsed.write(&messages).unwrap();
+    let (bytes, _) = parsed.write(&refs(&messages)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         out["input"][0],
         serde_json::json!({"type":"message","role":"developer","content":"[system prompt: sandbox]"})
     );
     messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"x"}"#.to_owned();
-    assert!(parsed.write(&messages).is_err());
+    assert!(parsed.write(&refs(&messages)).is_err());
 }
 
 #[test]
@@ -128,14 +128,14 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     // The call turn without its output.
     let mut orphan = messages.clone();
     orphan.remove(4);
-    assert!(parsed.write(&orphan).is_err());
+    assert!(parsed.write(&refs(&orphan)).is_err());
     let mut instructions = messages.clone();
     instructions[0] = r#"{"role":"system","content":"other"}"#.to_owned();
-    assert!(parsed.write(&instructions).is_err());
+    assert!(parsed.write(&refs(&instructions)).is_err());
     // An opaque message the engine made up has no item.
     let mut made_up = messages.clone();
     made_up.insert(2, r#"{"role":"opaque","content":"x"}"#.to_owned());
-    assert!(parsed.write(&made_up).is_err());
+    assert!(parsed.write(&refs(&made_up)).is_err());
 }
 
 #[test]
@@ -240,7 +240,7 @@ mod properties {
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
-            prop_assert_eq!(parsed.write(&messages).unwrap().0, body.into_bytes());
+            prop_assert_eq!(parsed.write(&refs(&messages)).unwrap().0, body.into_bytes());
         }
 
         #[test]
@@ -252,7 +252,7 @@ mod properties {
             let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
             let mut messages = out.prefix.clone();
             messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
-            let Ok((bytes, _)) = parsed.write(&messages) else {
+            let Ok((bytes, _)) = parsed.write(&refs(&messages)) else {
                 // Only a conversation the engine left invalid (never) or an input the API would refuse.
                 prop_assert!(parsed.check().is_err(), "a valid request could not be written back");
                 return Ok(());
@@ -282,4 +282,9 @@ mod properties {
             prop_assert_eq!(again_messages, again_raw.iter().map(|m| (*m).to_owned()).collect::<Vec<_>>());
         }
     }
+}
+
+/// The forwarded messages as [`WireBody::write`] takes them.
+fn refs(messages: &[String]) -> Vec<&str> {
+    messages.iter().map(String::as_str).collect()
 }
