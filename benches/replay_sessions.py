@@ -2,8 +2,8 @@
 """Real sessions through `pare serve`, side by side with direct calls, and a burst of large sessions.
 
 Usage: benches/replay_sessions.py PARE_BINARY [--small-requests N] [--sessions DIR_OR_FILE ...]
-                                   [--max-sessions N] [--burst N] [--burst-kb KB] [--burst-source FILE]
-                                   [--settle SECONDS] [--json]
+                                   [--max-sessions N] [--window TOKENS] [--burst N]
+                                   [--burst-kb KB] [--burst-source FILE] [--settle SECONDS] [--json]
 
 - replay: every request of each chosen session file (one chat body per line) is sent to a zero-delay
   stub upstream directly and through pare, the two interleaved (the order alternates), one at a time.
@@ -14,8 +14,6 @@ Usage: benches/replay_sessions.py PARE_BINARY [--small-requests N] [--sessions D
   requests; pare's RSS idle, after the replay, and its peak (VmHWM).
 - small requests: pare's idle RSS, then N small distinct requests (the first one loads the encoding's
   tables) with their added latency, and the RSS after.
-- --instructions: pare's instructions over the replay (user and kernel), counted by `perf stat` attached
-  to pare for the replay alone; with the CPU time, the figure that holds on a loaded machine.
 - burst: N distinct sessions of one ~KB request each (a long corpus request with a unique first user
   message), 8 at a time; pare's peak RSS and its RSS every second for --settle seconds after.
 
@@ -104,9 +102,9 @@ def session_files(paths, limit):
     return files[:limit]
 
 
-def start_pare(binary, stub_port, workdir, extra):
+def start_pare(binary, stub_port, workdir, extra, window=None):
     config = Path(workdir) / "pare.yaml"
-    config.write_text("budget:\n  detect_window: false\n")
+    config.write_text("budget:\n  detect_window: false\n" + (f"  default_context_window: {window}\n" if window else ""))
     port_file = Path(workdir) / "listen"
     cmd = [binary, "serve", "--config", str(config), "--listen", "127.0.0.1:0",
            "--upstream", f"http://127.0.0.1:{stub_port}/v1", "--archive", str(Path(workdir) / "archive")] + extra
@@ -222,26 +220,6 @@ def small_requests(n, stub_port, pare_port, pid):
     return {"added_ms": added, "rss_after_mib": rss_kib(pid) / 1024}
 
 
-def start_perf(pid, workdir):
-    """`perf stat` attached to pare, counting user and kernel instructions until `stop_perf`."""
-    path = Path(workdir) / "perf-stat.csv"
-    perf = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "instructions:u,instructions:k", "-p", str(pid),
-                             "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # perf attaches before the first request
-    return perf, path
-
-
-def stop_perf(perf, path):
-    perf.send_signal(2)
-    perf.wait(timeout=30)
-    counts = {}
-    for line in path.read_text().splitlines():
-        fields = line.split(",")
-        if len(fields) > 2 and fields[0].isdigit():
-            counts[fields[2]] = int(fields[0])
-    return counts
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
@@ -253,7 +231,7 @@ def main():
     ap.add_argument("--burst-source", default=None, help="session file whose request near --burst-kb is copied")
     ap.add_argument("--settle", type=float, default=30)
     ap.add_argument("--serve-arg", action="append", default=[])
-    ap.add_argument("--instructions", action="store_true", help="count pare's instructions over the replay (perf stat)")
+    ap.add_argument("--window", type=int, default=None, help="the models' context window (more epochs when small)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -261,7 +239,7 @@ def main():
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     out = {}
     with tempfile.TemporaryDirectory() as workdir:
-        proc, port = start_pare(args.binary, stub.server_port, workdir, args.serve_arg)
+        proc, port = start_pare(args.binary, stub.server_port, workdir, args.serve_arg, args.window)
         try:
             time.sleep(1)
             out["idle_rss_mib"] = rss_kib(proc.pid) / 1024
@@ -269,11 +247,8 @@ def main():
                 out["small_requests"] = small_requests(args.small_requests, stub.server_port, port, proc.pid)
             files = session_files(args.sessions, args.max_sessions)
             if files:
-                perf = start_perf(proc.pid, workdir) if args.instructions else None
                 groups, n, cpu = replay(files, stub.server_port, port, proc.pid)
                 out["replay"] = {"sessions": len(files), "requests": n, "pare_cpu_s": round(cpu, 2)}
-                if perf:
-                    out["replay"]["instructions"] = stop_perf(*perf)
                 for name, values in groups.items():
                     out["replay"][name] = {"n": len(values), "p50_us": pct(values, 50), "p99_us": pct(values, 99)}
                 out["rss_after_replay_mib"] = rss_kib(proc.pid) / 1024
