@@ -620,7 +620,7 @@ impl SessionCompactor {
                 n_out += 1;
             }
             let splits_elision = n_out < sources.len() && source_start(&sources[n_out]) < cut;
-            let at_turn = cut > n_frozen && matches!(role_of(&candidate[cut]).as_ref(), "assistant" | "user");
+            let at_turn = cut > n_frozen && matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user");
             if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
                 let prefix = whole.prefix[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
