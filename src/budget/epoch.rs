@@ -469,7 +469,7 @@ impl SessionCompactor {
         CompactOutput { body, spans, summary }
     }
 
-    /// One transition of a session's state machine; returns the forwarded messages.
+    /// One transition of a session's state machine; the step says what is forwarded.
     fn step(&self, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
         let hashes = request.hashes;
         let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));

@@ -403,6 +403,24 @@ mod tests {
         assert_eq!(c.count_uncached(&[hi]), vec![Some(c.message(hi))]);
     }
 
+    /// A session's earlier counts answer the leading messages whose hashes they share, and only
+    /// those (the count given for a hash is taken as it is: no lookup, no tokenizing).
+    #[test]
+    fn known_counts_answer_the_leading_messages_with_the_same_hashes() {
+        let c = counter();
+        let messages = [
+            r#"{"role":"user","content":"a"}"#,
+            r#"{"role":"user","content":"b c"}"#,
+            r#"{"role":"tool","content":"d"}"#,
+        ];
+        let hashes = message_hashes(&messages);
+        let fresh = c.message_counts(&messages, &hashes, &[]);
+        assert_eq!(fresh, messages.iter().map(|m| c.message(m)).collect::<Vec<_>>());
+        let known = [(hashes[0], 1000), (hashes[2], 2000)];
+        assert_eq!(c.message_counts(&messages, &hashes, &known), vec![1000, fresh[1], fresh[2]]);
+        assert_eq!(c.message_counts(&messages[..1], &hashes[..1], &known), vec![1000]);
+    }
+
     #[test]
     fn null_content_and_missing_content_count_the_same() {
         let c = counter();

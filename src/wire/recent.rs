@@ -181,6 +181,8 @@ mod tests {
             // An edited history.
             format!(r#"{{"model":"m","messages":[{system},{{"role":"user","content":"stop"}}]}}"#),
         ];
+        parse_both(&recent, &bodies[0]);
+        assert_eq!(recent.len(), 1, "the body it extends is replaced");
         let read: Vec<usize> = bodies.iter().map(|body| parse_both(&recent, body).0.len()).collect();
         assert_eq!(read, vec![3, 3, 3, 0, 2]);
         let (messages, fields) = parse_both(&recent, &bodies[2]);
