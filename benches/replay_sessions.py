@@ -15,7 +15,8 @@ Usage: benches/replay_sessions.py PARE_BINARY [--small-requests N] [--sessions D
 - small requests: pare's idle RSS, then N small distinct requests (the first one loads the encoding's
   tables) with their added latency, and the RSS after.
 - burst: N distinct sessions of one ~KB request each (a long corpus request with a unique first user
-  message), 8 at a time; pare's peak RSS and its RSS every second for --settle seconds after.
+  message), 8 at a time; pare's peak RSS, and every second from the burst's start until --settle
+  seconds after its end its RSS and the records waiting for the archive writer.
 
 Loopback only; every loop is bounded by the session files and N. Numbers are printed, never asserted.
 """
@@ -189,21 +190,38 @@ def burst(n, kb, source, pare_port, pid, settle):
         conn.close()
         return len(data)
 
+    # Every second from the burst's start to the end of --settle: RSS and the records waiting for the
+    # archive writer (/_pare/health).
+    trace, done = [], threading.Event()
+
+    def sample():
+        conn = http.client.HTTPConnection("127.0.0.1", pare_port, timeout=10)
+        while not done.wait(1):
+            conn.request("GET", "/_pare/health")
+            health = json.loads(conn.getresponse().read())
+            trace.append((round(time.time() - start, 1), round(rss_kib(pid) / 1024, 1),
+                          (health.get("archive") or {}).get("queue_depth")))
+
     start = time.time()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     with ThreadPoolExecutor(8) as pool:
         sizes = list(pool.map(one, range(n)))
     took = time.time() - start
-    after = []
-    for _ in range(int(settle)):
-        time.sleep(1)
-        after.append(rss_kib(pid))
+    rss_end = rss_kib(pid)
+    time.sleep(settle)
+    done.set()
+    sampler.join()
     conn = http.client.HTTPConnection("127.0.0.1", pare_port)
     conn.request("GET", "/_pare/health")
-    memory = json.loads(conn.getresponse().read()).get("memory")
-    return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1), "memory": memory,
-            "peak_mib": rss_kib(pid, "VmHWM") / 1024, "rss_end_of_burst_mib": after[0] / 1024 if after else None,
-            f"rss_after_{int(settle)}s_mib": after[-1] / 1024 if after else None,
-            "rss_trace_mib": [round(a / 1024, 1) for a in after]}
+    health = json.loads(conn.getresponse().read())
+    archive = health.get("archive") or {}
+    return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1),
+            "memory": health.get("memory"), "archive_lost": archive.get("lost_records"),
+            "archive_committed": archive.get("committed_records"),
+            "peak_mib": rss_kib(pid, "VmHWM") / 1024, "rss_end_of_burst_mib": rss_end / 1024,
+            f"rss_after_{int(settle)}s_mib": rss_kib(pid) / 1024,
+            "trace_s_rss_mib_queue": trace}
 
 
 def small_requests(n, stub_port, pare_port, pid):

@@ -117,8 +117,8 @@ fn split_messages<'a>(
     Some(MessagesPiece { open, items, close: &body[at..end] })
 }
 
-/// The SHA-256 state after a body's first `at` bytes (the end of its last message), kept with the
-/// session's last body: the session's next body repeats those bytes, and its hash goes on from here
+/// The SHA-256 state after a body's first `at` bytes (the end of its last message), kept in the
+/// session's archive cursor: the session's next body repeats those bytes, and its hash goes on from here
 /// over the rest only. The hash is the same SHA-256 of the whole body.
 #[derive(Clone)]
 pub struct Midstate {
@@ -126,13 +126,27 @@ pub struct Midstate {
     state: Sha256,
 }
 
+impl Midstate {
+    /// How many bytes of its body the state covers.
+    pub fn at(&self) -> usize {
+        self.at
+    }
+}
+
 /// SHA-256 of `body`, and the state after its first `at` bytes. When `earlier` — the midstate of a
 /// body whose bytes are given with it — covers bytes `body` starts with too (compared, not assumed),
 /// hashing goes on from it.
 pub fn sha256_from(body: &[u8], at: usize, earlier: Option<(&[u8], &Midstate)>) -> ([u8; 32], Midstate) {
+    let earlier = earlier.filter(|(bytes, mid)| bytes.get(..mid.at) == body.get(..mid.at)).map(|(_, mid)| mid);
+    sha256_resume(body, at, earlier)
+}
+
+/// [`sha256_from`] for a caller that has checked that `body` starts with the bytes `earlier` covers
+/// (the archive writer compares digests, not bytes it no longer holds).
+pub fn sha256_resume(body: &[u8], at: usize, earlier: Option<&Midstate>) -> ([u8; 32], Midstate) {
     let at = at.min(body.len());
     let (mut state, from) = match earlier {
-        Some((bytes, mid)) if mid.at <= at && bytes.get(..mid.at) == body.get(..mid.at) => (mid.state.clone(), mid.at),
+        Some(mid) if mid.at <= at && mid.at <= body.len() => (mid.state.clone(), mid.at),
         _ => (Sha256::new(), 0),
     };
     state.update(&body[from..at]);

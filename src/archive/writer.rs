@@ -36,15 +36,21 @@ const PENDING_TICKETS: usize = 65_536;
 const REOPEN_EVERY: Duration = Duration::from_secs(2);
 
 /// The last message list of one kind written for a session: what the next body is a delta against.
+/// It holds ids and digests, never the body: a few dozen bytes per message, whatever the messages weigh.
 #[derive(Clone)]
 struct ListState {
     exchange: i64,
     items: Vec<Item>,
-    /// The body the items were split from, with each message's byte range (absent after a reload):
-    /// equal bytes at the same index reuse the blob id without hashing.
-    body: Option<(Bytes, Vec<(usize, usize)>)>,
-    /// The SHA-256 state after that body's last message: the next body repeating it hashes the rest.
-    digest: Option<body::Midstate>,
+    /// Each message's [`Writer::digest`] (empty after a reload): a message whose digest equals the
+    /// one at the same index reuses that blob id without SHA-256 and without a lookup. A collision
+    /// would store the wrong blob; `pare sessions verify` would then report the body's SHA-256.
+    digests: Vec<u128>,
+    /// Where the body's last message ends (0 without messages).
+    end: usize,
+    /// The body's SHA-256 state at `end`, and the [`Writer::digest`] of the bytes before `end`: the
+    /// next body that starts with the same bytes (compared by that digest) hashes only the rest.
+    /// `None` after a reload.
+    sha_mid: Option<(body::Midstate, u128)>,
     since_keyframe: u64,
 }
 
@@ -58,18 +64,13 @@ struct Cursor {
 }
 
 impl Cursor {
-    /// Bytes the cursor keeps alive: its items, spans and bodies (a body shared by both lists once).
+    /// Bytes the cursor keeps alive: its items (with their separators) and digests.
     fn bytes(&self) -> u64 {
         let list = |l: &ListState| {
-            l.items.len() * std::mem::size_of::<Item>()
-                + l.body.as_ref().map_or(0, |(_, spans)| spans.len() * 16)
-                + l.digest.as_ref().map_or(0, |_| std::mem::size_of::<body::Midstate>())
+            l.items.iter().map(|item| std::mem::size_of::<Item>() + item.sep.capacity()).sum::<usize>()
+                + l.digests.capacity() * std::mem::size_of::<u128>()
         };
-        let body = |l: &Option<ListState>| l.as_ref().and_then(|l| l.body.as_ref()).map(|(b, _)| b.clone());
-        let (raw, fwd) = (body(&self.raw), body(&self.fwd));
-        let shared = matches!((&raw, &fwd), (Some(r), Some(f)) if r.as_ptr() == f.as_ptr());
-        let bodies = raw.as_ref().map_or(0, Bytes::len) + if shared { 0 } else { fwd.as_ref().map_or(0, Bytes::len) };
-        (self.raw.as_ref().map_or(0, list) + self.fwd.as_ref().map_or(0, list) + bodies) as u64
+        (std::mem::size_of::<Cursor>() + self.raw.as_ref().map_or(0, list) + self.fwd.as_ref().map_or(0, list)) as u64
     }
 }
 
@@ -89,6 +90,8 @@ pub(crate) struct Writer {
     cursors: LruCache<String, Cursor>,
     blob_ids: LruCache<[u8; 32], i64>,
     pending: LruCache<Ticket, Pending>,
+    /// Seed of [`Writer::digest`], drawn per process.
+    digest_seed: u64,
 }
 
 impl Writer {
@@ -103,7 +106,32 @@ impl Writer {
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
+            digest_seed: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8),
         }
+    }
+
+    /// The digest a cursor keeps of one message (or of a body's first bytes): xxh3-128 with a
+    /// per-process seed, a fast check that bytes are unchanged (SHA-256 names blobs and bodies).
+    fn digest(&self, message: &[u8]) -> u128 {
+        xxhash_rust::xxh3::xxh3_128_with_seed(message, self.digest_seed)
+    }
+
+    /// SHA-256 of `bytes`, going on from the session's previous body of the same kind where `bytes`
+    /// starts with the bytes its midstate covers ([`body::sha256_resume`]); `state` (the list `bytes`
+    /// was split into) keeps the new midstate.
+    fn body_sha256(
+        &self,
+        bytes: &Bytes,
+        state: Option<ListState>,
+        prev: Option<&ListState>,
+    ) -> ([u8; 32], Option<ListState>) {
+        let Some(mut state) = state else { return (store::sha256(bytes), None) };
+        let earlier = prev.and_then(|p| p.sha_mid.as_ref()).filter(|(mid, prefix)| {
+            mid.at() <= state.end && bytes.get(..mid.at()).is_some_and(|b| self.digest(b) == *prefix)
+        });
+        let (sha, mid) = body::sha256_resume(bytes, state.end, earlier.map(|(mid, _)| mid));
+        state.sha_mid = Some((mid, self.digest(&bytes[..state.end])));
+        (sha, Some(state))
     }
 
     fn ensure_open(&mut self) -> Result<(), String> {
@@ -266,8 +294,9 @@ impl Writer {
                 Ok(ListState {
                     exchange,
                     items: read::resolve_items(conn, exchange, kind)?,
-                    body: None,
-                    digest: None,
+                    digests: Vec::new(),
+                    end: 0,
+                    sha_mid: None,
                     // Unknown after a reload: the next list is written as a key frame.
                     since_keyframe: body::KEYFRAME_EVERY,
                 })
@@ -311,15 +340,13 @@ impl Writer {
                 Piece::Blob(b) => parts.push(Part::Blob(self.blob_id(conn, session, b)?)),
                 Piece::Messages(m) => {
                     let mut items = Vec::with_capacity(m.items.len());
-                    let mut spans = Vec::with_capacity(m.items.len());
+                    let mut digests = Vec::with_capacity(m.items.len());
                     for (idx, (sep, msg)) in m.items.iter().enumerate() {
-                        let start = msg.as_ptr() as usize - bytes.as_ptr() as usize;
-                        spans.push((start, start + msg.len()));
+                        let digest = self.digest(msg);
+                        digests.push(digest);
                         let same_as_prev = prev.and_then(|p| {
-                            let (prev_body, prev_spans) = p.body.as_ref()?;
                             let item = p.items.get(idx)?;
-                            let (s, e) = *prev_spans.get(idx)?;
-                            (item.sep == *sep && &prev_body[s..e] == *msg).then_some(item.blob)
+                            (item.sep == *sep && p.digests.get(idx) == Some(&digest)).then_some(item.blob)
                         });
                         let blob = match same_as_prev {
                             Some(id) => id,
@@ -342,13 +369,11 @@ impl Writer {
                         new: items[n_shared..].to_vec(),
                         close: m.close.to_vec(),
                     }));
-                    state = Some(ListState {
-                        exchange: 0,
-                        items,
-                        body: Some((bytes.clone(), spans)),
-                        digest: None,
-                        since_keyframe,
-                    });
+                    let end = m
+                        .items
+                        .last()
+                        .map_or(0, |(_, msg)| msg.as_ptr() as usize - bytes.as_ptr() as usize + msg.len());
+                    state = Some(ListState { exchange: 0, items, digests, end, sha_mid: None, since_keyframe });
                 }
             }
         }
@@ -359,13 +384,13 @@ impl Writer {
         let mut cursor = self.cursor(conn, &rec.session)?;
         let (raw_template, raw_state) =
             self.encode_body(conn, &rec.session, &rec.raw, rec.raw_spans.as_ref(), cursor.raw.as_ref())?;
-        let (raw_sha, raw_state) = digest(&rec.raw, raw_state, cursor.raw.as_ref());
+        let (raw_sha, raw_state) = self.body_sha256(&rec.raw, raw_state, cursor.raw.as_ref());
         let forwarded = rec.forwarded.as_ref().filter(|f| **f != rec.raw);
         let (fwd_sha, fwd_template, fwd_state) = match forwarded {
             Some(f) => {
                 let (tpl, state) =
                     self.encode_body(conn, &rec.session, f, rec.forwarded_spans.as_ref(), cursor.fwd.as_ref())?;
-                let (sha, state) = digest(f, state, cursor.fwd.as_ref());
+                let (sha, state) = self.body_sha256(f, state, cursor.fwd.as_ref());
                 (Some(sha), Some(tpl), state)
             }
             None => (None, None, raw_state.clone()),
@@ -507,17 +532,6 @@ impl Writer {
         self.keep(pending.session, cursor);
         Ok(())
     }
-}
-
-/// SHA-256 of `bytes`, going on from the session's previous body of the same kind where `bytes`
-/// repeats it ([`body::sha256_from`]); `state` (the list `bytes` was split into) keeps the midstate.
-fn digest(bytes: &Bytes, state: Option<ListState>, prev: Option<&ListState>) -> ([u8; 32], Option<ListState>) {
-    let Some(mut state) = state else { return (store::sha256(bytes), None) };
-    let at = state.body.as_ref().and_then(|(_, spans)| spans.last()).map_or(0, |m| m.1);
-    let earlier = prev.and_then(|p| Some((&p.body.as_ref()?.0[..], p.digest.as_ref()?)));
-    let (sha, mid) = body::sha256_from(bytes, at, earlier);
-    state.digest = Some(mid);
-    (sha, Some(state))
 }
 
 fn ack_all(records: &mut [Job], result: Result<(), String>) {

@@ -318,6 +318,7 @@ use std::sync::Mutex;
 use crate::support::CodingAgent;
 use bytes::Bytes;
 use http::HeaderMap;
+use pare::archive::read::BodyKind;
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, EpochPolicy, SessionCompactor};
 use pare::compact::report::Report;
@@ -1100,9 +1101,10 @@ async fn interleaved_through_the_pipeline(max_state_bytes: Option<u64>) -> (Vec<
         config.memory.max_state_bytes = max;
     }
     let pipeline = Pipeline::from_config(Arc::new(config)).unwrap();
-    let (mut forwarded, mut assigned) = (Vec::new(), Vec::new());
+    let (mut forwarded, mut assigned, mut sent) = (Vec::new(), Vec::new(), Vec::new());
     for k in 0..sessions[0].len() {
         for requests in &sessions {
+            sent.push(requests[k].clone());
             let prepared = pipeline.prepare_chat(&HeaderMap::new(), Bytes::from(requests[k].clone())).await;
             let mut sink = prepared.sink.unwrap();
             let mut headers = HeaderMap::new();
@@ -1122,6 +1124,16 @@ async fn interleaved_through_the_pipeline(max_state_bytes: Option<u64>) -> (Vec<
     }
     let stats = pipeline.memory();
     pipeline.archive().unwrap().close();
+    // The archive holds every body exactly, whatever the writer's cursors forgot in between.
+    let reader = pare::archive::query::ArchiveReader::open(dir.path()).unwrap();
+    let report = pare::archive::verify::verify(reader.conn(), None).unwrap();
+    assert!(report.ok() && report.exchanges == sent.len() as u64, "{report:?}");
+    let mut seq = std::collections::HashMap::new();
+    for ((raw, fwd), session) in sent.iter().zip(&forwarded).zip(&assigned) {
+        let seq = seq.entry(session.clone()).and_modify(|n| *n += 1).or_insert(1);
+        assert_eq!(reader.body(session, *seq, BodyKind::Raw).unwrap(), *raw, "raw request {seq} of {session}");
+        assert_eq!(reader.body(session, *seq, BodyKind::Forwarded).unwrap(), *fwd, "forwarded {seq} of {session}");
+    }
     (forwarded, assigned, stats)
 }
 
