@@ -226,7 +226,7 @@ impl Pipeline {
                     key_req: assignment.key_req,
                 };
                 let ticket = match archive.durability() {
-                    Durability::Buffered => archive.record_exchange(record),
+                    Durability::Buffered => archive.queue_exchange(record).await,
                     Durability::Strict => {
                         let (ticket, committed) = archive.record_exchange_committed(record).await;
                         if let Err(err) = committed {

@@ -13,8 +13,21 @@
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
 //!
-//! The request path only hands a record to a channel ([`Archive::record_exchange`]); in `strict`
+//! The request path hands a record to a channel ([`Archive::queue_exchange`]); in `strict`
 //! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]).
+//!
+//! # The queue and backpressure
+//!
+//! Records waiting for the writer hold room in a queue bounded in bytes (`archive.max_queue_bytes`,
+//! [`DEFAULT_MAX_QUEUE_BYTES`]) from the moment they are handed over until the writer has written
+//! them. A request whose record does not fit waits for room (asynchronously, first come first
+//! served) while the writer works through the queue. When the writer frees nothing for
+//! [`QUEUE_WAIT`] (a stalled disk), the record is not stored: counted in `lost_records`, logged as
+//! `ARCHIVE WRITE FAILED`, the archive reported not writable, and the request forwarded. Until the
+//! writer frees room again, later records that do not fit are dropped the same way without waiting,
+//! so a stalled disk costs one request [`QUEUE_WAIT`], not every request. An answer
+//! ([`Archive::record_response`]) never waits: it takes room when there is some and is queued beyond
+//! the bound otherwise (answers are small, and there is at most one per request in flight).
 
 pub mod body;
 pub mod chain;
@@ -37,6 +50,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{ArchiveConfig, Durability};
 use crate::exchange::{CompactionSummary, StreamEnd};
@@ -166,6 +180,10 @@ pub struct ArchiveHealth {
     pub writable: bool,
     /// Records waiting for the writer.
     pub queue_depth: u64,
+    /// Bytes of those records (bounded by `archive.max_queue_bytes`, answers aside).
+    pub queue_bytes: u64,
+    /// Records that waited for room in the queue since start.
+    pub queue_waits: u64,
     /// Records committed since start.
     pub committed_records: u64,
     /// Transactions committed since start: several records share one when they arrive within
@@ -176,9 +194,15 @@ pub struct ArchiveHealth {
     pub last_error: Option<String>,
 }
 
-/// Most bytes of records allowed to wait for the writer; beyond it records are dropped and counted
-/// (the proxy must never run out of memory because the disk stalled).
-pub const MAX_QUEUE_BYTES: u64 = 512 * 1024 * 1024;
+/// Default of `archive.max_queue_bytes`: most bytes of records waiting for the writer (see the
+/// module docs). 64 MiB is ≈ 70 records of a 900 KB request, more than a healthy writer ever has
+/// waiting (a burst of 300 such sessions, 8 at a time, peaks at 44 records: BENCHMARKS.md), and
+/// small next to the memory budget.
+pub const DEFAULT_MAX_QUEUE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How long a record waits for room in the queue while the writer frees none, before it is dropped
+/// (counted and logged) and its request forwarded.
+pub const QUEUE_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a `strict` request waits for its commit before it is forwarded anyway (and counted).
 pub const STRICT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -192,10 +216,13 @@ pub(crate) enum Job {
         ticket: Ticket,
         record: Box<ExchangeRecord>,
         ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+        /// Its room in the queue, given back when the writer drops the job.
+        room: Option<OwnedSemaphorePermit>,
     },
     Response {
         ticket: Ticket,
         record: Box<ResponseRecord>,
+        room: Option<OwnedSemaphorePermit>,
     },
     Flush(mpsc::Sender<()>),
     Shutdown(mpsc::Sender<()>),
@@ -208,6 +235,12 @@ impl Job {
             Job::Exchange { ack, .. } => ack.is_some(),
             Job::Response { .. } => false,
             Job::Flush(_) | Job::Shutdown(_) => true,
+        }
+    }
+
+    fn set_room(&mut self, permit: OwnedSemaphorePermit) {
+        if let Job::Exchange { room, .. } | Job::Response { room, .. } = self {
+            *room = Some(permit);
         }
     }
 
@@ -231,6 +264,9 @@ pub(crate) struct Shared {
     committed: AtomicU64,
     commits: AtomicU64,
     lost: AtomicU64,
+    /// Records the writer is done with (committed or lost): its progress.
+    finished: AtomicU64,
+    queue_waits: AtomicU64,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
     /// The memory budget the writer charges its cursors to, once shared.
@@ -252,6 +288,12 @@ impl Shared {
 pub struct Archive {
     shared: Arc<Shared>,
     tx: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The queue's room, one permit per KiB.
+    room: Arc<Semaphore>,
+    room_kib: u32,
+    /// The writer's progress ([`Shared::finished`]) when a record last gave up waiting for room;
+    /// `u64::MAX`: none did. While it has not moved, records that do not fit are dropped at once.
+    stalled_at: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_ticket: AtomicU64,
     durability: Durability,
@@ -262,11 +304,12 @@ impl Archive {
     /// directory, a file where the directory should be…) gives an archive that counts every record as
     /// lost, reports it in [`Archive::health`], and retries opening every few seconds.
     pub fn open(config: &ArchiveConfig) -> Arc<Archive> {
-        Archive::start_limited(
+        Archive::launch(
             config.resolved_dir(),
             config.durability,
             Duration::from_millis(config.flush_interval_ms),
             config.max_bytes,
+            config.max_queue_bytes,
         )
     }
 
@@ -284,6 +327,16 @@ impl Archive {
         flush_interval: Duration,
         max_bytes: Option<u64>,
     ) -> Arc<Archive> {
+        Archive::launch(dir, durability, flush_interval, max_bytes, DEFAULT_MAX_QUEUE_BYTES)
+    }
+
+    fn launch(
+        dir: PathBuf,
+        durability: Durability,
+        flush_interval: Duration,
+        max_bytes: Option<u64>,
+        max_queue_bytes: u64,
+    ) -> Arc<Archive> {
         let shared = Arc::new(Shared {
             dir: dir.clone(),
             queue_depth: AtomicU64::new(0),
@@ -291,6 +344,8 @@ impl Archive {
             committed: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            queue_waits: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             last_error: Mutex::new(None),
             budget: std::sync::OnceLock::new(),
@@ -305,9 +360,13 @@ impl Archive {
         if opened_rx.recv_timeout(FIRST_OPEN_WAIT).is_err() {
             tracing::warn!(archive = %shared.dir.display(), "the archive store is still opening; starting without waiting for it");
         }
+        let room_kib = u32::try_from(max_queue_bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
         Arc::new(Archive {
             shared,
             tx: Mutex::new(Some(tx)),
+            room: Arc::new(Semaphore::new(room_kib as usize)),
+            room_kib,
+            stalled_at: AtomicU64::new(u64::MAX),
             thread: Mutex::new(Some(thread)),
             next_ticket: AtomicU64::new(1),
             durability,
@@ -328,13 +387,41 @@ impl Archive {
         self.durability
     }
 
+    /// Room for a record of `size` bytes, in KiB (a record larger than the whole queue takes all of it).
+    fn kib(&self, size: u64) -> u32 {
+        u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, self.room_kib)
+    }
+
+    fn try_room(&self, size: u64) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.room).try_acquire_many_owned(self.kib(size)).ok()
+    }
+
+    /// Room for a record of `size` bytes: at once if there is some, else after waiting for the writer
+    /// (see the module docs). An error means the record is dropped; it is counted and logged.
+    async fn wait_for_room(&self, size: u64) -> Result<OwnedSemaphorePermit, ArchiveError> {
+        if let Some(room) = self.try_room(size) {
+            return Ok(room);
+        }
+        let progress = self.shared.finished.load(Ordering::Relaxed);
+        if self.stalled_at.load(Ordering::Relaxed) != progress {
+            self.shared.queue_waits.fetch_add(1, Ordering::Relaxed);
+            let wait = Arc::clone(&self.room).acquire_many_owned(self.kib(size));
+            match tokio::time::timeout(QUEUE_WAIT, wait).await {
+                Ok(Ok(room)) => return Ok(room),
+                Ok(Err(_)) => return Err(ArchiveError::Closed),
+                Err(_) => self.stalled_at.store(self.shared.finished.load(Ordering::Relaxed), Ordering::Relaxed),
+            }
+        }
+        let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
+        self.shared.fail(
+            1,
+            format!("queue full: {waiting} bytes waiting and the writer freed none for {QUEUE_WAIT:?} (disk stalled?)"),
+        );
+        Err(ArchiveError::QueueFull(waiting))
+    }
+
     fn send(&self, job: Job) -> Result<(), ArchiveError> {
         let size = job.size();
-        let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
-        if size > 0 && waiting + size > MAX_QUEUE_BYTES {
-            self.shared.fail(1, format!("queue full: {waiting} bytes waiting for the disk"));
-            return Err(ArchiveError::QueueFull(waiting));
-        }
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = tx.as_ref() else {
             if size > 0 {
@@ -354,10 +441,34 @@ impl Archive {
         Ticket(self.next_ticket.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Hand an exchange to the writer; never waits on the disk.
+    /// Hand an exchange to the writer without waiting: when the queue has no room for it, the record
+    /// is dropped (counted and logged). For callers that cannot wait; the proxy uses
+    /// [`Archive::queue_exchange`].
     pub fn record_exchange(&self, record: ExchangeRecord) -> Ticket {
         let ticket = self.ticket();
-        let _ = self.send(Job::Exchange { ticket, record: Box::new(record), ack: None });
+        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: None, room: None };
+        match self.try_room(job.size()) {
+            Some(room) => {
+                job.set_room(room);
+                let _ = self.send(job);
+            }
+            None => {
+                let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
+                self.shared.fail(1, format!("queue full: {waiting} bytes waiting for the disk"));
+            }
+        }
+        ticket
+    }
+
+    /// Hand an exchange to the writer, waiting for room in the queue when it is full (at most
+    /// [`QUEUE_WAIT`] without the writer freeing any; then the record is dropped, counted and logged).
+    pub async fn queue_exchange(&self, record: ExchangeRecord) -> Ticket {
+        let ticket = self.ticket();
+        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: None, room: None };
+        if let Ok(room) = self.wait_for_room(job.size()).await {
+            job.set_room(room);
+            let _ = self.send(job);
+        }
         ticket
     }
 
@@ -367,7 +478,12 @@ impl Archive {
     pub async fn record_exchange_committed(&self, record: ExchangeRecord) -> (Ticket, Result<(), ArchiveError>) {
         let ticket = self.ticket();
         let (ack, done) = tokio::sync::oneshot::channel();
-        if let Err(e) = self.send(Job::Exchange { ticket, record: Box::new(record), ack: Some(ack) }) {
+        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: Some(ack), room: None };
+        match self.wait_for_room(job.size()).await {
+            Ok(room) => job.set_room(room),
+            Err(e) => return (ticket, Err(e)),
+        }
+        if let Err(e) = self.send(job) {
             return (ticket, Err(e));
         }
         let result = match tokio::time::timeout(STRICT_COMMIT_TIMEOUT, done).await {
@@ -379,9 +495,14 @@ impl Archive {
         (ticket, result)
     }
 
-    /// Hand the response of an exchange to the writer; never waits on the disk.
+    /// Hand the response of an exchange to the writer; never waits: it takes room in the queue when
+    /// there is some and is queued beyond the bound otherwise (see the module docs).
     pub fn record_response(&self, ticket: Ticket, record: ResponseRecord) {
-        let _ = self.send(Job::Response { ticket, record: Box::new(record) });
+        let mut job = Job::Response { ticket, record: Box::new(record), room: None };
+        if let Some(room) = self.try_room(job.size()) {
+            job.set_room(room);
+        }
+        let _ = self.send(job);
     }
 
     /// Wait until every record handed over before this call is committed (or counted as lost).
@@ -423,6 +544,8 @@ impl Archive {
             dir: self.shared.dir.clone(),
             writable: self.shared.writable.load(Ordering::Relaxed),
             queue_depth: self.shared.queue_depth.load(Ordering::Relaxed),
+            queue_bytes: self.shared.queue_bytes.load(Ordering::Relaxed),
+            queue_waits: self.shared.queue_waits.load(Ordering::Relaxed),
             committed_records: self.shared.committed.load(Ordering::Relaxed),
             commits: self.shared.commits.load(Ordering::Relaxed),
             lost_records: self.shared.lost.load(Ordering::Relaxed),

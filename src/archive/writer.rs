@@ -234,6 +234,9 @@ impl Writer {
                     ack_all(&mut records, Err(message));
                 }
             }
+            // Their room in the queue goes back with them.
+            drop(records);
+            self.shared.finished.fetch_add(n, Ordering::Relaxed);
         }
         for done in waiters {
             let _ = done.send(());
@@ -264,7 +267,7 @@ impl Writer {
         for job in records {
             match job {
                 Job::Exchange { ticket, record, .. } => self.put_exchange(conn, *ticket, record)?,
-                Job::Response { ticket, record } => self.put_response(conn, *ticket, record)?,
+                Job::Response { ticket, record, .. } => self.put_response(conn, *ticket, record)?,
                 Job::Flush(_) | Job::Shutdown(_) => {}
             }
         }

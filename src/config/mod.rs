@@ -141,6 +141,9 @@ pub struct ArchiveConfig {
     /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
     /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
     pub max_bytes: Option<u64>,
+    /// Most bytes of records waiting for the archive writer; a request whose record does not fit
+    /// waits for room (see `crate::archive`).
+    pub max_queue_bytes: u64,
 }
 
 impl Default for ArchiveConfig {
@@ -153,6 +156,7 @@ impl Default for ArchiveConfig {
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
             max_bytes: None,
+            max_queue_bytes: crate::archive::DEFAULT_MAX_QUEUE_BYTES,
         }
     }
 }
@@ -538,6 +542,9 @@ impl Config {
             bad("upstream.timeout_secs", "must be at least 1 second".into());
         }
 
+        if self.archive.max_queue_bytes < 1024 * 1024 {
+            bad("archive.max_queue_bytes", format!("{} is under 1 MiB (1048576)", self.archive.max_queue_bytes));
+        }
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));
         }

@@ -272,6 +272,11 @@ impl Collector for PipelineCollector {
                 "Records the archive could not store (disk full, read-only, queue full)",
                 health.lost_records,
             ));
+            counters.push((
+                "pare_archive_queue_waits",
+                "Requests that waited for room in the archive's queue (archive.max_queue_bytes)",
+                health.queue_waits,
+            ));
         }
         for (name, help, value) in counters {
             let counter = ConstCounter::new(value);
@@ -294,6 +299,11 @@ impl Collector for PipelineCollector {
         if let Some(health) = &archive {
             for (name, help, value) in [
                 ("pare_archive_queue_depth", "Records waiting for the archive writer", health.queue_depth as i64),
+                (
+                    "pare_archive_queue_bytes",
+                    "Bytes of records waiting for the archive writer",
+                    health.queue_bytes as i64,
+                ),
                 ("pare_archive_writable", "1 while the archive commits, 0 after a failure", i64::from(health.writable)),
             ] {
                 let gauge = ConstGauge::new(value);

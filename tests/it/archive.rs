@@ -984,3 +984,77 @@ fn eval_replays_the_raw_sessions_of_an_archive() {
     assert_eq!(report.total.sessions, 2);
     assert_eq!(report.sources.keys().collect::<Vec<_>>(), ["archive"]);
 }
+
+/// An archive whose writer gathers records for a minute before it commits (unless someone waits for
+/// a commit) and whose queue holds 1 MiB: two 400 KB records fill it.
+fn slow_archive_with_a_small_queue(dir: &Path) -> Arc<Archive> {
+    let config = pare::config::ArchiveConfig {
+        dir: Some(dir.to_owned()),
+        flush_interval_ms: 60_000,
+        max_queue_bytes: 1024 * 1024,
+        ..Default::default()
+    };
+    Archive::open(&config)
+}
+
+fn big_record(k: usize) -> ExchangeRecord {
+    exchange("s", format!("{{\"k\":{k},\"pad\":\"{}\"}}", "x".repeat(400 * 1024)).as_bytes(), None)
+}
+
+/// A record that does not fit in the queue waits for the writer to make room, and is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_makes_the_request_wait_for_the_writer_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = slow_archive_with_a_small_queue(dir.path());
+    archive.queue_exchange(big_record(1)).await;
+    archive.queue_exchange(big_record(2)).await;
+    let third = tokio::spawn({
+        let archive = Arc::clone(&archive);
+        async move { archive.queue_exchange(big_record(3)).await }
+    });
+    // The writer holds both records for a minute: the third waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "the third record must wait for room");
+    assert_eq!(archive.health().queue_waits, 1);
+    // A flush makes the writer commit what it holds, which gives their room back.
+    archive.flush_async().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), third).await.expect("room was made").unwrap();
+    archive.flush_async().await.unwrap();
+    let health = archive.health();
+    assert_eq!((health.committed_records, health.lost_records, health.queue_bytes), (3, 0, 0), "{health:?}");
+    archive.close_async().await;
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert_eq!(reader.session("s").unwrap().n_requests, 3);
+    assert!(reader.body("s", 3, BodyKind::Raw).unwrap().starts_with(b"{\"k\":3,"));
+}
+
+/// A writer that frees no room for `QUEUE_WAIT` (a stalled disk): the waiting record is dropped,
+/// counted and logged, the archive reports it; the next records that do not fit are dropped without
+/// waiting until the writer moves again; then records are queued and stored as before.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_writer_costs_one_bounded_wait_then_records_are_counted_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = slow_archive_with_a_small_queue(dir.path());
+    archive.queue_exchange(big_record(1)).await;
+    archive.queue_exchange(big_record(2)).await;
+    let started = tokio::time::Instant::now();
+    archive.queue_exchange(big_record(3)).await;
+    assert_eq!(started.elapsed(), pare::archive::QUEUE_WAIT, "waited for room, then gave up");
+    let health = archive.health();
+    assert_eq!((health.lost_records, health.queue_waits, health.writable), (1, 1, false), "{health:?}");
+    assert!(health.last_error.as_deref().unwrap().contains("queue full"), "{health:?}");
+    let started = tokio::time::Instant::now();
+    archive.queue_exchange(big_record(4)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "no second wait while the writer is stalled");
+    assert_eq!(archive.health().lost_records, 2);
+    // The writer commits (a flush is urgent): room again, and the archive recovers.
+    archive.flush().unwrap();
+    archive.queue_exchange(big_record(5)).await;
+    archive.flush().unwrap();
+    let health = archive.health();
+    assert_eq!((health.committed_records, health.lost_records, health.writable), (3, 2, true), "{health:?}");
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert!(reader.body("s", 3, BodyKind::Raw).unwrap().starts_with(b"{\"k\":5,"));
+    assert!(verify(reader.conn(), None).unwrap().ok());
+}
