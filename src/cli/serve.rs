@@ -12,12 +12,21 @@ use super::{ColorChoice, LogFormat, ModeArg, ServeArgs};
 use crate::config::{Config, Mode};
 use crate::pipeline::Pipeline;
 
+/// How long an idle thread of the blocking pool (large bodies are parsed and compacted there) stays
+/// before it exits. A thread's allocator pages hold the blocks other threads freed until it runs
+/// again or exits: after a burst of large requests, its exit is what returns that memory (tokio's
+/// default, 10 s, kept ≈ 85 MiB resident that long after a burst: BENCHMARKS.md, *Memory*).
+const BLOCKING_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     init_tracing(log_format(&args, &config)?, ansi(args.color, std::io::stderr().is_terminal()));
     let config = Arc::new(config);
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
+        .context("cannot start the tokio runtime")?;
     let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
     runtime.block_on(async {
         let listener = crate::proxy::bind(&config.server.listen, &config).await?;
