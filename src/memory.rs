@@ -51,12 +51,24 @@ pub struct BudgetStats {
     pub sessions: u64,
     /// Sessions evicted since start.
     pub evictions: u64,
+    /// Of `held_bytes`, what each holder keeps for its sessions.
+    pub by_holder: HeldBy,
+}
+
+/// Per-session bytes held, by holder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HeldBy {
+    pub tracker: u64,
+    pub compactor: u64,
+    pub archive: u64,
 }
 
 struct Ledger {
     /// Bytes each holder keeps per session, least recently used first.
     sessions: LruCache<String, [u64; N_HOLDERS]>,
     session_bytes: u64,
+    /// Of `session_bytes`, each holder's part (the per-session overhead aside).
+    holder_bytes: [u64; N_HOLDERS],
     reserved: u64,
     /// Sessions each holder must drop.
     evicted: [Vec<String>; N_HOLDERS],
@@ -82,6 +94,7 @@ impl StateBudget {
             ledger: Mutex::new(Ledger {
                 sessions: LruCache::unbounded(),
                 session_bytes: 0,
+                holder_bytes: [0; N_HOLDERS],
                 reserved: 0,
                 evicted: Default::default(),
                 n_evictions: 0,
@@ -113,12 +126,14 @@ impl StateBudget {
             }
         };
         ledger.session_bytes = ledger.session_bytes - held[holder as usize] + bytes;
+        ledger.holder_bytes[holder as usize] = ledger.holder_bytes[holder as usize] - held[holder as usize] + bytes;
         held[holder as usize] = bytes;
         while ledger.session_bytes + ledger.reserved > self.max_bytes && ledger.sessions.len() > 1 {
             let Some((evicted, held)) = ledger.sessions.pop_lru() else { break };
             ledger.session_bytes -= held.iter().sum::<u64>() + SESSION_OVERHEAD_BYTES;
             ledger.n_evictions += 1;
             for (idx, bytes) in held.iter().enumerate() {
+                ledger.holder_bytes[idx] -= bytes;
                 if *bytes > 0 {
                     ledger.evicted[idx].push(evicted.clone());
                 }
@@ -131,7 +146,9 @@ impl StateBudget {
         let mut ledger = self.lock();
         let ledger = &mut *ledger;
         if let Some(held) = ledger.sessions.peek_mut(session) {
-            ledger.session_bytes -= std::mem::take(&mut held[holder as usize]);
+            let bytes = std::mem::take(&mut held[holder as usize]);
+            ledger.session_bytes -= bytes;
+            ledger.holder_bytes[holder as usize] -= bytes;
             if held.iter().all(|b| *b == 0) {
                 ledger.sessions.pop(session);
                 ledger.session_bytes -= SESSION_OVERHEAD_BYTES;
@@ -161,6 +178,11 @@ impl StateBudget {
             reserved_bytes: ledger.reserved,
             sessions: ledger.sessions.len() as u64,
             evictions: ledger.n_evictions,
+            by_holder: HeldBy {
+                tracker: ledger.holder_bytes[Holder::Tracker as usize],
+                compactor: ledger.holder_bytes[Holder::Compactor as usize],
+                archive: ledger.holder_bytes[Holder::Archive as usize],
+            },
         }
     }
 }
@@ -197,6 +219,7 @@ mod tests {
         let stats = budget.stats();
         assert_eq!((stats.sessions, stats.evictions), (1, 3));
         assert_eq!(stats.held_bytes, 2500 + SESSION_OVERHEAD_BYTES);
+        assert_eq!(stats.by_holder, HeldBy { tracker: 0, compactor: 0, archive: 2500 });
         assert!(budget.holds(Holder::Archive, "d") && !budget.holds(Holder::Tracker, "d"));
     }
 
@@ -216,7 +239,11 @@ mod tests {
         budget.charge(Holder::Tracker, "a", 100);
         budget.charge(Holder::Tracker, "b", 100);
         assert_eq!(budget.take_evicted(Holder::Tracker), vec!["a".to_owned()]);
+        budget.charge(Holder::Archive, "b", 30);
+        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 100, compactor: 0, archive: 30 });
         budget.release(Holder::Tracker, "b");
+        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 0, compactor: 0, archive: 30 });
+        budget.release(Holder::Archive, "b");
         let stats = budget.stats();
         assert_eq!((stats.held_bytes, stats.reserved_bytes, stats.sessions), (1500, 1500, 0));
     }
