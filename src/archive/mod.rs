@@ -27,7 +27,8 @@
 //! writer frees room again, later records that do not fit are dropped the same way without waiting,
 //! so a stalled disk costs one request [`QUEUE_WAIT`], not every request. An answer
 //! ([`Archive::record_response`]) never waits: it takes room when there is some and is queued beyond
-//! the bound otherwise (answers are small, and there is at most one per request in flight).
+//! the bound otherwise (there is at most one per request in flight, usually a few KB, capped at
+//! [`response::MAX_BODY`]).
 
 pub mod body;
 pub mod chain;
