@@ -1,6 +1,7 @@
 //! One memory budget in bytes (`memory.max_state_bytes`) for everything pare keeps per session: the
 //! session tracker's keys, the compactor's frozen prefixes and arrival times, the archive writer's
-//! last bodies (what the next body is a delta against), and the fixed-size caches of token counts and
+//! cursors (per message of the last bodies, what the next body is a delta against: a blob id and a
+//! digest, never the bytes), and the fixed-size caches of token counts and
 //! message keys, whose full capacity is reserved up front.
 //!
 //! Each holder says, after changing what it keeps for a session, how many bytes that now is
@@ -33,7 +34,8 @@ pub enum Holder {
     Tracker = 0,
     /// [`crate::budget::epoch::SessionCompactor`]: the frozen prefix, arrival times.
     Compactor = 1,
-    /// The archive writer's cursor: the session's last raw and forwarded bodies.
+    /// The archive writer's cursor: per message of the session's last raw and forwarded lists, its
+    /// blob id, separator and digest.
     Archive = 2,
 }
 

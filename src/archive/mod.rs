@@ -374,7 +374,8 @@ impl Archive {
         })
     }
 
-    /// Charge the writer's per-session cursors (each session's last bodies) to `budget`; an evicted
+    /// Charge the writer's per-session cursors (per message of each session's last bodies: blob id,
+    /// separator, digest) to `budget`; an evicted
     /// cursor is reloaded from the store when its session writes again. Once: later calls are ignored.
     pub fn share_budget(&self, budget: Arc<crate::memory::StateBudget>) {
         let _ = self.shared.budget.set(budget);

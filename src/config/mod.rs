@@ -30,8 +30,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MemoryConfig {
-    /// One budget in bytes for all per-session state (session keys, frozen prefixes, the archive's
-    /// last bodies, the token and key caches); least recently used sessions are evicted past it and
+    /// One budget in bytes for all per-session state (session keys, frozen prefixes, the archive
+    /// writer's per-message digests, the token and key caches); least recently used sessions are evicted past it and
     /// rebuilt from the archive when they come back.
     pub max_state_bytes: u64,
 }
