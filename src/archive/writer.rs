@@ -36,11 +36,17 @@ const PENDING_TICKETS: usize = 65_536;
 const REOPEN_EVERY: Duration = Duration::from_secs(2);
 
 /// The last message list of one kind written for a session: what the next body is a delta against.
-/// It holds ids and digests, never the body: a few dozen bytes per message, whatever the messages weigh.
+/// It holds ids and digests, never the body: ≈ 30 bytes per message, whatever the messages weigh,
+/// in four allocations (a cursor lives long: one small allocation per message would scatter
+/// survivors over the allocator's pages).
 #[derive(Clone)]
 struct ListState {
     exchange: i64,
-    items: Vec<Item>,
+    /// Each message's blob id.
+    blobs: Vec<i64>,
+    /// The separators before the messages, end to end: message `i`'s ends at `sep_ends[i]`.
+    seps: Vec<u8>,
+    sep_ends: Vec<u32>,
     /// Each message's [`Writer::digest`] (empty after a reload): a message whose digest equals the
     /// one at the same index reuses that blob id without SHA-256 and without a lookup. A collision
     /// would store the wrong blob; `pare sessions verify` would then report the body's SHA-256.
@@ -54,6 +60,38 @@ struct ListState {
     since_keyframe: u64,
 }
 
+impl ListState {
+    fn new(items: &[Item], digests: Vec<u128>, end: usize, since_keyframe: u64) -> ListState {
+        let mut seps = Vec::with_capacity(items.iter().map(|item| item.sep.len()).sum());
+        let mut sep_ends = Vec::with_capacity(items.len());
+        for item in items {
+            seps.extend_from_slice(&item.sep);
+            sep_ends.push(u32::try_from(seps.len()).unwrap_or(u32::MAX));
+        }
+        let blobs = items.iter().map(|item| item.blob).collect();
+        ListState { exchange: 0, blobs, seps, sep_ends, digests, end, sha_mid: None, since_keyframe }
+    }
+
+    fn sep(&self, idx: usize) -> Option<&[u8]> {
+        let start = if idx == 0 { 0 } else { *self.sep_ends.get(idx - 1)? as usize };
+        self.seps.get(start..*self.sep_ends.get(idx)? as usize)
+    }
+
+    /// Whether message `idx` has this separator and blob.
+    fn holds(&self, idx: usize, item: &Item) -> bool {
+        self.blobs.get(idx) == Some(&item.blob) && self.sep(idx) == Some(&item.sep[..])
+    }
+
+    fn bytes(&self) -> usize {
+        let mid = self.sha_mid.as_ref().map_or(0, |_| std::mem::size_of::<(body::Midstate, u128)>());
+        self.blobs.capacity() * 8
+            + self.seps.capacity()
+            + self.sep_ends.capacity() * 4
+            + self.digests.capacity() * 16
+            + mid
+    }
+}
+
 #[derive(Clone)]
 struct Cursor {
     n_requests: i64,
@@ -64,13 +102,10 @@ struct Cursor {
 }
 
 impl Cursor {
-    /// Bytes the cursor keeps alive: its items (with their separators) and digests.
+    /// Bytes the cursor keeps alive: its blob ids, separators and digests.
     fn bytes(&self) -> u64 {
-        let list = |l: &ListState| {
-            l.items.iter().map(|item| std::mem::size_of::<Item>() + item.sep.capacity()).sum::<usize>()
-                + l.digests.capacity() * std::mem::size_of::<u128>()
-        };
-        (std::mem::size_of::<Cursor>() + self.raw.as_ref().map_or(0, list) + self.fwd.as_ref().map_or(0, list)) as u64
+        let lists = self.raw.as_ref().map_or(0, ListState::bytes) + self.fwd.as_ref().map_or(0, ListState::bytes);
+        (std::mem::size_of::<Cursor>() + lists) as u64
     }
 }
 
@@ -294,15 +329,9 @@ impl Writer {
         let mut cursor = Cursor { n_requests, n_records, head, raw: None, fwd: None };
         if let Some(exchange) = last {
             let reload = |kind| -> Result<ListState, ArchiveError> {
-                Ok(ListState {
-                    exchange,
-                    items: read::resolve_items(conn, exchange, kind)?,
-                    digests: Vec::new(),
-                    end: 0,
-                    sha_mid: None,
-                    // Unknown after a reload: the next list is written as a key frame.
-                    since_keyframe: body::KEYFRAME_EVERY,
-                })
+                let items = read::resolve_items(conn, exchange, kind)?;
+                // Unknown after a reload: the next list is written as a key frame.
+                Ok(ListState { exchange, ..ListState::new(&items, Vec::new(), 0, body::KEYFRAME_EVERY) })
             };
             cursor.raw = Some(reload(BodyKind::Raw)?);
             cursor.fwd = Some(reload(BodyKind::Forwarded)?);
@@ -348,8 +377,8 @@ impl Writer {
                         let digest = self.digest(msg);
                         digests.push(digest);
                         let same_as_prev = prev.and_then(|p| {
-                            let item = p.items.get(idx)?;
-                            (item.sep == *sep && p.digests.get(idx) == Some(&digest)).then_some(item.blob)
+                            (p.digests.get(idx) == Some(&digest) && p.sep(idx) == Some(*sep))
+                                .then_some(*p.blobs.get(idx)?)
                         });
                         let blob = match same_as_prev {
                             Some(id) => id,
@@ -360,7 +389,7 @@ impl Writer {
                     let keyframe = prev.is_none_or(|p| p.since_keyframe + 1 >= body::KEYFRAME_EVERY);
                     let (base, n_shared, since_keyframe) = match prev {
                         Some(p) if !keyframe => {
-                            let n = p.items.iter().zip(&items).take_while(|(a, b)| a == b).count();
+                            let n = items.iter().enumerate().take_while(|(idx, item)| p.holds(*idx, item)).count();
                             (p.exchange, n, p.since_keyframe + 1)
                         }
                         _ => (0, 0, 0),
@@ -376,7 +405,7 @@ impl Writer {
                         .items
                         .last()
                         .map_or(0, |(_, msg)| msg.as_ptr() as usize - bytes.as_ptr() as usize + msg.len());
-                    state = Some(ListState { exchange: 0, items, digests, end, sha_mid: None, since_keyframe });
+                    state = Some(ListState::new(&items, digests, end, since_keyframe));
                 }
             }
         }
