@@ -218,7 +218,7 @@ def burst(n, kb, source, pare_port, pid, settle):
     archive = health.get("archive") or {}
     return {"sessions": n, "mean_kb": sum(sizes) / len(sizes) / 1024, "seconds": round(took, 1),
             "memory": health.get("memory"), "archive_lost": archive.get("lost_records"),
-            "archive_committed": archive.get("committed_records"),
+            "archive_committed": archive.get("committed_records"), "archive_queue_waits": archive.get("queue_waits"),
             "peak_mib": rss_kib(pid, "VmHWM") / 1024, "rss_end_of_burst_mib": rss_end / 1024,
             f"rss_after_{int(settle)}s_mib": rss_kib(pid) / 1024,
             "trace_s_rss_mib_queue": trace}
