@@ -1058,3 +1058,25 @@ async fn a_stalled_writer_costs_one_bounded_wait_then_records_are_counted_lost()
     assert!(reader.body("s", 3, BodyKind::Raw).unwrap().starts_with(b"{\"k\":5,"));
     assert!(verify(reader.conn(), None).unwrap().ok());
 }
+
+/// Consecutive bodies with the same messages but other separators between them (an agent that
+/// re-serializes its history) come back byte for byte: a delta shares a message only with its separator.
+#[test]
+fn a_body_that_only_changes_its_separators_comes_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = start(dir.path());
+    let bodies: [&[u8]; 3] = [
+        br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}"#,
+        br#"{"model":"m","messages":[{"role":"system","content":"s"}, {"role":"user","content":"u"}, {"role":"assistant","content":"a"}]}"#,
+        br#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"a"}]}"#,
+    ];
+    for body in bodies {
+        archive.record_exchange(with_spans(exchange("s", body, None)));
+    }
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    for (k, body) in bodies.iter().enumerate() {
+        assert_eq!(reader.body("s", k as i64 + 1, BodyKind::Raw).unwrap(), *body, "request {}", k + 1);
+    }
+    assert!(verify(reader.conn(), None).unwrap().ok());
+}
