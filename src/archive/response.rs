@@ -262,7 +262,7 @@ impl ResponseSink for ArchiveSink {
         let done = match self.wire {
             Wire::Chat => memchr_done(bytes),
             Wire::Messages => super::messages_sse::saw_stop(bytes),
-            Wire::Responses => false,
+            Wire::Responses => super::responses_sse::saw_end(&self.body),
         };
         if self.stream && self.registered.is_none() && done {
             self.register();

@@ -43,6 +43,24 @@ fn with_messages(response: Value) -> Value {
     })
 }
 
+/// Whether a stream's bytes end with its last event (`response.completed`, `.incomplete` or
+/// `.failed`) whole, so that the answer can be assembled before the connection closes: a client may
+/// send its next request as soon as it has read that event.
+pub fn saw_end(body: &[u8]) -> bool {
+    let Some(inner) = body.strip_suffix(b"\n\n").or_else(|| body.strip_suffix(b"\r\n\r\n")) else {
+        return false;
+    };
+    let start = [&b"\n\n"[..], b"\r\n\r\n"]
+        .iter()
+        .filter_map(|blank| memchr::memmem::rfind(inner, blank).map(|at| at + blank.len()))
+        .max()
+        .unwrap_or(0);
+    let frame = &inner[start..];
+    [&b"\"response.completed\""[..], b"\"response.incomplete\"", b"\"response.failed\""]
+        .iter()
+        .any(|end| memchr::memmem::find(frame, end).is_some())
+}
+
 /// A neutral message without the key naming its items (internal to the adapter's write-back).
 fn without_item_key(mut message: Value) -> Value {
     if let Some(map) = message.as_object_mut() {
@@ -226,6 +244,21 @@ mod tests {
         assert_eq!(output[1]["content"][0]["text"], "Let me look.");
         assert_eq!(output[2]["arguments"], "{\"command\":[\"ls\"]}");
         assert_eq!(a["message"]["tool_calls"][0]["function"]["name"], "shell");
+    }
+
+    /// The end is seen once the final event has arrived whole, and not before: not on an earlier
+    /// event, not on a final event cut inside its data, not on its name quoted in some text.
+    #[test]
+    fn the_end_is_seen_when_the_final_event_is_whole() {
+        let done = stream(true);
+        assert!(saw_end(done.as_bytes()));
+        assert!(saw_end(done.replace("\n", "\r\n").as_bytes()));
+        assert!(!saw_end(stream(false).as_bytes()));
+        assert!(!saw_end(&done.as_bytes()[..done.len() - 40]));
+        assert!(!saw_end(&done.as_bytes()[..done.len() - 1]));
+        let quoted = event("response.output_text.delta", fields(json!({"delta": "\"response.completed\""})));
+        assert!(!saw_end(format!("{}{quoted}", stream(false)).as_bytes()));
+        assert!(!saw_end(b""));
     }
 
     #[test]
