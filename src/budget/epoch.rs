@@ -118,27 +118,79 @@ impl EpochPolicy {
 /// the session's state and the request being forwarded, which borrows its messages.
 #[derive(Debug, Clone, PartialEq)]
 struct Frozen {
-    raw_hashes: Vec<u128>,
-    prefix: Vec<String>,
+    raw_hashes: Box<[u128]>,
+    prefix: Packed,
     /// With a wall clock: when pare first received each prefix message (an elided run: its youngest
     /// message), in clock milliseconds. Empty without one (or after a restart: taken as "now").
-    prefix_seen: Vec<u64>,
+    prefix_seen: Box<[u64]>,
     /// Tokens of `prefix`'s messages in an encoding, counted on the first request that needs them.
     prefix_tokens: OnceLock<(Encoding, u64)>,
 }
 
 impl Frozen {
-    fn new(raw_hashes: Vec<u128>, prefix: Vec<String>, prefix_seen: Vec<u64>) -> Frozen {
-        Frozen { raw_hashes, prefix, prefix_seen, prefix_tokens: OnceLock::new() }
+    fn new<M: AsRef<str>>(raw_hashes: &[u128], prefix: &[M], prefix_seen: Vec<u64>) -> Frozen {
+        Frozen {
+            raw_hashes: raw_hashes.into(),
+            prefix: Packed::new(prefix),
+            prefix_seen: prefix_seen.into_boxed_slice(),
+            prefix_tokens: OnceLock::new(),
+        }
+    }
+
+    /// Bytes allocated for this prefix.
+    fn bytes(&self) -> usize {
+        size_of::<Frozen>() + size_of_val(&*self.raw_hashes) + self.prefix.bytes() + size_of_val(&*self.prefix_seen)
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
     fn tokens(&self, counter: &TokenCounter) -> u64 {
-        let count = || counter.message_counts(&self.prefix, &message_hashes(&self.prefix), &[]).iter().sum();
+        let count = || {
+            let prefix: Vec<&str> = self.prefix.iter().collect();
+            counter.message_counts(&prefix, &message_hashes(&prefix), &[]).iter().sum()
+        };
         match self.prefix_tokens.get_or_init(|| (counter.encoding(), count())) {
             (encoding, n) if *encoding == counter.encoding() => *n,
             _ => count(),
         }
+    }
+}
+
+/// Messages laid end to end in one allocation. A frozen prefix lives as long as its session, among
+/// the short-lived allocations of the requests in flight: one block per session instead of one per
+/// message leaves the allocator's pages to the transient work, which it returns when the work is done
+/// (BENCHMARKS.md, *Memory*), and what the budget is charged is what is allocated.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Packed {
+    text: Box<str>,
+    /// Where each message ends in `text`.
+    ends: Box<[usize]>,
+}
+
+impl Packed {
+    fn new<M: AsRef<str>>(messages: &[M]) -> Packed {
+        let mut text = String::with_capacity(messages.iter().map(|m| m.as_ref().len()).sum());
+        let ends = messages
+            .iter()
+            .map(|m| {
+                text.push_str(m.as_ref());
+                text.len()
+            })
+            .collect();
+        Packed { text: text.into_boxed_str(), ends }
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(self.ends.iter()).map(|(start, &end)| &self.text[start..end])
+    }
+
+    /// Bytes allocated for the messages (the struct itself aside).
+    fn bytes(&self) -> usize {
+        self.text.len() + size_of_val(&*self.ends)
     }
 }
 
@@ -170,12 +222,11 @@ struct SessionState {
 }
 
 impl SessionState {
-    /// Bytes this state keeps (charged to the memory budget).
+    /// Bytes this state keeps (charged to the memory budget): what it allocates.
     fn bytes(&self) -> u64 {
-        let frozen = self.frozen.as_ref().map_or(0, |f| {
-            f.raw_hashes.len() * 16 + f.prefix.iter().map(|m| m.len() + 24).sum::<usize>() + f.prefix_seen.len() * 8
-        });
-        (frozen + self.seen.len() * 24 + self.counts.len() * 24) as u64
+        let frozen = self.frozen.as_ref().map_or(0, |f| f.bytes());
+        let per_message = (self.seen.capacity() + self.counts.capacity()) * size_of::<(u128, u64)>();
+        (size_of::<SessionState>() + frozen + per_message) as u64
     }
 }
 
@@ -341,11 +392,7 @@ impl SessionCompactor {
         let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
         let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| {
-            Arc::new(Frozen::new(
-                message_hashes(&raw_msgs[..n_raw]),
-                fwd_msgs[..fwd_msgs.len() - common].iter().map(|m| (*m).to_owned()).collect(),
-                Vec::new(),
-            ))
+            Arc::new(Frozen::new(&message_hashes(&raw_msgs[..n_raw]), &fwd_msgs[..fwd_msgs.len() - common], Vec::new()))
         });
         let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), ..SessionState::default() };
         self.budget.charge(Holder::Compactor, session, state.bytes());
@@ -429,7 +476,7 @@ impl SessionCompactor {
         self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
         let unchanged = step.frozen.as_ref().is_none_or(|f| {
-            f.prefix.len() == f.raw_hashes.len() && f.prefix.iter().zip(request.raw).all(|(f, r)| f == r)
+            f.prefix.len() == f.raw_hashes.len() && f.prefix.iter().zip(request.raw).all(|(f, r)| f == *r)
         });
         let report = BudgetReport {
             action: Some(step.action),
@@ -449,7 +496,7 @@ impl SessionCompactor {
             (None, None)
         } else {
             let forwarded = match &step.frozen {
-                Some(f) => forwarded(&f.prefix, &request.raw[f.raw_hashes.len()..]),
+                Some(f) => forwarded(f.prefix.iter(), &request.raw[f.raw_hashes.len()..]),
                 None => request.raw.to_vec(),
             };
             match body.write(&forwarded) {
@@ -513,7 +560,7 @@ impl SessionCompactor {
         }
 
         let candidate = match &frozen {
-            Some(f) => forwarded(&f.prefix, &request.raw[frozen_raw..]),
+            Some(f) => forwarded(f.prefix.iter(), &request.raw[frozen_raw..]),
             None => request.raw.to_vec(),
         };
         let n_frozen = frozen.as_ref().map_or(0, |f| f.prefix.len());
@@ -553,10 +600,10 @@ impl SessionCompactor {
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
-        if forwarded(&prefix, &request.raw[raw_boundary..]) != candidate {
+        if forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate {
             state.epoch += 1;
         }
-        let frozen = Arc::new(Frozen::new(hashes[..raw_boundary].to_vec(), prefix, prefix_seen.unwrap_or_default()));
+        let frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
         state.frozen = Some(frozen.clone());
         state.advanced_at_len = request.raw.len();
         let forwarded_tokens =
@@ -720,7 +767,7 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
     let raw: Vec<u64> = state.seen.iter().map(|(_, t)| *t).collect();
     let candidate = match &state.frozen {
         Some(f) => {
-            let mut times = f.prefix_seen.clone();
+            let mut times = f.prefix_seen.to_vec();
             times.resize(f.prefix.len(), now);
             times.extend_from_slice(&raw[f.raw_hashes.len()..]);
             times
@@ -737,11 +784,42 @@ impl ChatCompactor for SessionCompactor {
 }
 
 /// The forwarded messages `prefix ++ tail`, borrowed.
-fn forwarded<'a>(prefix: &'a [String], tail: &[&'a str]) -> Vec<&'a str> {
-    prefix.iter().map(String::as_str).chain(tail.iter().copied()).collect()
+fn forwarded<'a>(prefix: impl Iterator<Item = &'a str>, tail: &[&'a str]) -> Vec<&'a str> {
+    prefix.chain(tail.iter().copied()).collect()
 }
 
 /// Assistant messages among `messages` (a turn starts at each).
 fn new_turns(messages: &[&str]) -> usize {
     messages.iter().filter(|m| role_of(m) == "assistant").count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_messages_come_back_as_they_went_in() {
+        let messages = ["{\"role\":\"user\"}", "", "héllo → wörld", "{}"];
+        let packed = Packed::new(&messages);
+        assert_eq!(packed.len(), 4);
+        assert_eq!(packed.iter().collect::<Vec<_>>(), messages);
+        assert_eq!(packed.bytes(), messages.iter().map(|m| m.len()).sum::<usize>() + 4 * size_of::<usize>());
+        assert_eq!(Packed::new::<&str>(&[]).iter().count(), 0);
+    }
+
+    #[test]
+    fn a_session_is_charged_its_frozen_prefix_text_and_its_per_message_lists() {
+        let prefix: Vec<String> =
+            (0..50).map(|i| format!("{{\"role\":\"tool\",\"content\":\"{}\"}}", "x".repeat(i * 10))).collect();
+        let text: usize = prefix.iter().map(String::len).sum();
+        let hashes = message_hashes(&prefix);
+        let state = SessionState {
+            frozen: Some(Arc::new(Frozen::new(&hashes[..40], &prefix, vec![7; 50]))),
+            counts: hashes.iter().map(|&h| (h, 1)).collect(),
+            ..SessionState::default()
+        };
+        let per_message = 40 * 16 + 50 * (size_of::<usize>() + 8) + 50 * size_of::<(u128, u64)>();
+        let expected = size_of::<SessionState>() + size_of::<Frozen>() + text + per_message;
+        assert_eq!(state.bytes(), expected as u64);
+    }
 }
