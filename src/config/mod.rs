@@ -726,11 +726,16 @@ models:
         assert!(rendered.starts_with("7 problem(s) in config"), "{rendered}");
     }
 
+    /// The paths of the problems a configuration that must be rejected has.
+    fn rejected(yaml: &str) -> Vec<String> {
+        let err = Config::from_yaml(yaml).unwrap_err();
+        err.problems.iter().map(|p| p.path.clone()).collect()
+    }
+
     #[test]
     fn eager_marks_are_checked_like_the_epoch_marks() {
-        let err = Config::from_yaml("budget:\n  eager_high_water: 0.3\n  eager_low_water: 0.5\n").unwrap_err();
-        let got: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(got, vec!["budget.eager_high_water"], "{err}");
+        let got = rejected("budget:\n  eager_high_water: 0.3\n  eager_low_water: 0.5\n");
+        assert_eq!(got, ["budget.eager_high_water"]);
         let ok = Config::from_yaml("budget:\n  eager_high_water: 1.0\n  eager_low_water: 0.2\n").unwrap();
         assert_eq!((ok.budget.eager_high_water, ok.budget.high_water), (1.0, 0.9));
     }
@@ -738,9 +743,7 @@ models:
     #[test]
     fn history_floor_is_checked_filled_in_and_can_be_turned_off() {
         for bad in ["max_rise: 1.0", "max_rise: -0.1"] {
-            let err = Config::from_yaml(&format!("budget:\n  history_floor:\n    {bad}\n")).unwrap_err();
-            let got: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
-            assert_eq!(got, vec!["budget.history_floor"], "{err}");
+            assert_eq!(rejected(&format!("budget:\n  history_floor:\n    {bad}\n")), ["budget.history_floor"], "{bad}");
         }
         let partial = Config::from_yaml("budget:\n  history_floor:\n    tokens: 500\n").unwrap();
         assert_eq!(partial.budget.history_floor, Some(HistoryFloorConfig { tokens: 500, max_rise: 0.6 }));
@@ -752,9 +755,7 @@ models:
     #[test]
     fn eager_history_is_checked_filled_in_and_can_be_turned_off() {
         for bad in ["high: 0.2\n    low: 0.2", "high: 1.5\n    low: 0.1", "high: 0.2\n    low: 0"] {
-            let err = Config::from_yaml(&format!("budget:\n  eager_history:\n    {bad}\n")).unwrap_err();
-            let got: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
-            assert_eq!(got, vec!["budget.eager_history"], "{err}");
+            assert_eq!(rejected(&format!("budget:\n  eager_history:\n    {bad}\n")), ["budget.eager_history"], "{bad}");
         }
         let partial = Config::from_yaml("budget:\n  eager_history:\n    high: 0.5\n").unwrap();
         assert_eq!(partial.budget.eager_history, Some(HistoryShare { high: 0.5, low: 0.1 }));
