@@ -142,7 +142,7 @@ pub fn sha256_from(body: &[u8], at: usize, earlier: Option<(&[u8], &Midstate)>) 
 }
 
 /// [`sha256_from`] for a caller that has checked that `body` starts with the bytes `earlier` covers
-/// (the archive writer compares digests, not bytes it no longer holds).
+/// (the archive writer compares digests: it does not keep the earlier body).
 pub fn sha256_resume(body: &[u8], at: usize, earlier: Option<&Midstate>) -> ([u8; 32], Midstate) {
     let at = at.min(body.len());
     let (mut state, from) = match earlier {
