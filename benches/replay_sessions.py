@@ -87,9 +87,9 @@ def pct(values, p):
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-def post(conn, body, headers):
+def post(conn, body, headers, path="/v1/chat/completions"):
     start = time.perf_counter_ns()
-    conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+    conn.request("POST", path, body=body, headers=headers)
     response = conn.getresponse()
     response.read()
     elapsed = (time.perf_counter_ns() - start) / 1000
@@ -224,6 +224,33 @@ def burst(n, kb, source, pare_port, pid, settle):
             "trace_s_rss_mib_queue": trace}
 
 
+def passthrough(files, stub_port, pare_port):
+    """The same request bodies under 200 KB sent to a path pare passes through untouched (no
+    archive, no parse, no compaction), direct and through pare in turn: the floor under the warm
+    requests' added latency (the extra hop through hyper and reqwest)."""
+    direct = http.client.HTTPConnection("127.0.0.1", stub_port)
+    through = http.client.HTTPConnection("127.0.0.1", pare_port)
+    headers = {"content-type": "application/json"}
+    added = []
+    for f in files:
+        for line in (l for l in f.read_text().splitlines() if l.strip()):
+            body = line.encode()
+            if len(body) >= 200 * 1024:
+                continue
+            if len(added) % 2 == 0:
+                t_direct, _ = post(direct, body, headers, PASSTHROUGH_PATH)
+                t_pare, _ = post(through, body, headers, PASSTHROUGH_PATH)
+            else:
+                t_pare, _ = post(through, body, headers, PASSTHROUGH_PATH)
+                t_direct, _ = post(direct, body, headers, PASSTHROUGH_PATH)
+            added.append(t_pare - t_direct)
+    return {"n": len(added), "p50_us": pct(added, 50), "p99_us": pct(added, 99)}
+
+
+# A path pare forwards as it is (only the conversation paths are compacted).
+PASSTHROUGH_PATH = "/v1/embeddings"
+
+
 def small_requests(n, stub_port, pare_port, pid):
     """N small distinct requests, direct and through pare in turn: the first one loads the encoding."""
     direct = http.client.HTTPConnection("127.0.0.1", stub_port)
@@ -250,6 +277,8 @@ def main():
     ap.add_argument("--settle", type=float, default=30)
     ap.add_argument("--serve-arg", action="append", default=[])
     ap.add_argument("--window", type=int, default=None, help="the models' context window (more epochs when small)")
+    ap.add_argument("--passthrough", action="store_true",
+                    help="also send the sessions' bodies under 200 KB to a pass-through path (the hop's floor)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -271,6 +300,8 @@ def main():
                     out["replay"][name] = {"n": len(values), "p50_us": pct(values, 50), "p99_us": pct(values, 99)}
                 out["rss_after_replay_mib"] = rss_kib(proc.pid) / 1024
                 out["peak_rss_replay_mib"] = rss_kib(proc.pid, "VmHWM") / 1024
+                if args.passthrough:
+                    out["passthrough<200KB"] = passthrough(files, stub.server_port, port)
             if args.burst:
                 source = Path(args.burst_source) if args.burst_source else files[0]
                 out["burst"] = burst(args.burst, args.burst_kb, source, port, proc.pid, args.settle)
