@@ -61,15 +61,49 @@ pub use std::alloc::System as Allocator;
 #[cfg(feature = "mimalloc")]
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Make [`Allocator`] return freed memory to the system at once (mimalloc's `purge_delay` 0 instead
-/// of 1 s), unless `MIMALLOC_PURGE_DELAY` says otherwise: after a burst of large requests pare's
-/// resident memory comes back down (BENCHMARKS.md, *Memory*). The binary calls it first thing.
+/// Tune [`Allocator`] for a proxy whose working memory comes and goes with each request (BENCHMARKS.md,
+/// *Memory*). The binary calls it first thing.
+/// - mimalloc's `purge_delay` 0 instead of 1 s, unless `MIMALLOC_PURGE_DELAY` is set: freed memory
+///   goes back to the system at once, so resident memory comes back down after a burst of large
+///   requests.
+/// - No transparent huge pages for the process (`prctl(PR_SET_THP_DISABLE)`, Linux), unless
+///   `MIMALLOC_ALLOW_THP` is set: mimalloc asks for them on its arenas (`madvise`), and then every
+///   fresh 2 MiB of the heap is a page fault that zeroes 2 MiB, again after each purge. On a replay
+///   of real sessions that was ≈ 40 % of pare's CPU time, and resident memory held the huge pages'
+///   unused parts. mimalloc's own option (`MIMALLOC_ALLOW_THP=0`) does the same but only when set
+///   before the process starts: its first arena is mapped before `main`.
 pub fn tune_allocator() {
     #[cfg(feature = "mimalloc")]
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one of mimalloc's integer options; safe from any thread at any time.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     }
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        disable_transparent_huge_pages();
+    }
+}
+
+/// `prctl(PR_SET_THP_DISABLE, 1)`: no transparent huge page for this process from here on (what the
+/// kernel checks at each fault, so the mappings made before count too). Best effort: an error leaves
+/// them allowed.
+#[cfg(target_os = "linux")]
+fn disable_transparent_huge_pages() {
+    const PR_SET_THP_DISABLE: std::ffi::c_int = 41;
+    unsafe extern "C" {
+        fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
+    }
+    // SAFETY: prctl with PR_SET_THP_DISABLE takes an unsigned long flag and ignores the other
+    // arguments; it changes no memory of this process.
+    let _ = unsafe {
+        prctl(
+            PR_SET_THP_DISABLE,
+            1 as std::ffi::c_ulong,
+            0 as std::ffi::c_ulong,
+            0 as std::ffi::c_ulong,
+            0 as std::ffi::c_ulong,
+        )
+    };
 }
 
 #[cfg(all(test, feature = "mimalloc"))]
@@ -83,5 +117,18 @@ mod allocator_tests {
             let delay = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
             assert_eq!(delay, 1000);
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod huge_page_tests {
+    /// After the call the kernel reports transparent huge pages off for this process (`THP_enabled`
+    /// in `/proc/self/status`; the test process keeps the setting, which is harmless).
+    #[test]
+    fn transparent_huge_pages_are_turned_off() {
+        super::disable_transparent_huge_pages();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("THP_enabled:")).expect("THP_enabled in /proc/self/status");
+        assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
     }
 }
