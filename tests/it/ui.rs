@@ -48,17 +48,23 @@ struct Served {
     forwarded: Vec<Bytes>,
 }
 
-async fn serve_with_traffic(token: Option<&str>) -> Served {
-    let dir = tempfile::tempdir().unwrap();
-    let stub = Stub::start(Stub::openai).await;
-    let mut config = config_for(&stub);
+/// pare in eager mode with a small window against `stub`, archiving into `dir`.
+fn archived_eager_config(stub: &Stub, dir: &Path) -> Config {
+    let mut config = config_for(stub);
     config.archive.enabled = true;
-    config.archive.dir = Some(dir.path().to_owned());
+    config.archive.dir = Some(dir.to_owned());
     config.archive.flush_interval_ms = 5;
     config.compaction.mode = Mode::Eager;
     config.budget.default_context_window = 6000;
     config.budget.output_reserve = 1000;
     config.budget.detect_window = false;
+    config
+}
+
+async fn serve_with_traffic(token: Option<&str>) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let mut config = archived_eager_config(&stub, dir.path());
     config.server.auth_token = token.map(str::to_owned);
     let config = Arc::new(config);
     let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
@@ -440,15 +446,7 @@ async fn responses_sessions_are_listed_and_aligned() {
                     "content": [{"type": "output_text", "text": "On it.", "annotations": []}]}]});
     let stub = Stub::start(move |_| crate::support::stub::Reply::json(200, answer.clone())).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = config_for(&stub);
-    config.archive.enabled = true;
-    config.archive.dir = Some(dir.path().to_owned());
-    config.archive.flush_interval_ms = 5;
-    config.compaction.mode = Mode::Eager;
-    config.budget.default_context_window = 6000;
-    config.budget.output_reserve = 1000;
-    config.budget.detect_window = false;
-    let config = Arc::new(config);
+    let config = Arc::new(archived_eager_config(&stub, dir.path()));
     let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
     let pare = start_with_pipeline(config, Arc::clone(&pipeline)).await;
     for chat in conversation(10) {
