@@ -133,16 +133,9 @@ impl Midstate {
     }
 }
 
-/// SHA-256 of `body`, and the state after its first `at` bytes. When `earlier` — the midstate of a
-/// body whose bytes are given with it — covers bytes `body` starts with too (compared, not assumed),
-/// hashing goes on from it.
-pub fn sha256_from(body: &[u8], at: usize, earlier: Option<(&[u8], &Midstate)>) -> ([u8; 32], Midstate) {
-    let earlier = earlier.filter(|(bytes, mid)| bytes.get(..mid.at) == body.get(..mid.at)).map(|(_, mid)| mid);
-    sha256_resume(body, at, earlier)
-}
-
-/// [`sha256_from`] for a caller that has checked that `body` starts with the bytes `earlier` covers
-/// (the archive writer compares digests: it does not keep the earlier body).
+/// SHA-256 of `body`, and the state after its first `at` bytes. When `earlier` (the midstate of an
+/// earlier body) covers bytes `body` starts with too — the caller has checked it: the archive writer
+/// compares digests, as it does not keep the earlier body — hashing goes on from it.
 pub fn sha256_resume(body: &[u8], at: usize, earlier: Option<&Midstate>) -> ([u8; 32], Midstate) {
     let at = at.min(body.len());
     let (mut state, from) = match earlier {
@@ -429,9 +422,14 @@ mod tests {
     }
 
     /// A hash that goes on from an earlier body's midstate is the whole body's SHA-256, whatever the
-    /// earlier body shares with it.
+    /// earlier body shares with it (the midstate is passed on only when the covered bytes are equal,
+    /// as the writer checks).
     #[test]
     fn a_resumed_hash_is_the_whole_bodys_sha256() {
+        fn sha256_from(body: &[u8], at: usize, earlier: Option<(&[u8], &Midstate)>) -> ([u8; 32], Midstate) {
+            let earlier = earlier.filter(|(bytes, mid)| bytes.get(..mid.at) == body.get(..mid.at));
+            sha256_resume(body, at, earlier.map(|(_, mid)| mid))
+        }
         let earlier = br#"{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"n":1}"#;
         let (hash, mid) = sha256_from(earlier, 53, None);
         assert_eq!(hash, crate::archive::store::sha256(earlier));
