@@ -52,6 +52,7 @@ fn record(session: &str, raw: &Bytes) -> ExchangeRecord {
         forwarded: None,
         forwarded_spans: None,
         summary: None,
+        late_summary: None,
         skipped: None,
         key_req: None,
     }

@@ -42,6 +42,7 @@ fn large_archive(dir: &Path, n: usize) {
             forwarded: None,
             forwarded_spans: None,
             summary: Some(CompactionSummary { tokens_raw: 30, tokens_forwarded: 30, ..Default::default() }),
+            late_summary: None,
             skipped: None,
             key_req: None,
         });

@@ -108,6 +108,9 @@ pub struct CompactInput<'a> {
     pub hashes: &'a [u128],
     /// Context window of the request's model when the pipeline resolved one (config or detection).
     pub window: Option<u64>,
+    /// The caller runs [`CompactOutput::late`]: a compactor may leave counting the new messages
+    /// of a request whose forwarding does not depend on them until after it is forwarded.
+    pub defer_counts: bool,
 }
 
 /// Output of one compaction: `body` is `None` when the request is forwarded unchanged.
@@ -117,7 +120,14 @@ pub struct CompactOutput {
     /// the archive then stores it without parsing it. `None`: the archive parses `body` itself.
     pub spans: Option<Spans>,
     pub summary: CompactionSummary,
+    /// Set when some token counts in `summary` are upper bounds (only with
+    /// [`CompactInput::defer_counts`]): given `summary`, it counts what was left and returns the
+    /// exact summary. `body` and `spans` are final either way.
+    pub late: Option<LateCount>,
 }
+
+/// Finishes a summary whose new messages were not counted yet (see [`CompactOutput::late`]).
+pub type LateCount = Box<dyn FnOnce(CompactionSummary) -> CompactionSummary + Send>;
 
 /// Anything that can compact a request. The engine is pure; implementations may keep
 /// per-session state (epochs, stickiness) behind interior mutability.
@@ -130,7 +140,7 @@ pub struct IdentityCompactor;
 
 impl ChatCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default() })
+        Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default(), late: None })
     }
 }
 

@@ -2,15 +2,16 @@
 //! record for the archive, and the compacted body to forward. Also where fail-open is enforced: any
 //! error or panic inside compaction forwards the original bytes and is counted.
 
-use std::sync::Arc;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use http::HeaderMap;
 
 pub use crate::exchange::{
-    ChatCompactor, CompactInput, CompactOutput, CompactionSummary, IdentityCompactor, ResponseSink, StreamEnd,
-    compact_fail_open,
+    ChatCompactor, CompactInput, CompactOutput, CompactionSummary, IdentityCompactor, LateCount, ResponseSink,
+    StreamEnd, compact_fail_open,
 };
 
 use crate::archive::response::ArchiveSink;
@@ -37,6 +38,8 @@ struct Compaction {
     summary: Option<CompactionSummary>,
     /// Why compaction did not apply.
     skipped: Option<String>,
+    /// The counts `summary` still holds bounds for ([`CompactOutput::late`]).
+    late: Option<LateCount>,
 }
 
 /// What the proxy needs to forward one request.
@@ -47,10 +50,91 @@ pub struct PreparedChat {
     pub session: Option<SessionId>,
     /// The request's `model`, when the body parsed (labels metrics per model).
     pub model: Option<String>,
+    /// What compaction did. Its token counts may still be upper bounds while
+    /// [`PreparedChat::late_summary`] is set: [`PreparedChat::settle`] waits for the exact ones.
     pub summary: Option<CompactionSummary>,
+    /// The exact summary, being counted on the counting threads while the request is forwarded.
+    pub late_summary: Option<tokio::sync::oneshot::Receiver<CompactionSummary>>,
     /// Why compaction did not apply (unparseable body, engine failure), for the log line.
     pub skipped: Option<String>,
     pub sink: Option<Box<dyn ResponseSink>>,
+}
+
+impl PreparedChat {
+    /// Wait for the exact summary when its counts were left for after the forwarding decision.
+    pub async fn settle(&mut self) {
+        if let Some(late) = self.late_summary.take()
+            && let Ok(summary) = late.await
+        {
+            self.summary = Some(summary);
+        }
+    }
+}
+
+/// The thread that counts what requests left for later ([`CompactOutput::late`]), apart from the
+/// rayon pool a cold request tokenizes its history on, so that a warm request never waits behind
+/// one. It sleeps on its queue (it does not spin between jobs, which would take the core the
+/// upstream and the client share on a small machine).
+struct Counting {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+    /// Jobs queued or running.
+    busy: Arc<AtomicU64>,
+}
+
+/// Requests whose counts wait in the queue at most: past it, a request counts its own.
+const MAX_QUEUED_COUNTS: u64 = 2;
+
+static COUNTING: LazyLock<Option<Counting>> = LazyLock::new(|| {
+    let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+    let spawned = std::thread::Builder::new().name("pare-count".into()).spawn(move || {
+        for job in queue {
+            job();
+        }
+    });
+    match spawned {
+        Ok(_) => Some(Counting { jobs, busy: Arc::new(AtomicU64::new(0)) }),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot start the counting thread: requests count their own tokens");
+            None
+        }
+    }
+});
+
+/// Count what `late` left: on the counting thread, or here when it is missing or has a queue; the
+/// exact summary goes to both receivers (the archive record and the response headers). A panic keeps
+/// `provisional`, logged.
+fn count_late(
+    late: LateCount,
+    provisional: CompactionSummary,
+) -> (tokio::sync::oneshot::Receiver<CompactionSummary>, tokio::sync::oneshot::Receiver<CompactionSummary>) {
+    let (to_archive, for_archive) = tokio::sync::oneshot::channel();
+    let (to_proxy, for_proxy) = tokio::sync::oneshot::channel();
+    let job = move || {
+        let summary = catch_unwind(AssertUnwindSafe(|| late(provisional.clone()))).unwrap_or_else(|_| {
+            tracing::error!("counting a request's new messages panicked: its summary keeps their upper bounds");
+            provisional
+        });
+        let _ = to_archive.send(summary.clone());
+        let _ = to_proxy.send(summary);
+    };
+    match COUNTING.as_ref() {
+        Some(counting) if counting.busy.fetch_add(1, Ordering::AcqRel) < MAX_QUEUED_COUNTS => {
+            let busy = Arc::clone(&counting.busy);
+            let job = Box::new(move || {
+                job();
+                busy.fetch_sub(1, Ordering::AcqRel);
+            });
+            if let Err(std::sync::mpsc::SendError(job)) = counting.jobs.send(job) {
+                job();
+            }
+        }
+        Some(counting) => {
+            counting.busy.fetch_sub(1, Ordering::AcqRel);
+            job();
+        }
+        None => job(),
+    }
+    (for_archive, for_proxy)
 }
 
 /// Counters the pipeline keeps (exported on `/_pare/metrics`).
@@ -146,14 +230,17 @@ impl Pipeline {
         Pipeline::new(config, Arc::new(IdentityCompactor))
     }
 
-    /// Prepare one chat request for forwarding. Never fails: the worst case forwards `raw` unchanged.
+    /// Prepare one chat request for forwarding, its summary settled. Never fails: the worst case
+    /// forwards `raw` unchanged.
     pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        self.prepare_at(Wire::Chat, "POST", DEFAULT_CHAT_PATH, headers, raw).await
+        self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
     }
 
     /// [`Pipeline::prepare_chat`] recording the request's method and path.
     pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
-        self.prepare_at(Wire::Chat, method, path, headers, raw).await
+        let mut prepared = self.prepare_at(Wire::Chat, method, path, headers, raw).await;
+        prepared.settle().await;
+        prepared
     }
 
     /// Prepare one request of format `wire` for forwarding, recording its method and path. Never
@@ -161,7 +248,9 @@ impl Pipeline {
     ///
     /// Order: assign the session, compact (pure, in memory, fail-open), hand the raw and forwarded
     /// bodies to the archive — in `strict` durability wait until that record is committed — and return
-    /// the body to forward with a [`ResponseSink`] that records the answer.
+    /// the body to forward with a [`ResponseSink`] that records the answer. A request that surely
+    /// appends is forwarded before its new messages are counted: they are counted on the counting
+    /// threads meanwhile, and the archive record and [`PreparedChat::settle`] wait for them.
     pub async fn prepare_at(
         &self,
         wire: Wire,
@@ -184,7 +273,7 @@ impl Pipeline {
             Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
         };
-        let Compaction { body: changed, spans: forwarded_spans, summary, skipped } = match &parsed {
+        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late } = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
@@ -206,6 +295,13 @@ impl Pipeline {
         };
         drop(messages);
         drop(parsed);
+        let (late_archive, late_summary) = match (late, &summary) {
+            (Some(late), Some(provisional)) => {
+                let (archive, proxy) = count_late(late, provisional.clone());
+                (Some(archive), Some(proxy))
+            }
+            _ => (None, None),
+        };
         let forward = changed.clone().unwrap_or_else(|| raw.clone());
         let ticket = match &self.archive {
             None => None,
@@ -222,6 +318,7 @@ impl Pipeline {
                     forwarded: changed,
                     forwarded_spans,
                     summary: summary.clone(),
+                    late_summary: late_archive,
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,
                 };
@@ -254,6 +351,7 @@ impl Pipeline {
             session: Some(session),
             model,
             summary,
+            late_summary,
             skipped,
             sink: Some(Box::new(sink)),
         }
@@ -287,13 +385,14 @@ impl Pipeline {
         hashes: &[u128],
         window: Option<u64>,
     ) -> Compaction {
-        let input = CompactInput { session, raw, body, messages, hashes, window };
+        let input = CompactInput { session, raw, body, messages, hashes, window, defer_counts: true };
         match compact_fail_open(self.compactor.as_ref(), &input) {
             Ok(out) => Compaction {
                 spans: out.body.as_ref().and(out.spans),
                 body: out.body.map(Bytes::from),
                 summary: Some(out.summary),
                 skipped: None,
+                late: out.late,
             },
             Err(skipped) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);

@@ -118,7 +118,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// One chat request, as handed to the archive.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ExchangeRecord {
     pub session: String,
     pub at_ms: i64,
@@ -137,10 +137,26 @@ pub struct ExchangeRecord {
     /// Where `forwarded`'s values lie, as the compactor wrote it (see `raw_spans`).
     pub forwarded_spans: Option<Spans>,
     pub summary: Option<CompactionSummary>,
+    /// The exact summary, when `summary` still holds upper bounds of the new messages' tokens
+    /// (see [`crate::exchange::CompactOutput::late`]): the writer waits for it before it stores the
+    /// record.
+    pub late_summary: Option<tokio::sync::oneshot::Receiver<CompactionSummary>>,
     /// Why compaction did not apply.
     pub skipped: Option<String>,
     /// Session key of the request's messages (see [`crate::session`]).
     pub key_req: Option<u64>,
+}
+
+impl ExchangeRecord {
+    /// Take the exact summary in, waiting for it when it is still being counted (the writer's
+    /// thread; a lost one leaves the bounds in place).
+    fn settle_summary(&mut self) {
+        if let Some(late) = self.late_summary.take()
+            && let Ok(summary) = late.blocking_recv()
+        {
+            self.summary = Some(summary);
+        }
+    }
 }
 
 /// The upstream's answer to one exchange.
@@ -296,6 +312,8 @@ pub struct Archive {
     /// `u64::MAX`: none did. While it has not moved, records that do not fit are dropped at once.
     stalled_at: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The writer thread, woken when a job someone waits for is queued.
+    writer: std::thread::Thread,
     next_ticket: AtomicU64,
     durability: Durability,
 }
@@ -368,6 +386,7 @@ impl Archive {
             room: Arc::new(Semaphore::new(room_kib as usize)),
             room_kib,
             stalled_at: AtomicU64::new(u64::MAX),
+            writer: thread.thread().clone(),
             thread: Mutex::new(Some(thread)),
             next_ticket: AtomicU64::new(1),
             durability,
@@ -433,10 +452,15 @@ impl Archive {
         };
         self.shared.queue_bytes.fetch_add(size, Ordering::Relaxed);
         self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+        let awaited = job.is_awaited();
         tx.send(job).map_err(|_| {
             self.shared.lost.fetch_add(1, Ordering::Relaxed);
             ArchiveError::Closed
-        })
+        })?;
+        if awaited {
+            self.writer.unpark();
+        }
+        Ok(())
     }
 
     fn ticket(&self) -> Ticket {
@@ -527,6 +551,7 @@ impl Archive {
         if let Some(tx) = tx {
             let (done_tx, done) = mpsc::channel();
             if tx.send(Job::Shutdown(done_tx)).is_ok() {
+                self.writer.unpark();
                 let _ = done.recv();
             }
         }

@@ -206,18 +206,27 @@ impl Writer {
             // that a steady trickle of requests shares one commit (each commit writes its pages to the
             // WAL again) instead of paying one per record. Whoever waits for the commit — a strict
             // request, a flush, the shutdown — ends the gathering: only what is already queued joins.
+            // The writer sleeps through the gathering rather than waiting on the queue, so that
+            // handing it a record costs the request no wake-up; a job someone waits for wakes it
+            // ([`super::Archive`] unparks it).
             let deadline = Instant::now() + self.flush_interval;
             let mut urgent = first.is_awaited();
             let mut batch = vec![first];
-            while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Job::Shutdown(_))) {
+            loop {
+                while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Job::Shutdown(_))) {
+                    let Ok(job) = rx.try_recv() else { break };
+                    urgent |= job.is_awaited();
+                    batch.push(job);
+                }
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                if urgent
+                    || left.is_zero()
+                    || batch.len() >= MAX_BATCH
+                    || matches!(batch.last(), Some(Job::Shutdown(_)))
+                {
                     break;
                 }
-                let next = if urgent { rx.try_recv().ok() } else { rx.recv_timeout(left).ok() };
-                let Some(job) = next else { break };
-                urgent |= job.is_awaited();
-                batch.push(job);
+                std::thread::park_timeout(left);
             }
             let stop = matches!(batch.last(), Some(Job::Shutdown(_)));
             self.commit(batch);
@@ -249,6 +258,10 @@ impl Writer {
             self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
             match job {
                 Job::Flush(done) | Job::Shutdown(done) => waiters.push(done),
+                Job::Exchange { ticket, mut record, ack, room } => {
+                    record.settle_summary();
+                    records.push(Job::Exchange { ticket, record, ack, room });
+                }
                 other => records.push(other),
             }
         }

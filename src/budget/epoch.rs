@@ -27,7 +27,7 @@ use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor, Source};
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
-use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary, LateCount};
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
 use crate::wire::{Wire, WireBody, WireError};
@@ -244,7 +244,7 @@ pub struct SessionCompactor {
     engine: Arc<dyn CompactEngine>,
     table: ModelTable,
     policy: EpochPolicy,
-    counters: Vec<TokenCounter>,
+    counters: Vec<Arc<TokenCounter>>,
     /// Every session's state; the memory budget evicts the least recently used.
     sessions: Mutex<LruCache<String, Arc<Mutex<SessionState>>>>,
     budget: Arc<StateBudget>,
@@ -296,15 +296,15 @@ impl SessionCompactor {
     /// tables are loaded by its first count (see `budget::bpe`).
     pub fn new(config: &Config, engine: Arc<dyn CompactEngine>) -> Result<SessionCompactor, ModelTableError> {
         let table = ModelTable::from_config(config)?;
-        let counters: Vec<TokenCounter> = table
+        let counters: Vec<Arc<TokenCounter>> = table
             .encodings()
             .into_iter()
             .map(|encoding| {
-                TokenCounter::new(&CounterConfig {
+                Arc::new(TokenCounter::new(&CounterConfig {
                     encoding,
                     image_tokens: config.budget.image_tokens,
                     cache_entries: config.budget.token_cache_entries,
-                })
+                }))
             })
             .collect();
         let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
@@ -356,7 +356,11 @@ impl SessionCompactor {
         self.counter_for(self.table.settings(model).encoding)
     }
 
-    fn counter_for(&self, encoding: Encoding) -> &TokenCounter {
+    fn counter_arc(&self, model: Option<&str>) -> &Arc<TokenCounter> {
+        self.counter_for(self.table.settings(model).encoding)
+    }
+
+    fn counter_for(&self, encoding: Encoding) -> &Arc<TokenCounter> {
         self.counters.iter().find(|c| c.encoding() == encoding).unwrap_or(&self.counters[0])
     }
 
@@ -428,11 +432,13 @@ impl SessionCompactor {
     /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
     pub fn compact_body(&self, session: &str, body: &dyn WireBody, window: Option<u64>) -> CompactOutput {
         let messages = body.messages();
-        self.compact_messages(session, body, &messages, &message_hashes(&messages), window)
+        self.compact_messages(session, body, &messages, &message_hashes(&messages), window, false)
     }
 
     /// [`SessionCompactor::compact_body`] with the body's neutral messages already read and hashed
-    /// (`hashes` is [`message_hashes`] of `messages`).
+    /// (`hashes` is [`message_hashes`] of `messages`). With `defer_counts`, a request that surely
+    /// appends (see [`LateCounts`]) is decided on upper bounds of its new messages' tokens, and the
+    /// output's `late` counts them.
     pub fn compact_messages(
         &self,
         session: &str,
@@ -440,10 +446,11 @@ impl SessionCompactor {
         messages: &[&str],
         hashes: &[u128],
         window: Option<u64>,
+        defer_counts: bool,
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.tools();
-        let counter = self.counter(body.model().as_deref());
+        let counter = self.counter_arc(body.model().as_deref());
         let fixed = tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
         let usable = window.saturating_sub(reserve);
         // Anthropic's tokenizer is not public: a Messages request's counts are the configured encoding's.
@@ -452,7 +459,14 @@ impl SessionCompactor {
             BudgetReport { mode: self.policy.mode, window, reserve, tokens_estimated, ..Default::default() };
 
         if self.policy.mode == Mode::Off {
-            let tokens_raw = counter.message_counts(messages, hashes, &[]).iter().sum::<u64>() + fixed;
+            let known = counter.known_counts(hashes, &[]);
+            let (counts, late) = if defer_counts && known.contains(&None) {
+                let bounds = bounded(counter, messages, &known);
+                (bounds, Some(known))
+            } else {
+                (counter.fill_counts(messages, hashes, known), None)
+            };
+            let tokens_raw = counts.iter().sum::<u64>() + fixed;
             let summary = CompactionSummary {
                 tokens_raw,
                 tokens_forwarded: tokens_raw,
@@ -461,20 +475,37 @@ impl SessionCompactor {
                 over_window: tokens_raw > usable,
                 report: Some(base_report),
             };
-            return CompactOutput { body: None, spans: None, summary };
+            let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, 0, usable).boxed());
+            return CompactOutput { body: None, spans: None, summary, late };
         }
 
         let state = self.session(session);
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // The session's last request counted the unchanged history already.
-        let counts = counter.message_counts(messages, hashes, &state.counts);
+        let known = counter.known_counts(hashes, &state.counts);
+        let mut late = None;
+        let counts = if defer_counts && known.contains(&None) {
+            let bounds = bounded(counter, messages, &known);
+            let request = Request { raw: messages, hashes, counts: &bounds, fixed, tools, window, reserve };
+            if self.surely_appends(&state, &request, counter) {
+                late = Some(known);
+                bounds
+            } else {
+                counter.fill_counts(messages, hashes, known)
+            }
+        } else {
+            counter.fill_counts(messages, hashes, known)
+        };
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
         let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
         let epoch_before = state.epoch;
         let step = self.step(&mut state, &request, counter);
-        state.counts = hashes.iter().copied().zip(counts.iter().copied()).collect();
+        // What the next request takes as counted: the exact counts, up to the first one still late.
+        let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
+        state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
         self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
+        let frozen_raw = step.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
         let unchanged = step.frozen.as_ref().is_none_or(|f| {
             f.prefix.len() == f.raw_hashes.len() && f.prefix.iter().zip(request.raw).all(|(f, r)| f == *r)
         });
@@ -492,6 +523,8 @@ impl SessionCompactor {
             over_window: tokens_forwarded > usable,
             report: Some(report),
         };
+        drop(state);
+        let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, frozen_raw, usable));
         let (body, spans) = if unchanged {
             (None, None)
         } else {
@@ -509,11 +542,49 @@ impl SessionCompactor {
                     if let Some(report) = &mut summary.report {
                         report.write_failed = Some(err.to_string());
                     }
-                    return CompactOutput { body: None, spans: None, summary };
+                    let late = late.map(|late| LateCounts { tail_from: 0, ..late }.boxed());
+                    return CompactOutput { body: None, spans: None, summary, late };
                 }
             }
         };
-        CompactOutput { body, spans, summary }
+        CompactOutput { body, spans, summary, late: late.map(LateCounts::boxed) }
+    }
+
+    /// Whether `request`, its new messages' tokens given as upper bounds, appends to the session
+    /// whatever their exact counts: no history change, no epoch, no eager advance — the one step
+    /// whose forwarded bytes do not depend on the counts.
+    fn surely_appends(&self, state: &SessionState, request: &Request<'_>, counter: &TokenCounter) -> bool {
+        let frozen = state.frozen.as_ref();
+        if frozen.is_some_and(|f| !request.hashes.starts_with(&f.raw_hashes)) {
+            return false;
+        }
+        let (_, over) = self.over_trigger(state, frozen, request, counter);
+        !over && !self.advances_eagerly(state, request)
+    }
+
+    /// The candidate's tokens (the frozen prefix, then the raw messages after it) and whether they
+    /// pass the trigger: the high-water mark, or the usable window once saturated.
+    fn over_trigger(
+        &self,
+        state: &SessionState,
+        frozen: Option<&Arc<Frozen>>,
+        request: &Request<'_>,
+        counter: &TokenCounter,
+    ) -> (u64, bool) {
+        let frozen_raw = frozen.map_or(0, |f| f.raw_hashes.len());
+        let candidate_tokens =
+            frozen.map_or(0, |f| f.tokens(counter)) + request.counts[frozen_raw..].iter().sum::<u64>() + request.fixed;
+        let usable = request.usable() as f64;
+        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
+        (candidate_tokens, candidate_tokens as f64 > trigger)
+    }
+
+    /// Eager mode advances its frontier on a fresh session and every `polling` new turns.
+    fn advances_eagerly(&self, state: &SessionState, request: &Request<'_>) -> bool {
+        self.policy.mode == Mode::Eager
+            && (state.frozen.is_none() && state.advanced_at_len == 0
+                || new_turns(&request.raw[state.advanced_at_len.min(request.raw.len())..])
+                    >= self.policy.polling as usize)
     }
 
     /// One transition of a session's state machine; the step says what is forwarded.
@@ -533,22 +604,10 @@ impl SessionCompactor {
         // prefix's (counted once per prefix) and the raw messages' (counted by the caller).
         let frozen = state.frozen.clone();
         let frozen_raw = frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
-        let candidate_tokens = frozen.as_ref().map_or(0, |f| f.tokens(counter))
-            + request.counts[frozen_raw..].iter().sum::<u64>()
-            + request.fixed;
+        let (candidate_tokens, over) = self.over_trigger(state, frozen.as_ref(), request, counter);
         let usable = request.usable() as f64;
-        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
-        let over = candidate_tokens as f64 > trigger;
         let target = (self.policy.low_water * usable) as u64;
-
-        let advance = match self.policy.mode {
-            Mode::Epoch | Mode::Off => over,
-            Mode::Eager => {
-                over || state.frozen.is_none() && state.advanced_at_len == 0
-                    || new_turns(&request.raw[state.advanced_at_len.min(request.raw.len())..])
-                        >= self.policy.polling as usize
-            }
-        };
+        let advance = over || self.advances_eagerly(state, request);
         if !advance {
             return Step {
                 frozen,
@@ -777,9 +836,70 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
     Times { now, raw, candidate }
 }
 
+/// The new messages of a request decided on upper bounds of their tokens
+/// ([`TokenCounter::message_bound`]), counted after the decision. A request that surely appends
+/// forwards the same bytes whatever its counts (the raw messages after the session's frozen prefix),
+/// so only its summary waits for them: the pipeline counts them while the upstream works, and the
+/// counts land in the cache the next request reads.
+struct LateCounts {
+    counter: Arc<TokenCounter>,
+    /// Each message counted late: its hash, its text, the bound the summary holds for it, its index.
+    texts: Vec<(u128, String, u64, usize)>,
+    /// Messages from this index on are forwarded as they are: their counts are in `tokens_forwarded`.
+    tail_from: usize,
+    usable: u64,
+}
+
+impl LateCounts {
+    fn new(
+        counter: &Arc<TokenCounter>,
+        messages: &[&str],
+        hashes: &[u128],
+        known: &[Option<u64>],
+        bounds: &[u64],
+        tail_from: usize,
+        usable: u64,
+    ) -> LateCounts {
+        let texts = (0..messages.len())
+            .filter(|&i| known[i].is_none())
+            .map(|i| (hashes[i], messages[i].to_owned(), bounds[i], i))
+            .collect();
+        LateCounts { counter: Arc::clone(counter), texts, tail_from, usable }
+    }
+
+    /// The summary with each bound replaced by the message's count.
+    fn apply(self, mut summary: CompactionSummary) -> CompactionSummary {
+        for (hash, text, bound, index) in &self.texts {
+            let tokens = self.counter.message_hashed(*hash, text);
+            summary.tokens_raw = summary.tokens_raw - bound + tokens;
+            if *index >= self.tail_from {
+                summary.tokens_forwarded = summary.tokens_forwarded - bound + tokens;
+            }
+        }
+        summary.over_window = summary.tokens_forwarded > self.usable;
+        summary
+    }
+
+    fn boxed(self) -> LateCount {
+        Box::new(move |summary| self.apply(summary))
+    }
+}
+
+/// Each message's tokens where `known`, else its upper bound.
+fn bounded(counter: &TokenCounter, messages: &[&str], known: &[Option<u64>]) -> Vec<u64> {
+    known.iter().zip(messages).map(|(n, m)| n.unwrap_or_else(|| counter.message_bound(m))).collect()
+}
+
 impl ChatCompactor for SessionCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(self.compact_messages(input.session, input.body, input.messages, input.hashes, input.window))
+        Ok(self.compact_messages(
+            input.session,
+            input.body,
+            input.messages,
+            input.hashes,
+            input.window,
+            input.defer_counts,
+        ))
     }
 }
 

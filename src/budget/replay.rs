@@ -32,7 +32,15 @@ pub fn replay_request(
     };
     let messages = body.messages();
     let hashes = crate::neutral::message_hashes(&messages);
-    let input = CompactInput { session, raw, body: body.as_ref(), messages: &messages, hashes: &hashes, window };
+    let input = CompactInput {
+        session,
+        raw,
+        body: body.as_ref(),
+        messages: &messages,
+        hashes: &hashes,
+        window,
+        defer_counts: false,
+    };
     match compact_fail_open(compactor, &input) {
         Ok(out) => {
             Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }

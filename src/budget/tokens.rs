@@ -217,14 +217,52 @@ impl TokenCounter {
         hashes: &[u128],
         known: &[(u128, u64)],
     ) -> Vec<u64> {
+        let counts = self.known_counts(hashes, known);
+        self.fill_counts(messages, hashes, counts)
+    }
+
+    /// The counts [`TokenCounter::message_counts`] finds without tokenizing: from `known` (the
+    /// leading messages with the same hashes) or the cache; `None` for a message never counted.
+    pub fn known_counts(&self, hashes: &[u128], known: &[(u128, u64)]) -> Vec<Option<u64>> {
         let n_known = known.iter().zip(hashes).take_while(|((a, _), b)| a == *b).count();
-        let (messages, hashes) = (&messages[n_known..], &hashes[n_known..]);
-        let rest = self.count_uncached_hashed(messages, hashes);
-        let rest = rest
+        let mut cache = self.lock();
+        let rest = hashes[n_known..].iter().map(|key| cache.get(key).copied());
+        known[..n_known].iter().map(|(_, n)| Some(*n)).chain(rest).collect()
+    }
+
+    /// `counts` ([`TokenCounter::known_counts`]) with each `None` counted: together on all cores
+    /// when they weigh [`PARALLEL_COUNT_BYTES`] or more, else one by one.
+    pub fn fill_counts<M: AsRef<str> + Sync>(
+        &self,
+        messages: &[M],
+        hashes: &[u128],
+        mut counts: Vec<Option<u64>>,
+    ) -> Vec<u64> {
+        let todo = counts.iter().map(Option::is_none).filter(|&missing| missing).count();
+        if todo > 1 {
+            let missing: Vec<usize> = (0..counts.len()).filter(|&i| counts[i].is_none()).collect();
+            let texts: Vec<&str> = missing.iter().map(|&i| messages[i].as_ref()).collect();
+            let keys: Vec<u128> = missing.iter().map(|&i| hashes[i]).collect();
+            for (i, n) in missing.into_iter().zip(self.count_uncached_hashed(&texts, &keys)) {
+                counts[i] = n;
+            }
+        }
+        counts
             .into_iter()
             .zip(messages.iter().zip(hashes))
-            .map(|(n, (m, key))| n.unwrap_or_else(|| self.cached_by(*key, || self.count_message(m.as_ref()))));
-        known[..n_known].iter().map(|(_, n)| *n).chain(rest).collect()
+            .map(|(n, (m, key))| n.unwrap_or_else(|| self.cached_by(*key, || self.count_message(m.as_ref()))))
+            .collect()
+    }
+
+    /// A message's tokens through the cache (`key` is its [`message_hashes`] hash).
+    pub fn message_hashed(&self, key: u128, raw: &str) -> u64 {
+        self.cached_by(key, || self.count_message(raw))
+    }
+
+    /// At least as many tokens as [`CountTokens::message`] counts for `raw`, without tokenizing:
+    /// the same framing, each text counted as its length in bytes (a token is at least one byte).
+    pub fn message_bound(&self, raw: &str) -> u64 {
+        self.count_message_with(raw, |text| text.len() as u64)
     }
 
     /// [`request_tokens`] of a whole request, each message hashed once: the uncached ones are
@@ -275,47 +313,52 @@ impl TokenCounter {
 
     /// Uncached count of one message.
     fn count_message(&self, raw: &str) -> u64 {
+        self.count_message_with(raw, |text| self.text(text))
+    }
+
+    /// One message's tokens, each of its texts counted by `text`.
+    fn count_message_with(&self, raw: &str, count: impl Fn(&str) -> u64) -> u64 {
         let Ok(message) = Message::from_raw(raw) else {
             // Not a message object: the upstream will see its JSON text.
-            return TOKENS_PER_MESSAGE + self.text(raw);
+            return TOKENS_PER_MESSAGE + count(raw);
         };
-        let mut n = TOKENS_PER_MESSAGE + self.text(&message.role);
+        let mut n = TOKENS_PER_MESSAGE + count(&message.role);
         match &message.content {
-            Some(Content::Text(text)) => n += self.text(text),
+            Some(Content::Text(text)) => n += count(text),
             Some(Content::Parts(parts)) => {
                 for part in parts {
                     let kind = part.kind.as_deref().unwrap_or("");
                     if let Some(text) = &part.text {
-                        n += self.text(text);
+                        n += count(text);
                     } else if kind.contains("image") {
                         n += self.image_tokens;
                     } else if !part.extra.is_empty() {
-                        n += self.text(&Value::Object(part.extra.clone()).to_string());
+                        n += count(&Value::Object(part.extra.clone()).to_string());
                     }
                 }
             }
             Some(Content::Other(Value::Null)) | None => {}
-            Some(Content::Other(other)) => n += self.text(&other.to_string()),
+            Some(Content::Other(other)) => n += count(&other.to_string()),
         }
         if let Some(name) = &message.name {
-            n += TOKENS_PER_NAME + self.text(name);
+            n += TOKENS_PER_NAME + count(name);
         }
         for call in message.tool_calls.iter().flatten() {
             n += TOKENS_PER_TOOL_CALL;
             if let Some(function) = &call.function {
-                n += self.text(&function.name);
+                n += count(&function.name);
                 n += match &function.arguments {
-                    Value::String(s) => self.text(s),
+                    Value::String(s) => count(s),
                     Value::Null => 0,
-                    other => self.text(&other.to_string()),
+                    other => count(&other.to_string()),
                 };
             }
         }
         for reasoning in [&message.reasoning_content, &message.reasoning].into_iter().flatten() {
             n += match reasoning {
-                Value::String(s) => self.text(s),
+                Value::String(s) => count(s),
                 Value::Null => 0,
-                other => self.text(&other.to_string()),
+                other => count(&other.to_string()),
             };
         }
         n

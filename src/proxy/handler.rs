@@ -130,12 +130,14 @@ where
     }
     let intercepted = wire.is_some();
     let mut sink: Option<Box<dyn ResponseSink>> = None;
+    let mut late_summary = None;
     let forward = if let Some(wire) = wire {
         let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, &parts.headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;
         access.skipped = prepared.skipped;
+        late_summary = prepared.late_summary;
         sink = prepared.sink;
         prepared.body
     } else {
@@ -149,11 +151,19 @@ where
     let dispatched = Instant::now();
     access.pare = dispatched - body_read;
 
-    let response = match proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await {
+    let sent = proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await;
+    let head_received = Instant::now();
+    // The new messages were counted while the upstream worked: the headers and the log line carry
+    // the exact counts.
+    if let Some(late) = late_summary
+        && let Ok(summary) = late.await
+    {
+        access.summary = Some(summary);
+    }
+    let response = match sent {
         Ok(response) => response,
         Err(err) => return fail(err, access, sink),
     };
-    let head_received = Instant::now();
     access.upstream = Some(head_received - dispatched);
     access.status = response.status().as_u16();
 

@@ -33,6 +33,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         forwarded: forwarded.map(Bytes::copy_from_slice),
         forwarded_spans: None,
         summary: Some(CompactionSummary { tokens_raw: 100, tokens_forwarded: 60, ..Default::default() }),
+        late_summary: None,
         skipped: None,
         key_req: Some(7),
     }
@@ -182,6 +183,49 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let sessions = reader.sessions(&SessionFilter::default()).unwrap();
     let s1 = sessions.iter().find(|s| s.id == "s1").unwrap();
     assert_eq!((s1.n_requests, s1.tokens_raw, s1.tokens_forwarded), (40, 4000, 2400));
+}
+
+/// The proxy forwards a request that appends before counting its new messages; the archived
+/// summaries still hold the exact counts: each one what replaying the session counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_counted_after_forwarding_are_archived_exact() {
+    use pare::budget::replay::replay_session;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.budget.default_context_window = 6000;
+    config.budget.output_reserve = 1000;
+    config.budget.detect_window = false;
+    let config = Arc::new(config);
+    let pipeline = Pipeline::from_config(Arc::clone(&config)).unwrap();
+    let bodies = growing_session(30, false);
+    let (mut session, mut deferred) = (String::new(), 0);
+    for body in &bodies {
+        let prepared = pipeline
+            .prepare_at(
+                pare::wire::Wire::Chat,
+                "POST",
+                "/v1/chat/completions",
+                &HeaderMap::new(),
+                Bytes::copy_from_slice(body),
+            )
+            .await;
+        deferred += usize::from(prepared.late_summary.is_some());
+        session = prepared.session.unwrap();
+    }
+    assert!(deferred > 10, "most requests append and are counted late, got {deferred}");
+    pipeline.archive().unwrap().flush().unwrap();
+    let archived: Vec<Option<CompactionSummary>> =
+        ArchiveReader::open(dir.path()).unwrap().exchanges(&session).unwrap().into_iter().map(|e| e.summary).collect();
+    let compactor =
+        pare::budget::SessionCompactor::new(&config, Arc::new(pare::compact::Engine::default_pack())).unwrap();
+    let lines: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+    let replayed = replay_session(&compactor, pare::wire::Wire::Chat, "replay", &lines, None);
+    assert_eq!(archived.len(), replayed.len());
+    for (k, (got, want)) in archived.iter().zip(&replayed).enumerate() {
+        assert_eq!(*got, want.summary, "request {}", k + 1);
+    }
 }
 
 /// Through the pipeline `pare serve` builds, a session that compacts: every forwarded body the archive

@@ -52,6 +52,31 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// A message's bound (what a deferred decision assumes) is never under its count, whatever its
+    /// texts: content, parts, tool-call arguments, reasoning.
+    #[test]
+    fn a_messages_bound_is_at_least_its_count(text in tokenizer_text(), args in tokenizer_text()) {
+        let messages = [
+            serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": text}),
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": "x"}}, {"type": "input_audio", "data": args}]}),
+            serde_json::json!({"role": "assistant", "content": null, "reasoning_content": args, "name": text,
+                "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "terminal", "arguments": args}}]}),
+        ];
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            let c = counter(encoding);
+            for message in &messages {
+                let raw = message.to_string();
+                proptest::prop_assert!(c.message_bound(&raw) >= c.message(&raw), "{}", raw);
+            }
+        }
+    }
+}
+
 #[test]
 fn message_counts_follow_openai_per_message_overhead() {
     let reference = vec![
@@ -444,6 +469,50 @@ fn epoch_mode_is_append_only_between_epochs() {
         let ((before, out_before), (after, out_after)) = (&pair[0], &pair[1]);
         if out_before.summary.epoch == out_after.summary.epoch {
             assert!(after.len() >= before.len() && after[..before.len()] == before[..], "not a pure append");
+        }
+    }
+}
+
+/// With counts deferred, a request that surely appends is decided on upper bounds of its new
+/// messages' tokens: it forwards the bytes counting first forwards, its late count gives the same
+/// summary, and a late count that never ran (every third request here) leaves nothing wrong behind —
+/// the next request counts those messages itself. Epochs and eager advances are never deferred.
+#[test]
+fn deferred_counts_forward_the_same_bytes_and_settle_to_the_same_summary() {
+    // Eager advances every `polling` turns: every 3rd here, so that it has requests that append.
+    for mode in ["epoch", "eager", "off"] {
+        let yaml = format!("{RESERVE_YAML}  polling: 3\ncompaction:\n  mode: {mode}\n");
+        let (at_once, deferred) =
+            (compactor_with(&yaml, MaskEngine::new(2)), compactor_with(&yaml, MaskEngine::new(2)));
+        let (mut late, mut compacted) = (0, 0);
+        for (k, raw) in coding_session(40, 150).iter().enumerate() {
+            let body = ChatBody::parse(raw).unwrap();
+            let messages = pare::wire::WireBody::messages(&body);
+            let hashes = pare::neutral::message_hashes(&messages);
+            let want = at_once.compact_messages("s", &body, &messages, &hashes, Some(WINDOW), false);
+            let got = deferred.compact_messages("s", &body, &messages, &hashes, Some(WINDOW), true);
+            assert!(want.late.is_none(), "{mode}: nothing is deferred unless asked");
+            assert_eq!(got.body, want.body, "{mode}, request {k}: the same bytes forwarded");
+            let action = want.summary.report.as_ref().and_then(|r| r.action);
+            match got.late {
+                Some(count) => {
+                    late += 1;
+                    assert_ne!(action, Some(Action::Epoch), "{mode}, request {k}: an epoch is never deferred");
+                    assert_ne!(action, Some(Action::Advance), "{mode}, request {k}: an advance is never deferred");
+                    assert!(got.summary.tokens_raw >= want.summary.tokens_raw, "the bounds are upper bounds");
+                    if k % 3 != 2 {
+                        assert_eq!(count(got.summary), want.summary, "{mode}, request {k}: settled summary");
+                    }
+                }
+                None => {
+                    compacted += usize::from(action.is_some_and(|a| a != Action::Append));
+                    assert_eq!(got.summary, want.summary, "{mode}, request {k}");
+                }
+            }
+        }
+        assert!(late > 10, "{mode}: most requests append and are deferred, got {late}");
+        if mode != "off" {
+            assert!(compacted > 0, "{mode}: the session also compacts (counted at once)");
         }
     }
 }
@@ -1046,6 +1115,7 @@ async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEn
     let server = in_process::start_with_compactor(config.clone(), compactor).await;
 
     let http = client();
+    let mut counted = Vec::new();
     for line in &lines {
         let response = within(
             "pare to answer",
@@ -1058,18 +1128,24 @@ async fn proxy_matches_replay(mode: Mode, engine: &dyn Fn() -> Arc<dyn CompactEn
         .await
         .unwrap();
         assert!(response.status().is_success(), "{}", response.status());
+        let header = |name: &str| response.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
+        counted.push((header("x-pare-tokens-raw"), header("x-pare-tokens-forwarded")));
         response.bytes().await.unwrap();
     }
     let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
 
     let replay_compactor = SessionCompactor::new(&config, engine()).unwrap();
-    let predicted: Vec<Vec<u8>> = replay_session(&replay_compactor, Wire::Chat, "replay", &lines, None)
-        .into_iter()
-        .map(|r| r.forwarded)
-        .collect();
+    let replayed = replay_session(&replay_compactor, Wire::Chat, "replay", &lines, None);
+    let predicted: Vec<Vec<u8>> = replayed.iter().map(|r| r.forwarded.clone()).collect();
     assert_eq!(received.len(), predicted.len());
     for (k, (got, want)) in received.iter().zip(&predicted).enumerate() {
         assert!(got == want, "{mode:?}, request {k}: the proxy forwarded something else than replay predicts");
+    }
+    // The proxy counts a request that appends after forwarding it; its headers carry the exact
+    // counts all the same.
+    for (k, (got, want)) in counted.iter().zip(&replayed).enumerate() {
+        let want = want.summary.as_ref().map(|s| (s.tokens_raw, s.tokens_forwarded));
+        assert_eq!(Some(*got), want, "{mode:?}, request {k}: token counts");
     }
     assert!(received.iter().zip(&lines).any(|(f, r)| f.as_slice() != *r), "{mode:?}: pare must compact");
     let elided = received.iter().any(|b| String::from_utf8_lossy(b).contains("earlier messages elided"));

@@ -253,6 +253,7 @@ fn sessions_diff_shows_each_change_once() {
                 epoch_started: k == 21 || k == 40,
                 ..Default::default()
             }),
+            late_summary: None,
             skipped: None,
             key_req: None,
         });

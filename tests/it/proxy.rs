@@ -309,6 +309,7 @@ impl ChatCompactor for LastMessageCompactor {
             body: Some(body),
             spans: None,
             summary: CompactionSummary { tokens_raw: 20, tokens_forwarded: 9, epoch: 1, ..Default::default() },
+            late: None,
         })
     }
 }

@@ -277,6 +277,7 @@ impl ChatCompactor for HalvingCompactor {
             body: None,
             spans: None,
             summary: CompactionSummary { tokens_raw: 1000, tokens_forwarded: 500, epoch: 1, ..Default::default() },
+            late: None,
         })
     }
 }

@@ -259,6 +259,7 @@ fn large_archive(dir: &Path, n: usize) {
             forwarded: None,
             forwarded_spans: None,
             summary: Some(CompactionSummary { tokens_raw: 30, tokens_forwarded: 30, ..Default::default() }),
+            late_summary: None,
             skipped: None,
             key_req: None,
         });
@@ -368,6 +369,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         forwarded: Some(Bytes::from(serde_json::to_vec(&forwarded).unwrap())),
         forwarded_spans: None,
         summary: None,
+        late_summary: None,
         skipped: None,
         key_req: None,
     });
@@ -414,6 +416,7 @@ fn requests_between_epochs_link_the_epoch_start() {
             forwarded: None,
             forwarded_spans: None,
             summary: Some(summary),
+            late_summary: None,
             skipped: None,
             key_req: None,
         });
