@@ -1124,3 +1124,42 @@ fn a_body_that_only_changes_its_separators_comes_back_exactly() {
     }
     assert!(verify(reader.conn(), None).unwrap().ok());
 }
+
+/// (thread id, nice value) of this process's threads named `name` (Linux: `/proc/self/task/*/stat`).
+#[cfg(target_os = "linux")]
+fn threads_nice(name: &str) -> Vec<(String, i64)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            // After the comm: state is field 3, nice field 19.
+            let nice = rest.split(' ').nth(16)?.parse().ok()?;
+            (comm == name).then(|| (task.file_name().to_string_lossy().into_owned(), nice))
+        })
+        .collect()
+}
+
+/// The nice values of the `pare-archive` threads that `start` starts (other tests may start theirs
+/// meanwhile: theirs can join the list, never take ours out of it).
+#[cfg(target_os = "linux")]
+fn writer_nice(start: impl FnOnce() -> Arc<Archive>) -> Vec<i64> {
+    let before = threads_nice("pare-archive");
+    let archive = start();
+    let nice = threads_nice("pare-archive").into_iter().filter(|t| !before.contains(t)).map(|(_, n)| n).collect();
+    archive.close();
+    nice
+}
+
+/// In `buffered` durability no request waits for the writer: it runs at nice 10, so its group commits
+/// give way to request handling. In `strict` durability requests wait for it: it keeps nice 0.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_buffered_writer_runs_at_a_lower_cpu_priority() {
+    let (buffered, strict) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let nice = writer_nice(|| start(buffered.path()));
+    assert!(nice.contains(&10), "{nice:?}");
+    let nice = writer_nice(|| Archive::start(strict.path().to_owned(), Durability::Strict, Duration::from_millis(20)));
+    assert!(nice.contains(&0), "{nice:?}");
+}
