@@ -310,6 +310,15 @@ pub const NAMES_PER_MARKER: usize = 36;
 /// 192 gives less (0.831 at epoch 16k): tiers then elide more to pay for the longer markers.
 pub const NAMES_PER_ELISION: usize = 96;
 
+/// How many identifiers an elision marker lists when the history floor raised the compaction's target
+/// (`HistoryFloor`): the window leaves the history so little that its elision markers are most of what
+/// the request keeps of old outputs. Measured on the tuning half (`pare eval --split tune`, coding
+/// sessions, epoch 16k): needle recall 0.916 at 96, 0.921 at 128, 0.939 at 192, 0.944 at 256, 0.946 at
+/// 384, 0.945 uncapped, savings 64.0–64.1 % and prefill 1.63–1.64× throughout. Raised everywhere
+/// instead, epoch 32k forwards more (58,484,916 tokens against 58,460,658, all tune sessions); raised
+/// where the floor rises, a window whose low water leaves the history more is not changed.
+pub const NAMES_PER_ELISION_AT_FLOOR: usize = 256;
+
 /// How much of a text `{names}` reads: its first 8 KiB. Measured with `pare eval` on the corpus, reading
 /// whole texts finds no needle more (recall equal at 16k and 32k, epoch and eager) and costs the engine
 /// a full identifier scan of every large output.

@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, NAMES_PER_ELISION, files_suffix, group_digits, is_compacted, mentioned_files, names_suffix,
-    parse_elision, placeholders, render,
+    ElisionSummary, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, files_suffix, group_digits, is_compacted,
+    mentioned_files, names_suffix, parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -156,6 +156,9 @@ pub fn fit(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    // The floor raised the target applied: the window leaves the history so little that its elision
+    // markers are most of what the request keeps of old outputs, so they list more names.
+    let at_floor = window_target > budget.target && target == window_target;
     let mut report = TierReport {
         target_tokens: target,
         tokens_after_rules: after_rules,
@@ -167,7 +170,8 @@ pub fn fit(
         return Fit { report, elided };
     };
 
-    let facts = MarkerFacts::new(engine, conv, edits);
+    let names_per_elision = if at_floor { NAMES_PER_ELISION_AT_FLOOR } else { NAMES_PER_ELISION };
+    let facts = MarkerFacts::new(engine, conv, edits, names_per_elision);
     let units = units(engine, conv, edits, &facts, budget.ages);
     let forms = Forms { engine, conv, counter };
     let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
@@ -302,10 +306,13 @@ struct MarkerFacts {
     /// marker lists, or would list); empty when the template does not ask for them.
     names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
+    /// How many names an elision marker lists: [`NAMES_PER_ELISION`], or
+    /// [`NAMES_PER_ELISION_AT_FLOOR`] when the history floor raised the target.
+    names_per_elision: usize,
 }
 
 impl MarkerFacts {
-    fn new(engine: &Engine, conv: &Conversation<'_>, edits: &Edits) -> MarkerFacts {
+    fn new(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, names_per_elision: usize) -> MarkerFacts {
         let tool_results = (0..conv.boundary)
             .map(|idx| match &conv.msgs[idx] {
                 Some(m) if m.role == "tool" => {
@@ -326,7 +333,7 @@ impl MarkerFacts {
             conv.names(idx).iter().filter(|n| *n != tool).cloned().collect()
         });
         let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
-        MarkerFacts { tool_results, names, earlier_elisions }
+        MarkerFacts { tool_results, names, earlier_elisions, names_per_elision }
     }
 }
 
@@ -561,7 +568,7 @@ fn elision_marker(
         what.push(format!("assistant notes ×{notes}"));
     }
     // Names: the most recent results' first (the next step is likelier to reuse them), then what an
-    // earlier elision marker listed; at most NAMES_PER_ELISION, none twice.
+    // earlier elision marker listed; at most `names_per_elision`, none twice.
     let mut names: Vec<&str> = Vec::new();
     for idx in (start..end).rev() {
         if edits.dropped[idx] || conv.msgs[idx].is_none() {
@@ -572,7 +579,7 @@ fn elision_marker(
             None => &marker_facts.names[idx],
         };
         for n in listed {
-            if names.len() >= NAMES_PER_ELISION {
+            if names.len() >= marker_facts.names_per_elision {
                 break;
             }
             if !names.contains(&n.as_str()) {

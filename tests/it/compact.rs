@@ -1206,6 +1206,49 @@ fn elision_markers_list_the_names_of_what_they_elided_most_recent_first() {
     assert!(now[0] > listed[0], "{now:?} after {listed:?}");
 }
 
+#[test]
+fn elision_markers_list_more_names_when_the_history_floor_raised_the_target() {
+    use pare::compact::markers::{NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR};
+    // Four tickets per result: a run of a few dozen elided results has more names than either cap.
+    let msgs = path_turns(
+        120,
+        |_| "terminal",
+        |i| format!("tickets TK{i:03}0 TK{i:03}1 TK{i:03}2 TK{i:03}3\n{}", "line of output\n".repeat(30)),
+    );
+    let engine = engine("default", json!({"protect_last_turns": 2, "collapse_succeeded": {"enabled": false}}));
+    let listed = |out: &[Value]| -> usize {
+        out.iter()
+            .map(text)
+            .filter_map(|t| pare::compact::markers::parse_elision(&t))
+            .map(|e| e.names.iter().filter(|n| n.starts_with("TK")).count())
+            .sum()
+    };
+    let (rules_only, report) = forward_with(&engine, &msgs, None);
+    let tail = msgs.len() - report.boundary;
+    let history = history_of(&rules_only, tail);
+    let rest = tokens_of(&rules_only, 0) - history;
+    let tight = rest + history / 40;
+
+    // The target as given: one run, at most NAMES_PER_ELISION names.
+    let (plain, _) = forward_with(&engine, &msgs, Some(tight));
+    assert_eq!(listed(&plain), NAMES_PER_ELISION, "{plain:?}");
+
+    // A floor that raises the target: the history keeps more, and the markers list up to
+    // NAMES_PER_ELISION_AT_FLOOR names.
+    let floor = HistoryFloor { tokens: history / 8, max_target: rest + history };
+    let options = CompactOptions { target_tokens: Some(tight), history_floor: Some(floor), ..Default::default() };
+    let (raised, report) = forward_opts(&engine, &msgs, &options);
+    assert_eq!(report.tiers.as_ref().unwrap().target_tokens, Some(rest + history / 8));
+    let n = listed(&raised);
+    assert!(n > NAMES_PER_ELISION && n <= NAMES_PER_ELISION_AT_FLOOR, "{n} names: {raised:?}");
+
+    // A floor the target already leaves does not raise it: the markers keep the usual cap.
+    let floor = HistoryFloor { tokens: history / 80, max_target: rest + history };
+    let options = CompactOptions { target_tokens: Some(tight), history_floor: Some(floor), ..Default::default() };
+    let (unraised, _) = forward_opts(&engine, &msgs, &options);
+    assert_eq!(unraised, plain);
+}
+
 /// Elision weighs its last steps with terse markers (no file or name lists), as they will be
 /// rendered: over target only when nothing elidable is left. (The case that needed it came from the
 /// corpus — an OpenHands session at a 16k window in epoch mode; this sweep of targets over a small
