@@ -53,7 +53,7 @@ pub struct PreparedChat {
     /// What compaction did. Its token counts may still be upper bounds while
     /// [`PreparedChat::late_summary`] is set: [`PreparedChat::settle`] waits for the exact ones.
     pub summary: Option<CompactionSummary>,
-    /// The exact summary, being counted on the counting threads while the request is forwarded.
+    /// The exact summary, being counted on the counting thread while the request is forwarded.
     pub late_summary: Option<tokio::sync::oneshot::Receiver<CompactionSummary>>,
     /// Why compaction did not apply (unparseable body, engine failure), for the log line.
     pub skipped: Option<String>,
