@@ -318,26 +318,6 @@ pub struct Archive {
     durability: Durability,
 }
 
-/// CPU priority of the writer thread in `buffered` durability (a nice value, Linux): its group
-/// commits (encoding, compressing and committing a group at once) give way to request handling when
-/// the cores are busy; no request waits for them. In `strict` durability requests wait for the
-/// writer, and it keeps the process's priority.
-const WRITER_NICE: std::ffi::c_int = 10;
-
-/// Lower the calling thread's priority to [`WRITER_NICE`] (Linux: a thread's nice value is its own).
-/// Best effort: an error leaves it as it was; elsewhere a no-op.
-fn background_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        const PRIO_PROCESS: std::ffi::c_int = 0;
-        unsafe extern "C" {
-            fn setpriority(which: std::ffi::c_int, who: std::ffi::c_uint, prio: std::ffi::c_int) -> std::ffi::c_int;
-        }
-        // SAFETY: `who` 0 is the calling thread; setpriority changes no memory of this process.
-        let _ = unsafe { setpriority(PRIO_PROCESS, 0, WRITER_NICE) };
-    }
-}
-
 impl Archive {
     /// Start the archive for a configuration. Never fails: a store that cannot be opened (read-only
     /// directory, a file where the directory should be…) gives an archive that counts every record as
@@ -394,12 +374,7 @@ impl Archive {
         let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
         let thread = std::thread::Builder::new()
             .name("pare-archive".into())
-            .spawn(move || {
-                if durability == Durability::Buffered {
-                    background_priority();
-                }
-                writer.run(rx, opened_tx)
-            })
+            .spawn(move || writer.run(rx, opened_tx))
             .expect("spawning the archive writer thread");
         if opened_rx.recv_timeout(FIRST_OPEN_WAIT).is_err() {
             tracing::warn!(archive = %shared.dir.display(), "the archive store is still opening; starting without waiting for it");
