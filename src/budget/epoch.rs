@@ -460,12 +460,7 @@ impl SessionCompactor {
 
         if self.policy.mode == Mode::Off {
             let known = counter.known_counts(hashes, &[]);
-            let (counts, late) = if defer_counts && known.contains(&None) {
-                let bounds = bounded(counter, messages, &known);
-                (bounds, Some(known))
-            } else {
-                (counter.fill_counts(messages, hashes, known), None)
-            };
+            let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |_| true);
             let tokens_raw = counts.iter().sum::<u64>() + fixed;
             let summary = CompactionSummary {
                 tokens_raw,
@@ -483,19 +478,10 @@ impl SessionCompactor {
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // The session's last request counted the unchanged history already.
         let known = counter.known_counts(hashes, &state.counts);
-        let mut late = None;
-        let counts = if defer_counts && known.contains(&None) {
-            let bounds = bounded(counter, messages, &known);
-            let request = Request { raw: messages, hashes, counts: &bounds, fixed, tools, window, reserve };
-            if self.surely_appends(&state, &request, counter) {
-                late = Some(known);
-                bounds
-            } else {
-                counter.fill_counts(messages, hashes, known)
-            }
-        } else {
-            counter.fill_counts(messages, hashes, known)
-        };
+        let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |bounds| {
+            let request = Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve };
+            self.surely_appends(&state, &request, counter)
+        });
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
         let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
         let epoch_before = state.epoch;
@@ -885,9 +871,25 @@ impl LateCounts {
     }
 }
 
-/// Each message's tokens where `known`, else its upper bound.
-fn bounded(counter: &TokenCounter, messages: &[&str], known: &[Option<u64>]) -> Vec<u64> {
-    known.iter().zip(messages).map(|(n, m)| n.unwrap_or_else(|| counter.message_bound(m))).collect()
+/// Each message's tokens: from `known`, else counted now. With `defer`, when `decide` accepts the
+/// messages not known yet at their upper bounds ([`TokenCounter::message_bound`]), those bounds
+/// instead, and `known` back for [`LateCounts`] to count them later.
+fn counts_or_bounds(
+    counter: &TokenCounter,
+    messages: &[&str],
+    hashes: &[u128],
+    known: Vec<Option<u64>>,
+    defer: bool,
+    decide: impl FnOnce(&[u64]) -> bool,
+) -> (Vec<u64>, Option<Vec<Option<u64>>>) {
+    if defer && known.contains(&None) {
+        let bounds: Vec<u64> =
+            known.iter().zip(messages).map(|(n, m)| n.unwrap_or_else(|| counter.message_bound(m))).collect();
+        if decide(&bounds) {
+            return (bounds, Some(known));
+        }
+    }
+    (counter.fill_counts(messages, hashes, known), None)
 }
 
 impl ChatCompactor for SessionCompactor {

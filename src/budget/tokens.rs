@@ -238,9 +238,8 @@ impl TokenCounter {
         hashes: &[u128],
         mut counts: Vec<Option<u64>>,
     ) -> Vec<u64> {
-        let todo = counts.iter().map(Option::is_none).filter(|&missing| missing).count();
-        if todo > 1 {
-            let missing: Vec<usize> = (0..counts.len()).filter(|&i| counts[i].is_none()).collect();
+        let missing: Vec<usize> = (0..counts.len()).filter(|&i| counts[i].is_none()).collect();
+        if missing.len() > 1 {
             let texts: Vec<&str> = missing.iter().map(|&i| messages[i].as_ref()).collect();
             let keys: Vec<u128> = missing.iter().map(|&i| hashes[i]).collect();
             for (i, n) in missing.into_iter().zip(self.count_uncached_hashed(&texts, &keys)) {
