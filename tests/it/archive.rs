@@ -185,19 +185,25 @@ fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     assert_eq!((s1.n_requests, s1.tokens_raw, s1.tokens_forwarded), (40, 4000, 2400));
 }
 
+/// The default configuration archiving into `dir`, with a 6,000-token window (1,000 for the answer),
+/// so that a growing session compacts.
+fn small_window_archived_at(dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.to_owned());
+    config.budget.default_context_window = 6000;
+    config.budget.output_reserve = 1000;
+    config.budget.detect_window = false;
+    config
+}
+
 /// The proxy forwards a request that appends before counting its new messages; the archived
 /// summaries still hold the exact counts: each one what replaying the session counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn summaries_counted_after_forwarding_are_archived_exact() {
     use pare::budget::replay::replay_session;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.archive.enabled = true;
-    config.archive.dir = Some(dir.path().to_owned());
-    config.budget.default_context_window = 6000;
-    config.budget.output_reserve = 1000;
-    config.budget.detect_window = false;
-    let config = Arc::new(config);
+    let config = Arc::new(small_window_archived_at(dir.path()));
     let pipeline = Pipeline::from_config(Arc::clone(&config)).unwrap();
     let bodies = growing_session(30, false);
     let (mut session, mut deferred) = (String::new(), 0);
@@ -234,14 +240,9 @@ async fn summaries_counted_after_forwarding_are_archived_exact() {
 #[tokio::test]
 async fn compacted_bodies_are_archived_as_forwarded() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::default();
-    config.archive.enabled = true;
-    config.archive.dir = Some(dir.path().to_owned());
+    let mut config = small_window_archived_at(dir.path());
     config.archive.flush_interval_ms = 10;
     config.compaction.mode = pare::config::Mode::Eager;
-    config.budget.default_context_window = 6000;
-    config.budget.output_reserve = 1000;
-    config.budget.detect_window = false;
     let pipeline = Pipeline::from_config(Arc::new(config)).unwrap();
     let bodies = growing_session(30, false);
     let mut forwarded = Vec::new();
