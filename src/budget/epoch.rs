@@ -219,9 +219,19 @@ struct SessionState {
     /// Each raw message of the last request (hash) and its tokens: the next request's unchanged
     /// history takes its counts from here.
     counts: Vec<(u128, u64)>,
+    /// How many raw messages the last request had, and [`hashes_digest`] of their hashes: while a
+    /// request starts with those, the upstream holds all of them cached, in their forwarded form.
+    last_raw: (usize, u128),
 }
 
 impl SessionState {
+    /// How many leading raw messages of a request (`hashes`) the last request had: 0 unless it
+    /// starts with all of them.
+    fn cached_raw(&self, hashes: &[u128]) -> usize {
+        let (n, digest) = self.last_raw;
+        if n > 0 && hashes.len() >= n && hashes_digest(&hashes[..n]) == digest { n } else { 0 }
+    }
+
     /// Bytes this state keeps (charged to the memory budget): what it allocates.
     fn bytes(&self) -> u64 {
         let frozen = self.frozen.as_ref().map_or(0, |f| f.bytes());
@@ -395,10 +405,16 @@ impl SessionCompactor {
         let fwd_msgs = &fwd_body.messages();
         let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
         let n_raw = raw_msgs.len() - common;
-        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len()).then(|| {
-            Arc::new(Frozen::new(&message_hashes(&raw_msgs[..n_raw]), &fwd_msgs[..fwd_msgs.len() - common], Vec::new()))
-        });
-        let state = SessionState { epoch, frozen, advanced_at_len: raw_msgs.len(), ..SessionState::default() };
+        let raw_hashes = message_hashes(raw_msgs);
+        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len())
+            .then(|| Arc::new(Frozen::new(&raw_hashes[..n_raw], &fwd_msgs[..fwd_msgs.len() - common], Vec::new())));
+        let state = SessionState {
+            epoch,
+            frozen,
+            advanced_at_len: raw_msgs.len(),
+            last_raw: (raw_msgs.len(), hashes_digest(&raw_hashes)),
+            ..SessionState::default()
+        };
         self.budget.charge(Holder::Compactor, session, state.bytes());
         self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
         Ok(())
@@ -489,6 +505,7 @@ impl SessionCompactor {
         // What the next request takes as counted: the exact counts, up to the first one still late.
         let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
         state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
+        state.last_raw = (hashes.len(), hashes_digest(hashes));
         self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
         let frozen_raw = step.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
@@ -612,7 +629,8 @@ impl SessionCompactor {
         let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => {
-                self.lightest_fitting(request, &candidate, n_frozen, target, candidate_ages, counter)
+                let n_cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
+                self.lightest_fitting(request, &candidate, n_frozen, n_cached, target, candidate_ages, counter)
             }
             Mode::Eager => {
                 let options = CompactOptions {
@@ -679,6 +697,7 @@ impl SessionCompactor {
         request: &Request<'_>,
         candidate: &[&str],
         n_frozen: usize,
+        n_cached: usize,
         target: u64,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
@@ -692,11 +711,26 @@ impl SessionCompactor {
         };
         let (whole, sources) = self.engine.compact_traced(&view, &with_target, counter);
         // The target the engine applied (the history floor may have raised it).
-        let target = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
+        let applied = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
         let boundary = whole.boundary.min(candidate.len());
-        if whole.fitted || sources.len() != whole.prefix.len() {
+        if sources.len() != whole.prefix.len() {
             return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
         }
+        if whole.fitted {
+            // Where the floor raised the target, the history is what the floor keeps for the next
+            // step: it is not spent on keeping old turns for the cache.
+            if applied <= target {
+                let reached = forwarded_tokens(counter, &whole.prefix, &candidate[boundary..]) + request.fixed;
+                let limit = applied.max(reached);
+                if let Some(attempt) =
+                    self.fit_after_cached_head(request, candidate, n_cached, &with_target, limit, counter)
+                {
+                    return Some(attempt);
+                }
+            }
+            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
+        }
+        let target = applied;
         let fixed = request.fixed;
         let prefix_tokens: Vec<u64> = whole.prefix.iter().map(|m| counter.message(m)).collect();
         let raw_tokens: Vec<u64> = candidate.iter().map(|m| counter.message(m)).collect();
@@ -727,6 +761,55 @@ impl SessionCompactor {
         Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources })
     }
 
+    /// A fitted epoch that keeps the longest head of the candidate the upstream holds cached (the
+    /// previous forwarded request's messages, `candidate[..n_cached]`) byte-identical and fits only
+    /// what follows, when that still brings the request to `limit` (what the fit of the whole
+    /// candidate reaches). `None` when no such head fits.
+    ///
+    /// A fit of the whole candidate gives the oldest turns the least room, so it rewrites the
+    /// conversation from just after the task on, and the upstream re-reads everything after it.
+    /// Each message of the head kept is one it does not re-read; the rest is fitted as tightly as
+    /// needed. The cuts are turn starts (no tool-call group is split); keeping more of the head
+    /// leaves less room for the rest, so the longest fitting cut is found by bisection.
+    fn fit_after_cached_head(
+        &self,
+        request: &Request<'_>,
+        candidate: &[&str],
+        n_cached: usize,
+        options: &CompactOptions,
+        limit: u64,
+        counter: &TokenCounter,
+    ) -> Option<Attempt> {
+        let cuts: Vec<usize> = (1..=n_cached.min(candidate.len().saturating_sub(1)))
+            .filter(|&cut| matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user"))
+            .collect();
+        let view = View { messages: candidate, tools: request.tools };
+        let fit_after = |keep_first: usize| -> Option<Attempt> {
+            let options = CompactOptions { keep_first, ..options.clone() };
+            let (out, sources) = self.engine.compact_traced(&view, &options, counter);
+            let boundary = out.boundary.min(candidate.len());
+            let traced = sources.len() == out.prefix.len() && out.report.validation_failed.is_none();
+            if !traced || boundary < keep_first {
+                return None;
+            }
+            let tokens = forwarded_tokens(counter, &out.prefix, &candidate[boundary..]) + request.fixed;
+            (tokens <= limit).then_some(Attempt { boundary, prefix: out.prefix, report: out.report, sources })
+        };
+        let (mut lo, mut hi) = (0, cuts.len());
+        let mut longest = None;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match fit_after(cuts[mid]) {
+                Some(attempt) => {
+                    longest = Some(attempt);
+                    lo = mid + 1;
+                }
+                None => hi = mid,
+            }
+        }
+        longest
+    }
+
     /// The engine over the whole candidate.
     fn attempt(
         &self,
@@ -739,6 +822,20 @@ impl SessionCompactor {
         let (out, sources) = self.engine.compact_traced(&view, options, counter);
         Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report, sources })
     }
+}
+
+/// One hash standing for a list of message hashes.
+fn hashes_digest(hashes: &[u128]) -> u128 {
+    let mut digest = xxhash_rust::xxh3::Xxh3::new();
+    for hash in hashes {
+        digest.update(&hash.to_le_bytes());
+    }
+    digest.digest128()
+}
+
+/// Tokens of the messages `prefix ++ tail`.
+fn forwarded_tokens(counter: &TokenCounter, prefix: &[String], tail: &[&str]) -> u64 {
+    prefix.iter().map(|m| counter.message(m)).chain(tail.iter().map(|m| counter.message(m))).sum()
 }
 
 /// First raw index a forwarded message stands for.

@@ -64,6 +64,9 @@ pub struct CompactOptions {
     /// youngest message instead of its age in turns. `None` (or a length that does not match the
     /// messages): turns.
     pub message_ages_secs: Option<Vec<f64>>,
+    /// Messages before this index are forwarded as their original bytes: no rule, tier or elision
+    /// touches them (a caller's cache-stable head, see `budget::epoch`). 0: none.
+    pub keep_first: usize,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
@@ -212,7 +215,12 @@ impl Engine {
         }
 
         let mut edits = Edits::new(&conv);
+        let keep_first = opts.keep_first.min(conv.boundary);
+        edits.kept[..keep_first].fill(true);
         rules::apply(policy, &conv, &mut edits);
+        for idx in 0..keep_first {
+            edits.revert(idx);
+        }
         let mut rendered = finish_rules(&conv, &mut edits, counter);
 
         let mut elided = salience::Elided::default();
