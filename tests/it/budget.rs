@@ -563,19 +563,7 @@ fn an_epoch_cuts_the_rules_output_only_when_the_rules_reach_low_water() {
     // every tool output before the engine's tail is masked, none is kept whole by a cut.
     let engine = MaskEngine::new(2);
     let compactor = compactor_with(RESERVE_YAML, engine.clone());
-    let chatty: Vec<Vec<u8>> = coding_session(20, 5)
-        .into_iter()
-        .map(|raw| {
-            let mut v: Value = serde_json::from_slice(&raw).unwrap();
-            for m in v["messages"].as_array_mut().unwrap() {
-                if m["role"] == "assistant" {
-                    m["content"] = json!("thinking out loud ".repeat(100));
-                }
-            }
-            v.to_string().into_bytes()
-        })
-        .collect();
-    let results = run(&compactor, "s", &chatty, WINDOW);
+    let results = run(&compactor, "s", &chatty_session(20, 5, 100), WINDOW);
     let targets = engine.targets.lock().unwrap().clone();
     assert_eq!(targets.last(), Some(&Some(low_water)), "{targets:?}");
     assert_eq!(engine.fitted.lock().unwrap().last(), Some(&true));
@@ -586,6 +574,52 @@ fn an_epoch_cuts_the_rules_output_only_when_the_rules_reach_low_water() {
     let tools: Vec<&String> = messages[..tail].iter().filter(|m| role(m) == "tool").collect();
     assert!(!tools.is_empty());
     assert!(tools.iter().all(|m| m.contains("[elided]")), "the whole fit is forwarded");
+}
+
+/// [`coding_session`] with `thinking out loud` `note_repeats` times in every assistant message: the
+/// rules do not shorten recent notes, so with short outputs they cannot reach low water and an
+/// epoch fits.
+fn chatty_session(n_turns: usize, words: usize, note_repeats: usize) -> Vec<Vec<u8>> {
+    coding_session(n_turns, words)
+        .into_iter()
+        .map(|raw| {
+            let mut v: Value = serde_json::from_slice(&raw).unwrap();
+            for m in v["messages"].as_array_mut().unwrap() {
+                if m["role"] == "assistant" {
+                    m["content"] = json!("thinking out loud ".repeat(note_repeats));
+                }
+            }
+            v.to_string().into_bytes()
+        })
+        .collect()
+}
+
+/// A fitted epoch keeps the head of the previous forwarded request, which the upstream holds
+/// cached, byte-identical and fits only what follows. A fit of the whole request gives the oldest
+/// turns the least room and rewrites the conversation from just after the task on; here every
+/// epoch's request starts with more than the system prompt and task of the request before it, and
+/// still lands under low water.
+#[test]
+fn a_fitted_epoch_keeps_the_head_the_upstream_holds_cached() {
+    let engine = Arc::new(pare::compact::Engine::default_pack());
+    let compactor = compactor_with("budget:\n  output_reserve: 1024\n  history_floor: null\n", engine);
+    let window = 16_384;
+    let usable = (window - 1024) as f64;
+    let results = run(&compactor, "s", &chatty_session(150, 20, 50), window);
+    let mut shared_at_epochs = Vec::new();
+    for k in 1..results.len() {
+        let summary = &results[k].1.summary;
+        if !summary.epoch_started {
+            continue;
+        }
+        let tiers = summary.report.as_ref().and_then(|r| r.engine.as_ref()).and_then(|e| e.tiers.clone()).unwrap();
+        assert!(tiers.target_tokens.is_some_and(|t| tiers.tokens_after_rules > t), "request {k}: a fitted epoch");
+        assert!(summary.tokens_forwarded as f64 <= 0.4 * usable, "request {k}: {}", summary.tokens_forwarded);
+        let (before, after) = (&results[k - 1].0, &results[k].0);
+        shared_at_epochs.push(before.iter().zip(after).take_while(|(a, b)| a == b).count());
+    }
+    assert!(shared_at_epochs.len() >= 3, "{shared_at_epochs:?}");
+    assert!(shared_at_epochs.iter().all(|&shared| shared > 2), "{shared_at_epochs:?}");
 }
 
 #[test]

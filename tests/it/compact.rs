@@ -1649,3 +1649,27 @@ proptest::proptest! {
         check_generated(&msgs, BUILTIN_PACKS[pack].0, protect, &options)?;
     }
 }
+
+/// `keep_first`: the messages before it are forwarded as they came, whatever the rules, tiers and
+/// elision do to the rest, and the rest still goes down to the target when it can.
+#[test]
+fn messages_before_keep_first_are_forwarded_as_they_came() {
+    let msgs = long_session(30);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let keep_first = 2 + 5 * 10; // the assistant message of step 10
+    assert_eq!(msgs[keep_first]["role"], "assistant");
+    let (rules_only, report) = forward_with(&engine, &msgs, None);
+    let tail = msgs.len() - report.boundary;
+    let head = tokens_of(&msgs[..keep_first], 0);
+    let target = head + (tokens_of(&rules_only, 0) - tokens_of(&rules_only[..keep_first], 0)) / 2;
+
+    let (whole, _) = forward_with(&engine, &msgs, Some(target));
+    assert_ne!(whole[..keep_first], msgs[..keep_first], "without it the head is compacted too");
+
+    let options = CompactOptions { target_tokens: Some(target), keep_first, ..Default::default() };
+    let (out, report) = forward_opts(&engine, &msgs, &options);
+    assert_eq!(out[..keep_first], msgs[..keep_first]);
+    assert_eq!(out[out.len() - tail..], msgs[msgs.len() - tail..]);
+    assert!(out.len() < msgs.len(), "the rest is elided where needed: {report:?}");
+    assert!(tokens_of(&out, 0) <= target, "{} over {target}: {report:?}", tokens_of(&out, 0));
+}
