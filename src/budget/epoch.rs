@@ -629,8 +629,9 @@ impl SessionCompactor {
         let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => {
-                let n_cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
-                self.lightest_fitting(request, &candidate, n_frozen, n_cached, target, candidate_ages, counter)
+                let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
+                let head = Head { frozen: n_frozen, cached };
+                self.lightest_fitting(request, &candidate, head, target, candidate_ages, counter)
             }
             Mode::Eager => {
                 let options = CompactOptions {
@@ -691,13 +692,14 @@ impl SessionCompactor {
     /// `target`, forwarding the rest raw — so the recent tool outputs the model is likely to use next
     /// stay whole, and the next epoch finds this prefix already compacted (unchanged, cache kept).
     /// When the rules are not enough, the engine has already fitted the whole candidate (salience
-    /// tiers, then elision) and that is the epoch.
+    /// tiers, then elision); the epoch is a fit after the longest head of what the upstream holds
+    /// cached that still reaches as far ([`SessionCompactor::fit_after_cached_head`]), else that
+    /// whole fit.
     fn lightest_fitting(
         &self,
         request: &Request<'_>,
         candidate: &[&str],
-        n_frozen: usize,
-        n_cached: usize,
+        head: Head,
         target: u64,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
@@ -723,7 +725,7 @@ impl SessionCompactor {
                 let reached = forwarded_tokens(counter, &whole.prefix, &candidate[boundary..]) + request.fixed;
                 let limit = applied.max(reached);
                 if let Some(attempt) =
-                    self.fit_after_cached_head(request, candidate, n_cached, &with_target, limit, counter)
+                    self.fit_after_cached_head(request, candidate, head.cached, &with_target, limit, counter)
                 {
                     return Some(attempt);
                 }
@@ -737,6 +739,7 @@ impl SessionCompactor {
         // Walk the cut points from the oldest: before an assistant or user message (no tool-call
         // group is split) and never inside the frozen prefix or an elided run. `n_out` counts the
         // compacted messages standing for raw messages before the cut.
+        let n_frozen = head.frozen;
         let mut raw_after: u64 = raw_tokens[n_frozen..].iter().sum();
         let mut compacted_before: u64 = 0;
         let mut n_out = 0;
@@ -852,6 +855,15 @@ fn source_end(source: &Source) -> usize {
         Source::Raw(idx) | Source::Edited(idx) => idx + 1,
         Source::Elided { end, .. } => *end,
     }
+}
+
+/// How much of an epoch's candidate the session's earlier requests fixed.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    /// Leading messages that are the session's frozen prefix.
+    frozen: usize,
+    /// Leading messages the previous forwarded request had: the upstream holds them cached.
+    cached: usize,
 }
 
 /// The engine's result in candidate space: forwarded = `prefix ++ candidate[boundary..]`.

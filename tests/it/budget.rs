@@ -602,10 +602,11 @@ fn chatty_session(n_turns: usize, words: usize, note_repeats: usize) -> Vec<Vec<
 #[test]
 fn a_fitted_epoch_keeps_the_head_the_upstream_holds_cached() {
     let engine = Arc::new(pare::compact::Engine::default_pack());
-    let compactor = compactor_with("budget:\n  output_reserve: 1024\n  history_floor: null\n", engine);
+    let compactor = compactor_with("budget:\n  output_reserve: 1024\n  history_floor: null\n", engine.clone());
     let window = 16_384;
     let usable = (window - 1024) as f64;
-    let results = run(&compactor, "s", &chatty_session(150, 20, 50), window);
+    let session = chatty_session(150, 20, 50);
+    let results = run(&compactor, "s", &session, window);
     let mut shared_at_epochs = Vec::new();
     for k in 1..results.len() {
         let summary = &results[k].1.summary;
@@ -620,6 +621,16 @@ fn a_fitted_epoch_keeps_the_head_the_upstream_holds_cached() {
     }
     assert!(shared_at_epochs.len() >= 3, "{shared_at_epochs:?}");
     assert!(shared_at_epochs.iter().all(|&shared| shared > 2), "{shared_at_epochs:?}");
+
+    // The head reaches as far as the previous request, however its messages were counted.
+    let deferred = compactor_with("budget:\n  output_reserve: 1024\n  history_floor: null\n", engine);
+    for (k, raw) in session.iter().enumerate() {
+        let body = ChatBody::parse(raw).unwrap();
+        let messages = pare::wire::WireBody::messages(&body);
+        let hashes = pare::neutral::message_hashes(&messages);
+        let out = deferred.compact_messages("s", &body, &messages, &hashes, Some(window), true);
+        assert_eq!(out.body, results[k].1.body, "request {k}");
+    }
 }
 
 #[test]
