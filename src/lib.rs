@@ -84,6 +84,32 @@ pub fn tune_allocator() {
     }
 }
 
+/// Make the calling thread a batch thread (Linux `SCHED_BATCH`), for a background thread that
+/// requests hand work to (the counting thread). Waking it never preempts the thread that woke it —
+/// a request still on its way to the upstream — and under load it keeps its full share of the CPU,
+/// which a lower priority would cut (BENCHMARKS.md, *Memory, real sessions and the binary*). Best
+/// effort: an error leaves the thread as it was.
+pub fn batch_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        const SCHED_BATCH: std::ffi::c_int = 3;
+        #[repr(C)]
+        struct SchedParam {
+            sched_priority: std::ffi::c_int,
+        }
+        unsafe extern "C" {
+            fn sched_setscheduler(
+                pid: std::ffi::c_int,
+                policy: std::ffi::c_int,
+                param: *const SchedParam,
+            ) -> std::ffi::c_int;
+        }
+        // SAFETY: pid 0 is the calling thread; SCHED_BATCH takes priority 0 and changes only how the
+        // scheduler treats this thread.
+        let _ = unsafe { sched_setscheduler(0, SCHED_BATCH, &SchedParam { sched_priority: 0 }) };
+    }
+}
+
 /// `prctl(PR_SET_THP_DISABLE, 1)`: no transparent huge page for this process from here on (what the
 /// kernel checks at each fault, so the mappings made before count too). Best effort: an error leaves
 /// them allowed.

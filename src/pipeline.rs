@@ -74,7 +74,9 @@ impl PreparedChat {
 /// The thread that counts what requests left for later ([`CompactOutput::late`]), apart from the
 /// rayon pool a cold request tokenizes its history on, so that a warm request never waits behind
 /// one. It sleeps on its queue (it does not spin between jobs, which would take the core the
-/// upstream and the client share on a small machine).
+/// upstream and the client share on a small machine), and it is a batch thread
+/// ([`crate::batch_thread`]): handing it a count never takes the CPU from the request on its way to
+/// the upstream.
 struct Counting {
     jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
     /// Jobs queued or running.
@@ -87,6 +89,7 @@ const MAX_QUEUED_COUNTS: u64 = 2;
 static COUNTING: LazyLock<Option<Counting>> = LazyLock::new(|| {
     let (jobs, queue) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
     let spawned = std::thread::Builder::new().name("pare-count".into()).spawn(move || {
+        crate::batch_thread();
         for job in queue {
             job();
         }

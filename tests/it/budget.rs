@@ -1133,6 +1133,52 @@ async fn the_proxy_says_when_it_forwards_over_the_window() {
     assert!(metrics.contains(r#"pare_over_window_requests_total{model="test-model",wire="chat"} 1"#), "{metrics}");
 }
 
+/// The counting thread is a batch thread (`SCHED_BATCH`): waking it to hand it a count never
+/// preempts the request that handed it over.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counting_thread_is_a_batch_thread() {
+    use crate::support::stub::Stub;
+    use crate::support::{client, pare as in_process, within};
+
+    let stub = Stub::start(Stub::openai).await;
+    let mut config = in_process::config_for(&stub);
+    config.budget.default_context_window = WINDOW;
+    config.budget.detect_window = false;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(config.clone()).unwrap());
+    let server = in_process::start_with_pipeline(config, pipeline).await;
+    for line in coding_session(6, 150) {
+        let response = within(
+            "pare to answer",
+            client()
+                .post(server.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-pare-session", "batch-check")
+                .body(line)
+                .send(),
+        )
+        .await
+        .unwrap();
+        assert!(response.status().is_success());
+    }
+    // /proc/…/stat: the 41st field is the scheduling policy (3: SCHED_BATCH); the 2nd, the name in
+    // parentheses, may hold spaces.
+    let policy = |stat: &str| -> u32 {
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(38).unwrap().parse().unwrap()
+    };
+    let mut counting = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        if std::fs::read_to_string(task.join("comm")).is_ok_and(|name| name.trim() == "pare-count") {
+            counting.push(policy(&std::fs::read_to_string(task.join("stat")).unwrap()));
+        }
+    }
+    assert_eq!(policy(&std::fs::read_to_string("/proc/thread-self/stat").unwrap()), 0, "this thread is a normal one");
+    assert_eq!(counting, vec![3], "one counting thread, a batch thread");
+}
+
 /// The same check with the real engine, in both compacting modes (eager with a small history
 /// budget, so that tiers and elision run as well as the rules).
 #[tokio::test]
