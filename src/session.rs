@@ -73,33 +73,82 @@ pub fn new_session_id() -> String {
 
 /// The normalized key of a message given as JSON text.
 pub fn message_key(raw: &str) -> u64 {
+    if let Some(key) = plain_message_key(raw) {
+        return key;
+    }
     match serde_json::from_str::<Value>(raw) {
         Ok(v @ Value::Object(_)) => message_key_value(&v),
         _ => xxh3_64(raw.as_bytes()),
     }
 }
 
+/// [`message_key`] of the usual message — an object whose `role`, `content` and `tool_call_id` are
+/// strings, null or absent, with no `tool_calls` — read in place instead of into a [`Value`]: the
+/// same key [`message_key_value`] gives it. `None` for any other message (and for a repeated key,
+/// where the `Value` keeps the last one).
+fn plain_message_key(raw: &str) -> Option<u64> {
+    use std::borrow::Cow;
+    #[derive(serde::Deserialize)]
+    struct Plain<'a> {
+        #[serde(borrow, default)]
+        role: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        content: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        tool_call_id: Option<Cow<'a, str>>,
+        #[serde(default)]
+        tool_calls: Option<serde::de::IgnoredAny>,
+    }
+    // An array would read as a struct too; `message_key` keys only objects field by field.
+    if raw.trim_start_matches([' ', '\t', '\n', '\r']).as_bytes().first() != Some(&b'{') {
+        return None;
+    }
+    let plain: Plain<'_> = serde_json::from_str(raw).ok()?;
+    if plain.tool_calls.is_some() {
+        return None;
+    }
+    let (role, content, id) = (plain.role.unwrap_or_default(), plain.content.unwrap_or_default(), plain.tool_call_id);
+    Some(key_of_parts(&role, &content, |_| {}, id.as_deref().unwrap_or("")))
+}
+
 /// The normalized key of a parsed message (see the module docs for what is ignored).
 pub fn message_key_value(message: &Value) -> u64 {
-    let mut buf = Vec::with_capacity(256);
-    let field = |v: &Value, k: &str| v.get(k).cloned().unwrap_or(Value::Null);
-    buf.extend_from_slice(field(message, "role").as_str().unwrap_or("").as_bytes());
-    buf.push(0xff);
-    buf.extend_from_slice(content_text(message.get("content")).trim().as_bytes());
-    buf.push(0xff);
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        for call in calls {
-            buf.extend_from_slice(call.get("id").and_then(Value::as_str).unwrap_or("").as_bytes());
-            buf.push(0xfe);
-            let function = field(call, "function");
-            buf.extend_from_slice(function.get("name").and_then(Value::as_str).unwrap_or("").as_bytes());
-            buf.push(0xfe);
-            buf.extend_from_slice(canonical_arguments(function.get("arguments")).as_bytes());
-            buf.push(0xfd);
+    let calls = |buf: &mut Vec<u8>| {
+        if let Some(Value::Array(calls)) = message.get("tool_calls") {
+            for call in calls {
+                let function = call.get("function").unwrap_or(&Value::Null);
+                buf.extend_from_slice(str_field(call, "id").as_bytes());
+                buf.push(0xfe);
+                buf.extend_from_slice(str_field(function, "name").as_bytes());
+                buf.push(0xfe);
+                buf.extend_from_slice(canonical_arguments(function.get("arguments")).as_bytes());
+                buf.push(0xfd);
+            }
         }
-    }
+    };
+    key_of_parts(
+        str_field(message, "role"),
+        &content_text(message.get("content")),
+        calls,
+        str_field(message, "tool_call_id"),
+    )
+}
+
+/// `value[key]` when it is a string, else "".
+fn str_field<'v>(value: &'v Value, key: &str) -> &'v str {
+    value.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// The key of a message's normalized parts; `calls` writes its tool calls.
+fn key_of_parts(role: &str, content: &str, calls: impl FnOnce(&mut Vec<u8>), tool_call_id: &str) -> u64 {
+    let mut buf = Vec::with_capacity(role.len() + content.len() + tool_call_id.len() + 8);
+    buf.extend_from_slice(role.as_bytes());
     buf.push(0xff);
-    buf.extend_from_slice(message.get("tool_call_id").and_then(Value::as_str).unwrap_or("").as_bytes());
+    buf.extend_from_slice(content.trim().as_bytes());
+    buf.push(0xff);
+    calls(&mut buf);
+    buf.push(0xff);
+    buf.extend_from_slice(tool_call_id.as_bytes());
     xxh3_64(&buf)
 }
 
@@ -448,6 +497,57 @@ fn choose(inner: &mut Inner, prefixes: &[u64]) -> (String, Assigned) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A message read in place keys as the same message read into a `Value` does, and the usual
+    /// message is read in place.
+    #[test]
+    fn messages_read_in_place_key_as_their_values_do() {
+        let in_place = [
+            r#"{"role":"user","content":"  hi\n"}"#,
+            r#"{"role":"tool","tool_call_id":"call_1","content":"line \"one\"\n\ttwo \u00e9\ud83d\ude00","name":"x"}"#,
+            r#"{"content":null,"role":"assistant","reasoning_content":"think","refusal":null}"#,
+            r#" {"role":"assistant","tool_calls":null,"content":"done","cache_control":{"type":"ephemeral"}}"#,
+            r#"{}"#,
+        ];
+        let by_value = [
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}"#,
+            r#"{"role":"user","content":"first","content":"second"}"#,
+            r#"{"role":7,"content":"x"}"#,
+            r#"{"role":"user","content":"x","tool_call_id":3}"#,
+            r#"{"role":"user","content":12}"#,
+            r#"["user","hi",null,null]"#,
+            r#""just text""#,
+            r#"{"role":"user","content":"cut"#,
+        ];
+        for raw in in_place {
+            assert!(plain_message_key(raw).is_some(), "read in place: {raw}");
+        }
+        for raw in by_value {
+            assert!(plain_message_key(raw).is_none(), "read into a Value: {raw}");
+        }
+        for raw in in_place.iter().chain(&by_value) {
+            let want = match serde_json::from_str::<Value>(raw) {
+                Ok(v @ Value::Object(_)) => message_key_value(&v),
+                _ => xxh3_64(raw.as_bytes()),
+            };
+            assert_eq!(message_key(raw), want, "{raw}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the texts, a message read in place keys as its `Value` does.
+        #[test]
+        fn any_plain_message_keys_as_its_value(role in ".{0,8}", content in proptest::option::of(".{0,64}"),
+                                               id in proptest::option::of("[a-z0-9_]{0,8}")) {
+            let mut message = json!({"role": role, "content": content});
+            if let Some(id) = id {
+                message["tool_call_id"] = json!(id);
+            }
+            let raw = message.to_string();
+            proptest::prop_assert_eq!(plain_message_key(&raw), Some(message_key_value(&message)));
+        }
+    }
 
     fn tracker() -> SessionTracker {
         SessionTracker::new(&ArchiveConfig::default())
