@@ -2,8 +2,18 @@
 //! (never collected), each data chunk is shown to the request's [`ResponseSink`], and the exchange is
 //! finished exactly once — at the end of the body, on an upstream error, or when the body is dropped
 //! because the client went away (dropping it also drops the upstream request, which cancels it).
+//!
+//! Finishing — the answer assembled and registered with the session tracker, handed to the archive,
+//! the access line written — happens after the last byte is on its way to the client: hyper drops
+//! the body before it writes that byte out, so the work runs in a task of its own. [`Finishing`]
+//! keeps count of those tasks: whatever reports on ended exchanges (pare's own endpoints, the
+//! shutdown before the archive closes) first waits for the ones that ended before it asked. An
+//! agent's next request can arrive before its previous answer is registered; the tracker then joins
+//! it to the session whose request is still waiting for its answer (`session` module docs).
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,11 +29,38 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Completion {
     sink: Option<Box<dyn ResponseSink>>,
     access: Option<AccessLog>,
+    /// Where the end is finished in a task of its own; `None`: at once, in place.
+    finishing: Option<Arc<Finishing>>,
 }
 
 impl Completion {
+    /// A completion finished in place when the exchange ends.
     pub fn new(sink: Option<Box<dyn ResponseSink>>, access: AccessLog) -> Completion {
-        Completion { sink, access: Some(access) }
+        Completion { sink, access: Some(access), finishing: None }
+    }
+
+    /// Finish the exchange in a task counted by `finishing` instead, on a multi-threaded runtime
+    /// (the one `pare serve` runs; elsewhere it is finished in place).
+    pub fn deferred_to(mut self, finishing: Arc<Finishing>) -> Completion {
+        self.finishing = Some(finishing);
+        self
+    }
+
+    /// The exchange ended: finish it, in a task when deferred.
+    fn end(&mut self, end: StreamEnd) {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let runtime = Handle::try_current().ok().filter(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        match (&self.finishing, runtime) {
+            (Some(finishing), Some(runtime)) if self.sink.is_some() || self.access.is_some() => {
+                let running = finishing.begin();
+                let mut rest = Completion { sink: self.sink.take(), access: self.access.take(), finishing: None };
+                runtime.spawn(async move {
+                    rest.finish(end);
+                    drop(running);
+                });
+            }
+            _ => self.finish(end),
+        }
     }
 
     fn chunk(&mut self, bytes: &Bytes) {
@@ -77,11 +114,11 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
-                this.completion.finish(StreamEnd::UpstreamError(cause_chain(&err)));
+                this.completion.end(StreamEnd::UpstreamError(cause_chain(&err)));
                 Poll::Ready(Some(Err(Box::new(err))))
             }
             Poll::Ready(None) => {
-                this.completion.finish(StreamEnd::Complete);
+                this.completion.end(StreamEnd::Complete);
                 Poll::Ready(None)
             }
         }
@@ -101,7 +138,62 @@ impl<B: Body> Drop for ObservedBody<B> {
         // A body that was never polled because it was empty from the start ended normally; any
         // other body still unfinished here was dropped because the client went away.
         let end = if self.inner.is_end_stream() { StreamEnd::Complete } else { StreamEnd::ClientGone };
-        self.completion.finish(end);
+        self.completion.end(end);
+    }
+}
+
+/// The exchanges being finished in tasks of their own (see the module docs).
+#[derive(Debug, Default)]
+pub struct Finishing {
+    running: Mutex<Running>,
+    done: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Running {
+    next: u64,
+    ids: BTreeSet<u64>,
+}
+
+impl Finishing {
+    fn lock(&self) -> MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn begin(self: &Arc<Self>) -> Finishes {
+        let mut running = self.lock();
+        let id = running.next;
+        running.next += 1;
+        running.ids.insert(id);
+        Finishes { finishing: Arc::clone(self), id }
+    }
+
+    /// Wait until every exchange that ended before this call is finished (later ones do not hold
+    /// it up).
+    pub async fn settled(&self) {
+        let mark = self.lock().next;
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().ids.first().is_none_or(|first| *first >= mark) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One exchange being finished; dropping it (done, or its task panicked) says so.
+struct Finishes {
+    finishing: Arc<Finishing>,
+    id: u64,
+}
+
+impl Drop for Finishes {
+    fn drop(&mut self) {
+        self.finishing.lock().ids.remove(&self.id);
+        self.finishing.done.notify_waiters();
     }
 }
 
@@ -135,6 +227,46 @@ mod tests {
             Some(Box::new(recorder.clone())),
             AccessLog::new(http::Method::POST, "/v1/chat/completions", Instant::now()),
         )
+    }
+
+    /// A sink whose finish waits until the test lets it go (10 s at most).
+    struct Gated {
+        recorder: Recorder,
+        gate: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl ResponseSink for Gated {
+        fn head(&mut self, _status: u16, _headers: &HeaderMap) {}
+        fn chunk(&mut self, bytes: &Bytes) {
+            self.recorder.0.lock().unwrap().push(format!("chunk {}", String::from_utf8_lossy(bytes)));
+        }
+        fn finish(self: Box<Self>, end: StreamEnd) {
+            let _ = self.gate.recv_timeout(std::time::Duration::from_secs(10));
+            self.recorder.0.lock().unwrap().push(format!("finish {end:?}"));
+        }
+    }
+
+    /// A deferred end is finished in a task after the body is done, and `settled` returns once
+    /// the exchanges that ended before it was called are finished, not before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deferred_end_is_finished_in_a_task_that_settled_waits_for() {
+        use futures_util::FutureExt;
+        let recorder = Recorder::default();
+        let (open, gate) = std::sync::mpsc::channel();
+        let finishing = Arc::new(Finishing::default());
+        let sink = Gated { recorder: recorder.clone(), gate };
+        let access = AccessLog::new(http::Method::POST, "/v1/chat/completions", Instant::now());
+        let completion = Completion::new(Some(Box::new(sink)), access).deferred_to(Arc::clone(&finishing));
+        let chunks = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from("a")))];
+        let body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(chunks)), completion);
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "a", "the body ends without waiting for the sink");
+        assert_eq!(*recorder.0.lock().unwrap(), ["chunk a"]);
+        let mut settled = Box::pin(finishing.settled());
+        assert!(settled.as_mut().now_or_never().is_none(), "one exchange is still being finished");
+        open.send(()).unwrap();
+        settled.await;
+        assert_eq!(*recorder.0.lock().unwrap(), ["chunk a", "finish Complete"]);
+        finishing.settled().await;
     }
 
     #[tokio::test]

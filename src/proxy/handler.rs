@@ -15,7 +15,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 
 use super::access::AccessLog;
-use super::body::{BoxError, Completion, ObservedBody};
+use super::body::{BoxError, Completion, Finishing, ObservedBody};
 use super::endpoints;
 use super::error::{ProxyError, cause_chain};
 use super::metrics::Metrics;
@@ -36,6 +36,8 @@ pub struct Proxy {
     pub metrics: Arc<Metrics>,
     /// The audit UI over the archive (`None` when archiving is off).
     pub ui: Option<Arc<crate::ui::Ui>>,
+    /// Exchanges whose end is being recorded after their last byte went out.
+    pub finishing: Arc<Finishing>,
 }
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
@@ -85,6 +87,10 @@ where
         return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
+    if path == PARE_PREFIX || path.starts_with("/_pare/") {
+        // What pare reports includes every exchange that ended before this request.
+        proxy.finishing.settled().await;
+    }
     if path == crate::ui::PREFIX || path.starts_with("/_pare/ui/") {
         if let Some(ui) = &proxy.ui {
             return crate::ui::respond(ui.clone(), &parts).await;
@@ -177,7 +183,8 @@ where
     }
     let upstream_body = reqwest::Body::from(response);
     access.pare += head_received.elapsed();
-    let body = ObservedBody::new(upstream_body, Completion::new(sink, access));
+    let completion = Completion::new(sink, access).deferred_to(Arc::clone(&proxy.finishing));
+    let body = ObservedBody::new(upstream_body, completion);
     let mut out = Response::new(body.boxed_unsync());
     *out.status_mut() = status;
     *out.headers_mut() = headers;

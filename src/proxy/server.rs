@@ -96,7 +96,7 @@ where
     let builder = connection_builder(&config);
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
     let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.dir().to_owned(), &config)));
-    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics, ui });
+    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics, ui, finishing: Arc::default() });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");
@@ -134,9 +134,14 @@ where
     }
     drop(listener);
     tracing::info!(connections = graceful.count(), grace_secs = grace.as_secs(), "shutting down; draining connections");
+    let deadline = tokio::time::Instant::now() + grace;
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("all connections drained"),
-        () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing the remaining connections"),
+        () = tokio::time::sleep_until(deadline) => tracing::warn!("grace period over; closing the remaining connections"),
+    }
+    // The exchanges that ended are recorded before the caller closes the archive.
+    if tokio::time::timeout_at(deadline, proxy.finishing.settled()).await.is_err() {
+        tracing::warn!("grace period over; exchanges still being recorded");
     }
     Ok(())
 }
