@@ -46,6 +46,18 @@ pub trait CompactEngine: Send + Sync {
         options: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>);
+    /// Runs of [`CompactEngine::compact_traced`] over one view with one set of options but for
+    /// [`CompactOptions::keep_first`]: `runs` is handed the run for each `keep_first` it asks for.
+    /// [`Engine`] analyses the conversation and applies the rules once for all of them.
+    fn compact_heads(
+        &self,
+        view: &View<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+        runs: &mut dyn FnMut(&dyn Fn(usize) -> (Compacted, Vec<Source>)),
+    ) {
+        runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
+    }
 }
 
 impl CompactEngine for Engine {
@@ -56,6 +68,17 @@ impl CompactEngine for Engine {
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
         Engine::compact_traced(self, view, options, counter)
+    }
+
+    fn compact_heads(
+        &self,
+        view: &View<'_>,
+        options: &CompactOptions,
+        counter: &dyn CountTokens,
+        runs: &mut dyn FnMut(&dyn Fn(usize) -> (Compacted, Vec<Source>)),
+    ) {
+        let prepared = self.prepare(view, options, counter);
+        runs(&|keep_first| prepared.compact_traced(keep_first));
     }
 }
 
@@ -711,7 +734,24 @@ impl SessionCompactor {
             message_ages_secs: ages,
             ..Default::default()
         };
-        let (whole, sources) = self.engine.compact_traced(&view, &with_target, counter);
+        let mut attempt = None;
+        self.engine.compact_heads(&view, &with_target, counter, &mut |run| {
+            attempt = self.lightest_fitting_run(run, request, candidate, head, target, counter);
+        });
+        attempt
+    }
+
+    /// [`SessionCompactor::lightest_fitting`] given the engine's `run` for each kept head.
+    fn lightest_fitting_run(
+        &self,
+        run: &dyn Fn(usize) -> (Compacted, Vec<Source>),
+        request: &Request<'_>,
+        candidate: &[&str],
+        head: Head,
+        target: u64,
+        counter: &TokenCounter,
+    ) -> Option<Attempt> {
+        let (whole, sources) = run(0);
         // The target the engine applied (the history floor may have raised it).
         let applied = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
         let boundary = whole.boundary.min(candidate.len());
@@ -724,8 +764,7 @@ impl SessionCompactor {
             if applied <= target {
                 let reached = forwarded_tokens(counter, &whole.prefix, &candidate[boundary..]) + request.fixed;
                 let limit = applied.max(reached);
-                if let Some(attempt) =
-                    self.fit_after_cached_head(request, candidate, head.cached, &with_target, limit, counter)
+                if let Some(attempt) = self.fit_after_cached_head(run, request, candidate, head.cached, limit, counter)
                 {
                     return Some(attempt);
                 }
@@ -776,20 +815,18 @@ impl SessionCompactor {
     /// leaves less room for the rest, so the longest fitting cut is found by bisection.
     fn fit_after_cached_head(
         &self,
+        run: &dyn Fn(usize) -> (Compacted, Vec<Source>),
         request: &Request<'_>,
         candidate: &[&str],
         n_cached: usize,
-        options: &CompactOptions,
         limit: u64,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
         let cuts: Vec<usize> = (1..=n_cached.min(candidate.len().saturating_sub(1)))
             .filter(|&cut| matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user"))
             .collect();
-        let view = View { messages: candidate, tools: request.tools };
         let fit_after = |keep_first: usize| -> Option<Attempt> {
-            let options = CompactOptions { keep_first, ..options.clone() };
-            let (out, sources) = self.engine.compact_traced(&view, &options, counter);
+            let (out, sources) = run(keep_first);
             let boundary = out.boundary.min(candidate.len());
             let traced = sources.len() == out.prefix.len() && out.report.validation_failed.is_none();
             if !traced || boundary < keep_first {

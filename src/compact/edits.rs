@@ -26,7 +26,7 @@ pub struct TextEdit {
 pub const THINKING_PARTS: &[&str] = &["thinking", "redacted_thinking", "reasoning"];
 
 /// All edits of one compaction.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Edits {
     pub text: Vec<Option<TextEdit>>,
     /// Keys removed from the message (reasoning).

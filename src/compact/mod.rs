@@ -194,6 +194,18 @@ impl Engine {
         opts: &CompactOptions,
         counter: &dyn CountTokens,
     ) -> (Compacted, Vec<Source>) {
+        self.prepare(view, opts, counter).compact_traced(opts.keep_first)
+    }
+
+    /// The part of a compaction that does not depend on [`CompactOptions::keep_first`]: the
+    /// conversation analysed and the rules applied, once, for any number of runs that differ only in
+    /// the head they keep ([`Prepared::compact_traced`]). `opts.keep_first` is not read.
+    pub fn prepare<'p>(
+        &'p self,
+        view: &View<'p>,
+        opts: &'p CompactOptions,
+        counter: &'p dyn CountTokens,
+    ) -> Prepared<'p> {
         let policy = &self.policy;
         let conv = Conversation::analyse(
             view.messages,
@@ -202,35 +214,82 @@ impl Engine {
             &policy.success,
             !opts.single_thread,
         );
+        let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
+        let input_invalid = validate::check(&input_skeletons).err().map(|violation| violation.to_string());
+        let mut edits = Edits::new(&conv);
+        let mut rendered = Vec::new();
+        if input_invalid.is_none() {
+            rules::apply(policy, &conv, &mut edits);
+            rendered = finish_rules(&conv, &mut edits, counter);
+        }
+        Prepared {
+            engine: self,
+            tools: view.tools,
+            opts,
+            counter,
+            conv,
+            input_skeletons,
+            input_invalid,
+            edits,
+            rendered,
+            memo: salience::Memo::default(),
+        }
+    }
+}
+
+/// A request analysed and its rules applied with no head kept ([`Engine::prepare`]). A rule's edit of
+/// a message depends only on that message and the conversation, never on another message's edits
+/// or on a kept head: the edits with a head kept are these with the head's reverted.
+pub struct Prepared<'p> {
+    engine: &'p Engine,
+    tools: Option<&'p str>,
+    opts: &'p CompactOptions,
+    counter: &'p dyn CountTokens,
+    conv: Conversation<'p>,
+    input_skeletons: Vec<Option<Skeleton>>,
+    /// Invariant 1 broken in the input: every run forwards it unchanged.
+    input_invalid: Option<String>,
+    edits: Edits,
+    /// The forwarded form of each message the rules changed (`None`: unchanged).
+    rendered: Vec<Option<String>>,
+    /// What each run's tiers and elision share with the others.
+    memo: salience::Memo,
+}
+
+impl Prepared<'_> {
+    /// The compaction with [`CompactOptions::keep_first`] set to `keep_first`, the other options
+    /// those given to [`Engine::prepare`].
+    pub fn compact_traced(&self, keep_first: usize) -> (Compacted, Vec<Source>) {
+        let (engine, conv, opts, counter) = (self.engine, &self.conv, self.opts, self.counter);
         let mut report = Report {
-            pack: policy.name.clone(),
+            pack: engine.policy.name.clone(),
             messages_in: conv.msgs.len(),
             boundary: conv.boundary,
             ..Report::default()
         };
-        let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
-        if let Err(violation) = validate::check(&input_skeletons) {
-            report.input_invalid = Some(violation.to_string());
-            return unchanged(&conv, report);
+        if let Some(violation) = &self.input_invalid {
+            report.input_invalid = Some(violation.clone());
+            return unchanged(conv, report);
         }
+        let input_skeletons = &self.input_skeletons;
 
-        let mut edits = Edits::new(&conv);
-        let keep_first = opts.keep_first.min(conv.boundary);
-        edits.kept[..keep_first].fill(true);
-        rules::apply(policy, &conv, &mut edits);
+        let mut edits = self.edits.clone();
+        let mut rendered = self.rendered.clone();
+        let keep_first = keep_first.min(conv.boundary);
         for idx in 0..keep_first {
             edits.revert(idx);
+            rendered[idx] = None;
         }
-        let mut rendered = finish_rules(&conv, &mut edits, counter);
+        edits.kept[..keep_first].fill(true);
 
         let mut elided = salience::Elided::default();
         let mut fitted = false;
         if opts.target_tokens.is_some() || opts.history.is_some() {
-            let tools = view.tools.map(|t| counter.tools(t)).unwrap_or(0);
+            let tools = self.tools.map(|t| counter.tools(t)).unwrap_or(0);
             let ages = opts.message_ages_secs.as_deref().filter(|ages| ages.len() == conv.msgs.len());
             let budget =
                 salience::Budget { target: opts.target_tokens, history: opts.history, floor: opts.history_floor, ages };
-            let fit = salience::fit(self, &conv, &mut edits, &mut rendered, counter, tools, budget);
+            let fit = salience::fit(engine, conv, &mut edits, &mut rendered, counter, tools, budget, &self.memo);
             fitted = fit.report.target_tokens.is_some_and(|target| fit.report.tokens_after_rules > target);
             report.tiers = Some(fit.report);
             elided = fit.elided;
@@ -279,10 +338,10 @@ impl Engine {
             report.validation_failed = Some(violation.to_string());
             report.rules.clear();
             report.tiers = None;
-            return unchanged(&conv, report);
+            return unchanged(conv, report);
         }
 
-        fill_report(&conv, &edits, &elided, &mut report, prefix.len());
+        fill_report(conv, &edits, &elided, &mut report, prefix.len());
         (Compacted { boundary: conv.boundary, prefix, report, fitted }, sources)
     }
 }

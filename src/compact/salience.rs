@@ -15,8 +15,8 @@
 //! elided: each run of elided groups becomes one assistant message (valid between complete groups)
 //! listing what went. Never the first system message, a user message, a kept message or the tail.
 
-use std::cell::OnceCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::{OnceCell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
@@ -120,8 +120,23 @@ pub struct Budget<'a> {
     pub ages: Option<&'a [f64]>,
 }
 
+/// What the fits of one prepared compaction share ([`super::Prepared`]), each made the first time a
+/// fit asks: a group's salience and an elided run's marker with its tokens. Both read only the
+/// conversation, the options and the rules' edits of the messages they cover, which are the same
+/// in every fit (a fit's kept head is never scored nor elided): a bisection over kept heads scores
+/// each group once and renders each marker once.
+#[derive(Debug, Default)]
+pub struct Memo {
+    /// Salience by the group's first message.
+    scores: RefCell<HashMap<usize, f64>>,
+    /// Marker and tokens by run (`start`, `end`), terse or not, and names listed.
+    markers: RefCell<HashMap<(usize, usize, bool, usize), (String, u64)>>,
+}
+
 /// Bring the request under its [`Budget`] with tiers, then elision. `rendered` holds the forwarded
-/// form of each changed message before the boundary and is updated in place.
+/// form of each changed message before the boundary and is updated in place. `memo` holds what
+/// earlier fits with the same conversation, options and rules' edits found.
+#[allow(clippy::too_many_arguments)]
 pub fn fit(
     engine: &Engine,
     conv: &Conversation<'_>,
@@ -130,6 +145,7 @@ pub fn fit(
     counter: &dyn CountTokens,
     tools_tokens: u64,
     budget: Budget<'_>,
+    memo: &Memo,
 ) -> Fit {
     let current = |edits: &Edits, rendered: &[Option<String>], idx: usize| -> u64 {
         if edits.dropped[idx] { 0 } else { counter.message(rendered[idx].as_deref().unwrap_or(conv.raw[idx])) }
@@ -172,7 +188,7 @@ pub fn fit(
 
     let names_per_elision = if at_floor { NAMES_PER_ELISION_AT_FLOOR } else { NAMES_PER_ELISION };
     let facts = MarkerFacts::new(engine, conv, edits, names_per_elision);
-    let units = units(engine, conv, edits, &facts, budget.ages);
+    let units = units(engine, conv, edits, &facts, budget.ages, memo);
     let forms = Forms { engine, conv, counter };
     let scored: u64 = units.iter().map(|u| u.form(Tier::Focus, &forms, edits, &tokens).1).sum();
     // Tiers share what the target leaves after the untouched part, and never less than
@@ -213,7 +229,7 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let ctx = ElideContext { engine, facts: &facts, conv, counter, fixed_extra, terse: false };
+    let ctx = ElideContext { engine, facts: &facts, conv, counter, memo, fixed_extra, terse: false };
     let mut went_terse = false;
     ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
         total <= target && tier_of[u].is_some()
@@ -251,10 +267,13 @@ pub fn fit(
     // Still over after eliding all it could: the markers drop their file lists, so that what cannot be
     // elided (system, users, tail, tools) plus the markers fits whenever it can.
     let terse = went_terse || total > target && !gone.is_empty();
-    let runs = elision_runs(engine, &facts, conv, edits, &units, &gone, terse);
+    let final_ctx = ElideContext { terse, ..ctx };
+    let spans = run_spans(edits, &units, &gone);
     if terse {
-        total = elided_total(conv, edits, &tokens, &runs, counter) + fixed_extra;
+        total = final_ctx.elided_total(edits, &tokens, &spans);
     }
+    let runs: BTreeMap<usize, (usize, String)> =
+        spans.into_iter().map(|(start, end)| (start, (end, final_ctx.marker(edits, start, end).0))).collect();
     for (start, (end, marker)) in &runs {
         let mut raw_tokens = 0i64;
         let mut raw_chars = 0i64;
@@ -343,12 +362,46 @@ struct ElideContext<'e, 'c, 'a> {
     facts: &'e MarkerFacts,
     conv: &'c Conversation<'a>,
     counter: &'e dyn CountTokens,
+    memo: &'e Memo,
     fixed_extra: u64,
     /// Weigh steps with terse markers (no file or name lists).
     terse: bool,
 }
 
 impl ElideContext<'_, '_, '_> {
+    /// The marker of the elided run `start..end` and its tokens (see [`Memo`]).
+    fn marker(&self, edits: &Edits, start: usize, end: usize) -> (String, u64) {
+        let key = (start, end, self.terse, self.facts.names_per_elision);
+        if let Some(found) = self.memo.markers.borrow().get(&key) {
+            return found.clone();
+        }
+        let marker = elision_marker(self.engine, self.facts, self.conv, edits, start, end, self.terse);
+        let tokens = self.counter.message(&marker);
+        self.memo.markers.borrow_mut().insert(key, (marker.clone(), tokens));
+        (marker, tokens)
+    }
+
+    /// Tokens of the request with the runs `spans` (in order) elided.
+    fn elided_total(&self, edits: &Edits, tokens: &[u64], spans: &[(usize, usize)]) -> u64 {
+        let mut total = self.fixed_extra;
+        let mut idx = 0;
+        for &(start, end) in spans {
+            total += (idx..start).filter(|&i| !edits.dropped[i]).map(|i| tokens[i]).sum::<u64>();
+            total += self.marker_tokens(edits, start, end);
+            idx = end;
+        }
+        total + (idx..self.conv.boundary).filter(|&i| !edits.dropped[i]).map(|i| tokens[i]).sum::<u64>()
+    }
+
+    /// The tokens of [`ElideContext::marker`], without copying the marker.
+    fn marker_tokens(&self, edits: &Edits, start: usize, end: usize) -> u64 {
+        let key = (start, end, self.terse, self.facts.names_per_elision);
+        if let Some((_, tokens)) = self.memo.markers.borrow().get(&key) {
+            return *tokens;
+        }
+        self.marker(edits, start, end).1
+    }
+
     /// Weigh what is elided so far with this context's markers, then elide whatever still pays, to a
     /// fixpoint (no stop before).
     fn elide_to_fixpoint(
@@ -360,8 +413,7 @@ impl ElideContext<'_, '_, '_> {
         tokens: &[u64],
         total: &mut u64,
     ) {
-        let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, gone, self.terse);
-        *total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
+        *total = self.elided_total(edits, tokens, &run_spans(edits, units, gone));
         for _ in 0..=units.len() {
             let left: Vec<usize> = candidates.iter().copied().filter(|u| !gone.contains(u)).collect();
             if !self.elide_in_order(edits, units, &left, gone, tokens, total, |_, _| false) {
@@ -407,8 +459,7 @@ impl ElideContext<'_, '_, '_> {
             let mut trial = gone.clone();
             trial.extend(joined.iter().copied());
             trial.insert(u);
-            let runs = elision_runs(self.engine, self.facts, self.conv, edits, units, &trial, self.terse);
-            let new_total = elided_total(self.conv, edits, tokens, &runs, self.counter) + self.fixed_extra;
+            let new_total = self.elided_total(edits, tokens, &run_spans(edits, units, &trial));
             if new_total < *total {
                 *total = new_total;
                 *gone = trial;
@@ -459,30 +510,6 @@ fn apply_tier(
     }
 }
 
-/// Total tokens of the prefix with `runs` elided.
-fn elided_total(
-    conv: &Conversation<'_>,
-    edits: &Edits,
-    tokens: &[u64],
-    runs: &BTreeMap<usize, (usize, String)>,
-    counter: &dyn CountTokens,
-) -> u64 {
-    let mut total = 0;
-    let mut idx = 0;
-    while idx < conv.boundary {
-        if let Some((end, marker)) = runs.get(&idx) {
-            total += counter.message(marker);
-            idx = *end;
-            continue;
-        }
-        if !edits.dropped[idx] {
-            total += tokens[idx];
-        }
-        idx += 1;
-    }
-    total
-}
-
 /// Maximal runs `start..end` of elided units (dropped messages between them do not break a run).
 fn run_spans(edits: &Edits, units: &[Unit], gone: &BTreeSet<usize>) -> Vec<(usize, usize)> {
     let mut spans: Vec<(usize, usize)> = gone.iter().map(|&u| (units[u].start, units[u].end)).collect();
@@ -498,22 +525,6 @@ fn run_spans(edits: &Edits, units: &[Unit], gone: &BTreeSet<usize>) -> Vec<(usiz
         merged.push((start, end));
     }
     merged
-}
-
-/// The [`run_spans`] of `gone`, each with its marker message.
-fn elision_runs(
-    engine: &Engine,
-    facts: &MarkerFacts,
-    conv: &Conversation<'_>,
-    edits: &Edits,
-    units: &[Unit],
-    gone: &BTreeSet<usize>,
-    terse: bool,
-) -> BTreeMap<usize, (usize, String)> {
-    run_spans(edits, units, gone)
-        .into_iter()
-        .map(|(start, end)| (start, (end, elision_marker(engine, facts, conv, edits, start, end, terse))))
-        .collect()
 }
 
 /// `{"role":"assistant","content":"[pare: 12 earlier messages elided — read_file ×5, terminal ×7; files: …]"}`.
@@ -606,22 +617,18 @@ fn earlier_elision(conv: &Conversation<'_>, edits: &Edits, idx: usize) -> Option
     parse_elision(&m.text())
 }
 
-/// The groups tiers may touch, scored (their forms are made on demand, see [`Unit::form`]).
+/// The groups tiers may touch, scored (their forms are made on demand, see [`Unit::form`]; their
+/// scores once per [`Memo`]).
 fn units(
     engine: &Engine,
     conv: &Conversation<'_>,
     edits: &Edits,
     marker_facts: &MarkerFacts,
     ages: Option<&[f64]>,
+    memo: &Memo,
 ) -> Vec<Unit> {
-    let sal = &engine.salience;
-    let task = task_words(conv);
-    let tail_files = tail_files(conv);
-    let mut assistants_from = vec![0usize; conv.msgs.len() + 1];
-    for idx in (0..conv.msgs.len()).rev() {
-        let is_assistant = conv.msgs[idx].as_ref().is_some_and(|m| m.role == "assistant");
-        assistants_from[idx] = assistants_from[idx + 1] + usize::from(is_assistant);
-    }
+    // What scoring reads besides the group, made when the first group is scored.
+    let scoring = OnceCell::new();
     let mut out = Vec::new();
     for g in &conv.groups {
         let elidable_kind = history_kind(conv, g.kind, g.start);
@@ -635,35 +642,66 @@ fn units(
         if g.kind == GroupKind::Assistant && edits.compacted[g.start] && !earlier_elision {
             continue;
         }
-        let recency = match (sal.tau_seconds, ages) {
-            // On the wall clock: the age of the group's youngest message (a result arrives after its call).
-            (Some(tau), Some(ages)) => {
-                let age = ages[g.start..g.end].iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
-                (-age / tau.max(1e-9)).exp()
-            }
-            _ => {
-                let age = assistants_from[g.start].saturating_sub(1) as f64;
-                (-age / sal.tau_turns.max(1e-9)).exp()
-            }
-        };
-        let error = (g.start..g.end)
-            .any(|i| conv.outcomes[i].as_ref().is_some_and(|o| !o.status.is_ok() || o.first_error.is_some()));
-        let overlap = task_overlap(conv, g.start, g.end, &task);
-        let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
-        let files = group_files(conv, g.start, g.end);
-        let focused = files.iter().any(|f| tail_files.iter().any(|t| same_file(f, t)));
         // An earlier elision marker is already history's least salient form: first to go.
         let score = if earlier_elision {
             -1.0
         } else {
-            sal.w_recency * recency
-                + sal.w_error * f64::from(u8::from(error))
-                + sal.w_keywords * keywords
-                + sal.w_files * f64::from(u8::from(focused))
+            let known = memo.scores.borrow().get(&g.start).copied();
+            known.unwrap_or_else(|| {
+                let score = scoring.get_or_init(|| Scoring::new(conv)).score(engine, conv, g.start, g.end, ages);
+                memo.scores.borrow_mut().insert(g.start, score);
+                score
+            })
         };
         out.push(Unit { start: g.start, end: g.end, score, forms: Default::default() });
     }
     out
+}
+
+/// What a group's salience reads besides the group: the task's words, the files the protected tail
+/// works on, and the turn count from each message on.
+struct Scoring {
+    task: Vec<String>,
+    tail_files: Vec<String>,
+    assistants_from: Vec<usize>,
+}
+
+impl Scoring {
+    fn new(conv: &Conversation<'_>) -> Scoring {
+        let mut assistants_from = vec![0usize; conv.msgs.len() + 1];
+        for idx in (0..conv.msgs.len()).rev() {
+            let is_assistant = conv.msgs[idx].as_ref().is_some_and(|m| m.role == "assistant");
+            assistants_from[idx] = assistants_from[idx + 1] + usize::from(is_assistant);
+        }
+        Scoring { task: task_words(conv), tail_files: tail_files(conv), assistants_from }
+    }
+
+    /// `S = w_r·R + w_e·E + w_k·K + w_f·F` of the group `start..end`.
+    fn score(&self, engine: &Engine, conv: &Conversation<'_>, start: usize, end: usize, ages: Option<&[f64]>) -> f64 {
+        let sal = &engine.salience;
+        let task = &self.task;
+        let recency = match (sal.tau_seconds, ages) {
+            // On the wall clock: the age of the group's youngest message (a result arrives after its call).
+            (Some(tau), Some(ages)) => {
+                let age = ages[start..end].iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
+                (-age / tau.max(1e-9)).exp()
+            }
+            _ => {
+                let age = self.assistants_from[start].saturating_sub(1) as f64;
+                (-age / sal.tau_turns.max(1e-9)).exp()
+            }
+        };
+        let error = (start..end)
+            .any(|i| conv.outcomes[i].as_ref().is_some_and(|o| !o.status.is_ok() || o.first_error.is_some()));
+        let overlap = task_overlap(conv, start, end, task);
+        let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
+        let files = group_files(conv, start, end);
+        let focused = files.iter().any(|f| self.tail_files.iter().any(|t| same_file(f, t)));
+        sal.w_recency * recency
+            + sal.w_error * f64::from(u8::from(error))
+            + sal.w_keywords * keywords
+            + sal.w_files * f64::from(u8::from(focused))
+    }
 }
 
 /// The text of message `idx` at `tier`, or `None` when it stays as it is.
