@@ -464,3 +464,67 @@ fn fill_report(
     }
     report.messages_out = prefix_len + (conv.msgs.len() - conv.boundary);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::tokens::{QuarterCounter, request_tokens};
+    use crate::wire::ChatBody;
+
+    /// What a run with `keep_first` computes from scratch: the rules applied with the head kept
+    /// (they never touch it), its edits reverted, nothing shared with another run.
+    fn alone<'p>(engine: &'p Engine, view: &View<'p>, opts: &'p CompactOptions, keep_first: usize) -> Prepared<'p> {
+        let mut prepared = engine.prepare(view, opts, &QuarterCounter);
+        let conv = &prepared.conv;
+        let mut edits = Edits::new(conv);
+        let keep_first = keep_first.min(conv.boundary);
+        edits.kept[..keep_first].fill(true);
+        rules::apply(&engine.policy, conv, &mut edits);
+        for idx in 0..keep_first {
+            edits.revert(idx);
+        }
+        prepared.rendered = finish_rules(conv, &mut edits, &QuarterCounter);
+        prepared.edits = edits;
+        prepared
+    }
+
+    #[test]
+    fn runs_of_one_prepared_compaction_are_the_runs_made_alone() {
+        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
+        let parsed = ChatBody::parse(body).unwrap();
+        let view = parsed.view();
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = 2;
+        let rules_only = engine.compact(&view, &CompactOptions::default(), &QuarterCounter);
+        let mut forwarded = rules_only.prefix.clone();
+        forwarded.extend(view.messages[rules_only.boundary..].iter().map(|m| (*m).to_owned()));
+        let tokens = request_tokens(&QuarterCounter, &forwarded, view.tools);
+        // Turn starts, in the order a bisection might ask for them, so that runs reuse what others
+        // memoized.
+        let mut cuts: Vec<usize> = (0..rules_only.boundary)
+            .filter(|&i| matches!(crate::neutral::role_of(view.messages[i]).as_ref(), "assistant" | "user"))
+            .collect();
+        cuts.sort_by_key(|&cut| (cut * 7) % 11);
+        let mut outputs = Vec::new();
+        for share in [30, 50, 70, 85] {
+            let opts = CompactOptions { target_tokens: Some(tokens * share / 100), ..Default::default() };
+            let shared = engine.prepare(&view, &opts, &QuarterCounter);
+            for &keep_first in &cuts {
+                let (out, sources) = shared.compact_traced(keep_first);
+                let (expected, expected_sources) = alone(&engine, &view, &opts, keep_first).compact_traced(keep_first);
+                let case = format!("target {share} %, keep_first {keep_first}");
+                assert_eq!(out.prefix, expected.prefix, "{case}");
+                assert_eq!(sources, expected_sources, "{case}");
+                assert_eq!(out.report, expected.report, "{case}");
+                assert_eq!((out.boundary, out.fitted), (expected.boundary, expected.fitted), "{case}");
+                assert_eq!(out.prefix[..keep_first], view.messages[..keep_first], "{case}");
+                outputs.push(out);
+            }
+        }
+        // The runs differ: rules changed the head of some, tiers and elision fitted the rest.
+        assert!(outputs.iter().any(|o| o.report.rules.values().any(|r| r.messages > 0)));
+        assert!(outputs.iter().any(|o| o.report.tiers.as_ref().is_some_and(|t| t.elided_groups > 0)));
+        let distinct: std::collections::BTreeSet<&Vec<String>> = outputs.iter().map(|o| &o.prefix).collect();
+        assert!(distinct.len() > 2, "{} distinct outputs", distinct.len());
+    }
+}
