@@ -32,6 +32,9 @@ use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
 use crate::wire::{Wire, WireBody, WireError};
 
+/// One engine run over a fixed view and options, given [`CompactOptions::keep_first`].
+pub type HeadRun<'a> = dyn Fn(usize) -> (Compacted, Vec<Source>) + 'a;
+
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
@@ -54,7 +57,7 @@ pub trait CompactEngine: Send + Sync {
         view: &View<'_>,
         options: &CompactOptions,
         counter: &dyn CountTokens,
-        runs: &mut dyn FnMut(&dyn Fn(usize) -> (Compacted, Vec<Source>)),
+        runs: &mut dyn FnMut(&HeadRun<'_>),
     ) {
         runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
     }
@@ -75,7 +78,7 @@ impl CompactEngine for Engine {
         view: &View<'_>,
         options: &CompactOptions,
         counter: &dyn CountTokens,
-        runs: &mut dyn FnMut(&dyn Fn(usize) -> (Compacted, Vec<Source>)),
+        runs: &mut dyn FnMut(&HeadRun<'_>),
     ) {
         let prepared = self.prepare(view, options, counter);
         runs(&|keep_first| prepared.compact_traced(keep_first));
@@ -744,7 +747,7 @@ impl SessionCompactor {
     /// [`SessionCompactor::lightest_fitting`] given the engine's `run` for each kept head.
     fn lightest_fitting_run(
         &self,
-        run: &dyn Fn(usize) -> (Compacted, Vec<Source>),
+        run: &HeadRun<'_>,
         request: &Request<'_>,
         candidate: &[&str],
         head: Head,
@@ -815,7 +818,7 @@ impl SessionCompactor {
     /// leaves less room for the rest, so the longest fitting cut is found by bisection.
     fn fit_after_cached_head(
         &self,
-        run: &dyn Fn(usize) -> (Compacted, Vec<Source>),
+        run: &HeadRun<'_>,
         request: &Request<'_>,
         candidate: &[&str],
         n_cached: usize,

@@ -278,8 +278,8 @@ impl Prepared<'_> {
         let keep_first = keep_first.min(conv.boundary);
         for idx in 0..keep_first {
             edits.revert(idx);
-            rendered[idx] = None;
         }
+        rendered[..keep_first].fill(None);
         edits.kept[..keep_first].fill(true);
 
         let mut elided = salience::Elided::default();

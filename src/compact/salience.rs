@@ -129,9 +129,13 @@ pub struct Budget<'a> {
 pub struct Memo {
     /// Salience by the group's first message.
     scores: RefCell<HashMap<usize, f64>>,
-    /// Marker and tokens by run (`start`, `end`), terse or not, and names listed.
-    markers: RefCell<HashMap<(usize, usize, bool, usize), (String, u64)>>,
+    /// Each marker and its tokens.
+    markers: RefCell<HashMap<MarkerKey, (String, u64)>>,
 }
+
+/// An elided run's marker is made from its `start` and `end`, whether it is terse, and how many names
+/// it lists.
+type MarkerKey = (usize, usize, bool, usize);
 
 /// Bring the request under its [`Budget`] with tiers, then elision. `rendered` holds the forwarded
 /// form of each changed message before the boundary and is updated in place. `memo` holds what
