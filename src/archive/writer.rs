@@ -34,6 +34,12 @@ const BLOB_ID_CACHE: usize = 65_536;
 const PENDING_TICKETS: usize = 65_536;
 /// Time between attempts to open a store that failed to open.
 const REOPEN_EVERY: Duration = Duration::from_secs(2);
+/// The writer gives way to the other threads after each record it writes while fewer records than
+/// this wait behind the group: a group commit is then not one burst of milliseconds that holds a core
+/// while requests wait for it. When records pile up (a burst, saturation), it writes at full speed:
+/// a writer that always gives way falls behind under load and its queue fills (BENCHMARKS.md,
+/// *Memory, real sessions and the binary*).
+const GIVE_WAY_BELOW_QUEUED: u64 = 8;
 
 /// The last message list of one kind written for a session: what the next body is a delta against.
 /// It holds ids and digests, never the body: ≈ 30 bytes per message, whatever the messages weigh,
@@ -317,6 +323,9 @@ impl Writer {
                 Job::Exchange { ticket, record, .. } => self.put_exchange(conn, *ticket, record)?,
                 Job::Response { ticket, record, .. } => self.put_response(conn, *ticket, record)?,
                 Job::Flush(_) | Job::Shutdown(_) => {}
+            }
+            if self.shared.queue_depth.load(Ordering::Relaxed) < GIVE_WAY_BELOW_QUEUED {
+                std::thread::yield_now();
             }
         }
         conn.execute_batch("COMMIT")?;
