@@ -3,8 +3,9 @@
 //! finished exactly once — at the end of the body, on an upstream error, or when the body is dropped
 //! because the client went away (dropping it also drops the upstream request, which cancels it).
 //!
-//! Finishing — the answer assembled and registered with the session tracker, handed to the archive,
-//! the access line written — happens after the last byte is on its way to the client: hyper drops
+//! Finishing — the answer assembled and registered with the session tracker (a streamed answer
+//! registers at its end event already), handed to the archive, the access line written — happens
+//! after the last byte is on its way to the client: hyper drops
 //! the body before it writes that byte out, so the work runs in a task of its own. [`Finishing`]
 //! keeps count of those tasks: whatever reports on ended exchanges (pare's own endpoints, the
 //! shutdown before the archive closes) first waits for the ones that ended before it asked. An
