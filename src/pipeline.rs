@@ -253,7 +253,7 @@ impl Pipeline {
     /// bodies to the archive — in `strict` durability wait until that record is committed — and return
     /// the body to forward with a [`ResponseSink`] that records the answer. A request that surely
     /// appends is forwarded before its new messages are counted: they are counted on the counting
-    /// threads meanwhile, and the archive record and [`PreparedChat::settle`] wait for them.
+    /// thread meanwhile, and the archive record and [`PreparedChat::settle`] wait for them.
     pub async fn prepare_at(
         &self,
         wire: Wire,

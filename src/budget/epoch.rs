@@ -392,10 +392,6 @@ impl SessionCompactor {
         self.counter_for(self.table.settings(model).encoding)
     }
 
-    fn counter_arc(&self, model: Option<&str>) -> &Arc<TokenCounter> {
-        self.counter_for(self.table.settings(model).encoding)
-    }
-
     fn counter_for(&self, encoding: Encoding) -> &Arc<TokenCounter> {
         self.counters.iter().find(|c| c.encoding() == encoding).unwrap_or(&self.counters[0])
     }
@@ -492,7 +488,7 @@ impl SessionCompactor {
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.tools();
-        let counter = self.counter_arc(body.model().as_deref());
+        let counter = self.counter_for(self.table.settings(body.model().as_deref()).encoding);
         let fixed = tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
         let usable = window.saturating_sub(reserve);
         // Anthropic's tokenizer is not public: a Messages request's counts are the configured encoding's.
