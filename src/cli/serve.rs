@@ -9,7 +9,7 @@ use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
 use super::{ColorChoice, LogFormat, ModeArg, ServeArgs};
-use crate::config::{Config, Mode};
+use crate::config::{Config, Mode, default_worker_threads};
 use crate::pipeline::Pipeline;
 
 /// How long an idle thread of the blocking pool (large bodies are parsed and compacted there) stays
@@ -22,11 +22,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     init_tracing(log_format(&args, &config)?, ansi(args.color, std::io::stderr().is_terminal()));
     let config = Arc::new(config);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
-        .build()
-        .context("cannot start the tokio runtime")?;
+    let runtime = runtime(&config).context("cannot start the tokio runtime")?;
     let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
     runtime.block_on(async {
         let listener = crate::proxy::bind(&config.server.listen, &config).await?;
@@ -38,6 +34,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         served
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The runtime that serves connections: multi-threaded (large bodies leave a worker with
+/// `block_in_place`, and an exchange is finished in a task after its last byte) with
+/// `server.worker_threads` workers, half the cores when unset ([`default_worker_threads`]).
+pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.server.worker_threads.unwrap_or_else(default_worker_threads))
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
 }
 
 /// The configuration file (or the defaults) with the command line's overrides applied.
@@ -140,6 +147,16 @@ mod tests {
             log_format: None,
             color: ColorChoice::Auto,
         }
+    }
+
+    #[test]
+    fn the_runtime_has_the_configured_workers_or_half_the_cores() {
+        let mut config = Config::default();
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(default_worker_threads(), (cores / 2).max(1));
+        assert_eq!(runtime(&config).unwrap().metrics().num_workers(), default_worker_threads());
+        config.server.worker_threads = Some(3);
+        assert_eq!(runtime(&config).unwrap().metrics().num_workers(), 3);
     }
 
     #[test]

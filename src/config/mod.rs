@@ -67,6 +67,19 @@ pub struct ServerConfig {
     /// Largest total size of a request's headers in bytes (`name: value` lines; the HTTP/2 header
     /// list too); larger heads get 431.
     pub max_header_bytes: usize,
+    /// Threads of the async runtime that serve connections; `None`: half the cores this process may
+    /// use, at least one ([`default_worker_threads`]).
+    pub worker_threads: Option<usize>,
+}
+
+/// The async runtime's threads when `server.worker_threads` is unset: half the cores this process
+/// may use (its CPU affinity and cgroup quota count), at least one. pare is a sidecar that shares
+/// its host with the agent and often with the model server; a request's own work on the runtime
+/// is tens of microseconds, and the heavy work — large bodies, epochs, token counting, the archive
+/// — runs on threads of its own. More runtime threads than that only hand each exchange's tasks
+/// between cores (BENCHMARKS.md, *Real sessions and the warm path*).
+pub fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }
 
 impl Default for ServerConfig {
@@ -80,6 +93,7 @@ impl Default for ServerConfig {
             header_read_timeout_secs: 30,
             max_headers: 100,
             max_header_bytes: 64 * 1024,
+            worker_threads: None,
         }
     }
 }
@@ -523,6 +537,9 @@ impl Config {
         if self.server.max_headers == 0 {
             bad("server.max_headers", "must be at least 1".into());
         }
+        if self.server.worker_threads == Some(0) {
+            bad("server.worker_threads", "must be at least 1 (or null: half the cores)".into());
+        }
 
         match reqwest::Url::parse(&self.upstream.url) {
             Err(e) => bad("upstream.url", format!("`{}` is not a URL: {e}", self.upstream.url)),
@@ -730,6 +747,13 @@ models:
     fn rejected(yaml: &str) -> Vec<String> {
         let err = Config::from_yaml(yaml).unwrap_err();
         err.problems.iter().map(|p| p.path.clone()).collect()
+    }
+
+    #[test]
+    fn worker_threads_are_a_positive_count_or_null() {
+        assert_eq!(rejected("server:\n  worker_threads: 0\n"), ["server.worker_threads"]);
+        assert_eq!(Config::from_yaml("server:\n  worker_threads: 4\n").unwrap().server.worker_threads, Some(4));
+        assert_eq!(Config::from_yaml("server:\n  worker_threads: null\n").unwrap().server.worker_threads, None);
     }
 
     #[test]

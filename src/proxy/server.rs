@@ -99,7 +99,8 @@ where
     let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics, ui, finishing: Arc::default() });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, upstream = %proxy.upstream.base.display(), "pare listening");
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        tracing::info!(%addr, upstream = %proxy.upstream.base.display(), workers, "pare listening");
     }
 
     tokio::pin!(shutdown);
