@@ -83,7 +83,8 @@ pub fn message_key(raw: &str) -> u64 {
 }
 
 /// [`message_key`] of the usual message — an object whose `role`, `content` and `tool_call_id` are
-/// strings, null or absent, with no `tool_calls` — read in place instead of into a [`Value`]: the
+/// strings, null or absent, and whose `tool_calls`, if any, are objects with a string `id` and a
+/// `function` of string `name` and `arguments` — read in place instead of into a [`Value`]: the
 /// same key [`message_key_value`] gives it. `None` for any other message (and for a repeated key,
 /// where the `Value` keeps the last one).
 fn plain_message_key(raw: &str) -> Option<u64> {
@@ -96,19 +97,43 @@ fn plain_message_key(raw: &str) -> Option<u64> {
         content: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         tool_call_id: Option<Cow<'a, str>>,
-        #[serde(default)]
-        tool_calls: Option<serde::de::IgnoredAny>,
+        #[serde(borrow, default)]
+        tool_calls: Option<Vec<PlainCall<'a>>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PlainCall<'a> {
+        #[serde(borrow, default)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        function: Option<PlainFunction<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PlainFunction<'a> {
+        #[serde(borrow, default)]
+        name: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        arguments: Option<Cow<'a, str>>,
     }
     // An array would read as a struct too; `message_key` keys only objects field by field.
     if raw.trim_start_matches([' ', '\t', '\n', '\r']).as_bytes().first() != Some(&b'{') {
         return None;
     }
     let plain: Plain<'_> = serde_json::from_str(raw).ok()?;
-    if plain.tool_calls.is_some() {
-        return None;
-    }
     let (role, content, id) = (plain.role.unwrap_or_default(), plain.content.unwrap_or_default(), plain.tool_call_id);
-    Some(key_of_parts(&role, &content, |_| {}, id.as_deref().unwrap_or("")))
+    let calls = |buf: &mut Vec<u8>| {
+        for call in plain.tool_calls.iter().flatten() {
+            let function = call.function.as_ref();
+            buf.extend_from_slice(call.id.as_deref().unwrap_or("").as_bytes());
+            buf.push(0xfe);
+            buf.extend_from_slice(function.and_then(|f| f.name.as_deref()).unwrap_or("").as_bytes());
+            buf.push(0xfe);
+            if let Some(arguments) = function.and_then(|f| f.arguments.as_deref()) {
+                buf.extend_from_slice(canonical_argument_text(arguments).as_bytes());
+            }
+            buf.push(0xfd);
+        }
+    };
+    Some(key_of_parts(&role, &content, calls, id.as_deref().unwrap_or("")))
 }
 
 /// The normalized key of a parsed message (see the module docs for what is ignored).
@@ -173,11 +198,16 @@ pub fn content_text(content: Option<&Value>) -> String {
 fn canonical_arguments(arguments: Option<&Value>) -> String {
     match arguments {
         None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-            Ok(v) => v.to_string(),
-            Err(_) => s.clone(),
-        },
+        Some(Value::String(s)) => canonical_argument_text(s).into_owned(),
         Some(other) => other.to_string(),
+    }
+}
+
+/// A call's `arguments` string as its JSON re-serialized compactly, or as it is when it is not JSON.
+fn canonical_argument_text(arguments: &str) -> std::borrow::Cow<'_, str> {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v) => v.to_string().into(),
+        Err(_) => arguments.into(),
     }
 }
 
@@ -508,9 +538,17 @@ mod tests {
             r#"{"content":null,"role":"assistant","reasoning_content":"think","refusal":null}"#,
             r#" {"role":"assistant","tool_calls":null,"content":"done","cache_control":{"type":"ephemeral"}}"#,
             r#"{}"#,
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}}]}"#,
+            r#"{"role":"assistant","content":"two","tool_calls":[{"id":"a","function":{"name":"f","arguments":"not json"},"index":0},{"function":null},{"id":"b","function":{"arguments":null}},{}]}"#,
+            r#"{"role":"assistant","tool_calls":[],"content":"none"}"#,
         ];
         let by_value = [
-            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}}]}"#,
+            r#"{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{"a":1}}}]}"#,
+            r#"{"role":"assistant","tool_calls":[{"id":1,"function":{"name":"f","arguments":"{}"}}]}"#,
+            r#"{"role":"assistant","tool_calls":[{"id":"c","id":"d","function":{"name":"f","arguments":"{}"}}]}"#,
+            r#"{"role":"assistant","tool_calls":["c"]}"#,
+            r#"{"role":"assistant","tool_calls":{"id":"c"}}"#,
+            r#"{"role":"assistant","tool_calls":[{"id":"c","function":"f"}]}"#,
             r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}"#,
             r#"{"role":"user","content":"first","content":"second"}"#,
             r#"{"role":7,"content":"x"}"#,
@@ -544,6 +582,22 @@ mod tests {
             if let Some(id) = id {
                 message["tool_call_id"] = json!(id);
             }
+            let raw = message.to_string();
+            proptest::prop_assert_eq!(plain_message_key(&raw), Some(message_key_value(&message)));
+        }
+
+        /// Whatever the calls' ids, names and arguments (JSON or not), an assistant message with
+        /// tool calls read in place keys as its `Value` does.
+        #[test]
+        fn any_plain_tool_calls_key_as_their_value(content in proptest::option::of(".{0,32}"),
+                                                   calls in proptest::collection::vec(
+                                                       (".{0,8}", ".{0,8}", "[ {}\\[\\]\":,a-c0-9]{0,24}"), 0..4)) {
+            let calls: Vec<Value> = calls
+                .into_iter()
+                .map(|(id, name, arguments)| json!({"id": id, "type": "function",
+                                                    "function": {"name": name, "arguments": arguments}}))
+                .collect();
+            let message = json!({"role": "assistant", "content": content, "tool_calls": calls});
             let raw = message.to_string();
             proptest::prop_assert_eq!(plain_message_key(&raw), Some(message_key_value(&message)));
         }
