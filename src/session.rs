@@ -123,14 +123,13 @@ fn plain_message_key(raw: &str) -> Option<u64> {
     let calls = |buf: &mut Vec<u8>| {
         for call in plain.tool_calls.iter().flatten() {
             let function = call.function.as_ref();
-            buf.extend_from_slice(call.id.as_deref().unwrap_or("").as_bytes());
-            buf.push(0xfe);
-            buf.extend_from_slice(function.and_then(|f| f.name.as_deref()).unwrap_or("").as_bytes());
-            buf.push(0xfe);
-            if let Some(arguments) = function.and_then(|f| f.arguments.as_deref()) {
-                buf.extend_from_slice(canonical_argument_text(arguments).as_bytes());
-            }
-            buf.push(0xfd);
+            let arguments = function.and_then(|f| f.arguments.as_deref()).map(canonical_argument_text);
+            push_call(
+                buf,
+                call.id.as_deref().unwrap_or(""),
+                function.and_then(|f| f.name.as_deref()).unwrap_or(""),
+                arguments.as_deref().unwrap_or(""),
+            );
         }
     };
     Some(key_of_parts(&role, &content, calls, id.as_deref().unwrap_or("")))
@@ -142,12 +141,8 @@ pub fn message_key_value(message: &Value) -> u64 {
         if let Some(Value::Array(calls)) = message.get("tool_calls") {
             for call in calls {
                 let function = call.get("function").unwrap_or(&Value::Null);
-                buf.extend_from_slice(str_field(call, "id").as_bytes());
-                buf.push(0xfe);
-                buf.extend_from_slice(str_field(function, "name").as_bytes());
-                buf.push(0xfe);
-                buf.extend_from_slice(canonical_arguments(function.get("arguments")).as_bytes());
-                buf.push(0xfd);
+                let arguments = canonical_arguments(function.get("arguments"));
+                push_call(buf, str_field(call, "id"), str_field(function, "name"), &arguments);
             }
         }
     };
@@ -162,6 +157,16 @@ pub fn message_key_value(message: &Value) -> u64 {
 /// `value[key]` when it is a string, else "".
 fn str_field<'v>(value: &'v Value, key: &str) -> &'v str {
     value.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// One tool call's part of a message key: its id, its function's name, its canonical arguments.
+fn push_call(buf: &mut Vec<u8>, id: &str, name: &str, arguments: &str) {
+    buf.extend_from_slice(id.as_bytes());
+    buf.push(0xfe);
+    buf.extend_from_slice(name.as_bytes());
+    buf.push(0xfe);
+    buf.extend_from_slice(arguments.as_bytes());
+    buf.push(0xfd);
 }
 
 /// The key of a message's normalized parts; `calls` writes its tool calls.

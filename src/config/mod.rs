@@ -76,8 +76,9 @@ pub struct ServerConfig {
 /// may use (its CPU affinity and cgroup quota count), at least one. pare is a sidecar that shares
 /// its host with the agent and often with the model server; a request's own work on the runtime
 /// is tens of microseconds, and the heavy work — large bodies, epochs, token counting, the archive
-/// — runs on threads of its own. More runtime threads than that only hand each exchange's tasks
-/// between cores (BENCHMARKS.md, *Real sessions and the warm path*).
+/// — runs on threads of its own. More runtime threads hand each exchange's tasks between cores: a
+/// warm exchange takes longer, while more requests per second are served at saturation
+/// (BENCHMARKS.md, *Real sessions and the warm path*).
 pub fn default_worker_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }
