@@ -262,7 +262,8 @@ impl Pipeline {
         raw: Bytes,
     ) -> PreparedChat {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
-        // neutral messages are read and hashed once, for the session tracker and the compactor.
+        // neutral messages are read and hashed once, for the session tracker and the compactor (a
+        // body extending a recent one: only its new messages are hashed).
         let (parsed, hashes) = match off_the_reactor(raw.len(), || self.recent.parse(wire, &raw)) {
             Ok(Parsed { body, hashes }) => (Ok(body), hashes),
             Err(err) => (Err(err), Vec::new()),
