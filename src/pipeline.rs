@@ -20,8 +20,9 @@ use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
+use crate::neutral::message_hashes;
 use crate::session::{Assigned, SessionTracker};
-use crate::wire::recent::{Parsed, RecentBodies};
+use crate::wire::recent::RecentBodies;
 use crate::wire::{Spans, Wire, WireBody};
 
 /// A session's id (time-sortable, see [`crate::session`]).
@@ -262,13 +263,10 @@ impl Pipeline {
         raw: Bytes,
     ) -> PreparedChat {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
-        // neutral messages are read and hashed once, for the session tracker and the compactor (a
-        // body extending a recent one: only its new messages are hashed).
-        let (parsed, hashes) = match off_the_reactor(raw.len(), || self.recent.parse(wire, &raw)) {
-            Ok(Parsed { body, hashes }) => (Ok(body), hashes),
-            Err(err) => (Err(err), Vec::new()),
-        };
+        // neutral messages are read and hashed once, for the session tracker and the compactor.
+        let parsed = off_the_reactor(raw.len(), || self.recent.parse(wire, &raw));
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
+        let hashes = messages.as_deref().map(message_hashes).unwrap_or_default();
         let assignment = self.sessions.assign_hashed(headers, messages.as_deref().map(|m| (m, hashes.as_slice())));
         let session = assignment.session.clone();
         if assignment.how != Assigned::New {

@@ -7,8 +7,7 @@
 //! starts with the same bytes up to the end of one's last message (compared byte for byte, the
 //! last bytes first so that another session's body is told apart at once) is scanned from there;
 //! the body it extends is replaced by it. Nothing else changes: the same slices, the same
-//! declines to serde_json, the whole body still checked to be UTF-8. The shared messages' hashes
-//! ([`message_hashes`]) are the remembered ones: only the new messages are hashed.
+//! declines to serde_json, the whole body still checked to be UTF-8.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -16,7 +15,6 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use super::{ChatBody, Wire, WireBody, WireError};
-use crate::neutral::message_hashes;
 use crate::neutral::scan::Resume;
 
 /// Bodies remembered at most.
@@ -33,8 +31,6 @@ struct Remembered {
     array_start: usize,
     /// Each message's (start, end); not empty.
     messages: Vec<(usize, usize)>,
-    /// Each message's [`message_hashes`] hash.
-    hashes: Vec<u128>,
 }
 
 impl Remembered {
@@ -47,26 +43,13 @@ impl Remembered {
         bytes.len() > shared && bytes[tail..shared] == self.body[tail..shared] && bytes[..tail] == self.body[..tail]
     }
 
-    /// What it holds: the body and the hashes.
-    fn bytes(&self) -> u64 {
-        (self.body.len() + self.hashes.len() * std::mem::size_of::<u128>()) as u64
-    }
-
     fn resume(&self) -> Resume<'_> {
         Resume { fields: &self.fields, array_start: self.array_start, elements: &self.messages }
     }
 }
 
-/// A body read by [`RecentBodies::parse`], with its neutral messages' hashes.
-pub struct Parsed<'b> {
-    pub body: Box<dyn WireBody + 'b>,
-    /// [`message_hashes`] of `body.messages()`.
-    pub hashes: Vec<u128>,
-}
-
 /// The last chat bodies parsed (see the module docs). Holds at most [`RecentBodies::MAX_BYTES`]
-/// of bodies (which are the requests' own buffers, shared with the archive's queue) and their
-/// messages' hashes, and at most 64 bodies.
+/// of bodies (which are the requests' own buffers, shared with the archive's queue), and at most 64.
 pub struct RecentBodies {
     bodies: Mutex<VecDeque<Remembered>>,
 }
@@ -86,23 +69,15 @@ impl RecentBodies {
     }
 
     /// [`super::parse`], where a chat body extending a remembered body is scanned only after the
-    /// messages they share, and only its new messages are hashed; a chat body is then remembered.
-    pub fn parse<'b>(&self, wire: Wire, bytes: &'b Bytes) -> Result<Parsed<'b>, WireError> {
+    /// messages they share; a chat body is then remembered.
+    pub fn parse<'b>(&self, wire: Wire, bytes: &'b Bytes) -> Result<Box<dyn WireBody + 'b>, WireError> {
         if wire != Wire::Chat {
-            let body = super::parse(wire, bytes)?;
-            let hashes = message_hashes(&body.messages());
-            return Ok(Parsed { body, hashes });
+            return super::parse(wire, bytes);
         }
         let extended = self.take_extended(bytes);
         let body = ChatBody::parse_resumed(bytes, "messages", extended.as_ref().map(Remembered::resume).as_ref())?;
-        // The body goes on from the remembered one's last message: those messages are the same bytes.
-        let mut hashes = extended.map(|r| r.hashes).unwrap_or_default();
-        match body.messages.get(hashes.len()..) {
-            Some(new) => hashes.extend(message_hashes(new)),
-            None => hashes = message_hashes(&body.messages),
-        }
-        self.remember(bytes, &body, &hashes);
-        Ok(Parsed { body: Box::new(body), hashes })
+        self.remember(bytes, &body);
+        Ok(Box::new(body))
     }
 
     /// Bodies remembered now.
@@ -126,7 +101,7 @@ impl RecentBodies {
         bodies.remove(idx)
     }
 
-    fn remember(&self, bytes: &Bytes, body: &ChatBody<'_>, hashes: &[u128]) {
+    fn remember(&self, bytes: &Bytes, body: &ChatBody<'_>) {
         let Some(spans) = body.spans_in(bytes) else { return };
         if spans.messages.is_empty() || bytes.len() as u64 > Self::MAX_BYTES {
             return;
@@ -138,14 +113,13 @@ impl RecentBodies {
             fields: fields.collect(),
             array_start: spans.messages_array.0,
             messages: spans.messages,
-            hashes: hashes.to_vec(),
         };
         let mut bodies = self.lock();
         bodies.push_back(remembered);
-        let mut held: u64 = bodies.iter().map(Remembered::bytes).sum();
+        let mut held: u64 = bodies.iter().map(|r| r.body.len() as u64).sum();
         while bodies.len() > MAX_BODIES || held > Self::MAX_BYTES {
             let Some(oldest) = bodies.pop_front() else { break };
-            held -= oldest.bytes();
+            held -= oldest.body.len() as u64;
         }
     }
 }
@@ -168,9 +142,8 @@ mod tests {
         let parsed = recent.parse(Wire::Chat, &bytes);
         match (&parsed, fresh) {
             (Ok(parsed), Ok(fresh)) => {
-                let resumed = read(parsed.body.top());
+                let resumed = read(parsed.top());
                 assert_eq!(resumed, read(&fresh), "{body}");
-                assert_eq!(parsed.hashes, message_hashes(&fresh.messages), "{body}");
                 (resumed.0, resumed.1)
             }
             (Err(_), Err(_)) => (Vec::new(), Vec::new()),
