@@ -31,7 +31,6 @@
 //! [`crate::memory`]) which evicts least recently used sessions; at start, and when an evicted session
 //! comes back, it is rebuilt from the archive's stored keys.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -39,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use lru::LruCache;
 use serde_json::Value;
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::ArchiveConfig;
 use crate::memory::{Holder, StateBudget};
@@ -83,19 +82,19 @@ pub fn message_key(raw: &str) -> u64 {
     }
 }
 
-/// [`message_key`] of the usual message — an object whose `role` and `tool_call_id` are strings,
-/// null or absent, whose `content` is a string, a list of text parts, null or absent, and whose
-/// `tool_calls`, if any, are objects with a string `id` and a `function` of string `name` and
-/// `arguments` — read in place instead of into a [`Value`]: the same key [`message_key_value`]
-/// gives it. `None` for any other message (and for a repeated key, where the `Value` keeps the
-/// last one).
+/// [`message_key`] of the usual message — an object whose `role`, `content` and `tool_call_id` are
+/// strings, null or absent, and whose `tool_calls`, if any, are objects with a string `id` and a
+/// `function` of string `name` and `arguments` — read in place instead of into a [`Value`]: the
+/// same key [`message_key_value`] gives it. `None` for any other message (and for a repeated key,
+/// where the `Value` keeps the last one).
 fn plain_message_key(raw: &str) -> Option<u64> {
+    use std::borrow::Cow;
     #[derive(serde::Deserialize)]
     struct Plain<'a> {
         #[serde(borrow, default)]
         role: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
-        content: Option<PlainContent<'a>>,
+        content: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         tool_call_id: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
@@ -120,76 +119,30 @@ fn plain_message_key(raw: &str) -> Option<u64> {
         return None;
     }
     let plain: Plain<'_> = serde_json::from_str(raw).ok()?;
-    let content = match plain.content {
-        None => Cow::Borrowed(""),
-        Some(PlainContent::Text(text)) => text,
-        Some(PlainContent::Parts(parts)) => Cow::Owned(parts.join("\n")),
-    };
-    let calls = |hasher: &mut Xxh3Default| {
+    let (role, content, id) = (plain.role.unwrap_or_default(), plain.content.unwrap_or_default(), plain.tool_call_id);
+    let calls = |buf: &mut Vec<u8>| {
         for call in plain.tool_calls.iter().flatten() {
             let function = call.function.as_ref();
             let arguments = function.and_then(|f| f.arguments.as_deref()).map(canonical_argument_text);
             push_call(
-                hasher,
+                buf,
                 call.id.as_deref().unwrap_or(""),
                 function.and_then(|f| f.name.as_deref()).unwrap_or(""),
                 arguments.as_deref().unwrap_or(""),
             );
         }
     };
-    let role = plain.role.unwrap_or_default();
-    Some(key_of_parts(&role, &content, calls, plain.tool_call_id.as_deref().unwrap_or("")))
-}
-
-/// A message's `content` as [`plain_message_key`] reads it: a string, or the texts of a list of
-/// parts that all have one (any other content fails the read).
-enum PlainContent<'a> {
-    Text(Cow<'a, str>),
-    Parts(Vec<Cow<'a, str>>),
-}
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for PlainContent<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(serde::Deserialize)]
-        struct TextPart<'a> {
-            #[serde(borrow)]
-            text: Cow<'a, str>,
-        }
-        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
-            type Value = PlainContent<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string or a list of text parts")
-            }
-            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(PlainContent::Text(Cow::Borrowed(text)))
-            }
-            fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(PlainContent::Text(Cow::Owned(text.to_owned())))
-            }
-            fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
-                Ok(PlainContent::Text(Cow::Owned(text)))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(1));
-                while let Some(TextPart { text }) = seq.next_element()? {
-                    parts.push(text);
-                }
-                Ok(PlainContent::Parts(parts))
-            }
-        }
-        deserializer.deserialize_any(Visitor(std::marker::PhantomData))
-    }
+    Some(key_of_parts(&role, &content, calls, id.as_deref().unwrap_or("")))
 }
 
 /// The normalized key of a parsed message (see the module docs for what is ignored).
 pub fn message_key_value(message: &Value) -> u64 {
-    let calls = |hasher: &mut Xxh3Default| {
+    let calls = |buf: &mut Vec<u8>| {
         if let Some(Value::Array(calls)) = message.get("tool_calls") {
             for call in calls {
                 let function = call.get("function").unwrap_or(&Value::Null);
                 let arguments = canonical_arguments(function.get("arguments"));
-                push_call(hasher, str_field(call, "id"), str_field(function, "name"), &arguments);
+                push_call(buf, str_field(call, "id"), str_field(function, "name"), &arguments);
             }
         }
     };
@@ -207,27 +160,26 @@ fn str_field<'v>(value: &'v Value, key: &str) -> &'v str {
 }
 
 /// One tool call's part of a message key: its id, its function's name, its canonical arguments.
-fn push_call(hasher: &mut Xxh3Default, id: &str, name: &str, arguments: &str) {
-    hasher.update(id.as_bytes());
-    hasher.update(&[0xfe]);
-    hasher.update(name.as_bytes());
-    hasher.update(&[0xfe]);
-    hasher.update(arguments.as_bytes());
-    hasher.update(&[0xfd]);
+fn push_call(buf: &mut Vec<u8>, id: &str, name: &str, arguments: &str) {
+    buf.extend_from_slice(id.as_bytes());
+    buf.push(0xfe);
+    buf.extend_from_slice(name.as_bytes());
+    buf.push(0xfe);
+    buf.extend_from_slice(arguments.as_bytes());
+    buf.push(0xfd);
 }
 
-/// The key of a message's normalized parts; `calls` hashes its tool calls. The parts are hashed as
-/// they are read, one stream (the key of their concatenation, separators included).
-fn key_of_parts(role: &str, content: &str, calls: impl FnOnce(&mut Xxh3Default), tool_call_id: &str) -> u64 {
-    let mut hasher = Xxh3Default::new();
-    hasher.update(role.as_bytes());
-    hasher.update(&[0xff]);
-    hasher.update(content.trim().as_bytes());
-    hasher.update(&[0xff]);
-    calls(&mut hasher);
-    hasher.update(&[0xff]);
-    hasher.update(tool_call_id.as_bytes());
-    hasher.digest()
+/// The key of a message's normalized parts; `calls` writes its tool calls.
+fn key_of_parts(role: &str, content: &str, calls: impl FnOnce(&mut Vec<u8>), tool_call_id: &str) -> u64 {
+    let mut buf = Vec::with_capacity(role.len() + content.len() + tool_call_id.len() + 8);
+    buf.extend_from_slice(role.as_bytes());
+    buf.push(0xff);
+    buf.extend_from_slice(content.trim().as_bytes());
+    buf.push(0xff);
+    calls(&mut buf);
+    buf.push(0xff);
+    buf.extend_from_slice(tool_call_id.as_bytes());
+    xxh3_64(&buf)
 }
 
 /// A message's content as text: the string, or its text parts joined by newlines (other parts as
@@ -257,7 +209,7 @@ fn canonical_arguments(arguments: Option<&Value>) -> String {
 }
 
 /// A call's `arguments` string as its JSON re-serialized compactly, or as it is when it is not JSON.
-fn canonical_argument_text(arguments: &str) -> Cow<'_, str> {
+fn canonical_argument_text(arguments: &str) -> std::borrow::Cow<'_, str> {
     match serde_json::from_str::<Value>(arguments) {
         Ok(v) => v.to_string().into(),
         Err(_) => arguments.into(),
@@ -594,8 +546,6 @@ mod tests {
             r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": 2}"}}]}"#,
             r#"{"role":"assistant","content":"two","tool_calls":[{"id":"a","function":{"name":"f","arguments":"not json"},"index":0},{"function":null},{"id":"b","function":{"arguments":null}},{}]}"#,
             r#"{"role":"assistant","tool_calls":[],"content":"none"}"#,
-            r#"{"role":"tool","tool_call_id":"t","content":[{"type":"text","text":" out\n","cache_control":{"type":"ephemeral"}},{"text":"more"}]}"#,
-            r#"{"role":"user","content":[]}"#,
         ];
         let by_value = [
             r#"{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{"a":1}}}]}"#,
@@ -605,9 +555,6 @@ mod tests {
             r#"{"role":"assistant","tool_calls":{"id":"c"}}"#,
             r#"{"role":"assistant","tool_calls":[{"id":"c","function":"f"}]}"#,
             r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}"#,
-            r#"{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}"#,
-            r#"{"role":"user","content":["a"]}"#,
-            r#"{"role":"user","content":[{"type":"text","text":null}]}"#,
             r#"{"role":"user","content":"first","content":"second"}"#,
             r#"{"role":7,"content":"x"}"#,
             r#"{"role":"user","content":"x","tool_call_id":3}"#,
@@ -652,18 +599,6 @@ mod tests {
             }
             let raw = message.to_string();
             proptest::prop_assert_eq!(plain_message_key(&raw), Some(message_key_value(&message)));
-        }
-
-        /// Whatever the texts of its parts, a message whose content is a list of text parts, read in
-        /// place, keys as its `Value` does (and as the same texts joined by newlines in a string).
-        #[test]
-        fn any_text_parts_key_as_their_value(texts in proptest::collection::vec(".{0,16}", 0..4)) {
-            let parts: Vec<Value> = texts.iter().map(|t| json!({"type": "text", "text": t})).collect();
-            let message = json!({"role": "tool", "tool_call_id": "t", "content": parts});
-            let raw = message.to_string();
-            proptest::prop_assert_eq!(plain_message_key(&raw), Some(message_key_value(&message)));
-            let joined = json!({"role": "tool", "tool_call_id": "t", "content": texts.join("\n")});
-            proptest::prop_assert_eq!(plain_message_key(&raw), plain_message_key(&joined.to_string()));
         }
 
         /// Whatever the calls' ids, names and arguments (JSON or not), an assistant message with
