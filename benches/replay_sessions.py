@@ -3,7 +3,8 @@
 
 Usage: benches/replay_sessions.py PARE_BINARY [--small-requests N] [--sessions DIR_OR_FILE ...]
                                    [--max-sessions N] [--window TOKENS] [--burst N]
-                                   [--burst-kb KB] [--burst-source FILE] [--settle SECONDS] [--json]
+                                   [--burst-kb KB] [--burst-source FILE] [--settle SECONDS]
+                                   [--passthrough] [--keep-log FILE] [--json]
 
 - replay: every request of each chosen session file (one chat body per line) is sent to a zero-delay
   stub upstream directly and through pare, the two interleaved (the order alternates), one at a time.
