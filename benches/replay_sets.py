@@ -23,6 +23,12 @@ from pathlib import Path
 REPLAY = Path(__file__).with_name("replay_sessions.py")
 
 
+def med(values):
+    """The median of the values that are there (a replay without ≥ 200 KB requests has none)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
 def main():
     args = sys.argv[1:]
     if "--" not in args or len(args) < 3:
@@ -48,10 +54,6 @@ def main():
             )
     for name, rs in results.items():
         p50 = [r["replay"]["warm<200KB"]["p50_us"] for r in rs]
-        def med(values):
-            values = [v for v in values if v is not None]
-            return statistics.median(values) if values else float("nan")
-
         print(
             f"{name}: warm < 200 KB p50 {statistics.median(p50):.0f} µs ({min(p50):.0f}–{max(p50):.0f}), "
             f"p99 {med(r['replay']['warm<200KB']['p99_us'] for r in rs) / 1000:.2f} ms, "
