@@ -9,6 +9,7 @@ mod budget;
 mod cli;
 mod compact;
 mod eval;
+mod exposure;
 mod messages;
 mod proxy;
 mod proxy_hardening;
