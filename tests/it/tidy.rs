@@ -429,7 +429,8 @@ mod checkers {
 
     #[test]
     fn a_layout_that_misses_or_invents_a_module_is_reported() {
-        let lib_rs = "//! # Layout\n//!\n//! - [`wire`]: formats.\n//! - [`gone`]: old.\n\npub mod wire;\npub mod neutral;\n";
+        let lib_rs =
+            "//! # Layout\n//!\n//! - [`wire`]: formats.\n//! - [`gone`]: old.\n\npub mod wire;\npub mod neutral;\n";
         let tree: BTreeSet<String> = ["wire", "neutral"].map(String::from).into();
         let problems = layout_problems(&layout_modules(lib_rs), &declared_modules(lib_rs), &tree);
         assert_eq!(
@@ -456,7 +457,10 @@ mod checkers {
         let text = "`wire::read` `wire::scan` `wire::ChatBody::parse` `wire::recent::RecentBodies` \
                     `neutral::object_members` `neutral::read` `crate::wire` `pare::Allocator` \
                     `serde_json::to_string` `budget::evicted_sessions_come_back` `budget::gone` `wire::Gone`";
-        assert_eq!(unresolved_rust_paths(text, &sources), vec!["1: wire::read", "1: wire::scan", "1: budget::gone", "1: wire::Gone"]);
+        assert_eq!(
+            unresolved_rust_paths(text, &sources),
+            vec!["1: wire::read", "1: wire::scan", "1: budget::gone", "1: wire::Gone"]
+        );
     }
 
     #[test]
