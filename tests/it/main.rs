@@ -14,4 +14,5 @@ mod messages;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod tidy;
 mod ui;
