@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use super::access::AccessLog;
 use super::body::{BoxError, Completion, Finishing, ObservedBody};
 use super::endpoints;
-use super::error::{ProxyError, cause_chain};
+use super::error::{Dialect, ProxyError, cause_chain};
 use super::guard::Guard;
 use super::limits::{self, BufferBudget, Share};
 use super::metrics::Metrics;
@@ -69,18 +69,19 @@ where
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    match AssertUnwindSafe(exchange(&proxy, request, started)).catch_unwind().await {
+    let dialect = Dialect::of(&path, request.headers());
+    match AssertUnwindSafe(exchange(&proxy, request, started, dialect)).catch_unwind().await {
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());
             tracing::error!(panic = %what, %method, %path, "request handling panicked");
             let access = AccessLog::new(method, &path, started);
-            fail(ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
+            fail(dialect, ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
         }
     }
 }
 
-async fn exchange<B>(proxy: &Proxy, request: Request<B>, started: Instant) -> Response<ProxyBody>
+async fn exchange<B>(proxy: &Proxy, request: Request<B>, started: Instant, dialect: Dialect) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -91,18 +92,18 @@ where
     let header_bytes = head_size(&parts.headers);
     if header_bytes > proxy.config.server.max_header_bytes {
         let err = ProxyError::HeadersTooLarge { size: header_bytes, limit: proxy.config.server.max_header_bytes };
-        return fail(err, AccessLog::new(parts.method.clone(), path, started), None);
+        return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
     if let Err(refusal) = proxy.guard.check(&parts) {
-        return fail(refusal.into(), AccessLog::new(parts.method.clone(), path, started), None);
+        return fail(dialect, refusal.into(), AccessLog::new(parts.method.clone(), path, started), None);
     }
 
     if let Some(token) = proxy.config.server.auth_token.as_deref()
         && path != HEALTH_PATH
         && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
     {
-        return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
+        return fail(dialect, ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
     if path == PARE_PREFIX || path.starts_with("/_pare/") {
@@ -123,14 +124,14 @@ where
     let mut access = AccessLog::new(parts.method.clone(), path, started).with_metrics(proxy.metrics.clone());
 
     if came_back(&parts.headers, &proxy.via) {
-        return fail(ProxyError::Loop { url: proxy.upstream.base.display().to_owned() }, access, None);
+        return fail(dialect, ProxyError::Loop { url: proxy.upstream.base.display().to_owned() }, access, None);
     }
 
     let mut share = proxy.buffers.share();
     let stall = Duration::from_secs(proxy.config.server.body_read_timeout_secs.max(1));
     let raw = match read_body(body, &parts.headers, proxy.config.server.max_body, stall, &mut share).await {
         Ok(raw) => raw,
-        Err(err) => return fail(err, access, None),
+        Err(err) => return fail(dialect, err, access, None),
     };
     let body_read = Instant::now();
 
@@ -151,7 +152,7 @@ where
         if let Ok(decoded) = &decoded
             && !share.grow(decoded.len() as u64)
         {
-            return fail(ProxyError::Busy { limit: proxy.buffers.limit() }, access, None);
+            return fail(dialect, ProxyError::Busy { limit: proxy.buffers.limit() }, access, None);
         }
         match decoded {
             Ok(decoded) => {
@@ -203,7 +204,7 @@ where
     }
     let response = match sent {
         Ok(response) => response,
-        Err(err) => return fail(err, access, sink),
+        Err(err) => return fail(dialect, err, access, sink),
     };
     access.upstream = Some(head_received - dispatched);
     access.status = response.status().as_u16();
@@ -352,8 +353,13 @@ fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
     }
 }
 
-/// Answer with pare's own error, finishing the sink and logging the exchange.
-fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSink>>) -> Response<ProxyBody> {
+/// Answer with pare's own error in the client's `dialect`, finishing the sink and logging the exchange.
+fn fail(
+    dialect: Dialect,
+    err: ProxyError,
+    mut access: AccessLog,
+    sink: Option<Box<dyn ResponseSink>>,
+) -> Response<ProxyBody> {
     tracing::warn!(error = %err, culprit = ?err.culprit(), method = %access.method, path = %access.path, "request failed");
     access.status = err.status().as_u16();
     let end = StreamEnd::NoResponse(err.to_string());
@@ -361,7 +367,7 @@ fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSin
         sink.finish(end.clone());
     }
     access.emit(&end);
-    err.to_response().map(full)
+    err.to_response_in(dialect).map(full)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
