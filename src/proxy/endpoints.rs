@@ -3,9 +3,9 @@
 //!
 //! Health is the one endpoint answered without `x-pare-token`; without the token (when one is
 //! configured) it says only whether pare is ok, not where its upstream and archive are. Its
-//! upstream probe is one TCP connection at most every [`PROBE_TTL`], however often it is asked.
+//! upstream probe is one TCP connection at most every [`super::upstream::PROBE_TTL`], however often it is asked.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -13,55 +13,18 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
 use super::error::{ProxyError, json_response};
-use super::handler::Proxy;
 use super::metrics;
+use super::state::Proxy;
 
 /// Longest the health check waits for a TCP connection to the upstream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How long one upstream probe's outcome answers health checks.
-pub const PROBE_TTL: Duration = Duration::from_secs(5);
-
-/// The last upstream probe: health checks within [`PROBE_TTL`] of it reuse its outcome, and
-/// concurrent checks wait for one probe instead of each opening a connection.
-#[derive(Debug, Default)]
-pub struct Probe {
-    last: tokio::sync::Mutex<Option<(Instant, Result<f64, String>)>>,
-}
-
-impl Probe {
-    /// Connect to `authority` unless a probe ended less than [`PROBE_TTL`] ago: `Ok` with the
-    /// connect time in milliseconds, or why it failed.
-    async fn run(&self, authority: Option<(String, u16)>, timeout: Duration) -> Result<f64, String> {
-        let mut last = self.last.lock().await;
-        if let Some((at, outcome)) = last.as_ref()
-            && at.elapsed() < PROBE_TTL
-        {
-            return outcome.clone();
-        }
-        let started = Instant::now();
-        let outcome = match authority {
-            Some((host, port)) => {
-                let connect = tokio::net::TcpStream::connect((host.as_str(), port));
-                match tokio::time::timeout(timeout, connect).await {
-                    Ok(Ok(_)) => Ok(started.elapsed().as_secs_f64() * 1e3),
-                    Ok(Err(err)) => Err(err.to_string()),
-                    Err(_) => Err(format!("no connection within {} ms", timeout.as_millis())),
-                }
-            }
-            None => Err("the upstream url has no host".to_owned()),
-        };
-        *last = Some((Instant::now(), outcome.clone()));
-        outcome
-    }
-}
 
 pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     match (&parts.method, parts.uri.path()) {
         (&Method::GET | &Method::HEAD, "/_pare/health") => {
             let authorized =
                 proxy.config.server.auth_token.as_deref().is_none_or(|token| {
-                    super::handler::token_matches(parts.headers.get(super::PARE_TOKEN_HEADER), token)
+                    super::guard::token_matches(parts.headers.get(super::PARE_TOKEN_HEADER), token)
                 });
             health(proxy, authorized).await
         }

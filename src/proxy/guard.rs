@@ -4,9 +4,9 @@
 //! no cross-site POST reaches the archive or the upstream). Agents, SDKs and command-line clients
 //! send no `Origin` and a loopback or configured `Host`, so they never notice the guard.
 
-use http::HeaderMap;
 use http::header::{HOST, ORIGIN};
 use http::request::Parts;
+use http::{HeaderMap, HeaderValue};
 
 /// What the guard allows beyond loopback (`server.allowed_hosts`, `server.allowed_origins`).
 #[derive(Debug, Clone, Default)]
@@ -85,6 +85,18 @@ impl Guard {
         let host = host_of(authority);
         is_loopback_name(&host) || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
+}
+
+/// Compare the presented token with the configured one in time independent of where they differ.
+pub fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
+    let Some(presented) = presented else {
+        return false;
+    };
+    let (presented, expected) = (presented.as_bytes(), expected.as_bytes());
+    if presented.len() != expected.len() {
+        return false;
+    }
+    presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 fn header_text(headers: &HeaderMap, name: http::header::HeaderName) -> Option<String> {

@@ -15,44 +15,18 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
 use super::access::AccessLog;
-use super::body::{BoxError, Completion, Finishing, ObservedBody};
+use super::body::{BoxError, Completion, ObservedBody};
 use super::endpoints;
 use super::error::{Dialect, ProxyError, cause_chain};
-use super::guard::Guard;
-use super::limits::{self, BufferBudget, Share};
-use super::metrics::Metrics;
-use super::upstream::{self, PARE_TOKEN_HEADER, Upstream};
-use crate::config::Config;
+use super::guard::token_matches;
+use super::limits::{self, Share};
+use super::state::{Proxy, VIA_HEADER};
+use super::upstream::{self, PARE_TOKEN_HEADER};
 use crate::exchange::{ResponseSink, StreamEnd};
-use crate::pipeline::Pipeline;
 use crate::wire::Wire;
 
 /// The body type of every response pare sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// Everything one exchange needs, shared by all connections.
-pub struct Proxy {
-    pub config: Arc<Config>,
-    pub pipeline: Arc<Pipeline>,
-    pub upstream: Upstream,
-    pub metrics: Arc<Metrics>,
-    /// The audit UI over the archive (`None` when archiving is off).
-    pub ui: Option<Arc<crate::ui::Ui>>,
-    /// Exchanges whose end is being recorded after their last byte went out.
-    pub finishing: Arc<Finishing>,
-    /// The `Host` and `Origin` pare answers to.
-    pub guard: Guard,
-    /// Request bytes held by all exchanges together (`server.max_buffered_bytes`).
-    pub buffers: Arc<BufferBudget>,
-    /// This process's id in [`VIA_HEADER`]: a request that carries it has come back to pare.
-    pub via: HeaderValue,
-    /// The health check's upstream probe, shared by all checks.
-    pub probe: endpoints::Probe,
-}
-
-/// The header in which each pare on a request's way names itself (appended, never removed): a
-/// request that arrives naming this pare went round a loop and gets 508.
-pub const VIA_HEADER: &str = "x-pare-via";
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
 pub const PARE_PREFIX: &str = "/_pare";
@@ -306,18 +280,6 @@ fn decode_body(headers: &HeaderMap, raw: &Bytes, enabled: bool, limit: u64) -> R
     Ok(Bytes::from(decoded))
 }
 
-/// Compare the presented token with the configured one in time independent of where they differ.
-pub fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
-    let Some(presented) = presented else {
-        return false;
-    };
-    let (presented, expected) = (presented.as_bytes(), expected.as_bytes());
-    if presented.len() != expected.len() {
-        return false;
-    }
-    presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
 /// The size of the headers as sent on the wire (`name: value\r\n` each).
 fn head_size(headers: &HeaderMap) -> usize {
     headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum()
@@ -390,6 +352,7 @@ mod tests {
     use http_body::Frame;
 
     use super::*;
+    use crate::proxy::limits::BufferBudget;
 
     const STALL: Duration = Duration::from_secs(30);
 

@@ -18,9 +18,10 @@ use prometheus_client::registry::Registry;
 use http::HeaderValue;
 
 use super::guard::Guard;
-use super::handler::{self, Proxy};
+use super::handler;
 use super::limits::{self, Activity, BufferBudget, ConnectionTimeouts, Tracked};
 use super::metrics::Metrics;
+use super::state::Proxy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::Config;
 use crate::pipeline::Pipeline;
@@ -183,7 +184,7 @@ where
 
 /// Refuse an upstream that resolves to the address pare listens on (its port on a loopback or
 /// the listening IP): every request would come back to pare until descriptors run out. Loops
-/// through another hop are caught per request ([`handler::VIA_HEADER`]).
+/// through another hop are caught per request ([`super::state::VIA_HEADER`]).
 async fn refuse_self_upstream(upstream: &Upstream, local: SocketAddr) -> Result<(), ServeError> {
     let Some((host, port)) = upstream.base.authority() else { return Ok(()) };
     if port != local.port() {
