@@ -13,4 +13,5 @@ mod messages;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod streams;
 mod ui;
