@@ -92,25 +92,91 @@ async fn an_answer_that_talks_about_done_is_archived_whole_and_the_session_goes_
     assert!(!answer.partial);
 }
 
-/// How many of `n` streamed chat answers are archived `client_gone` when the client stops reading at
-/// `data: [DONE]` and closes, while the upstream sends its terminating chunk `delay` later.
-async fn client_gone_after_done(n: usize, delay: Duration) -> (usize, f64, f64) {
-    let stub = Stub::start(move |request: &Recorded| {
-        let mut steps = stub::stream_steps(request.json()["model"].as_str().unwrap(), stub::ANSWER, true);
+/// A streamed exchange of one dialect: its path, request body and the stub's frames (the final
+/// event last).
+struct Dialect {
+    path: &'static str,
+    body: Value,
+    frames: Vec<bytes::Bytes>,
+}
+
+fn chat_dialect() -> Dialect {
+    let frames = stub::stream_steps("stub-model", stub::ANSWER, true)
+        .into_iter()
+        .filter_map(|step| match step {
+            Step::Send(bytes) => Some(bytes),
+            _ => None,
+        })
+        .collect();
+    Dialect {
+        path: "/v1/chat/completions",
+        body: json!({"model": "stub-model", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        frames,
+    }
+}
+
+/// Named frames, as the Responses and Messages APIs send them.
+fn named(events: &[Value]) -> Vec<bytes::Bytes> {
+    events
+        .iter()
+        .map(|e| bytes::Bytes::from(format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())))
+        .collect()
+}
+
+fn responses_dialect() -> Dialect {
+    let item = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": "hi there", "annotations": []}]});
+    let frames = named(&[
+        json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "model": "m", "output": []}}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "content": []}}),
+        json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "hi there"}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+        json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "model": "m", "output": [item]}}),
+    ]);
+    Dialect {
+        path: "/v1/responses",
+        body: json!({"model": "m", "stream": true, "input": [{"role": "user", "content": "hi"}]}),
+        frames,
+    }
+}
+
+fn messages_dialect() -> Dialect {
+    let frames = named(&[
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "content": [], "stop_reason": null, "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi there"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 2}}),
+        json!({"type": "message_stop"}),
+    ]);
+    Dialect {
+        path: "/v1/messages",
+        body: json!({"model": "claude", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        frames,
+    }
+}
+
+/// How many of `n` streamed answers are archived `client_gone` (and counted so in the metrics) when
+/// the client stops reading at the final event and closes, as the openai SDK does at `[DONE]`, while
+/// the upstream sends its terminating chunk `delay` later.
+async fn client_gone_after_the_final_event(dialect: Dialect, n: usize, delay: Duration) -> (usize, f64, f64) {
+    let frames = dialect.frames.clone();
+    let stub = Stub::start(move |_: &Recorded| {
+        let mut steps: Vec<Step> = frames.iter().cloned().map(Step::Send).collect();
         steps.push(Step::Sleep(delay));
         Reply::sse(steps)
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
     let pare = archived_pare(&stub, dir.path(), |_| {}).await;
-    let body = chat(&json!([{"role": "user", "content": "hi"}]));
+    let body = dialect.body.to_string();
+    let last = dialect.frames.last().expect("a final event").clone();
     for _ in 0..n {
-        // As the openai SDK reads a stream: up to the `[DONE]` event, then the response is closed.
         let client = client();
-        let mut response = client.post(pare.url("/v1/chat/completions")).body(body.clone()).send().await.unwrap();
+        let mut response = client.post(pare.url(dialect.path)).body(body.clone()).send().await.unwrap();
         let mut received = Vec::new();
-        while !received.ends_with(b"data: [DONE]\n\n") {
-            let chunk = within("the stream up to [DONE]", response.chunk()).await.unwrap().expect("more body");
+        while !received.ends_with(&last) {
+            let chunk = within("the stream up to its final event", response.chunk()).await.unwrap().expect("more body");
             received.extend_from_slice(&chunk);
         }
         drop(response);
@@ -130,10 +196,22 @@ async fn client_gone_after_done(n: usize, delay: Duration) -> (usize, f64, f64) 
 #[tokio::test]
 async fn a_client_that_closes_at_done_before_the_last_chunk_leaves_a_complete_answer() {
     let n = 40;
-    let (n_client_gone, metric_gone, metric_complete) = client_gone_after_done(n, Duration::from_millis(300)).await;
+    let (n_client_gone, metric_gone, metric_complete) =
+        client_gone_after_the_final_event(chat_dialect(), n, Duration::from_millis(300)).await;
     assert_eq!(n_client_gone, 0, "archived client_gone: {n_client_gone} of {n}");
     assert_eq!(metric_gone, 0.0, "counted client_gone");
     assert!(metric_complete >= n as f64, "counted complete: {metric_complete}");
+}
+
+/// The same for the Responses (`response.completed`) and Messages (`message_stop`) dialects.
+#[tokio::test]
+async fn responses_and_messages_streams_closed_at_their_final_event_are_complete() {
+    for (name, dialect) in [("responses", responses_dialect()), ("messages", messages_dialect())] {
+        let n = 5;
+        let (n_client_gone, metric_gone, _) =
+            client_gone_after_the_final_event(dialect, n, Duration::from_millis(300)).await;
+        assert_eq!((n_client_gone, metric_gone), (0, 0.0), "{name}: archived client_gone {n_client_gone} of {n}");
+    }
 }
 
 /// Issue 33, finding 4 (answers): answers streaming together hold at most
