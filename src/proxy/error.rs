@@ -23,8 +23,16 @@ pub enum ProxyError {
     HeadersTooLarge { size: usize, limit: usize },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
+    #[error("request body sent no bytes for {secs} s (server.body_read_timeout_secs)")]
+    BodyStalled { secs: u64 },
     #[error("missing or wrong x-pare-token header")]
     Unauthorized,
+    #[error("{0}")]
+    Forbidden(#[from] super::guard::Refusal),
+    #[error("pare holds {limit} bytes of request bodies already (server.max_buffered_bytes); retry in a moment")]
+    Busy { limit: u64 },
+    #[error("this request has passed through this pare before: upstream {url} leads back to pare")]
+    Loop { url: String },
     #[error("no pare endpoint at {path}")]
     NotFound { path: String },
     #[error("upstream {url} is unreachable: {cause}")]
@@ -42,10 +50,12 @@ impl ProxyError {
             | ProxyError::BodyTooLargeStreamed { .. }
             | ProxyError::HeadersTooLarge { .. }
             | ProxyError::ClientBody { .. }
+            | ProxyError::BodyStalled { .. }
             | ProxyError::Unauthorized
+            | ProxyError::Forbidden(_)
             | ProxyError::NotFound { .. } => Culprit::Client,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => Culprit::Upstream,
-            ProxyError::Internal { .. } => Culprit::Pare,
+            ProxyError::Internal { .. } | ProxyError::Busy { .. } | ProxyError::Loop { .. } => Culprit::Pare,
         }
     }
 
@@ -54,7 +64,11 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Loop { .. } => StatusCode::LOOP_DETECTED,
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -68,7 +82,12 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => "request_too_large",
             ProxyError::HeadersTooLarge { .. } => "request_headers_too_large",
             ProxyError::ClientBody { .. } => "bad_request_body",
+            ProxyError::BodyStalled { .. } => "request_body_timeout",
             ProxyError::Unauthorized => "invalid_pare_token",
+            ProxyError::Forbidden(super::guard::Refusal::Host { .. }) => "host_not_allowed",
+            ProxyError::Forbidden(super::guard::Refusal::Origin { .. }) => "origin_not_allowed",
+            ProxyError::Busy { .. } => "pare_busy",
+            ProxyError::Loop { .. } => "upstream_loop",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -97,7 +116,11 @@ impl ProxyError {
     }
 
     pub fn to_response(&self) -> Response<Bytes> {
-        json_response(self.status(), &self.body())
+        let mut response = json_response(self.status(), &self.body());
+        if let ProxyError::Busy { .. } = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 

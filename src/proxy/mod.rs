@@ -4,6 +4,8 @@
 //! - [`upstream`]: path mapping, header rules, the pooled upstream client.
 //! - [`handler`]: one exchange — bounded body read, chat interception through the pipeline, forwarding.
 //! - [`body`]: the streamed response body and the exactly-once completion (archive sink, access log).
+//! - [`guard`]: which requests pare accepts: `Host` and `Origin` (DNS rebinding, cross-site requests).
+//! - [`limits`]: connections bounded from accept (silent, idle) and request bytes bounded across them.
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
 //! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
 //! - [`access`]: the one log line per request.
@@ -13,7 +15,9 @@ pub mod access;
 pub mod body;
 pub mod endpoints;
 pub mod error;
+pub mod guard;
 pub mod handler;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod upstream;
