@@ -277,7 +277,7 @@ async fn answers_over_the_held_cap_stream_whole_and_are_archived_truncated() {
         "complete; body truncated: the answers held for the archive reached archive.max_held_answer_bytes"
     );
     assert!(
-        (CAP as usize - expected.len()..CAP as usize - big.len()).contains(&over.body.len()),
+        (CAP as usize - expected.len()..=CAP as usize - big.len()).contains(&over.body.len()),
         "{}",
         over.body.len()
     );
