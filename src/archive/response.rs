@@ -188,7 +188,9 @@ impl Truncation {
 /// cap. An answer takes room chunk by chunk as it streams and gives it back when it is handed to the
 /// archive's writer (whose queue bounds it from there). A chunk that does not fit is still streamed
 /// to the client unchanged: only the archived copy stops there, marked truncated
-/// ([`Truncation::HeldCap`]) and counted.
+/// ([`Truncation::HeldCap`]) and counted. The cap counts the bytes kept: a body's spare capacity and
+/// the answer assembled from it when it ends take memory besides (the peak can reach about twice
+/// the cap).
 #[derive(Debug)]
 pub struct HeldAnswers {
     max: usize,
