@@ -157,6 +157,10 @@ pub enum Durability {
     Strict,
 }
 
+/// Default of `archive.max_held_answer_bytes`: 256 MiB holds four answers at the 64 MiB cap of one,
+/// thousands of ordinary ones (a few KB to a few hundred KB of SSE each).
+pub const DEFAULT_MAX_HELD_ANSWER_BYTES: u64 = 256 * 1024 * 1024;
+
 /// The raw archive.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -178,6 +182,10 @@ pub struct ArchiveConfig {
     /// Most bytes of records waiting for the archive writer; a request whose record does not fit
     /// waits for room (see `crate::archive`).
     pub max_queue_bytes: u64,
+    /// Most bytes of streaming answers held in memory for the archive, all exchanges in flight
+    /// together (one answer alone stops at 64 MiB). An answer that does not fit is still streamed to
+    /// the client unchanged; its archived copy stops there, marked truncated and counted.
+    pub max_held_answer_bytes: u64,
 }
 
 impl Default for ArchiveConfig {
@@ -191,6 +199,7 @@ impl Default for ArchiveConfig {
             redact_headers: Vec::new(),
             max_bytes: None,
             max_queue_bytes: crate::archive::DEFAULT_MAX_QUEUE_BYTES,
+            max_held_answer_bytes: DEFAULT_MAX_HELD_ANSWER_BYTES,
         }
     }
 }
@@ -611,6 +620,12 @@ impl Config {
 
         if self.archive.max_queue_bytes < 1024 * 1024 {
             bad("archive.max_queue_bytes", format!("{} is under 1 MiB (1048576)", self.archive.max_queue_bytes));
+        }
+        if self.archive.max_held_answer_bytes < 1024 * 1024 {
+            bad(
+                "archive.max_held_answer_bytes",
+                format!("{} is under 1 MiB (1048576)", self.archive.max_held_answer_bytes),
+            );
         }
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));

@@ -14,5 +14,6 @@ mod messages;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod streams;
 mod tidy;
 mod ui;
