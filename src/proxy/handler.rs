@@ -118,7 +118,10 @@ where
         let decoded = {
             let (headers, raw) = (parts.headers.clone(), raw.clone());
             let (enabled, limit) = (proxy.config.compaction.decode_request_bodies, proxy.config.server.max_body);
-            // Decoding is CPU work of up to server.max_body bytes: off the threads that serve connections.
+            // Decoding is CPU work of up to server.max_body bytes: off the threads that serve
+            // connections, and at most `decoders` at once, so that a burst of large compressed
+            // bodies leaves the other cores to everything else.
+            let _permit = proxy.decoders.acquire().await;
             tokio::task::spawn_blocking(move || decode_body(&headers, &raw, enabled, limit))
                 .await
                 .unwrap_or(Err("decoding the body failed"))

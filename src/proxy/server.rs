@@ -120,6 +120,7 @@ where
         guard,
         buffers,
         via,
+        decoders: tokio::sync::Semaphore::new(crate::config::default_worker_threads()),
         probe: Default::default(),
     });
     let graceful = GracefulShutdown::new();

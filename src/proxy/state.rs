@@ -29,6 +29,8 @@ pub struct Proxy {
     pub buffers: Arc<BufferBudget>,
     /// This process's id in [`VIA_HEADER`]: a request that carries it has come back to pare.
     pub via: HeaderValue,
+    /// Compressed bodies decoded at once (half the cores, at least one).
+    pub decoders: tokio::sync::Semaphore,
     /// The health check's upstream probe, shared by all checks.
     pub probe: Probe,
 }
