@@ -441,6 +441,9 @@ impl Default for TierSpec {
     }
 }
 
+/// The roles a custom rule may match (user messages are never touched).
+const CUSTOM_ROLES: [&str; 3] = ["tool", "assistant", "system"];
+
 /// Prefixes every marker must start with, so that pare recognises its own output (idempotence).
 pub const MARKER_PREFIXES: &[&str] = &["[pare", "[tool:", "[retried:", "[system prompt:", "[...truncated"];
 
@@ -517,7 +520,10 @@ impl RulesSpec {
                     "user" => push(format!("{at}.match.role"), "user messages are never touched".into()),
                     other => push(
                         format!("{at}.match.role"),
-                        format!("unknown role `{other}` (expected tool, assistant or system)"),
+                        match yaml::did_you_mean(other, CUSTOM_ROLES) {
+                            Some(role) => format!("unknown role `{other}`; did you mean `{role}`? (expected tool, assistant or system)"),
+                            None => format!("unknown role `{other}` (expected tool, assistant or system)"),
+                        },
                     ),
                 }
             }
@@ -538,7 +544,10 @@ impl RulesSpec {
             if let Some(status) = &rule.matches.status
                 && !matches!(status.as_str(), "ok" | "failed" | "any")
             {
-                push(format!("{at}.match.status"), format!("unknown status `{status}` (expected ok, failed or any)"));
+                let hint = yaml::did_you_mean(status, ["ok", "failed", "any"])
+                    .map(|s| format!("; did you mean `{s}`?"))
+                    .unwrap_or_default();
+                push(format!("{at}.match.status"), format!("unknown status `{status}`{hint} (expected ok, failed or any)"));
             }
             if let (Some(lo), Some(hi)) = (rule.matches.min_chars, rule.matches.max_chars)
                 && lo > hi
@@ -749,6 +758,43 @@ pub fn check_overrides(pack_text: &str, overrides: &Value) -> Vec<Problem> {
     }
     for p in &mut problems {
         p.path = config_path(&p.path);
+    }
+    problems
+}
+
+/// Every problem of the pack a configuration selects (`compaction.pack`) and of the configuration's
+/// `compaction.rules` overrides, in one list: the pack's own problems are placed at the config's
+/// `compaction.pack` line and name the pack's line; the overrides' problems are placed by `line_of`
+/// (the config's line of a dotted path). A pack that cannot be read is one problem, and the
+/// overrides are then checked against the built-in `default` pack, so that a bad pack name does not
+/// hide the overrides' mistakes.
+pub fn check_selected(pack: &str, overrides: Option<&Value>, line_of: &dyn Fn(&str) -> Option<u64>) -> Vec<Problem> {
+    let pack_line = line_of("compaction.pack");
+    let mut problems = Vec::new();
+    let pack_source = match pack_text(pack) {
+        // A blank name is the configuration's own problem (`Config::validate`).
+        Err(_) if pack.trim().is_empty() => BUILTIN_PACKS[0].1.to_owned(),
+        Ok(source) => {
+            problems.extend(check_pack(&source).into_iter().map(|p| Problem {
+                line: pack_line,
+                path: "compaction.pack".into(),
+                message: match p.line {
+                    Some(line) => format!("rule pack `{pack}` line {line}: {}: {}", p.path, p.message),
+                    None => format!("rule pack `{pack}`: {}: {}", p.path, p.message),
+                },
+            }));
+            source
+        }
+        Err(err) => {
+            problems.push(Problem { line: pack_line, path: "compaction.pack".into(), message: err.to_string() });
+            BUILTIN_PACKS[0].1.to_owned()
+        }
+    };
+    if let Some(overrides) = overrides {
+        for mut p in check_overrides(&pack_source, overrides) {
+            p.line = p.line.or_else(|| line_of(&p.path));
+            problems.push(p);
+        }
     }
     problems
 }
