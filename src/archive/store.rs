@@ -184,8 +184,10 @@ fn restrict_dir(dir: &Path) {
             return;
         }
         match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700)) {
-            Ok(()) => tracing::warn!(archive = %dir.display(), was = %format!("{mode:o}"), now = %format!("{:o}", mode & 0o700),
-                "the archive directory was open to other users; restricted to its owner"),
+            Ok(()) => {
+                tracing::warn!(archive = %dir.display(), was = %format!("{mode:o}"), now = %format!("{:o}", mode & 0o700),
+                "the archive directory was open to other users; restricted to its owner")
+            }
             Err(err) => tracing::warn!(archive = %dir.display(), mode = %format!("{mode:o}"), error = %err,
                 "the archive directory is open to other users and cannot be restricted; its files stay private (0600)"),
         }

@@ -458,7 +458,9 @@ mod tests {
                     let text = String::from_utf8_lossy(&head).into_owned();
                     let length: usize = text
                         .lines()
-                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned())
+                        })
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(0);
                     let mut body = vec![0u8; length];

@@ -60,4 +60,3 @@ fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     #[cfg(not(unix))]
     options.open(path)
 }
-

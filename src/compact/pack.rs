@@ -521,7 +521,9 @@ impl RulesSpec {
                     other => push(
                         format!("{at}.match.role"),
                         match yaml::did_you_mean(other, CUSTOM_ROLES) {
-                            Some(role) => format!("unknown role `{other}`; did you mean `{role}`? (expected tool, assistant or system)"),
+                            Some(role) => format!(
+                                "unknown role `{other}`; did you mean `{role}`? (expected tool, assistant or system)"
+                            ),
                             None => format!("unknown role `{other}` (expected tool, assistant or system)"),
                         },
                     ),
@@ -547,7 +549,10 @@ impl RulesSpec {
                 let hint = yaml::did_you_mean(status, ["ok", "failed", "any"])
                     .map(|s| format!("; did you mean `{s}`?"))
                     .unwrap_or_default();
-                push(format!("{at}.match.status"), format!("unknown status `{status}`{hint} (expected ok, failed or any)"));
+                push(
+                    format!("{at}.match.status"),
+                    format!("unknown status `{status}`{hint} (expected ok, failed or any)"),
+                );
             }
             if let (Some(lo), Some(hi)) = (rule.matches.min_chars, rule.matches.max_chars)
                 && lo > hi

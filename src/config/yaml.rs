@@ -202,8 +202,7 @@ pub fn plain(message: &str) -> String {
         };
     }
     for prefix in ["invalid type: ", "invalid value: "] {
-        if let Some((found, expected)) = message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected "))
-        {
+        if let Some((found, expected)) = message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected ")) {
             return format!("expected {}, got {}", expected_words(expected), found_words(found));
         }
     }

@@ -143,7 +143,10 @@ fn an_endpoint_as_upstream_url_is_refused_with_the_base_url() {
     let out = pare(&["serve", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:8080/v1/chat/completions"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("--upstream (upstream.url)") && stderr.contains("use `http://127.0.0.1:8080/v1`"), "{stderr}");
+    assert!(
+        stderr.contains("--upstream (upstream.url)") && stderr.contains("use `http://127.0.0.1:8080/v1`"),
+        "{stderr}"
+    );
 }
 
 /// Regression: `server.auth_token: " "` was accepted (a token anyone can send by accident).
@@ -470,14 +473,8 @@ fn an_export_file_is_readable_by_its_owner_only() {
     std::fs::write(&existing, b"old rows").unwrap();
     std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o644)).unwrap();
     for out_file in [dir.path().join("sft.jsonl"), existing] {
-        let out = pare(&[
-            "export",
-            "--archive",
-            archive_dir.to_str().unwrap(),
-            "--out",
-            out_file.to_str().unwrap(),
-            "sft",
-        ]);
+        let out =
+            pare(&["export", "--archive", archive_dir.to_str().unwrap(), "--out", out_file.to_str().unwrap(), "sft"]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let mode = std::fs::metadata(&out_file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{}", out_file.display());
