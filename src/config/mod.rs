@@ -620,6 +620,15 @@ impl Config {
         }
 
         match reqwest::Url::parse(&self.upstream.url) {
+            // `localhost:9100` parses as a URL of scheme `localhost`, `127.0.0.1:9100` as none at all:
+            // the same mistake gets the same answer.
+            _ if !self.upstream.url.contains("://") => bad(
+                "upstream.url",
+                format!(
+                    "`{0}` has no scheme; write `http://{0}` (or https://)",
+                    self.upstream.url.trim_end_matches('/')
+                ),
+            ),
             Err(e) => bad("upstream.url", format!("`{}` is not a URL: {e}", self.upstream.url)),
             Ok(url) if !matches!(url.scheme(), "http" | "https") => {
                 bad("upstream.url", format!("`{}` must be http:// or https://", self.upstream.url))

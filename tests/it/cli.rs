@@ -149,6 +149,26 @@ fn an_endpoint_as_upstream_url_is_refused_with_the_base_url() {
     );
 }
 
+/// Regression: an upstream given without its scheme got two different errors for the same mistake
+/// (`127.0.0.1:9100`: "relative URL without a base"; `localhost:9100`: "must be http:// or
+/// https://", read as a URL of scheme `localhost`). Both say what to write.
+#[test]
+fn an_upstream_without_a_scheme_gets_one_answer_whatever_its_host() {
+    let mut answers = Vec::new();
+    for host in ["127.0.0.1:9100", "localhost:9100", "[::1]:9100", "gpu-box"] {
+        let out = pare(&["serve", "--listen", "127.0.0.1:0", "--upstream", host]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{stderr}");
+        let line = stderr.lines().find(|l| l.contains("--upstream")).unwrap_or_else(|| panic!("{stderr}"));
+        answers.push(line.replace(host, "HOST"));
+    }
+    assert_eq!(
+        answers[0],
+        "  config: --upstream (upstream.url): `HOST` has no scheme; write `http://HOST` (or https://)"
+    );
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:#?}");
+}
+
 /// Regression: `server.auth_token: " "` was accepted (a token anyone can send by accident).
 #[test]
 fn a_blank_auth_token_is_refused() {
