@@ -500,14 +500,17 @@ mod tests {
     async fn concurrent_requests_for_a_new_model_share_one_probe() {
         let (url, paths) = upstream(true).await;
         let resolver = Arc::new(resolver_for(&url));
-        let asks = (0..20).map(|_| {
-            let resolver = Arc::clone(&resolver);
-            tokio::spawn(async move { resolver.window(Some("qwen")).await })
-        });
+        let asks: Vec<_> = (0..20)
+            .map(|_| {
+                let resolver = Arc::clone(&resolver);
+                tokio::spawn(async move { resolver.window(Some("qwen")).await })
+            })
+            .collect();
         for ask in asks {
             assert_eq!(ask.await.unwrap(), 16384);
         }
-        assert_eq!(paths.lock().unwrap().len(), 4, "{:?}", paths.lock().unwrap());
+        let asked = paths.lock().unwrap().clone();
+        assert_eq!(asked.len(), 4, "{asked:?}");
     }
 
     /// Regression: each new model name cost four upstream requests (2,000 requests with fresh names

@@ -8,6 +8,22 @@ fn pare(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pare")).args(args).output().expect("run pare")
 }
 
+/// `pare ARGS` for a command that must end by itself: killed after 20 s (then it failed).
+fn pare_within(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pare");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().expect("wait for pare").is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("pare's output")
+}
+
 fn check(dir: &Path, name: &str, yaml: &str) -> (Option<i32>, String) {
     let path = dir.join(name);
     std::fs::write(&path, yaml).unwrap();
@@ -113,7 +129,7 @@ fn serve_refuses_a_bad_config_with_the_listing_of_check() {
     let config = dir.path().join("many.yaml");
     let archive = dir.path().join("archive");
     let (config, archive_arg) = (config.to_str().unwrap(), archive.to_str().unwrap());
-    let out = pare(&["serve", "--config", config, "--listen", "127.0.0.1:0", "--archive", archive_arg]);
+    let out = pare_within(&["serve", "--config", config, "--listen", "127.0.0.1:0", "--archive", archive_arg]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert_eq!(problems(&stderr), problems(&report), "{stderr}");
@@ -140,7 +156,8 @@ fn an_endpoint_as_upstream_url_is_refused_with_the_base_url() {
     }
     let (code, report) = check(dir.path(), "ok.yaml", "upstream:\n  url: http://127.0.0.1:8080/v1\n");
     assert_eq!(code, Some(0), "{report}");
-    let out = pare(&["serve", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:8080/v1/chat/completions"]);
+    let out =
+        pare_within(&["serve", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:8080/v1/chat/completions"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -156,7 +173,7 @@ fn an_endpoint_as_upstream_url_is_refused_with_the_base_url() {
 fn an_upstream_without_a_scheme_gets_one_answer_whatever_its_host() {
     let mut answers = Vec::new();
     for host in ["127.0.0.1:9100", "localhost:9100", "[::1]:9100", "gpu-box"] {
-        let out = pare(&["serve", "--listen", "127.0.0.1:0", "--upstream", host]);
+        let out = pare_within(&["serve", "--listen", "127.0.0.1:0", "--upstream", host]);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(!out.status.success(), "{stderr}");
         let line = stderr.lines().find(|l| l.contains("--upstream")).unwrap_or_else(|| panic!("{stderr}"));
@@ -190,7 +207,7 @@ fn an_unwritable_explicit_archive_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let not_a_dir = dir.path().join("archive");
     std::fs::write(&not_a_dir, b"a file where the archive directory should be").unwrap();
-    let out = pare(&["serve", "--listen", "127.0.0.1:0", "--archive", not_a_dir.to_str().unwrap()]);
+    let out = pare_within(&["serve", "--listen", "127.0.0.1:0", "--archive", not_a_dir.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("cannot write the archive directory {}", not_a_dir.display())), "{stderr}");
@@ -205,7 +222,7 @@ fn a_port_in_use_is_reported_before_the_archive_is_opened() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let archive = dir.path().join("archive");
-    let out = pare(&["serve", "--listen", &addr, "--archive", archive.to_str().unwrap()]);
+    let out = pare_within(&["serve", "--listen", &addr, "--archive", archive.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains(&addr), "{stderr}");
