@@ -56,7 +56,7 @@ fn large_archive(dir: &Path, n: usize) {
                 stream: false,
                 end: StreamEnd::Complete,
                 body: serde_json::to_vec(&answer).unwrap(),
-                truncated: false,
+                truncated: None,
                 assembled: None,
                 key_ext: None,
             },

@@ -81,6 +81,13 @@ pub enum Action {
 pub trait ResponseSink: Send {
     fn head(&mut self, status: u16, headers: &HeaderMap);
     fn chunk(&mut self, bytes: &Bytes);
+    /// The answer's final event has passed (a streamed answer read event by event): it is whole,
+    /// and the exchange ends [`StreamEnd::Complete`] even when the client closes, or the upstream
+    /// fails, before the body's last chunk (a client stops reading at the final event). A sink that
+    /// reads no events says `false`.
+    fn answer_complete(&self) -> bool {
+        false
+    }
     fn finish(self: Box<Self>, end: StreamEnd);
 }
 

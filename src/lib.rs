@@ -1,30 +1,32 @@
-//! pare: a transparent OpenAI-compatible compaction proxy.
+//! pare: a transparent compaction proxy for OpenAI- and Anthropic-compatible model endpoints.
 //!
-//! An agent points its base URL at pare. Every `POST …/chat/completions` is archived exactly as sent,
-//! its `messages` array is compacted by a deterministic rule set (no model is called), the slimmed
-//! request is forwarded upstream and the answer streams back unchanged. Everything else passes through.
+//! An agent points its base URL at pare. Every `POST …/chat/completions`, `…/responses` and
+//! `…/v1/messages` is archived exactly as sent, its conversation is compacted by a deterministic rule
+//! set (no model is called), the slimmed request is forwarded upstream and the answer streams back
+//! unchanged. Everything else passes through.
 //!
 //! # Layout
 //!
-//! - [`neutral`]: pare's wire-neutral conversation (chat-shaped messages, tool calls paired with
-//!   their results by id, opaque parts) and its fast typed read: what the engine reads.
-//! - [`wire`]: one adapter per request format (Chat Completions, Responses): parse once into the
-//!   neutral view, write the forwarded body back — raw bytes for everything the engine did not change.
-//! - [`compact`]: the pure engine. `request + policy → request + report`; no I/O, no clock, cannot fail
-//!   on user data. Rules, markers, structural maps, validation of tool-call pairing.
-//! - [`budget`]: token counting, context windows, salience tiers and cache-stable epochs: decides *when*
-//!   and *how much* to compact, and keeps forwarded prompts append-only between epochs.
+//! - [`neutral`]: the wire-neutral conversation the engine reads (chat-shaped messages, tool calls
+//!   paired with their results by id, opaque parts), with the body scanner and the fast message read.
+//! - [`wire`]: one adapter per request format (Chat Completions, Responses, Anthropic Messages) that
+//!   parses a body once into the neutral form and writes the forwarded body back.
+//! - [`compact`]: the pure engine — rules, markers, structural maps, salience tiers, elision and
+//!   pairing validation — with no socket, no clock and no failure on user data.
+//! - [`budget`]: token counting, context windows and the per-session epoch state machine that decides
+//!   when and how much to compact and keeps forwarded prompts append-only between epochs.
 //! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
-//! - [`memory`]: one byte budget for all per-session state; evicts least recently used sessions.
-//! - [`archive`]: the durable raw store (SQLite), session audit, DPO/SFT export.
-//! - [`pipeline`]: the seam the proxy calls for one request: session → archive → compaction.
-//! - [`exchange`]: the types proxy, pipeline and archive share about one exchange (a leaf).
+//! - [`memory`]: one byte budget for all per-session state, evicting least recently used sessions.
+//! - [`archive`]: the durable raw store (SQLite), its integrity chain, audit queries and DPO/SFT export.
+//! - [`pipeline`]: the seam the proxy calls for one request: session, window, compaction, archive.
+//! - [`exchange`]: the leaf types the proxy, pipeline, budget and archive share about one exchange.
 //! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
-//! - [`ui`]: the audit UI under `/_pare/ui/` — server-rendered pages over the archive, read-only.
+//! - [`ui`]: the read-only audit UI under `/_pare/ui/`, server-rendered pages over the archive.
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
-//! - [`cli`]: the command line (`serve`, `compact`, `replay`, `eval`, `sessions`, `export`, `check`).
+//! - [`cli`]: the command line (`serve`, `ui`, `compact`, `replay`, `eval`, `sessions`, `export`,
+//!   `check`).
 //! - [`eval`]: the metrics of MISSION.md over a corpus of sessions.
-//! - [`corpus`]: the sessions eval reads (files or an archive) and their split by task.
+//! - [`corpus`]: the sessions eval reads (files or an archive) and their tune/holdout split by task.
 //! - [`strategy`]: the peers' deterministic strategies eval measures pare against.
 
 pub mod archive;

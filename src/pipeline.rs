@@ -14,7 +14,7 @@ pub use crate::exchange::{
     StreamEnd, compact_fail_open,
 };
 
-use crate::archive::response::ArchiveSink;
+use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::epoch::SessionCompactor;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
@@ -166,6 +166,8 @@ pub struct Pipeline {
     /// Recent chat bodies: a warm request is scanned only after the history it shares with its
     /// session's previous request.
     recent: RecentBodies,
+    /// The answers held in memory for the archive, under `archive.max_held_answer_bytes`.
+    answers: Arc<HeldAnswers>,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -181,6 +183,7 @@ impl Pipeline {
     pub fn with_budget(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>, budget: Arc<StateBudget>) -> Pipeline {
         let sessions = Arc::new(SessionTracker::with_budget(&config.archive, budget.clone()));
         budget.reserve(RecentBodies::MAX_BYTES);
+        let answers = Arc::new(HeldAnswers::new(config.archive.max_held_answer_bytes));
         Pipeline {
             config,
             compactor,
@@ -191,6 +194,7 @@ impl Pipeline {
             budget,
             stateful: None,
             recent: RecentBodies::new(),
+            answers,
         }
     }
 
@@ -221,6 +225,11 @@ impl Pipeline {
     /// The archive exchanges are recorded in, if any.
     pub fn archive(&self) -> Option<&Arc<Archive>> {
         self.archive.as_ref()
+    }
+
+    /// The answers held in memory for the archive (bytes, cap, truncations).
+    pub fn held_answers(&self) -> &HeldAnswers {
+        &self.answers
     }
 
     /// The session tracker.
@@ -347,6 +356,7 @@ impl Pipeline {
             assignment.key_req,
             request_stream,
             wire,
+            Arc::clone(&self.answers),
         );
         PreparedChat {
             wire,

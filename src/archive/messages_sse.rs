@@ -12,9 +12,11 @@
 
 use serde_json::{Map, Value, json};
 
+use super::sse::{self, Event};
+
 /// What a Messages answer says, assembled; `None` when the body is neither a message nor a stream of one.
 pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
-    if stream || looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
+    if stream || sse::looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
 }
 
 fn assemble_json(body: &[u8]) -> Option<Value> {
@@ -161,48 +163,18 @@ fn index_of(data: &Value) -> Option<usize> {
 /// Assemble the message from the raw bytes of a Messages SSE stream (complete or cut short).
 pub fn assemble_sse(body: &[u8]) -> Option<Value> {
     let mut assembly = Assembly::default();
-    for data in sse_data(body) {
-        if let Ok(v) = serde_json::from_str::<Value>(&data) {
+    sse::each_event(body, |event| {
+        if let Ok(v) = serde_json::from_str::<Value>(&event.data) {
             assembly.event(&v);
         }
-    }
+    });
     assembly.finish()
 }
 
-fn looks_like_sse(body: &[u8]) -> bool {
-    let start = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(0);
-    [&b"data:"[..], b"event:", b":"].iter().any(|p| body[start..].starts_with(p))
-}
-
-/// The `data` payload of each event of an SSE stream, in order (a `data` spread over several lines is
-/// joined with newlines; a last event without its blank line still counts).
-fn sse_data(body: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(body);
-    let mut out = Vec::new();
-    let mut data = String::new();
-    for line in text.split('\n') {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.is_empty() {
-            if !data.is_empty() {
-                out.push(std::mem::take(&mut data));
-            }
-        } else if let Some(rest) = line.strip_prefix("data:") {
-            if !data.is_empty() {
-                data.push('\n');
-            }
-            data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
-        }
-    }
-    if !data.is_empty() {
-        out.push(data);
-    }
-    out
-}
-
-/// Whether the stream's bytes hold the end of the message (`message_stop`), so that the answer can be
-/// assembled before the connection closes.
-pub fn saw_stop(bytes: &[u8]) -> bool {
-    memchr::memmem::find(bytes, b"\"message_stop\"").is_some()
+/// Whether `event` ends a Messages stream: `message_stop`, or an `error` (the API closes the stream
+/// after one), by its `event` name, else its data's `type`.
+pub fn is_final(event: &Event) -> bool {
+    matches!(event.type_name().as_deref(), Some("message_stop" | "error"))
 }
 
 #[cfg(test)]
@@ -312,7 +284,7 @@ mod tests {
             delta(1, json!({"type": "input_json_delta", "partial_json": "{\"command\": \"ca"})),
         ]);
         body.push_str("event: content_block_delta\ndata: {\"type\": \"content_blo");
-        assert!(!saw_stop(body.as_bytes()));
+        sse::each_event(body.as_bytes(), |e| assert!(!is_final(e), "{e:?}"));
         let a = assemble_sse(body.as_bytes()).unwrap();
         assert_eq!(a["message"]["content"][0]["text"], "Hel");
         assert_eq!(a["message"]["content"][1]["input"], json!({}), "an input cut mid-JSON keeps its start");
@@ -340,6 +312,11 @@ mod tests {
         assert_eq!(a["usage"]["input_tokens"], 9);
         let error = br#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#;
         assert!(assemble(error, false).is_none());
-        assert!(saw_stop(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+        let mut n_final = 0;
+        let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\ndata: {\"type\":\"message_stop\"}\n\n";
+        sse::each_event(stop.as_bytes(), |e| n_final += usize::from(is_final(e)));
+        assert_eq!(n_final, 2, "named, and unnamed with its type in the data");
+        let quoted = sse(&[delta(0, json!({"type": "text_delta", "text": "\"message_stop\" ends it"}))]);
+        sse::each_event(quoted.as_bytes(), |e| assert!(!is_final(e), "{e:?}"));
     }
 }

@@ -9,6 +9,7 @@
 //! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
+//! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
 //! - [`query`]: the audit side: list, load, delete sessions.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -28,7 +29,8 @@
 //! so a stalled disk costs one request [`QUEUE_WAIT`], not every request. An answer
 //! ([`Archive::record_response`]) never waits: it takes room when there is some and is queued beyond
 //! the bound otherwise (there is at most one per request in flight, usually a few KB, capped at
-//! [`response::MAX_BODY`]).
+//! [`response::MAX_BODY`], and all of them together at `archive.max_held_answer_bytes` while they
+//! stream: [`response::HeldAnswers`]).
 
 pub mod body;
 pub mod chain;
@@ -38,6 +40,7 @@ pub mod query;
 pub mod read;
 pub mod response;
 pub mod responses_sse;
+pub mod sse;
 pub mod store;
 pub mod verify;
 mod writer;
@@ -196,8 +199,9 @@ pub struct ResponseRecord {
     pub end: StreamEnd,
     /// The body as received (for streams, the raw SSE bytes), possibly capped (see `truncated`).
     pub body: Vec<u8>,
-    /// The body exceeded [`response::MAX_BODY`] and was cut there.
-    pub truncated: bool,
+    /// Why the body was cut, when it was: it reached [`response::MAX_BODY`], or the answers held for
+    /// the archive reached their cap (see [`response::HeldAnswers`]).
+    pub truncated: Option<response::Truncation>,
     /// The assistant message, assembled from the stream or read from the JSON body.
     pub assembled: Option<serde_json::Value>,
     /// Session key of the request plus this answer (see [`crate::session`]).
@@ -207,7 +211,7 @@ pub struct ResponseRecord {
 impl ResponseRecord {
     /// Whether the body is incomplete: the stream was cut short or the body was capped.
     pub fn partial(&self) -> bool {
-        self.truncated || self.end != StreamEnd::Complete
+        self.truncated.is_some() || self.end != StreamEnd::Complete
     }
 }
 

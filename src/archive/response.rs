@@ -1,13 +1,22 @@
 //! The upstream's answer: assembling the assistant message from an SSE stream or a JSON body, and the
 //! [`ResponseSink`] the pipeline hands to the proxy (it records the answer in the archive and tells the
 //! session tracker, so the agent's next request finds its session).
+//!
+//! The sink reads a streamed answer's events as they pass ([`sse::Parser`]) and knows the answer is
+//! whole once the dialect's final event went by (chat `[DONE]`, Responses `response.completed` /
+//! `.incomplete` / `.failed`, Messages `message_stop` / `error`): it registers the answer then, and
+//! the proxy records the exchange complete even when the client closes before the body's last chunk.
+//! The body kept for the archive is bounded per answer ([`MAX_BODY`]) and across all answers in
+//! flight ([`HeldAnswers`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{Map, Value, json};
 
+use super::sse::{self, Event};
 use super::{Archive, ResponseRecord, Ticket, keep_headers, now_ms};
 use crate::exchange::{ResponseSink, StreamEnd};
 use crate::session::SessionTracker;
@@ -18,12 +27,7 @@ pub const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// What the answer says, assembled: `{"message": {...}, "finish_reason", "usage", "model"}`.
 pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
-    if stream || looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
-}
-
-pub(super) fn looks_like_sse(body: &[u8]) -> bool {
-    let start = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(0);
-    body[start..].starts_with(b"data:") || body[start..].starts_with(b"event:") || body[start..].starts_with(b":")
+    if stream || sse::looks_like_sse(body) { assemble_sse(body) } else { assemble_json(body) }
 }
 
 fn assemble_json(body: &[u8]) -> Option<Value> {
@@ -142,30 +146,120 @@ impl Assembly {
 
 /// Assemble the assistant message from the raw bytes of an SSE stream (complete or cut short).
 pub fn assemble_sse(body: &[u8]) -> Option<Value> {
-    let text = String::from_utf8_lossy(body);
     let mut assembly = Assembly::default();
-    let mut data = String::new();
-    let flush = |data: &mut String, assembly: &mut Assembly| {
-        if !data.is_empty() && data.trim() != "[DONE]" {
-            if let Ok(v) = serde_json::from_str::<Value>(data) {
-                assembly.event(&v);
-            }
+    sse::each_event(body, |event| {
+        if !event.data.is_empty()
+            && !is_final(event)
+            && let Ok(v) = serde_json::from_str::<Value>(&event.data)
+        {
+            assembly.event(&v);
         }
-        data.clear();
-    };
-    for line in text.split('\n') {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.is_empty() {
-            flush(&mut data, &mut assembly);
-        } else if let Some(rest) = line.strip_prefix("data:") {
-            if !data.is_empty() {
-                data.push('\n');
-            }
-            data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+    });
+    assembly.finish()
+}
+
+/// Whether `event` ends a Chat Completions stream: its data is `[DONE]` (never a `[DONE]` inside
+/// some content, which is JSON-quoted in a chunk's data).
+pub fn is_final(event: &Event) -> bool {
+    event.data.trim() == "[DONE]"
+}
+
+/// Why an archived answer's body was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truncation {
+    /// The answer alone reached [`MAX_BODY`].
+    AnswerCap,
+    /// The answers held for the archive by every exchange in flight reached
+    /// `archive.max_held_answer_bytes`.
+    HeldCap,
+}
+
+impl Truncation {
+    /// Why, in words: what the archive's `end_reason` says after "body truncated".
+    pub fn reason(self) -> String {
+        match self {
+            Truncation::AnswerCap => format!("the answer reached {MAX_BODY} bytes, one answer's cap"),
+            Truncation::HeldCap => "the answers held for the archive reached archive.max_held_answer_bytes".to_owned(),
         }
     }
-    flush(&mut data, &mut assembly);
-    assembly.finish()
+}
+
+/// The bytes of answers held in memory for the archive, shared by every exchange in flight under one
+/// cap. An answer takes room chunk by chunk as it streams and gives it back when it is handed to the
+/// archive's writer (whose queue bounds it from there). A chunk that does not fit is still streamed
+/// to the client unchanged: only the archived copy stops there, marked truncated
+/// ([`Truncation::HeldCap`]) and counted. The cap counts the bytes kept: a body's spare capacity and
+/// the answer assembled from it when it ends take memory besides (the peak can reach about twice
+/// the cap).
+#[derive(Debug)]
+pub struct HeldAnswers {
+    max: usize,
+    held: AtomicUsize,
+    n_answer_cap: AtomicU64,
+    n_held_cap: AtomicU64,
+}
+
+impl HeldAnswers {
+    pub fn new(max_bytes: u64) -> HeldAnswers {
+        HeldAnswers {
+            max: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+            held: AtomicUsize::new(0),
+            n_answer_cap: AtomicU64::new(0),
+            n_held_cap: AtomicU64::new(0),
+        }
+    }
+
+    /// Room for up to `want` bytes: what is left of the cap, at most `want`.
+    fn take(&self, want: usize) -> usize {
+        let mut granted = 0;
+        let _ = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            granted = want.min(self.max.saturating_sub(held));
+            Some(held + granted)
+        });
+        granted
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    fn count(&self, why: Truncation) {
+        let counter = match why {
+            Truncation::AnswerCap => &self.n_answer_cap,
+            Truncation::HeldCap => &self.n_held_cap,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes held now.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.load(Ordering::Acquire) as u64
+    }
+
+    /// The cap (`archive.max_held_answer_bytes`).
+    pub fn max_bytes(&self) -> u64 {
+        self.max as u64
+    }
+
+    /// Answers archived truncated since start, for `why`.
+    pub fn n_truncated(&self, why: Truncation) -> u64 {
+        match why {
+            Truncation::AnswerCap => self.n_answer_cap.load(Ordering::Relaxed),
+            Truncation::HeldCap => self.n_held_cap.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One answer's room in [`HeldAnswers`], given back when it is dropped.
+struct Held {
+    answers: Arc<HeldAnswers>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.answers.give_back(self.bytes);
+    }
 }
 
 /// Records one exchange's answer as it streams through the proxy.
@@ -178,10 +272,17 @@ pub struct ArchiveSink {
     status: Option<u16>,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
-    truncated: bool,
+    /// The body's room in the answers held for the archive.
+    held: Held,
+    /// Set when the body stopped being kept (nothing is appended after a gap).
+    truncated: Option<Truncation>,
+    /// Reads the stream's events as they pass, to see its final event.
+    events: sse::Parser,
+    /// The stream's final event passed: the answer is whole, whatever happens to the connection after.
+    final_seen: bool,
     /// `Some(key_ext)` once the answer was registered with the tracker.
     registered: Option<Option<u64>>,
-    /// The assembled answer, kept when it was assembled early (at `[DONE]`).
+    /// The assembled answer, kept when it was assembled early (at the final event).
     assembled: Option<Value>,
     /// The request's format, which says how to read the answer.
     wire: Wire,
@@ -195,6 +296,7 @@ impl ArchiveSink {
         key_req: Option<u64>,
         request_stream: bool,
         wire: Wire,
+        answers: Arc<HeldAnswers>,
     ) -> ArchiveSink {
         ArchiveSink {
             archive,
@@ -205,7 +307,10 @@ impl ArchiveSink {
             status: None,
             headers: Vec::new(),
             body: Vec::new(),
-            truncated: false,
+            held: Held { answers, bytes: 0 },
+            truncated: None,
+            events: sse::Parser::new(),
+            final_seen: false,
             registered: None,
             assembled: None,
             wire,
@@ -242,6 +347,36 @@ impl ArchiveSink {
         };
         self.registered = Some(key);
     }
+
+    /// Keep `bytes` for the archive, as far as both caps allow; past them the body stops for good.
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.truncated.is_some() {
+            return;
+        }
+        let want = bytes.len().min(MAX_BODY.saturating_sub(self.body.len()));
+        let granted = self.held.answers.take(want);
+        self.held.bytes += granted;
+        self.body.extend_from_slice(&bytes[..granted]);
+        if granted < bytes.len() {
+            let why = if granted < want { Truncation::HeldCap } else { Truncation::AnswerCap };
+            self.held.answers.count(why);
+            tracing::warn!(session = %self.session, kept = self.body.len(), reason = %why.reason(),
+                "answer archived truncated; the client's stream goes on unchanged");
+            self.truncated = Some(why);
+        }
+    }
+
+    /// Read the stream's events in `bytes` until its final one.
+    fn watch_for_the_end(&mut self, bytes: &[u8]) {
+        let final_event: fn(&Event) -> bool = match self.wire {
+            Wire::Chat => is_final,
+            Wire::Responses => super::responses_sse::is_final,
+            Wire::Messages => super::messages_sse::is_final,
+        };
+        let mut seen = false;
+        self.events.feed(bytes, &mut |event| seen |= final_event(event));
+        self.final_seen = seen;
+    }
 }
 
 impl ResponseSink for ArchiveSink {
@@ -254,23 +389,22 @@ impl ResponseSink for ArchiveSink {
     }
 
     fn chunk(&mut self, bytes: &Bytes) {
-        let room = MAX_BODY.saturating_sub(self.body.len());
-        if bytes.len() > room {
-            self.truncated = true;
+        self.keep(bytes);
+        if !self.stream || self.final_seen {
+            return;
         }
-        self.body.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        let done = match self.wire {
-            Wire::Chat => memchr_done(bytes),
-            Wire::Messages => super::messages_sse::saw_stop(bytes),
-            Wire::Responses => super::responses_sse::saw_end(&self.body),
-        };
-        if self.stream && self.registered.is_none() && done {
+        self.watch_for_the_end(bytes);
+        if self.final_seen && self.truncated.is_none() {
             self.register();
         }
     }
 
+    fn answer_complete(&self) -> bool {
+        self.final_seen
+    }
+
     fn finish(mut self: Box<Self>, end: StreamEnd) {
-        if end == StreamEnd::Complete && !self.truncated {
+        if end == StreamEnd::Complete && self.truncated.is_none() {
             self.register();
         } else if self.registered.is_none() {
             self.tracker.unanswered(&self.session, self.key_req);
@@ -292,10 +426,6 @@ impl ResponseSink for ArchiveSink {
             archive.record_response(ticket, record);
         }
     }
-}
-
-fn memchr_done(bytes: &[u8]) -> bool {
-    bytes.windows(6).any(|w| w == b"[DONE]")
 }
 
 #[cfg(test)]
@@ -331,6 +461,73 @@ mod tests {
         let a = assemble_sse(sse.as_bytes()).unwrap();
         assert_eq!(a["message"]["content"], "Hel");
         assert_eq!(a["finish_reason"], Value::Null);
+    }
+
+    /// A sink for a streamed chat answer, without an archive.
+    fn sink(answers: &Arc<HeldAnswers>) -> Box<ArchiveSink> {
+        let tracker = Arc::new(SessionTracker::new(&crate::config::ArchiveConfig::default()));
+        let mut sink =
+            Box::new(ArchiveSink::new(None, tracker, "s".into(), None, true, Wire::Chat, Arc::clone(answers)));
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        sink.head(200, &headers);
+        sink
+    }
+
+    fn content(text: &str) -> Bytes {
+        let chunk = json!({"choices": [{"index": 0, "delta": {"content": text}}]});
+        Bytes::from(format!("data: {chunk}\n\n"))
+    }
+
+    /// Regression (issue 33, finding 6): `[DONE]` inside streamed content ended the archived answer
+    /// there (a byte search over the chunk); the end is the event whose data is `[DONE]`.
+    #[test]
+    fn done_inside_streamed_content_does_not_end_the_answer() {
+        let answers = Arc::new(HeldAnswers::new(1 << 20));
+        let mut sink = sink(&answers);
+        let talk = "A stream ends with `data: [DONE]\n\n`; [DONE] alone is not JSON.";
+        for chunk in [content(talk), content(" More after it."), Bytes::from_static(b"data: [DO")] {
+            sink.chunk(&chunk);
+            assert!(!sink.answer_complete(), "not the end yet");
+        }
+        sink.chunk(&Bytes::from_static(b"NE]\r\n\r\n"));
+        assert!(sink.answer_complete(), "the [DONE] event, split across chunks, is the end");
+        assert_eq!(sink.registered, Some(None), "registered at the final event");
+        let assembled = sink.assembled.clone().unwrap();
+        assert_eq!(assembled["message"]["content"], format!("{talk} More after it."));
+    }
+
+    /// Answers in flight together hold at most the cap; the one that does not fit keeps what it got,
+    /// stops for good (nothing after a gap), is marked and counted; finished answers give room back.
+    #[test]
+    fn answers_in_flight_share_one_cap() {
+        let answers = Arc::new(HeldAnswers::new(1000));
+        let (mut first, mut second) = (sink(&answers), sink(&answers));
+        first.chunk(&Bytes::from(vec![b' '; 600]));
+        second.chunk(&Bytes::from(vec![b' '; 300]));
+        second.chunk(&Bytes::from(vec![b' '; 300]));
+        assert_eq!((first.body.len(), second.body.len()), (600, 400));
+        assert_eq!(second.truncated, Some(Truncation::HeldCap));
+        assert_eq!(answers.held_bytes(), 1000);
+        first.finish(StreamEnd::Complete);
+        assert_eq!(answers.held_bytes(), 400, "a finished answer gives its room back");
+        second.chunk(&Bytes::from(vec![b' '; 10]));
+        assert_eq!(second.body.len(), 400, "a truncated body takes nothing after its gap");
+        assert_eq!((answers.n_truncated(Truncation::HeldCap), answers.n_truncated(Truncation::AnswerCap)), (1, 0));
+        second.finish(StreamEnd::Complete);
+        assert_eq!(answers.held_bytes(), 0);
+    }
+
+    /// A truncated answer is not registered at its final event: the tracker would key the cut copy.
+    #[test]
+    fn a_truncated_answer_still_sees_its_end_but_is_not_registered() {
+        let answers = Arc::new(HeldAnswers::new(10));
+        let mut sink = sink(&answers);
+        sink.chunk(&content("hello"));
+        sink.chunk(&Bytes::from_static(b"data: [DONE]\n\n"));
+        assert!(sink.answer_complete());
+        assert_eq!(sink.truncated, Some(Truncation::HeldCap));
+        assert_eq!(sink.registered, None);
     }
 
     #[test]

@@ -10,12 +10,13 @@
 
 use serde_json::{Value, json};
 
+use super::sse::{self, Event};
 use crate::wire::WireBody;
 use crate::wire::responses::ResponsesBody;
 
 /// The response object of a JSON body or an SSE stream, with its output read as neutral messages.
 pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
-    let response = if stream || super::response::looks_like_sse(body) {
+    let response = if stream || sse::looks_like_sse(body) {
         assemble_sse(body)?
     } else {
         let v: Value = serde_json::from_slice(body).ok()?;
@@ -43,22 +44,10 @@ fn with_messages(response: Value) -> Value {
     })
 }
 
-/// Whether a stream's bytes end with its last event (`response.completed`, `.incomplete` or
-/// `.failed`) whole, so that the answer can be assembled before the connection closes: a client may
-/// send its next request as soon as it has read that event.
-pub fn saw_end(body: &[u8]) -> bool {
-    let Some(inner) = body.strip_suffix(b"\n\n").or_else(|| body.strip_suffix(b"\r\n\r\n")) else {
-        return false;
-    };
-    let start = [&b"\n\n"[..], b"\r\n\r\n"]
-        .iter()
-        .filter_map(|blank| memchr::memmem::rfind(inner, blank).map(|at| at + blank.len()))
-        .max()
-        .unwrap_or(0);
-    let frame = &inner[start..];
-    [&b"\"response.completed\""[..], b"\"response.incomplete\"", b"\"response.failed\""]
-        .iter()
-        .any(|end| memchr::memmem::find(frame, end).is_some())
+/// Whether `event` ends a Responses stream: `response.completed`, `.incomplete` or `.failed` (its
+/// `event` name, else its data's `type`), after which a client may send its next request.
+pub fn is_final(event: &Event) -> bool {
+    matches!(event.type_name().as_deref(), Some("response.completed" | "response.incomplete" | "response.failed"))
 }
 
 /// A neutral message without the key naming its items (internal to the adapter's write-back).
@@ -71,18 +60,20 @@ fn without_item_key(mut message: Value) -> Value {
 
 /// The response of an SSE stream: the final event's when it arrived, else what the events built.
 fn assemble_sse(body: &[u8]) -> Option<Value> {
-    let text = String::from_utf8_lossy(body);
     let mut envelope: Option<Value> = None;
     let mut items: Vec<Value> = Vec::new();
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data:") else { continue };
-        let Ok(event) = serde_json::from_str::<Value>(data.trim_start()) else { continue };
+    let mut last: Option<Value> = None;
+    sse::each_event(body, |event| {
+        if last.is_some() {
+            return;
+        }
+        let Ok(event) = serde_json::from_str::<Value>(&event.data) else { return };
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
         let index = event.get("output_index").and_then(Value::as_u64).map(|i| i as usize);
         match kind {
             "response.completed" | "response.incomplete" | "response.failed" => {
                 if let Some(response) = event.get("response").filter(|r| r.get("output").is_some()) {
-                    return Some(response.clone());
+                    last = Some(response.clone());
                 }
             }
             "response.created" | "response.in_progress" => envelope = event.get("response").cloned(),
@@ -105,6 +96,9 @@ fn assemble_sse(body: &[u8]) -> Option<Value> {
             }
             _ => {}
         }
+    });
+    if last.is_some() {
+        return last;
     }
     if envelope.is_none() && items.is_empty() {
         return None;
@@ -246,19 +240,29 @@ mod tests {
         assert_eq!(a["message"]["tool_calls"][0]["function"]["name"], "shell");
     }
 
-    /// The end is seen once the final event has arrived whole, and not before: not on an earlier
-    /// event, not on a final event cut inside its data, not on its name quoted in some text.
+    /// The end is the final event, by its name or its data's type; never a final event's name
+    /// quoted in some text, nor an earlier event.
     #[test]
-    fn the_end_is_seen_when_the_final_event_is_whole() {
-        let done = stream(true);
-        assert!(saw_end(done.as_bytes()));
-        assert!(saw_end(done.replace("\n", "\r\n").as_bytes()));
-        assert!(!saw_end(stream(false).as_bytes()));
-        assert!(!saw_end(&done.as_bytes()[..done.len() - 40]));
-        assert!(!saw_end(&done.as_bytes()[..done.len() - 1]));
+    fn the_end_is_the_final_event() {
+        let mut n_final = 0;
+        sse::each_event(stream(true).as_bytes(), |e| n_final += usize::from(is_final(e)));
+        assert_eq!(n_final, 1);
+        sse::each_event(stream(false).as_bytes(), |e| assert!(!is_final(e), "{e:?}"));
         let quoted = event("response.output_text.delta", fields(json!({"delta": "\"response.completed\""})));
-        assert!(!saw_end(format!("{}{quoted}", stream(false)).as_bytes()));
-        assert!(!saw_end(b""));
+        sse::each_event(quoted.as_bytes(), |e| assert!(!is_final(e), "{e:?}"));
+        for kind in ["response.completed", "response.incomplete", "response.failed"] {
+            let unnamed = format!("data: {}\n\n", json!({"type": kind, "response": {}}));
+            sse::each_event(unnamed.as_bytes(), |e| assert!(is_final(e), "{e:?}"));
+        }
+    }
+
+    /// A data field spread over several lines is one event (a server may break its JSON anywhere
+    /// a newline is whitespace).
+    #[test]
+    fn a_multi_line_data_field_is_one_event() {
+        let split = stream(true).replace(",\"", ",\ndata: \"");
+        assert_ne!(split, stream(true));
+        assert_eq!(assemble(split.as_bytes(), true), assemble(stream(true).as_bytes(), true));
     }
 
     #[test]

@@ -619,5 +619,8 @@ fn end_reason(rec: &ResponseRecord) -> String {
         StreamEnd::UpstreamError(e) => format!("upstream_error: {e}"),
         StreamEnd::NoResponse(e) => format!("no_response: {e}"),
     };
-    if rec.truncated { format!("{base}; body truncated") } else { base }
+    match rec.truncated {
+        Some(why) => format!("{base}; body truncated: {}", why.reason()),
+        None => base,
+    }
 }

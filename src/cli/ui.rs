@@ -21,8 +21,7 @@ pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
         let listener = crate::proxy::bind(&args.listen, &config).await?;
         let addr = listener.local_addr().context("cannot read the listening address")?;
         eprintln!("pare ui: http://{addr}{}/", crate::ui::PREFIX);
-        let token = config.server.auth_token.clone().filter(|t| !t.is_empty());
-        crate::ui::run(listener, ui, token, super::serve::shutdown_signal()).await;
+        crate::ui::run(listener, ui, &config, super::serve::shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -70,6 +70,20 @@ pub struct ServerConfig {
     /// Threads of the async runtime that serve connections; `None`: half the cores this process may
     /// use, at least one ([`default_worker_threads`]).
     pub worker_threads: Option<usize>,
+    /// Host names accepted in `Host` besides IP literals and `localhost` (`*`: any). A name pare
+    /// does not know is refused: it is how a web page that rebinds its name to 127.0.0.1 calls pare.
+    pub allowed_hosts: Vec<String>,
+    /// Web origins (`https://app.example.com`) allowed to call pare besides pages served from the
+    /// machine itself (`*`: any). Agents send no `Origin`; a browser on another site does.
+    pub allowed_origins: Vec<String>,
+    /// Time a request body may go without a byte before pare answers 408, in seconds.
+    pub body_read_timeout_secs: u64,
+    /// Time a connection with no request in flight may stay silent before pare closes it, in
+    /// seconds (keep-alive and HTTP/2 connections; before its first request the header timeout applies).
+    pub idle_timeout_secs: u64,
+    /// Request bytes all connections together may hold in memory (bodies being read, decoded and
+    /// forwarded); a request that would pass it gets 503 with `retry-after`.
+    pub max_buffered_bytes: u64,
 }
 
 /// The async runtime's threads when `server.worker_threads` is unset: half the cores this process
@@ -95,6 +109,11 @@ impl Default for ServerConfig {
             max_headers: 100,
             max_header_bytes: 64 * 1024,
             worker_threads: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            body_read_timeout_secs: 30,
+            idle_timeout_secs: 120,
+            max_buffered_bytes: 512 * 1024 * 1024,
         }
     }
 }
@@ -138,6 +157,10 @@ pub enum Durability {
     Strict,
 }
 
+/// Default of `archive.max_held_answer_bytes`: 256 MiB holds four answers at the 64 MiB cap of one,
+/// thousands of ordinary ones (a few KB to a few hundred KB of SSE each).
+pub const DEFAULT_MAX_HELD_ANSWER_BYTES: u64 = 256 * 1024 * 1024;
+
 /// The raw archive.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -161,6 +184,10 @@ pub struct ArchiveConfig {
     /// Most bytes of records waiting for the archive writer; a request whose record does not fit
     /// waits for room (see `crate::archive`).
     pub max_queue_bytes: u64,
+    /// Most bytes of streaming answers held in memory for the archive, all exchanges in flight
+    /// together (one answer alone stops at 64 MiB). An answer that does not fit is still streamed to
+    /// the client unchanged; its archived copy stops there, marked truncated and counted.
+    pub max_held_answer_bytes: u64,
 }
 
 impl Default for ArchiveConfig {
@@ -174,6 +201,7 @@ impl Default for ArchiveConfig {
             redact_headers: Vec::new(),
             max_bytes: None,
             max_queue_bytes: crate::archive::DEFAULT_MAX_QUEUE_BYTES,
+            max_held_answer_bytes: DEFAULT_MAX_HELD_ANSWER_BYTES,
         }
     }
 }
@@ -609,6 +637,36 @@ impl Config {
         if self.server.header_read_timeout_secs == 0 {
             bad("server.header_read_timeout_secs", "must be at least 1 second".into());
         }
+        if self.server.body_read_timeout_secs == 0 {
+            bad("server.body_read_timeout_secs", "must be at least 1 second".into());
+        }
+        if self.server.idle_timeout_secs == 0 {
+            bad("server.idle_timeout_secs", "must be at least 1 second".into());
+        }
+        if self.server.max_buffered_bytes < self.server.max_body {
+            bad(
+                "server.max_buffered_bytes",
+                format!(
+                    "{} is below server.max_body ({}): no request of the largest size could be read",
+                    self.server.max_buffered_bytes, self.server.max_body
+                ),
+            );
+        }
+        for (key, items) in [
+            ("server.allowed_hosts", &self.server.allowed_hosts),
+            ("server.allowed_origins", &self.server.allowed_origins),
+        ] {
+            for item in items {
+                if item.trim().is_empty() {
+                    bad(key, "an empty entry matches nothing; remove it".into());
+                }
+            }
+        }
+        for origin in &self.server.allowed_origins {
+            if origin != "*" && !(origin.starts_with("http://") || origin.starts_with("https://")) {
+                bad("server.allowed_origins", format!("`{origin}` is not an origin such as https://app.example.com"));
+            }
+        }
         if self.server.max_header_bytes < 8192 {
             bad("server.max_header_bytes", format!("{} is below the minimum of 8192", self.server.max_header_bytes));
         }
@@ -659,6 +717,12 @@ impl Config {
 
         if self.archive.max_queue_bytes < 1024 * 1024 {
             bad("archive.max_queue_bytes", format!("{} is under 1 MiB (1048576)", self.archive.max_queue_bytes));
+        }
+        if self.archive.max_held_answer_bytes < 1024 * 1024 {
+            bad(
+                "archive.max_held_answer_bytes",
+                format!("{} is under 1 MiB (1048576)", self.archive.max_held_answer_bytes),
+            );
         }
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));

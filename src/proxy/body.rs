@@ -3,6 +3,10 @@
 //! finished exactly once — at the end of the body, on an upstream error, or when the body is dropped
 //! because the client went away (dropping it also drops the upstream request, which cancels it).
 //!
+//! An answer whose final event passed is complete however its body ends ([`ResponseSink::answer_complete`]):
+//! a client that stops reading at `data: [DONE]` and closes before the upstream's last chunk did not
+//! cut it.
+//!
 //! Finishing — the answer assembled and registered with the session tracker (a streamed answer
 //! registers at its end event already), handed to the archive, the access line written — happens
 //! after the last byte is on its way to the client: hyper drops
@@ -47,9 +51,20 @@ impl Completion {
         self
     }
 
-    /// The exchange ended: finish it, in a task when deferred.
+    /// The exchange ended: finish it, in a task when deferred. A body cut after the answer's final
+    /// event (the client stopped reading there, or the upstream failed before its last chunk) ended
+    /// complete: the answer is whole.
     fn end(&mut self, end: StreamEnd) {
         use tokio::runtime::{Handle, RuntimeFlavor};
+        let end = match end {
+            StreamEnd::ClientGone | StreamEnd::UpstreamError(_)
+                if self.sink.as_ref().is_some_and(|sink| sink.answer_complete()) =>
+            {
+                tracing::debug!(cut = ?end, "the body was cut after the answer's final event: complete");
+                StreamEnd::Complete
+            }
+            end => end,
+        };
         let runtime = Handle::try_current().ok().filter(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
         match (&self.finishing, runtime) {
             (Some(finishing), Some(runtime)) if self.sink.is_some() || self.access.is_some() => {
@@ -223,6 +238,27 @@ mod tests {
         }
     }
 
+    /// A recorder that says the answer is complete once it was shown `data: [DONE]\n\n`.
+    #[derive(Default, Clone)]
+    struct Events {
+        recorder: Recorder,
+        done: bool,
+    }
+
+    impl ResponseSink for Events {
+        fn head(&mut self, _status: u16, _headers: &HeaderMap) {}
+        fn chunk(&mut self, bytes: &Bytes) {
+            self.done |= bytes.as_ref() == b"data: [DONE]\n\n";
+            self.recorder.chunk(bytes);
+        }
+        fn answer_complete(&self) -> bool {
+            self.done
+        }
+        fn finish(self: Box<Self>, end: StreamEnd) {
+            Box::new(self.recorder).finish(end);
+        }
+    }
+
     fn completion(recorder: &Recorder) -> Completion {
         Completion::new(
             Some(Box::new(recorder.clone())),
@@ -295,6 +331,48 @@ mod tests {
         let recorder = Recorder::default();
         drop(ObservedBody::new(http_body_util::Empty::<Bytes>::new(), completion(&recorder)));
         assert_eq!(*recorder.0.lock().unwrap(), ["finish Complete"]);
+    }
+
+    /// Regression (issue 33, finding 7): a client that stops reading at the final event (the openai
+    /// SDK stops at `[DONE]`) and closes before the upstream's last chunk was recorded `client_gone`.
+    /// The answer is whole: the exchange ends complete, in the sink and in the access line.
+    #[tokio::test]
+    async fn dropped_after_the_final_event_finishes_complete() {
+        let events = Events::default();
+        let recorder = events.recorder.clone();
+        let chunks = vec![
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from("data: {}\n\n"))),
+            Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))),
+            Ok(Frame::data(Bytes::from("data: late\n\n"))),
+        ];
+        let access = AccessLog::new(http::Method::POST, "/v1/chat/completions", Instant::now());
+        let completion = Completion::new(Some(Box::new(events)), access);
+        let mut body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(chunks)), completion);
+        for _ in 0..2 {
+            body.frame().await.unwrap().unwrap();
+        }
+        drop(body);
+        assert_eq!(recorder.0.lock().unwrap().last().unwrap(), "finish Complete");
+    }
+
+    /// The same after an upstream failure past the final event; before it, the failure stands.
+    #[tokio::test]
+    async fn an_upstream_error_after_the_final_event_finishes_complete() {
+        for (chunks, expected) in [
+            (vec!["data: {}\n\n", "data: [DONE]\n\n"], "finish Complete"),
+            (vec!["data: {}\n\n"], "finish UpstreamError(\"connection reset\")"),
+        ] {
+            let events = Events::default();
+            let recorder = events.recorder.clone();
+            let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> =
+                chunks.into_iter().map(|c| Ok(Frame::data(Bytes::from(c)))).collect();
+            frames.push(Err(std::io::Error::other("connection reset")));
+            let access = AccessLog::new(http::Method::POST, "/v1/chat/completions", Instant::now());
+            let completion = Completion::new(Some(Box::new(events)), access);
+            let body = ObservedBody::new(StreamBody::new(futures_util::stream::iter(frames)), completion);
+            assert!(body.collect().await.is_err(), "the client still sees the upstream's error");
+            assert_eq!(recorder.0.lock().unwrap().last().unwrap(), expected);
+        }
     }
 
     #[tokio::test]

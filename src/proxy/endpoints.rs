@@ -1,7 +1,11 @@
 //! pare's own endpoints under `/_pare/` (never forwarded upstream): `GET /_pare/health` (is the
 //! upstream reachable, is the archive writable?) and `GET /_pare/metrics` (Prometheus, OpenMetrics text).
+//!
+//! Health is the one endpoint answered without `x-pare-token`; without the token (when one is
+//! configured) it says only whether pare is ok, not where its upstream and archive are. Its
+//! upstream probe is one TCP connection at most every [`super::upstream::PROBE_TTL`], however often it is asked.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -9,15 +13,21 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
 use super::error::{ProxyError, json_response};
-use super::handler::Proxy;
 use super::metrics;
+use super::state::Proxy;
 
 /// Longest the health check waits for a TCP connection to the upstream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     match (&parts.method, parts.uri.path()) {
-        (&Method::GET | &Method::HEAD, "/_pare/health") => health(proxy).await,
+        (&Method::GET | &Method::HEAD, "/_pare/health") => {
+            let authorized =
+                proxy.config.server.auth_token.as_deref().is_none_or(|token| {
+                    super::guard::token_matches(parts.headers.get(super::PARE_TOKEN_HEADER), token)
+                });
+            health(proxy, authorized).await
+        }
         (&Method::GET, "/_pare/metrics") => scrape(proxy),
         _ => ProxyError::NotFound { path: parts.uri.path().to_owned() }.to_response(),
     }
@@ -25,33 +35,26 @@ pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
 
 /// Always 200 while pare itself runs (a down upstream is no reason to restart pare); `status`
 /// says `degraded` when the upstream does not accept TCP connections or the archive cannot write.
-async fn health(proxy: &Proxy) -> Response<Bytes> {
-    let started = Instant::now();
+/// The details (upstream URL, archive path, memory) only for an `authorized` caller.
+async fn health(proxy: &Proxy, authorized: bool) -> Response<Bytes> {
     let timeout = proxy.upstream.connect_timeout().min(PROBE_TIMEOUT);
-    let probe = match proxy.upstream.base.authority() {
-        Some((host, port)) => {
-            let connect = tokio::net::TcpStream::connect((host.as_str(), port));
-            match tokio::time::timeout(timeout, connect).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(err)) => Err(err.to_string()),
-                Err(_) => Err(format!("no connection within {} ms", timeout.as_millis())),
-            }
-        }
-        None => Err("the upstream url has no host".to_owned()),
-    };
-    let url = proxy.upstream.base.display();
-    let upstream = match &probe {
-        Ok(()) => serde_json::json!({
-            "url": url,
-            "reachable": true,
-            "connect_ms": started.elapsed().as_secs_f64() * 1e3,
-        }),
-        Err(error) => serde_json::json!({ "url": url, "reachable": false, "error": error }),
-    };
+    let probe = proxy.probe.run(proxy.upstream.base.authority(), timeout).await;
     let archive = proxy.pipeline.archive().map(|archive| archive.health());
     let archive_ok = archive.as_ref().is_none_or(|health| health.writable);
+    let status = if probe.is_ok() && archive_ok { "ok" } else { "degraded" };
+    if !authorized {
+        return json_response(
+            StatusCode::OK,
+            &serde_json::json!({ "status": status, "version": env!("CARGO_PKG_VERSION") }),
+        );
+    }
+    let url = proxy.upstream.base.display();
+    let upstream = match &probe {
+        Ok(connect_ms) => serde_json::json!({ "url": url, "reachable": true, "connect_ms": connect_ms }),
+        Err(error) => serde_json::json!({ "url": url, "reachable": false, "error": error }),
+    };
     let mut body = serde_json::json!({
-        "status": if probe.is_ok() && archive_ok { "ok" } else { "degraded" },
+        "status": status,
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": upstream,
         "memory": proxy.pipeline.memory(),

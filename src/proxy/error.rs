@@ -1,8 +1,31 @@
-//! Errors pare itself answers with, in the OpenAI error shape, each naming who failed: the client,
-//! the upstream or pare.
+//! Errors pare itself answers with, each naming who failed (the client, the upstream or pare), in
+//! the shape the client parses: OpenAI's `{"error": {…}}`, or Anthropic's
+//! `{"type": "error", "error": {…}}` for Anthropic clients.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+
+/// The error shape a client parses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// `{"error": {"message", "type", "code"}}`: Chat Completions, Responses and everything else.
+    #[default]
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`: Anthropic Messages clients.
+    Anthropic,
+}
+
+impl Dialect {
+    /// Anthropic's for a request to `…/v1/messages…` or one carrying `anthropic-version` (which
+    /// the anthropic SDKs and Claude Code send on every request); OpenAI's otherwise.
+    pub fn of(path: &str, headers: &http::HeaderMap) -> Dialect {
+        if path.contains("/v1/messages") || headers.contains_key("anthropic-version") {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        }
+    }
+}
 
 /// Who is at fault for a failed exchange (decides the status and the error `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +46,16 @@ pub enum ProxyError {
     HeadersTooLarge { size: usize, limit: usize },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
+    #[error("request body sent no bytes for {secs} s (server.body_read_timeout_secs)")]
+    BodyStalled { secs: u64 },
     #[error("missing or wrong x-pare-token header")]
     Unauthorized,
+    #[error("{0}")]
+    Forbidden(#[from] super::guard::Refusal),
+    #[error("pare holds {limit} bytes of request bodies already (server.max_buffered_bytes); retry in a moment")]
+    Busy { limit: u64 },
+    #[error("this request has passed through this pare before: upstream {url} leads back to pare")]
+    Loop { url: String },
     #[error("no pare endpoint at {path}")]
     NotFound { path: String },
     #[error("upstream {url} is unreachable: {cause}")]
@@ -42,10 +73,12 @@ impl ProxyError {
             | ProxyError::BodyTooLargeStreamed { .. }
             | ProxyError::HeadersTooLarge { .. }
             | ProxyError::ClientBody { .. }
+            | ProxyError::BodyStalled { .. }
             | ProxyError::Unauthorized
+            | ProxyError::Forbidden(_)
             | ProxyError::NotFound { .. } => Culprit::Client,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => Culprit::Upstream,
-            ProxyError::Internal { .. } => Culprit::Pare,
+            ProxyError::Internal { .. } | ProxyError::Busy { .. } | ProxyError::Loop { .. } => Culprit::Pare,
         }
     }
 
@@ -54,7 +87,11 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Loop { .. } => StatusCode::LOOP_DETECTED,
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -68,7 +105,12 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } | ProxyError::BodyTooLargeStreamed { .. } => "request_too_large",
             ProxyError::HeadersTooLarge { .. } => "request_headers_too_large",
             ProxyError::ClientBody { .. } => "bad_request_body",
+            ProxyError::BodyStalled { .. } => "request_body_timeout",
             ProxyError::Unauthorized => "invalid_pare_token",
+            ProxyError::Forbidden(super::guard::Refusal::Host { .. }) => "host_not_allowed",
+            ProxyError::Forbidden(super::guard::Refusal::Origin { .. }) => "origin_not_allowed",
+            ProxyError::Busy { .. } => "pare_busy",
+            ProxyError::Loop { .. } => "upstream_loop",
             ProxyError::NotFound { .. } => "not_found",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -96,8 +138,45 @@ impl ProxyError {
         })
     }
 
+    /// Anthropic's error `type` for this error's status (its documented set: the SDKs pick their
+    /// exception class by status, the type names the kind to a reader).
+    pub fn anthropic_kind(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            503 => "overloaded_error",
+            504 => "timeout_error",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// `{"type": "error", "error": {"type", "message"}}`.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "error",
+            "error": { "type": self.anthropic_kind(), "message": format!("pare: {self}") },
+        })
+    }
+
+    /// The OpenAI-shaped response.
     pub fn to_response(&self) -> Response<Bytes> {
-        json_response(self.status(), &self.body())
+        self.to_response_in(Dialect::OpenAi)
+    }
+
+    /// The response in the shape `dialect`'s clients parse.
+    pub fn to_response_in(&self, dialect: Dialect) -> Response<Bytes> {
+        let body = match dialect {
+            Dialect::OpenAi => self.body(),
+            Dialect::Anthropic => self.anthropic_body(),
+        };
+        let mut response = json_response(self.status(), &body);
+        if let ProxyError::Busy { .. } = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -139,6 +218,37 @@ mod tests {
         assert_eq!(body["error"]["code"], "upstream_unreachable");
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains("http://127.0.0.1:9/v1") && message.contains("connection refused"), "{message}");
+    }
+
+    /// Regression: Anthropic clients got OpenAI-shaped errors (no `"type": "error"`), which the
+    /// anthropic SDK and Claude Code do not parse as intended.
+    #[test]
+    fn anthropic_clients_get_anthropic_shaped_errors() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(Dialect::of("/v1/chat/completions", &headers), Dialect::OpenAi);
+        assert_eq!(Dialect::of("/v1/messages", &headers), Dialect::Anthropic);
+        assert_eq!(Dialect::of("/v1/messages/count_tokens", &headers), Dialect::Anthropic);
+        headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
+        assert_eq!(Dialect::of("/v1/models", &headers), Dialect::Anthropic);
+
+        let err =
+            ProxyError::UpstreamUnreachable { url: "http://127.0.0.1:9".into(), cause: "connection refused".into() };
+        let response = err.to_response_in(Dialect::Anthropic);
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "api_error");
+        assert!(body["error"]["message"].as_str().unwrap().contains("http://127.0.0.1:9"));
+        let kinds = [
+            (ProxyError::BodyTooLarge { size: 2, limit: 1 }, "request_too_large"),
+            (ProxyError::Unauthorized, "authentication_error"),
+            (ProxyError::Busy { limit: 1 }, "overloaded_error"),
+            (ProxyError::UpstreamTimeout { url: "http://x".into(), secs: 1 }, "timeout_error"),
+            (ProxyError::ClientBody { cause: "reset".into() }, "invalid_request_error"),
+        ];
+        for (err, kind) in kinds {
+            assert_eq!(err.anthropic_kind(), kind, "{err}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -12,33 +12,21 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 
 use super::access::AccessLog;
-use super::body::{BoxError, Completion, Finishing, ObservedBody};
+use super::body::{BoxError, Completion, ObservedBody};
 use super::endpoints;
-use super::error::{ProxyError, cause_chain};
-use super::metrics::Metrics;
-use super::upstream::{self, PARE_TOKEN_HEADER, Upstream};
-use crate::config::Config;
+use super::error::{Dialect, ProxyError, cause_chain};
+use super::guard::token_matches;
+use super::limits::{self, Share};
+use super::state::{Proxy, VIA_HEADER};
+use super::upstream::{self, PARE_TOKEN_HEADER};
 use crate::exchange::{ResponseSink, StreamEnd};
-use crate::pipeline::Pipeline;
 use crate::wire::Wire;
 
 /// The body type of every response pare sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// Everything one exchange needs, shared by all connections.
-pub struct Proxy {
-    pub config: Arc<Config>,
-    pub pipeline: Arc<Pipeline>,
-    pub upstream: Upstream,
-    pub metrics: Arc<Metrics>,
-    /// The audit UI over the archive (`None` when archiving is off).
-    pub ui: Option<Arc<crate::ui::Ui>>,
-    /// Exchanges whose end is being recorded after their last byte went out.
-    pub finishing: Arc<Finishing>,
-}
 
 /// The prefix of pare's own endpoints; nothing under it is forwarded.
 pub const PARE_PREFIX: &str = "/_pare";
@@ -55,18 +43,19 @@ where
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    match AssertUnwindSafe(exchange(&proxy, request, started)).catch_unwind().await {
+    let dialect = Dialect::of(&path, request.headers());
+    match AssertUnwindSafe(exchange(&proxy, request, started, dialect)).catch_unwind().await {
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());
             tracing::error!(panic = %what, %method, %path, "request handling panicked");
             let access = AccessLog::new(method, &path, started);
-            fail(ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
+            fail(dialect, ProxyError::Internal { cause: format!("request handling panicked: {what}") }, access, None)
         }
     }
 }
 
-async fn exchange<B>(proxy: &Proxy, request: Request<B>, started: Instant) -> Response<ProxyBody>
+async fn exchange<B>(proxy: &Proxy, request: Request<B>, started: Instant, dialect: Dialect) -> Response<ProxyBody>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -77,14 +66,18 @@ where
     let header_bytes = head_size(&parts.headers);
     if header_bytes > proxy.config.server.max_header_bytes {
         let err = ProxyError::HeadersTooLarge { size: header_bytes, limit: proxy.config.server.max_header_bytes };
-        return fail(err, AccessLog::new(parts.method.clone(), path, started), None);
+        return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None);
+    }
+
+    if let Err(refusal) = proxy.guard.check(&parts) {
+        return fail(dialect, refusal.into(), AccessLog::new(parts.method.clone(), path, started), None);
     }
 
     if let Some(token) = proxy.config.server.auth_token.as_deref()
         && path != HEALTH_PATH
         && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
     {
-        return fail(ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
+        return fail(dialect, ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
     if path == PARE_PREFIX || path.starts_with("/_pare/") {
@@ -104,9 +97,15 @@ where
 
     let mut access = AccessLog::new(parts.method.clone(), path, started).with_metrics(proxy.metrics.clone());
 
-    let raw = match read_body(body, &parts.headers, proxy.config.server.max_body).await {
+    if came_back(&parts.headers, &proxy.via) {
+        return fail(dialect, ProxyError::Loop { url: proxy.upstream.base.display().to_owned() }, access, None);
+    }
+
+    let mut share = proxy.buffers.share();
+    let stall = Duration::from_secs(proxy.config.server.body_read_timeout_secs.max(1));
+    let raw = match read_body(body, &parts.headers, proxy.config.server.max_body, stall, &mut share).await {
         Ok(raw) => raw,
-        Err(err) => return fail(err, access, None),
+        Err(err) => return fail(dialect, err, access, None),
     };
     let body_read = Instant::now();
 
@@ -116,12 +115,20 @@ where
     let mut raw = raw;
     let mut forward_headers = None;
     if wire.is_some() && parts.headers.contains_key(header::CONTENT_ENCODING) {
-        match decode_body(
-            &parts.headers,
-            &raw,
-            proxy.config.compaction.decode_request_bodies,
-            proxy.config.server.max_body,
-        ) {
+        let decoded = {
+            let (headers, raw) = (parts.headers.clone(), raw.clone());
+            let (enabled, limit) = (proxy.config.compaction.decode_request_bodies, proxy.config.server.max_body);
+            // Decoding is CPU work of up to server.max_body bytes: off the threads that serve connections.
+            tokio::task::spawn_blocking(move || decode_body(&headers, &raw, enabled, limit))
+                .await
+                .unwrap_or(Err("decoding the body failed"))
+        };
+        if let Ok(decoded) = &decoded
+            && !share.grow(decoded.len() as u64)
+        {
+            return fail(dialect, ProxyError::Busy { limit: proxy.buffers.limit() }, access, None);
+        }
+        match decoded {
             Ok(decoded) => {
                 raw = decoded;
                 let mut headers = parts.headers.clone();
@@ -151,13 +158,16 @@ where
     };
 
     let url = proxy.upstream.base.map(path, parts.uri.query());
-    let headers =
+    let mut headers =
         upstream::request_headers(forward_headers.as_ref().unwrap_or(&parts.headers), proxy.upstream.api_key());
+    headers.append(VIA_HEADER, proxy.via.clone());
     let send_body = (!forward.is_empty() || had_body(&parts.headers)).then_some(forward);
     let dispatched = Instant::now();
     access.pare = dispatched - body_read;
 
     let sent = proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await;
+    // The request went out whole (or failed): its bytes are no longer held for it.
+    drop(share);
     let head_received = Instant::now();
     // The new messages were counted while the upstream worked: the headers and the log line carry
     // the exact counts.
@@ -168,7 +178,7 @@ where
     }
     let response = match sent {
         Ok(response) => response,
-        Err(err) => return fail(err, access, sink),
+        Err(err) => return fail(dialect, err, access, sink),
     };
     access.upstream = Some(head_received - dispatched);
     access.status = response.status().as_u16();
@@ -191,9 +201,16 @@ where
     out
 }
 
-/// Read the whole request body, refusing more than `limit` bytes: early from `Content-Length`,
-/// and while reading for bodies that do not declare their length.
-async fn read_body<B>(body: B, headers: &HeaderMap, limit: u64) -> Result<Bytes, ProxyError>
+/// Read the whole request body, refusing more than `limit` bytes (early from `Content-Length`, and
+/// while reading for bodies that do not declare their length), a body that sends nothing for
+/// `stall`, and bytes that `share` cannot hold within the global buffer budget.
+async fn read_body<B>(
+    body: B,
+    headers: &HeaderMap,
+    limit: u64,
+    stall: Duration,
+    share: &mut Share,
+) -> Result<Bytes, ProxyError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -203,12 +220,42 @@ where
     {
         return Err(ProxyError::BodyTooLarge { size, limit });
     }
-    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(body, limit_usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<LengthLimitError>() => Err(ProxyError::BodyTooLargeStreamed { limit }),
-        Err(err) => Err(ProxyError::ClientBody { cause: cause_chain(&*err) }),
+    let busy = |share: &Share| ProxyError::Busy { limit: share.budget_limit() };
+    tokio::pin!(body);
+    let deadline = tokio::time::sleep(stall);
+    tokio::pin!(deadline);
+    let (mut chunks, mut total) = (Vec::new(), 0u64);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = &mut deadline => return Err(ProxyError::BodyStalled { secs: stall.as_secs() }),
+        };
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|err| ProxyError::ClientBody { cause: cause_chain(&*err.into()) })?;
+        let Ok(data) = frame.into_data() else { continue };
+        if data.is_empty() {
+            continue;
+        }
+        total += data.len() as u64;
+        if total > limit {
+            return Err(ProxyError::BodyTooLargeStreamed { limit });
+        }
+        if !share.grow(data.len() as u64) {
+            return Err(busy(share));
+        }
+        chunks.push(data);
+        deadline.as_mut().reset(tokio::time::Instant::now() + stall);
     }
+    Ok(limits::join(chunks, usize::try_from(total).unwrap_or(usize::MAX)))
+}
+
+/// Whether this pare's id is among the request's [`VIA_HEADER`] values.
+fn came_back(headers: &HeaderMap, via: &HeaderValue) -> bool {
+    headers
+        .get_all(VIA_HEADER)
+        .iter()
+        .any(|value| value.to_str().is_ok_and(|text| text.split(',').any(|id| id.trim().as_bytes() == via.as_bytes())))
 }
 
 /// A request body sent with `content-encoding: zstd` or `gzip`, decoded (at most `limit` bytes).
@@ -231,18 +278,6 @@ fn decode_body(headers: &HeaderMap, raw: &Bytes, enabled: bool, limit: u64) -> R
         return Err("decoded body over server.max_body");
     }
     Ok(Bytes::from(decoded))
-}
-
-/// Compare the presented token with the configured one in time independent of where they differ.
-pub fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
-    let Some(presented) = presented else {
-        return false;
-    };
-    let (presented, expected) = (presented.as_bytes(), expected.as_bytes());
-    if presented.len() != expected.len() {
-        return false;
-    }
-    presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 /// The size of the headers as sent on the wire (`name: value\r\n` each).
@@ -280,8 +315,13 @@ fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
     }
 }
 
-/// Answer with pare's own error, finishing the sink and logging the exchange.
-fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSink>>) -> Response<ProxyBody> {
+/// Answer with pare's own error in the client's `dialect`, finishing the sink and logging the exchange.
+fn fail(
+    dialect: Dialect,
+    err: ProxyError,
+    mut access: AccessLog,
+    sink: Option<Box<dyn ResponseSink>>,
+) -> Response<ProxyBody> {
     tracing::warn!(error = %err, culprit = ?err.culprit(), method = %access.method, path = %access.path, "request failed");
     access.status = err.status().as_u16();
     let end = StreamEnd::NoResponse(err.to_string());
@@ -289,7 +329,7 @@ fn fail(err: ProxyError, mut access: AccessLog, sink: Option<Box<dyn ResponseSin
         sink.finish(end.clone());
     }
     access.emit(&end);
-    err.to_response().map(full)
+    err.to_response_in(dialect).map(full)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -308,23 +348,81 @@ fn full(bytes: Bytes) -> ProxyBody {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::StreamExt;
+    use http_body::Frame;
+
     use super::*;
+    use crate::proxy::limits::BufferBudget;
+
+    const STALL: Duration = Duration::from_secs(30);
+
+    fn share(limit: u64) -> Share {
+        BufferBudget::new(limit).share()
+    }
 
     #[tokio::test]
     async fn declared_length_over_the_limit_is_refused_before_reading() {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2048"));
-        let err = read_body(Full::new(Bytes::from_static(b"x")), &headers, 1024).await.unwrap_err();
+        let body = Full::new(Bytes::from_static(b"x"));
+        let err = read_body(body, &headers, 1024, STALL, &mut share(1 << 20)).await.unwrap_err();
         assert_eq!(err, ProxyError::BodyTooLarge { size: 2048, limit: 1024 });
     }
 
     #[tokio::test]
     async fn undeclared_length_over_the_limit_is_refused_while_reading() {
         let body = Full::new(Bytes::from(vec![b'x'; 1025]));
-        let err = read_body(body, &HeaderMap::new(), 1024).await.unwrap_err();
+        let err = read_body(body, &HeaderMap::new(), 1024, STALL, &mut share(1 << 20)).await.unwrap_err();
         assert_eq!(err, ProxyError::BodyTooLargeStreamed { limit: 1024 });
-        let ok = read_body(Full::new(Bytes::from(vec![b'x'; 1024])), &HeaderMap::new(), 1024).await.unwrap();
+        let body = Full::new(Bytes::from(vec![b'x'; 1024]));
+        let ok = read_body(body, &HeaderMap::new(), 1024, STALL, &mut share(1 << 20)).await.unwrap();
         assert_eq!(ok.len(), 1024);
+    }
+
+    /// Regression: a body that stalled after its first bytes held its memory for as long as the
+    /// client kept the connection open.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_sending_gets_408_after_the_stall_timeout() {
+        let first = futures_util::stream::iter([Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"{\"mo")))]);
+        let stalled = first.chain(futures_util::stream::pending());
+        let body = http_body_util::StreamBody::new(stalled);
+        let started = tokio::time::Instant::now();
+        let err = read_body(body, &HeaderMap::new(), 1024, STALL, &mut share(1 << 20)).await.unwrap_err();
+        assert_eq!(err, ProxyError::BodyStalled { secs: 30 });
+        assert_eq!(err.status().as_u16(), 408);
+        assert_eq!(started.elapsed(), STALL);
+    }
+
+    /// Bodies being read share one budget: a body that does not fit beside the others gets 503
+    /// with retry-after, and what a finished exchange held is given back.
+    #[tokio::test]
+    async fn bodies_over_the_global_buffer_budget_get_503() {
+        let budget = BufferBudget::new(1500);
+        let mut holding = budget.share();
+        let body = Full::new(Bytes::from(vec![b'x'; 1000]));
+        read_body(body, &HeaderMap::new(), 1024, STALL, &mut holding).await.unwrap();
+        let mut second = budget.share();
+        let body = Full::new(Bytes::from(vec![b'x'; 1000]));
+        let err = read_body(body, &HeaderMap::new(), 1024, STALL, &mut second).await.unwrap_err();
+        assert_eq!(err, ProxyError::Busy { limit: 1500 });
+        let response = err.to_response();
+        assert_eq!(response.status().as_u16(), 503);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        drop((holding, second));
+        assert_eq!(budget.held(), 0);
+        let body = Full::new(Bytes::from(vec![b'x'; 1000]));
+        read_body(body, &HeaderMap::new(), 1024, STALL, &mut budget.share()).await.unwrap();
+    }
+
+    #[test]
+    fn a_request_naming_this_pare_in_via_came_back() {
+        let me = HeaderValue::from_static("01JDXAMPLE");
+        let mut headers = HeaderMap::new();
+        assert!(!came_back(&headers, &me));
+        headers.append(VIA_HEADER, HeaderValue::from_static("01OTHER"));
+        assert!(!came_back(&headers, &me), "another pare on the way is no loop");
+        headers.append(VIA_HEADER, HeaderValue::from_static("01THIRD, 01JDXAMPLE"));
+        assert!(came_back(&headers, &me));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::archive::response::Truncation;
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::pipeline::Pipeline;
 
@@ -35,6 +36,11 @@ struct ModelLabels {
     model: String,
     /// The request's wire format (`chat`, `responses`, `messages`).
     wire: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -283,6 +289,17 @@ impl Collector for PipelineCollector {
             let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
             counter.encode(metric)?;
         }
+        let answers = self.pipeline.held_answers();
+        let mut truncated = encoder.encode_descriptor(
+            "pare_answers_truncated",
+            "Answers archived truncated, by reason: held_cap (archive.max_held_answer_bytes reached by all answers in flight), answer_cap (one answer over 64 MiB)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (reason, why) in [("held_cap", Truncation::HeldCap), ("answer_cap", Truncation::AnswerCap)] {
+            let counter = ConstCounter::new(answers.n_truncated(why));
+            counter.encode(truncated.encode_family(&ReasonLabels { reason })?)?;
+        }
         for (name, help, value) in [
             (
                 "pare_memory_state_bytes",
@@ -291,6 +308,16 @@ impl Collector for PipelineCollector {
             ),
             ("pare_memory_max_state_bytes", "The per-session state budget (memory.max_state_bytes)", memory.max_bytes),
             ("pare_memory_sessions", "Sessions with state in memory", memory.sessions),
+            (
+                "pare_answer_bytes_held",
+                "Bytes of streaming answers held in memory for the archive, all exchanges in flight",
+                answers.held_bytes(),
+            ),
+            (
+                "pare_max_held_answer_bytes",
+                "The cap on answers held for the archive (archive.max_held_answer_bytes)",
+                answers.max_bytes(),
+            ),
         ] {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
@@ -381,6 +408,8 @@ mod tests {
         assert!(text.contains("pare_requests_in_flight 0"), "{text}");
         assert!(text.contains("pare_fail_open_total 0"), "{text}");
         assert!(text.contains("pare_memory_evictions_total 0"), "{text}");
+        assert!(text.contains(r#"pare_answers_truncated_total{reason="held_cap"} 0"#), "{text}");
+        assert!(text.contains("pare_answer_bytes_held 0"), "{text}");
         let budget = format!("pare_memory_max_state_bytes {}", crate::memory::DEFAULT_MAX_STATE_BYTES);
         assert!(text.contains(&budget), "{text}");
     }

@@ -4,6 +4,10 @@
 //! - [`upstream`]: path mapping, header rules, the pooled upstream client.
 //! - [`handler`]: one exchange — bounded body read, chat interception through the pipeline, forwarding.
 //! - [`body`]: the streamed response body and the exactly-once completion (archive sink, access log).
+//! - [`guard`]: which requests pare accepts: `Host` and `Origin` (DNS rebinding, cross-site requests),
+//!   the inbound token.
+//! - [`limits`]: connections bounded from accept (silent, idle) and request bytes bounded across them.
+//! - [`state`]: [`Proxy`], what every exchange shares.
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
 //! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
 //! - [`access`]: the one log line per request.
@@ -13,12 +17,17 @@ pub mod access;
 pub mod body;
 pub mod endpoints;
 pub mod error;
+pub mod guard;
 pub mod handler;
+pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod state;
 pub mod upstream;
 
 pub use error::{Culprit, ProxyError};
-pub use handler::{PARE_PREFIX, Proxy, ProxyBody, token_matches};
+pub use guard::token_matches;
+pub use handler::{PARE_PREFIX, ProxyBody};
 pub use server::{ServeError, bind, check_exposure, run, run_with_registry};
+pub use state::Proxy;
 pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase, install_crypto_provider};

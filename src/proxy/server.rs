@@ -15,8 +15,13 @@ use tokio::net::TcpListener;
 
 use prometheus_client::registry::Registry;
 
-use super::handler::{self, Proxy};
+use http::HeaderValue;
+
+use super::guard::Guard;
+use super::handler;
+use super::limits::{self, Activity, BufferBudget, ConnectionTimeouts, Tracked};
 use super::metrics::Metrics;
+use super::state::Proxy;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::Config;
 use crate::pipeline::Pipeline;
@@ -36,6 +41,8 @@ pub enum ServeError {
     MissingToken,
     #[error("listen address {addr:?} is not host:port ({cause})")]
     BadListen { addr: String, cause: String },
+    #[error("upstream {url} is pare itself (it resolves to {addr}, where pare listens): set the model server's URL")]
+    UpstreamIsSelf { url: String, addr: SocketAddr },
 }
 
 /// Bind the listening socket for `server.listen` (or an override), refusing a non-loopback address
@@ -92,11 +99,29 @@ where
     F: Future<Output = ()>,
 {
     let upstream = Upstream::new(&config.upstream)?;
+    if let Ok(local) = listener.local_addr() {
+        refuse_self_upstream(&upstream, local).await?;
+    }
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
     let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.dir().to_owned(), &config)));
-    let proxy = Arc::new(Proxy { config, pipeline, upstream, metrics, ui, finishing: Arc::default() });
+    let guard = Guard::new(&config.server.allowed_hosts, &config.server.allowed_origins);
+    let buffers = BufferBudget::new(config.server.max_buffered_bytes);
+    let timeouts = ConnectionTimeouts::from_config(&config.server);
+    let via = HeaderValue::from_str(&ulid::Ulid::generate().to_string()).expect("a ulid is a header value");
+    let proxy = Arc::new(Proxy {
+        config,
+        pipeline,
+        upstream,
+        metrics,
+        ui,
+        finishing: Arc::default(),
+        guard,
+        buffers,
+        via,
+        probe: Default::default(),
+    });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
@@ -118,15 +143,25 @@ where
                 };
                 let _ = stream.set_nodelay(true);
                 let proxy = proxy.clone();
+                let activity = Activity::new();
+                let requests = activity.clone();
                 let service = service_fn(move |request| {
                     let proxy = proxy.clone();
-                    async move { Ok::<_, Infallible>(handler::handle(proxy, request).await) }
+                    let in_flight = requests.begin();
+                    async move {
+                        let response = handler::handle(proxy, request).await;
+                        Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
+                    }
                 });
                 let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let connection = graceful.watch(connection);
+                // Boxed as a `dyn Future + Send`: proving the connection `Send` inside `watch`
+                // trips rustc's higher-ranked inference on hyper's error type.
+                let connection: std::pin::Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(graceful.watch(connection));
                 tokio::spawn(async move {
-                    if let Err(err) = connection.await {
-                        tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    match limits::watch(connection, activity, timeouts).await {
+                        Some(Err(err)) => tracing::debug!(%peer, error = %err, "connection ended with an error"),
+                        Some(Ok(())) => {}
+                        None => tracing::debug!(%peer, "closed a connection without a request in flight"),
                     }
                 });
             }
@@ -147,7 +182,28 @@ where
     Ok(())
 }
 
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
+/// Refuse an upstream that resolves to the address pare listens on (its port on a loopback or
+/// the listening IP): every request would come back to pare until descriptors run out. Loops
+/// through another hop are caught per request ([`super::state::VIA_HEADER`]).
+async fn refuse_self_upstream(upstream: &Upstream, local: SocketAddr) -> Result<(), ServeError> {
+    let Some((host, port)) = upstream.base.authority() else { return Ok(()) };
+    if port != local.port() {
+        return Ok(());
+    }
+    let Ok(resolved) = tokio::net::lookup_host((host.as_str(), port)).await else { return Ok(()) };
+    for addr in resolved {
+        let same = addr.ip() == local.ip()
+            || (local.ip().is_unspecified() && (addr.ip().is_loopback() || addr.ip().is_unspecified()))
+            || (addr.ip().is_unspecified() && local.ip().is_loopback());
+        if same {
+            return Err(ServeError::UpstreamIsSelf { url: upstream.base.display().to_owned(), addr });
+        }
+    }
+    Ok(())
+}
+
+/// The HTTP/1.1 and HTTP/2 server settings every pare listener uses (the proxy and `pare ui`).
+pub fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     let header_timeout = Duration::from_secs(config.server.header_read_timeout_secs.max(1));
     let mut http1 = builder.http1();

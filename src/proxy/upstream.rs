@@ -17,7 +17,7 @@
 //! Both spellings of the same server therefore behave identically and a path never becomes `/v1/v1`.
 
 use std::sync::Once;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
@@ -240,6 +240,43 @@ impl Upstream {
 
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
+    }
+}
+
+/// How long one upstream probe's outcome answers health checks.
+pub const PROBE_TTL: Duration = Duration::from_secs(5);
+
+/// The last upstream probe: health checks within [`PROBE_TTL`] of it reuse its outcome, and
+/// concurrent checks wait for one probe instead of each opening a connection.
+#[derive(Debug, Default)]
+pub struct Probe {
+    last: tokio::sync::Mutex<Option<(Instant, Result<f64, String>)>>,
+}
+
+impl Probe {
+    /// Connect to `authority` unless a probe ended less than [`PROBE_TTL`] ago: `Ok` with the
+    /// connect time in milliseconds, or why it failed.
+    pub async fn run(&self, authority: Option<(String, u16)>, timeout: Duration) -> Result<f64, String> {
+        let mut last = self.last.lock().await;
+        if let Some((at, outcome)) = last.as_ref()
+            && at.elapsed() < PROBE_TTL
+        {
+            return outcome.clone();
+        }
+        let started = Instant::now();
+        let outcome = match authority {
+            Some((host, port)) => {
+                let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+                match tokio::time::timeout(timeout, connect).await {
+                    Ok(Ok(_)) => Ok(started.elapsed().as_secs_f64() * 1e3),
+                    Ok(Err(err)) => Err(err.to_string()),
+                    Err(_) => Err(format!("no connection within {} ms", timeout.as_millis())),
+                }
+            }
+            None => Err("the upstream url has no host".to_owned()),
+        };
+        *last = Some((Instant::now(), outcome.clone()));
+        outcome
     }
 }
 

@@ -139,3 +139,27 @@ def test_messages_archived_with_pare_headers(pare, fresh, tmp_path, stream):
     # The archive keeps the client's exact bytes; small requests are forwarded unchanged.
     assert pare.bodies(session, "raw") == client.sent
     assert pare.bodies(session, "forwarded") == [r["body"] for r in messages_requests(fresh)]
+
+
+def test_pare_errors_reach_the_sdk_in_anthropic_shape(tmp_path):
+    """An unreachable upstream: pare's 502 arrives as Anthropic's error shape, which the SDK parses
+    into its own error type with pare's message (regression: pare answered OpenAI's shape)."""
+    import socket
+
+    from conftest import PareProcess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    pare = PareProcess(f"http://127.0.0.1:{dead_port}", tmp_path / "archive")
+    try:
+        sdk = anthropic.Anthropic(base_url=pare.url, api_key="sk-ant-e2e-dummy", timeout=30, max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            sdk.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+        error = raised.value
+        assert error.status_code == 502
+        assert error.body["type"] == "api_error", error.body
+        assert f"127.0.0.1:{dead_port}" in error.message, error.message
+        assert error.response.json()["type"] == "error"
+    finally:
+        assert pare.stop() == 0

@@ -58,7 +58,7 @@ fn response(body: &[u8]) -> ResponseRecord {
         stream: false,
         end: StreamEnd::Complete,
         body: body.to_vec(),
-        truncated: false,
+        truncated: None,
         assembled: None,
         key_ext: None,
     }

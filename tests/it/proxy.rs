@@ -126,7 +126,7 @@ async fn hop_by_hop_headers_are_dropped_and_host_rewritten() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
     let head = "GET /v1/models HTTP/1.1
-Host: agent.example:8787
+Host: localhost:8787
 Connection: close, x-hop-listed
 X-Hop-Listed: secret-per-connection
 Keep-Alive: timeout=5

@@ -126,7 +126,7 @@ async fn a_client_leaving_mid_request_body_never_reaches_the_upstream() {
     let pare = pare_support::start(config_for(&stub)).await;
     let mut stream = TcpStream::connect(pare.addr).await.unwrap();
     stream
-        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"model\":")
         .await
         .unwrap();
     drop(stream);
@@ -143,7 +143,7 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
     config.server.header_read_timeout_secs = 1;
     let pare = pare_support::start(config).await;
     let mut stream = TcpStream::connect(pare.addr).await.unwrap();
-    stream.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n").await.unwrap();
+    stream.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1\r\n").await.unwrap();
     let mut rest = Vec::new();
     within("pare to close the slow connection", stream.read_to_end(&mut rest)).await.ok();
     assert!(stub.requests().is_empty());
@@ -153,7 +153,7 @@ async fn a_slowloris_client_is_disconnected_after_the_header_timeout() {
 async fn pipelined_requests_on_one_connection_are_answered_in_order() {
     let stub = Stub::start(|request: &Recorded| Reply::json(200, json!({"path": request.path}))).await;
     let pare = pare_support::start(config_for(&stub)).await;
-    let head = "GET /v1/first HTTP/1.1\nHost: x\n\nGET /v1/second HTTP/1.1\nHost: x\nConnection: close";
+    let head = "GET /v1/first HTTP/1.1\nHost: localhost\n\nGET /v1/second HTTP/1.1\nHost: localhost\nConnection: close";
     let response = raw::exchange(pare.addr, head, b"").await;
     assert_eq!(response.status, 200);
     let text = String::from_utf8_lossy(&response.body);
@@ -230,19 +230,19 @@ async fn too_many_or_too_large_headers_get_431() {
     config.server.max_header_bytes = 16 * 1024;
     let pare = pare_support::start(config).await;
 
-    let mut many = String::from("GET /v1/models HTTP/1.1\nHost: x\nConnection: close");
+    let mut many = String::from("GET /v1/models HTTP/1.1\nHost: localhost\nConnection: close");
     for i in 0..20 {
         many.push_str(&format!("\nX-Extra-{i}: {i}"));
     }
     assert_eq!(raw::exchange(pare.addr, &many, b"").await.status, 431);
 
-    let big = format!("GET /v1/models HTTP/1.1\nHost: x\nConnection: close\nX-Big: {}", "a".repeat(64 * 1024));
+    let big = format!("GET /v1/models HTTP/1.1\nHost: localhost\nConnection: close\nX-Big: {}", "a".repeat(64 * 1024));
     let response = raw::exchange(pare.addr, &big, b"").await;
     assert_eq!(response.status, 431);
     let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
     assert_eq!(body["error"]["code"], "request_headers_too_large");
 
-    let fine = raw::exchange(pare.addr, "GET /v1/models HTTP/1.1\nHost: x\nConnection: close", b"").await;
+    let fine = raw::exchange(pare.addr, "GET /v1/models HTTP/1.1\nHost: localhost\nConnection: close", b"").await;
     assert_eq!(fine.status, 200);
     assert_eq!(stub.requests().len(), 1);
 }

@@ -273,7 +273,7 @@ fn large_archive(dir: &Path, n: usize) {
                 stream: false,
                 end: if k % 100 == 0 { StreamEnd::ClientGone } else { StreamEnd::Complete },
                 body: serde_json::to_vec(&answer).unwrap(),
-                truncated: false,
+                truncated: None,
                 assembled: None,
                 key_ext: None,
             },

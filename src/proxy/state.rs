@@ -1,0 +1,38 @@
+//! What every exchange shares, built once by the server: configuration, pipeline, upstream client,
+//! metrics, the audit UI, the guard and limits, and the health check's probe.
+
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::body::Finishing;
+use super::guard::Guard;
+use super::limits::BufferBudget;
+use super::metrics::Metrics;
+use super::upstream::{Probe, Upstream};
+use crate::config::Config;
+use crate::pipeline::Pipeline;
+
+/// Everything one exchange needs, shared by all connections.
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub pipeline: Arc<Pipeline>,
+    pub upstream: Upstream,
+    pub metrics: Arc<Metrics>,
+    /// The audit UI over the archive (`None` when archiving is off).
+    pub ui: Option<Arc<crate::ui::Ui>>,
+    /// Exchanges whose end is being recorded after their last byte went out.
+    pub finishing: Arc<Finishing>,
+    /// The `Host` and `Origin` pare answers to.
+    pub guard: Guard,
+    /// Request bytes held by all exchanges together (`server.max_buffered_bytes`).
+    pub buffers: Arc<BufferBudget>,
+    /// This process's id in [`VIA_HEADER`]: a request that carries it has come back to pare.
+    pub via: HeaderValue,
+    /// The health check's upstream probe, shared by all checks.
+    pub probe: Probe,
+}
+
+/// The header in which each pare on a request's way names itself (appended, never removed): a
+/// request that arrives naming this pare went round a loop and gets 508.
+pub const VIA_HEADER: &str = "x-pare-via";
