@@ -693,12 +693,26 @@ fn render(name: &str, problems: &[Problem]) -> String {
     out
 }
 
-/// The text of a pack named `default|hermes|openai`, or read from a path.
+/// Largest rule pack file read, in bytes (the built-in packs are a few KiB).
+pub const MAX_PACK_BYTES: u64 = 1024 * 1024;
+
+/// The text of a pack named `default|hermes|openai`, or read from a path: a regular file of at most
+/// [`MAX_PACK_BYTES`] (a device or a pipe named by mistake is refused, never read without end).
 pub fn pack_text(name_or_path: &str) -> Result<String, PackError> {
+    use std::io::Read;
     if let Some((_, text)) = BUILTIN_PACKS.iter().find(|(n, _)| *n == name_or_path) {
         return Ok((*text).to_owned());
     }
-    std::fs::read_to_string(name_or_path).map_err(|source| PackError::Read { path: name_or_path.to_owned(), source })
+    let read_error = |source| PackError::Read { path: name_or_path.to_owned(), source };
+    let file = std::fs::File::open(name_or_path).map_err(read_error)?;
+    let meta = file.metadata().map_err(read_error)?;
+    if !meta.is_file() || meta.len() > MAX_PACK_BYTES {
+        let why = format!("not a regular file of at most {MAX_PACK_BYTES} bytes");
+        return Err(read_error(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
+    }
+    let mut text = String::new();
+    file.take(MAX_PACK_BYTES).read_to_string(&mut text).map_err(read_error)?;
+    Ok(text)
 }
 
 /// Parse a pack's text, deep-merge `overrides` onto its `rules:`, and validate the result.
@@ -963,6 +977,16 @@ rules:
         let mut paths: Vec<String> = problems.into_iter().map(|p| p.path).collect();
         paths.sort();
         assert_eq!(paths, expected, "the engine refuses with the same list `pare check` gives");
+    }
+
+    /// A device named as a pack is refused at once: `/dev/zero` would otherwise be read without end.
+    #[cfg(unix)]
+    #[test]
+    fn a_pack_that_is_not_a_regular_file_is_refused() {
+        for path in ["/dev/zero", "/tmp"] {
+            let err = pack_text(path).unwrap_err().to_string();
+            assert!(err.contains(path) && err.contains("not a regular file"), "{err}");
+        }
     }
 
     #[test]
