@@ -4,7 +4,10 @@
 //! A session `R1..Rn` is replayed through the same [`SessionCompactor`] path as the proxy, giving
 //! `F1..Fn`; every figure is computed from those bytes, counted with the compactor's tokenizer:
 //!
-//! - **saved** `1 − ΣF/ΣR`; **peak** `max F` against the usable window (window − answer reserve);
+//! - **saved** `1 − ΣF/ΣR`; **peak** `max F` against the usable window (window − answer reserve), and
+//!   `max F_k / usable_k`, the peak as a share of each request's own usable window: the figure that
+//!   sums over sessions whose windows differ (models with windows of their own in `models:`, or
+//!   requests asking for different answer lengths);
 //!   a request *fits* when its first system message, user messages, protected tail and tools alone
 //!   are within the usable window (pare touches none of those), and then `F` must be too.
 //! - **uncached prefill** `Σ (F_k − reused_k)`, reused being the tools (when unchanged) plus the
@@ -60,6 +63,10 @@ pub struct Metrics {
     pub peak_forwarded: u64,
     /// Smallest usable window (window − answer reserve) met.
     pub usable_window: u64,
+    /// Largest usable window met: equal to `usable_window` when every request had the same.
+    pub usable_window_max: u64,
+    /// `max F_k / usable_k`: the peak as a share of each request's own usable window.
+    pub peak_share: f64,
     /// Requests whose F exceeds the usable window.
     pub over_window: usize,
     /// Requests that fit (system + user + tail + tools within the window) whose F still exceeds it.
@@ -94,6 +101,8 @@ impl Metrics {
             (a, 0) => a,
             (a, b) => a.min(b),
         };
+        self.usable_window_max = self.usable_window_max.max(other.usable_window_max);
+        self.peak_share = self.peak_share.max(other.peak_share);
         self.over_window += other.over_window;
         self.over_window_fitting += other.over_window_fitting;
         self.uncached_raw += other.uncached_raw;
@@ -121,6 +130,11 @@ impl Metrics {
     /// Uncached prefill of F over that of R.
     pub fn prefill_ratio(&self) -> f64 {
         if self.uncached_raw == 0 { 1.0 } else { self.uncached_forwarded as f64 / self.uncached_raw as f64 }
+    }
+
+    /// Every request had the same usable window: `peak_forwarded` and `usable_window` compare.
+    pub fn one_usable_window(&self) -> bool {
+        self.usable_window == self.usable_window_max
     }
 
     /// Share of needles still present (1 when there are none).
@@ -158,7 +172,9 @@ pub struct SessionReport {
 /// A whole corpus: per session, per source, and in total.
 #[derive(Debug, Clone, Serialize)]
 pub struct CorpusReport {
-    pub window: u64,
+    /// The window every request was replayed against (`--window`); `None`: each request's model's,
+    /// from the configuration's `models:`, else `budget.default_context_window`.
+    pub window: Option<u64>,
     pub mode: String,
     /// `pare`, or the peer strategy that produced the forwarded requests.
     pub strategy: String,
@@ -204,26 +220,29 @@ pub struct EvalInput {
     pub convert_chat: bool,
 }
 
-/// Evaluate every session under `dir` at `window`.
+/// Evaluate every session under `dir` at `window` (`None`: each request's model's window, see
+/// [`CorpusReport::window`]).
 pub fn evaluate_corpus(
     dir: &Path,
     compactor: &SessionCompactor,
     engine: &dyn CompactEngine,
-    window: u64,
+    window: impl Into<Option<u64>>,
     input: EvalInput,
 ) -> Result<CorpusReport, EvalError> {
     evaluate_sessions(&crate::corpus::from_dir(dir)?, Strategy::Pare, compactor, engine, window, input)
 }
 
-/// Evaluate `sessions` at `window`, forwarding what `strategy` sends.
+/// Evaluate `sessions` at `window` (`None`: each request's model's window, see
+/// [`CorpusReport::window`]), forwarding what `strategy` sends.
 pub fn evaluate_sessions(
     sessions: &[SessionInput],
     strategy: Strategy,
     compactor: &SessionCompactor,
     engine: &dyn CompactEngine,
-    window: u64,
+    window: impl Into<Option<u64>>,
     input: EvalInput,
 ) -> Result<CorpusReport, EvalError> {
+    let window = window.into();
     // Sessions are independent (each has its own state in the compactor, keyed by its id): evaluate
     // them on all cores; `collect` keeps the given order, so the report does not depend on the pool.
     let evaluate = |session: &SessionInput| -> Result<SessionReport, EvalError> {
@@ -273,9 +292,9 @@ pub fn evaluate_session(
     wire: Wire,
     session: &str,
     requests: &[&[u8]],
-    window: u64,
+    window: impl Into<Option<u64>>,
 ) -> Metrics {
-    evaluate_session_with(Strategy::Pare, compactor, engine, wire, session, requests, window)
+    evaluate_session_with(Strategy::Pare, compactor, engine, wire, session, requests, window.into())
 }
 
 /// [`evaluate_session`] forwarding what `strategy` sends.
@@ -286,7 +305,7 @@ pub fn evaluate_session_with(
     wire: Wire,
     session: &str,
     requests: &[&[u8]],
-    window: u64,
+    window: Option<u64>,
 ) -> Metrics {
     compactor.forget(session);
     let first = crate::strategy::replay(strategy, compactor, wire, session, requests, window);
@@ -318,9 +337,11 @@ pub fn evaluate_session_with(
         let fwd_messages = fwd.messages();
         let raw_p = Parsed::new(&raw_messages[k], raw.tools(), counter);
         let fwd_p = Parsed::new(&fwd_messages, fwd.tools(), counter);
-        let (window, reserve) = compactor.window_and_reserve(raw.as_ref(), Some(window));
+        let (window, reserve) = compactor.window_and_reserve(raw.as_ref(), window);
         let usable = window.saturating_sub(reserve);
         m.usable_window = if m.usable_window == 0 { usable } else { m.usable_window.min(usable) };
+        m.usable_window_max = m.usable_window_max.max(usable);
+        m.peak_share = m.peak_share.max(fwd_p.total as f64 / usable.max(1) as f64);
         m.tokens_raw += raw_p.total;
         m.tokens_forwarded += fwd_p.total;
         m.peak_raw = m.peak_raw.max(raw_p.total);

@@ -84,22 +84,23 @@ const TRUNCATE_LINES: usize = 256;
 /// Replay one session with `strategy`: pare's goes through the compactor exactly as the proxy does;
 /// a peer's edits each raw request on its own. The peers read Chat Completions requests: on another
 /// wire format their requests are forwarded unchanged (`pare eval` refuses the combination).
+/// `window`: every request's context window; `None`: its model's, from the configuration.
 pub fn replay(
     strategy: Strategy,
     compactor: &SessionCompactor,
     wire: Wire,
     session: &str,
     requests: &[&[u8]],
-    window: u64,
+    window: Option<u64>,
 ) -> Vec<Replayed> {
     if strategy == Strategy::Pare {
-        return replay_session(compactor, wire, session, requests, Some(window));
+        return replay_session(compactor, wire, session, requests, window);
     }
     requests
         .iter()
         .map(|raw| {
             let forwarded = ChatBody::parse(raw).ok().filter(|_| wire == Wire::Chat).and_then(|body| {
-                let (window, reserve) = compactor.window_and_reserve(&body, Some(window));
+                let (window, reserve) = compactor.window_and_reserve(&body, window);
                 let usable = window.saturating_sub(reserve);
                 let counter = compactor.counter(body.model().as_deref());
                 let tools = body.field("tools").map(|t| t.get());

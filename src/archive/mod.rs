@@ -103,14 +103,40 @@ impl ArchiveError {
 pub const ALWAYS_REDACTED: &[&str] =
     &["authorization", "proxy-authorization", "api-key", "x-api-key", "cookie", "set-cookie", "x-pare-token"];
 
-/// The request headers worth keeping, secrets removed (see [`ALWAYS_REDACTED`] and `archive.redact_headers`).
+/// Parts of a header name that mark it as a credential, whatever the vendor calls it
+/// (`x-goog-api-key`, `x-auth-token`, `x-amz-security-token`, `ocp-apim-subscription-key`,
+/// `x-client-secret`…): such headers are never stored either.
+pub const CREDENTIAL_NAME_PARTS: &[&str] = &[
+    "auth",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "cookie",
+    "api-key",
+    "apikey",
+    "api_key",
+    "access-key",
+    "subscription-key",
+    "private-key",
+    "credential",
+    "signature",
+];
+
+/// Whether a request header carries a credential: [`ALWAYS_REDACTED`], a name containing one of
+/// [`CREDENTIAL_NAME_PARTS`], or a name the configuration lists in `archive.redact_headers`.
+pub fn is_redacted(name: &str, redact: &[String]) -> bool {
+    let lower = name.to_ascii_lowercase();
+    ALWAYS_REDACTED.contains(&lower.as_str())
+        || CREDENTIAL_NAME_PARTS.iter().any(|part| lower.contains(part))
+        || redact.iter().any(|r| r.eq_ignore_ascii_case(name))
+}
+
+/// The request headers worth keeping, secrets removed ([`is_redacted`]).
 pub fn keep_headers(headers: &HeaderMap, redact: &[String]) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter(|(name, _)| {
-            let name = name.as_str();
-            !ALWAYS_REDACTED.contains(&name) && !redact.iter().any(|r| r.eq_ignore_ascii_case(name))
-        })
+        .filter(|(name, _)| !is_redacted(name.as_str(), redact))
         .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect()
 }
@@ -588,5 +614,76 @@ impl Archive {
 impl Drop for Archive {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: i64) -> ExchangeRecord {
+        ExchangeRecord {
+            session: "s".into(),
+            at_ms: n,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: None,
+            headers: Vec::new(),
+            raw: Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+            raw_spans: None,
+            forwarded: None,
+            forwarded_spans: None,
+            summary: None,
+            late_summary: None,
+            skipped: None,
+            key_req: None,
+        }
+    }
+
+    /// Regression: credential headers of other vendors (`x-goog-api-key`, `x-auth-token`) were stored:
+    /// only a fixed list was dropped. Names that say "key", "token", "secret"… are dropped, and so
+    /// are the names the configuration adds.
+    #[test]
+    fn credential_headers_of_any_vendor_are_not_stored() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("x-goog-api-key", "AIza-secret"),
+            ("x-auth-token", "t0ken"),
+            ("x-amz-security-token", "aws"),
+            ("ocp-apim-subscription-key", "azure"),
+            ("x-client-secret", "cs"),
+            ("x-corp-gateway", "corp-secret-value"),
+            ("authorization", "Bearer sk-1"),
+            ("content-type", "application/json"),
+            ("user-agent", "agent/1.0"),
+            ("x-pare-session", "s1"),
+            ("openai-organization", "org-1"),
+        ] {
+            headers.insert(http::HeaderName::from_static(name), http::HeaderValue::from_static(value));
+        }
+        let kept = keep_headers(&headers, &["X-Corp-Gateway".to_owned()]);
+        let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "user-agent", "x-pare-session", "openai-organization"]);
+    }
+
+    /// Regression: each failed write wrapped the previous failure's message once more ("archive is
+    /// not writable: archive is not writable: …"). The reported error names the cause once, however
+    /// many writes fail.
+    #[test]
+    fn the_error_of_an_unwritable_archive_does_not_nest() {
+        let parent = tempfile::tempdir().unwrap();
+        let not_a_dir = parent.path().join("archive");
+        std::fs::write(&not_a_dir, b"a file where the archive directory should be").unwrap();
+        let archive = Archive::start(not_a_dir.clone(), Durability::Buffered, Duration::from_millis(1));
+        for n in 0..4 {
+            archive.record_exchange(record(n));
+            archive.flush().unwrap();
+        }
+        let health = archive.health();
+        assert_eq!((health.writable, health.lost_records), (false, 4), "{health:?}");
+        let error = health.last_error.unwrap();
+        assert_eq!(error.matches("not writable").count(), 1, "{error}");
+        assert!(error.contains(&not_a_dir.display().to_string()), "{error}");
+        archive.close();
     }
 }

@@ -154,8 +154,13 @@ pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
     Ok(conn)
 }
 
+/// Create the archive directory 0700; an existing one that others may read or enter is closed to
+/// them (0700, said in the log): the store holds every prompt and what the tools returned. When
+/// that cannot be done (a directory pare does not own), the log says so and the store is still
+/// used, its files 0600.
 fn create_private_dir(dir: &Path) -> Result<(), ArchiveError> {
     if dir.is_dir() {
+        restrict_dir(dir);
         return Ok(());
     }
     let mut builder = std::fs::DirBuilder::new();
@@ -166,6 +171,27 @@ fn create_private_dir(dir: &Path) -> Result<(), ArchiveError> {
         builder.mode(0o700);
     }
     builder.create(dir).map_err(|e| ArchiveError::Io { path: dir.to_owned(), source: e })
+}
+
+/// Take group and other permissions off an existing archive directory.
+fn restrict_dir(dir: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(meta) = std::fs::metadata(dir) else { return };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 == 0 {
+            return;
+        }
+        match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700)) {
+            Ok(()) => {
+                tracing::warn!(archive = %dir.display(), was = %format!("{mode:o}"), now = %format!("{:o}", mode & 0o700),
+                "the archive directory was open to other users; restricted to its owner")
+            }
+            Err(err) => tracing::warn!(archive = %dir.display(), mode = %format!("{mode:o}"), error = %err,
+                "the archive directory is open to other users and cannot be restricted; its files stay private (0600)"),
+        }
+    }
 }
 
 /// Create the database file 0600 before SQLite opens it: SQLite gives the `-wal` and `-shm` files the
@@ -327,5 +353,19 @@ mod tests {
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
         let file = std::fs::metadata(dir.join(DB_FILE)).unwrap();
         assert_eq!(file.permissions().mode() & 0o777, 0o600);
+    }
+
+    /// Regression: an existing archive directory kept whatever permissions it had (0755: every user
+    /// of the host could list and read the store's directory).
+    #[cfg(unix)]
+    #[test]
+    fn an_existing_open_directory_is_restricted_to_its_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("pare");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(open_rw(&dir).unwrap());
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
     }
 }

@@ -128,6 +128,8 @@ pub(crate) struct Writer {
     max_bytes: Option<u64>,
     conn: Option<Connection>,
     last_open_attempt: Option<Instant>,
+    /// Why the last open failed: what a write before the next attempt reports.
+    open_error: Option<String>,
     cursors: LruCache<String, Cursor>,
     blob_ids: LruCache<[u8; 32], i64>,
     pending: LruCache<Ticket, Pending>,
@@ -144,6 +146,7 @@ impl Writer {
             max_bytes,
             conn: None,
             last_open_attempt: None,
+            open_error: None,
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
@@ -180,8 +183,7 @@ impl Writer {
             return Ok(());
         }
         if self.last_open_attempt.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
-            let last = self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            return Err(last.unwrap_or_else(|| "archive is not open".into()));
+            return Err(self.open_error.clone().unwrap_or_else(|| "the store is not open".into()));
         }
         self.last_open_attempt = Some(Instant::now());
         match store::open_rw(&self.dir).and_then(|conn| {
@@ -194,9 +196,13 @@ impl Writer {
         }) {
             Ok(conn) => {
                 self.conn = Some(conn);
+                self.open_error = None;
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                self.open_error = Some(e.to_string());
+                Err(e.to_string())
+            }
         }
     }
 

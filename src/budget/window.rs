@@ -1,12 +1,13 @@
 //! The context window of a request's model, and the tokens reserved for its answer.
 //!
 //! Precedence: a `models:` entry whose pattern matches the model, then the window the upstream reports
-//! (detected once and cached, failures cached too so a server without the endpoint is not asked on
-//! every request), then `budget.default_context_window`. The answer reserve is the request's
+//! (detected once per model and cached, failures cached too so a server without the endpoint is not
+//! asked on every request; see [`WindowResolver`] for what detection costs the upstream), then
+//! `budget.default_context_window`. The answer reserve is the request's
 //! `max_completion_tokens` / `max_tokens`, else the model's `output_reserve`, else the budget's.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use regex::Regex;
@@ -139,22 +140,66 @@ impl DetectConfig {
     }
 }
 
+/// The kinds of server whose window pare can read, each from its own endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerKind {
+    /// llama.cpp, `GET /props`.
+    LlamaCpp,
+    /// vLLM, `GET /v1/models`.
+    Vllm,
+    /// LM Studio, `GET /api/v0/models`.
+    LmStudio,
+    /// Ollama, `POST /api/show` (the only endpoint that depends on the model).
+    Ollama,
+}
+
+/// What the upstream is, as the last full probe found.
+#[derive(Debug, Clone, Copy)]
+struct Discovery {
+    /// The kind that gave a window; `None`: none of the four did.
+    kind: Option<ServerKind>,
+    at: Instant,
+}
+
+/// One model's detection: the window (`None` for a failed one) and when it was learnt.
+type Detection = Option<(Option<u64>, Instant)>;
+
+/// Most model names remembered. Past it, the names no request is detecting are forgotten (a
+/// client that sends a new name on every request must not grow pare's memory without bound).
+const MAX_MODELS: usize = 1024;
+
 /// Resolves the context window of a model: config, else detection (cached), else the default.
+///
+/// Detection costs the upstream one request per new model name: the first detection asks the four
+/// kinds of server at once and remembers which kind answered (for `budget.detect_ttl_secs`); later
+/// names ask that kind's endpoint alone — or, when no kind answered, only Ollama's per-model
+/// `/api/show` (for `budget.detect_retry_secs`, after which all four are asked again). Concurrent
+/// requests for the same new model wait for one detection and share its answer.
 pub struct WindowResolver {
     client: reqwest::Client,
     /// The upstream's root, without a trailing `/v1` or `/`.
     root: String,
     table: ModelTable,
     detect: DetectConfig,
-    /// model → (detected window or `None` for a failed detection, when it was learnt).
-    cache: Mutex<HashMap<String, (Option<u64>, Instant)>>,
+    /// model → its detection, behind a lock of its own that a detection holds until it is done.
+    cache: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Detection>>>>,
+    /// What kind of server the upstream is; held while the four kinds are asked, so that new models
+    /// arriving meanwhile wait for that answer instead of asking all four again.
+    discovery: tokio::sync::Mutex<Option<Discovery>>,
 }
 
 impl WindowResolver {
     pub fn new(client: reqwest::Client, upstream_url: &str, table: ModelTable, detect: DetectConfig) -> WindowResolver {
         let trimmed = upstream_url.trim_end_matches('/');
         let root = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_owned();
-        WindowResolver { client, root, table, detect, cache: Mutex::new(HashMap::new()) }
+        WindowResolver {
+            client,
+            root,
+            table,
+            detect,
+            cache: Mutex::new(HashMap::new()),
+            discovery: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// The context window of `model`: config, else detected, else `budget.default_context_window`.
@@ -178,7 +223,9 @@ impl WindowResolver {
 
     /// The window the upstream reports for `model`, through the cache.
     pub async fn detected(&self, model: &str) -> Option<u64> {
-        if let Some((window, at)) = self.lock().get(model).copied() {
+        let slot = self.slot(model);
+        let mut detection = slot.lock().await;
+        if let Some((window, at)) = *detection {
             let fresh_for = if window.is_some() { self.detect.ttl } else { self.detect.retry_after };
             if at.elapsed() < fresh_for {
                 return window;
@@ -193,28 +240,70 @@ impl WindowResolver {
                 tracing::debug!(model, upstream = %self.root, "upstream does not report a context window")
             }
         }
-        self.lock().insert(model.to_owned(), (window, Instant::now()));
+        *detection = Some((window, Instant::now()));
         window
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Option<u64>, Instant)>> {
-        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The detection slot of `model`, made when it has none.
+    fn slot(&self, model: &str) -> Arc<tokio::sync::Mutex<Detection>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(slot) = cache.get(model) {
+            return Arc::clone(slot);
+        }
+        if cache.len() >= MAX_MODELS {
+            cache.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
+        let slot = Arc::new(tokio::sync::Mutex::new(None));
+        cache.insert(model.to_owned(), Arc::clone(&slot));
+        slot
     }
 
-    /// Ask every kind of server at once; the most specific answer wins.
+    /// Ask the upstream for `model`'s window: the kind of server found earlier, else all four kinds.
     async fn probe(&self, model: &str) -> Option<u64> {
+        let mut discovery = self.discovery.lock().await;
+        if let Some(found) = *discovery {
+            let fresh_for = if found.kind.is_some() { self.detect.ttl } else { self.detect.retry_after };
+            if found.at.elapsed() < fresh_for {
+                drop(discovery);
+                return self.ask(found.kind.unwrap_or(ServerKind::Ollama), model).await;
+            }
+        }
+        let (kind, window) = self.discover(model).await;
+        *discovery = Some(Discovery { kind, at: Instant::now() });
+        window
+    }
+
+    /// Ask every kind of server at once; the most specific answer wins, and names the kind.
+    async fn discover(&self, model: &str) -> (Option<ServerKind>, Option<u64>) {
         let (llama, vllm, lmstudio, ollama) = tokio::join!(
             self.get_json("/props"),
             self.get_json("/v1/models"),
             self.get_json("/api/v0/models"),
             self.post_json("/api/show", serde_json::json!({ "model": model })),
         );
-        llama
-            .as_ref()
-            .and_then(llama_cpp_window)
-            .or_else(|| vllm.as_ref().and_then(|v| vllm_window(v, model)))
-            .or_else(|| lmstudio.as_ref().and_then(|v| lm_studio_window(v, model)))
-            .or_else(|| ollama.as_ref().and_then(ollama_window))
+        let answers = [
+            (ServerKind::LlamaCpp, llama.as_ref().and_then(llama_cpp_window)),
+            (ServerKind::Vllm, vllm.as_ref().and_then(|v| vllm_window(v, model))),
+            (ServerKind::LmStudio, lmstudio.as_ref().and_then(|v| lm_studio_window(v, model))),
+            (ServerKind::Ollama, ollama.as_ref().and_then(ollama_window)),
+        ];
+        answers.into_iter().find_map(|(kind, window)| Some((Some(kind), Some(window?)))).unwrap_or((None, None))
+    }
+
+    /// One request: the window `kind`'s endpoint reports for `model`.
+    async fn ask(&self, kind: ServerKind, model: &str) -> Option<u64> {
+        match kind {
+            ServerKind::LlamaCpp => self.get_json("/props").await.as_ref().and_then(llama_cpp_window),
+            ServerKind::Vllm => self.get_json("/v1/models").await.as_ref().and_then(|v| vllm_window(v, model)),
+            ServerKind::LmStudio => {
+                self.get_json("/api/v0/models").await.as_ref().and_then(|v| lm_studio_window(v, model))
+            }
+            ServerKind::Ollama => self
+                .post_json("/api/show", serde_json::json!({ "model": model }))
+                .await
+                .as_ref()
+                .and_then(ollama_window),
+        }
     }
 
     async fn get_json(&self, path: &str) -> Option<Value> {
@@ -346,6 +435,109 @@ mod tests {
         assert_eq!(vllm_window(&list, "c"), None);
         let one = json!({"data": [{"id": "a", "max_model_len": 1000}]});
         assert_eq!(vllm_window(&one, "other-name"), Some(1000));
+    }
+
+    /// An upstream on 127.0.0.1 that answers `GET /props` with a 16k window (or nothing, 404) and
+    /// counts the requests it gets per path. Each answer is delayed a little, so that concurrent
+    /// detections overlap.
+    async fn upstream(props: bool) -> (String, Arc<Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let paths = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&paths);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).await.is_ok_and(|n| n == 1) {
+                        head.push(byte[0]);
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let length: usize = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned())
+                        })
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; length];
+                    let _ = socket.read_exact(&mut body).await;
+                    let path = text.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    seen.lock().unwrap().push(path.clone());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let (status, body) = match (props, path.as_str()) {
+                        (true, "/props") => ("200 OK", r#"{"default_generation_settings":{"n_ctx":16384}}"#),
+                        _ => ("404 Not Found", r#"{"error":"not found"}"#),
+                    };
+                    let response = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (url, paths)
+    }
+
+    fn resolver_for(url: &str) -> WindowResolver {
+        crate::proxy::upstream::install_crypto_provider();
+        let config = Config::default();
+        WindowResolver::new(
+            reqwest::Client::new(),
+            url,
+            ModelTable::from_config(&config).unwrap(),
+            DetectConfig::from_budget(&config.budget),
+        )
+    }
+
+    /// Regression: every request for a model not yet detected probed the upstream (four requests
+    /// each), however many were already waiting for the same answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_requests_for_a_new_model_share_one_probe() {
+        let (url, paths) = upstream(true).await;
+        let resolver = Arc::new(resolver_for(&url));
+        let asks: Vec<_> = (0..20)
+            .map(|_| {
+                let resolver = Arc::clone(&resolver);
+                tokio::spawn(async move { resolver.window(Some("qwen")).await })
+            })
+            .collect();
+        for ask in asks {
+            assert_eq!(ask.await.unwrap(), 16384);
+        }
+        let asked = paths.lock().unwrap().clone();
+        assert_eq!(asked.len(), 4, "{asked:?}");
+    }
+
+    /// Regression: each new model name cost four upstream requests (2,000 requests with fresh names
+    /// → 9,350 upstream requests). Once the server's kind is known, a new name costs one request;
+    /// with no kind found, only the one endpoint whose answer depends on the model is asked.
+    #[tokio::test]
+    async fn a_new_model_name_costs_one_upstream_request() {
+        let (url, paths) = upstream(true).await;
+        let resolver = resolver_for(&url);
+        assert_eq!(resolver.window(Some("first")).await, 16384);
+        assert_eq!(paths.lock().unwrap().len(), 4);
+        for name in ["second", "third", "fourth"] {
+            assert_eq!(resolver.window(Some(name)).await, 16384);
+        }
+        let asked = paths.lock().unwrap().clone();
+        assert_eq!(asked[4..], ["/props", "/props", "/props"], "{asked:?}");
+
+        let (url, paths) = upstream(false).await;
+        let resolver = resolver_for(&url);
+        let default = Config::default().budget.default_context_window;
+        assert_eq!(resolver.window(Some("first")).await, default);
+        for name in ["second", "third"] {
+            assert_eq!(resolver.window(Some(name)).await, default);
+        }
+        let asked = paths.lock().unwrap().clone();
+        assert_eq!(asked.len(), 6, "{asked:?}");
+        assert_eq!(asked[4..], ["/api/show", "/api/show"], "{asked:?}");
     }
 
     #[test]

@@ -3,13 +3,14 @@
 //!
 //! A file whose top level has `rules:` is a rule pack (the shape of `rules/*.yaml`); anything else is a
 //! configuration (the shape of `compaction.example.yaml`), checked together with the pack it selects
-//! and its `compaction.rules` overrides.
+//! and its `compaction.rules` overrides — the same check, with the same listing, that `pare serve`
+//! runs before it starts.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::compact::pack::{check_overrides, check_pack, pack_text};
+use crate::compact::pack::check_pack;
 use crate::config::yaml::{self, NodeValue};
 use crate::config::{Config, ConfigError, Problem};
 
@@ -31,40 +32,7 @@ fn is_rule_pack(text: &str) -> bool {
 }
 
 /// Every problem of a configuration — its own, those of the pack it selects and of its overrides —
-/// in line order.
+/// in line order: the check `pare serve` runs before it starts ([`Config::from_yaml_all`]).
 fn check_config(text: &str) -> Vec<Problem> {
-    let (config, mut problems) = Config::from_yaml_all(text);
-    let (Some(config), Ok(root)) = (config, yaml::parse(text)) else { return problems };
-    problems.extend(check_selected_pack(&config, &root));
-    problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
-    problems
-}
-
-/// The problems of the pack a configuration selects and of its `compaction.rules` overrides.
-fn check_selected_pack(config: &Config, root: &yaml::Node) -> Vec<Problem> {
-    let pack_line = root.line_of("compaction.pack");
-    let pack = &config.compaction.pack;
-    let pack_source = match pack_text(pack) {
-        Ok(source) => source,
-        Err(err) => return vec![Problem { line: pack_line, path: "compaction.pack".into(), message: err.to_string() }],
-    };
-    let mut problems: Vec<Problem> = check_pack(&pack_source)
-        .into_iter()
-        .map(|p| Problem {
-            line: pack_line,
-            path: "compaction.pack".into(),
-            message: match p.line {
-                Some(line) => format!("rule pack `{pack}` line {line}: {}: {}", p.path, p.message),
-                None => format!("rule pack `{pack}`: {}: {}", p.path, p.message),
-            },
-        })
-        .collect();
-    if let Some(overrides) = &config.compaction.rules {
-        for mut p in check_overrides(&pack_source, overrides) {
-            p.path = p.path.replace('[', ".").replace(']', "");
-            p.line = p.line.or_else(|| root.line_of(&p.path));
-            problems.push(p);
-        }
-    }
-    problems
+    Config::from_yaml_all(text).1
 }

@@ -73,18 +73,27 @@ fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
+/// The peak against the usable window: in tokens when every request had the same usable window,
+/// else as the largest share of a request's own usable window (tokens of different windows do not
+/// compare).
+fn peak(m: &Metrics) -> String {
+    match m.one_usable_window() {
+        true => format!("{:>7}/{:<7}", n(m.peak_forwarded as usize), n(m.usable_window as usize)),
+        false => format!("{:>7} of own", pct(m.peak_share)),
+    }
+}
+
 fn row(out: &mut String, name: &str, m: &Metrics) {
     let name = if name.len() > 40 { format!("…{}", &name[name.len() - 39..]) } else { name.to_owned() };
     let _ = writeln!(
         out,
-        "{name:<41} {:>6} {:>11} {:>11} {:>6} {:>7} {:>7}/{:<7} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
+        "{name:<41} {:>6} {:>11} {:>11} {:>6} {:>7} {:>15} {:>5} {:>8} {:>12} {:>7} {:>7} {:>5} {:>7} {:>7}",
         n(m.requests),
         n(m.tokens_raw as usize),
         n(m.tokens_forwarded as usize),
         pct(m.saved()),
         pct(m.ceiling()),
-        n(m.peak_forwarded as usize),
-        n(m.usable_window as usize),
+        peak(m),
         n(m.over_window),
         n(m.over_window_fitting),
         format!("{:.2}x", m.prefill_ratio()),
@@ -99,13 +108,11 @@ fn row(out: &mut String, name: &str, m: &Metrics) {
 /// The human-readable report: sessions grouped by source, a line per source, then the total.
 pub fn render_table(report: &CorpusReport) -> String {
     let mut out = String::new();
-    let _ = write!(
-        out,
-        "pare eval: window {} tokens, mode {}, strategy {}",
-        n(report.window as usize),
-        report.mode,
-        report.strategy
-    );
+    let window = match report.window {
+        Some(window) => format!("window {} tokens", n(window as usize)),
+        None => "window of each request's model (config `models:`, else budget.default_context_window)".into(),
+    };
+    let _ = write!(out, "pare eval: {window}, mode {}, strategy {}", report.mode, report.strategy);
     let _ = writeln!(out, "{}", report.split.as_ref().map(|s| format!(", {s} sessions")).unwrap_or_default());
     let _ = writeln!(out, "{}", header());
     for (source, metrics) in &report.sources {
@@ -116,13 +123,20 @@ pub fn render_table(report: &CorpusReport) -> String {
     }
     row(&mut out, &format!("TOTAL ({} sessions)", report.total.sessions), &report.total);
     let t = &report.total;
+    let peak = match t.one_usable_window() {
+        true => format!("peak {} of usable {}", n(t.peak_forwarded as usize), n(t.usable_window as usize)),
+        false => format!(
+            "peak {} of its request's usable window (usable windows {}–{}, each request against its own)",
+            pct(t.peak_share),
+            n(t.usable_window as usize),
+            n(t.usable_window_max as usize)
+        ),
+    };
     let _ = writeln!(
         out,
-        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · peak {} of usable {} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
+        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · {peak} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
         pct(t.saved()),
         pct(t.ceiling()),
-        n(t.peak_forwarded as usize),
-        n(t.usable_window as usize),
         n(t.over_window),
         n(t.over_window_fitting),
         n(t.uncached_forwarded as usize),

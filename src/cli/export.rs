@@ -20,7 +20,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out: Box<dyn Write> = match &args.out {
         Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+            create_private(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
@@ -38,4 +38,25 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let n = crate::compact::markers::group_digits;
     eprintln!("exported {} {what} from {} session(s)", n(stats.rows), n(stats.sessions));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Create (or truncate) `path` readable by its owner only (0600): an export holds the prompts and
+/// tool outputs of every session it covers. A file that was already there loses its group and
+/// other permissions too.
+fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        options.mode(0o600);
+        let file = options.open(path)?;
+        let mode = file.metadata()?.permissions().mode();
+        if mode & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(mode & 0o600))?;
+        }
+        Ok(file)
+    }
+    #[cfg(not(unix))]
+    options.open(path)
 }

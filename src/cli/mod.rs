@@ -159,9 +159,10 @@ pub struct EvalArgs {
     /// Configuration file (YAML); built-in defaults equal compaction.example.yaml.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
-    /// Context window in tokens every session is replayed against.
+    /// Context window in tokens every session is replayed against (default: each request's model's
+    /// window from the config's `models:`, else `budget.default_context_window`; no upstream is asked).
     #[arg(long)]
-    pub window: u64,
+    pub window: Option<u64>,
     /// Compaction mode (default `compaction.mode` from the config).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,

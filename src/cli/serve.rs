@@ -9,7 +9,7 @@ use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
 use super::{ColorChoice, LogFormat, ModeArg, ServeArgs};
-use crate::config::{Config, Mode, default_worker_threads};
+use crate::config::{Config, Mode, Overrides, default_worker_threads};
 use crate::pipeline::Pipeline;
 
 /// How long an idle thread of the blocking pool (large bodies are parsed and compacted there) stays
@@ -23,9 +23,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_tracing(log_format(&args, &config)?, ansi(args.color, std::io::stderr().is_terminal()));
     let config = Arc::new(config);
     let runtime = runtime(&config).context("cannot start the tokio runtime")?;
+    // The address first: a port in use is said at once, before the archive is opened and the
+    // sessions' state rebuilt from it (which can take seconds on a large archive).
+    let listener = runtime.block_on(crate::proxy::bind(&config.server.listen, &config))?;
     let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
+    if let Some(archive) = pipeline.archive() {
+        refuse_unwritable_archive(&config, &archive.health())?;
+    }
     runtime.block_on(async {
-        let listener = crate::proxy::bind(&config.server.listen, &config).await?;
         let served = crate::proxy::run(listener, config, pipeline.clone(), shutdown_signal()).await;
         // In-flight exchanges are done (or past the grace deadline): commit every queued record.
         if let Some(archive) = pipeline.archive() {
@@ -34,6 +39,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         served
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// An archive directory the user named (`--archive`, `archive.dir`) that cannot be written is a
+/// mistake to fix before serving: pare refuses to start rather than proxy with every record lost.
+/// The default directory is best effort: pare starts, counts the lost records and reports them on
+/// `/_pare/health`.
+fn refuse_unwritable_archive(config: &Config, health: &crate::archive::ArchiveHealth) -> anyhow::Result<()> {
+    if health.writable || config.archive.dir.is_none() {
+        return Ok(());
+    }
+    let cause = health.last_error.as_deref().unwrap_or("the store cannot be opened");
+    anyhow::bail!(
+        "cannot write the archive directory {}: {cause} (fix its permissions, pass another --archive DIR, or set \
+         archive.enabled: false)",
+        health.dir.display()
+    )
 }
 
 /// The runtime that serves connections: multi-threaded (large bodies leave a worker with
@@ -47,26 +68,21 @@ pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// The configuration file (or the defaults) with the command line's overrides applied.
+/// The configuration file (or the defaults) with the command line's overrides applied, refused
+/// with every problem — of the file, the flags, the rule pack it selects and its overrides — in
+/// the listing `pare check` prints.
 pub fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
-    let mut config = Config::load(args.config.as_deref())?;
-    if let Some(listen) = &args.listen {
-        config.server.listen = listen.clone();
-    }
-    if let Some(upstream) = &args.upstream {
-        config.upstream.url = upstream.clone();
-    }
-    if let Some(archive) = &args.archive {
-        config.archive.dir = Some(archive.clone());
-    }
-    if let Some(mode) = args.mode {
-        config.compaction.mode = match mode {
+    let overrides = Overrides {
+        listen: args.listen.clone(),
+        upstream: args.upstream.clone(),
+        archive: args.archive.clone(),
+        mode: args.mode.map(|mode| match mode {
             ModeArg::Epoch => Mode::Epoch,
             ModeArg::Eager => Mode::Eager,
             ModeArg::Off => Mode::Off,
-        };
-    }
-    Ok(config)
+        }),
+    };
+    Ok(Config::load_overridden(args.config.as_deref(), &overrides)?)
 }
 
 fn log_format(args: &ServeArgs, config: &Config) -> anyhow::Result<LogFormat> {

@@ -441,6 +441,9 @@ impl Default for TierSpec {
     }
 }
 
+/// The roles a custom rule may match (user messages are never touched).
+const CUSTOM_ROLES: [&str; 3] = ["tool", "assistant", "system"];
+
 /// Prefixes every marker must start with, so that pare recognises its own output (idempotence).
 pub const MARKER_PREFIXES: &[&str] = &["[pare", "[tool:", "[retried:", "[system prompt:", "[...truncated"];
 
@@ -517,7 +520,12 @@ impl RulesSpec {
                     "user" => push(format!("{at}.match.role"), "user messages are never touched".into()),
                     other => push(
                         format!("{at}.match.role"),
-                        format!("unknown role `{other}` (expected tool, assistant or system)"),
+                        match yaml::did_you_mean(other, CUSTOM_ROLES) {
+                            Some(role) => format!(
+                                "unknown role `{other}`; did you mean `{role}`? (expected tool, assistant or system)"
+                            ),
+                            None => format!("unknown role `{other}` (expected tool, assistant or system)"),
+                        },
                     ),
                 }
             }
@@ -538,7 +546,13 @@ impl RulesSpec {
             if let Some(status) = &rule.matches.status
                 && !matches!(status.as_str(), "ok" | "failed" | "any")
             {
-                push(format!("{at}.match.status"), format!("unknown status `{status}` (expected ok, failed or any)"));
+                let hint = yaml::did_you_mean(status, ["ok", "failed", "any"])
+                    .map(|s| format!("; did you mean `{s}`?"))
+                    .unwrap_or_default();
+                push(
+                    format!("{at}.match.status"),
+                    format!("unknown status `{status}`{hint} (expected ok, failed or any)"),
+                );
             }
             if let (Some(lo), Some(hi)) = (rule.matches.min_chars, rule.matches.max_chars)
                 && lo > hi
@@ -679,12 +693,26 @@ fn render(name: &str, problems: &[Problem]) -> String {
     out
 }
 
-/// The text of a pack named `default|hermes|openai`, or read from a path.
+/// Largest rule pack file read, in bytes (the built-in packs are a few KiB).
+pub const MAX_PACK_BYTES: u64 = 1024 * 1024;
+
+/// The text of a pack named `default|hermes|openai`, or read from a path: a regular file of at most
+/// [`MAX_PACK_BYTES`] (a device or a pipe named by mistake is refused, never read without end).
 pub fn pack_text(name_or_path: &str) -> Result<String, PackError> {
+    use std::io::Read;
     if let Some((_, text)) = BUILTIN_PACKS.iter().find(|(n, _)| *n == name_or_path) {
         return Ok((*text).to_owned());
     }
-    std::fs::read_to_string(name_or_path).map_err(|source| PackError::Read { path: name_or_path.to_owned(), source })
+    let read_error = |source| PackError::Read { path: name_or_path.to_owned(), source };
+    let file = std::fs::File::open(name_or_path).map_err(read_error)?;
+    let meta = file.metadata().map_err(read_error)?;
+    if !meta.is_file() || meta.len() > MAX_PACK_BYTES {
+        let why = format!("not a regular file of at most {MAX_PACK_BYTES} bytes");
+        return Err(read_error(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)));
+    }
+    let mut text = String::new();
+    file.take(MAX_PACK_BYTES).read_to_string(&mut text).map_err(read_error)?;
+    Ok(text)
 }
 
 /// Parse a pack's text, deep-merge `overrides` onto its `rules:`, and validate the result.
@@ -749,6 +777,43 @@ pub fn check_overrides(pack_text: &str, overrides: &Value) -> Vec<Problem> {
     }
     for p in &mut problems {
         p.path = config_path(&p.path);
+    }
+    problems
+}
+
+/// Every problem of the pack a configuration selects (`compaction.pack`) and of the configuration's
+/// `compaction.rules` overrides, in one list: the pack's own problems are placed at the config's
+/// `compaction.pack` line and name the pack's line; the overrides' problems are placed by `line_of`
+/// (the config's line of a dotted path). A pack that cannot be read is one problem, and the
+/// overrides are then checked against the built-in `default` pack, so that a bad pack name does not
+/// hide the overrides' mistakes.
+pub fn check_selected(pack: &str, overrides: Option<&Value>, line_of: &dyn Fn(&str) -> Option<u64>) -> Vec<Problem> {
+    let pack_line = line_of("compaction.pack");
+    let mut problems = Vec::new();
+    let pack_source = match pack_text(pack) {
+        // A blank name is the configuration's own problem (`Config::validate`).
+        Err(_) if pack.trim().is_empty() => BUILTIN_PACKS[0].1.to_owned(),
+        Ok(source) => {
+            problems.extend(check_pack(&source).into_iter().map(|p| Problem {
+                line: pack_line,
+                path: "compaction.pack".into(),
+                message: match p.line {
+                    Some(line) => format!("rule pack `{pack}` line {line}: {}: {}", p.path, p.message),
+                    None => format!("rule pack `{pack}`: {}: {}", p.path, p.message),
+                },
+            }));
+            source
+        }
+        Err(err) => {
+            problems.push(Problem { line: pack_line, path: "compaction.pack".into(), message: err.to_string() });
+            BUILTIN_PACKS[0].1.to_owned()
+        }
+    };
+    if let Some(overrides) = overrides {
+        for mut p in check_overrides(&pack_source, overrides) {
+            p.line = p.line.or_else(|| line_of(&p.path));
+            problems.push(p);
+        }
     }
     problems
 }
@@ -912,6 +977,16 @@ rules:
         let mut paths: Vec<String> = problems.into_iter().map(|p| p.path).collect();
         paths.sort();
         assert_eq!(paths, expected, "the engine refuses with the same list `pare check` gives");
+    }
+
+    /// A device named as a pack is refused at once: `/dev/zero` would otherwise be read without end.
+    #[cfg(unix)]
+    #[test]
+    fn a_pack_that_is_not_a_regular_file_is_refused() {
+        for path in ["/dev/zero", "/tmp"] {
+            let err = pack_text(path).unwrap_err().to_string();
+            assert!(err.contains(path) && err.contains("not a regular file"), "{err}");
+        }
     }
 
     #[test]

@@ -174,7 +174,9 @@ pub struct ArchiveConfig {
     pub flush_interval_ms: u64,
     /// Request headers naming the session explicitly, first present wins.
     pub session_headers: Vec<String>,
-    /// Extra request headers never stored (Authorization, api-key, cookies are always dropped).
+    /// Extra request headers never stored. Always dropped: Authorization, api-key, x-api-key,
+    /// cookies, x-pare-token, and every name containing a credential word such as `auth`, `token`,
+    /// `secret`, `api-key` or `signature` (`crate::archive::CREDENTIAL_NAME_PARTS`).
     pub redact_headers: Vec<String>,
     /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
     /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
@@ -481,6 +483,45 @@ fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
     out
 }
 
+/// Values given on the command line (`pare serve --listen …`), which replace the file's before the
+/// configuration is checked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+    pub archive: Option<PathBuf>,
+    pub mode: Option<Mode>,
+}
+
+impl Overrides {
+    /// Put the given values in place of the configuration's.
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(listen) = &self.listen {
+            config.server.listen = listen.clone();
+        }
+        if let Some(upstream) = &self.upstream {
+            config.upstream.url = upstream.clone();
+        }
+        if let Some(archive) = &self.archive {
+            config.archive.dir = Some(archive.clone());
+        }
+        if let Some(mode) = self.mode {
+            config.compaction.mode = mode;
+        }
+    }
+
+    /// The flag that gave the value at `path`, when one did.
+    fn flag_of(&self, path: &str) -> Option<&'static str> {
+        match path {
+            "server.listen" if self.listen.is_some() => Some("--listen"),
+            "upstream.url" if self.upstream.is_some() => Some("--upstream"),
+            "archive.dir" if self.archive.is_some() => Some("--archive"),
+            "compaction.mode" if self.mode.is_some() => Some("--mode"),
+            _ => None,
+        }
+    }
+}
+
 /// Tokenizer encodings pare can count with.
 pub const ENCODINGS: &[&str] = &["o200k_base", "cl100k_base"];
 
@@ -493,10 +534,17 @@ impl Config {
         }
     }
 
-    /// Every problem of a configuration, in line order (unplaceable ones last), and the configuration
-    /// with defaults in place of the bad values when the rest could be read (`pare check` goes on to
-    /// check the rule pack and overrides it selects).
+    /// Every problem of a configuration — its own, those of the rule pack it selects and of its
+    /// `compaction.rules` overrides — in line order (unplaceable ones last), and the configuration
+    /// with defaults in place of the bad values when the rest could be read. The one check that
+    /// `pare check`, `pare serve` and every other command run.
     pub fn from_yaml_all(text: &str) -> (Option<Config>, Vec<Problem>) {
+        Config::from_yaml_overridden(text, &Overrides::default())
+    }
+
+    /// [`Config::from_yaml_all`] with command-line values in place of the file's: they are checked
+    /// like the file's, and a problem with one names its flag instead of a line.
+    pub fn from_yaml_overridden(text: &str, overrides: &Overrides) -> (Option<Config>, Vec<Problem>) {
         let root = match yaml::parse(text) {
             Ok(root) => root,
             Err(problem) => return (None, vec![problem]),
@@ -508,27 +556,49 @@ impl Config {
                          (least recently used sessions are evicted past it)"
                 .into();
         }
-        if let Some(config) = &config {
-            for mut p in config.validate() {
-                p.line = p.line.or_else(|| root.line_of(&p.path));
+        let config = config.map(|mut config| {
+            overrides.apply(&mut config);
+            let line_of = |path: &str| root.line_of(path);
+            let selected = crate::compact::pack::check_selected(
+                &config.compaction.pack,
+                config.compaction.rules.as_ref(),
+                &line_of,
+            );
+            for mut p in config.validate().into_iter().chain(selected) {
+                match overrides.flag_of(&p.path) {
+                    Some(flag) => {
+                        p.line = None;
+                        p.path = format!("{flag} ({})", p.path);
+                    }
+                    None => p.line = p.line.or_else(|| root.line_of(&p.path)),
+                }
                 problems.push(p);
             }
-        }
+            config
+        });
         problems.sort_by_key(|p| p.line.unwrap_or(u64::MAX));
         (config, problems)
     }
 
-    /// Load a configuration file, or the built-in defaults when `path` is `None`.
+    /// Load a configuration file, or the built-in defaults when `path` is `None`, refusing it with
+    /// every problem of [`Config::from_yaml_all`].
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let Some(path) = path else { return Ok(Config::default()) };
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: Some(path.to_owned()),
-            problems: vec![Problem { line: None, path: String::new(), message: format!("cannot read: {e}") }],
-        })?;
-        Config::from_yaml(&text).map_err(|mut e| {
-            e.path = Some(path.to_owned());
-            e
-        })
+        Config::load_overridden(path, &Overrides::default())
+    }
+
+    /// [`Config::load`] with command-line values in place of the file's ([`Overrides`]).
+    pub fn load_overridden(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| ConfigError {
+                path: Some(path.to_owned()),
+                problems: vec![Problem { line: None, path: String::new(), message: format!("cannot read: {e}") }],
+            })?,
+            None => String::new(),
+        };
+        match Config::from_yaml_overridden(&text, overrides) {
+            (Some(config), problems) if problems.is_empty() => Ok(config),
+            (_, problems) => Err(ConfigError { path: path.map(Path::to_owned), problems }),
+        }
     }
 
     /// Semantic checks that the types alone cannot express. Every problem, not only the first.
@@ -548,8 +618,15 @@ impl Config {
             ),
             Ok(_) => {}
         }
-        if self.server.allow_non_loopback && self.server.auth_token.as_deref().is_none_or(str::is_empty) {
-            bad("server.auth_token", "a non-loopback listener needs an auth_token".into());
+        match self.server.auth_token.as_deref() {
+            Some(token) if token.trim().is_empty() => bad(
+                "server.auth_token",
+                "is blank: a token of spaces guards nothing; give a secret, or null for no token".into(),
+            ),
+            None if self.server.allow_non_loopback => {
+                bad("server.auth_token", "a non-loopback listener needs an auth_token".into())
+            }
+            _ => {}
         }
         if self.memory.max_state_bytes == 0 {
             bad("memory.max_state_bytes", "must be at least 1 byte".into());
@@ -601,6 +678,15 @@ impl Config {
         }
 
         match reqwest::Url::parse(&self.upstream.url) {
+            // `localhost:9100` parses as a URL of scheme `localhost`, `127.0.0.1:9100` as none at all:
+            // the same mistake gets the same answer.
+            _ if !self.upstream.url.contains("://") => bad(
+                "upstream.url",
+                format!(
+                    "`{0}` has no scheme; write `http://{0}` (or https://)",
+                    self.upstream.url.trim_end_matches('/')
+                ),
+            ),
             Err(e) => bad("upstream.url", format!("`{}` is not a URL: {e}", self.upstream.url)),
             Ok(url) if !matches!(url.scheme(), "http" | "https") => {
                 bad("upstream.url", format!("`{}` must be http:// or https://", self.upstream.url))
@@ -609,7 +695,18 @@ impl Config {
             Ok(url) if url.query().is_some() || url.fragment().is_some() => {
                 bad("upstream.url", format!("`{}` must not carry a query or fragment", self.upstream.url))
             }
-            Ok(_) => {}
+            Ok(url) => {
+                if let Some(base) = endpoint_base(&url) {
+                    bad(
+                        "upstream.url",
+                        format!(
+                            "`{}` names an endpoint, not the server's base URL; use `{base}` (pare appends each \
+                             request's own path, e.g. /v1/chat/completions)",
+                            self.upstream.url
+                        ),
+                    )
+                }
+            }
         }
         if self.upstream.connect_timeout_secs == 0 {
             bad("upstream.connect_timeout_secs", "must be at least 1 second".into());
@@ -735,6 +832,20 @@ impl Config {
         }
         problems
     }
+}
+
+/// API endpoints that an upstream URL may wrongly end with: pare forwards each request's own path
+/// (`…/chat/completions`, `…/responses`, `…/messages`) under the base URL.
+const ENDPOINT_PATHS: &[&str] = &["/chat/completions", "/completions", "/responses", "/messages"];
+
+/// The base URL to use instead of an upstream URL that ends in an API endpoint
+/// (`http://h/v1/chat/completions` → `http://h/v1`), `None` when it is a base URL.
+fn endpoint_base(url: &reqwest::Url) -> Option<String> {
+    let path = url.path().trim_end_matches('/');
+    let base_path = ENDPOINT_PATHS.iter().find_map(|endpoint| path.strip_suffix(endpoint))?;
+    let mut base = url.clone();
+    base.set_path(base_path);
+    Some(base.as_str().trim_end_matches('/').to_owned())
 }
 
 /// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).

@@ -160,15 +160,91 @@ fn missing_field(message: &str) -> Option<String> {
     Some(rest[..rest.find('`')?].to_owned())
 }
 
+/// The known word closest to `given` when it is close enough to be a misspelling of it.
+pub fn did_you_mean<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let best = known.into_iter().map(|k| (strsim::jaro_winkler(given, k), k)).max_by(|a, b| a.0.total_cmp(&b.0));
+    best.filter(|(score, _)| *score >= 0.85).map(|(_, k)| k)
+}
+
+/// The words between backticks in a serde list ("one of `a`, `b`").
+fn quoted(list: &str) -> Vec<&str> {
+    list.split('`').skip(1).step_by(2).collect()
+}
+
 /// "unknown field `x`, expected one of `a`, `b`" → "unknown key `x`; did you mean `a`?" when one
-/// known key is close to it (a misspelling), else the message as it is.
+/// known key is close to it (a misspelling), else "unknown key `x` (known keys: a, b)".
 fn suggest(message: &str, field: &str) -> String {
-    let Some((_, expected)) = message.split_once("expected") else { return message.to_owned() };
-    let known = expected.split('`').skip(1).step_by(2);
-    let best = known.map(|k| (strsim::jaro_winkler(field, k), k)).max_by(|a, b| a.0.total_cmp(&b.0));
-    match best {
-        Some((score, key)) if score >= 0.85 => format!("unknown key `{field}`; did you mean `{key}`?"),
-        _ => message.to_owned(),
+    let known = message.split_once("expected").map(|(_, expected)| quoted(expected)).unwrap_or_default();
+    match did_you_mean(field, known.iter().copied()) {
+        Some(key) => format!("unknown key `{field}`; did you mean `{key}`?"),
+        None if known.is_empty() => format!("unknown key `{field}` (this section takes no keys)"),
+        None => format!("unknown key `{field}` (known keys: {})", known.join(", ")),
+    }
+}
+
+/// A serde message in the words of a YAML file's author: "invalid type: string \"lots\", expected
+/// u64" → "expected a whole number (0 or more), got the text \"lots\"". Messages of other shapes
+/// are returned as they are.
+pub fn plain(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("missing field ") {
+        return format!("missing key {rest}");
+    }
+    if let Some(rest) = message.strip_prefix("duplicate field ") {
+        return format!("key {rest} is given twice");
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let (value, expected) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let known = quoted(expected);
+        let given = value.trim_matches('`');
+        return match did_you_mean(given, known.iter().copied()) {
+            Some(word) => format!("unknown value `{given}`; did you mean `{word}`? (expected {})", known.join(", ")),
+            None => format!("unknown value `{given}` (expected {})", known.join(", ")),
+        };
+    }
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some((found, expected)) = message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected ")) {
+            return format!("expected {}, got {}", expected_words(expected), found_words(found));
+        }
+    }
+    message.to_owned()
+}
+
+/// What serde says it expected, as a YAML author would say it.
+fn expected_words(expected: &str) -> String {
+    let words = match expected {
+        "u8" => "a whole number from 0 to 255",
+        "u16" => "a whole number from 0 to 65535",
+        "u32" => "a whole number from 0 to 4294967295",
+        "u64" | "usize" | "u128" => "a whole number (0 or more)",
+        "i8" | "i16" | "i32" | "i64" | "isize" | "i128" => "a whole number",
+        "f32" | "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" | "a borrowed string" | "a character" => "text",
+        "a sequence" => "a list",
+        "a map" => "a mapping (indented `key: value` lines)",
+        other if other.starts_with("struct ") => "a mapping (indented `key: value` lines)",
+        other if other.starts_with("enum ") || other == "variant identifier" => "one of the words it allows",
+        other => other,
+    };
+    words.to_owned()
+}
+
+/// What serde says it found, as a YAML author would say it.
+fn found_words(found: &str) -> String {
+    let unquoted = |s: &str| s.trim_matches('`').to_owned();
+    if let Some(text) = found.strip_prefix("string ") {
+        return format!("the text {text}");
+    }
+    for prefix in ["integer ", "floating point ", "boolean "] {
+        if let Some(value) = found.strip_prefix(prefix) {
+            return unquoted(value);
+        }
+    }
+    match found {
+        "unit value" => "nothing (null)".into(),
+        "map" => "a mapping".into(),
+        "sequence" => "a list".into(),
+        other => other.to_owned(),
     }
 }
 
@@ -306,7 +382,7 @@ pub fn deserialize_value_all<T: DeserializeOwned>(
                     continue;
                 }
                 let dotted = segs.join(".");
-                problems.push(Problem { line: line_of(&dotted), path: dotted, message });
+                problems.push(Problem { line: line_of(&dotted), path: dotted, message: plain(&message) });
                 if !remove_at(&mut json, &segs) {
                     return None;
                 }
@@ -388,8 +464,35 @@ mod tests {
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.path.as_str(), p.message.as_str())).collect();
         assert_eq!(got[0], ("a.nn", "unknown key `nn`; did you mean `n`?"));
         assert_eq!(got[1], ("lsit", "unknown key `lsit`; did you mean `list`?"));
-        assert_eq!(got[2].0, "zzzzzz");
-        assert!(got[2].1.starts_with("unknown field `zzzzzz`, expected one of `a`, `b`, `list`"), "{}", got[2].1);
+        assert_eq!(got[2], ("zzzzzz", "unknown key `zzzzzz` (known keys: a, b, list)"));
+    }
+
+    /// Regression: messages carried serde's type names ("invalid type: string \"lots\", expected u64").
+    #[test]
+    fn messages_speak_of_numbers_and_text_not_rust_types() {
+        let root = parse("a:\n  n: lots\n  s: [1]\nb: 3\nlist:\n  - n: -1\n  - n: 0.5\n").unwrap();
+        let mut problems = Vec::new();
+        let _: Option<Outer> = deserialize_all(&root, &mut problems);
+        let got: Vec<&str> = problems.iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "expected a whole number from 0 to 4294967295, got the text \"lots\"",
+                "expected text, got a list",
+                "expected true or false, got 3",
+                "expected a whole number from 0 to 4294967295, got -1",
+                "expected a whole number from 0 to 4294967295, got 0.5",
+            ]
+        );
+        for message in got {
+            assert!(!["u32", "u64", "invalid type", "invalid value"].iter().any(|j| message.contains(j)), "{message}");
+        }
+        assert_eq!(plain("missing field `action`"), "missing key `action`");
+        assert_eq!(
+            plain("unknown variant `epcoh`, expected one of `epoch`, `eager`, `off`"),
+            "unknown value `epcoh`; did you mean `epoch`? (expected epoch, eager, off)"
+        );
+        assert_eq!(plain("invalid type: map, expected f64"), "expected a number, got a mapping");
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub struct AccessLog {
     pub summary: Option<CompactionSummary>,
     pub session: Option<String>,
     pub model: Option<String>,
-    /// Why compaction did not apply, when it did not.
+    /// Why compaction did not apply, when it did not — also why a request was neither compacted nor
+    /// archived (a compressed body pare does not decode: another encoding, corrupt, or over
+    /// `server.max_body` once decoded).
     pub skipped: Option<String>,
     pub bytes_out: u64,
     /// Counted here when the exchange ends; `None` in unit tests.

@@ -139,7 +139,7 @@ where
                 forward_headers = Some(headers);
             }
             Err(why) => {
-                tracing::debug!(path, reason = why, "compressed body passed through untouched");
+                access.skipped = Some(format!("compressed body forwarded as sent, not archived: {why}"));
                 wire = None;
             }
         }

@@ -1,10 +1,12 @@
 //! The markup of the audit UI (maud: checked at compile time, every interpolated value escaped).
-//! Styles are inline in the page; there is no script.
+//! Styles are inline in the page; there is no script. Text that came from an agent or a model is
+//! shown through [`Shown`]: bidirectional controls and invisible characters become visible marks,
+//! and the text is isolated (`<bdi>`) so that right-to-left runs cannot reorder what is around it.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
@@ -66,7 +68,64 @@ details[open]>summary{border-bottom:1px solid #eaeef2}
 pre{white-space:pre-wrap;word-break:break-word;margin:2px 0;max-height:26em;overflow:auto;background:#f6f8fa;border-radius:4px;padding:6px 8px}
 .call{color:#8250df}
 .error{background:#fff;border:1px solid #d0d7de;border-left:4px solid #c2410c;border-radius:6px;padding:12px 16px}
+.cc{font:10.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;color:#9a3412;background:#ffedd5;border:1px solid #fdba74;border-radius:3px;padding:0 2px;margin:0 1px}
 "#;
+
+/// Characters that change how the text around them is drawn without being seen: bidirectional
+/// controls (which can make `exe.txt` read as `txt.exe`), zero-width characters and joiners, the
+/// byte-order mark, the soft hyphen, and Unicode tag characters (invisible ASCII look-alikes used to
+/// smuggle instructions past a reader).
+fn is_hidden(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// The name a hidden character is shown with (its tooltip).
+fn hidden_name(c: char) -> &'static str {
+    match c {
+        '\u{00AD}' => "soft hyphen",
+        '\u{061C}' => "Arabic letter mark",
+        '\u{180E}' => "Mongolian vowel separator",
+        '\u{200B}' => "zero-width space",
+        '\u{200C}' => "zero-width non-joiner",
+        '\u{200D}' => "zero-width joiner",
+        '\u{200E}' => "left-to-right mark",
+        '\u{200F}' => "right-to-left mark",
+        '\u{202A}' => "left-to-right embedding",
+        '\u{202B}' => "right-to-left embedding",
+        '\u{202C}' => "pop directional formatting",
+        '\u{202D}' => "left-to-right override",
+        '\u{202E}' => "right-to-left override",
+        '\u{2060}' => "word joiner",
+        '\u{2066}' => "left-to-right isolate",
+        '\u{2067}' => "right-to-left isolate",
+        '\u{2068}' => "first strong isolate",
+        '\u{2069}' => "pop directional isolate",
+        '\u{FEFF}' => "zero-width no-break space (byte-order mark)",
+        '\u{E0000}'..='\u{E007F}' => "tag character",
+        _ => "invisible character",
+    }
+}
+
+/// Text from an agent, a model or a tool, as the page shows it: HTML-escaped, each hidden character
+/// ([`is_hidden`]) replaced by a visible mark naming its code point, the whole in a `<bdi>` so that
+/// its direction stays inside it.
+pub struct Shown<'a>(pub &'a str);
+
+impl Render for Shown<'_> {
+    fn render_to(&self, out: &mut String) {
+        out.push_str("<bdi>");
+        let mut rest = self.0;
+        while let Some((at, c)) = rest.char_indices().find(|(_, c)| is_hidden(*c)) {
+            rest[..at].render_to(out);
+            out.push_str(&format!("<span class=\"cc\" title=\"{}\">U+{:04X}</span>", hidden_name(c), c as u32));
+            rest = &rest[at + c.len_utf8()..];
+        }
+        rest.render_to(out);
+        out.push_str("</bdi>");
+    }
+}
 
 /// Longest text shown of one message; the downloads have every byte.
 const SHOWN_CHARS: usize = 20_000;
@@ -177,8 +236,8 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
                 tbody {
                     @for s in &page.sessions {
                         tr {
-                            td.mono { a href=(session_href(&s.info.id)) { (s.info.id) } }
-                            td { (s.info.model.as_deref().unwrap_or("—")) }
+                            td.mono { a href=(session_href(&s.info.id)) { (Shown(&s.info.id)) } }
+                            td { (Shown(s.info.model.as_deref().unwrap_or("—"))) }
                             td { span.badge { (s.info.wire.unwrap_or("—")) } }
                             td.num { (int(s.info.n_requests)) }
                             td.muted { (show_time(s.info.started_ms)) }
@@ -230,19 +289,49 @@ fn answer_summary(answer: Option<&ResponseInfo>) -> Markup {
     html! {
         @if answer.partial { span.badge.warn { "partial" } " " }
         @if let Some(status) = answer.status.filter(|s| *s >= 400) { span.badge.bad { (status) } " " }
-        @if !first_line.is_empty() { (one_line(first_line, 110)) " " }
-        @for call in &calls { span.call { (call) } " " }
+        @if !first_line.is_empty() { (Shown(&one_line(first_line, 110))) " " }
+        @for call in &calls { span.call { (Shown(call)) } " " }
         @if first_line.is_empty() && calls.is_empty() && message.is_none() { span.muted { (answer.end_reason) } }
     }
 }
 
-fn bar(raw: u64, forwarded: u64, window: Option<u64>, scale: u64) -> Markup {
+/// A request's window as the page shows it: the model's whole window and the part of it a prompt may
+/// use (the rest is reserved for the answer). "Over window" means over the usable part.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    whole: u64,
+    reserve: u64,
+}
+
+impl Window {
+    fn of(summary: Option<&CompactionSummary>) -> Option<Window> {
+        summary.and_then(|s| s.report.as_ref()).map(|r| Window { whole: r.window, reserve: r.reserve })
+    }
+
+    fn usable(self) -> u64 {
+        self.whole.saturating_sub(self.reserve)
+    }
+
+    /// "usable 12,288 of window 16,384 (4,096 reserved for the answer)".
+    fn describe(self) -> String {
+        format!(
+            "usable {} of window {} ({} reserved for the answer)",
+            int(self.usable() as i64),
+            int(self.whole as i64),
+            int(self.reserve as i64)
+        )
+    }
+}
+
+/// Raw and forwarded tokens against the usable window (the line the over-window badge compares
+/// with); its tooltip gives the whole window and the reserve too.
+fn bar(raw: u64, forwarded: u64, window: Option<Window>, scale: u64) -> Markup {
     let pct = |n: u64| format!("{:.2}%", 100.0 * n as f64 / scale.max(1) as f64);
     html! {
         div.bar title={ (int(raw as i64)) " raw → " (int(forwarded as i64)) " forwarded tokens" } {
             div.raw style={ "width:" (pct(raw)) } {}
             div.fwd style={ "width:" (pct(forwarded)) } {}
-            @if let Some(window) = window { div.win style={ "left:" (pct(window)) } title={ "window " (int(window as i64)) } {} }
+            @if let Some(window) = window { div.win style={ "left:" (pct(window.usable())) } title=(window.describe()) {} }
         }
     }
 }
@@ -254,8 +343,13 @@ pub fn session(
     report: &VerifyReport,
 ) -> Markup {
     let tokens = |e: &ExchangeInfo, of: fn(&CompactionSummary) -> u64| e.summary.as_ref().map(of);
-    let window = |e: &ExchangeInfo| e.summary.as_ref().and_then(|s| s.report.as_ref()).map(|r| r.window);
-    let scale = exchanges.iter().flat_map(|e| [tokens(e, |s| s.tokens_raw), window(e)]).flatten().max().unwrap_or(1);
+    let window = |e: &ExchangeInfo| Window::of(e.summary.as_ref());
+    let scale = exchanges
+        .iter()
+        .flat_map(|e| [tokens(e, |s| s.tokens_raw), window(e).map(Window::usable)])
+        .flatten()
+        .max()
+        .unwrap_or(1);
     let epochs = exchanges.iter().filter_map(|e| tokens(e, |s| s.epoch)).max().unwrap_or(0);
     let partial = answers.iter().flatten().filter(|a| a.partial).count();
     let wire = info.wire.unwrap_or("—");
@@ -263,9 +357,9 @@ pub fn session(
     layout(
         &format!("Session {}", info.id),
         html! {
-            h1 { "Session " code { (info.id) } }
+            h1 { "Session " code { (Shown(&info.id)) } }
             div.facts {
-                div { b { (info.model.as_deref().unwrap_or("—")) } span { "model" } }
+                div { b { (Shown(info.model.as_deref().unwrap_or("—"))) } span { "model" } }
                 div { b { (wire) } span { "wire format" } }
                 div { b { (int(info.n_requests)) } span { "requests" } }
                 div { b { (show_time(info.started_ms)) } span { "first (UTC)" } }
@@ -287,7 +381,7 @@ pub fn session(
             div.legend {
                 i style="background:#bcd0ea" {} "raw (what the agent sent)"
                 i style="background:#2f6fb8" {} "forwarded (what the model saw)"
-                i style="background:#c2410c;width:2px" {} "the model's window"
+                i style="background:#c2410c;width:2px" {} "the usable window (the model's window less the answer's reserve)"
             }
             table id="requests" {
                 thead { tr {
@@ -312,7 +406,7 @@ pub fn session(
                                     span.muted { "unchanged" }
                                 }
                                 @if e.summary.as_ref().is_some_and(|s| s.over_window) {
-                                    " " span.badge.bad { "over window" }
+                                    " " span.badge.bad title=[window(e).map(|w| format!("forwarded tokens over the {}", w.describe()))] { "over window" }
                                 }
                             }
                             td.wide { (answer_summary(answer.as_ref())) }
@@ -348,19 +442,19 @@ fn message(idx: usize, json: &str) -> Markup {
         .sum::<usize>();
     html! {
         div.msg {
-            span.role.(role) { "#" (idx) " " (role) }
-            @if let Some(name) = m.get("name").and_then(Value::as_str) { " " code { (name) } }
-            @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { span.muted { " answers " code { (id) } } }
+            span.role.(role) { "#" (idx) " " (Shown(role)) }
+            @if let Some(name) = m.get("name").and_then(Value::as_str) { " " code { (Shown(name)) } }
+            @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { span.muted { " answers " code { (Shown(id)) } } }
             span.muted { " · " (int(n_chars as i64)) " chars" }
             @if reasoning > 0 { span.muted { " · reasoning " (int(reasoning as i64)) " chars" } }
             @if !shown.trim().is_empty() {
-                pre { (shown) @if n_chars > SHOWN_CHARS { "\n… " (int((n_chars - SHOWN_CHARS) as i64)) " more chars (download the body for all)" } }
+                pre { (Shown(&shown)) @if n_chars > SHOWN_CHARS { "\n… " (int((n_chars - SHOWN_CHARS) as i64)) " more chars (download the body for all)" } }
             }
             @for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                 @let f = call.get("function");
                 @let args = match f.and_then(|f| f.get("arguments")) { Some(Value::String(s)) => s.clone(), Some(v) => v.to_string(), None => String::new() };
-                pre.call { "→ " (f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("?")) "(" (args) ")"
-                    @if let Some(id) = call.get("id").and_then(Value::as_str) { "  [" (id) "]" } }
+                pre.call { "→ " (Shown(f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("?"))) "(" (Shown(&args)) ")"
+                    @if let Some(id) = call.get("id").and_then(Value::as_str) { "  [" (Shown(id)) "]" } }
             }
         }
     }
@@ -439,22 +533,43 @@ fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
     html! { @for block in blocks { (block) } }
 }
 
-fn compaction_report(summary: Option<&CompactionSummary>, epoch_link: Markup) -> Markup {
+/// The message number, as this page numbers the request's messages, where the protected tail
+/// starts; `None` when nothing is protected. The engine counts in its own input — the session's
+/// compacted prefix followed by the messages that came after it — which is shorter than the request
+/// by what that prefix compacted: `messages_in` against `n_raw` gives the shift.
+fn protected_tail_start(engine: &crate::compact::report::Report, n_raw: usize) -> Option<usize> {
+    let start = match engine.messages_in {
+        // A summary written without the engine's input length: its index is all there is.
+        0 => engine.boundary,
+        n_in => (engine.boundary + n_raw).checked_sub(n_in)?,
+    };
+    (start < n_raw).then_some(start)
+}
+
+fn compaction_report(summary: Option<&CompactionSummary>, n_raw: usize, epoch_link: Markup) -> Markup {
     let Some(summary) = summary else { return html! { p.muted { "no compaction summary recorded" } } };
     let report = summary.report.as_ref();
     let engine = report.and_then(|r| r.engine.as_ref());
+    let window = Window::of(Some(summary));
     // An enum as the word it is archived as.
     let word = |v: Option<Value>| v.and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| "—".into());
     html! {
         div.facts {
             div { b { (word(report.and_then(|r| serde_json::to_value(r.mode).ok()))) } span { "mode" } }
             div { b { (word(report.and_then(|r| r.action).and_then(|a| serde_json::to_value(a).ok()))) } span { "action" } }
-            div { b { (report.map_or_else(|| "—".into(), |r| r.window.to_string())) } span { "window" } }
+            div { b { (window.map_or_else(|| "—".into(), |w| int(w.usable() as i64))) } span { "usable window (tokens)" } }
+            div {
+                b { (window.map_or_else(|| "—".into(), |w| int(w.whole as i64))) }
+                span { "window, of which " (window.map_or_else(|| "—".into(), |w| int(w.reserve as i64))) " reserved for the answer" }
+            }
             div { b { (summary.epoch) } span { "epoch" } }
             (epoch_link)
             @if let Some(engine) = engine {
                 div { b { (engine.pack) } span { "pack" } }
-                div { b { (engine.boundary) } span { "protected tail from #" } }
+                div {
+                    b { @match protected_tail_start(engine, n_raw) { Some(start) => { "#" (start) }, None => "none" } }
+                    span { "protected tail starts at (message numbers as above)" }
+                }
             }
         }
         @if let Some(rules) = engine.map(|e| &e.rules).filter(|r| !r.is_empty()) {
@@ -487,7 +602,7 @@ fn answer_block(answer: Option<&ResponseInfo>, n_messages: usize) -> Markup {
         div.change id="answer" style="padding:4px 10px" {
             @match &message_json {
                 Some(json) => (message(n_messages, json)),
-                None => pre { (String::from_utf8_lossy(&answer.body).chars().take(SHOWN_CHARS).collect::<String>()) },
+                None => pre { (Shown(&String::from_utf8_lossy(&answer.body).chars().take(SHOWN_CHARS).collect::<String>())) },
             }
         }
     }
@@ -505,7 +620,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
         &format!("Request {} of {}", e.seq, info.id),
         html! {
             h1 {
-                a href=(session_href(&info.id)) { code { (info.id) } } " · request " (e.seq) " of " (info.n_requests)
+                a href=(session_href(&info.id)) { code { (Shown(&info.id)) } } " · request " (e.seq) " of " (info.n_requests)
             }
             div.actions {
                 @if e.seq > 1 { a.button rel="prev" href=(request_href(&info.id, e.seq - 1)) { "← request " (e.seq - 1) } }
@@ -515,8 +630,8 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
             }
             div.facts {
                 div { b { (show_time(e.at_ms)) } span { "time (UTC)" } }
-                div { b { (e.model.as_deref().unwrap_or("—")) } span { "model" } }
-                div { b { code { (e.method) " " (e.path) } } span { "request" } }
+                div { b { (Shown(e.model.as_deref().unwrap_or("—"))) } span { "model" } }
+                div { b { code { (e.method) " " (Shown(&e.path)) } } span { "request" } }
                 div { b { (int(e.raw_len)) " → " (int(e.fwd_len.unwrap_or(e.raw_len))) } span { "bytes raw → forwarded" } }
                 div { b { (summary.map(|s| int(s.tokens_raw as i64)).unwrap_or_else(|| "—".into())) " → "
                           (summary.map(|s| int(s.tokens_forwarded as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
@@ -532,7 +647,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
             h2 { "Answer" }
             (answer_block(answer, forwarded.len()))
             h2 { "Compaction report" }
-            (compaction_report(summary, html! {
+            (compaction_report(summary, raw.len(), html! {
             @if let Some(start) = view.epoch_started_at {
                 div { b { a href=(request_href(&info.id, start)) { "request " (start) } } span { "compacted the prefix of this epoch" } }
             }

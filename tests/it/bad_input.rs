@@ -231,3 +231,104 @@ async fn a_stream_the_client_abandons_is_archived_as_partial() {
     assert!(String::from_utf8_lossy(&answer.body).contains("first words"), "what arrived is kept");
     assert_eq!(archived_raw(&pare, "abandoned").await, body);
 }
+
+/// Regression: a compressed body whose decoded size is over `server.max_body` was forwarded still
+/// compressed and not archived, and the access line did not say why. It says so now (`skipped`).
+#[test]
+fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    // An upstream that answers every request with a small JSON completion.
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut socket in upstream.incoming().take(4).flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let length: usize = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:").and_then(|v| v.trim().parse().ok()))
+                .unwrap_or(0);
+            let mut body = vec![0u8; length];
+            let _ = socket.read_exact(&mut body);
+            let answer = r#"{"id":"x","object":"chat.completion","choices":[]}"#;
+            let _ = write!(
+                socket,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pare.yaml");
+    std::fs::write(&config, "server:\n  max_body: 4096\nbudget:\n  detect_window: false\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--upstream")
+        .arg(format!("http://{upstream_addr}"))
+        .arg("--archive")
+        .arg(dir.path().join("archive"))
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start pare serve");
+    let stderr = child.stderr.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |needle: &str, seen: &mut Vec<String>| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(line) = lines_rx.recv_timeout(std::time::Duration::from_millis(200)) {
+                let found = line.contains(needle);
+                seen.push(line);
+                if found {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    let mut seen = Vec::new();
+    let listening = wait_for("pare listening", &mut seen);
+    let mut answered = false;
+    if listening {
+        // 64 KiB of JSON once decoded, a few hundred bytes compressed.
+        let filler = "a".repeat(64 * 1024);
+        let json = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{filler}"}}]}}"#);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(json.as_bytes()).unwrap();
+        let body = gz.finish().unwrap();
+        assert!(body.len() < 4096);
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        stream.write_all(&body).unwrap();
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        answered = wait_for("total_ms=", &mut seen);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(listening && answered, "{seen:#?}");
+    let access = seen.iter().find(|l| l.contains("total_ms=")).unwrap();
+    assert!(
+        access.contains("compressed body forwarded as sent, not archived: decoded body over server.max_body"),
+        "{access}"
+    );
+}

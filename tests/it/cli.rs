@@ -8,6 +8,22 @@ fn pare(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pare")).args(args).output().expect("run pare")
 }
 
+/// `pare ARGS` for a command that must end by itself: killed after 20 s (then it failed).
+fn pare_within(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pare");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().expect("wait for pare").is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("pare's output")
+}
+
 fn check(dir: &Path, name: &str, yaml: &str) -> (Option<i32>, String) {
     let path = dir.join(name);
     std::fs::write(&path, yaml).unwrap();
@@ -56,7 +72,161 @@ budget:
     );
     assert_eq!(got[0].2, "bad regex `(unclosed`: unclosed group");
     assert_eq!(got[1].2, "unknown key `high_watr`; did you mean `high_water`?");
-    assert!(got[2].2.contains("invalid type"), "{report}");
+    assert_eq!(got[2].2, "expected a number, got the text \"lots\"");
+}
+
+/// A config whose problems lie in itself, in the name of the pack it selects and in its rule
+/// overrides (a misspelt role in a custom rule, a misspelt key, a value of the wrong type).
+const MANY_MISTAKES: &str = "\
+compaction:
+  pack: defualt
+  rules:
+    custom:
+      - name: mine
+        match:
+          role: toool
+        action: clear
+    truncate:
+      max_char: 3
+budget:
+  default_context_window: lots
+";
+
+/// Regression: `pare check` stopped at a bad pack name and reported the rule mistakes only once it
+/// was fixed; a misspelt custom-rule role had no suggestion; type errors spoke serde ("expected u64").
+#[test]
+fn check_reports_the_pack_name_and_the_rule_mistakes_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, report) = check(dir.path(), "many.yaml", MANY_MISTAKES);
+    assert_eq!(code, Some(1), "{report}");
+    let got = problems(&report);
+    let lines: Vec<(u64, &str)> = got.iter().map(|(l, p, _)| (*l, p.as_str())).collect();
+    assert_eq!(
+        lines,
+        vec![
+            (2, "compaction.pack"),
+            (7, "compaction.rules.custom.0.match.role"),
+            (10, "compaction.rules.truncate.max_char"),
+            (12, "budget.default_context_window"),
+        ],
+        "{report}"
+    );
+    assert!(got[0].2.contains("built-in packs: default, hermes, openai"), "{report}");
+    assert!(got[1].2.starts_with("unknown role `toool`; did you mean `tool`?"), "{report}");
+    assert_eq!(got[3].2, "expected a whole number (0 or more), got the text \"lots\"");
+    for jargon in ["u64", "u32", "usize", "f64", "invalid type", "invalid value"] {
+        assert!(!report.contains(jargon), "{jargon} in {report}");
+    }
+}
+
+/// Regression: `pare serve` reported a config's own problems, then — once they were fixed — the
+/// pack's and the overrides' in a second stage without lines. It refuses now with the very listing
+/// `pare check` prints, before it binds its port.
+#[test]
+fn serve_refuses_a_bad_config_with_the_listing_of_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, report) = check(dir.path(), "many.yaml", MANY_MISTAKES);
+    let config = dir.path().join("many.yaml");
+    let archive = dir.path().join("archive");
+    let (config, archive_arg) = (config.to_str().unwrap(), archive.to_str().unwrap());
+    let out = pare_within(&["serve", "--config", config, "--listen", "127.0.0.1:0", "--archive", archive_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(problems(&stderr), problems(&report), "{stderr}");
+    assert_eq!(problems(&stderr).len(), 4, "{stderr}");
+    assert!(!archive.exists(), "refused before the archive was opened");
+}
+
+/// Regression: an upstream URL naming an endpoint (`…/v1/chat/completions`) was accepted, and every
+/// request then went to `…/v1/chat/completions/v1/chat/completions`. `check` and `serve` refuse it
+/// with the base URL to use; a value given by a flag is named by its flag.
+#[test]
+fn an_endpoint_as_upstream_url_is_refused_with_the_base_url() {
+    let dir = tempfile::tempdir().unwrap();
+    for (endpoint, base) in [
+        ("http://127.0.0.1:8080/v1/chat/completions", "http://127.0.0.1:8080/v1"),
+        ("https://api.example.com/v1/responses/", "https://api.example.com/v1"),
+        ("http://h:9/v1/messages", "http://h:9/v1"),
+    ] {
+        let (code, report) = check(dir.path(), "up.yaml", &format!("upstream:\n  url: {endpoint}\n"));
+        assert_eq!(code, Some(1), "{report}");
+        let got = problems(&report);
+        assert_eq!((got[0].0, got[0].1.as_str()), (2, "upstream.url"), "{report}");
+        assert!(got[0].2.contains(&format!("use `{base}`")), "{report}");
+    }
+    let (code, report) = check(dir.path(), "ok.yaml", "upstream:\n  url: http://127.0.0.1:8080/v1\n");
+    assert_eq!(code, Some(0), "{report}");
+    let out =
+        pare_within(&["serve", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:8080/v1/chat/completions"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--upstream (upstream.url)") && stderr.contains("use `http://127.0.0.1:8080/v1`"),
+        "{stderr}"
+    );
+}
+
+/// Regression: an upstream given without its scheme got two different errors for the same mistake
+/// (`127.0.0.1:9100`: "relative URL without a base"; `localhost:9100`: "must be http:// or
+/// https://", read as a URL of scheme `localhost`). Both say what to write.
+#[test]
+fn an_upstream_without_a_scheme_gets_one_answer_whatever_its_host() {
+    let mut answers = Vec::new();
+    for host in ["127.0.0.1:9100", "localhost:9100", "[::1]:9100", "gpu-box"] {
+        let out = pare_within(&["serve", "--listen", "127.0.0.1:0", "--upstream", host]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{stderr}");
+        let line = stderr.lines().find(|l| l.contains("--upstream")).unwrap_or_else(|| panic!("{stderr}"));
+        answers.push(line.replace(host, "HOST"));
+    }
+    assert_eq!(
+        answers[0],
+        "  config: --upstream (upstream.url): `HOST` has no scheme; write `http://HOST` (or https://)"
+    );
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:#?}");
+}
+
+/// Regression: `server.auth_token: " "` was accepted (a token anyone can send by accident).
+#[test]
+fn a_blank_auth_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for blank in ["\" \"", "\"\"", "\"\\t\""] {
+        let (code, report) = check(dir.path(), "token.yaml", &format!("server:\n  auth_token: {blank}\n"));
+        assert_eq!(code, Some(1), "{blank}: {report}");
+        let got = problems(&report);
+        assert_eq!((got[0].0, got[0].1.as_str()), (2, "server.auth_token"), "{report}");
+        assert!(got[0].2.contains("blank"), "{report}");
+    }
+    assert_eq!(check(dir.path(), "token.yaml", "server:\n  auth_token: s3cret\n").0, Some(0));
+}
+
+/// Regression: an explicit `--archive` that cannot be written started anyway (every record lost,
+/// the UI saying "nothing recorded yet"). pare refuses to start and says why.
+#[test]
+fn an_unwritable_explicit_archive_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_dir = dir.path().join("archive");
+    std::fs::write(&not_a_dir, b"a file where the archive directory should be").unwrap();
+    let out = pare_within(&["serve", "--listen", "127.0.0.1:0", "--archive", not_a_dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("cannot write the archive directory {}", not_a_dir.display())), "{stderr}");
+    assert!(!stderr.contains("pare listening"), "{stderr}");
+}
+
+/// Regression: a port in use was reported only after the archive was opened and the sessions'
+/// state rebuilt from it (seconds on a large archive). The port is bound first.
+#[test]
+fn a_port_in_use_is_reported_before_the_archive_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let archive = dir.path().join("archive");
+    let out = pare_within(&["serve", "--listen", &addr, "--archive", archive.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&addr), "{stderr}");
+    assert!(!archive.exists(), "the archive was opened before the bind failed: {stderr}");
 }
 
 /// A required key that is there but wrong is reported once, as wrong, not a second time as missing.
@@ -303,4 +473,47 @@ fn sessions_diff_shows_each_change_once() {
     let transcript = pare(&["sessions", "show", "s52", "--request", "1", "--archive", archive_dir]);
     let transcript = String::from_utf8(transcript.stdout).unwrap();
     assert!(transcript.contains("\n[0] system\n") && transcript.contains("\n[3] tool"), "{transcript}");
+}
+
+/// Regression: `pare export --out FILE` wrote FILE 0644, readable by every user of the host, though
+/// it holds the prompts and tool outputs of every session; a file that was there kept its mode.
+#[cfg(unix)]
+#[test]
+fn an_export_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use bytes::Bytes;
+    use pare::archive::{Archive, ExchangeRecord};
+    use pare::config::Durability;
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().join("archive"), Durability::Buffered, std::time::Duration::from_millis(5));
+    archive.record_exchange(ExchangeRecord {
+        session: "s".into(),
+        at_ms: 1_700_000_000_000,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        model: Some("m".into()),
+        headers: Vec::new(),
+        raw: Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+        raw_spans: None,
+        forwarded: None,
+        forwarded_spans: None,
+        summary: None,
+        late_summary: None,
+        skipped: None,
+        key_req: None,
+    });
+    archive.close();
+    let archive_dir = dir.path().join("archive");
+    let existing = dir.path().join("existing.jsonl");
+    std::fs::write(&existing, b"old rows").unwrap();
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for out_file in [dir.path().join("sft.jsonl"), existing] {
+        let out =
+            pare(&["export", "--archive", archive_dir.to_str().unwrap(), "--out", out_file.to_str().unwrap(), "sft"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mode = std::fs::metadata(&out_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", out_file.display());
+    }
 }

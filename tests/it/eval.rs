@@ -253,7 +253,7 @@ fn peer_strategies_are_measured_with_the_same_metrics() {
     let engine: Arc<dyn CompactEngine> = MaskEngine::new(1);
     let compactor = compactor("", engine.clone());
     let run = |strategy: Strategy| {
-        evaluate_session_with(strategy, &compactor, engine.as_ref(), Wire::Chat, "s", &lines, 100_000)
+        evaluate_session_with(strategy, &compactor, engine.as_ref(), Wire::Chat, "s", &lines, Some(100_000))
     };
 
     let mask = run(Strategy::Mask { keep: 1 });
@@ -273,7 +273,7 @@ fn peer_strategies_are_measured_with_the_same_metrics() {
         Wire::Chat,
         "s",
         &lines,
-        2_000,
+        Some(2_000),
     );
     assert!(tight.saved() > 0.0 && tight.recall() < 1.0, "{tight:?}");
     assert_eq!(tight.validity(), 1.0);
@@ -305,4 +305,81 @@ fn the_split_keeps_a_tasks_runs_together_and_covers_the_corpus() {
     assert_eq!(select(sessions, None).len(), ids.len());
     assert_eq!(split_of(ids[0]), split_of(ids[1]));
     assert_eq!(split_of(ids[3]), split_of(ids[4]));
+}
+
+/// Regression: `pare eval --archive` needed `--window` although the config's `models:` gives each
+/// model's window; and the TOTAL line put the largest peak of one window over the usable tokens of
+/// another. Without `--window` each request is replayed at its model's window, and a total over
+/// different windows gives its peak as a share of each request's own usable window.
+#[test]
+fn eval_of_an_archive_takes_each_models_window_from_the_config() {
+    use bytes::Bytes;
+    use pare::archive::{Archive, ExchangeRecord};
+    use pare::config::Durability;
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive_dir = dir.path().join("archive");
+    let archive = Archive::start(archive_dir.clone(), Durability::Buffered, std::time::Duration::from_millis(5));
+    for (session, model) in [("small-session", "small"), ("big-session", "big")] {
+        let conversation = needle_session();
+        for (k, body) in requests_of(&conversation).into_iter().enumerate() {
+            let mut body: Value = serde_json::from_slice(&body).unwrap();
+            body["model"] = json!(model);
+            archive.record_exchange(ExchangeRecord {
+                session: session.into(),
+                at_ms: 1_700_000_000_000 + k as i64,
+                method: "POST".into(),
+                path: "/v1/chat/completions".into(),
+                model: Some(model.into()),
+                headers: Vec::new(),
+                raw: Bytes::from(body.to_string()),
+                raw_spans: None,
+                forwarded: None,
+                forwarded_spans: None,
+                summary: None,
+                late_summary: None,
+                skipped: None,
+                key_req: None,
+            });
+        }
+    }
+    archive.close();
+    let config = dir.path().join("pare.yaml");
+    std::fs::write(
+        &config,
+        "models:\n  - match: ^small$\n    context_window: 8192\n  - match: ^big$\n    context_window: 65536\n",
+    )
+    .unwrap();
+    let eval = |json: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_pare"));
+        command.args(["eval", "--config", config.to_str().unwrap(), "--archive", archive_dir.to_str().unwrap()]);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: Value = serde_json::from_str(&eval(true)).unwrap();
+    assert_eq!(report["window"], Value::Null);
+    let usable: Vec<(&str, u64)> = report["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap(), s["usable_window"].as_u64().unwrap()))
+        .collect();
+    // The default answer reserve (4,096 tokens) off each model's window.
+    assert_eq!(usable, [("big-session", 61_440), ("small-session", 4_096)], "{report:#}");
+    let total = &report["total"];
+    assert_eq!((total["usable_window"].as_u64(), total["usable_window_max"].as_u64()), (Some(4_096), Some(61_440)));
+    let share = total["peak_share"].as_f64().unwrap();
+    let small = report["sessions"].as_array().unwrap().iter().find(|s| s["id"] == "small-session").unwrap();
+    assert_eq!(share, small["peak_forwarded"].as_f64().unwrap() / 4_096.0, "the larger share is the small window's");
+
+    let table = eval(false);
+    assert!(table.starts_with("pare eval: window of each request's model"), "{table}");
+    let total_row = table.lines().find(|l| l.starts_with("TOTAL")).unwrap();
+    assert!(!total_row.contains("/4,096"), "the total compares no tokens across windows: {total_row}");
+    assert!(total_row.contains(&format!("{:.1}% of own", share * 100.0)), "{total_row}");
+    assert!(table.contains("usable windows 4,096–61,440, each request against its own"), "{table}");
 }

@@ -474,3 +474,114 @@ async fn responses_sessions_are_listed_and_aligned() {
     assert!(page.contains("&lt;script&gt;"), "the user's text, read from the Responses items, is shown escaped");
     assert!(!page.contains("Not a request body"));
 }
+
+/// One archived request of 8 messages, compacted by an epoch whose engine ran on a 4-message input
+/// (the session's compacted prefix of 2, then the 2 messages after it: raw #6 and #7 are the engine's
+/// #2 and #3), at an 8,192-token window with 1,024 reserved for the answer. Its text and model carry
+/// a right-to-left override, a zero-width space and a tag character.
+fn crafted_epoch_request(dir: &Path) {
+    let archive = Archive::start(dir.to_owned(), Durability::Buffered, Duration::from_millis(5));
+    let call = |id: &str| json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}}]});
+    let raw = json!({"model": "m\u{202E}txt.exe", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "open invoice\u{202E}fdp.exe and say\u{200B}nothing\u{E0041}"},
+        call("c1"), {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
+        call("c2"), {"role": "tool", "tool_call_id": "c2", "content": "print(2)"},
+        {"role": "assistant", "content": "both read"},
+        {"role": "user", "content": "thanks"},
+    ]});
+    let summary: CompactionSummary = serde_json::from_value(json!({
+        "tokens_raw": 9000, "tokens_forwarded": 7500, "epoch": 1, "epoch_started": true, "over_window": true,
+        "report": {"mode": "epoch", "window": 8192, "reserve": 1024, "action": "epoch",
+            "engine": {"pack": "default", "messages_in": 4, "messages_out": 4, "boundary": 2, "rules": {}}},
+    }))
+    .unwrap();
+    archive.record_exchange(ExchangeRecord {
+        session: "crafted".into(),
+        at_ms: 1_760_000_000_000,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        model: Some("m\u{202E}txt.exe".into()),
+        headers: Vec::new(),
+        raw: Bytes::from(serde_json::to_vec(&raw).unwrap()),
+        raw_spans: None,
+        forwarded: None,
+        forwarded_spans: None,
+        summary: Some(summary),
+        late_summary: None,
+        skipped: None,
+        key_req: None,
+    });
+    archive.close();
+}
+
+fn page_of(ui: &Ui, path: &str) -> String {
+    let reply = ui.route("GET", path, None);
+    assert_eq!(reply.status, 200, "{path}");
+    match reply.body {
+        Payload::Bytes(bytes) => String::from_utf8(bytes).unwrap(),
+        Payload::Export(_) => panic!("a page"),
+    }
+}
+
+/// Regression: "protected tail from #2" was the engine's index into its own input (the compacted
+/// prefix plus the new messages), not the number the page gives the request's messages.
+#[test]
+fn the_protected_tail_is_given_in_the_requests_message_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    crafted_epoch_request(dir.path());
+    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let page = page_of(&ui, "/_pare/ui/session/crafted/request/1");
+    assert!(page.contains("<b>#6</b><span>protected tail starts at (message numbers as above)</span>"), "{page}");
+    assert!(page.contains("#6 <bdi>assistant</bdi>") && page.contains("#7 <bdi>user</bdi>"), "numbered from #0");
+}
+
+/// Regression: the session's window line was drawn at the whole window while its "over window"
+/// badge compared with the usable window (the window less the answer's reserve), so a request could
+/// be badged over a line it stayed under. Both use the usable window and name the whole one too.
+#[test]
+fn the_window_line_and_the_over_window_badge_use_the_same_window() {
+    let dir = tempfile::tempdir().unwrap();
+    crafted_epoch_request(dir.path());
+    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let session = page_of(&ui, "/_pare/ui/session/crafted");
+    let described = "usable 7,168 of window 8,192 (1,024 reserved for the answer)";
+    // The scale is the largest of raw tokens and usable windows: 9,000; the line sits at 7,168.
+    assert!(session.contains(&format!("class=\"win\" style=\"left:79.64%\" title=\"{described}\"")), "{session}");
+    assert!(
+        session.contains(&format!("title=\"forwarded tokens over the {described}\">over window</span>")),
+        "{session}"
+    );
+    let request = page_of(&ui, "/_pare/ui/session/crafted/request/1");
+    assert!(request.contains("<b>7,168</b><span>usable window (tokens)</span>"), "{request}");
+    assert!(request.contains("<b>8,192</b><span>window, of which 1,024 reserved for the answer</span>"), "{request}");
+}
+
+/// Regression: a right-to-left override, zero-width characters and tag characters in a message or
+/// a model name were drawn as they are: invisible, or reordering the text around them
+/// (`invoice` U+202E `fdp.exe` reads as `invoiceexe.pdf`). Each is shown as a visible mark, in isolated text.
+#[test]
+fn bidi_controls_and_invisible_characters_are_shown_as_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    crafted_epoch_request(dir.path());
+    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    for path in ["/_pare/ui/", "/_pare/ui/session/crafted", "/_pare/ui/session/crafted/request/1"] {
+        let page = page_of(&ui, path);
+        for hidden in ['\u{202E}', '\u{200B}', '\u{E0041}'] {
+            assert!(!page.contains(hidden), "{path} holds U+{:04X} as it is", hidden as u32);
+        }
+        assert!(
+            page.contains("<bdi>m<span class=\"cc\" title=\"right-to-left override\">U+202E</span>txt.exe</bdi>"),
+            "{path}: {page}"
+        );
+    }
+    let request = page_of(&ui, "/_pare/ui/session/crafted/request/1");
+    assert!(
+        request.contains(
+            "<bdi>open invoice<span class=\"cc\" title=\"right-to-left override\">U+202E</span>fdp.exe and say\
+             <span class=\"cc\" title=\"zero-width space\">U+200B</span>nothing\
+             <span class=\"cc\" title=\"tag character\">U+E0041</span></bdi>"
+        ),
+        "{request}"
+    );
+}
