@@ -1,0 +1,69 @@
+//! The engine under odd inputs and hard budgets (issue 33): lone surrogate escapes, sessions whose
+//! protected tail alone overflows the window.
+
+use std::sync::Arc;
+
+use pare::budget::SessionCompactor;
+use pare::compact::Engine;
+use pare::config::Config;
+use pare::wire::ChatBody;
+
+use crate::support::CodingAgent;
+
+/// The shared coding session (`support::coding_session`) as chat request bodies.
+fn coding_session(n_turns: usize, words: usize) -> Vec<String> {
+    let agent = CodingAgent { model: "test-model", tool: "terminal", id_prefix: "call_", reasoning: None };
+    crate::support::coding_session(&agent, n_turns, words).iter().map(|body| body.to_string()).collect()
+}
+
+/// Regression (issue 33, finding 8): one lone surrogate escape (`\udc80`, what a tool prints for an
+/// undecodable byte) in an old tool output made that message unreadable, the request invalid to the
+/// engine, and the whole session uncompacted (221,794 → 221,794 tokens). It is valid JSON: the
+/// session is compacted as it would be without it, the message carrying it is compacted like any
+/// other, and the messages pare leaves alone go out as their original bytes, escape included.
+#[test]
+fn a_lone_surrogate_in_an_old_tool_output_does_not_switch_compaction_off() {
+    let bodies: Vec<String> = coding_session(24, 120)
+        .into_iter()
+        .map(|body| body.replace("w0x7 ", "w0x7 \\udc80 ").replace("failing test", "failing \\udc80 test"))
+        .collect();
+    assert!(bodies[3].contains(r"w0x7 \udc80 w0x8") && bodies[3].contains(r"failing \udc80 test"));
+    let compactor = SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack())).unwrap();
+    let window = 8192;
+    let mut compacted = 0;
+    for raw in &bodies {
+        let body = ChatBody::parse(raw.as_bytes()).unwrap();
+        let out = compactor.compact_body("s", &body, Some(window));
+        let summary = &out.summary;
+        let engine = summary.report.as_ref().and_then(|r| r.engine.as_ref());
+        assert!(engine.is_none_or(|e| e.input_invalid.is_none() && e.validation_failed.is_none()), "{engine:?}");
+        let Some(forwarded) = out.body else { continue };
+        assert!(summary.tokens_forwarded < summary.tokens_raw);
+        compacted += 1;
+        let forwarded = String::from_utf8(forwarded).unwrap();
+        let sent = ChatBody::parse(forwarded.as_bytes()).unwrap();
+        let (raw_messages, sent_messages) = (&body.messages, &sent.messages);
+        // The task, with its escape, and the tail are the agent's bytes.
+        assert_eq!(sent_messages[1], raw_messages[1]);
+        assert!(sent_messages[1].contains(r"\udc80"));
+        let tail = sent_messages.len().min(raw_messages.len()) / 3;
+        assert_eq!(sent_messages[sent_messages.len() - tail..], raw_messages[raw_messages.len() - tail..]);
+        // The old output that carries the escape is compacted (its words are gone), every other
+        // forwarded message is either the agent's bytes or pare's rewrite of one.
+        assert!(!forwarded.contains("w0x7 \\udc80 w0x8"), "the first output is compacted");
+        for message in sent_messages {
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&pare::neutral::lone_surrogates_replaced(message)).is_ok()
+            );
+        }
+        // The rest of the body (model, stream) is the agent's.
+        assert_eq!(sent.fields.len(), body.fields.len());
+        for ((k1, v1), (k2, v2)) in sent.fields.iter().zip(&body.fields) {
+            assert_eq!((k1, v1.get()), (k2, v2.get()));
+        }
+    }
+    assert!(compacted > 5, "only {compacted} requests compacted");
+    let last = bodies.last().unwrap();
+    let out = compactor.compact_body("s", &ChatBody::parse(last.as_bytes()).unwrap(), Some(window));
+    assert!(out.summary.tokens_forwarded * 2 < out.summary.tokens_raw, "{:?}", out.summary);
+}
