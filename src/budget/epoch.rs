@@ -61,6 +61,11 @@ pub trait CompactEngine: Send + Sync {
     ) {
         runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
     }
+    /// How many turns the engine never compacts (the protected tail): what an epoch cannot gain
+    /// from. 0 when unknown (then every message outside the frozen prefix counts as gainable).
+    fn protected_turns(&self) -> u32 {
+        0
+    }
 }
 
 impl CompactEngine for Engine {
@@ -82,6 +87,10 @@ impl CompactEngine for Engine {
     ) {
         let prepared = self.prepare(view, options, counter);
         runs(&|keep_first| prepared.compact_traced(keep_first));
+    }
+
+    fn protected_turns(&self) -> u32 {
+        self.policy.spec.protect_last_turns
     }
 }
 
@@ -236,9 +245,12 @@ struct SessionState {
     /// Raw message count when the eager frontier last advanced.
     advanced_at_len: usize,
     /// The last compaction could not get under the high-water mark (system + user + tail too large);
-    /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded,
-    /// instead of re-compacting (and breaking the cache) on every request.
+    /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded
+    /// and an epoch can gain ([`SessionCompactor::can_gain`]), instead of re-compacting (and
+    /// breaking the cache) on every request.
     saturated: bool,
+    /// The warning that an epoch could not bring this session under its usable window was logged.
+    warned_over_window: bool,
     /// With a wall clock: each raw message of the last request (hash) and when pare first received
     /// it (clock milliseconds).
     seen: Vec<(u128, u64)>,
@@ -523,7 +535,7 @@ impl SessionCompactor {
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
         let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
         let epoch_before = state.epoch;
-        let step = self.step(&mut state, &request, counter);
+        let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
         let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
         state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
@@ -600,8 +612,34 @@ impl SessionCompactor {
         let candidate_tokens =
             frozen.map_or(0, |f| f.tokens(counter)) + request.counts[frozen_raw..].iter().sum::<u64>() + request.fixed;
         let usable = request.usable() as f64;
-        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
-        (candidate_tokens, candidate_tokens as f64 > trigger)
+        let over = if state.saturated {
+            candidate_tokens as f64 > usable && self.can_gain(frozen_raw, request)
+        } else {
+            candidate_tokens as f64 > self.policy.high_water * usable
+        };
+        (candidate_tokens, over)
+    }
+
+    /// Whether an epoch after one that could not reach the high-water mark can gain: the tokens it
+    /// may compact that the last one could not — the raw messages after the frozen prefix that have
+    /// left the protected tail since, user messages aside (never compacted) — reach the span an
+    /// ordinary epoch frees, `(high_water − low_water) × usable`. So a session whose system prompt,
+    /// user messages and protected tail alone fill the window compacts as often, per token
+    /// appended, as one that fits, instead of on every request: each such epoch rewrites the
+    /// history after the task and the upstream re-reads all of it.
+    fn can_gain(&self, frozen_raw: usize, request: &Request<'_>) -> bool {
+        let tail = tail_start(request.raw, self.engine.protected_turns());
+        let span = (self.policy.high_water - self.policy.low_water).max(0.0) * request.usable() as f64;
+        let mut gain = 0u64;
+        for idx in frozen_raw.min(tail)..tail {
+            if role_of(request.raw[idx]) != "user" {
+                gain += request.counts[idx];
+                if gain as f64 >= span {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Eager mode advances its frontier on a fresh session and every `polling` new turns.
@@ -613,7 +651,7 @@ impl SessionCompactor {
     }
 
     /// One transition of a session's state machine; the step says what is forwarded.
-    fn step(&self, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
+    fn step(&self, session: &str, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
         let hashes = request.hashes;
         let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
@@ -695,6 +733,19 @@ impl SessionCompactor {
         let forwarded_tokens =
             frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
+        if state.saturated && forwarded_tokens as f64 > usable && !state.warned_over_window {
+            state.warned_over_window = true;
+            tracing::warn!(
+                session = %session,
+                tokens = forwarded_tokens,
+                usable = usable as u64,
+                protected_turns = self.engine.protected_turns(),
+                "an epoch could not bring the request under the usable window: the system prompt, the user \
+                 messages and the protected tail (compaction.rules.protect_last_turns) are never compacted \
+                 and alone exceed it; the session appends until compacting again can free \
+                 (high_water − low_water) of the window; lower protect_last_turns or use a larger window"
+            );
+        }
         let action = match (self.policy.mode, over) {
             (Mode::Eager, false) => Action::Advance,
             _ => Action::Epoch,
@@ -1053,6 +1104,24 @@ impl ChatCompactor for SessionCompactor {
 /// The forwarded messages `prefix ++ tail`, borrowed.
 fn forwarded<'a>(prefix: impl Iterator<Item = &'a str>, tail: &[&'a str]) -> Vec<&'a str> {
     prefix.chain(tail.iter().copied()).collect()
+}
+
+/// Where the protected tail of `messages` starts: at the `turns`-th last assistant message (all of
+/// them protected when there are fewer; none with `turns` 0), as the engine's conversation reads it.
+fn tail_start(messages: &[&str], turns: u32) -> usize {
+    if turns == 0 {
+        return messages.len();
+    }
+    let mut seen = 0;
+    for (idx, m) in messages.iter().enumerate().rev() {
+        if role_of(m) == "assistant" {
+            seen += 1;
+            if seen == turns {
+                return idx;
+            }
+        }
+    }
+    0
 }
 
 /// Assistant messages among `messages` (a turn starts at each).

@@ -67,3 +67,65 @@ fn a_lone_surrogate_in_an_old_tool_output_does_not_switch_compaction_off() {
     let out = compactor.compact_body("s", &ChatBody::parse(last.as_bytes()).unwrap(), Some(window));
     assert!(out.summary.tokens_forwarded * 2 < out.summary.tokens_raw, "{:?}", out.summary);
 }
+
+/// A session whose protected tail alone overflows a 16k window: 30 requests, each turn a tool
+/// output of 3–5k tokens, each call naming a ticket the previous output printed. (The figures of
+/// issue 33's finding 10 were measured on this session, written as JSONL.)
+fn tail_over_window_session() -> Vec<String> {
+    use serde_json::json;
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent working in a large repository."}),
+        json!({"role": "user", "content": "Find why the nightly build fails and fix it."}),
+    ];
+    let mut requests = Vec::new();
+    for k in 0..30usize {
+        requests.push(json!({"model": "m", "messages": messages}).to_string());
+        let id = format!("call_{k}");
+        let ticket = format!("T{}", 70_000 + k.saturating_sub(1));
+        let arguments = json!({"command": format!("grep -n {ticket} build_{k}.log")}).to_string();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "terminal", "arguments": arguments}}]}));
+        let lines = 130 + (k * 37) % 80;
+        let mut text: String = (0..lines)
+            .map(|i| format!("build_{k}.log:{i}: step {i} of stage_{k} compiled module_{k}_{i} in {} ms\n", i % 97))
+            .collect();
+        text.push_str(&format!("ticket T{} opened for stage_{k}\n", 70_000 + k));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+    }
+    requests
+}
+
+/// Regression (issue 33, finding 10): when the system prompt, the user messages and the protected
+/// tail alone exceed the usable window, every request crossed it again and started an epoch (24 of
+/// 30 requests), eliding the rest into a new marker each time and losing the upstream's cache
+/// (uncached prefill 4.3× raw). An epoch that cannot reach the high-water mark is followed by
+/// appends until compacting again can gain what an ordinary epoch frees.
+#[test]
+fn a_protected_tail_over_the_window_does_not_start_an_epoch_on_every_request() {
+    let compactor = SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack())).unwrap();
+    let window = 16_384;
+    let mut started = Vec::new();
+    let mut previous: Option<Vec<String>> = None;
+    let (mut raw_total, mut forwarded_total) = (0, 0);
+    for raw in tail_over_window_session() {
+        let body = ChatBody::parse(raw.as_bytes()).unwrap();
+        let out = compactor.compact_body("s", &body, Some(window));
+        let summary = &out.summary;
+        raw_total += summary.tokens_raw;
+        forwarded_total += summary.tokens_forwarded;
+        let bytes = out.body.clone().unwrap_or_else(|| raw.clone().into_bytes());
+        let forwarded: Vec<String> =
+            ChatBody::parse(&bytes).unwrap().messages.iter().map(|m| (*m).to_owned()).collect();
+        if !summary.epoch_started
+            && let Some(before) = &previous
+        {
+            assert!(forwarded.starts_with(before), "a request between epochs is a pure append");
+        }
+        started.push(summary.epoch_started);
+        previous = Some(forwarded);
+    }
+    let n_epochs = started.iter().filter(|&&s| s).count();
+    assert!((2..=12).contains(&n_epochs), "{n_epochs} epochs in 30 requests: {started:?}");
+    assert!(!started.windows(2).any(|w| w[0] && w[1]), "two epochs in a row: {started:?}");
+    assert!(forwarded_total * 2 < raw_total, "the session is still compacted: {forwarded_total} of {raw_total}");
+}
