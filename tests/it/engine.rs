@@ -104,6 +104,9 @@ fn tail_over_window_session() -> Vec<String> {
 fn a_protected_tail_over_the_window_does_not_start_an_epoch_on_every_request() {
     let compactor = SessionCompactor::new(&Config::default(), Arc::new(Engine::default_pack())).unwrap();
     let window = 16_384;
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
     let mut started = Vec::new();
     let mut previous: Option<Vec<String>> = None;
     let (mut raw_total, mut forwarded_total) = (0, 0);
@@ -128,4 +131,35 @@ fn a_protected_tail_over_the_window_does_not_start_an_epoch_on_every_request() {
     assert!((2..=12).contains(&n_epochs), "{n_epochs} epochs in 30 requests: {started:?}");
     assert!(!started.windows(2).any(|w| w[0] && w[1]), "two epochs in a row: {started:?}");
     assert!(forwarded_total * 2 < raw_total, "the session is still compacted: {forwarded_total} of {raw_total}");
+    // One warning for the session, naming the cause and the key to change.
+    let logged = log.text();
+    assert_eq!(logged.matches("could not bring the request under the usable window").count(), 1, "{logged}");
+    assert!(logged.contains("compaction.rules.protect_last_turns") && logged.contains("session=s"), "{logged}");
+}
+
+/// What a test's tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
 }
