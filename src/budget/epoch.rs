@@ -7,7 +7,10 @@
 //!
 //! - **epoch** (default): when that forwarded request crosses the high-water mark (a share of the
 //!   usable window, i.e. window − answer reserve), the engine compacts it in one step down to the
-//!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up.
+//!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up. An epoch
+//!   that cannot get under the high-water mark (what the engine never compacts fills the window)
+//!   is followed by appends until the request passes the usable window *and* compacting again can
+//!   gain what an ordinary epoch frees (`SessionCompactor::can_gain`), never by an epoch per request.
 //! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
 //!   token target only above it, and the history budget `budget.eager_history` on every advance);
 //!   between advances the frozen forms are reused.

@@ -558,8 +558,8 @@ impl ElideContext<'_, '_, '_> {
     /// held back, found in a union of runs that keeps each run's [`MarkerSummary`]), the tokens of
     /// its groups still there and the markers of the elided runs it swallows (sums over ranges of a
     /// Fenwick tree), and its new marker (rendered from the summary). A step costs the logarithm of
-    /// the conversation and the length of one marker, where re-reading the run and totalling the
-    /// request made each step linear and a long conversation's fit quadratic.
+    /// the conversation and the length of one marker; re-reading the run and totalling the request
+    /// at each step would make it linear, and a long conversation's fit quadratic.
     #[allow(clippy::too_many_arguments)]
     fn elide_in_order(
         &self,
@@ -1183,7 +1183,7 @@ mod tests {
         let view = parsed.view();
         let mut engine = Engine::default_pack();
         engine.policy.spec.protect_last_turns = protect_last_turns;
-        let tokens = crate::budget::tokens::request_tokens(&QuarterCounter, &view.messages.to_vec(), view.tools);
+        let tokens = crate::budget::tokens::request_tokens(&QuarterCounter, view.messages, view.tools);
         let options = super::super::CompactOptions { target_tokens: Some(tokens * share / 100), ..Default::default() };
         REFERENCE.with(|r| r.set(reference));
         let out = engine.compact(&view, &options, &QuarterCounter);
