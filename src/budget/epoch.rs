@@ -616,33 +616,33 @@ impl SessionCompactor {
             frozen.map_or(0, |f| f.tokens(counter)) + request.counts[frozen_raw..].iter().sum::<u64>() + request.fixed;
         let usable = request.usable() as f64;
         let over = if state.saturated {
-            candidate_tokens as f64 > usable && self.can_gain(frozen_raw, request)
+            candidate_tokens as f64 > usable && self.can_gain(frozen_raw, request, candidate_tokens)
         } else {
             candidate_tokens as f64 > self.policy.high_water * usable
         };
         (candidate_tokens, over)
     }
 
-    /// Whether an epoch after one that could not reach the high-water mark can gain: the tokens it
-    /// may compact that the last one could not — the raw messages after the frozen prefix that have
-    /// left the protected tail since, user messages aside (never compacted) — reach the span an
-    /// ordinary epoch frees, `(high_water − low_water) × usable`. So a session whose system prompt,
-    /// user messages and protected tail alone fill the window compacts as often, per token
-    /// appended, as one that fits, instead of on every request: each such epoch rewrites the
+    /// Whether an epoch after one that could not reach the high-water mark can gain. What it may
+    /// compact that the last one could not is the raw messages after the frozen prefix that have
+    /// left the protected tail since, user messages aside (never compacted): the *gainable* tokens.
+    /// It can gain when they reach the span an ordinary epoch frees, `(high_water − low_water) ×
+    /// usable`, or when the request without them (`candidate_tokens` − gainable) fits the usable
+    /// window. So a session whose system prompt, user messages and protected tail alone fill the
+    /// window compacts as often, per token appended, as one that fits — or as soon as compacting
+    /// brings it back under the window — instead of on every request: each such epoch rewrites the
     /// history after the task and the upstream re-reads all of it.
-    fn can_gain(&self, frozen_raw: usize, request: &Request<'_>) -> bool {
+    fn can_gain(&self, frozen_raw: usize, request: &Request<'_>, candidate_tokens: u64) -> bool {
         let tail = tail_start(request.raw, self.engine.protected_turns());
-        let span = (self.policy.high_water - self.policy.low_water).max(0.0) * request.usable() as f64;
+        let usable = request.usable() as f64;
+        let span = (self.policy.high_water - self.policy.low_water).max(0.0) * usable;
         let mut gain = 0u64;
         for idx in frozen_raw.min(tail)..tail {
             if role_of(request.raw[idx]) != "user" {
                 gain += request.counts[idx];
-                if gain as f64 >= span {
-                    return true;
-                }
             }
         }
-        false
+        gain as f64 >= span || candidate_tokens.saturating_sub(gain) as f64 <= usable
     }
 
     /// Eager mode advances its frontier on a fresh session and every `polling` new turns.
