@@ -163,3 +163,48 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
         self.clone()
     }
 }
+
+/// Returns the request unchanged with a report that says why: its compacted form broke tool-call
+/// pairing (pare's failure), or the request itself did (the agent's).
+struct ReportingCompactor {
+    validation_failed: bool,
+}
+
+impl pare::pipeline::ChatCompactor for ReportingCompactor {
+    fn compact(&self, _input: &pare::pipeline::CompactInput<'_>) -> anyhow::Result<pare::pipeline::CompactOutput> {
+        let why = Some("tool message 3 answers `c9`, which is not an open call".to_owned());
+        let engine = pare::compact::report::Report {
+            validation_failed: why.clone().filter(|_| self.validation_failed),
+            input_invalid: why.filter(|_| !self.validation_failed),
+            ..Default::default()
+        };
+        let report = pare::exchange::BudgetReport { engine: Some(engine), ..Default::default() };
+        let summary = pare::pipeline::CompactionSummary { report: Some(report), ..Default::default() };
+        Ok(pare::pipeline::CompactOutput { body: None, spans: None, summary, late: None })
+    }
+}
+
+/// Issue 33, finding 8: a compaction that forwards the original request because pare's own output
+/// failed validation is counted as fail-open (and says why); a request forwarded unchanged because
+/// the agent's input breaks tool-call pairing is not pare's failure and is not counted.
+#[tokio::test]
+async fn a_compaction_that_fails_validation_is_counted_as_fail_open() {
+    use std::sync::atomic::Ordering;
+
+    use crate::support::pare::{self as pare_support, config_for};
+    use crate::support::stub::Stub;
+    let body = r#"{"model":"stub-model","messages":[{"role":"user","content":"hi"}]}"#;
+    for (validation_failed, counted) in [(true, 1), (false, 0)] {
+        let stub = Stub::start(Stub::openai).await;
+        let compactor = Arc::new(ReportingCompactor { validation_failed });
+        let pare = pare_support::start_with_compactor(config_for(&stub), compactor).await;
+        let response = crate::support::client().post(pare.url("/v1/chat/completions")).body(body).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(stub.single().body, body.as_bytes(), "the original bytes are forwarded");
+        assert_eq!(
+            pare.pipeline.stats.fail_open.load(Ordering::Relaxed),
+            counted,
+            "validation failed: {validation_failed}"
+        );
+    }
+}
