@@ -9,8 +9,9 @@
 //!   usable window, i.e. window − answer reserve), the engine compacts it in one step down to the
 //!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up. An epoch
 //!   that cannot get under the high-water mark (what the engine never compacts fills the window)
-//!   is followed by appends until the request passes the usable window *and* compacting again can
-//!   gain what an ordinary epoch frees (`SessionCompactor::can_gain`), never by an epoch per request.
+//!   is followed by appends: an epoch over the usable window is kept only when it gains
+//!   (`SessionCompactor::gains`: it fits the window, or frees what an ordinary epoch frees), never
+//!   an epoch per request.
 //! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
 //!   token target only above it, and the history budget `budget.eager_history` on every advance);
 //!   between advances the frozen forms are reused.
@@ -64,8 +65,8 @@ pub trait CompactEngine: Send + Sync {
     ) {
         runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
     }
-    /// How many turns the engine never compacts (the protected tail): what an epoch cannot gain
-    /// from. 0 when unknown (then every message outside the frozen prefix counts as gainable).
+    /// How many turns the engine never compacts (the protected tail), for the warning that they
+    /// alone exceed the window. 0 when unknown.
     fn protected_turns(&self) -> u32 {
         0
     }
@@ -249,8 +250,8 @@ struct SessionState {
     advanced_at_len: usize,
     /// The last compaction could not get under the high-water mark (system + user + tail too large);
     /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded
-    /// and an epoch can gain ([`SessionCompactor::can_gain`]), instead of re-compacting (and
-    /// breaking the cache) on every request.
+    /// and the epoch gains ([`SessionCompactor::gains`]), instead of re-compacting (and breaking
+    /// the cache) on every request.
     saturated: bool,
     /// The warning that an epoch could not bring this session under its usable window was logged.
     warned_over_window: bool,
@@ -615,34 +616,20 @@ impl SessionCompactor {
         let candidate_tokens =
             frozen.map_or(0, |f| f.tokens(counter)) + request.counts[frozen_raw..].iter().sum::<u64>() + request.fixed;
         let usable = request.usable() as f64;
-        let over = if state.saturated {
-            candidate_tokens as f64 > usable && self.can_gain(frozen_raw, request, candidate_tokens)
-        } else {
-            candidate_tokens as f64 > self.policy.high_water * usable
-        };
-        (candidate_tokens, over)
+        let trigger = if state.saturated { usable } else { self.policy.high_water * usable };
+        (candidate_tokens, candidate_tokens as f64 > trigger)
     }
 
-    /// Whether an epoch after one that could not reach the high-water mark can gain. What it may
-    /// compact that the last one could not is the raw messages after the frozen prefix that have
-    /// left the protected tail since, user messages aside (never compacted): the *gainable* tokens.
-    /// It can gain when they reach the span an ordinary epoch frees, `(high_water − low_water) ×
-    /// usable`, or when the request without them (`candidate_tokens` − gainable) fits the usable
-    /// window. So a session whose system prompt, user messages and protected tail alone fill the
-    /// window compacts as often, per token appended, as one that fits — or as soon as compacting
-    /// brings it back under the window — instead of on every request: each such epoch rewrites the
-    /// history after the task and the upstream re-reads all of it.
-    fn can_gain(&self, frozen_raw: usize, request: &Request<'_>, candidate_tokens: u64) -> bool {
-        let tail = tail_start(request.raw, self.engine.protected_turns());
-        let usable = request.usable() as f64;
+    /// Whether an epoch that follows one that could not reach the high-water mark gains enough to
+    /// be worth the upstream's cache: its result fits the usable window, or it is smaller than the
+    /// request it would replace by at least what an ordinary epoch frees, `(high_water −
+    /// low_water) × usable`. Otherwise the session appends: a session whose system prompt, user
+    /// messages and protected tail alone fill the window then compacts as often, per token
+    /// appended, as one that fits, instead of on every request (each such epoch rewrites the
+    /// history after the task, and the upstream re-reads all of it).
+    fn gains(&self, candidate_tokens: u64, forwarded_tokens: u64, usable: f64) -> bool {
         let span = (self.policy.high_water - self.policy.low_water).max(0.0) * usable;
-        let mut gain = 0u64;
-        for idx in frozen_raw.min(tail)..tail {
-            if role_of(request.raw[idx]) != "user" {
-                gain += request.counts[idx];
-            }
-        }
-        gain as f64 >= span || candidate_tokens.saturating_sub(gain) as f64 <= usable
+        forwarded_tokens as f64 <= usable || candidate_tokens.saturating_sub(forwarded_tokens) as f64 >= span
     }
 
     /// Eager mode advances its frontier on a fresh session and every `polling` new turns.
@@ -727,14 +714,26 @@ impl SessionCompactor {
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
-        if forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate {
+        let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
+        let new_frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
+        let forwarded_tokens =
+            new_frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
+        if changed && over && state.saturated && !self.gains(candidate_tokens, forwarded_tokens, usable) {
+            // Not worth the cache: the session appends (see `gains`).
+            return Step {
+                frozen,
+                tokens: candidate_tokens,
+                action: Action::Append,
+                history_changed,
+                engine_report: None,
+            };
+        }
+        if changed {
             state.epoch += 1;
         }
-        let frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
+        let frozen = new_frozen;
         state.frozen = Some(frozen.clone());
         state.advanced_at_len = request.raw.len();
-        let forwarded_tokens =
-            frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
         if state.saturated && forwarded_tokens as f64 > usable && !state.warned_over_window {
             state.warned_over_window = true;
@@ -1107,24 +1106,6 @@ impl ChatCompactor for SessionCompactor {
 /// The forwarded messages `prefix ++ tail`, borrowed.
 fn forwarded<'a>(prefix: impl Iterator<Item = &'a str>, tail: &[&'a str]) -> Vec<&'a str> {
     prefix.chain(tail.iter().copied()).collect()
-}
-
-/// Where the protected tail of `messages` starts: at the `turns`-th last assistant message (all of
-/// them protected when there are fewer; none with `turns` 0), as the engine's conversation reads it.
-fn tail_start(messages: &[&str], turns: u32) -> usize {
-    if turns == 0 {
-        return messages.len();
-    }
-    let mut seen = 0;
-    for (idx, m) in messages.iter().enumerate().rev() {
-        if role_of(m) == "assistant" {
-            seen += 1;
-            if seen == turns {
-                return idx;
-            }
-        }
-    }
-    0
 }
 
 /// Assistant messages among `messages` (a turn starts at each).
