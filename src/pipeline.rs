@@ -400,13 +400,22 @@ impl Pipeline {
     ) -> Compaction {
         let input = CompactInput { session, raw, body, messages, hashes, window, defer_counts: true };
         match compact_fail_open(self.compactor.as_ref(), &input) {
-            Ok(out) => Compaction {
-                spans: out.body.as_ref().and(out.spans),
-                body: out.body.map(Bytes::from),
-                summary: Some(out.summary),
-                skipped: None,
-                late: out.late,
-            },
+            Ok(out) => {
+                let (failed, unchanged) = why_forwarded_raw(&out.summary);
+                if let Some(reason) = &failed {
+                    self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(session = %session, reason = %reason, "forwarding the original request");
+                } else if let Some(reason) = &unchanged {
+                    tracing::info!(session = %session, reason = %reason, "forwarding the request unchanged");
+                }
+                Compaction {
+                    spans: out.body.as_ref().and(out.spans),
+                    body: out.body.map(Bytes::from),
+                    summary: Some(out.summary),
+                    skipped: failed.or(unchanged),
+                    late: out.late,
+                }
+            }
             Err(skipped) => {
                 self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reason = %skipped, "forwarding the original request");
@@ -414,6 +423,21 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Why a compaction that returned forwards the raw request: a failure of pare's own (its compacted
+/// conversation broke tool-call pairing, or has no valid form in the wire format: counted as
+/// fail-open), or an input pare leaves alone (the request itself breaks tool-call pairing, or holds
+/// a message that is not a chat message object: pare does not repair what it did not break).
+fn why_forwarded_raw(summary: &CompactionSummary) -> (Option<String>, Option<String>) {
+    let Some(report) = &summary.report else { return (None, None) };
+    let engine = report.engine.as_ref();
+    let failed =
+        report.write_failed.as_ref().map(|why| format!("compacted request has no valid form: {why}")).or_else(|| {
+            engine.and_then(|e| e.validation_failed.as_ref()).map(|why| format!("compacted request invalid: {why}"))
+        });
+    let unchanged = engine.and_then(|e| e.input_invalid.as_ref()).map(|why| format!("request left unchanged: {why}"));
+    (failed, unchanged)
 }
 
 /// Bodies from this size on are compacted with [`tokio::task::block_in_place`].

@@ -7,7 +7,11 @@
 //!
 //! - **epoch** (default): when that forwarded request crosses the high-water mark (a share of the
 //!   usable window, i.e. window − answer reserve), the engine compacts it in one step down to the
-//!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up.
+//!   low-water mark; the result becomes the new frozen prefix and the epoch number goes up. An epoch
+//!   that cannot get under the high-water mark (what the engine never compacts fills the window)
+//!   is followed by appends: an epoch over the usable window is kept only when it gains
+//!   (`SessionCompactor::gains`: it fits the window, or frees what an ordinary epoch frees), never
+//!   an epoch per request.
 //! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
 //!   token target only above it, and the history budget `budget.eager_history` on every advance);
 //!   between advances the frozen forms are reused.
@@ -61,6 +65,11 @@ pub trait CompactEngine: Send + Sync {
     ) {
         runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
     }
+    /// How many turns the engine never compacts (the protected tail), for the warning that they
+    /// alone exceed the window. 0 when unknown.
+    fn protected_turns(&self) -> u32 {
+        0
+    }
 }
 
 impl CompactEngine for Engine {
@@ -82,6 +91,10 @@ impl CompactEngine for Engine {
     ) {
         let prepared = self.prepare(view, options, counter);
         runs(&|keep_first| prepared.compact_traced(keep_first));
+    }
+
+    fn protected_turns(&self) -> u32 {
+        self.policy.spec.protect_last_turns
     }
 }
 
@@ -236,9 +249,12 @@ struct SessionState {
     /// Raw message count when the eager frontier last advanced.
     advanced_at_len: usize,
     /// The last compaction could not get under the high-water mark (system + user + tail too large);
-    /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded,
-    /// instead of re-compacting (and breaking the cache) on every request.
+    /// until the frozen prefix is rebuilt, compact again only when the window itself is exceeded
+    /// and the epoch gains ([`SessionCompactor::gains`]), instead of re-compacting (and breaking
+    /// the cache) on every request.
     saturated: bool,
+    /// The warning that an epoch could not bring this session under its usable window was logged.
+    warned_over_window: bool,
     /// With a wall clock: each raw message of the last request (hash) and when pare first received
     /// it (clock milliseconds).
     seen: Vec<(u128, u64)>,
@@ -523,7 +539,7 @@ impl SessionCompactor {
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
         let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
         let epoch_before = state.epoch;
-        let step = self.step(&mut state, &request, counter);
+        let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
         let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
         state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
@@ -604,6 +620,18 @@ impl SessionCompactor {
         (candidate_tokens, candidate_tokens as f64 > trigger)
     }
 
+    /// Whether an epoch that follows one that could not reach the high-water mark gains enough to
+    /// be worth the upstream's cache: its result fits the usable window, or it is smaller than the
+    /// request it would replace by at least what an ordinary epoch frees, `(high_water −
+    /// low_water) × usable`. Otherwise the session appends: a session whose system prompt, user
+    /// messages and protected tail alone fill the window then compacts as often, per token
+    /// appended, as one that fits, instead of on every request (each such epoch rewrites the
+    /// history after the task, and the upstream re-reads all of it).
+    fn gains(&self, candidate_tokens: u64, forwarded_tokens: u64, usable: f64) -> bool {
+        let span = (self.policy.high_water - self.policy.low_water).max(0.0) * usable;
+        forwarded_tokens as f64 <= usable || candidate_tokens.saturating_sub(forwarded_tokens) as f64 >= span
+    }
+
     /// Eager mode advances its frontier on a fresh session and every `polling` new turns.
     fn advances_eagerly(&self, state: &SessionState, request: &Request<'_>) -> bool {
         self.policy.mode == Mode::Eager
@@ -613,7 +641,7 @@ impl SessionCompactor {
     }
 
     /// One transition of a session's state machine; the step says what is forwarded.
-    fn step(&self, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
+    fn step(&self, session: &str, state: &mut SessionState, request: &Request<'_>, counter: &TokenCounter) -> Step {
         let hashes = request.hashes;
         let history_changed = state.frozen.as_ref().is_some_and(|f| !hashes.starts_with(&f.raw_hashes));
         if history_changed {
@@ -686,15 +714,40 @@ impl SessionCompactor {
                 (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
             }
         };
-        if forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate {
+        let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
+        let new_frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
+        let forwarded_tokens =
+            new_frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
+        if changed && over && state.saturated && !self.gains(candidate_tokens, forwarded_tokens, usable) {
+            // Not worth the cache: the session appends (see `gains`).
+            return Step {
+                frozen,
+                tokens: candidate_tokens,
+                action: Action::Append,
+                history_changed,
+                engine_report: None,
+            };
+        }
+        if changed {
             state.epoch += 1;
         }
-        let frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
+        let frozen = new_frozen;
         state.frozen = Some(frozen.clone());
         state.advanced_at_len = request.raw.len();
-        let forwarded_tokens =
-            frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
+        if state.saturated && forwarded_tokens as f64 > usable && !state.warned_over_window {
+            state.warned_over_window = true;
+            tracing::warn!(
+                session = %session,
+                tokens = forwarded_tokens,
+                usable = usable as u64,
+                protected_turns = self.engine.protected_turns(),
+                "an epoch could not bring the request under the usable window: the system prompt, the user \
+                 messages and the protected tail (compaction.rules.protect_last_turns) are never compacted \
+                 and alone exceed it; the session appends until compacting again can free \
+                 (high_water − low_water) of the window; lower protect_last_turns or use a larger window"
+            );
+        }
         let action = match (self.policy.mode, over) {
             (Mode::Eager, false) => Action::Advance,
             _ => Action::Epoch,

@@ -332,6 +332,17 @@ pub const NAMES_SCAN_BYTES: usize = 8192;
 /// JSON object keys (`"user_id":`), which name the schema rather than the data. Reads the first
 /// [`NAMES_SCAN_BYTES`].
 pub fn salient_names(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<String>) -> Vec<String> {
+    salient_names_where(text, max, skip, shown, |_| true)
+}
+
+/// [`salient_names`] of those identifiers `keep` accepts (the cap counts only what is listed).
+pub fn salient_names_where(
+    text: &str,
+    max: usize,
+    skip: &[&str],
+    shown: &FxHashSet<String>,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if max == 0 {
         return out;
@@ -348,7 +359,7 @@ pub fn salient_names(text: &str, max: usize, skip: &[&str], shown: &FxHashSet<St
         if out.len() >= max {
             break;
         }
-        if seen.insert(token) && !shown.contains(token) {
+        if seen.insert(token) && !shown.contains(token) && keep(token) {
             out.push(token.to_owned());
         }
     }

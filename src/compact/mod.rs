@@ -15,7 +15,8 @@
 //! - [`conversation`]: messages parsed once, the protected tail, tool-call groups, calls.
 //! - [`outcome`]: a tool result's shape and success. [`markers`]: templates and facts.
 //! - [`rules`]: one module per rule, run in priority order. [`outline`]: structural maps.
-//! - [`salience`]: scores, tiers and elision when a token target is given.
+//! - [`salience`]: scores, tiers and elision when a token target is given; `spans`: what elision
+//!   weighs a run with (marker summaries that combine, runs, range sums).
 //! - [`edits`]: what rules changed and how it is serialized. [`validate`]: invariant 1.
 //! - [`report`]: what each rule saved.
 
@@ -29,6 +30,7 @@ pub mod provenance;
 pub mod report;
 pub mod rules;
 pub mod salience;
+mod spans;
 pub mod validate;
 
 use regex::Regex;

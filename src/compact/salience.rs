@@ -26,6 +26,7 @@ use super::markers::{
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
+use super::spans::{Fenwick, MAX_FILES, MarkerSummary, Runs, Seen, Texts};
 use super::{Engine, HistoryBudget, HistoryFloor};
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
 
@@ -131,6 +132,9 @@ pub struct Memo {
     scores: RefCell<HashMap<usize, f64>>,
     /// Each marker and its tokens.
     markers: RefCell<HashMap<MarkerKey, (String, u64)>>,
+    /// The tokens of each marker an elision step weighed (rendered from its run's summary; the
+    /// text is made again only for the runs that stay elided).
+    marker_tokens: RefCell<HashMap<MarkerKey, u64>>,
 }
 
 /// An elided run's marker is made from its `start` and `end`, whether it is terse, and how many names
@@ -233,7 +237,9 @@ pub fn fit(
     let mut candidates: Vec<usize> = order.iter().rev().copied().filter(|&u| tier_of[u].is_none()).collect();
     candidates.extend(order.iter().rev().copied().filter(|&u| tier_of[u].is_some()));
     let mut gone: BTreeSet<usize> = BTreeSet::new(); // unit indices
-    let ctx = ElideContext { engine, facts: &facts, conv, counter, memo, fixed_extra, terse: false };
+    let summaries = UnitSummaries::new(&facts, conv, edits, &units);
+    let ctx =
+        ElideContext { engine, facts: &facts, summaries: &summaries, conv, counter, memo, fixed_extra, terse: false };
     let mut went_terse = false;
     ctx.elide_in_order(edits, &units, &candidates, &mut gone, &tokens, &mut total, |total, u| {
         total <= target && tier_of[u].is_some()
@@ -360,10 +366,106 @@ impl MarkerFacts {
     }
 }
 
+/// Each unit's [`MarkerSummary`] (what an elision marker says of it) and the texts they refer to,
+/// made once per [`fit`].
+struct UnitSummaries<'f> {
+    texts: Texts<'f>,
+    units: Vec<MarkerSummary>,
+}
+
+impl<'f> UnitSummaries<'f> {
+    fn new(facts: &'f MarkerFacts, conv: &Conversation<'_>, edits: &Edits, units: &[Unit]) -> UnitSummaries<'f> {
+        let mut texts = Texts::default();
+        let mut seen = Seen::default();
+        let cap = facts.names_per_elision;
+        let units = units
+            .iter()
+            .map(|unit| {
+                let mut summary: Option<MarkerSummary> = None;
+                for idx in unit.start..unit.end {
+                    let Some(one) = message_summary(facts, conv, edits, idx, &mut texts, &mut seen) else { continue };
+                    summary = Some(match summary {
+                        Some(before) => before.then(&one, cap, &mut seen),
+                        None => one,
+                    });
+                }
+                summary.unwrap_or_default()
+            })
+            .collect();
+        UnitSummaries { texts, units }
+    }
+}
+
+/// What an elision marker says of message `idx` alone (`None`: nothing, a dropped message or one
+/// that is not a chat message), as [`elision_marker`] reads it.
+fn message_summary<'f>(
+    facts: &'f MarkerFacts,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    idx: usize,
+    texts: &mut Texts<'f>,
+    seen: &mut Seen,
+) -> Option<MarkerSummary> {
+    let m = conv.msgs[idx].as_ref()?;
+    if edits.dropped[idx] {
+        return None;
+    }
+    let mut summary = MarkerSummary::default();
+    let add_tool =
+        |summary: &mut MarkerSummary, id: u32, k: usize| match summary.tools.binary_search_by_key(&id, |t| t.0) {
+            Ok(at) => summary.tools[at].1 += k,
+            Err(at) => summary.tools.insert(at, (id, k)),
+        };
+    let (files, names): (&'f [String], &'f [String]) = match &facts.earlier_elisions[idx] {
+        Some(earlier) => {
+            summary.n = earlier.messages;
+            summary.notes = earlier.notes;
+            for (tool, k) in &earlier.tools {
+                add_tool(&mut summary, texts.id(tool), *k);
+            }
+            (&earlier.files, &earlier.names)
+        }
+        None => {
+            summary.n = 1;
+            let mut files: &'f [String] = &[];
+            if let Some(Some((tool, mentioned))) = facts.tool_results.get(idx) {
+                add_tool(&mut summary, texts.id(tool), 1);
+                files = mentioned;
+            } else if m.role == "assistant" && m.tool_calls.as_ref().is_none_or(|t| t.is_empty()) {
+                summary.notes = 1;
+            } else if is_system(&m.role) {
+                add_tool(&mut summary, texts.id("system"), 1);
+            }
+            (files, &facts.names[idx])
+        }
+    };
+    for file in files {
+        if summary.files.len() >= MAX_FILES {
+            break;
+        }
+        let id = texts.id(file);
+        if !summary.files.contains(&id) {
+            summary.files.push(id);
+        }
+    }
+    seen.clear();
+    for name in names {
+        if summary.names.len() >= facts.names_per_elision {
+            break;
+        }
+        let id = texts.id(name);
+        if seen.insert(id) {
+            summary.names.push(id);
+        }
+    }
+    Some(summary)
+}
+
 /// What elision needs besides the state it changes.
 struct ElideContext<'e, 'c, 'a> {
     engine: &'e Engine,
     facts: &'e MarkerFacts,
+    summaries: &'e UnitSummaries<'e>,
     conv: &'c Conversation<'a>,
     counter: &'e dyn CountTokens,
     memo: &'e Memo,
@@ -400,10 +502,28 @@ impl ElideContext<'_, '_, '_> {
     /// The tokens of [`ElideContext::marker`], without copying the marker.
     fn marker_tokens(&self, edits: &Edits, start: usize, end: usize) -> u64 {
         let key = (start, end, self.terse, self.facts.names_per_elision);
+        if let Some(tokens) = self.memo.marker_tokens.borrow().get(&key) {
+            return *tokens;
+        }
         if let Some((_, tokens)) = self.memo.markers.borrow().get(&key) {
             return *tokens;
         }
         self.marker(edits, start, end).1
+    }
+
+    /// The tokens of the marker of `start..end`, given the run's summary: rendered from the
+    /// summary, without reading the run's messages (see [`Memo::marker_tokens`]).
+    fn marker_tokens_of(&self, start: usize, end: usize, summary: &MarkerSummary) -> u64 {
+        let key = (start, end, self.terse, self.facts.names_per_elision);
+        if let Some(tokens) = self.memo.marker_tokens.borrow().get(&key) {
+            return *tokens;
+        }
+        if let Some((_, tokens)) = self.memo.markers.borrow().get(&key) {
+            return *tokens;
+        }
+        let tokens = self.counter.message(&summary_marker(self.engine, &self.summaries.texts, summary, self.terse));
+        self.memo.marker_tokens.borrow_mut().insert(key, tokens);
+        tokens
     }
 
     /// Weigh what is elided so far with this context's markers, then elide whatever still pays, to a
@@ -433,6 +553,13 @@ impl ElideContext<'_, '_, '_> {
     /// marker). Held-back groups elsewhere never ride along: a run that does not pay would otherwise
     /// hide one that does, and compacting the output again would find it (idempotence).
     /// Returns whether anything was elided.
+    ///
+    /// Each step weighs only what changes: the run the candidate joins (among the groups elided or
+    /// held back, found in a union of runs that keeps each run's [`MarkerSummary`]), the tokens of
+    /// its groups still there and the markers of the elided runs it swallows (sums over ranges of a
+    /// Fenwick tree), and its new marker (rendered from the summary). A step costs the logarithm of
+    /// the conversation and the length of one marker; re-reading the run and totalling the request
+    /// at each step would make it linear, and a long conversation's fit quadratic.
     #[allow(clippy::too_many_arguments)]
     fn elide_in_order(
         &self,
@@ -444,32 +571,74 @@ impl ElideContext<'_, '_, '_> {
         total: &mut u64,
         stop: impl Fn(u64, usize) -> bool,
     ) -> bool {
+        #[cfg(test)]
+        if tests::REFERENCE.with(std::cell::Cell::get) {
+            return self.reference_elide_in_order(edits, units, candidates, gone, tokens, total, stop);
+        }
+        let n_units = units.len();
+        let cap = self.facts.names_per_elision;
+        let summaries = &self.summaries.units;
+        // Two groups one after the other make one run when only dropped messages lie between them.
+        let joins: Vec<bool> = (0..n_units)
+            .map(|w| w + 1 < n_units && (units[w].end..units[w + 1].start).all(|i| edits.dropped[i]))
+            .collect();
+        let unit_tokens: Vec<u64> = units
+            .iter()
+            .map(|unit| (unit.start..unit.end).filter(|&i| !edits.dropped[i]).map(|i| tokens[i]).sum())
+            .collect();
+        // The tokens of each group still there; the runs of groups elided or held back; the elided
+        // runs (first group → last group, marker tokens) with their markers' tokens at their first
+        // group.
+        let mut there = Fenwick::new(n_units);
+        let mut runs = Runs::new(n_units);
+        let mut elided: BTreeMap<usize, (usize, u64)> = BTreeMap::new();
+        let mut markers = Fenwick::new(n_units);
+        let mut seen = Seen::default();
+        for (w, &n) in unit_tokens.iter().enumerate() {
+            if !gone.contains(&w) {
+                there.add(w, n);
+            }
+        }
+        let mut run_first = None;
+        for &w in gone.iter() {
+            let (_, _, summary) = runs.would_join(w, &joins, &summaries[w], cap, &mut seen);
+            runs.join(w, &joins, summary);
+            let first = *run_first.get_or_insert(w);
+            if !(joins[w] && gone.contains(&(w + 1))) {
+                let marker = self.marker_tokens(edits, units[first].start, units[w].end);
+                elided.insert(first, (w, marker));
+                markers.add(first, marker);
+                run_first = None;
+            }
+        }
         let mut pending: BTreeSet<usize> = BTreeSet::new();
         let mut changed = false;
         for &u in candidates {
             if stop(*total, u) {
                 break;
             }
-            // The run `u` would join, counting the held-back groups (its span only: no marker yet).
-            let mut all = gone.clone();
-            all.extend(pending.iter().copied());
-            all.insert(u);
-            let (run_start, run_end) = run_spans(edits, units, &all)
-                .into_iter()
-                .find(|&(start, end)| (start..end).contains(&units[u].start))
-                .expect("every elided unit lies in a run");
-            let joined: Vec<usize> =
-                pending.iter().copied().filter(|&p| units[p].start >= run_start && units[p].start < run_end).collect();
-            let mut trial = gone.clone();
-            trial.extend(joined.iter().copied());
-            trial.insert(u);
-            let new_total = self.elided_total(edits, tokens, &run_spans(edits, units, &trial));
+            // The run `u` would join, counting the held-back groups.
+            let (first, last, summary) = runs.would_join(u, &joins, &summaries[u], cap, &mut seen);
+            let marker = self.marker_tokens_of(units[first].start, units[last].end, &summary);
+            runs.join(u, &joins, summary);
+            let removed = there.range(first, last) + markers.range(first, last);
+            let new_total = (*total + marker).saturating_sub(removed);
             if new_total < *total {
                 *total = new_total;
-                *gone = trial;
-                for p in joined {
-                    pending.remove(&p);
+                let joined: Vec<usize> = pending.range(first..=last).copied().collect();
+                for w in joined.into_iter().chain([u]) {
+                    pending.remove(&w);
+                    gone.insert(w);
+                    there.sub(w, unit_tokens[w]);
                 }
+                let swallowed: Vec<(usize, u64)> =
+                    elided.range(first..=last).map(|(&start, &(_, marker))| (start, marker)).collect();
+                for (start, marker) in swallowed {
+                    elided.remove(&start);
+                    markers.sub(start, marker);
+                }
+                elided.insert(first, (last, marker));
+                markers.add(first, marker);
                 changed = true;
             } else {
                 pending.insert(u);
@@ -558,7 +727,7 @@ fn elision_marker(
             }
             notes += earlier.notes;
             for f in &earlier.files {
-                if files.len() < 8 && !files.contains(f) {
+                if files.len() < MAX_FILES && !files.contains(f) {
                     files.push(f.clone());
                 }
             }
@@ -568,7 +737,7 @@ fn elision_marker(
         if let Some(Some((tool, mentioned))) = marker_facts.tool_results.get(idx) {
             *tools.entry(tool.clone()).or_default() += 1;
             for f in mentioned {
-                if files.len() < 8 && !files.contains(f) {
+                if files.len() < MAX_FILES && !files.contains(f) {
                     files.push(f.clone());
                 }
             }
@@ -577,10 +746,6 @@ fn elision_marker(
         } else if is_system(&m.role) {
             *tools.entry("system".into()).or_default() += 1;
         }
-    }
-    let mut what: Vec<String> = tools.iter().map(|(t, k)| format!("{t} ×{k}")).collect();
-    if notes > 0 {
-        what.push(format!("assistant notes ×{notes}"));
     }
     // Names: the most recent results' first (the next step is likelier to reuse them), then what an
     // earlier elision marker listed; at most `names_per_elision`, none twice.
@@ -602,11 +767,40 @@ fn elision_marker(
             }
         }
     }
+    let tools: Vec<(&str, usize)> = tools.iter().map(|(tool, k)| (tool.as_str(), *k)).collect();
+    elision_text(engine, n, &tools, notes, &files, &names, terse)
+}
+
+/// [`elision_marker`] of a run given its [`MarkerSummary`] (the same bytes, see
+/// `summary_markers_are_the_markers_of_their_runs`).
+fn summary_marker(engine: &Engine, texts: &Texts<'_>, summary: &MarkerSummary, terse: bool) -> String {
+    let mut tools: Vec<(&str, usize)> = summary.tools.iter().map(|&(id, k)| (texts.text(id), k)).collect();
+    tools.sort_unstable();
+    let files: Vec<String> = summary.files.iter().map(|&id| texts.text(id).to_owned()).collect();
+    let names: Vec<&str> = summary.names.iter().map(|&id| texts.text(id)).collect();
+    elision_text(engine, summary.n, &tools, summary.notes, &files, &names, terse)
+}
+
+/// The elision marker message: `n` messages, per tool (in name order) its results, assistant
+/// notes, files and names (left out when `terse`).
+fn elision_text(
+    engine: &Engine,
+    n: usize,
+    tools: &[(&str, usize)],
+    notes: usize,
+    files: &[String],
+    names: &[&str],
+    terse: bool,
+) -> String {
+    let mut what: Vec<String> = tools.iter().map(|(t, k)| format!("{t} ×{k}")).collect();
+    if notes > 0 {
+        what.push(format!("assistant notes ×{notes}"));
+    }
     let text = render(&engine.policy.spec.tiers.elision_template, &|name| match name {
         "n" => Some(group_digits(n)),
         "tools" => Some(what.join(", ")),
-        "files" => Some(if terse { String::new() } else { files_suffix(&files) }),
-        "names" => Some(if terse { String::new() } else { names_suffix(&names) }),
+        "files" => Some(if terse { String::new() } else { files_suffix(files) }),
+        "names" => Some(if terse { String::new() } else { names_suffix(names) }),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()
@@ -872,7 +1066,7 @@ fn task_overlap(conv: &Conversation<'_>, start: usize, end: usize, task: &[Strin
             Some(o) => look_up(super::markers::prefix_at_char_boundary(&o.text, 8 * 1024)),
             None => look_up(super::markers::prefix_at_char_boundary(&m.text(), 8 * 1024)),
         }
-        for call in conv.calls.iter().filter(|c| c.msg == idx) {
+        for call in conv.calls_of_message(idx).iter() {
             look_up(&call.arguments);
         }
     }
@@ -887,7 +1081,7 @@ fn group_files(conv: &Conversation<'_>, start: usize, end: usize) -> Vec<String>
             out.extend(conv.facts(idx).files.iter().cloned());
         } else if let Some(m) = &conv.msgs[idx] {
             out.extend(mentioned_files(&m.text(), 8));
-            for call in conv.calls.iter().filter(|c| c.msg == idx) {
+            for call in conv.calls_of_message(idx).iter() {
                 out.extend(path_argument(&call.arguments));
                 out.extend(mentioned_files(&call.arguments, 4));
             }
@@ -903,7 +1097,7 @@ fn tail_files(conv: &Conversation<'_>) -> Vec<String> {
         let Some(m) = &conv.msgs[idx] else { continue };
         if m.role == "assistant" {
             out.extend(mentioned_files(&m.text(), 8));
-            for call in conv.calls.iter().filter(|c| c.msg == idx) {
+            for call in conv.calls_of_message(idx).iter() {
                 out.extend(path_argument(&call.arguments));
                 out.extend(mentioned_files(&call.arguments, 4));
             }
@@ -923,6 +1117,183 @@ fn same_file(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::tokens::QuarterCounter;
+    use crate::wire::ChatBody;
+
+    thread_local! {
+        /// Elide with [`ElideContext::reference_elide_in_order`] (the test of the fast one).
+        pub(super) static REFERENCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    impl ElideContext<'_, '_, '_> {
+        /// [`ElideContext::elide_in_order`] as its doc states it, step by step: each step finds the
+        /// run from every group elided or held back and totals the whole request again (quadratic).
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn reference_elide_in_order(
+            &self,
+            edits: &Edits,
+            units: &[Unit],
+            candidates: &[usize],
+            gone: &mut BTreeSet<usize>,
+            tokens: &[u64],
+            total: &mut u64,
+            stop: impl Fn(u64, usize) -> bool,
+        ) -> bool {
+            let mut pending: BTreeSet<usize> = BTreeSet::new();
+            let mut changed = false;
+            for &u in candidates {
+                if stop(*total, u) {
+                    break;
+                }
+                let mut all = gone.clone();
+                all.extend(pending.iter().copied());
+                all.insert(u);
+                let (run_start, run_end) = run_spans(edits, units, &all)
+                    .into_iter()
+                    .find(|&(start, end)| (start..end).contains(&units[u].start))
+                    .expect("every elided unit lies in a run");
+                let joined: Vec<usize> = pending
+                    .iter()
+                    .copied()
+                    .filter(|&p| units[p].start >= run_start && units[p].start < run_end)
+                    .collect();
+                let mut trial = gone.clone();
+                trial.extend(joined.iter().copied());
+                trial.insert(u);
+                let new_total = self.elided_total(edits, tokens, &run_spans(edits, units, &trial));
+                if new_total < *total {
+                    *total = new_total;
+                    *gone = trial;
+                    for p in joined {
+                        pending.remove(&p);
+                    }
+                    changed = true;
+                } else {
+                    pending.insert(u);
+                }
+            }
+            changed
+        }
+    }
+
+    /// The request `body` compacted with `protect_last_turns` and a target of `share` % of its
+    /// tokens, elided by the fast steps or the reference ones.
+    fn compact_at(body: &[u8], protect_last_turns: u32, share: u64, reference: bool) -> (Vec<String>, String) {
+        let parsed = ChatBody::parse(body).unwrap();
+        let view = parsed.view();
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = protect_last_turns;
+        let tokens = crate::budget::tokens::request_tokens(&QuarterCounter, view.messages, view.tools);
+        let options = super::super::CompactOptions { target_tokens: Some(tokens * share / 100), ..Default::default() };
+        REFERENCE.with(|r| r.set(reference));
+        let out = engine.compact(&view, &options, &QuarterCounter);
+        REFERENCE.with(|r| r.set(false));
+        (out.prefix, serde_json::to_string(&out.report).unwrap())
+    }
+
+    /// A long agent session: many small tool steps (some results repeated, so that the rules drop
+    /// or fold some), a few notes and later system messages, an earlier elision marker, files and
+    /// names in the outputs.
+    fn long_session(n_steps: usize) -> Vec<u8> {
+        use serde_json::json;
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent."}),
+            json!({"role": "user", "content": "Fix the parser in src/parser.rs and run the tests."}),
+            json!({"role": "assistant", "content": "[pare: 12 earlier messages elided — terminal ×6, read_file ×2, assistant notes ×1; files: a.py, b/c.rs; names: load_user, HAT170]"}),
+        ];
+        for k in 0..n_steps {
+            match k % 9 {
+                4 => messages.push(json!({"role": "assistant", "content": format!("Step {k}: the failure in src/mod_{}.rs is next. {}", k % 5, "word ".repeat(k % 40))})),
+                7 => messages.push(json!({"role": "system", "content": format!("reminder {k}")})),
+                _ => {
+                    let id = format!("call_{k}");
+                    let (tool, args, output) = if k % 3 == 0 {
+                        ("read_file", json!({"path": format!("src/mod_{}.rs", k % 7)}).to_string(), format!("fn item_{k}() {{}}\n{}", "let x = 1;\n".repeat(k % 13)))
+                    } else {
+                        ("terminal", json!({"command": format!("pytest tests/test_{}.py", k % 4)}).to_string(), format!("{} passed, ticket T{:05} in src/mod_{}.rs\n{}", k % 11, k * 37, k % 6, "ok\n".repeat(k % 17)))
+                    };
+                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": tool, "arguments": args}}]}));
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+                }
+            }
+        }
+        json!({"model": "m", "messages": messages}).to_string().into_bytes()
+    }
+
+    /// Regression (issue 33, finding 9): elision's steps read each candidate's whole run and totalled
+    /// the whole request again, so fitting a conversation that far exceeds its target was quadratic
+    /// (10,000 messages took over a second a request). The fast steps choose what the stated steps
+    /// choose: the same forwarded messages and report, on real agent requests and long sessions, at
+    /// targets from tight to loose.
+    #[test]
+    fn fast_elision_steps_choose_what_the_stated_steps_choose() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/compact");
+        let mut bodies: Vec<(String, Vec<u8>)> = Vec::new();
+        for name in [
+            "hermes_chat",
+            "mini_swe_agent_sqlfluff",
+            "openhands_django_11066",
+            "swe_agent_function_calling",
+            "tau_bench_airline",
+        ] {
+            bodies.push((name.into(), std::fs::read(dir.join(format!("{name}.json"))).unwrap()));
+        }
+        for n in [40, 150, 400] {
+            bodies.push((format!("long session {n}"), long_session(n)));
+        }
+        let mut elided = 0;
+        for (name, body) in &bodies {
+            for protect in [1, 2, 5] {
+                for share in [5, 15, 30, 50, 70, 90] {
+                    let fast = compact_at(body, protect, share, false);
+                    let reference = compact_at(body, protect, share, true);
+                    assert_eq!(fast, reference, "{name}, protect {protect}, target {share} %");
+                    elided += usize::from(fast.1.contains("\"elision\""));
+                }
+            }
+        }
+        assert!(elided > 40, "only {elided} cases elided");
+    }
+
+    /// A marker rendered from a run's summary is the marker read from the run's messages.
+    #[test]
+    fn summary_markers_are_the_markers_of_their_runs() {
+        let body = long_session(120);
+        let parsed = ChatBody::parse(&body).unwrap();
+        let view = parsed.view();
+        let engine = Engine::default_pack();
+        let options = super::super::CompactOptions::default();
+        let prepared = engine.prepare(&view, &options, &QuarterCounter);
+        let (conv, edits) = (&prepared.conv, &prepared.edits);
+        let memo = Memo::default();
+        for names_per_elision in [3, NAMES_PER_ELISION] {
+            let facts = MarkerFacts::new(&engine, conv, edits, names_per_elision);
+            let units = units(&engine, conv, edits, &facts, None, &memo);
+            let summaries = UnitSummaries::new(&facts, conv, edits, &units);
+            assert!(units.len() > 50);
+            let mut seen = Seen::default();
+            for first in (0..units.len()).step_by(7) {
+                let mut summary = summaries.units[first].clone();
+                for last in first..units.len().min(first + 40) {
+                    if last > first {
+                        // A run goes on only over dropped messages.
+                        if !(units[last - 1].end..units[last].start).all(|i| edits.dropped[i]) {
+                            break;
+                        }
+                        summary = summary.then(&summaries.units[last], names_per_elision, &mut seen);
+                    }
+                    let (start, end) = (units[first].start, units[last].end);
+                    for terse in [false, true] {
+                        assert_eq!(
+                            summary_marker(&engine, &summaries.texts, &summary, terse),
+                            elision_marker(&engine, &facts, conv, edits, start, end, terse),
+                            "units {first}..={last}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn same_file_matches_path_suffixes_only_at_a_slash() {

@@ -31,7 +31,11 @@ fn call_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Er
 impl Skeleton {
     /// The skeleton of a raw message; a message that is not an object of this shape has none.
     pub fn of(raw: &str) -> Option<Skeleton> {
-        serde_json::from_str(raw).ok()
+        serde_json::from_str(raw).ok().or_else(|| match crate::neutral::lone_surrogates_replaced(raw) {
+            // A lone surrogate escape is valid JSON that serde_json refuses to decode.
+            std::borrow::Cow::Owned(readable) => serde_json::from_str(&readable).ok(),
+            std::borrow::Cow::Borrowed(_) => None,
+        })
     }
 
     pub fn of_raw(raw: &RawValue) -> Option<Skeleton> {

@@ -19,7 +19,7 @@ pub(crate) mod scan;
 pub(crate) mod testing;
 
 pub use read::{MemberValue, Want, object_members, raw_members};
-pub use scan::push_json_string;
+pub use scan::{lone_surrogates_replaced, push_json_string};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -51,7 +51,18 @@ pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
         #[serde(borrow, default)]
         role: Option<std::borrow::Cow<'a, str>>,
     }
-    serde_json::from_str::<Role<'_>>(raw).ok().and_then(|r| r.role).unwrap_or_default()
+    match serde_json::from_str::<Role<'_>>(raw) {
+        Ok(r) => r.role.unwrap_or_default(),
+        // A lone surrogate escape anywhere in the message (see [`lone_surrogates_replaced`]).
+        Err(_) => match lone_surrogates_replaced(raw) {
+            std::borrow::Cow::Owned(readable) => serde_json::from_str::<Role<'_>>(&readable)
+                .ok()
+                .and_then(|r| r.role)
+                .map(|role| std::borrow::Cow::Owned(role.into_owned()))
+                .unwrap_or_default(),
+            std::borrow::Cow::Borrowed(_) => std::borrow::Cow::Borrowed(""),
+        },
+    }
 }
 
 /// A message's `content`: a string, an array of parts, or null/absent.
@@ -139,7 +150,9 @@ impl Message {
     /// Parse one raw message. Fails only when the message is not a JSON object of this shape.
     ///
     /// The common shapes are read by the fast typed read of `wire::read`, which gives what serde_json's
-    /// derived read gives; whatever it declines is read by serde_json.
+    /// derived read gives; whatever it declines is read by serde_json. A lone surrogate escape
+    /// (`\udc80`), valid JSON that serde_json refuses to decode, reads as U+FFFD either way (see
+    /// [`lone_surrogates_replaced`]).
     pub fn from_raw(raw: &str) -> serde_json::Result<Message> {
         Message::read(raw).0
     }
@@ -149,7 +162,7 @@ impl Message {
     pub fn read(raw: &str) -> (serde_json::Result<Message>, Option<Members<'_>>) {
         match read::message(raw) {
             Some((message, members)) => (Ok(message), Some(members)),
-            None => (serde_json::from_str(raw), None),
+            None => (serde_json::from_str(&lone_surrogates_replaced(raw)), None),
         }
     }
 

@@ -6,9 +6,10 @@
 //! them, `content` as a string, null or an array of part objects, `tool_calls` as an array of call
 //! objects — and gives exactly the [`Message`] serde_json's derived read gives. Whatever else it meets
 //! (a repeated key, an escaped key, a typed field of another type, a content array that is not all
-//! objects, an unpaired surrogate, invalid JSON) makes it decline, and the caller reads the message
-//! with serde_json, which decides and words any error. Values of keys the rules do not read are
-//! handed to serde_json as their raw text (a string is decoded here).
+//! objects, invalid JSON) makes it decline, and the caller reads the message with serde_json, which
+//! decides and words any error. Values of keys the rules do not read are handed to serde_json as
+//! their raw text (a string is decoded here). A lone surrogate escape reads as U+FFFD, as serde_json
+//! reads the message's [`super::lone_surrogates_replaced`] text.
 
 use serde_json::{Map, Value};
 
@@ -92,8 +93,8 @@ pub enum MemberValue<'a> {
 
 /// The members of the JSON object `text` that `want` asks for, in order (repeats included), or
 /// `None` when the fast read declines: `text` is not exactly one object (whitespace around it
-/// aside), a key has an escape, a wanted string has an unpaired surrogate, or the nesting comes within
-/// a few levels of serde_json's limit. For a caller that needs a few keys of a large object (a tool's
+/// aside), a key has an escape, or the nesting comes within a few levels of serde_json's limit (a
+/// wanted string's lone surrogate escape decodes as U+FFFD). For a caller that needs a few keys of a large object (a tool's
 /// JSON result) and reads it with serde_json when this declines.
 pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<Vec<(&'a str, MemberValue<'a>)>> {
     let mut r = Reader::new(text);
@@ -385,7 +386,7 @@ mod tests {
             m
         });
         if let Some(fast) = &fast {
-            let by_serde = serde_json::from_str::<Message>(raw);
+            let by_serde = serde_json::from_str::<Message>(&crate::neutral::lone_surrogates_replaced(raw));
             prop_assert!(by_serde.is_ok(), "accepted what serde_json refuses ({:?}): {}", by_serde, raw);
             prop_assert_eq!(fast, &by_serde.unwrap(), "raw: {}", raw);
         }
@@ -453,6 +454,33 @@ mod tests {
         assert!(read > 100, "only {read} messages read");
     }
 
+    /// Regression (issue 33, finding 8): a lone surrogate escape in one old tool output made the
+    /// message unreadable, and with it the whole request uncompactable. JSON allows it; it reads as
+    /// U+FFFD, by the fast read and by serde_json alike, a valid pair around it still as its character.
+    #[test]
+    fn lone_surrogates_read_as_replacement_characters() {
+        for (raw, text) in [
+            (r#"{"role":"tool","tool_call_id":"c","content":"bad \udc80 byte"}"#, "bad \u{fffd} byte"),
+            (r#"{"role":"user","content":"\ud800"}"#, "\u{fffd}"),
+            (r#"{"role":"user","content":"\udc00\ud800"}"#, "\u{fffd}\u{fffd}"),
+            (r#"{"role":"user","content":"\ud800\u0041 \ud83e\udd80 \\ud800"}"#, "\u{fffd}A 🦀 \\ud800"),
+            (r#"{"role":"user","content":"\uDBFF\uDFFF\uDBFF"}"#, "\u{10ffff}\u{fffd}"),
+        ] {
+            let (m, _) = message(raw).unwrap_or_else(|| panic!("declined {raw}"));
+            assert_eq!(m.content, Some(Content::Text(text.to_owned())), "{raw}");
+            agrees(raw).unwrap();
+            assert_eq!(Message::from_raw(raw).unwrap(), m);
+            assert_eq!(crate::neutral::role_of(raw), m.role);
+        }
+        // What the fast read declines (a content array with a string) is read by serde_json, the lone
+        // surrogate alike; an extra key keeps its value.
+        let raw = r#"{"role":"user","content":["a\udc80"],"x":"\udc80"}"#;
+        assert!(message(raw).is_none());
+        let m = Message::from_raw(raw).unwrap();
+        assert_eq!(m.content, Some(Content::Other(json!(["a\u{fffd}"]))));
+        assert_eq!(m.extra.get("x"), Some(&json!("\u{fffd}")));
+    }
+
     /// What the fast read leaves to serde_json: each is refused by serde_json or read there
     /// differently (an escaped key is decoded before it is matched).
     #[test]
@@ -463,9 +491,6 @@ mod tests {
             r#"{"rol\u0065":"user"}"#,
             r#"{"role":null}"#,
             r#"{"role":1}"#,
-            r#"{"role":"user","content":"\ud800"}"#,
-            r#"{"role":"user","content":"\udc00\ud800"}"#,
-            r#"{"role":"user","content":"\ud800\u0041"}"#,
             r#"{"role":"user","content":["a"]}"#,
             r#"{"role":"user","content":[{"type":"text","text":5}]}"#,
             r#"{"tool_calls":{}}"#,

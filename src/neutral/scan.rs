@@ -319,9 +319,10 @@ impl<'a> Scanner<'a> {
     }
 
     /// The string starting here, decoded into the start of `out` as serde_json decodes it into a
-    /// `String`, and its decoded length: the checks of [`Scanner::string`], and `None` as well at a
-    /// `\u` escape of an unpaired surrogate (serde_json's to refuse or not) or when `out` is not at
-    /// least eight bytes longer than the string's raw text (a caller sizes it from the text it reads).
+    /// `String`, and its decoded length: the checks of [`Scanner::string`], and `None` as well when
+    /// `out` is not at least eight bytes longer than the string's raw text (a caller sizes it from the
+    /// text it reads). A `\u` escape of an unpaired surrogate, which serde_json refuses, decodes as
+    /// U+FFFD: what serde_json reads from [`lone_surrogates_replaced`] of the text.
     /// The bytes written are UTF-8 when the scanner's bytes are.
     ///
     /// The string's plain bytes are copied eight at a time as they are searched for the next escape,
@@ -387,14 +388,13 @@ impl<'a> Scanner<'a> {
                         return None;
                     }
                     let (c, n) = match hex4(bytes, at + 2)? {
-                        high @ 0xD800..0xDC00 => {
-                            // A pair: the low half must follow as the next escape.
-                            if bytes.get(at + 6..at + 8) != Some(b"\\u") {
-                                return None;
-                            }
-                            let low = hex4(bytes, at + 8).filter(|low| (0xDC00..0xE000).contains(low))?;
-                            (char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))?, 12)
-                        }
+                        // A pair when the low half follows as the next escape; otherwise a lone
+                        // surrogate, read as U+FFFD (see `lone_surrogates_replaced`).
+                        high @ 0xD800..0xDC00 => match low_half(bytes, at + 6) {
+                            Some(low) => (char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))?, 12),
+                            None => (char::REPLACEMENT_CHARACTER, 6),
+                        },
+                        0xDC00..0xE000 => (char::REPLACEMENT_CHARACTER, 6),
                         code => (char::from_u32(code)?, 6),
                     };
                     // A `\u` escape (six bytes) is never shorter than what it decodes to (at most
@@ -483,6 +483,60 @@ static SHORT_ESCAPES: [u8; 256] = {
 };
 
 /// The four hex digits at `at` (of a `\u` escape) as a number.
+/// The low half of a surrogate pair as the `\u` escape at `at`, when there is one.
+fn low_half(bytes: &[u8], at: usize) -> Option<u32> {
+    if bytes.get(at..at + 2) != Some(b"\\u") {
+        return None;
+    }
+    hex4(bytes, at + 2).filter(|low| (0xDC00..0xE000).contains(low))
+}
+
+/// `json` with every `\u` escape of an unpaired surrogate (`\udc80` alone, `\ud800` not followed
+/// by a low half) written `\ufffd`, so that serde_json reads it: JSON's grammar allows any four
+/// hex digits (tool outputs carry such escapes when a program printed undecodable bytes), but a
+/// Rust string cannot hold a lone surrogate and serde_json refuses to decode one. Where pare shows
+/// or matches the text, a lone surrogate then reads as U+FFFD, as [`Scanner::decode_string`] reads
+/// it; the bytes pare forwards unchanged keep the escape. Borrowed when there is none (the usual
+/// case, found with one search for `\ud`).
+pub fn lone_surrogates_replaced(json: &str) -> Cow<'_, str> {
+    let bytes = json.as_bytes();
+    if !(memchr::memmem::find(bytes, b"\\ud").is_some() || memchr::memmem::find(bytes, b"\\uD").is_some()) {
+        return Cow::Borrowed(json);
+    }
+    let mut out: Option<String> = None;
+    let (mut at, mut copied) = (0, 0);
+    while let Some(found) = memchr::memchr(b'\\', &bytes[at..]) {
+        at += found;
+        if bytes.get(at + 1) != Some(&b'u') {
+            // Any other escape is two bytes (an escaped backslash included).
+            at += 2;
+            continue;
+        }
+        let lone = match hex4(bytes, at + 2) {
+            Some(0xD800..0xDC00) if low_half(bytes, at + 6).is_some() => {
+                at += 12;
+                continue;
+            }
+            Some(0xD800..0xE000) => true,
+            _ => false,
+        };
+        if lone {
+            let out = out.get_or_insert_with(|| String::with_capacity(json.len()));
+            out.push_str(&json[copied..at]);
+            out.push_str("\\ufffd");
+            copied = at + 6;
+        }
+        at += 6;
+    }
+    match out {
+        Some(mut out) => {
+            out.push_str(&json[copied..]);
+            Cow::Owned(out)
+        }
+        None => Cow::Borrowed(json),
+    }
+}
+
 fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
     let hex = bytes.get(at..at + 4)?;
     hex.iter().try_fold(0u32, |n, &b| Some(n * 16 + char::from(b).to_digit(16)?))

@@ -430,7 +430,8 @@ pub struct RequestView<'a> {
 
 /// One message as a readable block: role, ids, text, tool calls, reasoning size.
 fn message(idx: usize, json: &str) -> Markup {
-    let m: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+    // A lone surrogate escape (valid JSON serde_json refuses to decode) shows as U+FFFD.
+    let m: Value = serde_json::from_str(&crate::neutral::lone_surrogates_replaced(json)).unwrap_or(Value::Null);
     let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
     let text = content_text(m.get("content"));
     let n_chars = text.chars().count();
@@ -466,7 +467,7 @@ fn unchanged_run(run: &[(usize, &str)]) -> Markup {
         details.kept {
             summary {
                 @if run.len() == 1 {
-                    "#" (first) " " (serde_json::from_str::<Value>(run[0].1).ok().and_then(|m| m.get("role").and_then(Value::as_str).map(str::to_owned)).unwrap_or_default())
+                    "#" (first) " " (serde_json::from_str::<Value>(&crate::neutral::lone_surrogates_replaced(run[0].1)).ok().and_then(|m| m.get("role").and_then(Value::as_str).map(str::to_owned)).unwrap_or_default())
                     " · unchanged"
                 } @else { "#" (first) "–#" (last) " · " (run.len()) " messages unchanged" }
             }

@@ -690,6 +690,56 @@ fn a_shell_view_map_names_the_sed_range_that_restores_it() {
     assert!(map.contains("\n  302-304  def handler_0(x)\n"), "{map}");
 }
 
+/// Regression (issue 33, item 13): a structural map listed the noise of the file as its names —
+/// a licence header's years, a string constant's alphabet (`1998, 2000, …
+/// ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`). Its names come from the code, not from its comments
+/// and strings, and numbers are not among them.
+#[test]
+fn structure_maps_name_code_identifiers_not_numbers_comments_or_strings() {
+    let mut py = String::from("# Copyright (C) 1998, 2000, 2004 Example Corp.\n# see LICENSE_1998_v2 for terms\n");
+    py.push_str("ALPHABET = \"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_\"\nTIMEOUT_MS = 30000\n\n");
+    py.push_str(
+        "def encode_base36(value):\n    \"\"\"Uses table_v2 and 12345 from the RFC.\n    more_docs_here\n    \"\"\"\n",
+    );
+    py.push_str("    return ALPHABET[value % 36] + lookup_table_v2(value)  # see note_1999\n\n");
+    for i in 0..30 {
+        py.push_str(&format!("def handler_{i}(x):\n    return cache_store.get(x) + {}\n\n", 10_000 + i));
+    }
+    let mut rs = String::from("// Copyright 1998, 2000 Example Corp.\n/* ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_ */\n");
+    rs.push_str("const DIGITS: &str = \"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_\";\n\n");
+    for i in 0..30 {
+        rs.push_str(&format!(
+            "pub fn handler_{i}(x: u32) -> u32 {{\n    state_cache.lookup_v2(x) + {}\n}}\n\n",
+            10_000 + i
+        ));
+    }
+    let msgs = with_tail(vec![
+        user("read"),
+        call("c1", "read_file", json!({"path": "src/codec.py"})),
+        result("c1", &py),
+        call("c2", "read_file", json!({"path": "src/codec.rs"})),
+        result("c2", &rs),
+    ]);
+    let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
+    for (idx, wanted) in
+        [(2, ["lookup_table_v2", "cache_store.get"]), (4, ["state_cache.lookup_v2", "state_cache.lookup_v2"])]
+    {
+        let map = text(&out[idx]);
+        let header = map.lines().next().unwrap();
+        assert!(header.starts_with("[pare: structure of src/codec."), "{map}");
+        let tokens: Vec<&str> =
+            header.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))).collect();
+        for name in wanted {
+            assert!(tokens.contains(&name), "{name} missing: {header}");
+        }
+        let noise =
+            ["1998", "2000", "2004", "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", "10000", "10029", "30000", "12345"];
+        for noise in noise.iter().chain(&["table_v2", "more_docs_here", "note_1999", "LICENSE_1998_v2"]) {
+            assert!(!tokens.contains(noise), "{noise} listed: {header}");
+        }
+    }
+}
+
 #[test]
 fn old_reasoning_is_stripped_outside_the_tail_only() {
     let mut thinking = assistant("visible");

@@ -8,6 +8,7 @@ mod bad_input;
 mod budget;
 mod cli;
 mod compact;
+mod engine;
 mod eval;
 mod exposure;
 mod messages;

@@ -53,7 +53,7 @@ impl CompiledCustom {
         // The calls this message is about: its own (assistant) or the one it answers (tool).
         let calls: Vec<&super::super::conversation::Call> = match role {
             "tool" => conv.call_of_result[idx].map(|c| &conv.calls[c]).into_iter().collect(),
-            "assistant" => conv.calls.iter().filter(|c| c.msg == idx).collect(),
+            "assistant" => conv.calls_of_message(idx).iter().collect(),
             _ => Vec::new(),
         };
         if let Some(re) = &self.tool

@@ -5,8 +5,8 @@
 use super::super::Policy;
 use super::super::conversation::{Conversation, line_count, read_path};
 use super::super::edits::Edits;
-use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names};
-use super::super::outline::{Language, outline};
+use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names_where};
+use super::super::outline::{Language, code_text, outline};
 use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
@@ -43,8 +43,15 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
     let body = super::super::outline::render(&entries, rule.max_entries);
     let header = render(&rule.template, &|name| match name {
         "path" => Some(path.clone()),
-        // Identifiers of the body that the map does not already show.
-        "names" => Some(names_suffix(&salient_names(&outcome.text, NAMES_PER_MARKER, &[&body, &path], conv.shown()))),
+        // Identifiers of the code (not of its comments and strings) that the map does not already
+        // show; numbers are not names of a source file.
+        "names" => Some(names_suffix(&salient_names_where(
+            &code_text(language, &outcome.text, first_line),
+            NAMES_PER_MARKER,
+            &[&body, &path],
+            conv.shown(),
+            |name| !name.bytes().all(|b| b.is_ascii_digit()),
+        ))),
         "lines" => Some(group_digits(n_lines)),
         "chars" => Some(group_digits(n_chars)),
         "language" => Some(language.name().to_owned()),
