@@ -336,65 +336,6 @@ fn is_definition(language: Language, line: &str) -> bool {
     }
 }
 
-/// The code of a source text without its string literals and comments (each line's code on a line
-/// of its own, line-number prefixes removed): where a structural map looks for the names it lists.
-/// A licence header's years, an alphabet in a string constant, a commented-out call are not names
-/// the model can navigate the file by.
-pub fn code_text(language: Language, text: &str, first_line: usize) -> String {
-    let mut out = String::with_capacity(text.len());
-    let (mut in_block, mut in_triple) = (false, None);
-    for (_, line) in numbered_lines(text, first_line) {
-        let code = match language {
-            Language::Python => clean_python(line, &mut in_triple),
-            other => clean(other, line, &mut in_block),
-        };
-        out.push_str(&code);
-        out.push('\n');
-    }
-    out
-}
-
-/// [`clean`] for Python: `#` comments and string literals go, a triple-quoted string (a docstring)
-/// across lines too (`in_triple` carries its quote to the next line).
-fn clean_python(line: &str, in_triple: &mut Option<&'static str>) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    loop {
-        if let Some(quote) = *in_triple {
-            match rest.find(quote) {
-                Some(at) => {
-                    rest = &rest[at + 3..];
-                    *in_triple = None;
-                    out.push_str("\"\"");
-                }
-                None => return out,
-            }
-        }
-        let Some(at) = rest.find(['#', '"', '\'']) else {
-            out.push_str(rest);
-            return out;
-        };
-        out.push_str(&rest[..at]);
-        let bytes = rest.as_bytes();
-        let quote = bytes[at];
-        if quote == b'#' {
-            return out;
-        }
-        if bytes[at..].starts_with(&[quote; 3]) {
-            *in_triple = Some(if quote == b'"' { "\"\"\"" } else { "'''" });
-            rest = &rest[at + 3..];
-            continue;
-        }
-        // A one-line literal: to its closing quote (escapes skipped), or the end of the line.
-        let mut i = at + 1;
-        while i < bytes.len() && bytes[i] != quote {
-            i += if bytes[i] == b'\\' { 2 } else { 1 };
-        }
-        out.push_str("\"\"");
-        rest = rest.get(i + 1..).unwrap_or("");
-    }
-}
-
 /// Remove string/char literals and comments from a line; `in_block` carries `/* … */` across lines.
 fn clean(language: Language, line: &str, in_block: &mut bool) -> String {
     let mut out = String::with_capacity(line.len());

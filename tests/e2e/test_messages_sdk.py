@@ -158,8 +158,9 @@ def test_pare_errors_reach_the_sdk_in_anthropic_shape(tmp_path):
             sdk.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
         error = raised.value
         assert error.status_code == 502
-        assert error.body["type"] == "api_error", error.body
-        assert f"127.0.0.1:{dead_port}" in error.message, error.message
-        assert error.response.json()["type"] == "error"
+        body = error.response.json()
+        assert body["type"] == "error", body
+        assert body["error"]["type"] == "api_error", body
+        assert f"127.0.0.1:{dead_port}" in body["error"]["message"], body
     finally:
         assert pare.stop() == 0

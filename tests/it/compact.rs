@@ -692,10 +692,10 @@ fn a_shell_view_map_names_the_sed_range_that_restores_it() {
 
 /// Regression (issue 33, item 13): a structural map listed the noise of the file as its names —
 /// a licence header's years, a string constant's alphabet (`1998, 2000, …
-/// ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`). Its names come from the code, not from its comments
-/// and strings, and numbers are not among them.
+/// ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`). Numbers and character sets are not names; identifiers
+/// in comments and strings still are (dropping them cost 13 of 928 needles on the corpus).
 #[test]
-fn structure_maps_name_code_identifiers_not_numbers_comments_or_strings() {
+fn structure_maps_name_identifiers_not_numbers_or_character_sets() {
     let mut py = String::from("# Copyright (C) 1998, 2000, 2004 Example Corp.\n# see LICENSE_1998_v2 for terms\n");
     py.push_str("ALPHABET = \"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_\"\nTIMEOUT_MS = 30000\n\n");
     py.push_str(
@@ -734,8 +734,8 @@ fn structure_maps_name_code_identifiers_not_numbers_comments_or_strings() {
         }
         let noise =
             ["1998", "2000", "2004", "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", "10000", "10029", "30000", "12345"];
-        for noise in noise.iter().chain(&["table_v2", "more_docs_here", "note_1999", "LICENSE_1998_v2"]) {
-            assert!(!tokens.contains(noise), "{noise} listed: {header}");
+        for noise in noise {
+            assert!(!tokens.contains(&noise), "{noise} listed: {header}");
         }
     }
 }

@@ -6,7 +6,7 @@ use super::super::Policy;
 use super::super::conversation::{Conversation, line_count, read_path};
 use super::super::edits::Edits;
 use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names_where};
-use super::super::outline::{Language, code_text, outline};
+use super::super::outline::{Language, outline};
 use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
@@ -43,14 +43,15 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
     let body = super::super::outline::render(&entries, rule.max_entries);
     let header = render(&rule.template, &|name| match name {
         "path" => Some(path.clone()),
-        // Identifiers of the code (not of its comments and strings) that the map does not already
-        // show; numbers are not names of a source file.
+        // Identifiers of the body that the map does not already show, from its code, comments and
+        // strings alike (they name tables, keys and messages the agent reuses), but not numbers or
+        // a character set spelled out as one word, which no one navigates a file by.
         "names" => Some(names_suffix(&salient_names_where(
-            &code_text(language, &outcome.text, first_line),
+            &outcome.text,
             NAMES_PER_MARKER,
             &[&body, &path],
             conv.shown(),
-            |name| !name.bytes().all(|b| b.is_ascii_digit()),
+            is_a_name,
         ))),
         "lines" => Some(group_digits(n_lines)),
         "chars" => Some(group_digits(n_chars)),
@@ -93,5 +94,41 @@ mod tests {
             super::super::super::conversation::restore_call("bash", sed, "x/e.py", 420, 500),
             "sed -n '420,500p' x/e.py"
         );
+    }
+}
+
+/// A word of a source file worth listing in its map: not a number (`1998`, `30000`) and not a
+/// character set (`ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`: no lowercase letter and 16 or more
+/// distinct characters, which no constant name has).
+fn is_a_name(word: &str) -> bool {
+    if word.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let mut distinct = [false; 256];
+    let mut n_distinct = 0;
+    for b in word.bytes() {
+        if b.is_ascii_lowercase() {
+            return true;
+        }
+        if !distinct[usize::from(b)] {
+            distinct[usize::from(b)] = true;
+            n_distinct += 1;
+        }
+    }
+    n_distinct < 16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_a_name;
+
+    #[test]
+    fn numbers_and_character_sets_are_not_names() {
+        for word in ["1998", "30000", "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", "0123456789ABCDEFGHIJ"] {
+            assert!(!is_a_name(word), "{word}");
+        }
+        for word in ["lookup_table_v2", "MAX_BUFFER_SIZE", "LICENSE_1998_v2", "HTTP2", "abcdefghijklmnopqrstuvwxyz"] {
+            assert!(is_a_name(word), "{word}");
+        }
     }
 }
