@@ -64,6 +64,27 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, idx: usize) -> Option<String
     (map.len() < outcome.text.len()).then_some(map)
 }
 
+/// A word of a source file worth listing in its map: not a number (`1998`, `30000`) and not a
+/// character set (`ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`: no lowercase letter and 16 or more
+/// distinct characters, which no constant name has).
+fn is_a_name(word: &str) -> bool {
+    if word.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let mut distinct = [false; 256];
+    let mut n_distinct = 0;
+    for b in word.bytes() {
+        if b.is_ascii_lowercase() {
+            return true;
+        }
+        if !distinct[usize::from(b)] {
+            distinct[usize::from(b)] = true;
+            n_distinct += 1;
+        }
+    }
+    n_distinct < 16
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -95,40 +116,14 @@ mod tests {
             "sed -n '420,500p' x/e.py"
         );
     }
-}
-
-/// A word of a source file worth listing in its map: not a number (`1998`, `30000`) and not a
-/// character set (`ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`: no lowercase letter and 16 or more
-/// distinct characters, which no constant name has).
-fn is_a_name(word: &str) -> bool {
-    if word.bytes().all(|b| b.is_ascii_digit()) {
-        return false;
-    }
-    let mut distinct = [false; 256];
-    let mut n_distinct = 0;
-    for b in word.bytes() {
-        if b.is_ascii_lowercase() {
-            return true;
-        }
-        if !distinct[usize::from(b)] {
-            distinct[usize::from(b)] = true;
-            n_distinct += 1;
-        }
-    }
-    n_distinct < 16
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_a_name;
 
     #[test]
     fn numbers_and_character_sets_are_not_names() {
         for word in ["1998", "30000", "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", "0123456789ABCDEFGHIJ"] {
-            assert!(!is_a_name(word), "{word}");
+            assert!(!super::is_a_name(word), "{word}");
         }
         for word in ["lookup_table_v2", "MAX_BUFFER_SIZE", "LICENSE_1998_v2", "HTTP2", "abcdefghijklmnopqrstuvwxyz"] {
-            assert!(is_a_name(word), "{word}");
+            assert!(super::is_a_name(word), "{word}");
         }
     }
 }
