@@ -16,7 +16,38 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::archive::ArchiveError;
 use crate::archive::query::{ArchiveReader, SessionFilter};
 use crate::archive::read::BodyKind;
-use crate::eval::{EvalError, session_files};
+
+/// Why a corpus could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot read corpus `{path}`: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("corpus `{0}` holds no *.jsonl session files")]
+    Empty(PathBuf),
+}
+
+/// Every `*.jsonl` file under `dir`, sorted by path (so reports are stable).
+pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), EvalError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| EvalError::Io { path: dir.to_owned(), source })?;
+        for entry in entries {
+            let path = entry.map_err(|source| EvalError::Io { path: dir.to_owned(), source })?.path();
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    files.sort();
+    if files.is_empty() {
+        return Err(EvalError::Empty(dir.to_owned()));
+    }
+    Ok(files)
+}
 
 /// One side of the split by task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,7 @@
 //!   byte-identical), **deterministic** (a second replay gives the same bytes).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rayon::prelude::*;
 use regex::Regex;
@@ -33,19 +33,10 @@ use crate::budget::replay::session_lines;
 use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
-use crate::corpus::{Requests, SessionInput};
+use crate::corpus::{EvalError, Requests, SessionInput};
 use crate::neutral::{Message, View, role_of};
 use crate::strategy::Strategy;
 use crate::wire::{Wire, WireBody};
-
-/// Why a corpus could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum EvalError {
-    #[error("cannot read corpus `{path}`: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("corpus `{0}` holds no *.jsonl session files")]
-    Empty(PathBuf),
-}
 
 /// Figures of one session, or sums over several.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -184,29 +175,6 @@ pub struct CorpusReport {
     pub sessions: Vec<SessionReport>,
     pub sources: BTreeMap<String, Metrics>,
     pub total: Metrics,
-}
-
-/// Every `*.jsonl` file under `dir`, sorted by path (so reports are stable).
-pub fn session_files(dir: &Path) -> Result<Vec<PathBuf>, EvalError> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), EvalError> {
-        let entries = std::fs::read_dir(dir).map_err(|source| EvalError::Io { path: dir.to_owned(), source })?;
-        for entry in entries {
-            let path = entry.map_err(|source| EvalError::Io { path: dir.to_owned(), source })?.path();
-            if path.is_dir() {
-                walk(&path, out)?;
-            } else if path.extension().is_some_and(|e| e == "jsonl") {
-                out.push(path);
-            }
-        }
-        Ok(())
-    }
-    let mut files = Vec::new();
-    walk(dir, &mut files)?;
-    files.sort();
-    if files.is_empty() {
-        return Err(EvalError::Empty(dir.to_owned()));
-    }
-    Ok(files)
 }
 
 /// Which sessions an evaluation reads, and how.

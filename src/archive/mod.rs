@@ -241,11 +241,7 @@ pub struct ArchiveHealth {
     pub last_error: Option<String>,
 }
 
-/// Default of `archive.max_queue_bytes`: most bytes of records waiting for the writer (see the
-/// module docs). 64 MiB is ≈ 70 records of a 900 KB request, more than a healthy writer ever has
-/// waiting (a burst of 300 such sessions, 8 at a time, peaks at 44 records: BENCHMARKS.md), and
-/// small next to the memory budget.
-pub const DEFAULT_MAX_QUEUE_BYTES: u64 = 64 * 1024 * 1024;
+pub use crate::config::DEFAULT_MAX_QUEUE_BYTES;
 
 /// How long a record waits for room in the queue while the writer frees none, before it is dropped
 /// (counted and logged) and its request forwarded.

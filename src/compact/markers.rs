@@ -220,16 +220,7 @@ pub fn one_line(text: &str, max: usize) -> String {
     shorten(line, max)
 }
 
-/// At most `max` chars, with `…` when cut.
-pub fn shorten(text: &str, max: usize) -> String {
-    // A char takes at least one byte: no need to count the chars of a text of at most `max` bytes.
-    if text.len() <= max || text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
+pub use super::outline::shorten;
 
 /// Extensions that make a token a file path worth listing.
 const FILE_EXTENSIONS: &[&str] = &[

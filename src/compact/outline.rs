@@ -146,7 +146,18 @@ fn signature(line: &str) -> String {
     let s = line.trim();
     let s = memchr::memchr(b'{', s.as_bytes()).map_or(s, |at| &s[..at]).trim_end();
     let s = s.strip_suffix(':').unwrap_or(s).trim_end();
-    super::markers::shorten(s, 100)
+    shorten(s, 100)
+}
+
+/// At most `max` chars, with `…` when cut.
+pub fn shorten(text: &str, max: usize) -> String {
+    // A char takes at least one byte: no need to count the chars of a text of at most `max` bytes.
+    if text.len() <= max || text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }
 
 static PY_DEF: LazyLock<Regex> =

@@ -10,8 +10,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::Problem;
-use crate::config::yaml;
+use crate::config::yaml::{self, Problem, regex_error};
 
 /// The built-in packs, embedded in the binary.
 pub const BUILTIN_PACKS: &[(&str, &str)] = &[
@@ -470,7 +469,7 @@ impl RulesSpec {
             if let Err(e) = Regex::new(pattern) {
                 push(
                     format!("rules.success.error_patterns.{i}"),
-                    format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
+                    format!("bad regex `{pattern}`: {}", regex_error(&e)),
                 );
             }
         }
@@ -478,7 +477,7 @@ impl RulesSpec {
             if let Err(e) = Regex::new(pattern) {
                 push(
                     format!("rules.collapse_succeeded.except_tools.{i}"),
-                    format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
+                    format!("bad regex `{pattern}`: {}", regex_error(&e)),
                 );
             }
         }
@@ -537,10 +536,7 @@ impl RulesSpec {
                 if let Some(pattern) = pattern
                     && let Err(e) = Regex::new(pattern)
                 {
-                    push(
-                        format!("{at}.match.{key}"),
-                        format!("bad regex `{pattern}`: {}", crate::config::regex_error(&e)),
-                    );
+                    push(format!("{at}.match.{key}"), format!("bad regex `{pattern}`: {}", regex_error(&e)));
                 }
             }
             if let Some(status) = &rule.matches.status

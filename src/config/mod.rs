@@ -11,6 +11,13 @@ use serde::{Deserialize, Serialize};
 
 pub mod yaml;
 
+pub use yaml::{Problem, regex_error};
+
+/// Default of `archive.max_queue_bytes`: most bytes of records waiting for the archive's writer
+/// (`archive` module docs). 64 MiB is ≈ 70 records of a 900 KB request, more than a healthy writer
+/// has waiting in a burst (BENCHMARKS.md, *Bursts*), and small next to the memory budget.
+pub const DEFAULT_MAX_QUEUE_BYTES: u64 = 64 * 1024 * 1024;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -200,7 +207,7 @@ impl Default for ArchiveConfig {
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
             max_bytes: None,
-            max_queue_bytes: crate::archive::DEFAULT_MAX_QUEUE_BYTES,
+            max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
             max_held_answer_bytes: DEFAULT_MAX_HELD_ANSWER_BYTES,
         }
     }
@@ -459,16 +466,6 @@ pub struct LogConfig {
 pub struct ConfigError {
     pub path: Option<PathBuf>,
     pub problems: Vec<Problem>,
-}
-
-/// One problem in a configuration or rule pack.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// 1-based line, when the problem can be placed.
-    pub line: Option<u64>,
-    /// Dotted path of the key, e.g. `budget.high_water`.
-    pub path: String,
-    pub message: String,
 }
 
 fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
@@ -846,18 +843,6 @@ fn endpoint_base(url: &reqwest::Url) -> Option<String> {
     let mut base = url.clone();
     base.set_path(base_path);
     Some(base.as_str().trim_end_matches('/').to_owned())
-}
-
-/// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).
-pub fn regex_error(e: &regex::Error) -> String {
-    let text = e.to_string();
-    text.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default()
-        .trim_start_matches("error: ")
-        .to_owned()
 }
 
 #[cfg(test)]

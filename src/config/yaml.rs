@@ -11,8 +11,6 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visi
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
-use super::Problem;
-
 /// One YAML node and the 1-based line it starts on (0 when unknown).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
@@ -391,6 +389,28 @@ pub fn deserialize_value_all<T: DeserializeOwned>(
         }
     }
     None
+}
+
+/// One problem in a configuration or rule pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line, when the problem can be placed.
+    pub line: Option<u64>,
+    /// Dotted path of the key, e.g. `budget.high_water`.
+    pub path: String,
+    pub message: String,
+}
+
+/// The informative line of a regex error (its Display spans several lines: pattern, caret, reason).
+pub fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned()
 }
 
 #[cfg(test)]

@@ -229,7 +229,7 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
     let report =
         pare::eval::evaluate_corpus(dir, &compactor(yaml, engine.clone()), engine.as_ref(), 4096, Default::default())
             .unwrap();
-    let files = pare::eval::session_files(dir).unwrap();
+    let files = pare::corpus::session_files(dir).unwrap();
     assert_eq!(report.sessions.len(), files.len());
     for (session, path) in report.sessions.iter().zip(&files) {
         assert_eq!(Some(session.id.as_str()), path.file_stem().and_then(|s| s.to_str()), "sessions in path order");
