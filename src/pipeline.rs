@@ -140,11 +140,25 @@ fn count_late(
     (for_archive, for_proxy)
 }
 
+/// A request carrying this header with the value `1` (or `true`) is archived and forwarded
+/// uncompacted, and counted; its session goes on as before for the requests after it.
+pub const BYPASS_HEADER: &str = "x-pare-bypass";
+
+/// Whether the agent asked pare not to compact this request ([`BYPASS_HEADER`]).
+pub fn bypass_requested(headers: &HeaderMap) -> bool {
+    headers.get(BYPASS_HEADER).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let v = v.trim();
+        v == "1" || v.eq_ignore_ascii_case("true")
+    })
+}
+
 /// Counters the pipeline keeps (exported on `/_pare/metrics`).
 #[derive(Debug, Default)]
 pub struct PipelineStats {
     pub fail_open: AtomicU64,
     pub unparseable: AtomicU64,
+    /// Requests that asked not to be compacted ([`BYPASS_HEADER`]).
+    pub bypassed: AtomicU64,
     /// `strict` requests forwarded although their raw record was not confirmed committed.
     pub strict_unconfirmed: AtomicU64,
 }
@@ -289,6 +303,10 @@ impl Pipeline {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
+            }
+            Ok(_) if bypass_requested(headers) => {
+                self.stats.bypassed.fetch_add(1, Ordering::Relaxed);
+                Compaction { skipped: Some(format!("{BYPASS_HEADER}: forwarded uncompacted")), ..Compaction::default() }
             }
             Ok(body) => {
                 let window = match &self.windows {

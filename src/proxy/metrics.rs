@@ -227,7 +227,7 @@ pub struct Exchange<'a> {
     pub model: Option<&'a str>,
 }
 
-/// Exports the pipeline's own counters (fail-open, unparseable) at scrape time.
+/// Exports the pipeline's own counters (fail-open, unparseable, bypassed) at scrape time.
 struct PipelineCollector {
     pipeline: Arc<Pipeline>,
 }
@@ -252,6 +252,11 @@ impl Collector for PipelineCollector {
                 "pare_unparseable",
                 "Chat requests forwarded unchanged because pare could not parse them",
                 stats.unparseable.load(Relaxed),
+            ),
+            (
+                "pare_bypassed",
+                "Chat requests forwarded uncompacted because they carried x-pare-bypass",
+                stats.bypassed.load(Relaxed),
             ),
             (
                 "pare_strict_unconfirmed",

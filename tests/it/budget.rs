@@ -1327,3 +1327,54 @@ async fn evicted_sessions_come_back_forwarding_the_same_bytes() {
         assert!(a == b, "request {k} (session {}) forwarded differently after an eviction", k % 3);
     }
 }
+
+/// `x-pare-bypass: 1` (issue 35): the request is archived, forwarded exactly as sent, and counted;
+/// the session's other requests are forwarded as replay predicts for them.
+#[tokio::test]
+async fn a_bypassed_request_is_forwarded_as_sent_and_counted() {
+    use crate::support::stub::Stub;
+    use crate::support::{client, pare as in_process, within};
+    use pare::pipeline::Pipeline;
+
+    let requests = coding_session(30, 150);
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = in_process::config_for(&stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.path().to_owned());
+    config.budget.default_context_window = WINDOW;
+    config.budget.output_reserve = 1024;
+    config.budget.detect_window = false;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(config.clone()).unwrap());
+    let server = in_process::start_with_pipeline(config.clone(), pipeline.clone()).await;
+    let bypassed = 25;
+    for (k, body) in requests.iter().enumerate() {
+        let mut request = client()
+            .post(server.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("x-pare-session", "bypass")
+            .body(body.clone());
+        if k == bypassed {
+            request = request.header("x-pare-bypass", "1");
+        }
+        let response = within("pare to answer", request.send()).await.unwrap();
+        assert!(response.status().is_success());
+        response.bytes().await.unwrap();
+    }
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+    assert_eq!(received[bypassed], requests[bypassed], "the bypassed request went out as sent");
+    assert!(stub.requests()[bypassed].header("x-pare-bypass").is_none(), "pare's own header stays with pare");
+    assert!(received[bypassed - 1] != requests[bypassed - 1], "its neighbours are compacted");
+    assert!(received[bypassed + 1] != requests[bypassed + 1], "its neighbours are compacted");
+    assert_eq!(pipeline.stats.bypassed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let archive = pipeline.archive().unwrap();
+    within("the archive to commit every request", async {
+        while archive.health().committed_records < 2 * requests.len() as u64 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let reader = pare::archive::query::ArchiveReader::open(dir.path()).unwrap();
+    assert_eq!(reader.exchanges("bypass").unwrap().len(), requests.len(), "every request archived, in one session");
+}
