@@ -304,6 +304,10 @@ impl Pipeline {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
             }
+            Ok(body) if body.server_compaction().is_some() => {
+                let why = body.server_compaction().unwrap_or_default();
+                Compaction { skipped: Some(format!("{why}: forwarded as sent")), ..Compaction::default() }
+            }
             Ok(_) if bypass_requested(headers) => {
                 self.stats.bypassed.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(format!("{BYPASS_HEADER}: forwarded uncompacted")), ..Compaction::default() }

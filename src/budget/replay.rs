@@ -15,8 +15,9 @@ pub struct Replayed {
     pub skipped: Option<String>,
 }
 
-/// Forward one request of `session` as the proxy does: unparseable bodies and compactor failures
-/// (errors or panics) forward the raw bytes (fail-open).
+/// Forward one request of `session` as the proxy does: unparseable bodies, requests that ask the
+/// server to compact ([`crate::wire::WireBody::server_compaction`]) and compactor failures (errors
+/// or panics) forward the raw bytes.
 pub fn replay_request(
     compactor: &dyn ChatCompactor,
     wire: Wire,
@@ -30,6 +31,9 @@ pub fn replay_request(
             return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(err.to_string()) };
         }
     };
+    if let Some(why) = body.server_compaction() {
+        return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(format!("{why}: forwarded as sent")) };
+    }
     let messages = body.messages();
     let hashes = crate::neutral::message_hashes(&messages);
     let input = CompactInput {

@@ -90,6 +90,12 @@ pub trait WireBody: Send + Sync {
     }
     /// The most tokens the request lets the model answer with, when it says.
     fn output_limit(&self) -> Option<u64>;
+    /// Why the request must go upstream as sent, when it asks the server to compact the history
+    /// itself (a Responses `compaction_trigger` item): compacting it first would have the server
+    /// summarize pare's shortened history.
+    fn server_compaction(&self) -> Option<&'static str> {
+        None
+    }
     /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
     /// conversation, and where its values lie. `Err` when the conversation cannot be written validly
     /// in this format: the caller forwards the original body.

@@ -22,6 +22,9 @@
 //! result is checked ([`check_items`]): every call has its output, no output lacks its call, every
 //! reasoning item is followed by the item it precedes; otherwise the original body is forwarded.
 //!
+//! A request with a `compaction_trigger` item asks the server to summarize the history it carries:
+//! pare forwards it as sent ([`WireBody::server_compaction`]).
+//!
 //! `previous_response_id` needs nothing special: the server holds the earlier turns, the request
 //! carries only the new items, and those are what pare compacts.
 
@@ -34,6 +37,10 @@ use serde_json::value::RawValue;
 
 use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
 use crate::neutral::{Content, Message, push_json_string};
+
+/// The `type` of the input item with which a client (Codex) asks the server to compact the
+/// history it sends: such a request is forwarded as sent ([`WireBody::server_compaction`]).
+pub const COMPACTION_TRIGGER: &str = "compaction_trigger";
 
 /// What one input item is to the adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +338,12 @@ impl WireBody for ResponsesBody<'_> {
     }
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    }
+    fn server_compaction(&self) -> Option<&'static str> {
+        self.items
+            .iter()
+            .any(|item| item.type_name == COMPACTION_TRIGGER)
+            .then_some("the request asks the server to compact its history (a compaction_trigger item)")
     }
     fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {

@@ -298,3 +298,44 @@ fn converted_requests_read_back_as_the_chat_conversation() {
         }
     }
 }
+
+/// Regression (issue 36): a request ending in a `compaction_trigger` item (Codex asking the server
+/// to summarize the history) was compacted first, so the server summarized pare's shortened
+/// history. It goes upstream as sent, through the proxy and in replay alike.
+#[tokio::test]
+async fn a_compaction_trigger_request_is_forwarded_as_sent() {
+    let mut requests = coding_session(30, 150);
+    let last = requests.pop().unwrap();
+    let mut trigger: Value = serde_json::from_slice(&last).unwrap();
+    trigger["input"].as_array_mut().unwrap().push(json!({"type": "compaction_trigger"}));
+    let trigger = serde_json::to_vec(&trigger).unwrap();
+    requests.push(trigger.clone());
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+
+    let compactor = SessionCompactor::new(&config(Mode::Epoch), engine()).unwrap();
+    let replayed = replay_session(&compactor, Wire::Responses, "s", &lines, None);
+    assert!(replayed[lines.len() - 2].forwarded != lines[lines.len() - 2], "the request before it is compacted");
+    let last = replayed.last().unwrap();
+    assert_eq!(last.forwarded, trigger, "the trigger request is forwarded as sent");
+    assert!(last.skipped.as_deref().is_some_and(|why| why.contains("compaction_trigger")), "{:?}", last.skipped);
+
+    let stub = Stub::start(|_| Reply::json(200, completed_response("summary"))).await;
+    let mut config = in_process::config_for(&stub);
+    let defaults = self::config(Mode::Epoch);
+    config.compaction = defaults.compaction.clone();
+    config.budget = defaults.budget.clone();
+    let compactor = Arc::new(SessionCompactor::new(&config, engine()).unwrap());
+    let server = in_process::start_with_compactor(config.clone(), compactor).await;
+    for line in &lines {
+        let request = client()
+            .post(server.url("/v1/responses"))
+            .header("content-type", "application/json")
+            .header("x-pare-session", "trigger")
+            .body(line.to_vec());
+        let response = within("pare to answer", request.send()).await.unwrap();
+        assert!(response.status().is_success());
+        response.bytes().await.unwrap();
+    }
+    let received = stub.requests();
+    assert_eq!(received.last().unwrap().body.to_vec(), trigger);
+}
