@@ -479,7 +479,7 @@ mod tests {
         Bytes::from(format!("data: {chunk}\n\n"))
     }
 
-    /// Regression (issue 33, finding 6): `[DONE]` inside streamed content ended the archived answer
+    /// Regression: `[DONE]` inside streamed content ended the archived answer
     /// there (a byte search over the chunk); the end is the event whose data is `[DONE]`.
     #[test]
     fn done_inside_streamed_content_does_not_end_the_answer() {

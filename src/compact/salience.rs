@@ -1220,7 +1220,7 @@ mod tests {
         json!({"model": "m", "messages": messages}).to_string().into_bytes()
     }
 
-    /// Regression (issue 33, finding 9): elision's steps read each candidate's whole run and totalled
+    /// Regression: elision's steps read each candidate's whole run and totalled
     /// the whole request again, so fitting a conversation that far exceeds its target was quadratic
     /// (10,000 messages took over a second a request). The fast steps choose what the stated steps
     /// choose: the same forwarded messages and report, on real agent requests and long sessions, at

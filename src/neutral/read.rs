@@ -454,7 +454,7 @@ mod tests {
         assert!(read > 100, "only {read} messages read");
     }
 
-    /// Regression (issue 33, finding 8): a lone surrogate escape in one old tool output made the
+    /// Regression: a lone surrogate escape in one old tool output made the
     /// message unreadable, and with it the whole request uncompactable. JSON allows it; it reads as
     /// U+FFFD, by the fast read and by serde_json alike, a valid pair around it still as its character.
     #[test]

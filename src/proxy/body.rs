@@ -333,7 +333,7 @@ mod tests {
         assert_eq!(*recorder.0.lock().unwrap(), ["finish Complete"]);
     }
 
-    /// Regression (issue 33, finding 7): a client that stops reading at the final event (the openai
+    /// Regression: a client that stops reading at the final event (the openai
     /// SDK stops at `[DONE]`) and closes before the upstream's last chunk was recorded `client_gone`.
     /// The answer is whole: the exchange ends complete, in the sink and in the access line.
     #[tokio::test]

@@ -164,6 +164,7 @@ where
     let mut headers =
         upstream::request_headers(forward_headers.as_ref().unwrap_or(&parts.headers), proxy.upstream.api_key());
     headers.append(VIA_HEADER, proxy.via.clone());
+    headers.remove(crate::pipeline::BYPASS_HEADER);
     let send_body = (!forward.is_empty() || had_body(&parts.headers)).then_some(forward);
     let dispatched = Instant::now();
     access.pare = dispatched - body_read;

@@ -147,7 +147,6 @@ pub fn request_headers(incoming: &HeaderMap, api_key: Option<&HeaderValue>) -> H
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(PARE_TOKEN_HEADER);
-    headers.remove(crate::pipeline::BYPASS_HEADER);
     // pare has read the whole body already; the upstream must not wait for a 100-continue.
     headers.remove(header::EXPECT);
     if let Some(key) = api_key {

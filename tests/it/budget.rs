@@ -1328,7 +1328,7 @@ async fn evicted_sessions_come_back_forwarding_the_same_bytes() {
     }
 }
 
-/// `x-pare-bypass: 1` (issue 35): the request is archived, forwarded exactly as sent, and counted;
+/// `x-pare-bypass: 1`: the request is archived, forwarded exactly as sent, and counted;
 /// the session's other requests are forwarded as replay predicts for them.
 #[tokio::test]
 async fn a_bypassed_request_is_forwarded_as_sent_and_counted() {

@@ -690,7 +690,7 @@ fn a_shell_view_map_names_the_sed_range_that_restores_it() {
     assert!(map.contains("\n  302-304  def handler_0(x)\n"), "{map}");
 }
 
-/// Regression (issue 33, item 13): a structural map listed the noise of the file as its names —
+/// Regression: a structural map listed the noise of the file as its names —
 /// a licence header's years, a string constant's alphabet (`1998, 2000, …
 /// ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_`). Numbers and character sets are not names; identifiers
 /// in comments and strings still are (dropping them cost 13 of 928 needles on the corpus).

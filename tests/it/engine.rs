@@ -1,4 +1,4 @@
-//! The engine under odd inputs and hard budgets (issue 33): lone surrogate escapes, sessions whose
+//! The engine under odd inputs and hard budgets: lone surrogate escapes, sessions whose
 //! protected tail alone overflows the window.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ fn coding_session(n_turns: usize, words: usize) -> Vec<String> {
     crate::support::coding_session(&agent, n_turns, words).iter().map(|body| body.to_string()).collect()
 }
 
-/// Regression (issue 33, finding 8): one lone surrogate escape (`\udc80`, what a tool prints for an
+/// Regression: one lone surrogate escape (`\udc80`, what a tool prints for an
 /// undecodable byte) in an old tool output made that message unreadable, the request invalid to the
 /// engine, and the whole session uncompacted (221,794 → 221,794 tokens). It is valid JSON: the
 /// session is compacted as it would be without it, the message carrying it is compacted like any
@@ -69,8 +69,8 @@ fn a_lone_surrogate_in_an_old_tool_output_does_not_switch_compaction_off() {
 }
 
 /// A session whose protected tail alone overflows a 16k window: 30 requests, each turn a tool
-/// output of 3–5k tokens, each call naming a ticket the previous output printed. (The figures of
-/// issue 33's finding 10 were measured on this session, written as JSONL.)
+/// output of 3–5k tokens, each call naming a ticket the previous output printed (the session
+/// `benches/thrash_session.py` writes for BENCHMARKS.md).
 fn tail_over_window_session() -> Vec<String> {
     use serde_json::json;
     let mut messages = vec![
@@ -95,7 +95,7 @@ fn tail_over_window_session() -> Vec<String> {
     requests
 }
 
-/// Regression (issue 33, finding 10): when the system prompt, the user messages and the protected
+/// Regression: when the system prompt, the user messages and the protected
 /// tail alone exceed the usable window, every request crossed it again and started an epoch (24 of
 /// 30 requests), eliding the rest into a new marker each time and losing the upstream's cache
 /// (uncached prefill 4.3× raw). An epoch that cannot reach the high-water mark is followed by
@@ -184,7 +184,7 @@ impl pare::pipeline::ChatCompactor for ReportingCompactor {
     }
 }
 
-/// Issue 33, finding 8: a compaction that forwards the original request because pare's own output
+/// A compaction that forwards the original request because pare's own output
 /// failed validation is counted as fail-open (and says why); a request forwarded unchanged because
 /// the agent's input breaks tool-call pairing is not pare's failure and is not counted.
 #[tokio::test]

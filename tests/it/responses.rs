@@ -299,7 +299,7 @@ fn converted_requests_read_back_as_the_chat_conversation() {
     }
 }
 
-/// Regression (issue 36): a request ending in a `compaction_trigger` item (Codex asking the server
+/// Regression: a request ending in a `compaction_trigger` item (Codex asking the server
 /// to summarize the history) was compacted first, so the server summarized pare's shortened
 /// history. It goes upstream as sent, through the proxy and in replay alike.
 #[tokio::test]

@@ -57,7 +57,7 @@ fn chat(messages: &Value) -> String {
     json!({"model": "stub-model", "stream": true, "messages": messages}).to_string()
 }
 
-/// Regression (issue 33, finding 6): an answer whose content talks about `data: [DONE]` was archived
+/// Regression: an answer whose content talks about `data: [DONE]` was archived
 /// cut at that word (a byte search found `[DONE]` in a chunk), so the agent's next request, which
 /// carries the whole answer, started a new session. The end is the event whose data is `[DONE]`.
 #[tokio::test]
@@ -189,7 +189,7 @@ async fn client_gone_after_the_final_event(dialect: Dialect, n: usize, delay: Du
     (n_client_gone, metric_gone, metric_complete)
 }
 
-/// Regression (issue 33, finding 7): an upstream that sends its last chunk a moment after
+/// Regression: an upstream that sends its last chunk a moment after
 /// `data: [DONE]` while the client stops reading at `[DONE]` and closes: pare recorded every such
 /// answer `client_gone` and partial. The answer is whole once its final event passed: complete in
 /// the archive, the access line and the metrics. 40 answers, the terminating chunk 300 ms late.
@@ -214,7 +214,7 @@ async fn responses_and_messages_streams_closed_at_their_final_event_are_complete
     }
 }
 
-/// Issue 33, finding 4 (answers): answers streaming together hold at most
+/// Answers streaming together hold at most
 /// `archive.max_held_answer_bytes` for the archive. The answer that does not fit streams to its client
 /// byte for byte; its archived copy is cut, marked partial with the reason, and counted; the other
 /// is archived whole, and the room is given back once both are done.
