@@ -1,5 +1,5 @@
 //! The types the proxy, the pipeline, the compactor and the archive exchange about one request: the
-//! compaction seam ([`ChatCompactor`], its input and output, fail-open), what compaction reports, and
+//! compaction seam ([`ConversationCompactor`], its input and output, fail-open), what compaction reports, and
 //! the sink that receives the upstream's answer. A leaf module (it imports none of them but the wire
 //! types and the engine's report), so that neither the archive nor the budget and the pipeline import
 //! each other.
@@ -138,14 +138,14 @@ pub type LateCount = Box<dyn FnOnce(CompactionSummary) -> CompactionSummary + Se
 
 /// Anything that can compact a request. The engine is pure; implementations may keep
 /// per-session state (epochs, stickiness) behind interior mutability.
-pub trait ChatCompactor: Send + Sync {
+pub trait ConversationCompactor: Send + Sync {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput>;
 }
 
 /// Forwards every request unchanged (mode `off`, and the seam's default until wired).
 pub struct IdentityCompactor;
 
-impl ChatCompactor for IdentityCompactor {
+impl ConversationCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default(), late: None })
     }
@@ -154,7 +154,10 @@ impl ChatCompactor for IdentityCompactor {
 /// One compaction under `catch_unwind`: the proxy and `pare replay` both go through here, so that they
 /// forward the same bytes. `Err` says why compaction did not apply (an error or a panic); the caller
 /// then forwards the original body.
-pub fn compact_fail_open(compactor: &dyn ChatCompactor, input: &CompactInput<'_>) -> Result<CompactOutput, String> {
+pub fn compact_fail_open(
+    compactor: &dyn ConversationCompactor,
+    input: &CompactInput<'_>,
+) -> Result<CompactOutput, String> {
     match catch_unwind(AssertUnwindSafe(|| compactor.compact(input))) {
         Ok(Ok(out)) => Ok(out),
         Ok(Err(err)) => Err(format!("compaction failed: {err:#}")),

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 pub use crate::exchange::{
-    ChatCompactor, CompactInput, CompactOutput, CompactionSummary, IdentityCompactor, LateCount, ResponseSink,
+    CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, IdentityCompactor, LateCount, ResponseSink,
     StreamEnd, compact_fail_open,
 };
 
@@ -43,7 +43,7 @@ struct Compaction {
 }
 
 /// What the proxy needs to forward one request.
-pub struct PreparedChat {
+pub struct PreparedRequest {
     pub wire: Wire,
     /// The body to forward (the original bytes when nothing changed).
     pub body: Bytes,
@@ -51,7 +51,7 @@ pub struct PreparedChat {
     /// The request's `model`, when the body parsed (labels metrics per model).
     pub model: Option<String>,
     /// What compaction did. Its token counts may still be upper bounds while
-    /// [`PreparedChat::late_summary`] is set: [`PreparedChat::settle`] waits for the exact ones.
+    /// [`PreparedRequest::late_summary`] is set: [`PreparedRequest::settle`] waits for the exact ones.
     pub summary: Option<CompactionSummary>,
     /// The exact summary, being counted on the counting thread while the request is forwarded.
     pub late_summary: Option<tokio::sync::oneshot::Receiver<CompactionSummary>>,
@@ -60,7 +60,7 @@ pub struct PreparedChat {
     pub sink: Option<Box<dyn ResponseSink>>,
 }
 
-impl PreparedChat {
+impl PreparedRequest {
     /// Wait for the exact summary when its counts were left for after the forwarding decision.
     pub async fn settle(&mut self) {
         if let Some(late) = self.late_summary.take()
@@ -166,7 +166,7 @@ pub struct PipelineStats {
 /// Session → archive → compaction for one chat request.
 pub struct Pipeline {
     pub config: Arc<Config>,
-    compactor: Arc<dyn ChatCompactor>,
+    compactor: Arc<dyn ConversationCompactor>,
     pub stats: PipelineStats,
     sessions: Arc<SessionTracker>,
     archive: Option<Arc<Archive>>,
@@ -188,13 +188,17 @@ pub struct Pipeline {
 pub const DEFAULT_CHAT_PATH: &str = "/v1/chat/completions";
 
 impl Pipeline {
-    pub fn new(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>) -> Pipeline {
+    pub fn new(config: Arc<Config>, compactor: Arc<dyn ConversationCompactor>) -> Pipeline {
         let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
         Pipeline::with_budget(config, compactor, budget)
     }
 
     /// [`Pipeline::new`] whose session tracker charges `budget` (shared with the compactor).
-    pub fn with_budget(config: Arc<Config>, compactor: Arc<dyn ChatCompactor>, budget: Arc<StateBudget>) -> Pipeline {
+    pub fn with_budget(
+        config: Arc<Config>,
+        compactor: Arc<dyn ConversationCompactor>,
+        budget: Arc<StateBudget>,
+    ) -> Pipeline {
         let sessions = Arc::new(SessionTracker::with_budget(&config.archive, budget.clone()));
         budget.reserve(RecentBodies::MAX_BYTES);
         let answers = Arc::new(HeldAnswers::new(config.archive.max_held_answer_bytes));
@@ -258,12 +262,12 @@ impl Pipeline {
 
     /// Prepare one chat request for forwarding, its summary settled. Never fails: the worst case
     /// forwards `raw` unchanged.
-    pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+    pub async fn prepare_chat(&self, headers: &HeaderMap, raw: Bytes) -> PreparedRequest {
         self.prepare_chat_at("POST", DEFAULT_CHAT_PATH, headers, raw).await
     }
 
     /// [`Pipeline::prepare_chat`] recording the request's method and path.
-    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedChat {
+    pub async fn prepare_chat_at(&self, method: &str, path: &str, headers: &HeaderMap, raw: Bytes) -> PreparedRequest {
         let mut prepared = self.prepare_at(Wire::Chat, method, path, headers, raw).await;
         prepared.settle().await;
         prepared
@@ -276,7 +280,7 @@ impl Pipeline {
     /// bodies to the archive — in `strict` durability wait until that record is committed — and return
     /// the body to forward with a [`ResponseSink`] that records the answer. A request that surely
     /// appends is forwarded before its new messages are counted: they are counted on the counting
-    /// thread meanwhile, and the archive record and [`PreparedChat::settle`] wait for them.
+    /// thread meanwhile, and the archive record and [`PreparedRequest::settle`] wait for them.
     pub async fn prepare_at(
         &self,
         wire: Wire,
@@ -284,7 +288,7 @@ impl Pipeline {
         path: &str,
         headers: &HeaderMap,
         raw: Bytes,
-    ) -> PreparedChat {
+    ) -> PreparedRequest {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
         // neutral messages are read and hashed once, for the session tracker and the compactor.
         let parsed = off_the_reactor(raw.len(), || self.recent.parse(wire, &raw));
@@ -380,7 +384,7 @@ impl Pipeline {
             wire,
             Arc::clone(&self.answers),
         );
-        PreparedChat {
+        PreparedRequest {
             wire,
             body: forward,
             session: Some(session),

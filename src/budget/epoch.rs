@@ -31,7 +31,9 @@ use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor, Source};
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
-use crate::exchange::{Action, BudgetReport, ChatCompactor, CompactInput, CompactOutput, CompactionSummary, LateCount};
+use crate::exchange::{
+    Action, BudgetReport, CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, LateCount,
+};
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
 use crate::wire::{Wire, WireBody, WireError};
@@ -291,7 +293,7 @@ pub enum SeedError {
     Forwarded { session: String, wire: &'static str, source: WireError },
 }
 
-/// The stateful [`ChatCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
+/// The stateful [`ConversationCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
 pub struct SessionCompactor {
     engine: Arc<dyn CompactEngine>,
     table: ModelTable,
@@ -483,7 +485,7 @@ impl SessionCompactor {
         state
     }
 
-    /// Compact one request of a session; the pure part of [`ChatCompactor::compact`].
+    /// Compact one request of a session; the pure part of [`ConversationCompactor::compact`].
     pub fn compact_body(&self, session: &str, body: &dyn WireBody, window: Option<u64>) -> CompactOutput {
         let messages = body.messages();
         self.compact_messages(session, body, &messages, &message_hashes(&messages), window, false)
@@ -1090,7 +1092,7 @@ fn counts_or_bounds(
     (counter.fill_counts(messages, hashes, known), None)
 }
 
-impl ChatCompactor for SessionCompactor {
+impl ConversationCompactor for SessionCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         Ok(self.compact_messages(
             input.session,

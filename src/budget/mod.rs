@@ -4,7 +4,7 @@
 //! - [`tokens`]: tiktoken counts per message, cached by content hash (`bpe`: the o200k / cl100k counter).
 //! - [`window`]: the model's context window (config, upstream detection, default) and answer reserve.
 //! - [`epoch`]: the per-session state machine (epoch / eager / off) the proxy calls through
-//!   [`crate::exchange::ChatCompactor`].
+//!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
 
 mod bpe;

@@ -1,7 +1,7 @@
-//! Replaying a session: its requests, in order, through the same [`ChatCompactor`] path the proxy
+//! Replaying a session: its requests, in order, through the same [`ConversationCompactor`] path the proxy
 //! uses, giving exactly the bodies the proxy would forward. Shared by `pare replay` and `pare eval`.
 
-use crate::exchange::{ChatCompactor, CompactInput, CompactionSummary, compact_fail_open};
+use crate::exchange::{CompactInput, CompactionSummary, ConversationCompactor, compact_fail_open};
 use crate::wire::Wire;
 
 /// One replayed request.
@@ -19,7 +19,7 @@ pub struct Replayed {
 /// server to compact ([`crate::wire::WireBody::server_compaction`]) and compactor failures (errors
 /// or panics) forward the raw bytes.
 pub fn replay_request(
-    compactor: &dyn ChatCompactor,
+    compactor: &dyn ConversationCompactor,
     wire: Wire,
     session: &str,
     raw: &[u8],
@@ -63,7 +63,7 @@ pub fn session_lines(text: &[u8]) -> Vec<&[u8]> {
 
 /// Replay every request of one session in order.
 pub fn replay_session(
-    compactor: &dyn ChatCompactor,
+    compactor: &dyn ConversationCompactor,
     wire: Wire,
     session: &str,
     requests: &[&[u8]],

@@ -170,7 +170,7 @@ struct ReportingCompactor {
     validation_failed: bool,
 }
 
-impl pare::pipeline::ChatCompactor for ReportingCompactor {
+impl pare::pipeline::ConversationCompactor for ReportingCompactor {
     fn compact(&self, _input: &pare::pipeline::CompactInput<'_>) -> anyhow::Result<pare::pipeline::CompactOutput> {
         let why = Some("tool message 3 answers `c9`, which is not an open call".to_owned());
         let engine = pare::compact::report::Report {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pare::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use pare::pipeline::{CompactInput, CompactOutput, CompactionSummary, ConversationCompactor};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -284,7 +284,7 @@ async fn malformed_json_is_forwarded_unchanged() {
 
 struct FailingCompactor;
 
-impl ChatCompactor for FailingCompactor {
+impl ConversationCompactor for FailingCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         anyhow::bail!("rule pack exploded")
     }
@@ -292,7 +292,7 @@ impl ChatCompactor for FailingCompactor {
 
 struct PanickingCompactor;
 
-impl ChatCompactor for PanickingCompactor {
+impl ConversationCompactor for PanickingCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         panic!("index out of bounds in a rule")
     }
@@ -301,7 +301,7 @@ impl ChatCompactor for PanickingCompactor {
 /// Keeps only the last message: a rewrite whose body is shorter than the original.
 struct LastMessageCompactor;
 
-impl ChatCompactor for LastMessageCompactor {
+impl ConversationCompactor for LastMessageCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         let last = input.messages.last().copied().unwrap_or("");
         let (body, _) = input.body.write(&[last]).unwrap();
@@ -316,7 +316,7 @@ impl ChatCompactor for LastMessageCompactor {
 
 #[tokio::test]
 async fn compaction_errors_and_panics_fail_open() {
-    for compactor in [Arc::new(FailingCompactor) as Arc<dyn ChatCompactor>, Arc::new(PanickingCompactor)] {
+    for compactor in [Arc::new(FailingCompactor) as Arc<dyn ConversationCompactor>, Arc::new(PanickingCompactor)] {
         let stub = Stub::start(Stub::openai).await;
         let pare = pare_support::start_with_compactor(config_for(&stub), compactor).await;
         let response = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
@@ -336,7 +336,7 @@ struct HoldingCompactor {
     released: std::sync::Condvar,
 }
 
-impl ChatCompactor for HoldingCompactor {
+impl ConversationCompactor for HoldingCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         if input.raw.len() >= pare::pipeline::BLOCKING_COMPACTION_BYTES {
             self.started.notify_one();

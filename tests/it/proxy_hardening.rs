@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pare::pipeline::{ChatCompactor, CompactInput, CompactOutput, CompactionSummary};
+use pare::pipeline::{CompactInput, CompactOutput, CompactionSummary, ConversationCompactor};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -271,7 +271,7 @@ async fn health_reports_upstream_reachability() {
 
 struct HalvingCompactor;
 
-impl ChatCompactor for HalvingCompactor {
+impl ConversationCompactor for HalvingCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         Ok(CompactOutput {
             body: None,
@@ -284,7 +284,7 @@ impl ChatCompactor for HalvingCompactor {
 
 struct FailingCompactor;
 
-impl ChatCompactor for FailingCompactor {
+impl ConversationCompactor for FailingCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
         anyhow::bail!("broken rule")
     }

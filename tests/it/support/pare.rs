@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use pare::config::Config;
-use pare::pipeline::{ChatCompactor, Pipeline};
+use pare::pipeline::{ConversationCompactor, Pipeline};
 use pare::proxy::ServeError;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -45,7 +45,7 @@ pub async fn start(config: Config) -> Pare {
 }
 
 /// Start pare with `config` and a pipeline around `compactor`.
-pub async fn start_with_compactor(config: Config, compactor: Arc<dyn ChatCompactor>) -> Pare {
+pub async fn start_with_compactor(config: Config, compactor: Arc<dyn ConversationCompactor>) -> Pare {
     let config = Arc::new(config);
     let pipeline = Arc::new(Pipeline::new(config.clone(), compactor));
     start_with_pipeline(config, pipeline).await
