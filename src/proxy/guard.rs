@@ -6,6 +6,8 @@
 
 use http::header::{HOST, ORIGIN};
 use http::request::Parts;
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderValue};
 
 /// What the guard allows beyond loopback (`server.allowed_hosts`, `server.allowed_origins`).
@@ -37,19 +39,20 @@ impl Guard {
     /// Accept or refuse a request by its authority (the URI's, as HTTP/2 sends it, else `Host`) and
     /// its `Origin`. A request without either is accepted (HTTP/1.0 clients, curl without a host).
     pub fn check(&self, parts: &Parts) -> Result<(), Refusal> {
+        // Read in place: only a refusal copies what it names.
         let authority = match parts.uri.authority() {
-            Some(authority) => Some(authority.as_str().to_owned()),
+            Some(authority) => Some(Cow::Borrowed(authority.as_str())),
             None => header_text(&parts.headers, HOST),
         };
         if let Some(authority) = authority
             && !self.host_allowed(&authority)
         {
-            return Err(Refusal::Host { host: authority });
+            return Err(Refusal::Host { host: authority.into_owned() });
         }
         if let Some(origin) = header_text(&parts.headers, ORIGIN)
             && !self.origin_allowed(&origin)
         {
-            return Err(Refusal::Origin { origin });
+            return Err(Refusal::Origin { origin: origin.into_owned() });
         }
         Ok(())
     }
@@ -62,28 +65,28 @@ impl Guard {
         if host.is_empty() {
             return false;
         }
-        if is_loopback_name(&host) || host.parse::<std::net::IpAddr>().is_ok() {
+        if is_loopback_name(host) || host.parse::<std::net::IpAddr>().is_ok() {
             return true;
         }
-        self.hosts.iter().any(|allowed| allowed == "*" || *allowed == host)
+        self.hosts.iter().any(|allowed| allowed == "*" || allowed.eq_ignore_ascii_case(host))
     }
 
     /// An `Origin` pare trusts: a page served from the machine itself (a loopback IP or
     /// `localhost`) or one listed in `server.allowed_origins`. `null` (sandboxed frames, files) and
     /// every other site are refused.
     fn origin_allowed(&self, origin: &str) -> bool {
-        let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-        if self.origins.iter().any(|allowed| allowed == "*" || *allowed == origin) {
+        let origin = origin.trim().trim_end_matches('/');
+        if self.origins.iter().any(|allowed| allowed == "*" || allowed.eq_ignore_ascii_case(origin)) {
             return true;
         }
         let Some((scheme, authority)) = origin.split_once("://") else {
             return false;
         };
-        if scheme != "http" && scheme != "https" {
+        if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
             return false;
         }
         let host = host_of(authority);
-        is_loopback_name(&host) || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        is_loopback_name(host) || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
 }
 
@@ -99,12 +102,13 @@ pub fn token_matches(presented: Option<&HeaderValue>, expected: &str) -> bool {
     presented.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-fn header_text(headers: &HeaderMap, name: http::header::HeaderName) -> Option<String> {
-    headers.get(name).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+fn header_text(headers: &HeaderMap, name: http::header::HeaderName) -> Option<Cow<'_, str>> {
+    headers.get(name).map(|value| String::from_utf8_lossy(value.as_bytes()))
 }
 
-/// The host of `host[:port]`, lowercased, without the brackets of an IPv6 literal or a final dot.
-fn host_of(authority: &str) -> String {
+/// The host of `host[:port]`, without the brackets of an IPv6 literal or a final dot (compared
+/// without regard to ASCII case).
+fn host_of(authority: &str) -> &str {
     let authority = authority.trim();
     let host = if let Some(rest) = authority.strip_prefix('[') {
         rest.split_once(']').map_or(rest, |(inside, _)| inside)
@@ -114,11 +118,15 @@ fn host_of(authority: &str) -> String {
             .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
             .map_or(authority, |(host, _)| host)
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    host.trim_end_matches('.')
 }
 
 fn is_loopback_name(host: &str) -> bool {
-    host == "localhost" || host.ends_with(".localhost")
+    const SUFFIX: &str = ".localhost";
+    host.eq_ignore_ascii_case("localhost")
+        || (host.len() > SUFFIX.len()
+            && host.is_char_boundary(host.len() - SUFFIX.len())
+            && host[host.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX))
 }
 
 #[cfg(test)]
