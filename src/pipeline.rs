@@ -309,8 +309,7 @@ impl Pipeline {
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
             }
             Ok(body) if body.server_compaction().is_some() => {
-                let why = body.server_compaction().unwrap_or_default();
-                Compaction { skipped: Some(format!("{why}: forwarded as sent")), ..Compaction::default() }
+                Compaction { skipped: body.server_compaction().map(str::to_owned), ..Compaction::default() }
             }
             Ok(_) if bypass_requested(headers) => {
                 self.stats.bypassed.fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,7 @@ pub fn replay_request(
         }
     };
     if let Some(why) = body.server_compaction() {
-        return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(format!("{why}: forwarded as sent")) };
+        return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(why.to_owned()) };
     }
     let messages = body.messages();
     let hashes = crate::neutral::message_hashes(&messages);

@@ -90,9 +90,9 @@ pub trait WireBody: Send + Sync {
     }
     /// The most tokens the request lets the model answer with, when it says.
     fn output_limit(&self) -> Option<u64>;
-    /// Why the request must go upstream as sent, when it asks the server to compact the history
-    /// itself (a Responses `compaction_trigger` item): compacting it first would have the server
-    /// summarize pare's shortened history.
+    /// Why the request goes upstream as sent (the reason the proxy logs), when it asks the server to
+    /// compact the history itself (a Responses `compaction_trigger` item): compacting it first would
+    /// have the server summarize pare's shortened history.
     fn server_compaction(&self) -> Option<&'static str> {
         None
     }

@@ -340,10 +340,9 @@ impl WireBody for ResponsesBody<'_> {
         self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
     fn server_compaction(&self) -> Option<&'static str> {
-        self.items
-            .iter()
-            .any(|item| item.type_name == COMPACTION_TRIGGER)
-            .then_some("the request asks the server to compact its history (a compaction_trigger item)")
+        self.items.iter().any(|item| item.type_name == COMPACTION_TRIGGER).then_some(
+            "the request asks the server to compact its history (a compaction_trigger item): forwarded as sent",
+        )
     }
     fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {
