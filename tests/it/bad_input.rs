@@ -236,7 +236,7 @@ async fn a_stream_the_client_abandons_is_archived_as_partial() {
 /// compressed and not archived, and the access line did not say why. It says so now (`skipped`).
 #[test]
 fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
 
     // An upstream that answers every request with a small JSON completion.
     let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -278,30 +278,8 @@ fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start pare serve");
-    let stderr = child.stderr.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let wait_for = |needle: &str, seen: &mut Vec<String>| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(line) = lines_rx.recv_timeout(std::time::Duration::from_millis(200)) {
-                let found = line.contains(needle);
-                seen.push(line);
-                if found {
-                    return true;
-                }
-            }
-        }
-        false
-    };
-    let mut seen = Vec::new();
-    let listening = wait_for("pare listening", &mut seen);
+    let mut stderr = crate::support::StderrLines::follow(&mut child);
+    let listening = stderr.wait_for("pare listening");
     let mut answered = false;
     if listening {
         // 64 KiB of JSON once decoded, a few hundred bytes compressed.
@@ -321,10 +299,11 @@ fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
         stream.write_all(&body).unwrap();
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        answered = wait_for("total_ms=", &mut seen);
+        answered = stderr.wait_for("total_ms=");
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    let seen = stderr.seen;
     assert!(listening && answered, "{seen:#?}");
     let access = seen.iter().find(|l| l.contains("total_ms=")).unwrap();
     assert!(

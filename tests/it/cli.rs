@@ -267,7 +267,7 @@ fn a_yaml_syntax_error_gives_its_line_column_and_key() {
 /// access line's timings are rounded to two decimals.
 #[test]
 fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
 
     let dir = tempfile::tempdir().unwrap();
     // A port that was free a moment ago, and an upstream that refuses connections (the discard port
@@ -284,30 +284,8 @@ fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start pare serve");
-    let stderr = child.stderr.take().unwrap();
-    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen: Vec<String> = Vec::new();
-    let wait_for = |needle: &str, seen: &mut Vec<String>| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(line) = lines_rx.recv_timeout(std::time::Duration::from_millis(200)) {
-                let found = line.contains(needle);
-                seen.push(line);
-                if found {
-                    return true;
-                }
-            }
-        }
-        false
-    };
-    let listening = wait_for("pare listening", &mut seen);
+    let mut stderr = crate::support::StderrLines::follow(&mut child);
+    let listening = stderr.wait_for("pare listening");
     let mut answered = false;
     if listening {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
@@ -320,10 +298,11 @@ fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
         .unwrap();
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        answered = wait_for("total_ms=", &mut seen);
+        answered = stderr.wait_for("total_ms=");
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    let seen = stderr.seen;
     assert!(listening && answered, "{seen:#?}");
     for line in &seen {
         assert!(!line.contains('\u{1b}'), "an ANSI escape in {line:?}");

@@ -72,3 +72,41 @@ pub fn coding_session(agent: &CodingAgent, n_turns: usize, words: usize) -> Vec<
     }
     requests
 }
+
+/// The stderr lines of a child process as they arrive (a thread reads them), and those seen so far.
+pub struct StderrLines {
+    lines: std::sync::mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl StderrLines {
+    /// Follow `child`'s piped stderr.
+    pub fn follow(child: &mut std::process::Child) -> StderrLines {
+        use std::io::BufRead;
+        let stderr = child.stderr.take().expect("stderr piped");
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrLines { lines, seen: Vec::new() }
+    }
+
+    /// Read lines until one contains `needle` (true) or 20 s have passed (false).
+    pub fn wait_for(&mut self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                let found = line.contains(needle);
+                self.seen.push(line);
+                if found {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
