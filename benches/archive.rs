@@ -41,20 +41,9 @@ fn request_body(steps: usize) -> Bytes {
 
 fn record(session: &str, raw: &Bytes) -> ExchangeRecord {
     ExchangeRecord {
-        session: session.into(),
-        at_ms: 0,
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
         model: Some("local".into()),
         headers: vec![("user-agent".into(), "bench".into())],
-        raw: raw.clone(),
-        raw_spans: None,
-        forwarded: None,
-        forwarded_spans: None,
-        summary: None,
-        late_summary: None,
-        skipped: None,
-        key_req: None,
+        ..ExchangeRecord::unchanged(session, 0, raw.clone())
     }
 }
 

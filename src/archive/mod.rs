@@ -177,6 +177,27 @@ pub struct ExchangeRecord {
 }
 
 impl ExchangeRecord {
+    /// A chat request (`POST /v1/chat/completions`) forwarded as `raw` came, with nothing else
+    /// known: no model, headers, spans or summary. Set what a caller knows with struct update syntax.
+    pub fn unchanged(session: impl Into<String>, at_ms: i64, raw: Bytes) -> ExchangeRecord {
+        ExchangeRecord {
+            session: session.into(),
+            at_ms,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            model: None,
+            headers: Vec::new(),
+            raw,
+            raw_spans: None,
+            forwarded: None,
+            forwarded_spans: None,
+            summary: None,
+            late_summary: None,
+            skipped: None,
+            key_req: None,
+        }
+    }
+
     /// Take the exact summary in, waiting for it when it is still being counted (the writer's
     /// thread; a lost one leaves the bounds in place).
     fn settle_summary(&mut self) {
@@ -618,22 +639,11 @@ mod tests {
     use super::*;
 
     fn record(n: i64) -> ExchangeRecord {
-        ExchangeRecord {
-            session: "s".into(),
-            at_ms: n,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            model: None,
-            headers: Vec::new(),
-            raw: Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
-            raw_spans: None,
-            forwarded: None,
-            forwarded_spans: None,
-            summary: None,
-            late_summary: None,
-            skipped: None,
-            key_req: None,
-        }
+        ExchangeRecord::unchanged(
+            "s",
+            n,
+            Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+        )
     }
 
     /// Regression: credential headers of other vendors (`x-goog-api-key`, `x-auth-token`) were stored:

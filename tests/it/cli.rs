@@ -468,20 +468,12 @@ fn an_export_file_is_readable_by_its_owner_only() {
     let dir = tempfile::tempdir().unwrap();
     let archive = Archive::start(dir.path().join("archive"), Durability::Buffered, std::time::Duration::from_millis(5));
     archive.record_exchange(ExchangeRecord {
-        session: "s".into(),
-        at_ms: 1_700_000_000_000,
-        method: "POST".into(),
-        path: "/v1/chat/completions".into(),
         model: Some("m".into()),
-        headers: Vec::new(),
-        raw: Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
-        raw_spans: None,
-        forwarded: None,
-        forwarded_spans: None,
-        summary: None,
-        late_summary: None,
-        skipped: None,
-        key_req: None,
+        ..ExchangeRecord::unchanged(
+            "s",
+            1_700_000_000_000,
+            Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+        )
     });
     archive.close();
     let archive_dir = dir.path().join("archive");

@@ -326,20 +326,8 @@ fn eval_of_an_archive_takes_each_models_window_from_the_config() {
             let mut body: Value = serde_json::from_slice(&body).unwrap();
             body["model"] = json!(model);
             archive.record_exchange(ExchangeRecord {
-                session: session.into(),
-                at_ms: 1_700_000_000_000 + k as i64,
-                method: "POST".into(),
-                path: "/v1/chat/completions".into(),
                 model: Some(model.into()),
-                headers: Vec::new(),
-                raw: Bytes::from(body.to_string()),
-                raw_spans: None,
-                forwarded: None,
-                forwarded_spans: None,
-                summary: None,
-                late_summary: None,
-                skipped: None,
-                key_req: None,
+                ..ExchangeRecord::unchanged(session, 1_700_000_000_000 + k as i64, Bytes::from(body.to_string()))
             });
         }
     }
