@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use pare::budget::SessionCompactor;
-use pare::budget::tokens::request_tokens;
 use pare::compact::Engine;
 use pare::config::Config;
+use pare::tokens::request_tokens;
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
 

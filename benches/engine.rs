@@ -14,9 +14,9 @@ static GLOBAL: pare::Allocator = pare::Allocator;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use pare::budget::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
+use pare::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::wire::responses::ResponsesBody;
 use pare::wire::{ChatBody, WireBody, convert};
 use serde_json::Value;

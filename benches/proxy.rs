@@ -317,7 +317,7 @@ where
 }
 
 fn client() -> reqwest::Client {
-    pare::proxy::install_crypto_provider();
+    pare::outbound::install_crypto_provider();
     reqwest::Client::builder().no_proxy().tcp_nodelay(true).timeout(Duration::from_secs(60)).build().unwrap()
 }
 

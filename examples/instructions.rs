@@ -21,8 +21,8 @@ static GLOBAL: pare::Allocator = pare::Allocator;
 
 use std::hint::black_box;
 
-use pare::budget::tokens::QuarterCounter;
 use pare::compact::{CompactOptions, Engine};
+use pare::tokens::QuarterCounter;
 use pare::wire::ChatBody;
 use serde_json::Value;
 

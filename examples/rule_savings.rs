@@ -12,9 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pare::budget::tokens::{CountTokens, CounterConfig, TokenCounter};
 use pare::compact::{CompactOptions, Engine};
 use pare::neutral::role_of;
+use pare::tokens::{CountTokens, CounterConfig, TokenCounter};
 use pare::wire::ChatBody;
 
 #[derive(Default)]

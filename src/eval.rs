@@ -30,12 +30,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::budget::replay::session_lines;
-use crate::budget::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
 use crate::corpus::{EvalError, Requests, SessionInput};
 use crate::neutral::{Message, View, role_of};
 use crate::strategy::Strategy;
+use crate::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody};
 
 /// Figures of one session, or sums over several.

@@ -13,13 +13,15 @@
 //!   parses a body once into the neutral form and writes the forwarded body back.
 //! - [`compact`]: the pure engine — rules, markers, structural maps, salience tiers, elision and
 //!   pairing validation — with no socket, no clock and no failure on user data.
-//! - [`budget`]: token counting, context windows and the per-session epoch state machine that decides
+//! - [`tokens`]: token counts per message (o200k / cl100k), cached by content hash.
+//! - [`budget`]: context windows and the per-session epoch state machine that decides
 //!   when and how much to compact and keeps forwarded prompts append-only between epochs.
 //! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
 //! - [`memory`]: one byte budget for all per-session state, evicting least recently used sessions.
 //! - [`archive`]: the durable raw store (SQLite), its integrity chain, audit queries and DPO/SFT export.
 //! - [`pipeline`]: the seam the proxy calls for one request: session, window, compaction, archive.
 //! - [`exchange`]: the leaf types the proxy, pipeline, budget and archive share about one exchange.
+//! - [`outbound`]: the one way pare builds an outgoing HTTP client (upstream, window detection).
 //! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
 //! - [`ui`]: the read-only audit UI under `/_pare/ui/`, server-rendered pages over the archive.
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
@@ -39,10 +41,12 @@ pub mod eval;
 pub mod exchange;
 pub mod memory;
 pub mod neutral;
+pub mod outbound;
 pub mod pipeline;
 pub mod proxy;
 pub mod session;
 pub mod strategy;
+pub mod tokens;
 pub mod ui;
 pub mod wire;
 

@@ -506,13 +506,9 @@ impl Pipeline {
                 .with_wall_clock(&config, crate::budget::epoch::system_clock())
                 .with_budget(budget.clone()),
         );
-        crate::proxy::upstream::install_crypto_provider();
-        let client = reqwest::Client::builder()
+        let client = crate::outbound::client_builder(config.upstream.connect_timeout())
             // Upstream logs (and pare's e2e suite) can tell pare's own probes from the agent's requests.
             .user_agent(concat!("pare/", env!("CARGO_PKG_VERSION"), " window-detection"))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .connect_timeout(config.upstream.connect_timeout())
             .build()?;
         let windows = WindowResolver::new(
             client,

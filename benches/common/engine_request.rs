@@ -3,8 +3,8 @@
 //! system prompt, a task, then tool turns (reads, test runs, listings, Hermes-shaped JSON results) and
 //! a few assistant notes.
 
-use pare::budget::tokens::CountTokens;
 use pare::compact::{CompactOptions, Engine};
+use pare::tokens::CountTokens;
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pare::budget::tokens::CountTokens;
+use pare::tokens::CountTokens;
 use pare::compact::validate::{Skeleton, check};
 use pare::compact::{CompactOptions, Engine, HistoryBudget};
 use pare::wire::ChatBody;

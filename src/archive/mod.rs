@@ -42,6 +42,7 @@ pub mod response;
 pub mod responses_sse;
 pub mod sse;
 pub mod store;
+pub mod time;
 pub mod verify;
 mod writer;
 

@@ -25,8 +25,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use lru::LruCache;
 
-use super::tokens::CountTokens;
-use super::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
 use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor, Source};
@@ -36,6 +34,8 @@ use crate::exchange::{
 };
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
+use crate::tokens::CountTokens;
+use crate::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody, WireError};
 
 /// One engine run over a fixed view and options, given [`CompactOptions::keep_first`].

@@ -1,18 +1,14 @@
-//! Token budget: counting, context windows and cache-stable epochs — decides *when* and *how much* to
+//! Token budget: context windows and cache-stable epochs — decides *when* and *how much* to
 //! compact, and keeps forwarded prompts append-only between epochs.
 //!
-//! - [`tokens`]: tiktoken counts per message, cached by content hash (`bpe`: the o200k / cl100k counter).
 //! - [`window`]: the model's context window (config, upstream detection, default) and answer reserve.
 //! - [`epoch`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
 
-mod bpe;
 pub mod epoch;
 pub mod replay;
-pub mod tokens;
 pub mod window;
 
 pub use epoch::{CompactEngine, EpochPolicy, SeedError, SessionCompactor};
-pub use tokens::{CountTokens, Encoding, TokenCounter};
 pub use window::{ModelTable, WindowResolver};

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use regex::Regex;
 use serde_json::Value;
 
-use super::tokens::{Encoding, UnknownEncoding};
 use crate::config::{BudgetConfig, Config, ModelConfig};
+use crate::tokens::{Encoding, UnknownEncoding};
 use crate::wire::Wire;
 
 /// A `models:` entry that cannot be used.
@@ -484,7 +484,7 @@ mod tests {
     }
 
     fn resolver_for(url: &str) -> WindowResolver {
-        crate::proxy::upstream::install_crypto_provider();
+        crate::outbound::install_crypto_provider();
         let config = Config::default();
         WindowResolver::new(
             reqwest::Client::new(),

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::compact::pack::check_pack;
+use crate::config::pack::check_pack;
 use crate::config::yaml::{self, NodeValue};
 use crate::config::{Config, ConfigError, Problem};
 

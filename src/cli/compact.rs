@@ -20,13 +20,13 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::budget::EpochPolicy;
-use crate::budget::tokens::{CounterConfig, TokenCounter, request_tokens};
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::{group_digits, group_signed, shorten};
 use crate::compact::provenance::{RuleMatcher, Step, steps};
 use crate::compact::{CompactOptions, Compacted, Engine, Source};
 use crate::config::Config;
 use crate::neutral::{Message, View};
+use crate::tokens::{CounterConfig, TokenCounter, request_tokens};
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;

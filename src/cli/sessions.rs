@@ -10,12 +10,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use serde_json::Value;
 
 use super::{SessionsArgs, SessionsCommand};
+use crate::archive;
 use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
 use crate::archive::read::BodyKind;
+use crate::archive::time::show_time;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
@@ -34,49 +35,9 @@ pub(crate) fn archive_dir(archive: Option<PathBuf>, config: Option<&std::path::P
     Ok(config.archive.resolved_dir())
 }
 
-/// Parse `--since`: `YYYY-MM-DD` (midnight UTC) or an RFC 3339 timestamp; milliseconds since the epoch.
-/// SQLite's date functions (the archive's own engine) read both forms.
+/// Parse `--since` (see [`archive::time::parse_since`]).
 pub(crate) fn parse_since(text: &str) -> anyhow::Result<i64> {
-    let wrong = || {
-        format!(
-            "--since {text:?} is neither YYYY-MM-DD nor an RFC 3339 timestamp (e.g. 2026-11-24 or 2026-11-24T18:00:00Z)"
-        )
-    };
-    // SQLite also reads `now`, Julian day numbers and times without a date: only dates are asked for.
-    let dated = text.len() >= 10
-        && text.as_bytes()[..10].iter().enumerate().all(|(i, b)| match i {
-            4 | 7 => *b == b'-',
-            _ => b.is_ascii_digit(),
-        });
-    anyhow::ensure!(dated, wrong());
-    let ms: Option<i64> = rusqlite::Connection::open_in_memory()?.query_row(
-        "SELECT CAST(round(unixepoch(?1, 'subsec') * 1000) AS INTEGER)",
-        [text],
-        |row| row.get(0),
-    )?;
-    ms.with_context(wrong)
-}
-
-/// A timestamp for people: RFC 3339, UTC, to the second.
-pub(crate) fn show_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", of_day / 3600, of_day % 3600 / 60, of_day % 60)
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    archive::time::parse_since(text).map_err(|e| anyhow::anyhow!("--since {e}"))
 }
 
 pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
@@ -412,31 +373,4 @@ fn diff_block(
         lines.push_str("  (nothing new)\n");
     }
     Ok((head + &lines, now))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_reads_dates_and_rfc3339_timestamps() {
-        assert_eq!(parse_since("2024-03-01").unwrap(), 1_709_251_200_000);
-        assert_eq!(parse_since("2024-03-01T12:30:00Z").unwrap(), 1_709_296_200_000);
-        assert_eq!(parse_since("2024-03-01T14:30:00.250+02:00").unwrap(), 1_709_296_200_250);
-        for wrong in ["yesterday", "now", "2460000", "2024-13-01", "01-03-2024", ""] {
-            let err = parse_since(wrong).unwrap_err().to_string();
-            assert!(err.contains(&format!("{wrong:?}")), "{wrong}: {err}");
-        }
-    }
-
-    #[test]
-    fn show_time_formats_utc_to_the_second_and_reads_back() {
-        assert_eq!(show_time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(show_time(1_709_296_200_999), "2024-03-01T12:30:00Z");
-        assert_eq!(show_time(951_782_400_000), "2000-02-29T00:00:00Z");
-        assert_eq!(show_time(-1000), "1969-12-31T23:59:59Z");
-        for ms in [1_709_251_200_000_i64, 4_102_444_799_000, 86_400_000 * 365 * 30 + 12_345_000] {
-            assert_eq!(parse_since(&show_time(ms)).unwrap(), ms);
-        }
-    }
 }

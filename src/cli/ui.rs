@@ -21,7 +21,7 @@ pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
         let listener = crate::proxy::bind(&args.listen, &config).await?;
         let addr = listener.local_addr().context("cannot read the listening address")?;
         eprintln!("pare ui: http://{addr}{}/", crate::ui::PREFIX);
-        crate::ui::run(listener, ui, &config, super::serve::shutdown_signal()).await;
+        crate::proxy::ui_server::run(listener, ui, &config, super::serve::shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

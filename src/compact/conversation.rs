@@ -493,7 +493,7 @@ fn quote_arg(arg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::pack::SuccessSpec;
+    use crate::config::pack::SuccessSpec;
 
     #[test]
     fn groups_and_boundary() {
@@ -508,7 +508,7 @@ mod tests {
             r#"{"role":"assistant","content":"ok"}"#,
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
         assert_eq!(conv.boundary, 7);
         let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
@@ -542,7 +542,7 @@ mod tests {
             r#"{"role":"tool","tool_call_id":"b","content":"12: ZFA04Y"}"#,
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
         assert_eq!(conv.boundary, 3);
         // `parse_header` is in the user message, `load_user` in the tail's text, `user_id` in its
@@ -565,7 +565,7 @@ mod tests {
             r#"{"role":"tool","tool_call_id":"c","content":"a.py b.py"}"#,
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         let conv = Conversation::analyse(&refs, 0, &keys, &policy, false);
         assert_eq!(conv.calls_of_message(1).iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(conv.calls_of_message(4).len(), 1);
@@ -584,7 +584,7 @@ mod tests {
 
     #[test]
     fn key_argument_prefers_configured_names() {
-        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         assert_eq!(key_argument(r#"{"timeout":5,"command":"ls -la\nrm x"}"#, &keys).as_deref(), Some("ls -la…"));
         assert_eq!(key_argument(r#"{"user_id":"mia_li"}"#, &keys).as_deref(), Some("mia_li"));
         assert_eq!(key_argument("{}", &keys), None);

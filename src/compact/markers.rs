@@ -7,24 +7,7 @@
 
 use rustc_hash::FxHashSet;
 
-pub use super::pack::MARKER_PREFIXES;
-
-/// Placeholder names used in a template, in order (`{name}`; `{{` is not special).
-pub fn placeholders(template: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        let after = &rest[open + 1..];
-        match after.find('}') {
-            Some(close) if after[..close].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && close > 0 => {
-                out.push(&after[..close]);
-                rest = &after[close + 1..];
-            }
-            _ => rest = after,
-        }
-    }
-    out
-}
+pub use crate::config::pack::{MARKER_PREFIXES, placeholders};
 
 /// Fill a template; unknown placeholders are left as written (validation refuses them earlier).
 pub fn render(template: &str, value_of: &dyn Fn(&str) -> Option<String>) -> String {

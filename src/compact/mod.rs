@@ -11,7 +11,6 @@
 //!
 //! # Code map
 //!
-//! - [`pack`]: the rule-pack schema, built-in packs, overrides, validation (`pare check`).
 //! - [`conversation`]: messages parsed once, the protected tail, tool-call groups, calls.
 //! - [`outcome`]: a tool result's shape and success. [`markers`]: templates and facts.
 //! - [`rules`]: one module per rule, run in priority order. [`outline`]: structural maps.
@@ -25,7 +24,6 @@ pub mod edits;
 pub mod markers;
 pub mod outcome;
 pub mod outline;
-pub mod pack;
 pub mod provenance;
 pub mod report;
 pub mod rules;
@@ -35,19 +33,17 @@ pub mod validate;
 
 use regex::Regex;
 
-use crate::budget::tokens::CountTokens;
 use crate::config::{Config, SalienceConfig, TierBudgets};
 use crate::neutral::View;
+use crate::tokens::CountTokens;
 
+use crate::config::pack::{self, Pack, PackError, RulesSpec};
 use conversation::Conversation;
 use edits::Edits;
 use outcome::SuccessPolicy;
-use pack::{Pack, PackError, RulesSpec};
 use report::{Report, RuleId, RuleStats};
 use rules::custom::CompiledCustom;
 use validate::Skeleton;
-
-pub use pack::check_pack;
 
 /// Why an engine could not be built from a configuration.
 pub type EngineConfigError = PackError;
@@ -173,9 +169,7 @@ impl Engine {
     /// The engine of a configuration: `compaction.pack` (a built-in name or a path) with
     /// `compaction.rules` deep-merged onto its `rules:`, and `budget.salience` / `budget.tiers`.
     pub fn from_config(config: &Config) -> Result<Engine, EngineConfigError> {
-        let name = &config.compaction.pack;
-        let text = pack::pack_text(name)?;
-        let pack = pack::load_pack(name, &text, config.compaction.rules.as_ref())?;
+        let pack = Pack::of_config(config)?;
         Ok(Engine::from_pack(pack, config.budget.salience.clone(), config.budget.tiers.clone()))
     }
 
@@ -470,7 +464,7 @@ fn fill_report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::tokens::{QuarterCounter, request_tokens};
+    use crate::tokens::{QuarterCounter, request_tokens};
     use crate::wire::ChatBody;
 
     /// What a run with `keep_first` computes from scratch: the rules applied with the head kept

@@ -437,7 +437,7 @@ impl Shape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::pack::SuccessSpec;
+    use crate::config::pack::SuccessSpec;
 
     fn read(s: &str) -> Outcome {
         SuccessPolicy::new(&SuccessSpec::default()).read(s)

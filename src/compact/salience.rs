@@ -28,7 +28,7 @@ use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
 use super::spans::{Fenwick, MAX_FILES, MarkerSummary, Runs, Seen, Texts};
 use super::{Engine, HistoryBudget, HistoryFloor};
-use crate::budget::tokens::{CountTokens, REPLY_PRIMING};
+use crate::tokens::{CountTokens, REPLY_PRIMING};
 
 /// Groups elided by [`fit`]: each run of elided groups is replaced by one marker message.
 #[derive(Debug, Default)]
@@ -1117,7 +1117,7 @@ fn same_file(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::tokens::QuarterCounter;
+    use crate::tokens::QuarterCounter;
     use crate::wire::ChatBody;
 
     thread_local! {
@@ -1183,7 +1183,7 @@ mod tests {
         let view = parsed.view();
         let mut engine = Engine::default_pack();
         engine.policy.spec.protect_last_turns = protect_last_turns;
-        let tokens = crate::budget::tokens::request_tokens(&QuarterCounter, view.messages, view.tools);
+        let tokens = crate::tokens::request_tokens(&QuarterCounter, view.messages, view.tools);
         let options = super::super::CompactOptions { target_tokens: Some(tokens * share / 100), ..Default::default() };
         REFERENCE.with(|r| r.set(reference));
         let out = engine.compact(&view, &options, &QuarterCounter);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod pack;
 pub mod yaml;
 
 pub use yaml::{Problem, regex_error};
@@ -556,7 +557,7 @@ impl Config {
         let config = config.map(|mut config| {
             overrides.apply(&mut config);
             let line_of = |path: &str| root.line_of(path);
-            let selected = crate::compact::pack::check_selected(
+            let selected = crate::config::pack::check_selected(
                 &config.compaction.pack,
                 config.compaction.rules.as_ref(),
                 &line_of,

@@ -11,6 +11,7 @@
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
 //! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
 //! - [`access`]: the one log line per request.
+//! - [`ui_server`]: `pare ui`, the audit UI served alone.
 //! - [`metrics`]: the Prometheus series behind `/_pare/metrics`.
 
 pub mod access;
@@ -23,6 +24,7 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod state;
+pub mod ui_server;
 pub mod upstream;
 
 pub use error::{Culprit, ProxyError};
@@ -30,4 +32,4 @@ pub use guard::token_matches;
 pub use handler::{PARE_PREFIX, ProxyBody};
 pub use server::{ServeError, bind, check_exposure, run, run_with_registry};
 pub use state::Proxy;
-pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase, install_crypto_provider};
+pub use upstream::{PARE_TOKEN_HEADER, UpstreamBase};

@@ -16,7 +16,6 @@
 //!
 //! Both spellings of the same server therefore behave identically and a path never becomes `/v1/v1`.
 
-use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -162,15 +161,6 @@ pub fn response_headers(upstream: &HeaderMap) -> HeaderMap {
     headers
 }
 
-/// Install rustls' ring provider for the process (https upstreams); safe to call any number of times.
-pub fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // Another part of the process may have installed one already; either way one is in place.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// The upstream endpoint and the pooled client that reaches it.
 pub struct Upstream {
     client: reqwest::Client,
@@ -182,7 +172,6 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Result<Upstream, UpstreamError> {
-        install_crypto_provider();
         let base = UpstreamBase::parse(&config.url)?;
         let api_key = match &config.api_key {
             Some(key) => {
@@ -192,12 +181,8 @@ impl Upstream {
             }
             None => None,
         };
-        // Transparency: no redirects followed, no system proxy, no decompression (reqwest's gzip/brotli
-        // features stay off), no default headers beyond an `Accept: */*` when the client sent none.
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .connect_timeout(config.connect_timeout())
+        // No default headers beyond an `Accept: */*` when the client sent none.
+        let client = crate::outbound::client_builder(config.connect_timeout())
             .timeout(config.timeout())
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)

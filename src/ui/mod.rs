@@ -2,8 +2,8 @@
 //! filtered by model and date), one session's requests with their token bars and epochs, one request's
 //! raw and forwarded messages side by side, downloads of the exact bodies and SFT/DPO exports.
 //!
-//! Routing and reading live here, the markup in `pages.rs`, HTTP (the standalone `pare ui` server
-//! and the response bodies both servers send) in `server.rs`. Every page opens the store read-only
+//! Routing and reading live here, the markup in `pages.rs`, the response bodies both servers
+//! send in `server.rs` (`pare ui`'s own server is `crate::proxy::ui_server`). Every page opens the store read-only
 //! for the time of one request; nothing here writes to the archive.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ use crate::config::Config;
 mod pages;
 mod server;
 
-pub use server::{UiBody, respond, run};
+pub use server::{UiBody, respond};
 
 /// Where every route lives.
 pub const PREFIX: &str = "/_pare/ui";
@@ -123,7 +123,7 @@ impl Query {
 
     fn filter(&self) -> Result<SessionFilter, String> {
         let since_ms = match &self.since {
-            Some(since) => Some(crate::cli::sessions::parse_since(since).map_err(|e| format!("{e:#}"))?),
+            Some(since) => Some(crate::archive::time::parse_since(since).map_err(|e| format!("since={e}"))?),
             None => None,
         };
         Ok(SessionFilter { since_ms, model: self.model.clone(), session: self.session.clone() })

@@ -162,7 +162,7 @@ pub fn error_page(title: &str, detail: &str) -> Markup {
 
 /// A time for people: UTC, to the second.
 fn show_time(ms: i64) -> String {
-    crate::cli::sessions::show_time(ms).replacen('T', " ", 1).trim_end_matches('Z').to_owned()
+    crate::archive::time::show_time(ms).replacen('T', " ", 1).trim_end_matches('Z').to_owned()
 }
 
 fn int(n: i64) -> String {

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pare::budget::tokens::{CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use pare::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use pare::config::{Config, HistoryShare, Mode};
+use pare::tokens::{CountTokens, CounterConfig, Encoding, REPLY_PRIMING, TokenCounter, request_tokens};
 use tiktoken_rs::{ChatCompletionRequestMessage, FunctionCall};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -6,11 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
-use pare::budget::tokens::{CountTokens, QuarterCounter};
-use pare::compact::pack::{BUILTIN_PACKS, load_pack};
 use pare::compact::report::{Report, RuleId};
 use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor};
+use pare::config::pack::{BUILTIN_PACKS, load_pack};
 use pare::config::{SalienceConfig, TierBudgets};
+use pare::tokens::{CountTokens, QuarterCounter};
 use pare::wire::ChatBody;
 use serde_json::{Value, json};
 

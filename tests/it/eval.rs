@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pare::budget::tokens::{CountTokens, REPLY_PRIMING};
 use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::report::Report;
 use pare::compact::{CompactOptions, Compacted, Source};
 use pare::config::Config;
 use pare::eval::{Metrics, evaluate_session};
 use pare::neutral::View;
+use pare::tokens::{CountTokens, REPLY_PRIMING};
 use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 

@@ -301,7 +301,8 @@ async fn pare_ui_refuses_a_rebound_host_and_closes_silent_connections() {
     let ui = Arc::new(pare::ui::Ui::new(dir.path().to_owned(), &config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { pare::ui::run(listener, ui, &config, std::future::pending()).await });
+    let server =
+        tokio::spawn(async move { pare::proxy::ui_server::run(listener, ui, &config, std::future::pending()).await });
     let refused = raw::exchange(addr, "GET /_pare/ui/ HTTP/1.1\nHost: attacker.example\nConnection: close", b"").await;
     assert_eq!(refused.status, 403);
     assert!(String::from_utf8_lossy(&refused.body).contains("server.allowed_hosts"));

@@ -504,7 +504,7 @@ async fn graceful_shutdown_lets_an_in_flight_stream_finish() {
 async fn h2c_prior_knowledge_is_served() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_for(&stub).await;
-    ::pare::proxy::install_crypto_provider();
+    ::pare::outbound::install_crypto_provider();
     let h2 = reqwest::Client::builder().no_proxy().http2_prior_knowledge().build().unwrap();
     let response = h2.get(pare.url("/v1/models")).send().await.unwrap();
     assert_eq!(response.version(), reqwest::Version::HTTP_2);

@@ -168,7 +168,7 @@ async fn pipelined_requests_on_one_connection_are_answered_in_order() {
 async fn concurrent_requests_share_one_h2_connection() {
     let stub = Stub::start(Stub::openai).await;
     let pare = pare_support::start(config_for(&stub)).await;
-    ::pare::proxy::install_crypto_provider();
+    ::pare::outbound::install_crypto_provider();
     let h2 = reqwest::Client::builder().no_proxy().http2_prior_knowledge().build().unwrap();
     let requests = (0..16).map(|_| h2.post(pare.url("/v1/chat/completions")).body(STREAM_BODY).send());
     let responses = within("16 concurrent requests", futures_util::future::join_all(requests)).await;

@@ -40,9 +40,9 @@ fn retry_key(call: &super::super::conversation::Call) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use crate::budget::tokens::QuarterCounter;
     use crate::compact::report::{Report, RuleId};
     use crate::compact::{CompactOptions, Engine};
+    use crate::tokens::QuarterCounter;
     use crate::wire::ChatBody;
 
     fn compact_once(engine: &Engine, body: &[u8]) -> (Vec<u8>, Report) {

@@ -210,9 +210,9 @@ mod properties {
     use serde_json::json;
 
     use super::*;
-    use crate::budget::tokens::QuarterCounter;
     use crate::compact::{CompactOptions, Engine};
     use crate::neutral::View;
+    use crate::tokens::QuarterCounter;
 
     /// One step of a Claude Code session as turns: the person's text, an assistant text (with or
     /// without thinking), or a call turn (thinking or redacted thinking, one to three `tool_use`

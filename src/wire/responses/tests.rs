@@ -174,9 +174,9 @@ mod properties {
     use serde_json::json;
 
     use super::*;
-    use crate::budget::tokens::QuarterCounter;
     use crate::compact::{CompactOptions, Engine};
     use crate::neutral::View;
+    use crate::tokens::QuarterCounter;
 
     /// One turn of an agent: a user message, an assistant text, a call turn (with or without
     /// reasoning, one to three parallel calls of the three call kinds, answered), or an opaque item.

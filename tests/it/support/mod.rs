@@ -14,7 +14,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 /// An HTTP client for talking to pare: no system proxy, no redirects, no pooling surprises.
 pub fn client() -> reqwest::Client {
-    ::pare::proxy::install_crypto_provider();
+    ::pare::outbound::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())

@@ -652,7 +652,7 @@ impl RulesSpec {
                     ),
                 );
             }
-            for name in crate::compact::markers::placeholders(t.text) {
+            for name in placeholders(t.text) {
                 if !t.allowed.contains(&name) {
                     push(
                         t.path.clone(),
@@ -691,6 +691,23 @@ fn render(name: &str, problems: &[Problem]) -> String {
 
 /// Largest rule pack file read, in bytes (the built-in packs are a few KiB).
 pub const MAX_PACK_BYTES: u64 = 1024 * 1024;
+
+/// Placeholder names used in a template, in order (`{name}`; `{{` is not special).
+pub fn placeholders(template: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) if after[..close].chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && close > 0 => {
+                out.push(&after[..close]);
+                rest = &after[close + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
 
 /// The text of a pack named `default|hermes|openai`, or read from a path: a regular file of at most
 /// [`MAX_PACK_BYTES`] (a device or a pipe named by mistake is refused, never read without end).
@@ -744,6 +761,15 @@ pub fn load_pack(name: &str, text: &str, overrides: Option<&Value>) -> Result<Pa
     match pack {
         Some(pack) if problems.is_empty() => Ok(pack),
         _ => Err(PackError::Invalid { name, problems }),
+    }
+}
+
+impl Pack {
+    /// The pack a configuration selects: `compaction.pack` (a built-in name, or a path read here)
+    /// with `compaction.rules` deep-merged onto its `rules:`.
+    pub fn of_config(config: &crate::config::Config) -> Result<Pack, PackError> {
+        let name = &config.compaction.pack;
+        load_pack(name, &pack_text(name)?, config.compaction.rules.as_ref())
     }
 }
 

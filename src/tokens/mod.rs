@@ -2,7 +2,7 @@
 //!
 //! o200k_base and cl100k_base are counted with `bpe-openai`'s byte-pair encoder, which produces the
 //! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
-//! code-like text, driven by [`super::bpe`]: it splits the text with a lazy DFA and a per-thread
+//! code-like text, driven by [`bpe`]: it splits the text with a lazy DFA and a per-thread
 //! cache (no regex pool lock per piece) and counts a piece that is one token without the encoder.
 //! Cold requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs is the
 //! reference in tests (a dev-dependency); the GPT-3-era p50k/r50k encodings are not counted.
@@ -12,6 +12,8 @@
 //! name, its arguments and 1; 3 tokens of reply priming per request ([`REPLY_PRIMING`]). Image parts
 //! count a fixed estimate and are never tokenized as text. Counts are cached by a hash of the message's
 //! raw bytes in a bounded LRU, so a warm request only tokenizes the messages it adds.
+
+mod bpe;
 
 use std::num::NonZeroUsize;
 use std::str::FromStr;
@@ -94,8 +96,8 @@ impl Encoding {
     /// tokenizer of this encoding (built on first use, then shared).
     pub fn count(self, text: &str) -> usize {
         match self {
-            Encoding::O200kBase => super::bpe::O200K.count(text),
-            Encoding::Cl100kBase => super::bpe::CL100K.count(text),
+            Encoding::O200kBase => bpe::O200K.count(text),
+            Encoding::Cl100kBase => bpe::CL100K.count(text),
         }
     }
 
