@@ -27,16 +27,15 @@
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
 //! - [`cli`]: the command line (`serve`, `ui`, `compact`, `replay`, `eval`, `sessions`, `export`,
 //!   `check`).
-//! - [`eval`]: the metrics of MISSION.md over a corpus of sessions.
-//! - [`corpus`]: the sessions eval reads (files or an archive) and their tune/holdout split by task.
-//! - [`strategy`]: the peers' deterministic strategies eval measures pare against.
+//! - [`eval`]: the evaluation harness, apart from the product: the metrics of MISSION.md over a corpus
+//!   of sessions, the sessions it reads and their tune/holdout split (`corpus`), the peers' strategies
+//!   (`strategy`).
 
 pub mod archive;
 pub mod budget;
 pub mod cli;
 pub mod compact;
 pub mod config;
-pub mod corpus;
 pub mod eval;
 pub mod exchange;
 pub mod memory;
@@ -45,7 +44,6 @@ pub mod outbound;
 pub mod pipeline;
 pub mod proxy;
 pub mod session;
-pub mod strategy;
 pub mod tokens;
 pub mod ui;
 pub mod wire;

@@ -8,9 +8,9 @@ use super::SplitArg;
 use crate::compact::Engine;
 use crate::compact::markers::group_digits as n;
 use crate::config::Config;
-use crate::corpus::{self, Split};
+use crate::eval::corpus::{self, Split};
+use crate::eval::strategy::Strategy;
 use crate::eval::{CorpusReport, Metrics, evaluate_sessions};
-use crate::strategy::Strategy;
 use crate::wire::Wire;
 
 pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {

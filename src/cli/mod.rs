@@ -179,7 +179,7 @@ pub struct EvalArgs {
     pub convert: bool,
     /// What forwards the requests: pare, or a peer's strategy (mask:N, clear:K@F, truncate).
     #[arg(long, default_value = "pare")]
-    pub strategy: crate::strategy::Strategy,
+    pub strategy: crate::eval::strategy::Strategy,
     /// Only the sessions of one side of the split by task (tune or holdout).
     #[arg(long, value_enum)]
     pub split: Option<SplitArg>,

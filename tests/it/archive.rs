@@ -995,9 +995,9 @@ fn hermes_resume_without_tool_names_stays_in_one_session() {
 #[test]
 fn eval_replays_the_raw_sessions_of_an_archive() {
     use pare::budget::{CompactEngine, SessionCompactor};
-    use pare::corpus::{Requests, SessionInput, from_archive};
+    use pare::eval::corpus::{Requests, SessionInput, from_archive};
+    use pare::eval::strategy::Strategy;
     use pare::eval::{EvalInput, evaluate_sessions};
-    use pare::strategy::Strategy;
 
     let dir = tempfile::tempdir().unwrap();
     let archive = start(dir.path());

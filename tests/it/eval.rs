@@ -229,7 +229,7 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
     let report =
         pare::eval::evaluate_corpus(dir, &compactor(yaml, engine.clone()), engine.as_ref(), 4096, Default::default())
             .unwrap();
-    let files = pare::corpus::session_files(dir).unwrap();
+    let files = pare::eval::corpus::session_files(dir).unwrap();
     assert_eq!(report.sessions.len(), files.len());
     for (session, path) in report.sessions.iter().zip(&files) {
         assert_eq!(Some(session.id.as_str()), path.file_stem().and_then(|s| s.to_str()), "sessions in path order");
@@ -247,7 +247,7 @@ fn a_corpus_evaluated_on_all_cores_matches_its_sessions_evaluated_one_by_one() {
 #[test]
 fn peer_strategies_are_measured_with_the_same_metrics() {
     use pare::eval::evaluate_session_with;
-    use pare::strategy::Strategy;
+    use pare::eval::strategy::Strategy;
     let requests = requests_of(&needle_session());
     let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
     let engine: Arc<dyn CompactEngine> = MaskEngine::new(1);
@@ -286,7 +286,7 @@ fn peer_strategies_are_measured_with_the_same_metrics() {
 /// `--split`: every run of a task falls on one side, and the two sides cover the corpus.
 #[test]
 fn the_split_keeps_a_tasks_runs_together_and_covers_the_corpus() {
-    use pare::corpus::{Requests, SessionInput, Split, select, split_of};
+    use pare::eval::corpus::{Requests, SessionInput, Split, select, split_of};
     let ids = [
         "pr1__model_a__django__django-11099",
         "pr1__model_b__django__django-11099",

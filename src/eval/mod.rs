@@ -32,11 +32,14 @@ use serde_json::Value;
 use crate::budget::replay::session_lines;
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
-use crate::corpus::{EvalError, Requests, SessionInput};
 use crate::neutral::{Message, View, role_of};
-use crate::strategy::Strategy;
 use crate::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody};
+use corpus::{EvalError, Requests, SessionInput};
+use strategy::Strategy;
+
+pub mod corpus;
+pub mod strategy;
 
 /// Figures of one session, or sums over several.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -197,7 +200,7 @@ pub fn evaluate_corpus(
     window: impl Into<Option<u64>>,
     input: EvalInput,
 ) -> Result<CorpusReport, EvalError> {
-    evaluate_sessions(&crate::corpus::from_dir(dir)?, Strategy::Pare, compactor, engine, window, input)
+    evaluate_sessions(&corpus::from_dir(dir)?, Strategy::Pare, compactor, engine, window, input)
 }
 
 /// Evaluate `sessions` at `window` (`None`: each request's model's window, see
@@ -276,10 +279,10 @@ pub fn evaluate_session_with(
     window: Option<u64>,
 ) -> Metrics {
     compactor.forget(session);
-    let first = crate::strategy::replay(strategy, compactor, wire, session, requests, window);
+    let first = strategy::replay(strategy, compactor, wire, session, requests, window);
     let again_id = format!("{session}#again");
     compactor.forget(&again_id);
-    let again = crate::strategy::replay(strategy, compactor, wire, &again_id, requests, window);
+    let again = strategy::replay(strategy, compactor, wire, &again_id, requests, window);
     compactor.forget(session);
     compactor.forget(&again_id);
     let deterministic = first.iter().zip(&again).all(|(a, b)| a.forwarded == b.forwarded);
