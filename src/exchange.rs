@@ -89,6 +89,12 @@ pub trait ResponseSink: Send {
         false
     }
     fn finish(self: Box<Self>, end: StreamEnd);
+    /// [`ResponseSink::finish`], returning what the upstream reported it billed for the answer (its
+    /// `usage`), for a sink that reads it.
+    fn finish_reporting(self: Box<Self>, end: StreamEnd) -> Option<crate::archive::usage::Usage> {
+        self.finish(end);
+        None
+    }
 }
 
 /// How a response body ended.

@@ -10,7 +10,8 @@
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
-//! - [`query`]: the audit side: list, load, delete sessions.
+//! - [`usage`]: the provider's own token figures of an answer (prompt, cached, cache writes, output).
+//! - [`query`]: the audit side: list, load, delete sessions, and what the upstream reported per session.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
 //!
@@ -43,6 +44,7 @@ pub mod responses_sse;
 pub mod sse;
 pub mod store;
 pub mod time;
+pub mod usage;
 pub mod verify;
 mod writer;
 

@@ -17,6 +17,7 @@ use http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::sse::{self, Event};
+use super::usage::Usage;
 use super::{Archive, ResponseRecord, Ticket, keep_headers, now_ms};
 use crate::exchange::{ResponseSink, StreamEnd};
 use crate::session::SessionTracker;
@@ -403,7 +404,11 @@ impl ResponseSink for ArchiveSink {
         self.final_seen
     }
 
-    fn finish(mut self: Box<Self>, end: StreamEnd) {
+    fn finish(self: Box<Self>, end: StreamEnd) {
+        self.finish_reporting(end);
+    }
+
+    fn finish_reporting(mut self: Box<Self>, end: StreamEnd) -> Option<Usage> {
         if end == StreamEnd::Complete && self.truncated.is_none() {
             self.register();
         } else if self.registered.is_none() {
@@ -411,6 +416,7 @@ impl ResponseSink for ArchiveSink {
             self.assembled = self.assemble();
         }
         let key_ext = self.registered.flatten();
+        let usage = self.assembled.as_ref().and_then(|answer| Usage::of_answer(self.wire, answer));
         if let Some((archive, ticket)) = self.archive.take() {
             let record = ResponseRecord {
                 at_ms: now_ms(),
@@ -425,6 +431,7 @@ impl ResponseSink for ArchiveSink {
             };
             archive.record_response(ticket, record);
         }
+        usage
     }
 }
 

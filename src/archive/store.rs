@@ -99,6 +99,18 @@ CREATE TABLE IF NOT EXISTS responses (
     hash        BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_session ON responses (session);
+
+-- What the upstream reported it billed for one answer (its `usage`, read by `archive::usage`): one
+-- row per answer that reported any figure, NULL where it reported that one not.
+CREATE TABLE IF NOT EXISTS response_usage (
+    exchange    INTEGER PRIMARY KEY REFERENCES exchanges (id),
+    session     TEXT NOT NULL,
+    prompt      INTEGER,               -- every prompt token, cached or not
+    cached      INTEGER,               -- read from the upstream's prompt cache
+    cache_write INTEGER,               -- written to it
+    output      INTEGER
+);
+CREATE INDEX IF NOT EXISTS response_usage_session ON response_usage (session);
 "#;
 
 /// Blobs shorter than this are stored as is; compression would not pay for its frame.

@@ -20,9 +20,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::read::{self, BodyKind};
+use super::usage::Usage;
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
 use crate::memory::Holder;
-use crate::wire::Spans;
+use crate::wire::{Spans, Wire};
 
 /// Most records in one transaction.
 const MAX_BATCH: usize = 4096;
@@ -119,6 +120,8 @@ struct Pending {
     exchange: i64,
     session: String,
     seq: i64,
+    /// The request's format, which says how to read the answer's usage.
+    wire: Option<Wire>,
 }
 
 pub(crate) struct Writer {
@@ -526,7 +529,8 @@ impl Writer {
         cursor.raw = raw_state.map(|s| ListState { exchange, ..s });
         cursor.fwd = fwd_state.map(|s| ListState { exchange, ..s });
         self.keep(rec.session.clone(), cursor);
-        self.pending.put(ticket, Pending { exchange, session: rec.session.clone(), seq });
+        self.pending
+            .put(ticket, Pending { exchange, session: rec.session.clone(), seq, wire: Wire::of_path(&rec.path) });
         Ok(())
     }
 
@@ -587,6 +591,22 @@ impl Writer {
             "UPDATE sessions SET n_records = ?2, head_hash = ?3, last_ms = max(last_ms, ?4) WHERE id = ?1",
         )?
         .execute(params![pending.session, cursor.n_records + 1, &hash[..], rec.at_ms])?;
+        let usage = pending.wire.zip(rec.assembled.as_ref()).and_then(|(wire, answer)| Usage::of_answer(wire, answer));
+        if let Some(usage) = usage {
+            let figure = |n: Option<u64>| n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+            conn.prepare_cached(
+                "INSERT INTO response_usage (exchange, session, prompt, cached, cache_write, output)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                pending.exchange,
+                pending.session,
+                figure(usage.prompt),
+                figure(usage.cached),
+                figure(usage.cache_write),
+                figure(usage.output)
+            ])?;
+        }
         cursor.n_records += 1;
         cursor.head = hash;
         self.keep(pending.session, cursor);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use http::Method;
 
 use super::metrics::{Exchange, Metrics};
+use crate::archive::usage::Usage;
 use crate::exchange::{CompactionSummary, StreamEnd};
 
 /// Everything the access line reports, filled in as the exchange progresses.
@@ -30,6 +31,8 @@ pub struct AccessLog {
     /// `server.max_body` once decoded).
     pub skipped: Option<String>,
     pub bytes_out: u64,
+    /// What the upstream reported it billed for the answer, when it did (set when the answer ends).
+    pub usage: Option<Usage>,
     /// Counted here when the exchange ends; `None` in unit tests.
     metrics: Option<Arc<Metrics>>,
 }
@@ -48,6 +51,7 @@ impl AccessLog {
             model: None,
             skipped: None,
             bytes_out: 0,
+            usage: None,
             metrics: None,
         }
     }
@@ -70,6 +74,7 @@ impl AccessLog {
                 overhead: self.pare,
                 summary: self.summary.as_ref(),
                 model: self.model.as_deref(),
+                usage: self.usage.as_ref(),
             });
         }
         let end_text = match end {
@@ -91,6 +96,8 @@ impl AccessLog {
             tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
             epoch = self.summary.as_ref().map(|s| s.epoch),
             over_window = self.summary.as_ref().map(|s| s.over_window),
+            upstream_prompt_tokens = self.usage.and_then(|u| u.prompt),
+            upstream_cached_tokens = self.usage.and_then(|u| u.cached),
             model = self.model.as_deref(),
             session = self.session.as_deref(),
             skipped = self.skipped.as_deref(),
@@ -117,6 +124,7 @@ impl Drop for AccessLog {
                 overhead: self.pare,
                 summary: None,
                 model: None,
+                usage: None,
             });
         }
     }

@@ -8,7 +8,8 @@
 //! cut it.
 //!
 //! Finishing — the answer assembled and registered with the session tracker (a streamed answer
-//! registers at its end event already), handed to the archive, the access line written — happens
+//! registers at its end event already), handed to the archive, the access line written and the
+//! upstream's reported usage counted — happens
 //! after the last byte is on its way to the client: hyper drops
 //! the body before it writes that byte out, so the work runs in a task of its own. [`Finishing`]
 //! keeps count of those tasks: whatever reports on ended exchanges (pare's own endpoints, the
@@ -90,10 +91,9 @@ impl Completion {
 
     /// Idempotent: only the first call has an effect.
     pub fn finish(&mut self, end: StreamEnd) {
-        if let Some(sink) = self.sink.take() {
-            sink.finish(end.clone());
-        }
-        if let Some(access) = self.access.take() {
+        let usage = self.sink.take().and_then(|sink| sink.finish_reporting(end.clone()));
+        if let Some(mut access) = self.access.take() {
+            access.usage = usage;
             access.emit(&end);
         }
     }

@@ -1,5 +1,7 @@
 //! `/_pare/metrics`: Prometheus (OpenMetrics text) series for requests, latency, pare's own overhead,
-//! tokens per model, epochs and fail-open. Other parts of pare (the archive) register their own
+//! tokens per model, epochs, fail-open, and the upstream's own usage figures (prompt, cached, cache
+//! writes, output), counted when an answer that reported them ends. A figure the upstream never
+//! reported for a model and wire has no series there (absent, not zero). Other parts of pare (the archive) register their own
 //! series into the same [`Registry`] before the server starts (see [`super::run_with_registry`]).
 
 use std::collections::HashSet;
@@ -15,6 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::archive::response::Truncation;
+use crate::archive::usage::Usage;
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::pipeline::Pipeline;
 
@@ -62,7 +65,66 @@ pub struct Metrics {
     compacted: Family<ModelLabels, Counter>,
     over_window: Family<ModelLabels, Counter>,
     epochs: Family<ModelLabels, Counter>,
+    upstream: UpstreamSeries,
     models: Mutex<HashSet<String>>,
+}
+
+/// The upstream's reported usage, summed by model and wire format ([`crate::archive::usage`]).
+#[derive(Debug, Default)]
+struct UpstreamSeries {
+    prompt: Family<ModelLabels, Counter>,
+    cached: Family<ModelLabels, Counter>,
+    cache_write: Family<ModelLabels, Counter>,
+    output: Family<ModelLabels, Counter>,
+    /// Answers of the formats pare reads whose upstream reported no usage at all.
+    unreported: Family<ModelLabels, Counter>,
+}
+
+impl UpstreamSeries {
+    fn register(&self, pare: &mut Registry) {
+        for (name, help, family) in [
+            (
+                "upstream_prompt_tokens",
+                "Prompt tokens the upstream reported it processed (cached or not), by model and wire format",
+                &self.prompt,
+            ),
+            (
+                "upstream_cached_tokens",
+                "Prompt tokens the upstream reported read from its prompt cache, by model and wire format",
+                &self.cached,
+            ),
+            (
+                "upstream_cache_write_tokens",
+                "Prompt tokens the upstream reported written to its prompt cache, by model and wire format",
+                &self.cache_write,
+            ),
+            ("upstream_output_tokens", "Answer tokens the upstream reported, by model and wire format", &self.output),
+            (
+                "upstream_usage_unreported",
+                "Answers whose upstream reported no usage, by model and wire format",
+                &self.unreported,
+            ),
+        ] {
+            pare.register(name, help, family.clone());
+        }
+    }
+
+    fn count(&self, labels: &ModelLabels, usage: Option<&Usage>) {
+        let Some(usage) = usage else {
+            self.unreported.get_or_create(labels).inc();
+            return;
+        };
+        for (family, figure) in [
+            (&self.prompt, usage.prompt),
+            (&self.cached, usage.cached),
+            (&self.cache_write, usage.cache_write),
+            (&self.output, usage.output),
+        ] {
+            if let Some(n) = figure {
+                family.get_or_create(labels).inc_by(n);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,6 +171,7 @@ impl Metrics {
         let compacted = Family::<ModelLabels, Counter>::default();
         let over_window = Family::<ModelLabels, Counter>::default();
         let epochs = Family::<ModelLabels, Counter>::default();
+        let upstream = UpstreamSeries::default();
 
         let pare = registry.sub_registry_with_prefix("pare");
         pare.register("requests", "Requests answered, by route and status", requests.clone());
@@ -137,6 +200,7 @@ impl Metrics {
             over_window.clone(),
         );
         pare.register("epochs", "Compaction epochs started, by model and wire format", epochs.clone());
+        upstream.register(pare);
         registry.register_collector(Box::new(PipelineCollector { pipeline }));
 
         Metrics {
@@ -151,6 +215,7 @@ impl Metrics {
             compacted,
             over_window,
             epochs,
+            upstream,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -191,6 +256,14 @@ impl Metrics {
                 self.epochs.get_or_create(&labels).inc();
             }
         }
+        // The answers pare reads (a format it compacts), when the upstream answered.
+        let answered = (200..300).contains(&exchange.status) && *exchange.end == StreamEnd::Complete;
+        if let Some(wire) = crate::wire::Wire::of_path(exchange.path)
+            && (answered || exchange.usage.is_some())
+        {
+            let labels = ModelLabels { model: self.model_label(exchange.model), wire: wire.name() };
+            self.upstream.count(&labels, exchange.usage);
+        }
     }
 
     fn model_label(&self, model: Option<&str>) -> String {
@@ -225,6 +298,8 @@ pub struct Exchange<'a> {
     pub overhead: Duration,
     pub summary: Option<&'a CompactionSummary>,
     pub model: Option<&'a str>,
+    /// What the upstream reported it billed for the answer.
+    pub usage: Option<&'a Usage>,
 }
 
 /// Exports the pipeline's own counters (fail-open, unparseable, bypassed) at scrape time.
@@ -368,6 +443,7 @@ mod tests {
             overhead: Duration::from_micros(40),
             summary: Some(summary),
             model: Some(model),
+            usage: None,
         }
     }
 
@@ -417,6 +493,43 @@ mod tests {
         assert!(text.contains("pare_answer_bytes_held 0"), "{text}");
         let budget = format!("pare_memory_max_state_bytes {}", crate::memory::DEFAULT_MAX_STATE_BYTES);
         assert!(text.contains(&budget), "{text}");
+    }
+
+    /// The upstream's figures are summed by model and wire; a figure never reported has no series
+    /// (absent, not 0), and an answer without usage is counted as such.
+    #[test]
+    fn upstream_usage_is_counted_by_model_and_wire_and_unreported_is_not_zero() {
+        let metrics = metrics();
+        let claude = Usage { prompt: Some(3000), cached: Some(2048), cache_write: Some(100), output: Some(9) };
+        let local = Usage { prompt: Some(11), cached: None, cache_write: None, output: Some(4) };
+        let answers = [
+            ("/v1/messages", "claude", Some(&claude)),
+            ("/v1/messages", "claude", Some(&claude)),
+            ("/v1/chat/completions", "qwen", Some(&local)),
+            ("/v1/chat/completions", "qwen", None),
+        ];
+        for (path, model, usage) in answers {
+            metrics.started();
+            metrics.finished(&Exchange {
+                path,
+                model: Some(model),
+                usage,
+                summary: None,
+                ..chat(&Default::default(), model)
+            });
+        }
+        let text = metrics.encode().unwrap();
+        for line in [
+            r#"pare_upstream_prompt_tokens_total{model="claude",wire="messages"} 6000"#,
+            r#"pare_upstream_cached_tokens_total{model="claude",wire="messages"} 4096"#,
+            r#"pare_upstream_cache_write_tokens_total{model="claude",wire="messages"} 200"#,
+            r#"pare_upstream_output_tokens_total{model="claude",wire="messages"} 18"#,
+            r#"pare_upstream_prompt_tokens_total{model="qwen",wire="chat"} 11"#,
+            r#"pare_upstream_usage_unreported_total{model="qwen",wire="chat"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains(r#"pare_upstream_cached_tokens_total{model="qwen""#), "{text}");
     }
 
     #[test]
