@@ -1,5 +1,7 @@
 //! The audit side of the archive: list sessions, read exchanges and their exact bodies, the last
-//! (raw, forwarded) pair of a session for rebuilding compaction state, and deleting a session.
+//! (raw, forwarded) pair of a session for rebuilding compaction state, and deleting a session; what
+//! the upstream reported it billed, per answer and per session ([`UpstreamUsage`]), and what pare's
+//! compaction saved net of the cache misses its epochs caused ([`Savings`]).
 
 use std::path::Path;
 
@@ -7,7 +9,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::body::Part;
 use super::read::{self, BodyKind};
+use super::usage::Usage;
 use super::{ArchiveError, store};
 use crate::exchange::CompactionSummary;
 
@@ -26,6 +30,100 @@ pub struct SessionInfo {
     /// The wire format of the session's last request (`chat`, `responses`), from its path; `None`
     /// for a path pare does not compact.
     pub wire: Option<&'static str>,
+    /// What the upstream reported it billed for the session's answers.
+    pub upstream: UpstreamUsage,
+}
+
+/// The upstream's own figures summed over a session's answers ([`Usage`] per answer). A sum is
+/// `None` when no answer reported that figure: "not reported", never 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct UpstreamUsage {
+    /// Answers that reported any figure.
+    pub n_reported: i64,
+    pub prompt: Option<i64>,
+    pub cached: Option<i64>,
+    pub cache_write: Option<i64>,
+    pub output: Option<i64>,
+    /// Σ prompt over the answers that reported a cached figure: the base of [`UpstreamUsage::hit_rate`]
+    /// (an answer that reported a prompt but no cache figure says nothing about hits).
+    pub prompt_with_cached: Option<i64>,
+}
+
+impl UpstreamUsage {
+    /// Share of the prompt tokens the upstream read from its cache, over the answers that reported both.
+    pub fn hit_rate(&self) -> Option<f64> {
+        match (self.cached, self.prompt_with_cached) {
+            (Some(cached), Some(prompt)) if prompt > 0 => Some(cached as f64 / prompt as f64),
+            _ => None,
+        }
+    }
+}
+
+/// Where the cache misses of an epoch were read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissSource {
+    /// The upstream's figures for that request (prompt − cached).
+    Provider,
+    /// pare's estimate: the forwarded prompt less its prefix shared with the previous request.
+    Estimate,
+}
+
+/// The cache misses one epoch caused ([`Savings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EpochMiss {
+    pub seq: i64,
+    /// Prompt tokens billed uncached beyond what the agent added since the previous request.
+    pub tokens: u64,
+    pub source: MissSource,
+}
+
+/// What pare saved a session in uncached prompt tokens, net of the cache misses its epochs caused:
+///
+/// `net = Σ_k (R_k − F_k) − Σ_{k epoch} max(0, U_k − N_k)`
+///
+/// - `R_k`, `F_k`: request k's prompt as the agent sent it and as pare forwarded it (pare's count);
+///   what pare removed is priced as uncached input (an upper bound where the upstream would have
+///   read those tokens from its cache).
+/// - over the requests where pare started an epoch (rewrote the forwarded prefix, so the upstream's
+///   cached prefix stopped matching), `U_k` is the prompt tokens computed afresh, and `N_k =
+///   max(0, R_k − R_{k−1})` the tokens the agent added since its previous request, which an append
+///   would have sent uncached anyway.
+/// - `U_k` is the upstream's figure (prompt − cached) when its answer reported both
+///   ([`MissSource::Provider`]), else pare's estimate `F_k − S_k`, `S_k` the part of `F_k` in the
+///   prefix it shares with the previous forwarded request (unchanged top-level values and messages,
+///   by bytes) ([`MissSource::Estimate`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Savings {
+    /// Σ (R_k − F_k) over the requests pare counted.
+    pub removed: u64,
+    /// The epochs' misses, request by request.
+    pub epochs: Vec<EpochMiss>,
+}
+
+impl Savings {
+    /// Σ of the epochs' misses.
+    pub fn misses(&self) -> u64 {
+        self.epochs.iter().map(|e| e.tokens).sum()
+    }
+
+    /// `removed − misses` (negative: the epochs cost more than compaction saved).
+    pub fn net(&self) -> i64 {
+        self.removed as i64 - self.misses() as i64
+    }
+
+    /// Which figures the misses came from: `provider`, `estimate`, `provider + estimate`, or `none`
+    /// when pare started no epoch.
+    pub fn source(&self) -> &'static str {
+        let provider = self.epochs.iter().any(|e| e.source == MissSource::Provider);
+        let estimate = self.epochs.iter().any(|e| e.source == MissSource::Estimate);
+        match (provider, estimate) {
+            (true, true) => "provider + estimate",
+            (true, false) => "provider",
+            (false, true) => "estimate",
+            (false, false) => "none",
+        }
+    }
 }
 
 /// Which sessions to list or export.
@@ -55,6 +153,8 @@ pub struct ExchangeInfo {
     /// Unreadable summaries read as `None`.
     pub summary: Option<CompactionSummary>,
     pub skipped: Option<String>,
+    /// What the upstream reported it billed for the answer; `None`: no answer, or nothing reported.
+    pub usage: Option<Usage>,
 }
 
 /// The stored answer of one exchange.
@@ -118,16 +218,56 @@ fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
         tokens_raw: r.get(5)?,
         tokens_forwarded: r.get(6)?,
         wire: r.get::<_, Option<String>>(7)?.and_then(|path| crate::wire::Wire::of_path(&path)).map(|w| w.name()),
+        upstream: UpstreamUsage {
+            n_reported: r.get(8)?,
+            prompt: r.get(9)?,
+            cached: r.get(10)?,
+            cache_write: r.get(11)?,
+            output: r.get(12)?,
+            prompt_with_cached: r.get(13)?,
+        },
     })
 }
 
+/// The columns [`session_info`] reads, the upstream's sums each an indexed lookup of the session's
+/// answers (`sum` is NULL when no answer reported the figure).
 const SESSION_COLUMNS: &str = "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded,
-    (SELECT path FROM exchanges WHERE exchanges.session = sessions.id ORDER BY seq DESC LIMIT 1)";
+    (SELECT path FROM exchanges WHERE exchanges.session = sessions.id ORDER BY seq DESC LIMIT 1),
+    (SELECT count(*) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT sum(prompt) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT sum(cached) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT sum(cache_write) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT sum(output) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT sum(prompt) FROM response_usage u WHERE u.session = sessions.id AND u.cached IS NOT NULL)";
+
+/// The usage table of an archive written before it existed reads as empty: a temporary table of
+/// the same name stands in for it (a read-only connection may create those).
+fn ensure_usage_table(conn: &Connection) -> rusqlite::Result<()> {
+    let present: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'response_usage')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !present {
+        conn.execute_batch(
+            "CREATE TEMP TABLE IF NOT EXISTS response_usage (exchange INTEGER PRIMARY KEY, session TEXT NOT NULL,
+                prompt INTEGER, cached INTEGER, cache_write INTEGER, output INTEGER)",
+        )?;
+    }
+    Ok(())
+}
+
+/// A stored count as pare's unsigned figure (negative counts are not stored; read as 0).
+fn figure(n: Option<i64>) -> Option<u64> {
+    n.map(|n| u64::try_from(n).unwrap_or(0))
+}
 
 impl ArchiveReader {
     /// Open the store in `dir` read-only.
     pub fn open(dir: &Path) -> Result<ArchiveReader, ArchiveError> {
-        Ok(ArchiveReader { conn: store::open_ro(dir)? })
+        let conn = store::open_ro(dir)?;
+        ensure_usage_table(&conn)?;
+        Ok(ArchiveReader { conn })
     }
 
     pub fn conn(&self) -> &Connection {
@@ -185,11 +325,21 @@ impl ArchiveReader {
     /// A session's exchanges in order.
     pub fn exchanges(&self, session: &str) -> Result<Vec<ExchangeInfo>, ArchiveError> {
         let mut stmt = self.conn.prepare(
-            "SELECT id, seq, at_ms, method, path, model, raw_len, fwd_len, summary, skipped
-             FROM exchanges WHERE session = ?1 ORDER BY seq",
+            "SELECT id, seq, at_ms, method, path, model, raw_len, fwd_len, summary, skipped,
+                    u.exchange, u.prompt, u.cached, u.cache_write, u.output
+             FROM exchanges LEFT JOIN response_usage u ON u.exchange = exchanges.id
+             WHERE exchanges.session = ?1 ORDER BY seq",
         )?;
         let rows = stmt.query_map([session], |r| {
             let summary: Option<String> = r.get(8)?;
+            let usage = r.get::<_, Option<i64>>(10)?.map(|_| -> rusqlite::Result<Usage> {
+                Ok(Usage {
+                    prompt: figure(r.get(11)?),
+                    cached: figure(r.get(12)?),
+                    cache_write: figure(r.get(13)?),
+                    output: figure(r.get(14)?),
+                })
+            });
             Ok(ExchangeInfo {
                 id: r.get(0)?,
                 seq: r.get(1)?,
@@ -201,6 +351,7 @@ impl ArchiveReader {
                 fwd_len: r.get(7)?,
                 summary: summary.and_then(|s| serde_json::from_str(&s).ok()),
                 skipped: r.get(9)?,
+                usage: usage.transpose()?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -266,6 +417,66 @@ impl ArchiveReader {
         }))
     }
 
+    /// What pare saved session `exchanges` net of its epochs' cache misses ([`Savings`]); `exchanges`
+    /// as [`ArchiveReader::exchanges`] gives them. Reads the forwarded templates of each epoch request
+    /// whose answer reported no cache figure, and of the request before it (no body is decompressed).
+    pub fn savings(&self, exchanges: &[ExchangeInfo]) -> Result<Savings, ArchiveError> {
+        let mut savings = Savings::default();
+        for (k, e) in exchanges.iter().enumerate() {
+            let Some(summary) = &e.summary else { continue };
+            savings.removed += summary.tokens_raw.saturating_sub(summary.tokens_forwarded);
+            let previous = k.checked_sub(1).map(|p| &exchanges[p]);
+            let Some(previous) = previous.filter(|_| summary.epoch_started) else { continue };
+            let added = previous.summary.as_ref().map_or(0, |p| summary.tokens_raw.saturating_sub(p.tokens_raw));
+            let (uncached, source) = match e.usage.and_then(|u| u.uncached()) {
+                Some(uncached) => (uncached, MissSource::Provider),
+                None => {
+                    let shared = self.shared_prefix_share(previous.id, e.id)?;
+                    let kept = (summary.tokens_forwarded as f64 * shared).round() as u64;
+                    (summary.tokens_forwarded.saturating_sub(kept), MissSource::Estimate)
+                }
+            };
+            savings.epochs.push(EpochMiss { seq: e.seq, tokens: uncached.saturating_sub(added), source });
+        }
+        Ok(savings)
+    }
+
+    /// The share (by bytes, 0..=1) of exchange `current`'s forwarded body that a prompt cache holding
+    /// exchange `previous`'s could reuse: its top-level values stored as blobs that both bodies share,
+    /// then the longest common prefix of their message lists. Small literal fields are left out.
+    fn shared_prefix_share(&self, previous: i64, current: i64) -> Result<f64, ArchiveError> {
+        let blobs_of = |parts: &[Part]| -> Vec<i64> {
+            parts.iter().filter_map(|p| if let Part::Blob(id) = p { Some(*id) } else { None }).collect()
+        };
+        let before = read::template(&self.conn, previous, BodyKind::Forwarded)?;
+        let now = read::template(&self.conn, current, BodyKind::Forwarded)?;
+        let (blobs_before, blobs_now) = (blobs_of(&before), blobs_of(&now));
+        let items_before = read::resolve_items(&self.conn, previous, BodyKind::Forwarded)?;
+        let items_now = read::resolve_items(&self.conn, current, BodyKind::Forwarded)?;
+        let n_common = items_before.iter().zip(&items_now).take_while(|(a, b)| a.blob == b.blob).count();
+        let mut len = self.conn.prepare_cached("SELECT raw_len FROM blobs WHERE id = ?1")?;
+        let mut bytes = |id: i64| -> Result<u64, ArchiveError> {
+            let n: Option<i64> = len.query_row([id], |r| r.get(0)).optional()?;
+            Ok(n.map_or(0, |n| n.max(0) as u64))
+        };
+        let (mut shared, mut total) = (0u64, 0u64);
+        for id in &blobs_now {
+            let n = bytes(*id)?;
+            total += n;
+            if blobs_before.contains(id) {
+                shared += n;
+            }
+        }
+        for (idx, item) in items_now.iter().enumerate() {
+            let n = bytes(item.blob)?;
+            total += n;
+            if idx < n_common {
+                shared += n;
+            }
+        }
+        Ok(if total == 0 { 0.0 } else { shared as f64 / total as f64 })
+    }
+
     /// The `limit` most recently active sessions with their answers' session keys (oldest first):
     /// what [`crate::session::SessionTracker::seed`] takes at start.
     pub fn recent_session_keys(&self, limit: usize) -> Result<Vec<(String, Vec<u64>)>, ArchiveError> {
@@ -298,6 +509,7 @@ pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, Archive
     if !exists && n_exchanges == 0 {
         return Err(ArchiveError::NoSession(session.to_owned()));
     }
+    tx.execute("DELETE FROM response_usage WHERE session = ?1", [session])?;
     let responses = tx.execute("DELETE FROM responses WHERE session = ?1", [session])?;
     let exchanges = tx.execute("DELETE FROM exchanges WHERE session = ?1", [session])?;
     tx.execute("DELETE FROM sessions WHERE id = ?1", [session])?;

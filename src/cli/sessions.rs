@@ -14,9 +14,10 @@ use serde_json::Value;
 
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
-use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, UpstreamUsage, delete_session};
 use crate::archive::read::BodyKind;
 use crate::archive::time::show_time;
+use crate::archive::usage::Usage;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
@@ -102,6 +103,12 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
                 "tokens_raw": s.tokens_raw,
                 "tokens_forwarded": s.tokens_forwarded,
                 "wire": s.wire,
+                "upstream_answers_reported": s.upstream.n_reported,
+                "upstream_prompt_tokens": s.upstream.prompt,
+                "upstream_cached_tokens": s.upstream.cached,
+                "upstream_cache_write_tokens": s.upstream.cache_write,
+                "upstream_output_tokens": s.upstream.output,
+                "upstream_cache_hit_rate": s.upstream.hit_rate(),
             });
             writeln!(out, "{line}")?;
         }
@@ -109,24 +116,49 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  tokens raw → forwarded",
-        "ID", "STARTED", "LAST", "REQS", "WIRE", "MODEL"
+        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:<28}  tokens raw → forwarded",
+        "ID", "STARTED", "LAST", "REQS", "WIRE", "MODEL", "UPSTREAM CACHE HITS"
     )?;
     for s in sessions {
         writeln!(
             out,
-            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {} → {}",
+            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:<28}  {} → {}",
             s.id,
             show_time(s.started_ms),
             show_time(s.last_ms),
             n(s.n_requests),
             s.wire.unwrap_or("-"),
             s.model.as_deref().unwrap_or("-"),
+            cache_hits(&s.upstream),
             n(s.tokens_raw),
             n(s.tokens_forwarded)
         )?;
     }
     Ok(())
+}
+
+/// A session's upstream cache hits for people: "68.3 % of 12,000", or what was not reported.
+pub(crate) fn cache_hits(upstream: &UpstreamUsage) -> String {
+    match (upstream.hit_rate(), upstream.prompt) {
+        (Some(rate), _) => format!("{:.1} % of {}", 100.0 * rate, n(upstream.prompt_with_cached.unwrap_or(0))),
+        (None, Some(prompt)) => format!("not reported (prompt {})", n(prompt)),
+        (None, None) => "not reported".to_owned(),
+    }
+}
+
+/// One answer's upstream usage for people: "prompt 3,000 · cached 2,048 (68.3 %) · cache write 100
+/// · output 9", each figure the upstream left out said so.
+pub(crate) fn usage_line(usage: Option<&Usage>) -> String {
+    let Some(usage) = usage else { return "not reported".to_owned() };
+    let figure = |x: Option<u64>| x.map_or_else(|| "not reported".to_owned(), |x| n(x as i64));
+    let rate = usage.hit_rate().map(|r| format!(" ({:.1} %)", 100.0 * r)).unwrap_or_default();
+    format!(
+        "prompt {} · cached {}{rate} · cache write {} · output {}",
+        figure(usage.prompt),
+        figure(usage.cached),
+        figure(usage.cache_write),
+        figure(usage.output)
+    )
 }
 
 fn print_bodies(
@@ -214,6 +246,16 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
             None => ", forwarded unchanged".into(),
         }
     )?;
+    let savings = reader.savings(&exchanges)?;
+    writeln!(
+        out,
+        "session upstream cache hits {} · attributable savings {} tokens (removed {} − epoch cache misses {}, misses from {})",
+        cache_hits(&info.upstream),
+        n(savings.net()),
+        n(savings.removed as i64),
+        n(savings.misses() as i64),
+        savings.source()
+    )?;
     let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
     let messages = messages_of(&ex.path, &raw);
     if messages.is_empty() {
@@ -233,6 +275,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
                 resp.end_reason,
                 if resp.partial { ", PARTIAL" } else { "" },
             )?;
+            writeln!(out, "── upstream usage: {}", usage_line(ex.usage.as_ref()))?;
             match resp.assembled.as_ref().and_then(|a| a.get("message")) {
                 Some(m) => writeln!(out, "{}", render_message(messages.len(), m))?,
                 None => writeln!(out, "{}", indent(&String::from_utf8_lossy(&resp.body)))?,

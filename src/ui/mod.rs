@@ -246,7 +246,8 @@ impl Ui {
         let answers = exchanges.iter().map(|e| reader.response(id, e.seq)).collect::<Result<Vec<_>, _>>()?;
         let report = verify(reader.conn(), Some(id))?;
         self.verified.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_owned(), (info.n_requests, report.ok()));
-        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report)))
+        let savings = reader.savings(&exchanges)?;
+        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report, &savings)))
     }
 
     fn request(&self, id: &str, seq: i64) -> Result<Reply, ArchiveError> {

@@ -10,8 +10,10 @@ use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
-use crate::archive::query::{ExchangeInfo, ResponseInfo, SessionInfo, SessionPage};
+use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage};
+use crate::archive::usage::Usage;
 use crate::archive::verify::{VerifyReport, summary_line};
+use crate::cli::sessions::{cache_hits, usage_line};
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
 use crate::exchange::CompactionSummary;
@@ -230,7 +232,8 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
             table id="sessions" {
                 thead { tr {
                     th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First (UTC)" } th { "Last (UTC)" }
-                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num { "Epochs" } th.num { "Partial" }
+                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num { "Upstream cache hits" }
+                    th.num { "Epochs" } th.num { "Partial" }
                     th { "Verified" }
                 } }
                 tbody {
@@ -244,6 +247,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
                             td.muted { (show_time(s.info.last_ms)) }
                             td.num { (int(s.info.tokens_raw)) " → " (int(s.info.tokens_forwarded)) }
                             td.num { (saved(s.info.tokens_raw, s.info.tokens_forwarded)) }
+                            td.num.upstream { (cache_hits(&s.info.upstream)) }
                             td.num { @if s.epochs > 0 { span.badge.epoch { (s.epochs) } } @else { span.muted { "0" } } }
                             td.num { @if s.partial > 0 { span.badge.warn { (s.partial) } } @else { span.muted { "0" } } }
                             td { (verify_badge(verified.get(&s.info.id), s.info.n_requests)) }
@@ -336,11 +340,59 @@ fn bar(raw: u64, forwarded: u64, window: Option<Window>, scale: u64) -> Markup {
     }
 }
 
+/// One answer's upstream cache figures in a table cell: "2,048 / 3,000 (68.3 %)", or what was not
+/// reported; the tooltip has every figure.
+fn upstream_cell(usage: Option<&Usage>) -> Markup {
+    let title = usage_line(usage);
+    match usage {
+        Some(Usage { prompt: Some(prompt), cached: Some(cached), .. }) => html! {
+            span title=(title) { (int(*cached as i64)) " / " (int(*prompt as i64))
+                @if let Some(rate) = usage.and_then(Usage::hit_rate) { " (" (format!("{:.1} %", 100.0 * rate)) ")" } }
+        },
+        Some(Usage { prompt: Some(prompt), .. }) => html! {
+            span.muted title=(title) { "cache not reported (prompt " (int(*prompt as i64)) ")" }
+        },
+        _ => html! { span.muted title=(title) { "not reported" } },
+    }
+}
+
+/// The session's attributable savings and how they were reckoned.
+fn savings_block(savings: &Savings) -> Markup {
+    html! {
+        details id="savings" {
+            summary {
+                "Attributable savings: " b { (int(savings.net())) " tokens" }
+                " = removed " (int(savings.removed as i64)) " − epoch cache misses " (int(savings.misses() as i64))
+                " (misses from " (savings.source()) ")"
+            }
+            p {
+                "net = Σ (R − F) over every request − Σ max(0, U − N) over the requests where pare started an epoch. "
+                "R and F: the prompt as the agent sent it and as pare forwarded it (pare's count); what pare removed is "
+                "priced as uncached input. U: the prompt tokens the upstream computed afresh on that request — its own "
+                "figure (prompt − cached) when its answer reported both (provider), else pare's estimate: F less the "
+                "part of it in the prefix shared with the request before (estimate). N: the tokens the agent added since "
+                "its previous request, which an append would have sent uncached anyway."
+            }
+            @if !savings.epochs.is_empty() {
+                table id="epoch-misses" {
+                    thead { tr { th.num { "Request" } th.num { "Cache misses" } th { "From" } } }
+                    tbody { @for miss in &savings.epochs { tr {
+                        td.num { (miss.seq) }
+                        td.num { (int(miss.tokens as i64)) }
+                        td { (match miss.source { MissSource::Provider => "provider", MissSource::Estimate => "estimate" }) }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
 pub fn session(
     info: &SessionInfo,
     exchanges: &[ExchangeInfo],
     answers: &[Option<ResponseInfo>],
     report: &VerifyReport,
+    savings: &Savings,
 ) -> Markup {
     let tokens = |e: &ExchangeInfo, of: fn(&CompactionSummary) -> u64| e.summary.as_ref().map(of);
     let window = |e: &ExchangeInfo| Window::of(e.summary.as_ref());
@@ -366,6 +418,9 @@ pub fn session(
                 div { b { (show_time(info.last_ms)) } span { "last (UTC)" } }
                 div { b { (int(info.tokens_raw)) " → " (int(info.tokens_forwarded)) } span { "tokens raw → forwarded" } }
                 div { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved" } }
+                div id="upstream-cache" { b { (cache_hits(&info.upstream)) } span { "upstream cache hits (as the upstream reported)" } }
+                div { b { (info.upstream.cache_write.map(int).unwrap_or_else(|| "not reported".into())) } span { "upstream cache writes" } }
+                div { b { (int(savings.net())) } span { "attributable savings, tokens (" (savings.source()) ")" } }
                 div { b { (epochs) } span { "epochs" } }
                 div { b { (partial) } span { "partial answers" } }
                 div id="verify" {
@@ -376,6 +431,7 @@ pub fn session(
             @if !report.ok() {
                 ul.error { @for problem in &report.problems { li { (problem.to_string()) } } }
             }
+            (savings_block(savings))
             div.actions { span.muted { "Export this session:" } (export_buttons(&session_query)) }
             h2 { "Requests" }
             div.legend {
@@ -385,7 +441,8 @@ pub fn session(
             }
             table id="requests" {
                 thead { tr {
-                    th.num { "#" } th { "Time (UTC)" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" } th { "Answer" }
+                    th.num { "#" } th { "Time (UTC)" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" }
+                    th.num { "Upstream cached / prompt" } th { "Answer" }
                 } }
                 tbody {
                     @for (e, answer) in exchanges.iter().zip(answers) {
@@ -409,6 +466,7 @@ pub fn session(
                                     " " span.badge.bad title=[window(e).map(|w| format!("forwarded tokens over the {}", w.describe()))] { "over window" }
                                 }
                             }
+                            td.num.upstream { (upstream_cell(e.usage.as_ref())) }
                             td.wide { (answer_summary(answer.as_ref())) }
                         }
                     }
@@ -637,6 +695,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
                 div { b { (summary.map(|s| int(s.tokens_raw as i64)).unwrap_or_else(|| "—".into())) " → "
                           (summary.map(|s| int(s.tokens_forwarded as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
                 div { b { (raw.len()) " → " (forwarded.len()) } span { "messages" } }
+                div id="upstream-usage" { b { (usage_line(e.usage.as_ref())) } span { "upstream usage (as the upstream reported)" } }
             }
             @if let Some(skipped) = &e.skipped { p { span.badge.warn { "forwarded unchanged" } " " (skipped) } }
             h2 { "Messages: sent by the agent ↔ forwarded to the model" }

@@ -18,3 +18,4 @@ mod responses;
 mod streams;
 mod tidy;
 mod ui;
+mod usage;
