@@ -366,6 +366,25 @@ fn savings_net_of_epoch_misses_come_from_the_provider_else_from_the_shared_prefi
     archive.flush().unwrap();
     let reader = ArchiveReader::open(dir.path()).unwrap();
 
+    let ui = pare::ui::Ui::new(dir.path().to_owned(), &pare::config::Config::default());
+    let page = |path: &str| match ui.route("GET", path, None).body {
+        pare::ui::Payload::Bytes(bytes) => String::from_utf8(bytes).unwrap(),
+        pare::ui::Payload::Export(_) => panic!("{path} is a page"),
+    };
+    let session = page("/_pare/ui/session/provider");
+    for shown in [
+        "Attributable savings: <b>150 tokens</b> = removed 500 − epoch cache misses 350 (misses from provider)",
+        "20 / 400 (5.0 %)",
+        "not reported",
+    ] {
+        assert!(session.contains(shown), "{shown} on the session page:\n{session}");
+    }
+    assert!(page("/_pare/ui/session/estimate").contains("(misses from estimate)"));
+    let request = page("/_pare/ui/session/provider/request/3");
+    assert!(request.contains("prompt 400 · cached 20 (5.0 %) · cache write not reported · output 5"), "{request}");
+    let index = page("/_pare/ui/");
+    assert!(index.contains("5.0 % of 400"), "the index shows the session's hit rate:\n{index}");
+
     // Provider: 400 − 20 = 380 computed afresh, less the 30 tokens the agent added since request 2.
     let savings = reader.savings(&reader.exchanges("provider").unwrap()).unwrap();
     let expected =
