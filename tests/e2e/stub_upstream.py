@@ -24,6 +24,8 @@ PLAIN_ANSWER = "Hello from the stub."
 WEATHER_ANSWER = "It is sunny in Paris."
 HERMES_ANSWER = "PARE-E2E-DONE: the needle is in notes.txt"
 PROBES = ("/api/v1/models", "/api/tags", "/v1/props", "/props", "/version")
+# What every answer reports it billed, as OpenAI reports it (`CompletionUsage`, with the cached part).
+USAGE = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 8}}
 
 # The tool that selects the weather script (the clients' tests send it).
 WEATHER_TOOL = {
@@ -86,7 +88,7 @@ def completion(model, reply):
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15},
+        "usage": dict(USAGE),
     }
 
 
@@ -126,7 +128,7 @@ def stream_chunks(model, reply, include_usage):
     if include_usage:
         usage = chunk({})
         usage["choices"] = []
-        usage["usage"] = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+        usage["usage"] = dict(USAGE)
         yield usage
 
 

@@ -176,6 +176,14 @@ def test_session_shows_one_row_per_request(ui_pare, shots, tmp_path):
     assert dom.count('class="bar"') == len(STEPS) + 1
     assert "✓ verified" in dom
     assert "Hello from the stub." in dom, "the answers are summarised"
+    # The stub reports 8 of 11 prompt tokens cached on each JSON answer; the streamed ones did not
+    # ask for usage (no stream_options), so the upstream reported none for them.
+    n_json = len(STEPS) // 2 + 1
+    hits = re.search(r'<div id="upstream-cache"><b>([^<]*)</b>', dom)
+    assert hits and hits.group(1) == f"72.7 % of {11 * n_json}", hits and hits.group(1)
+    assert dom.count("8 / 11 (72.7 %)") == n_json, "each JSON answer's upstream cache figures"
+    assert dom.count(">not reported</span>") == len(STEPS) + 1 - n_json, "streamed answers: not reported, not 0"
+    assert "Attributable savings" in dom
 
 
 def test_request_shows_raw_and_forwarded_side_by_side(ui_pare, shots, tmp_path):

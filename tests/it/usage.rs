@@ -403,6 +403,19 @@ fn savings_net_of_epoch_misses_come_from_the_provider_else_from_the_shared_prefi
     assert_eq!(savings, expected, "shared share {shared}");
     assert_eq!(savings.source(), "estimate");
     archive.close();
+
+    // Deleting a session takes its usage rows with it (they reference its exchanges).
+    drop(reader);
+    pare::archive::query::delete_session(dir.path(), "provider").unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join(pare::archive::store::DB_FILE)).unwrap();
+    let left: Vec<String> = conn
+        .prepare("SELECT DISTINCT session FROM response_usage")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(left, ["estimate"]);
 }
 
 /// An archive written before the usage table existed opens read-only and reads as "not reported".
