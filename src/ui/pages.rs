@@ -10,7 +10,7 @@ use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
-use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage};
+use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage, UpstreamUsage};
 use crate::archive::usage::Usage;
 use crate::archive::verify::{VerifyReport, summary_line};
 use crate::cli::sessions::{cache_hits, usage_line};
@@ -232,7 +232,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
             table id="sessions" {
                 thead { tr {
                     th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First (UTC)" } th { "Last (UTC)" }
-                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num { "Upstream cache hits" }
+                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num title="prompt tokens the upstream reported read from its cache" { "Cache hits" }
                     th.num { "Epochs" } th.num { "Partial" }
                     th { "Verified" }
                 } }
@@ -247,7 +247,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
                             td.muted { (show_time(s.info.last_ms)) }
                             td.num { (int(s.info.tokens_raw)) " → " (int(s.info.tokens_forwarded)) }
                             td.num { (saved(s.info.tokens_raw, s.info.tokens_forwarded)) }
-                            td.num.upstream { (cache_hits(&s.info.upstream)) }
+                            td.num.upstream { (hit_rate_cell(&s.info.upstream)) }
                             td.num { @if s.epochs > 0 { span.badge.epoch { (s.epochs) } } @else { span.muted { "0" } } }
                             td.num { @if s.partial > 0 { span.badge.warn { (s.partial) } } @else { span.muted { "0" } } }
                             td { (verify_badge(verified.get(&s.info.id), s.info.n_requests)) }
@@ -337,6 +337,16 @@ fn bar(raw: u64, forwarded: u64, window: Option<Window>, scale: u64) -> Markup {
             div.fwd style={ "width:" (pct(forwarded)) } {}
             @if let Some(window) = window { div.win style={ "left:" (pct(window.usable())) } title=(window.describe()) {} }
         }
+    }
+}
+
+/// A session's upstream cache hit rate in the index ("72.7 %", its base in the tooltip), or
+/// "not reported".
+fn hit_rate_cell(upstream: &UpstreamUsage) -> Markup {
+    let title = format!("upstream cache hits: {}", cache_hits(upstream));
+    match upstream.hit_rate() {
+        Some(rate) => html! { span title=(title) { (format!("{:.1} %", 100.0 * rate)) } },
+        None => html! { span.muted title=(title) { "not reported" } },
     }
 }
 

@@ -383,7 +383,10 @@ fn savings_net_of_epoch_misses_come_from_the_provider_else_from_the_shared_prefi
     let request = page("/_pare/ui/session/provider/request/3");
     assert!(request.contains("prompt 400 · cached 20 (5.0 %) · cache write not reported · output 5"), "{request}");
     let index = page("/_pare/ui/");
-    assert!(index.contains("5.0 % of 400"), "the index shows the session's hit rate:\n{index}");
+    assert!(
+        index.contains(r#"<span title="upstream cache hits: 5.0 % of 400">5.0 %</span>"#),
+        "the index shows the session's hit rate:\n{index}"
+    );
 
     // Provider: 400 − 20 = 380 computed afresh, less the 30 tokens the agent added since request 2.
     let savings = reader.savings(&reader.exchanges("provider").unwrap()).unwrap();
