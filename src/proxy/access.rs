@@ -33,6 +33,9 @@ pub struct AccessLog {
     pub bytes_out: u64,
     /// What the upstream reported it billed for the answer, when it did (set when the answer ends).
     pub usage: Option<Usage>,
+    /// pare read the answer (a format it compacts): `usage` is then `None` only when the upstream
+    /// reported none.
+    pub answer_read: bool,
     /// Counted here when the exchange ends; `None` in unit tests.
     metrics: Option<Arc<Metrics>>,
 }
@@ -52,6 +55,7 @@ impl AccessLog {
             skipped: None,
             bytes_out: 0,
             usage: None,
+            answer_read: false,
             metrics: None,
         }
     }
@@ -75,6 +79,7 @@ impl AccessLog {
                 summary: self.summary.as_ref(),
                 model: self.model.as_deref(),
                 usage: self.usage.as_ref(),
+                answer_read: self.answer_read,
             });
         }
         let end_text = match end {
@@ -125,6 +130,7 @@ impl Drop for AccessLog {
                 summary: None,
                 model: None,
                 usage: None,
+                answer_read: false,
             });
         }
     }

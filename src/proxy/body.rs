@@ -91,9 +91,11 @@ impl Completion {
 
     /// Idempotent: only the first call has an effect.
     pub fn finish(&mut self, end: StreamEnd) {
+        let answer_read = self.sink.is_some();
         let usage = self.sink.take().and_then(|sink| sink.finish_reporting(end.clone()));
         if let Some(mut access) = self.access.take() {
             access.usage = usage;
+            access.answer_read = answer_read;
             access.emit(&end);
         }
     }

@@ -256,9 +256,10 @@ impl Metrics {
                 self.epochs.get_or_create(&labels).inc();
             }
         }
-        // The answers pare reads (a format it compacts), when the upstream answered.
+        // The answers pare read (a format it compacts), when the upstream answered.
         let answered = (200..300).contains(&exchange.status) && *exchange.end == StreamEnd::Complete;
         if let Some(wire) = crate::wire::Wire::of_path(exchange.path)
+            && exchange.answer_read
             && (answered || exchange.usage.is_some())
         {
             let labels = ModelLabels { model: self.model_label(exchange.model), wire: wire.name() };
@@ -300,6 +301,8 @@ pub struct Exchange<'a> {
     pub model: Option<&'a str>,
     /// What the upstream reported it billed for the answer.
     pub usage: Option<&'a Usage>,
+    /// pare read the answer: no `usage` then means the upstream reported none.
+    pub answer_read: bool,
 }
 
 /// Exports the pipeline's own counters (fail-open, unparseable, bypassed) at scrape time.
@@ -444,6 +447,7 @@ mod tests {
             summary: Some(summary),
             model: Some(model),
             usage: None,
+            answer_read: true,
         }
     }
 
@@ -518,6 +522,9 @@ mod tests {
                 ..chat(&Default::default(), model)
             });
         }
+        // An answer pare did not read (a compressed body it forwarded as sent) says nothing.
+        metrics.started();
+        metrics.finished(&Exchange { answer_read: false, ..chat(&Default::default(), "qwen") });
         let text = metrics.encode().unwrap();
         for line in [
             r#"pare_upstream_prompt_tokens_total{model="claude",wire="messages"} 6000"#,
