@@ -17,4 +17,5 @@ mod proxy_hardening;
 mod responses;
 mod streams;
 mod tidy;
+mod transport;
 mod ui;
