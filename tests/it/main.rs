@@ -5,6 +5,7 @@ mod support;
 
 mod archive;
 mod bad_input;
+mod boundaries;
 mod budget;
 mod cli;
 mod compact;
