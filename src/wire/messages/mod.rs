@@ -13,7 +13,7 @@
 //! | an assistant turn | one `assistant` message: `text` blocks as content parts, `tool_use` blocks as `tool_calls` (`arguments` = the JSON text of `input`) |
 //! | `thinking`, `redacted_thinking`, `server_tool_use`, `web_search_tool_result`, unknown blocks in an assistant turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
 //! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
-//! | a turn holding a `compaction` block (the context-management beta's summary) | its message as above, marked as a hard epoch boundary: the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
+//! | a turn holding a `compaction` block with a summary (the context-management beta) | its message as above, marked as a hard epoch boundary: the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
 //!
 //! `cache_control` marks are left out of the neutral form (Claude Code moves its last mark to the
 //! newest turn on every request: the conversation it marks is the same) and written back where the
@@ -95,7 +95,9 @@ struct Block<'a> {
     content: Option<&'a str>,
     /// The block carries its own `cache_control`.
     marked: bool,
-    /// A `compaction` block: the server's summary of everything before it (see [`COMPACTION_BLOCK`]).
+    /// A `compaction` block with a summary: the server reads it in place of everything before it
+    /// (see [`COMPACTION_BLOCK`]). One with `content: null` is a failed compaction the server treats
+    /// as a no-op: it reads what comes before, so it is no boundary.
     compaction: bool,
 }
 
@@ -119,7 +121,8 @@ impl<'a> Block<'a> {
             input: head.input.map(RawValue::get),
             content: head.content.map(RawValue::get),
             marked: head.cache_control.is_some_and(|c| c.get() != "null"),
-            compaction: head.kind.as_deref() == Some(COMPACTION_BLOCK),
+            compaction: head.kind.as_deref() == Some(COMPACTION_BLOCK)
+                && head.content.is_some_and(|c| c.get() != "null"),
         }
     }
 }
