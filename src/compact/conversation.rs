@@ -527,6 +527,25 @@ mod tests {
     use super::*;
     use crate::compact::pack::SuccessSpec;
 
+    /// The head kept for an epoch boundary ends after the last marked message, and after the tool
+    /// results answering it when it is a call turn.
+    #[test]
+    fn the_epoch_head_ends_after_the_last_boundary_and_its_results() {
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let head = |refs: &[&str]| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head;
+        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}],"pare_epoch_boundary":true}"#;
+        let opaque = r#"{"role":"opaque","content":"{\"type\":\"compaction\"}","pare_epoch_boundary":true}"#;
+        let user = r#"{"role":"user","content":"u"}"#;
+        let result = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
+        let done = r#"{"role":"assistant","content":"done"}"#;
+        assert_eq!(head(&[user, result, done]), 0);
+        assert_eq!(head(&[user, opaque, done, user]), 2);
+        assert_eq!(head(&[user, opaque, call, result, done, user]), 4);
+        let unmarked = r#"{"role":"opaque","content":"x","pare_epoch_boundary":false}"#;
+        assert_eq!(head(&[user, opaque, unmarked, done]), 2);
+    }
+
     #[test]
     fn groups_and_boundary() {
         let refs = [
