@@ -63,7 +63,8 @@ pub struct CompactOptions {
     /// messages): turns.
     pub message_ages_secs: Option<Vec<f64>>,
     /// Messages before this index are forwarded as their original bytes: no rule, tier or elision
-    /// touches them (a caller's cache-stable head, see `budget::epoch`). 0: none.
+    /// touches them (a caller's cache-stable head, see `budget::epoch`). 0: none. The engine keeps at
+    /// least everything up to the last hard epoch boundary ([`conversation::EPOCH_BOUNDARY_KEY`]).
     pub keep_first: usize,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
@@ -271,7 +272,7 @@ impl Prepared<'_> {
 
         let mut edits = self.edits.clone();
         let mut rendered = self.rendered.clone();
-        let keep_first = keep_first.min(conv.boundary);
+        let keep_first = keep_first.max(conv.epoch_head).min(conv.boundary);
         for idx in 0..keep_first {
             edits.revert(idx);
         }
@@ -522,5 +523,41 @@ mod tests {
         assert!(outputs.iter().any(|o| o.report.tiers.as_ref().is_some_and(|t| t.elided_groups > 0)));
         let distinct: std::collections::BTreeSet<&Vec<String>> = outputs.iter().map(|o| &o.prefix).collect();
         assert!(distinct.len() > 2, "{} distinct outputs", distinct.len());
+    }
+
+    /// A server-side compaction marked in the neutral form (a Responses `compaction` item, an
+    /// Anthropic `compaction` block) is a hard epoch boundary: it and everything before it are
+    /// forwarded as they are, by the rules and by tiers and elision; what follows is compacted.
+    #[test]
+    fn nothing_up_to_an_epoch_boundary_is_rewritten() {
+        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
+        let parsed = ChatBody::parse(body).unwrap();
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = 2;
+        let plain = parsed.view();
+        let rules_only = engine.compact(&plain, &CompactOptions::default(), &QuarterCounter);
+        // An assistant turn halfway through the history becomes the boundary; its results go with it.
+        let role = |i: usize| crate::neutral::role_of(plain.messages[i]).into_owned();
+        let at = (rules_only.boundary / 2..rules_only.boundary)
+            .find(|&i| role(i) == "assistant")
+            .expect("an assistant turn in the history");
+        let head = (at + 1..plain.messages.len()).find(|&i| role(i) != "tool").unwrap();
+        let mut marked: Vec<String> = plain.messages.iter().map(|m| (*m).to_owned()).collect();
+        marked[at].pop();
+        marked[at].push_str(r#","pare_epoch_boundary":true}"#);
+        let refs: Vec<&str> = marked.iter().map(String::as_str).collect();
+        let view = View { messages: &refs, tools: plain.tools };
+        let tokens = request_tokens(&QuarterCounter, &refs, view.tools);
+        for opts in
+            [CompactOptions::default(), CompactOptions { target_tokens: Some(tokens * 30 / 100), ..Default::default() }]
+        {
+            let without = engine.compact(&plain, &opts, &QuarterCounter);
+            let kept =
+                |prefix: &[String], messages: &[&str]| prefix.get(..head).is_some_and(|p| p == &messages[..head]);
+            assert!(!kept(&without.prefix, plain.messages), "the history before it is compactable");
+            let out = engine.compact(&view, &opts, &QuarterCounter);
+            assert!(kept(&out.prefix, &refs), "target {:?}", opts.target_tokens);
+            assert_ne!(out.prefix[head..], refs[head..out.boundary], "what follows is compacted");
+        }
     }
 }

@@ -58,6 +58,8 @@ pub enum ProxyError {
     Loop { url: String },
     #[error("no pare endpoint at {path}")]
     NotFound { path: String },
+    #[error("{path}: pare does not carry WebSocket upgrades; send the request over HTTP")]
+    WebSocket { path: String },
     #[error("upstream {url} is unreachable: {cause}")]
     UpstreamUnreachable { url: String, cause: String },
     #[error("upstream {url} did not answer within {secs} s (upstream.timeout_secs / connect_timeout_secs)")]
@@ -76,7 +78,8 @@ impl ProxyError {
             | ProxyError::BodyStalled { .. }
             | ProxyError::Unauthorized
             | ProxyError::Forbidden(_)
-            | ProxyError::NotFound { .. } => Culprit::Client,
+            | ProxyError::NotFound { .. }
+            | ProxyError::WebSocket { .. } => Culprit::Client,
             ProxyError::UpstreamUnreachable { .. } | ProxyError::UpstreamTimeout { .. } => Culprit::Upstream,
             ProxyError::Internal { .. } | ProxyError::Busy { .. } | ProxyError::Loop { .. } => Culprit::Pare,
         }
@@ -93,6 +96,7 @@ impl ProxyError {
             ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Loop { .. } => StatusCode::LOOP_DETECTED,
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::WebSocket { .. } => StatusCode::UPGRADE_REQUIRED,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -112,6 +116,7 @@ impl ProxyError {
             ProxyError::Busy { .. } => "pare_busy",
             ProxyError::Loop { .. } => "upstream_loop",
             ProxyError::NotFound { .. } => "not_found",
+            ProxyError::WebSocket { .. } => "websocket_not_supported",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::Internal { .. } => "pare_internal_error",

@@ -97,6 +97,12 @@ where
 
     let mut access = AccessLog::new(parts.method.clone(), path, started).with_metrics(proxy.metrics.clone());
 
+    // pare compacts HTTP requests only: a WebSocket upgrade (Codex's Responses transport) is refused
+    // with 426, on which Codex falls back to HTTP at once, for the session, without a retry.
+    if asks_for_websocket(&parts.headers) {
+        return fail(dialect, ProxyError::WebSocket { path: path.to_owned() }, access, None);
+    }
+
     if came_back(&parts.headers, &proxy.via) {
         return fail(dialect, ProxyError::Loop { url: proxy.upstream.base.display().to_owned() }, access, None);
     }
@@ -252,6 +258,17 @@ where
         deadline.as_mut().reset(tokio::time::Instant::now() + stall);
     }
     Ok(limits::join(chunks, usize::try_from(total).unwrap_or(usize::MAX)))
+}
+
+/// Whether the request asks to switch the connection to WebSocket (`Upgrade: websocket`, any case,
+/// possibly among other protocols).
+fn asks_for_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|protocol| protocol.trim().split('/').next().is_some_and(|name| name.eq_ignore_ascii_case("websocket")))
 }
 
 /// Whether this pare's id is among the request's [`VIA_HEADER`] values.
@@ -454,6 +471,20 @@ mod tests {
         assert_eq!(decode_body(&headers, &Bytes::from(gz.finish().unwrap()), true, 1024).unwrap(), &body[..]);
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
         assert!(decode_body(&headers, &Bytes::from_static(body), true, 1024).is_err());
+    }
+
+    #[test]
+    fn websocket_upgrades_are_recognized_in_any_case_and_among_others() {
+        let mut headers = HeaderMap::new();
+        assert!(!asks_for_websocket(&headers));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        assert!(!asks_for_websocket(&headers));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("WebSocket"));
+        assert!(asks_for_websocket(&headers));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("h2c, websocket/13"));
+        assert!(asks_for_websocket(&headers));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websockets"));
+        assert!(!asks_for_websocket(&headers));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! | an assistant `message` followed by `function_call` / `custom_tool_call` / `local_shell_call` items | one assistant message with `tool_calls` (`id` = `call_id`) |
 //! | `function_call_output` / `custom_tool_call_output` / `local_shell_call_output` | a `tool` message paired by `call_id` |
 //! | `reasoning` | none of its own: it belongs to the item it precedes and goes wherever that goes |
-//! | `compaction`, `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
+//! | `compaction` (`compaction_summary`, `context_compaction`) | an opaque message marked as a hard epoch boundary: it and everything before it are forwarded as they are (the server reads it in place of them) |
+//! | `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
 //!
 //! Each neutral message names its items with a key (`pare_items`, a hash of their bytes) that the
 //! engine's rewrites keep and the wire never sees. Writing back maps each forwarded neutral message
@@ -36,11 +37,18 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::neutral::{Content, Message, push_json_string};
 
 /// The `type` of the input item with which a client (Codex) asks the server to compact the
 /// history it sends: such a request is forwarded as sent ([`WireBody::server_compaction`]).
 pub const COMPACTION_TRIGGER: &str = "compaction_trigger";
+
+/// The `type`s of the items in which the server hands back a compacted history (`compaction`, what
+/// `/responses/compact` and server-side compaction return; `compaction_summary` and
+/// `context_compaction`, the names Codex also sends): the server reads such an item in place of
+/// everything before it, so each is a hard epoch boundary (see [`EPOCH_BOUNDARY_KEY`]).
+pub const COMPACTION_ITEMS: [&str; 3] = ["compaction", "compaction_summary", "context_compaction"];
 
 /// What one input item is to the adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +184,9 @@ impl<'a> ResponsesBody<'a> {
             let raws = &out.body.messages[start..end];
             let mut neutral = neutral_of(&out.items[start..end], &heads[start..end], raws);
             tag(&mut neutral, &range_key(raws));
+            if out.items[start..end].iter().any(|item| COMPACTION_ITEMS.contains(&item.type_name.as_str())) {
+                mark_boundary(&mut neutral);
+            }
             out.neutral.push(neutral);
             out.ranges.push((start, end));
             start = end;
@@ -316,6 +327,14 @@ fn tag(json: &mut String, key: &str) {
     json.push_str(r#","pare_items":""#);
     json.push_str(key);
     json.push_str(r#""}"#);
+}
+
+/// Add `"pare_epoch_boundary": true` as the last member of the neutral message `json` (an object).
+fn mark_boundary(json: &mut String) {
+    json.pop();
+    json.push_str(",\"");
+    json.push_str(EPOCH_BOUNDARY_KEY);
+    json.push_str("\":true}");
 }
 
 /// An opaque neutral message: the engine keeps it in place; its text is the items' (so it counts).

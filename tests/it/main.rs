@@ -5,6 +5,7 @@ mod support;
 
 mod archive;
 mod bad_input;
+mod boundaries;
 mod budget;
 mod cli;
 mod compact;
@@ -17,5 +18,6 @@ mod proxy_hardening;
 mod responses;
 mod streams;
 mod tidy;
+mod transport;
 mod ui;
 mod usage;

@@ -13,6 +13,7 @@
 //! | an assistant turn | one `assistant` message: `text` blocks as content parts, `tool_use` blocks as `tool_calls` (`arguments` = the JSON text of `input`) |
 //! | `thinking`, `redacted_thinking`, `server_tool_use`, `web_search_tool_result`, unknown blocks in an assistant turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
 //! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
+//! | a turn holding a `compaction` block with a summary (the context-management beta) | its message as above, marked as a hard epoch boundary: the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
 //!
 //! `cache_control` marks are left out of the neutral form (Claude Code moves its last mark to the
 //! newest turn on every request: the conversation it marks is the same) and written back where the
@@ -41,8 +42,15 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
+
+/// The `type` of the block in which the server hands back its summary of the conversation
+/// (the context-management beta's compaction): the API reads it in place of everything before it, so
+/// the neutral message holding it is a hard epoch boundary ([`EPOCH_BOUNDARY_KEY`]), forwarded with
+/// everything before it as they are. The block itself stays in its turn byte for byte.
+pub const COMPACTION_BLOCK: &str = "compaction";
 
 /// What a content block is to the adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +95,10 @@ struct Block<'a> {
     content: Option<&'a str>,
     /// The block carries its own `cache_control`.
     marked: bool,
+    /// A `compaction` block with a summary: the server reads it in place of everything before it
+    /// (see [`COMPACTION_BLOCK`]). One with `content: null` is a failed compaction the server treats
+    /// as a no-op: it reads what comes before, so it is no boundary.
+    compaction: bool,
 }
 
 impl<'a> Block<'a> {
@@ -109,6 +121,8 @@ impl<'a> Block<'a> {
             input: head.input.map(RawValue::get),
             content: head.content.map(RawValue::get),
             marked: head.cache_control.is_some_and(|c| c.get() != "null"),
+            compaction: head.kind.as_deref() == Some(COMPACTION_BLOCK)
+                && head.content.is_some_and(|c| c.get() != "null"),
         }
     }
 }
@@ -226,7 +240,7 @@ impl<'a> MessagesBody<'a> {
                 out.neutral.push(text_message(&turn.role, turn.content));
                 out.units.push(Unit::Turn(t));
             } else if turn.role == "assistant" {
-                out.neutral.push(assistant_message(&turn.blocks));
+                out.neutral.push(with_boundary(assistant_message(&turn.blocks), &turn.blocks));
                 out.units.push(Unit::Turn(t));
             } else {
                 for (b, block) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
@@ -235,7 +249,8 @@ impl<'a> MessagesBody<'a> {
                 }
                 let written: Vec<&Block<'_>> = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
                 if !written.is_empty() || turn.blocks.is_empty() {
-                    out.neutral.push(user_blocks_message(&written));
+                    let message = user_blocks_message(&written);
+                    out.neutral.push(if written.iter().any(|b| b.compaction) { marked(message) } else { message });
                     out.units.push(Unit::UserBlocks(t));
                 }
             }
@@ -325,6 +340,20 @@ fn assistant_message(blocks: &[Block<'_>]) -> String {
     }
     out.push('}');
     out
+}
+
+/// `message` marked as an epoch boundary when `blocks` hold a compaction block.
+fn with_boundary(message: String, blocks: &[Block<'_>]) -> String {
+    if blocks.iter().any(|b| b.compaction) { marked(message) } else { message }
+}
+
+/// The neutral message `message` (an object) with `"pare_epoch_boundary": true` as its last member.
+fn marked(mut message: String) -> String {
+    message.pop();
+    message.push_str(",\"");
+    message.push_str(EPOCH_BOUNDARY_KEY);
+    message.push_str("\":true}");
+    message
 }
 
 /// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).

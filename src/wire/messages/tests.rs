@@ -84,6 +84,70 @@ fn moving_the_last_mark_leaves_the_neutral_form_alone() {
     assert_eq!(neutral(&parse(&earlier)), neutral(&parse(CLAUDE_CODE)));
 }
 
+/// A session past a server-side compaction: an older read, the assistant turn opening with the
+/// `compaction` block (then its text and a call), and later reads.
+fn compacted_session(block: &str) -> String {
+    let big = (0..400).map(|n| format!("line {n} of the file")).collect::<Vec<_>>().join("\n");
+    let read = |id: &str| json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "Read", "input": {"file_path": format!("/src/{id}.rs")}}]});
+    let result =
+        |id: &str| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": big}]});
+    let boundary = json!({"role": "assistant", "content": [
+        serde_json::from_str::<Value>(block).unwrap(),
+        {"type": "text", "text": "Continuing."},
+        {"type": "tool_use", "id": "toolu_b", "name": "Read", "input": {"file_path": "/src/b.rs"}},
+    ]});
+    json!({"model": "m", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "Fix the build."},
+        read("toolu_a"), result("toolu_a"),
+        boundary, result("toolu_b"),
+        read("toolu_c"), result("toolu_c"),
+        {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+        {"role": "user", "content": "thanks"},
+    ]})
+    .to_string()
+}
+
+/// A turn holding a `compaction` block is a hard epoch boundary: it, the results answering it and
+/// every turn before it are forwarded byte for byte; later results are compacted as usual.
+#[test]
+fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
+    let mut engine = crate::compact::Engine::default_pack();
+    engine.policy.spec.protect_last_turns = 1;
+    let compact = |body: &str| -> Value {
+        let parsed = parse(body);
+        let raw = parsed.messages();
+        let view = crate::neutral::View { messages: &raw, tools: None };
+        let out =
+            engine.compact(&view, &crate::compact::CompactOptions::default(), &crate::budget::tokens::QuarterCounter);
+        let mut messages = out.prefix.clone();
+        messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
+        written(&parsed, &messages)
+    };
+    for block in [
+        r#"{"type":"compaction","content":"The build failed in main.rs; a.rs was read."}"#,
+        r#"{"type":"compaction","content":"Summary.","cache_control":{"type":"ephemeral"}}"#,
+    ] {
+        let body = compacted_session(block);
+        let raw: Value = serde_json::from_str(&body).unwrap();
+        let parsed = parse(&body);
+        let marked: Vec<usize> = (0..parsed.messages().len())
+            .filter(|&i| parsed.messages()[i].contains(r#""pare_epoch_boundary":true"#))
+            .collect();
+        assert_eq!(marked, [3], "the assistant turn holding the block");
+        let forwarded = compact(&body);
+        assert_eq!(forwarded["messages"].as_array().unwrap()[..5], raw["messages"].as_array().unwrap()[..5]);
+        assert_ne!(forwarded["messages"][6], raw["messages"][6], "a later result is compacted");
+    }
+    // The same session without a summary in the block (a failed compaction, which the API treats as
+    // a no-op) or without the block: the older read is compacted too.
+    for block in [r#"{"type":"compaction","content":null}"#, r#"{"type":"text","text":"Summary."}"#] {
+        let body = compacted_session(block);
+        let raw: Value = serde_json::from_str(&body).unwrap();
+        assert!(!parse(&body).messages().iter().any(|m| m.contains("pare_epoch_boundary")), "{block}");
+        assert_ne!(compact(&body)["messages"][2], raw["messages"][2], "{block}");
+    }
+}
+
 #[test]
 fn a_rewritten_result_and_input_keep_every_other_byte() {
     let parsed = parse(CLAUDE_CODE);

@@ -65,6 +65,31 @@ fn items_read_into_turns_paired_by_call_id() {
     assert!(crate::compact::validate::check(&skeletons).is_ok());
 }
 
+/// A compaction item (under each name the server and Codex use) is an opaque message marked as a
+/// hard epoch boundary; no other message is marked.
+#[test]
+fn compaction_items_are_marked_as_epoch_boundaries() {
+    let parsed = parse(CODEX);
+    let marked: Vec<usize> = (0..parsed.messages().len())
+        .filter(|&i| parsed.messages()[i].contains(r#""pare_epoch_boundary":true"#))
+        .collect();
+    assert_eq!(marked, [9]);
+    assert!(parsed.messages()[9].contains(r#"\"type\":\"compaction\""#));
+    for kind in COMPACTION_ITEMS {
+        let body = format!(
+            r#"{{"input":[{{"role":"user","content":"a"}},{{"type":"reasoning","id":"rs","summary":[],"encrypted_content":"e"}},{{"type":"{kind}","id":"cmp_1","encrypted_content":"x"}},{{"role":"user","content":"b"}}]}}"#
+        );
+        let parsed = parse(&body);
+        let messages = parsed.messages();
+        let boundary = Message::from_raw(messages[1]).unwrap();
+        assert_eq!(boundary.role, "opaque", "{kind}");
+        assert!(crate::compact::conversation::is_epoch_boundary(&boundary), "{kind}");
+        assert!(!crate::compact::conversation::is_epoch_boundary(&Message::from_raw(messages[2]).unwrap()));
+        let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
+        assert_eq!(parsed.write(&refs(&owned)).unwrap().0, body.as_bytes(), "the mark never reaches the wire");
+    }
+}
+
 #[test]
 fn a_rewritten_output_and_arguments_keep_every_other_byte() {
     let parsed = parse(CODEX);
@@ -268,6 +293,11 @@ mod properties {
             }
             for item in fwd_items.iter().filter(|i| i.contains(r#""type":"reasoning""#)) {
                 prop_assert!(raw_items.contains(item), "reasoning item changed: {}", item);
+            }
+            // Everything up to the last compaction item goes as sent: the server reads the item in
+            // place of all of it.
+            if let Some(last) = raw_items.iter().rposition(|i| i.contains(r#""type":"compaction""#)) {
+                prop_assert_eq!(&fwd_items[..=last], &raw_items[..=last]);
             }
             let first_tail_item = parsed.ranges.get(out.boundary.saturating_sub(parsed.first_item_message())).map(|r| r.0);
             if let Some(start) = first_tail_item {
