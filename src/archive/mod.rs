@@ -9,7 +9,7 @@
 //! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
-//! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
+//! - [`sse`]: the one server-sent-events parser the answer dialects read streams with.
 //! - [`query`]: the audit side: list, load, delete sessions.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -35,6 +35,7 @@
 pub mod body;
 pub mod chain;
 pub mod export;
+pub mod gemini_sse;
 pub mod messages_sse;
 pub mod query;
 pub mod read;
