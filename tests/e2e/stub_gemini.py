@@ -77,7 +77,9 @@ def decide(body):
     for name in declared(body):
         if name in SHELL_ARGS:
             parts = []
-            if (config(body).get("thinkingConfig") or {}).get("includeThoughts"):
+            thinking = config(body).get("thinkingConfig") or config(body).get("thinking_config") or {}
+            # google-genai writes the inner key in snake case; the API reads both spellings.
+            if thinking.get("includeThoughts") or thinking.get("include_thoughts"):
                 parts.append({"text": THOUGHT, "thought": True})
             parts.append({"functionCall": {"name": name, "args": SHELL_ARGS[name]}, "thoughtSignature": SIGNATURE})
             return parts

@@ -15,9 +15,10 @@
 //! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
 //!
 //! A call is paired with its response by `id` when both have one, else as the API pairs them: by
-//! name, in order, within the user turn that follows the call's model turn. A call without an `id`
-//! is named `call_{k}` (its place among the turn's calls) in the neutral form, so that a turn reads
-//! the same in every request that carries it and in the answer that produced it.
+//! name, in order, within the user turn that follows the call's model turn. In the neutral form a
+//! call is named `call_{k}` (its place among the turn's calls) whatever its `id`: the API's answer
+//! carries none and Gemini CLI gives the call one of its own when it sends it back, and the session
+//! tracker must find the answer's turn in the next request.
 //!
 //! A part that carries a `thoughtSignature` is never altered: a signed `functionCall` keeps its
 //! `args` (Gemini 3 refuses a call whose signature does not match it) and a signed `text` keeps its
@@ -213,8 +214,8 @@ impl<'a> Turn<'a> {
         let mut ids = HashMap::new();
         if side == Side::Model {
             let calls = parts.iter().enumerate().filter(|(_, p)| p.kind == Kind::Call);
-            for (k, (p, part)) in calls.enumerate() {
-                ids.insert(p, part.id.clone().unwrap_or_else(|| format!("call_{k}")));
+            for (k, (p, _)) in calls.enumerate() {
+                ids.insert(p, format!("call_{k}"));
             }
         }
         Turn { raw, side, parts, ids }
@@ -254,7 +255,8 @@ fn pair(model: Option<&Turn<'_>>, user: &Turn<'_>) -> HashMap<usize, usize> {
 }
 
 /// Read every turn and give each response the neutral id of its call (an orphan keeps its own id,
-/// else `orphan_{p}`).
+/// else `orphan_{p}`: the neutral view then shows a result without its call, and the engine leaves
+/// such a conversation as it is).
 fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
     let mut turns: Vec<Turn<'a>> = raws.iter().map(|raw| Turn::read((*raw).as_ref())).collect();
     for t in 0..turns.len() {

@@ -96,9 +96,10 @@ fn turns_read_into_neutral_messages_paired_by_id_else_by_name_in_order() {
     assert_eq!(messages[3]["content"], "error[E0425]: cannot find function `run`");
     assert_eq!(messages[4]["tool_call_id"], "call_0");
     assert_eq!(messages[5]["content"], json!([{"text": "also check lib.rs"}]));
-    // A call with an id is answered by id; a response of several members reads as its JSON.
-    assert_eq!(messages[6]["tool_calls"][0]["id"], "fc_9");
-    assert_eq!(messages[7]["tool_call_id"], "fc_9");
+    // A call with an id is answered by id (and named by its place, as the answer that carried it
+    // without an id); a response of several members reads as its JSON.
+    assert_eq!(messages[6]["tool_calls"][0]["id"], "call_0");
+    assert_eq!(messages[7]["tool_call_id"], "call_0");
     assert_eq!(messages[7]["content"], r#"{"matches":[{"file":"src/lib.rs","line":12}],"count":1}"#);
     assert_eq!(messages[8], json!({"role": "assistant", "content": [{"text": "Found it."}]}));
     let skeletons: Vec<_> = parsed.messages().iter().map(|m| crate::compact::validate::Skeleton::of(m)).collect();
@@ -111,7 +112,7 @@ fn a_rewritten_response_and_unsigned_args_keep_every_other_byte() {
     let parsed = parse(GEMINI_CLI);
     let mut messages = neutral(&parsed);
     messages[3] = r#"{"role":"tool","tool_call_id":"call_1","content":"error[E0425]"}"#.to_owned();
-    messages[7] = r#"{"role":"tool","tool_call_id":"fc_9","content":"[1 match]"}"#.to_owned();
+    messages[7] = r#"{"role":"tool","tool_call_id":"call_0","content":"[1 match]"}"#.to_owned();
     messages[2] = messages[2].replace("cargo build 2>&1", "cargo").replace("/src/main.rs", "/x");
     let out = written(&parsed, &messages);
     let input: Value = serde_json::from_str(GEMINI_CLI).unwrap();
@@ -206,10 +207,13 @@ fn a_changed_model_text_goes_to_the_first_unsigned_text_part() {
     );
 }
 
+/// Regression: Gemini CLI sends the answer's call back with an `id` of its own (the API's answer has
+/// none) and without its thought; the session tracker must still find the answer in the next request.
 #[test]
 fn an_answer_reads_as_the_turn_that_carries_it_next() {
     let answer = json!({"role": "model", "parts": [{"text": "x", "thought": true}, {"functionCall": {"name": "ls", "args": {}}, "thoughtSignature": "s"}]});
-    let next = format!(r#"{{"contents":[{{"role":"user","parts":[{{"text":"q"}}]}},{answer}]}}"#);
+    let sent_back = json!({"role": "model", "parts": [{"functionCall": {"id": "ls_1795764961472_0", "args": {}, "name": "ls"}, "thoughtSignature": "s"}]});
+    let next = format!(r#"{{"contents":[{{"role":"user","parts":[{{"text":"q"}}]}},{sent_back}]}}"#);
     let parsed = parse(&next);
     assert_eq!(neutral_answer(&answer), Some(serde_json::from_str(parsed.messages()[1]).unwrap()));
 }
