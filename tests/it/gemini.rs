@@ -34,6 +34,13 @@ fn coding_session(n_turns: usize, words: usize) -> Vec<Vec<u8>> {
     chat.iter().map(|body| convert::chat_to_gemini(body).unwrap().to_string().into_bytes()).collect()
 }
 
+/// [`config`] with the default answer reserve, as a config file that sets only `models:` gives.
+fn config_at_default_reserve(mode: Mode) -> Config {
+    let mut config = config(mode);
+    config.budget.output_reserve = Config::default().budget.output_reserve;
+    config
+}
+
 /// A config whose `models:` entry gives Gemini models the test window (the path names the model).
 fn config(mode: Mode) -> Config {
     let mut config = Config::default();
@@ -444,6 +451,42 @@ async fn gemini_exchanges_are_archived_tracked_and_exported() {
     assert_eq!(row["messages"][2]["tool_calls"][0]["function"]["arguments"], r#"{"command":"ls"}"#);
     assert_eq!(row["messages"][3]["tool_call_id"], row["messages"][2]["tool_calls"][0]["id"]);
     assert_eq!(row["tools"][0]["function"]["name"], "run_shell_command");
+}
+
+/// `pare replay --wire gemini --path P` reads the model from the path the requests were sent to, as
+/// the proxy does: with a `models:` entry for it, the session is compacted at that entry's window;
+/// without the path no entry matches and the session goes at the default Gemini window, unchanged.
+#[test]
+fn replay_reads_the_model_from_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = dir.path().join("session.jsonl");
+    let requests = coding_session(30, 150);
+    let mut text = requests.join(&b'\n');
+    text.push(b'\n');
+    std::fs::write(&session, &text).unwrap();
+    let config = dir.path().join("pare.yaml");
+    std::fs::write(&config, format!("models:\n  - match: \"^gemini-\"\n    context_window: {WINDOW}\n")).unwrap();
+    let replay = |path: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+            .args(["replay", "--wire", "gemini", "--mode", "epoch", "--config"])
+            .arg(&config)
+            .args(["--path", path])
+            .arg(&session)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let with_model = replay(&format!("/v1beta/models/{MODEL}:generateContent"));
+    assert!(with_model.len() < text.len() * 3 / 4, "{} of {} bytes", with_model.len(), text.len());
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+    let compactor = SessionCompactor::new(&config_at_default_reserve(Mode::Epoch), engine()).unwrap();
+    let predicted: Vec<u8> = replay_session(&compactor, Wire::Gemini, "p", &lines, Some(WINDOW))
+        .into_iter()
+        .flat_map(|r| [r.forwarded, b"\n".to_vec()].concat())
+        .collect();
+    assert!(with_model == predicted, "the replay at the model's window is the proxy's");
+    assert_eq!(replay(""), text, "no path names no model: the default window holds the whole session");
 }
 
 /// pare's own errors reach a Gemini client in Google's shape (`{"error": {"code", "message",
