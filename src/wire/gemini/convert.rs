@@ -30,7 +30,7 @@ use crate::wire::WireBody;
 ///   a `thoughtSignature` derived from the turn (opaque to pare as the real one is);
 /// - tool messages become `functionResponse` parts (`name` of their call, `response:
 ///   {"output": text}`) and user messages `text` parts, gathered into one user turn until the next
-///   assistant message (the API alternates roles); calls and responses carry no `id`, as the
+///   assistant message (Gemini CLI alternates roles); calls and responses carry no `id`, as the
 ///   Gemini API sends them, so the adapter pairs them by name and order;
 /// - chat tools become one `{"functionDeclarations": […]}` tool; `max_tokens` (else
 ///   `max_completion_tokens`) and `temperature` go to `generationConfig`. `model` and `stream` are

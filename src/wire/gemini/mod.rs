@@ -28,11 +28,11 @@
 //! turn's original bytes; a rewritten result is its part with `response` replaced (`{key: text}`
 //! for the response's one string member, `{"output": text}` otherwise; `id`, `name` and every other
 //! key kept); a rewritten call turn has each unsigned call's `args` replaced (still an object with
-//! the same keys); an elision marker becomes a `text` part of a user turn, so that no model turn —
-//! where signatures live — is ever joined with text pare wrote. Turns that pare's edits leave next
-//! to each other with one role are joined (the API alternates roles). The result is checked
-//! ([`check_turns`]): every call answered in the next turn, no response without its call; otherwise
-//! the original body is forwarded.
+//! the same keys); an elision marker becomes a user turn of one `text` part, never text in a model
+//! turn (where signatures live) nor in the person's turn (what the person wrote stays as sent). A
+//! turn whose parts are all gone is left out. The result is checked ([`check_turns`]): every call
+//! answered in the next turn, no response without its call, a calling model turn right after a user
+//! turn; otherwise the original body is forwarded.
 
 pub mod convert;
 
@@ -523,7 +523,6 @@ enum Forwarded {
 /// user turn), and its parts as JSON text.
 struct WrittenTurn<'b> {
     turn: Option<usize>,
-    side: Side,
     parts: Vec<Cow<'b, str>>,
     /// The turn is its original bytes.
     whole: bool,
@@ -603,12 +602,7 @@ impl GeminiBody<'_> {
             let unit = match f {
                 Forwarded::Kept(unit) | Forwarded::Rewritten(unit, _) => *unit,
                 Forwarded::New(message) => {
-                    written.push(WrittenTurn {
-                        turn: None,
-                        side: Side::User,
-                        parts: vec![Cow::Owned(new_part(message)?)],
-                        whole: false,
-                    });
+                    written.push(WrittenTurn { turn: None, parts: vec![Cow::Owned(new_part(message)?)], whole: false });
                     seen_turn = None;
                     continue;
                 }
@@ -620,7 +614,7 @@ impl GeminiBody<'_> {
             seen_turn = Some(t);
             let turn = &self.turns[t];
             if turn.side == Side::Opaque || turn.parts.is_empty() {
-                written.push(WrittenTurn { turn: Some(t), side: turn.side, parts: Vec::new(), whole: true });
+                written.push(WrittenTurn { turn: Some(t), parts: Vec::new(), whole: true });
                 continue;
             }
             let mut parts = Vec::with_capacity(turn.parts.len());
@@ -662,39 +656,15 @@ impl GeminiBody<'_> {
                 }
             }
             if !parts.is_empty() {
-                written.push(WrittenTurn { turn: Some(t), side: turn.side, parts, whole: all_kept });
+                written.push(WrittenTurn { turn: Some(t), parts, whole: all_kept });
             }
         }
-        self.joined(written)
+        self.rendered(written)
     }
 
-    /// The written turns as JSON text, each turn pare's edits leave next to one of its own role
-    /// joined with it (turns that were next to each other in the request stay as they were).
-    fn joined(&self, written: Vec<WrittenTurn<'_>>) -> Result<Vec<Cow<'_, str>>, WireError> {
-        let mut merged: Vec<WrittenTurn<'_>> = Vec::with_capacity(written.len());
-        for turn in written {
-            if let Some(last) = merged.last_mut()
-                && last.side == turn.side
-                && turn.side != Side::Opaque
-                && !matches!((last.turn, turn.turn), (Some(a), Some(b)) if a + 1 == b)
-                && !(last.whole && last.parts.is_empty())
-                && !(turn.whole && turn.parts.is_empty())
-            {
-                if last.whole {
-                    last.parts = self.turns[last.turn.expect("a whole turn is an original")]
-                        .parts
-                        .iter()
-                        .map(|p| Cow::Borrowed(p.raw))
-                        .collect();
-                }
-                last.whole = false;
-                last.parts.extend(turn.parts);
-                last.turn = last.turn.or(turn.turn);
-                continue;
-            }
-            merged.push(turn);
-        }
-        merged
+    /// The written turns as JSON text.
+    fn rendered(&self, written: Vec<WrittenTurn<'_>>) -> Result<Vec<Cow<'_, str>>, WireError> {
+        written
             .into_iter()
             .map(|w| match w.turn {
                 Some(t) if w.whole => Ok(Cow::Borrowed(self.turns[t].raw)),
@@ -782,8 +752,8 @@ fn new_part(message: &Message) -> Result<String, WireError> {
 
 /// The Gemini API's rules over turns that pare could break: every `functionCall` of a model turn is
 /// answered by a `functionResponse` in the next turn (a user turn), every `functionResponse` answers
-/// a call of the turn before it, and calls are only in model turns. Turns pare cannot read are
-/// skipped.
+/// a call of the turn before it, calls are only in model turns, and a model turn that calls comes
+/// right after a user turn. Turns pare cannot read are skipped.
 pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
     let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
     let read = read_turns(&raws);
@@ -792,6 +762,9 @@ pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
             return Err(format!("turn {t}: a functionCall outside a model turn"));
         }
         let before = t.checked_sub(1).map(|b| &read[b]);
+        if turn.side == Side::Model && turn.calls().next().is_some() && before.is_some_and(|b| b.side == Side::Model) {
+            return Err(format!("turn {t}: a model turn that calls comes right after another model turn"));
+        }
         let pairs = if turn.side == Side::User { pair(before, turn) } else { HashMap::new() };
         if let Some(r) = turn.responses().find(|r| !pairs.contains_key(r)) {
             let name = &turn.parts[r].name;

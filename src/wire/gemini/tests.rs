@@ -146,7 +146,7 @@ fn args_that_lose_keys_and_a_changed_system_instruction_are_refused() {
 }
 
 #[test]
-fn an_elided_call_turn_goes_with_its_signatures_and_the_marker_joins_the_users_turn() {
+fn an_elided_call_turn_goes_with_its_signatures_and_the_marker_is_a_user_turn_of_its_own() {
     let parsed = parse(GEMINI_CLI);
     let messages = neutral(&parsed);
     let marker =
@@ -155,24 +155,32 @@ fn an_elided_call_turn_goes_with_its_signatures_and_the_marker_joins_the_users_t
     let out = written(&parsed, &forwarded);
     let input: Value = serde_json::from_str(GEMINI_CLI).unwrap();
     let turns = out["contents"].as_array().unwrap();
-    // user(text, image) + marker + the person's text of the results turn: one user turn.
-    assert_eq!(turns[0]["role"], "user");
-    assert_eq!(turns[0]["parts"][0], input["contents"][0]["parts"][0]);
-    assert_eq!(turns[0]["parts"][1], input["contents"][0]["parts"][1]);
+    // The person's turn as sent, the marker's turn, the person's text of the results turn.
+    assert_eq!(turns[0], input["contents"][0]);
     assert_eq!(
-        turns[0]["parts"][2],
-        json!({"text": "[pare: 3 earlier messages elided — read_file ×1, run_shell_command ×1]"})
+        turns[1],
+        json!({"role": "user", "parts": [{"text": "[pare: 3 earlier messages elided — read_file ×1, run_shell_command ×1]"}]})
     );
-    assert_eq!(turns[0]["parts"][3], json!({"text": "also check lib.rs"}));
-    assert_eq!(turns[1], input["contents"][3]);
+    assert_eq!(turns[2], json!({"role": "user", "parts": [{"text": "also check lib.rs"}]}));
+    assert_eq!(turns[3], input["contents"][3]);
     let roles: Vec<&str> = turns.iter().map(|t| t["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["user", "model", "user", "model", "user"], "roles alternate");
+    assert_eq!(roles, ["user", "user", "user", "model", "user", "model", "user"]);
     let text = out.to_string();
     assert!(
         !text.contains("Q2lRQlZLaE") && !text.contains("Planning"),
         "signed and thought parts went with their turn"
     );
     check_turns(&turns.iter().map(Value::to_string).collect::<Vec<_>>()).unwrap();
+    // Read again, every user message of the request is there as it was.
+    let again = GeminiBody::parse(&parsed.write(&refs(&forwarded)).unwrap().0)
+        .unwrap()
+        .messages()
+        .iter()
+        .map(|m| (*m).to_owned())
+        .collect::<Vec<_>>();
+    for user in messages.iter().filter(|m| crate::neutral::role_of(m) == "user") {
+        assert!(again.contains(user), "{user}");
+    }
 }
 
 #[test]
@@ -190,6 +198,13 @@ fn a_response_that_loses_its_call_is_refused() {
         .is_err()
     );
     assert!(check_turns(&[r#"{"role":"user","parts":[{"functionCall":{"name":"f","args":{}}}]}"#]).is_err());
+    let call = r#"{"role":"model","parts":[{"functionCall":{"name":"f","args":{}}}]}"#;
+    let answer = r#"{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]}"#;
+    assert!(check_turns(&[r#"{"role":"user","parts":[{"text":"q"}]}"#, call, answer]).is_ok());
+    assert!(
+        check_turns(&[r#"{"role":"model","parts":[{"text":"a"}]}"#, call, answer]).is_err(),
+        "a call after a model turn"
+    );
 }
 
 #[test]
@@ -316,7 +331,7 @@ mod properties {
                 prop_assert_eq!(turns.last().unwrap(), &last_input, "the tail is kept");
             }
             let roles: Vec<&str> = turns.iter().map(|t| t["role"].as_str().unwrap()).collect();
-            prop_assert!(roles.windows(2).all(|w| w[0] != w[1]), "roles alternate: {:?}", roles);
+            prop_assert!(roles.windows(2).all(|w| w != ["model", "model"]), "two model turns in a row: {:?}", roles);
             check_turns(&turns.iter().map(Value::to_string).collect::<Vec<_>>()).unwrap();
             // Idempotence: the written body read again and written unchanged is itself.
             let again = GeminiBody::parse(&out).unwrap();
