@@ -62,7 +62,8 @@ impl Call {
         let last = path.rsplit('/').next().unwrap_or("");
         let (model, method) = last.split_once(':').unwrap_or((last, ""));
         Call {
-            model: (!model.is_empty() && method.ends_with("enerateContent")).then(|| model.to_owned()),
+            model: (!model.is_empty() && matches!(method, "generateContent" | "streamGenerateContent"))
+                .then(|| model.to_owned()),
             stream: method == "streamGenerateContent",
         }
     }
