@@ -291,7 +291,11 @@ impl Pipeline {
     ) -> PreparedRequest {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
         // neutral messages are read and hashed once, for the session tracker and the compactor.
-        let parsed = off_the_reactor(raw.len(), || self.recent.parse(wire, &raw));
+        // A Gemini request names its model and streaming in the path.
+        let parsed = off_the_reactor(raw.len(), || match wire {
+            Wire::Gemini => crate::wire::parse_at(wire, path, &raw),
+            _ => self.recent.parse(wire, &raw),
+        });
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
         let hashes = messages.as_deref().map(message_hashes).unwrap_or_default();
         let assignment = self.sessions.assign_hashed(headers, messages.as_deref().map(|m| (m, hashes.as_slice())));

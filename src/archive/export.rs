@@ -37,9 +37,9 @@ use super::ArchiveError;
 use super::query::{ArchiveReader, SessionFilter};
 use super::read::BodyKind;
 use crate::session::{chain_key, content_text, message_key_value, prefix_keys};
-use crate::wire::messages;
 use crate::wire::responses::ResponsesBody;
 use crate::wire::{Wire, WireBody};
+use crate::wire::{gemini, messages};
 
 /// One exchange as export sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +126,7 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
             let (messages, tools) = match Wire::of_path(&ex.path) {
                 Some(Wire::Responses) => responses_as_chat(&raw),
                 Some(Wire::Messages) => messages_as_chat(&raw),
+                Some(Wire::Gemini) => gemini_as_chat(&raw),
                 _ => {
                     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
                     let messages = body.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -138,6 +139,7 @@ pub fn load_sessions(reader: &ArchiveReader, filter: &SessionFilter) -> Result<V
                 let message = ok.then(|| r.assembled.and_then(|a| a.get("message").cloned())).flatten();
                 match Wire::of_path(&ex.path) {
                     Some(Wire::Messages) => message.map(|m| messages::convert::answer_to_chat(&m)),
+                    Some(Wire::Gemini) => message.and_then(|m| gemini::convert::answer_to_chat(&m)),
                     _ => message,
                 }
             });
@@ -153,6 +155,13 @@ fn messages_as_chat(raw: &[u8]) -> (Vec<Value>, Option<Value>) {
     let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
     let tools = body.get("tools").map(messages::convert::tools_to_chat);
     (messages::convert::to_chat(&body, None), tools)
+}
+
+/// A Gemini request as chat messages and chat tools (see [`gemini::convert::to_chat`]).
+fn gemini_as_chat(raw: &[u8]) -> (Vec<Value>, Option<Value>) {
+    let tools =
+        serde_json::from_slice::<Value>(raw).ok().and_then(|b| b.get("tools").map(gemini::convert::tools_to_chat));
+    (gemini::convert::to_chat(raw), tools)
 }
 
 /// A Responses request as chat messages and chat tools: its neutral messages (instructions as the

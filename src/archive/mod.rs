@@ -9,7 +9,7 @@
 //! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
-//! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
+//! - [`sse`]: the one server-sent-events parser the answer dialects read streams with.
 //! - [`usage`]: the provider's own token figures of an answer (prompt, cached, cache writes, output).
 //! - [`query`]: the audit side: list, load, delete sessions, and what the upstream reported per session.
 //! - [`verify`]: recompute every body hash and the chains.
@@ -36,6 +36,7 @@
 pub mod body;
 pub mod chain;
 pub mod export;
+pub mod gemini_sse;
 pub mod messages_sse;
 pub mod query;
 pub mod read;

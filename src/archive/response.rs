@@ -323,6 +323,7 @@ impl ArchiveSink {
             Wire::Chat => assemble(&self.body, self.stream),
             Wire::Responses => super::responses_sse::assemble(&self.body, self.stream),
             Wire::Messages => super::messages_sse::assemble(&self.body, self.stream),
+            Wire::Gemini => super::gemini_sse::assemble(&self.body, self.stream),
         }
     }
 
@@ -338,6 +339,7 @@ impl ArchiveSink {
             Wire::Chat => a.get("message").map(|m| vec![m.clone()]),
             Wire::Responses => a.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()).cloned(),
             Wire::Messages => a.get("message").and_then(crate::wire::messages::neutral_answer).map(|m| vec![m]),
+            Wire::Gemini => a.get("message").and_then(crate::wire::gemini::neutral_answer).map(|m| vec![m]),
         });
         let key = match messages {
             Some(m) => self.tracker.answered_with(&self.session, self.key_req, &m),
@@ -373,6 +375,7 @@ impl ArchiveSink {
             Wire::Chat => is_final,
             Wire::Responses => super::responses_sse::is_final,
             Wire::Messages => super::messages_sse::is_final,
+            Wire::Gemini => super::gemini_sse::is_final,
         };
         let mut seen = false;
         self.events.feed(bytes, &mut |event| seen |= final_event(event));

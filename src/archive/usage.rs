@@ -7,6 +7,7 @@
 //! | chat | `prompt_tokens` | `prompt_tokens_details.cached_tokens` (DeepSeek: `prompt_cache_hit_tokens`) | `prompt_tokens_details.cache_write_tokens` (OpenRouter) | `completion_tokens` |
 //! | responses | `input_tokens` | `input_tokens_details.cached_tokens` | — | `output_tokens` |
 //! | messages | `input_tokens + cache_read_input_tokens + cache_creation_input_tokens` | `cache_read_input_tokens` | `cache_creation_input_tokens` | `output_tokens` |
+//! | gemini | `promptTokenCount` | `cachedContentTokenCount` | — | `candidatesTokenCount + thoughtsTokenCount` |
 //!
 //! Anthropic's `input_tokens` counts only the uncached input after the last cache breakpoint, so the
 //! prompt is the sum of the three. A stream's usage is read from the answer its events assembled
@@ -63,6 +64,20 @@ impl Usage {
                     output: count(usage, &["output_tokens"]),
                 }
             }
+            // The other dialects count reasoning in the output; Gemini reports thoughts apart.
+            Wire::Gemini => {
+                let candidates = count(usage, &["candidatesTokenCount"]);
+                let thoughts = count(usage, &["thoughtsTokenCount"]);
+                Usage {
+                    prompt: count(usage, &["promptTokenCount"]),
+                    cached: count(usage, &["cachedContentTokenCount"]),
+                    cache_write: None,
+                    output: match (candidates, thoughts) {
+                        (None, None) => None,
+                        (c, t) => Some(c.unwrap_or(0) + t.unwrap_or(0)),
+                    },
+                }
+            }
         };
         read.is_reported().then_some(read)
     }
@@ -102,7 +117,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::archive::{messages_sse, response, responses_sse};
+    use crate::archive::{gemini_sse, messages_sse, response, responses_sse};
 
     fn usage(prompt: u64, cached: Option<u64>, cache_write: Option<u64>, output: u64) -> Usage {
         Usage { prompt: Some(prompt), cached, cache_write, output: Some(output) }
@@ -234,9 +249,27 @@ mod tests {
         assert_eq!(Usage::of_answer(Wire::Messages, &answer), Some(usage(3010, Some(3000), Some(0), 7)));
     }
 
+    /// A Gemini stream (`google.genai.types.GenerateContentResponseUsageMetadata`): the last chunk's
+    /// `usageMetadata` is cumulative; thoughts are billed as output beside the candidates.
+    #[test]
+    fn gemini_usage_from_a_stream_and_without_thoughts() {
+        let chunks = [
+            json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hel"}]}, "index": 0}],
+                "usageMetadata": {"promptTokenCount": 4100}, "modelVersion": "gemini-2.5-pro"}),
+            json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "lo"}]}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": 4100, "cachedContentTokenCount": 4000, "candidatesTokenCount": 2,
+                    "thoughtsTokenCount": 30, "totalTokenCount": 4132}, "modelVersion": "gemini-2.5-pro"}),
+        ];
+        let stream: String = chunks.iter().map(|c| format!("data: {c}\r\n\r\n")).collect();
+        let answer = gemini_sse::assemble(stream.as_bytes(), true).unwrap();
+        assert_eq!(Usage::of_answer(Wire::Gemini, &answer), Some(usage(4100, Some(4000), None, 32)));
+        let plain = json!({"promptTokenCount": 12, "candidatesTokenCount": 5, "totalTokenCount": 17});
+        assert_eq!(Usage::read(Wire::Gemini, &plain), Some(Usage { cached: None, ..usage(12, None, None, 5) }));
+    }
+
     #[test]
     fn nothing_reported_reads_as_none() {
-        for wire in [Wire::Chat, Wire::Responses, Wire::Messages] {
+        for wire in Wire::ALL {
             assert_eq!(Usage::read(wire, &Value::Null), None);
             assert_eq!(Usage::read(wire, &json!({})), None);
             assert_eq!(Usage::read(wire, &json!({"total_tokens": "many"})), None);

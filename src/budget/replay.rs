@@ -25,7 +25,20 @@ pub fn replay_request(
     raw: &[u8],
     window: Option<u64>,
 ) -> Replayed {
-    let body = match crate::wire::parse(wire, raw) {
+    replay_request_at(compactor, wire, "", session, raw, window)
+}
+
+/// [`replay_request`] for a request sent to `path` (a Gemini request names its model there:
+/// [`crate::wire::parse_at`]).
+pub fn replay_request_at(
+    compactor: &dyn ConversationCompactor,
+    wire: Wire,
+    path: &str,
+    session: &str,
+    raw: &[u8],
+    window: Option<u64>,
+) -> Replayed {
+    let body = match crate::wire::parse_at(wire, path, raw) {
         Ok(body) => body,
         Err(err) => {
             return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(err.to_string()) };

@@ -37,6 +37,11 @@ pub struct ModelSettings {
     pub encoding: Encoding,
 }
 
+/// The window of a Gemini API request whose model no `models:` entry names: the input limit of the
+/// Gemini 2.5 and 3 models (1,048,576 tokens). A smaller model, or a smaller working window, is
+/// given by a `models:` entry (`pattern: "^gemini-2\\.0-flash-lite"`, `context_window: …`).
+pub const GEMINI_CONTEXT_WINDOW: u64 = 1_048_576;
+
 /// The compiled `models:` table (first match wins) with the budget's defaults.
 #[derive(Debug, Clone)]
 pub struct ModelTable {
@@ -88,10 +93,12 @@ impl ModelTable {
     }
 
     /// The window of a request of format `wire` when neither `models:` nor detection gives one:
-    /// `budget.anthropic_context_window` for the Messages API, else `budget.default_context_window`.
+    /// `budget.anthropic_context_window` for the Messages API, [`GEMINI_CONTEXT_WINDOW`] for the
+    /// Gemini API, else `budget.default_context_window`.
     pub fn default_window_for(&self, wire: Wire) -> u64 {
         match wire {
             Wire::Messages => self.anthropic_window,
+            Wire::Gemini => GEMINI_CONTEXT_WINDOW,
             Wire::Chat | Wire::Responses => self.default_window,
         }
     }

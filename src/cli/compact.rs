@@ -32,7 +32,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Engine::from_config(&config)?;
     let input = read_input(&args.input)?;
-    let body = match crate::wire::parse(args.wire, &input) {
+    let body = match crate::wire::parse_at(args.wire, &args.path, &input) {
         Ok(body) => body,
         Err(err) => {
             std::io::stdout().write_all(&input).context("cannot write to stdout")?;

@@ -126,10 +126,14 @@ pub struct CompactArgs {
     /// Print to stderr, per changed message, before → after.
     #[arg(long)]
     pub diff: bool,
-    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses) or
-    /// `messages` (Anthropic Messages).
+    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses),
+    /// `messages` (Anthropic Messages) or `gemini` (the Gemini API).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
+    /// The path the requests were sent to, as the proxy received it: a Gemini request names its model
+    /// there (`/v1beta/models/gemini-2.5-pro:generateContent`), which selects its `models:` entry.
+    #[arg(long, default_value = "")]
+    pub path: String,
     /// Request body file, or `-` for stdin.
     #[arg(default_value = "-")]
     pub input: String,
@@ -146,10 +150,14 @@ pub struct ReplayArgs {
     /// Compaction mode (default `compaction.mode` from the config).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses) or
-    /// `messages` (Anthropic Messages).
+    /// Wire format of the request bodies: `chat` (Chat Completions), `responses` (OpenAI Responses),
+    /// `messages` (Anthropic Messages) or `gemini` (the Gemini API).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
+    /// The path the requests were sent to, as the proxy received it: a Gemini request names its model
+    /// there (`/v1beta/models/gemini-2.5-pro:generateContent`), which selects its `models:` entry.
+    #[arg(long, default_value = "")]
+    pub path: String,
     /// Session file: one request body per line.
     pub session: PathBuf,
 }
@@ -169,8 +177,8 @@ pub struct EvalArgs {
     /// Print the per-session and total figures as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Wire format of the sessions: `chat`, `responses` or `messages` (files of request bodies in that
-    /// format; with `--convert`, chat sessions converted to that format first).
+    /// Wire format of the sessions: `chat`, `responses`, `messages` or `gemini` (files of request
+    /// bodies in that format; with `--convert`, chat sessions converted to that format first).
     #[arg(long, value_enum, default_value = "chat")]
     pub wire: crate::wire::Wire,
     /// Read each chat session and convert it to `--wire`'s bodies before evaluating (Responses when

@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use super::ModeArg;
 use crate::budget::SessionCompactor;
-use crate::budget::replay::{replay_request, session_lines};
+use crate::budget::replay::{replay_request_at, session_lines};
 use crate::compact::Engine;
 use crate::config::{Config, Mode};
 
@@ -48,7 +48,7 @@ pub fn run(args: super::ReplayArgs) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for (i, raw) in session_lines(&text).into_iter().enumerate() {
-        let replayed = replay_request(&compactor, args.wire, &session, raw, args.window);
+        let replayed = replay_request_at(&compactor, args.wire, &args.path, &session, raw, args.window);
         if let Some(why) = &replayed.skipped {
             eprintln!("pare: {}: request {}: forwarded unchanged: {why}", args.session.display(), i + 1);
         }

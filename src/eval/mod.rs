@@ -187,7 +187,8 @@ pub struct EvalInput {
     pub wire: Wire,
     /// The files hold chat requests: convert each session to requests of `wire` (Responses:
     /// [`crate::wire::convert::chat_session_to_responses`], Messages:
-    /// [`crate::wire::messages::convert::chat_session_to_messages`]) before evaluating.
+    /// [`crate::wire::messages::convert::chat_session_to_messages`], Gemini:
+    /// [`crate::wire::gemini::convert::chat_session_to_gemini`]) before evaluating.
     pub convert_chat: bool,
 }
 
@@ -225,11 +226,7 @@ pub fn evaluate_sessions(
                 text = match input.convert_chat {
                     true => {
                         let chat = String::from_utf8_lossy(&read);
-                        match input.wire {
-                            Wire::Messages => crate::wire::messages::convert::chat_session_to_messages(&chat),
-                            _ => crate::wire::convert::chat_session_to_responses(&chat),
-                        }
-                        .into_bytes()
+                        crate::wire::convert::chat_session_to(input.wire, &chat).into_bytes()
                     }
                     false => read,
                 };

@@ -13,13 +13,25 @@ pub enum Dialect {
     OpenAi,
     /// `{"type": "error", "error": {"type", "message"}}`: Anthropic Messages clients.
     Anthropic,
+    /// `{"error": {"code", "message", "status"}}`: Gemini API clients (`google-genai`, Gemini CLI).
+    Google,
 }
 
 impl Dialect {
     /// Anthropic's for a request to `…/v1/messages…` or one carrying `anthropic-version` (which
-    /// the anthropic SDKs and Claude Code send on every request); OpenAI's otherwise.
+    /// the anthropic SDKs and Claude Code send on every request); Google's for a request to a
+    /// Gemini method (`…/models/{m}:generateContent`, `:countTokens`, anything under `/v1beta/`)
+    /// or one carrying `x-goog-api-client` or `x-goog-api-key` (the google-genai SDKs send both);
+    /// OpenAI's otherwise.
     pub fn of(path: &str, headers: &http::HeaderMap) -> Dialect {
-        if path.contains("/v1/messages") || headers.contains_key("anthropic-version") {
+        let google_method = path.rsplit('/').next().is_some_and(|last| last.contains(':'));
+        if google_method
+            || path.starts_with("/v1beta/")
+            || headers.contains_key("x-goog-api-client")
+            || headers.contains_key("x-goog-api-key")
+        {
+            Dialect::Google
+        } else if path.contains("/v1/messages") || headers.contains_key("anthropic-version") {
             Dialect::Anthropic
         } else {
             Dialect::OpenAi
@@ -166,6 +178,29 @@ impl ProxyError {
         })
     }
 
+    /// Google's canonical status name for this error's HTTP status (google.rpc.Code, as the Gemini
+    /// API maps them).
+    pub fn google_status(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "UNAUTHENTICATED",
+            403 => "PERMISSION_DENIED",
+            404 => "NOT_FOUND",
+            408 | 504 => "DEADLINE_EXCEEDED",
+            413 => "OUT_OF_RANGE",
+            429 => "RESOURCE_EXHAUSTED",
+            502 | 503 => "UNAVAILABLE",
+            500..=599 => "INTERNAL",
+            _ => "INVALID_ARGUMENT",
+        }
+    }
+
+    /// `{"error": {"code", "message", "status"}}`.
+    pub fn google_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": { "code": self.status().as_u16(), "message": format!("pare: {self}"), "status": self.google_status() },
+        })
+    }
+
     /// The OpenAI-shaped response.
     pub fn to_response(&self) -> Response<Bytes> {
         self.to_response_in(Dialect::OpenAi)
@@ -176,6 +211,7 @@ impl ProxyError {
         let body = match dialect {
             Dialect::OpenAi => self.body(),
             Dialect::Anthropic => self.anthropic_body(),
+            Dialect::Google => self.google_body(),
         };
         let mut response = json_response(self.status(), &body);
         if let ProxyError::Busy { .. } = self {
@@ -235,6 +271,18 @@ mod tests {
         assert_eq!(Dialect::of("/v1/messages/count_tokens", &headers), Dialect::Anthropic);
         headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
         assert_eq!(Dialect::of("/v1/models", &headers), Dialect::Anthropic);
+        let none = http::HeaderMap::new();
+        assert_eq!(Dialect::of("/v1beta/models/gemini-2.5-pro:streamGenerateContent", &none), Dialect::Google);
+        assert_eq!(Dialect::of("/v1/models/gemini-2.5-pro:countTokens", &none), Dialect::Google);
+        let mut goog = http::HeaderMap::new();
+        goog.insert("x-goog-api-key", http::HeaderValue::from_static("k"));
+        assert_eq!(Dialect::of("/v1/chat/completions", &goog), Dialect::Google);
+        let response = ProxyError::Busy { limit: 1 }.to_response_in(Dialect::Google);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["error"]["code"], 503);
+        assert_eq!(body["error"]["status"], "UNAVAILABLE");
+        assert!(body["error"]["message"].as_str().unwrap().starts_with("pare: "));
 
         let err =
             ProxyError::UpstreamUnreachable { url: "http://127.0.0.1:9".into(), cause: "connection refused".into() };

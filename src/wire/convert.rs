@@ -4,6 +4,20 @@
 
 use serde_json::{Map, Value, json};
 
+use super::Wire;
+
+/// A session file of chat requests (one a line) as the session an agent speaking `wire` would have
+/// sent: Responses ([`chat_session_to_responses`], also for `chat`), Messages
+/// ([`super::messages::convert::chat_session_to_messages`]) or Gemini
+/// ([`super::gemini::convert::chat_session_to_gemini`]).
+pub fn chat_session_to(wire: Wire, chat: &str) -> String {
+    match wire {
+        Wire::Messages => super::messages::convert::chat_session_to_messages(chat),
+        Wire::Gemini => super::gemini::convert::chat_session_to_gemini(chat),
+        Wire::Chat | Wire::Responses => chat_session_to_responses(chat),
+    }
+}
+
 /// The Responses request an agent would have sent for the chat request `chat` (a JSON object with
 /// `messages`): the first system message becomes `instructions`, other messages become `message`
 /// items with `input_text`/`output_text` parts, an assistant's `reasoning_content` a `reasoning` item

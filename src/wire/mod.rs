@@ -11,6 +11,7 @@
 //!   adapter copies nothing; the body's split is the fast scan of `neutral::scan`.
 //! - [`responses`]: the OpenAI Responses API (`input` items, `instructions`).
 //! - [`messages`]: the Anthropic Messages API (`system`, `messages` turns of content blocks).
+//! - [`gemini`]: the Gemini API (`systemInstruction`, `contents` turns of parts; the model in the path).
 //!
 //! [`recent::RecentBodies`] lets the proxy scan a chat body only after the messages it shares with
 //! a recent body it extends.
@@ -19,6 +20,7 @@
 //! arm in [`parse`].
 
 pub mod convert;
+pub mod gemini;
 pub mod messages;
 pub mod recent;
 pub mod responses;
@@ -38,11 +40,14 @@ pub enum Wire {
     Responses,
     /// Anthropic Messages (`…/v1/messages`, `system` + `messages` turns of content blocks).
     Messages,
+    /// Gemini (`…/models/{model}:generateContent` and `:streamGenerateContent`, `systemInstruction`
+    /// + `contents` turns of parts).
+    Gemini,
 }
 
 impl Wire {
     /// Every format, in [`Wire::name`] order.
-    pub const ALL: [Wire; 3] = [Wire::Chat, Wire::Responses, Wire::Messages];
+    pub const ALL: [Wire; 4] = [Wire::Chat, Wire::Responses, Wire::Messages, Wire::Gemini];
 
     /// The name used in headers, metrics labels and the command line.
     pub fn name(self) -> &'static str {
@@ -50,6 +55,7 @@ impl Wire {
             Wire::Chat => "chat",
             Wire::Responses => "responses",
             Wire::Messages => "messages",
+            Wire::Gemini => "gemini",
         }
     }
 
@@ -62,6 +68,8 @@ impl Wire {
             Some(Wire::Responses)
         } else if path.ends_with("/v1/messages") {
             Some(Wire::Messages)
+        } else if gemini::Call::is_generation(path) {
+            Some(Wire::Gemini)
         } else {
             None
         }
@@ -113,7 +121,17 @@ pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireErr
         Wire::Chat => Box::new(ChatBody::parse(bytes)?),
         Wire::Responses => Box::new(responses::ResponsesBody::parse(bytes)?),
         Wire::Messages => Box::new(messages::MessagesBody::parse(bytes)?),
+        Wire::Gemini => Box::new(gemini::GeminiBody::parse(bytes)?),
     })
+}
+
+/// [`parse`] for a request sent to `path`: a Gemini request names its model and whether it streams
+/// there ([`gemini::Call::of_path`]); the other formats say both in the body.
+pub fn parse_at<'a>(wire: Wire, path: &str, bytes: &'a [u8]) -> Result<Box<dyn WireBody + 'a>, WireError> {
+    match wire {
+        Wire::Gemini => Ok(Box::new(gemini::GeminiBody::parse_at(bytes, gemini::Call::of_path(path))?)),
+        _ => parse(wire, bytes),
+    }
 }
 
 impl WireBody for ChatBody<'_> {

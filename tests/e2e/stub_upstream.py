@@ -4,8 +4,8 @@ Speaks the real wire format (JSON completions, SSE `data: {...}` chunks ending w
 streamed tool calls, the usage chunk when `stream_options.include_usage` is set), answers the probes
 agents send to guess the server kind with 404, and records every request it receives (a
 Responses or Messages stream's SSE bytes too, as `streamed`).
-The Responses (`/v1/responses`) and Messages (`/v1/messages`) formats live in stub_responses.py and
-stub_messages.py.
+The Responses (`/v1/responses`), Messages (`/v1/messages`) and Gemini (`…/models/M:generateContent`)
+formats live in stub_responses.py, stub_messages.py and stub_gemini.py.
 
 Scripts, chosen from the request's tools:
 - Hermes (`terminal` among the tools): `terminal` running `ls`, then `read_file notes.txt`, then
@@ -178,6 +178,8 @@ class StubUpstream:
             def do_POST(self):
                 raw = self._record()
                 path = self.path.split("?")[0]
+                if path.endswith((":generateContent", ":streamGenerateContent", ":countTokens")):
+                    return self._gemini(path, raw)
                 if path.endswith(("/responses", "/messages", "/messages/count_tokens")):
                     return self._wire(path, raw)
                 if not path.endswith("/chat/completions"):
@@ -225,6 +227,28 @@ class StubUpstream:
                 self.entry["streamed"] = b"".join(events)
                 for event in events:
                     self._chunk(event)
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _gemini(self, path, raw):
+                import stub_gemini
+
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    return self._json(400, {"error": {"code": 400, "message": "invalid json", "status": "INVALID_ARGUMENT"}})
+                if path.endswith(":countTokens"):
+                    return self._json(200, stub_gemini.count_tokens(body))
+                if path.endswith(":generateContent"):
+                    return self._json(200, stub_gemini.respond(path, body))
+                sse = "alt=sse" in self.path.partition("?")[2].split("&")
+                frames = stub_gemini.sse_frames(path, body) if sse else stub_gemini.json_array_frames(path, body)
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream" if sse else "application/json; charset=UTF-8")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                self.entry["streamed"] = b"".join(frames)
+                for frame in frames:
+                    self._chunk(frame)
                 self.wfile.write(b"0\r\n\r\n")
 
             def _chunk(self, data):

@@ -12,6 +12,7 @@ mod compact;
 mod engine;
 mod eval;
 mod exposure;
+mod gemini;
 mod messages;
 mod proxy;
 mod proxy_hardening;

@@ -25,6 +25,7 @@ fn reported(wire: Wire, stream: bool) -> Usage {
         Wire::Chat => 1000,
         Wire::Responses => 2000,
         Wire::Messages => 3000,
+        Wire::Gemini => 4000,
     } + if stream { 100 } else { 0 };
     match wire {
         Wire::Chat => Usage { prompt: Some(base), cached: Some(base / 2), cache_write: None, output: Some(7) },
@@ -33,6 +34,8 @@ fn reported(wire: Wire, stream: bool) -> Usage {
         Wire::Messages => {
             Usage { prompt: Some(base), cached: Some(base / 2), cache_write: Some(200), output: Some(11) }
         }
+        // Gemini's output is its candidates plus its thoughts (8 + 5).
+        Wire::Gemini => Usage { prompt: Some(base), cached: Some(base / 8), cache_write: None, output: Some(13) },
     }
 }
 
@@ -41,6 +44,7 @@ fn model(wire: Wire) -> &'static str {
         Wire::Chat => "m-chat",
         Wire::Responses => "m-responses",
         Wire::Messages => "m-messages",
+        Wire::Gemini => "m-gemini",
     }
 }
 
@@ -71,6 +75,17 @@ fn messages_object(u: Usage, output: u64) -> Value {
         "usage": messages_usage(u, output)})
 }
 
+fn gemini_chunk(u: Usage, text: &str, last: bool) -> Value {
+    let mut chunk = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}],
+        "usageMetadata": {"promptTokenCount": u.prompt}, "modelVersion": "m-gemini", "responseId": "r1"});
+    if last {
+        chunk["candidates"][0]["finishReason"] = json!("STOP");
+        chunk["usageMetadata"] = json!({"promptTokenCount": u.prompt, "cachedContentTokenCount": u.cached,
+            "candidatesTokenCount": 8, "thoughtsTokenCount": 5, "totalTokenCount": u.prompt.unwrap() + 13});
+    }
+    chunk
+}
+
 fn named(event: &str, data: &Value) -> Step {
     Step::Send(Bytes::from(format!("event: {event}\ndata: {data}\n\n")))
 }
@@ -79,7 +94,7 @@ fn named(event: &str, data: &Value) -> Step {
 /// [`reported`]'s figures; a chat request whose model is `silent` gets an answer without usage.
 fn answer(request: &Recorded) -> Reply {
     let body = request.json();
-    let stream = body["stream"] == true;
+    let stream = body["stream"] == true || request.path_only().ends_with(":streamGenerateContent");
     let wire = Wire::of_path(request.path_only()).expect("a compacted path");
     let u = reported(wire, stream);
     match (wire, stream) {
@@ -147,6 +162,11 @@ fn answer(request: &Recorded) -> Reply {
                 named("message_stop", &json!({"type": "message_stop"})),
             ])
         }
+        (Wire::Gemini, false) => Reply::json(200, gemini_chunk(u, "done", true)),
+        (Wire::Gemini, true) => Reply::sse(vec![
+            Step::Send(Bytes::from(format!("data: {}\r\n\r\n", gemini_chunk(u, "do", false)))),
+            Step::Send(Bytes::from(format!("data: {}\r\n\r\n", gemini_chunk(u, "ne", true)))),
+        ]),
     }
 }
 
@@ -160,6 +180,13 @@ fn request(wire: Wire, stream: bool, model: &str) -> (String, Value) {
         Wire::Responses => ("/v1/responses".into(), json!({"model": model, "input": user, "stream": stream})),
         Wire::Messages => {
             ("/v1/messages".into(), json!({"model": model, "max_tokens": 256, "messages": user, "stream": stream}))
+        }
+        Wire::Gemini => {
+            let method = if stream { "streamGenerateContent?alt=sse" } else { "generateContent" };
+            (
+                format!("/v1beta/models/{model}:{method}"),
+                json!({"contents": [{"role": "user", "parts": [{"text": "what changed?"}]}]}),
+            )
         }
     }
 }

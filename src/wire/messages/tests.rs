@@ -117,8 +117,7 @@ fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
         let parsed = parse(body);
         let raw = parsed.messages();
         let view = crate::neutral::View { messages: &raw, tools: None };
-        let out =
-            engine.compact(&view, &crate::compact::CompactOptions::default(), &crate::tokens::QuarterCounter);
+        let out = engine.compact(&view, &crate::compact::CompactOptions::default(), &crate::tokens::QuarterCounter);
         let mut messages = out.prefix.clone();
         messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
         written(&parsed, &messages)

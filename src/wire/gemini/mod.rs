@@ -1,0 +1,786 @@
+//! The Gemini API (`POST …/models/{model}:generateContent` and `:streamGenerateContent`: Gemini
+//! CLI, the `google-genai` SDKs) as a wire adapter.
+//!
+//! A request is `systemInstruction` (the system prompt) and `contents`: turns of role `user` or
+//! `model`, each a list of `parts`. The model is named in the path, not the body, and so is
+//! streaming ([`Call::of_path`]). The adapter reads the turns into neutral messages:
+//!
+//! | turn or part | neutral message |
+//! |---|---|
+//! | `systemInstruction` | the first `system` message, its `parts` as content (never touched: written back as its bytes) |
+//! | a user turn's `functionResponse` parts | one `tool` message each (`content` the response's one string member, else its JSON text) |
+//! | a user turn's other parts (`text`, `inlineData`, `fileData`, …) | one `user` message: what the person wrote, never touched |
+//! | a model turn | one `assistant` message: its `text` parts as content parts, its `functionCall` parts as `tool_calls` (`arguments` = the JSON text of `args`) |
+//! | `thought: true` parts, `inlineData`, `executableCode`, unknown parts in a model turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
+//! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
+//!
+//! A call is paired with its response by `id` when both have one, else as the API pairs them: by
+//! name, in order, within the user turn that follows the call's model turn. In the neutral form a
+//! call is named `call_{k}` (its place among the turn's calls) whatever its `id`: the API's answer
+//! carries none and Gemini CLI gives the call one of its own when it sends it back, and the session
+//! tracker must find the answer's turn in the next request.
+//!
+//! A part that carries a `thoughtSignature` is never altered: a signed `functionCall` keeps its
+//! `args` (Gemini 3 refuses a call whose signature does not match it) and a signed `text` keeps its
+//! text; such parts go only with their whole turn.
+//!
+//! Writing back maps each forwarded neutral message to its parts: one the engine left alone is its
+//! turn's original bytes; a rewritten result is its part with `response` replaced (`{key: text}`
+//! for the response's one string member, `{"output": text}` otherwise; `id`, `name` and every other
+//! key kept); a rewritten call turn has each unsigned call's `args` replaced (still an object with
+//! the same keys); an elision marker becomes a user turn of one `text` part, never text in a model
+//! turn (where signatures live) nor in the person's turn (what the person wrote stays as sent). A
+//! turn whose parts are all gone is left out. The result is checked ([`check_turns`]): every call
+//! answered in the next turn, no response without its call, a calling model turn right after a user
+//! turn; otherwise the original body is forwarded.
+
+pub mod convert;
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use crate::neutral::{Message, push_json_string, raw_members};
+
+/// What the path of a Gemini request says: the model, and whether the answer streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Call {
+    /// The `{model}` of `…/models/{model}:method`.
+    pub model: Option<String>,
+    /// The method is `streamGenerateContent` (as SSE with `alt=sse`, else as a JSON array).
+    pub stream: bool,
+}
+
+impl Call {
+    /// Read `path` (without its query): `…/models/gemini-2.5-pro:streamGenerateContent` names model
+    /// `gemini-2.5-pro` and a stream.
+    pub fn of_path(path: &str) -> Call {
+        let last = path.rsplit('/').next().unwrap_or("");
+        let (model, method) = last.split_once(':').unwrap_or((last, ""));
+        Call {
+            model: (!model.is_empty() && matches!(method, "generateContent" | "streamGenerateContent"))
+                .then(|| model.to_owned()),
+            stream: method == "streamGenerateContent",
+        }
+    }
+
+    /// Whether `path` is a Gemini content generation (`…/models/{m}:generateContent` or
+    /// `:streamGenerateContent`, under `/v1beta/`, `/v1/` or a Vertex publisher path).
+    pub fn is_generation(path: &str) -> bool {
+        let Some((before, method)) = path.rsplit_once(':') else { return false };
+        matches!(method, "generateContent" | "streamGenerateContent")
+            && before.rsplit_once('/').is_some_and(|(dir, model)| !model.is_empty() && dir.ends_with("models"))
+    }
+}
+
+/// What a part is to the adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Call,
+    Response,
+    /// Thoughts, inline and file data, code execution, unknown parts.
+    Other,
+}
+
+/// The keys of a part the adapter reads; everything else stays in the part's bytes.
+#[derive(Deserialize, Default)]
+struct PartHead<'a> {
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    thought: Option<&'a RawValue>,
+    #[serde(rename = "thoughtSignature", alias = "thought_signature", borrow, default)]
+    thought_signature: Option<&'a RawValue>,
+    #[serde(rename = "functionCall", alias = "function_call", borrow, default)]
+    function_call: Option<&'a RawValue>,
+    #[serde(rename = "functionResponse", alias = "function_response", borrow, default)]
+    function_response: Option<&'a RawValue>,
+}
+
+/// The keys of a `functionCall` or `functionResponse` the adapter reads.
+#[derive(Deserialize, Default)]
+struct FunctionHead<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    args: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+/// One part, read.
+#[derive(Debug)]
+struct Part<'a> {
+    raw: &'a str,
+    kind: Kind,
+    /// The part carries a `thoughtSignature`: it is never altered.
+    signed: bool,
+    /// A call's or response's own `id`.
+    id: Option<String>,
+    name: String,
+    /// A call's `args` (`{}` when it has none).
+    args: &'a str,
+    /// A response's `response`.
+    response: Option<&'a str>,
+    /// The member (`functionCall`, `function_response`, …) that holds the call or response.
+    function_raw: &'a str,
+}
+
+impl<'a> Part<'a> {
+    fn read(raw: &'a str) -> Part<'a> {
+        let mut part = Part {
+            raw,
+            kind: Kind::Other,
+            signed: false,
+            id: None,
+            name: String::new(),
+            args: "{}",
+            response: None,
+            function_raw: "",
+        };
+        let Ok(head) = serde_json::from_str::<PartHead<'a>>(raw) else { return part };
+        part.signed = head.thought_signature.is_some_and(|s| s.get() != "null");
+        if head.thought.is_some_and(|t| t.get() == "true") {
+            return part;
+        }
+        let function =
+            head.function_call.map(|f| (Kind::Call, f)).or(head.function_response.map(|f| (Kind::Response, f)));
+        if let Some((kind, function)) = function {
+            let Ok(f) = serde_json::from_str::<FunctionHead<'a>>(function.get()) else { return part };
+            let Some(name) = f.name else { return part };
+            if kind == Kind::Call && f.args.is_some_and(|a| !a.get().starts_with('{')) {
+                return part;
+            }
+            part.kind = kind;
+            part.id = f.id.map(Cow::into_owned).filter(|id| !id.is_empty());
+            part.name = name.into_owned();
+            part.args = f.args.map_or("{}", RawValue::get);
+            part.response = f.response.map(RawValue::get);
+            part.function_raw = function.get();
+        } else if head.text.is_some_and(|t| t.get().starts_with('"')) {
+            part.kind = Kind::Text;
+        }
+        part
+    }
+}
+
+/// The keys of a turn the adapter reads.
+#[derive(Deserialize)]
+struct TurnHead<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    parts: &'a RawValue,
+}
+
+/// Which side a turn speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    User,
+    Model,
+    /// Another role, or a turn pare cannot read.
+    Opaque,
+}
+
+/// One turn of `contents`, read.
+#[derive(Debug)]
+struct Turn<'a> {
+    raw: &'a str,
+    side: Side,
+    parts: Vec<Part<'a>>,
+    /// The neutral id of each call part (by part index), and of each response part (its call's).
+    ids: HashMap<usize, String>,
+}
+
+impl<'a> Turn<'a> {
+    fn read(raw: &'a str) -> Turn<'a> {
+        let opaque = || Turn { raw, side: Side::Opaque, parts: Vec::new(), ids: HashMap::new() };
+        let Ok(head) = serde_json::from_str::<TurnHead<'a>>(raw) else { return opaque() };
+        // An unset role is the user's (the API reads a lone turn so); `function` is the older name
+        // of the turn that carries responses.
+        let side = match head.role.as_deref().unwrap_or("user") {
+            "user" | "function" | "" => Side::User,
+            "model" => Side::Model,
+            _ => return opaque(),
+        };
+        let Ok(list) = serde_json::from_str::<Vec<&'a RawValue>>(head.parts.get()) else { return opaque() };
+        let parts: Vec<Part<'a>> = list.into_iter().map(|p| Part::read(p.get())).collect();
+        let mut ids = HashMap::new();
+        if side == Side::Model {
+            let calls = parts.iter().enumerate().filter(|(_, p)| p.kind == Kind::Call);
+            for (k, (p, _)) in calls.enumerate() {
+                ids.insert(p, format!("call_{k}"));
+            }
+        }
+        Turn { raw, side, parts, ids }
+    }
+
+    /// Indices of the call parts.
+    fn calls(&self) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().enumerate().filter(|(_, p)| p.kind == Kind::Call).map(|(p, _)| p)
+    }
+
+    /// Indices of the response parts.
+    fn responses(&self) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().enumerate().filter(|(_, p)| p.kind == Kind::Response).map(|(p, _)| p)
+    }
+}
+
+/// Pair the responses of `user` with the calls of `model` (the turn before it): by `id` when the
+/// response's id names a call, else the first call not yet answered with the response's name.
+/// Each response part index maps to its call's part index; responses without a call are absent.
+fn pair(model: Option<&Turn<'_>>, user: &Turn<'_>) -> HashMap<usize, usize> {
+    let mut out = HashMap::new();
+    let Some(model) = model.filter(|m| m.side == Side::Model) else { return out };
+    let mut answered: HashSet<usize> = HashSet::new();
+    for r in user.responses() {
+        let response = &user.parts[r];
+        let by_id = response
+            .id
+            .as_ref()
+            .and_then(|id| model.calls().find(|&c| !answered.contains(&c) && model.parts[c].id.as_ref() == Some(id)));
+        let by_name = || model.calls().find(|&c| !answered.contains(&c) && model.parts[c].name == response.name);
+        if let Some(c) = by_id.or_else(by_name) {
+            answered.insert(c);
+            out.insert(r, c);
+        }
+    }
+    out
+}
+
+/// Read every turn and give each response the neutral id of its call (an orphan keeps its own id,
+/// else `orphan_{p}`: the neutral view then shows a result without its call, and the engine leaves
+/// such a conversation as it is).
+fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
+    let mut turns: Vec<Turn<'a>> = raws.iter().map(|raw| Turn::read((*raw).as_ref())).collect();
+    for t in 0..turns.len() {
+        if turns[t].side != Side::User {
+            continue;
+        }
+        let pairs = pair(t.checked_sub(1).map(|before| &turns[before]), &turns[t]);
+        let ids: Vec<(usize, String)> = turns[t]
+            .responses()
+            .map(|r| {
+                let id = match pairs.get(&r) {
+                    Some(c) => turns[t - 1].ids[c].clone(),
+                    None => turns[t].parts[r].id.clone().unwrap_or_else(|| format!("orphan_{r}")),
+                };
+                (r, id)
+            })
+            .collect();
+        turns[t].ids.extend(ids);
+    }
+    turns
+}
+
+/// What one neutral message stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Unit {
+    /// The whole turn: a model turn, an opaque turn.
+    Turn(usize),
+    /// One `functionResponse` part of a user turn.
+    Result { turn: usize, part: usize },
+    /// A user turn's parts other than its responses: what the person wrote.
+    UserParts(usize),
+}
+
+impl Unit {
+    fn turn(self) -> usize {
+        match self {
+            Unit::Turn(t) | Unit::UserParts(t) | Unit::Result { turn: t, .. } => t,
+        }
+    }
+}
+
+/// A Gemini request body read into the neutral view.
+#[derive(Debug)]
+pub struct GeminiBody<'a> {
+    /// The top level, split around `contents` (its elements are the raw turns).
+    body: ChatBody<'a>,
+    turns: Vec<Turn<'a>>,
+    /// The neutral messages: the system prompt first when the request has one, then the turns'.
+    neutral: Vec<String>,
+    has_system: bool,
+    /// What each neutral message after the system prompt stands for.
+    units: Vec<Unit>,
+    /// What the request's path said.
+    call: Call,
+}
+
+impl<'a> GeminiBody<'a> {
+    /// Parse a Gemini request sent to a path that said `call`. Fails when the body is not a JSON
+    /// object with a `contents` list.
+    pub fn parse_at(bytes: &'a [u8], call: Call) -> Result<GeminiBody<'a>, WireError> {
+        let body = ChatBody::parse_keyed(bytes, "contents")?;
+        let turns = read_turns(&body.messages);
+        let mut out = GeminiBody { body, turns, neutral: Vec::new(), has_system: false, units: Vec::new(), call };
+        if let Some(system) = out.system() {
+            out.neutral.push(system_message(system));
+            out.has_system = true;
+        }
+        for (t, turn) in out.turns.iter().enumerate() {
+            match turn.side {
+                Side::Opaque => {
+                    out.neutral.push(opaque(turn.raw));
+                    out.units.push(Unit::Turn(t));
+                }
+                Side::Model => {
+                    out.neutral.push(model_message(turn));
+                    out.units.push(Unit::Turn(t));
+                }
+                Side::User => {
+                    for r in turn.responses() {
+                        out.neutral.push(result_message(&turn.ids[&r], &turn.parts[r]));
+                        out.units.push(Unit::Result { turn: t, part: r });
+                    }
+                    let written: Vec<&str> =
+                        turn.parts.iter().filter(|p| p.kind != Kind::Response).map(|p| p.raw).collect();
+                    if !written.is_empty() || turn.parts.is_empty() {
+                        out.neutral.push(text_message("user", &format!("[{}]", written.join(","))));
+                        out.units.push(Unit::UserParts(t));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Parse a Gemini request read without its path (no model, not streamed).
+    pub fn parse(bytes: &'a [u8]) -> Result<GeminiBody<'a>, WireError> {
+        Self::parse_at(bytes, Call::default())
+    }
+
+    fn system(&self) -> Option<&'a str> {
+        ["systemInstruction", "system_instruction"]
+            .iter()
+            .find_map(|key| self.body.field(key))
+            .map(RawValue::get)
+            .filter(|s| *s != "null")
+    }
+
+    fn first_turn_message(&self) -> usize {
+        usize::from(self.has_system)
+    }
+}
+
+/// The system prompt as a neutral message: its `parts` as content, or the whole value as text when
+/// it has none.
+fn system_message(system: &str) -> String {
+    #[derive(Deserialize)]
+    struct Parts<'a> {
+        #[serde(borrow)]
+        parts: &'a RawValue,
+    }
+    match serde_json::from_str::<Parts<'_>>(system) {
+        Ok(p) if p.parts.get().starts_with('[') => text_message("system", p.parts.get()),
+        _ if system.starts_with('"') => text_message("system", system),
+        _ => text_message("system", &json_string(system)),
+    }
+}
+
+fn text_message(role: &str, content: &str) -> String {
+    let mut out = String::from(r#"{"role":"#);
+    push_json_string(&mut out, role);
+    out.push_str(r#","content":"#);
+    out.push_str(content);
+    out.push('}');
+    out
+}
+
+/// The text a response stands for: its one string member, else its JSON text.
+fn response_text(response: Option<&str>) -> Cow<'_, str> {
+    let Some(response) = response else { return Cow::Borrowed("") };
+    if let Some(members) = raw_members(response)
+        && let [(_, value)] = members.as_slice()
+        && let Ok(text) = serde_json::from_str::<String>(value)
+    {
+        return Cow::Owned(text);
+    }
+    Cow::Borrowed(response)
+}
+
+fn result_message(id: &str, part: &Part<'_>) -> String {
+    let mut out = String::from(r#"{"role":"tool","tool_call_id":"#);
+    push_json_string(&mut out, id);
+    out.push_str(r#","content":"#);
+    push_json_string(&mut out, &response_text(part.response));
+    out.push('}');
+    out
+}
+
+fn model_message(turn: &Turn<'_>) -> String {
+    let texts: Vec<&str> = turn.parts.iter().filter(|p| p.kind == Kind::Text).map(|p| p.raw).collect();
+    let mut out = String::from(r#"{"role":"assistant","content":"#);
+    if texts.is_empty() {
+        out.push_str("null");
+    } else {
+        out.push('[');
+        out.push_str(&texts.join(","));
+        out.push(']');
+    }
+    let calls: Vec<usize> = turn.calls().collect();
+    if !calls.is_empty() {
+        out.push_str(r#","tool_calls":["#);
+        for (n, c) in calls.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            let call = &turn.parts[*c];
+            out.push_str(r#"{"id":"#);
+            push_json_string(&mut out, &turn.ids[c]);
+            out.push_str(r#","type":"function","function":{"name":"#);
+            push_json_string(&mut out, &call.name);
+            out.push_str(r#","arguments":"#);
+            push_json_string(&mut out, call.args);
+            out.push_str("}}");
+        }
+        out.push(']');
+    }
+    out.push('}');
+    out
+}
+
+/// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).
+fn opaque(raw: &str) -> String {
+    let mut out = String::from(r#"{"role":"opaque","content":"#);
+    push_json_string(&mut out, raw);
+    out.push('}');
+    out
+}
+
+/// The neutral message of a model answer (a candidate's `content`, as the API returns it or as
+/// assembled from its stream): what the same turn reads as when the agent's next request carries
+/// it, so that the session tracker finds the conversation it extends.
+pub fn neutral_answer(content: &Value) -> Option<Value> {
+    let raw = content.to_string();
+    let turn = Turn::read(&raw);
+    if turn.side != Side::Model {
+        return None;
+    }
+    serde_json::from_str(&model_message(&turn)).ok()
+}
+
+impl WireBody for GeminiBody<'_> {
+    fn wire(&self) -> Wire {
+        Wire::Gemini
+    }
+    fn messages(&self) -> Vec<&str> {
+        self.neutral.iter().map(String::as_str).collect()
+    }
+    fn top(&self) -> &ChatBody<'_> {
+        &self.body
+    }
+    fn model(&self) -> Option<String> {
+        self.call.model.clone()
+    }
+    fn stream(&self) -> bool {
+        self.call.stream
+    }
+    fn output_limit(&self) -> Option<u64> {
+        let config = ["generationConfig", "generation_config"].iter().find_map(|key| self.body.field(key))?;
+        let members = raw_members(config.get())?;
+        members
+            .iter()
+            .find(|(k, _)| matches!(*k, "maxOutputTokens" | "max_output_tokens"))
+            .and_then(|(_, v)| serde_json::from_str::<u64>(v).ok())
+    }
+    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(messages)?;
+        // A request that was already invalid goes as the agent sent it, when nothing changed.
+        let unchanged = turns.len() == self.body.messages.len()
+            && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
+        if unchanged {
+            return Ok(self.body.to_vec_and_spans_keeping_array());
+        }
+        check_turns(&turns).map_err(WireError::Invalid)?;
+        Ok(self.body.to_vec_and_spans(&turns))
+    }
+    fn spans_in(&self, body: &[u8]) -> Option<Spans> {
+        self.body.spans_in(body)
+    }
+    fn check(&self) -> Result<(), String> {
+        check_turns(&self.body.messages)
+    }
+}
+
+/// One forwarded neutral message, traced back to what it stands for.
+enum Forwarded {
+    /// Left alone by the engine.
+    Kept(Unit),
+    /// Rewritten by the engine (a shorter result, shorter arguments).
+    Rewritten(Unit, Message),
+    /// Written by the engine (an elision marker).
+    New(Message),
+}
+
+/// A forwarded turn being written: the original turn it stands for (`None`: a turn pare wrote, a
+/// user turn), and its parts as JSON text.
+struct WrittenTurn<'b> {
+    turn: Option<usize>,
+    parts: Vec<Cow<'b, str>>,
+    /// The turn is its original bytes.
+    whole: bool,
+}
+
+impl GeminiBody<'_> {
+    /// Trace each forwarded neutral message to its unit.
+    fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
+        let first = self.first_turn_message();
+        if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
+            return Err(WireError::Invalid("the system instruction was changed".into()));
+        }
+        let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (idx, text) in self.neutral.iter().enumerate().skip(first) {
+            by_text.entry(text.as_str()).or_default().push(idx - first);
+        }
+        // Ids repeat (`call_0` in every turn): every unit of an id, in order.
+        let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
+        for (n, unit) in self.units.iter().enumerate() {
+            match *unit {
+                Unit::Result { turn, part } => {
+                    by_call.entry((self.turns[turn].ids[&part].as_str(), true)).or_default().push(n);
+                }
+                Unit::Turn(turn) => {
+                    let turn = &self.turns[turn];
+                    for c in turn.calls() {
+                        by_call.entry((turn.ids[&c].as_str(), false)).or_default().push(n);
+                    }
+                }
+                Unit::UserParts(_) => {}
+            }
+        }
+        let mut out = Vec::with_capacity(messages.len());
+        let mut cursor = 0;
+        for text in messages.get(first..).unwrap_or_default() {
+            if let Some(n) = by_text.get(*text).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+                out.push(Forwarded::Kept(self.units[n]));
+                cursor = n + 1;
+                continue;
+            }
+            let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+            let paired = match message.role.as_str() {
+                "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
+                "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
+                _ => None,
+            };
+            match paired.and_then(|key| by_call.get(&key)?.iter().copied().find(|&n| n >= cursor)) {
+                Some(n) => {
+                    out.push(Forwarded::Rewritten(self.units[n], message));
+                    cursor = n + 1;
+                }
+                None => out.push(Forwarded::New(message)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The turns standing for the forwarded neutral `messages`.
+    fn turns_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = self.trace(messages)?;
+        let mut kept_units: HashSet<Unit> = HashSet::new();
+        let mut rewrites: HashMap<Unit, &Message> = HashMap::new();
+        for f in &traced {
+            match f {
+                Forwarded::Kept(unit) => {
+                    kept_units.insert(*unit);
+                }
+                Forwarded::Rewritten(unit, message) => {
+                    rewrites.insert(*unit, message);
+                }
+                Forwarded::New(_) => {}
+            }
+        }
+        let mut written: Vec<WrittenTurn<'_>> = Vec::new();
+        let mut seen_turn: Option<usize> = None;
+        for f in &traced {
+            let unit = match f {
+                Forwarded::Kept(unit) | Forwarded::Rewritten(unit, _) => *unit,
+                Forwarded::New(message) => {
+                    written.push(WrittenTurn { turn: None, parts: vec![Cow::Owned(new_part(message)?)], whole: false });
+                    seen_turn = None;
+                    continue;
+                }
+            };
+            let t = unit.turn();
+            if seen_turn == Some(t) {
+                continue;
+            }
+            seen_turn = Some(t);
+            let turn = &self.turns[t];
+            if turn.side == Side::Opaque || turn.parts.is_empty() {
+                written.push(WrittenTurn { turn: Some(t), parts: Vec::new(), whole: true });
+                continue;
+            }
+            let mut parts = Vec::with_capacity(turn.parts.len());
+            let mut new_text = match rewrites.get(&Unit::Turn(t)) {
+                Some(message) if turn.side == Side::Model => changed_text(turn, message),
+                _ => None,
+            };
+            let text_changed = new_text.is_some();
+            let mut all_kept = true;
+            for (p, part) in turn.parts.iter().enumerate() {
+                let unit = match (turn.side, part.kind) {
+                    (Side::Model, _) => Unit::Turn(t),
+                    (_, Kind::Response) => Unit::Result { turn: t, part: p },
+                    _ => Unit::UserParts(t),
+                };
+                let rewritten = if kept_units.contains(&unit) {
+                    Some(Cow::Borrowed(part.raw))
+                } else if let Some(message) = rewrites.get(&unit) {
+                    match part.kind {
+                        Kind::Text if text_changed && !part.signed => match new_text.take() {
+                            Some(text) if !text.is_empty() => Some(Cow::Owned(
+                                replace_member(part.raw, "text", &json_string(&text))
+                                    .ok_or_else(|| WireError::Invalid("a text part cannot be rewritten".into()))?,
+                            )),
+                            _ => None,
+                        },
+                        _ => Some(rewrite_part(turn, p, message)?),
+                    }
+                } else {
+                    None
+                };
+                match rewritten {
+                    Some(text) if text == part.raw => parts.push(Cow::Borrowed(part.raw)),
+                    Some(text) => {
+                        all_kept = false;
+                        parts.push(text);
+                    }
+                    None => all_kept = false,
+                }
+            }
+            if !parts.is_empty() {
+                written.push(WrittenTurn { turn: Some(t), parts, whole: all_kept });
+            }
+        }
+        self.rendered(written)
+    }
+
+    /// The written turns as JSON text.
+    fn rendered(&self, written: Vec<WrittenTurn<'_>>) -> Result<Vec<Cow<'_, str>>, WireError> {
+        written
+            .into_iter()
+            .map(|w| match w.turn {
+                Some(t) if w.whole => Ok(Cow::Borrowed(self.turns[t].raw)),
+                Some(t) => replace_member(self.turns[t].raw, "parts", &format!("[{}]", w.parts.join(",")))
+                    .map(Cow::Owned)
+                    .ok_or_else(|| WireError::Invalid(format!("turn {t} cannot be rewritten"))),
+                None => Ok(Cow::Owned(format!(r#"{{"role":"user","parts":[{}]}}"#, w.parts.join(",")))),
+            })
+            .collect()
+    }
+}
+
+/// Part `p` of `turn` with what the forwarded neutral `message` changed: a response's `response`, an
+/// unsigned call's `args` (which must stay an object with the same keys).
+fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<'b, str>, WireError> {
+    let part = &turn.parts[p];
+    let function_key = || {
+        raw_members(part.raw)
+            .and_then(|m| m.into_iter().find(|(_, v)| std::ptr::eq(v.as_ptr(), part.function_raw.as_ptr())))
+            .map(|(k, _)| k.to_owned())
+            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))
+    };
+    let replace = |key: &str, value: &str| -> Result<Cow<'b, str>, WireError> {
+        let function = replace_member(part.function_raw, key, value)
+            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))?;
+        replace_member(part.raw, &function_key()?, &function)
+            .map(Cow::Owned)
+            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))
+    };
+    match part.kind {
+        Kind::Response => {
+            let text = message.text();
+            if text == response_text(part.response) {
+                return Ok(Cow::Borrowed(part.raw));
+            }
+            let key = part
+                .response
+                .and_then(raw_members)
+                .filter(|m| m.len() == 1 && m[0].1.starts_with('"'))
+                .map_or("output".to_owned(), |m| m[0].0.to_owned());
+            let mut response = String::from("{");
+            push_json_string(&mut response, &key);
+            response.push(':');
+            push_json_string(&mut response, &text);
+            response.push('}');
+            replace("response", &response)
+        }
+        Kind::Call if !part.signed => {
+            let id = &turn.ids[&p];
+            let call = message.tool_calls.iter().flatten().find(|c| &c.id == id);
+            let Some(arguments) = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments) else {
+                return Err(WireError::Invalid(format!("call `{id}` lost its functionCall")));
+            };
+            let Value::String(arguments) = arguments else {
+                return Err(WireError::Invalid(format!("call `{id}` has arguments that are not a string")));
+            };
+            if arguments == part.args {
+                return Ok(Cow::Borrowed(part.raw));
+            }
+            let keys =
+                |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
+            match (keys(arguments), keys(part.args)) {
+                (Some(new), Some(old)) if new == old => replace("args", arguments),
+                _ => Err(WireError::Invalid(format!("call `{id}`: its args must stay an object with the same keys"))),
+            }
+        }
+        _ => Ok(Cow::Borrowed(part.raw)),
+    }
+}
+
+/// The forwarded text of a model `turn`, when the engine changed it ("" when it took it away).
+fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
+    let original = Message::from_raw(&model_message(turn)).map(|m| m.text()).unwrap_or_default();
+    let new_text = message.text();
+    (original != new_text).then_some(new_text)
+}
+
+/// The part for a neutral message the engine wrote (an elision marker): its text.
+fn new_part(message: &Message) -> Result<String, WireError> {
+    if !matches!(message.role.as_str(), "user" | "assistant") {
+        return Err(WireError::Invalid(format!("a forwarded `{}` message has no turn to stand for", message.role)));
+    }
+    Ok(format!(r#"{{"text":{}}}"#, json_string(&message.text())))
+}
+
+/// The Gemini API's rules over turns that pare could break: every `functionCall` of a model turn is
+/// answered by a `functionResponse` in the next turn (a user turn), every `functionResponse` answers
+/// a call of the turn before it, calls are only in model turns, and a model turn that calls comes
+/// right after a user turn. Turns pare cannot read are skipped.
+pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
+    let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
+    let read = read_turns(&raws);
+    for (t, turn) in read.iter().enumerate() {
+        if turn.side != Side::Model && turn.calls().next().is_some() {
+            return Err(format!("turn {t}: a functionCall outside a model turn"));
+        }
+        let before = t.checked_sub(1).map(|b| &read[b]);
+        if turn.side == Side::Model && turn.calls().next().is_some() && before.is_some_and(|b| b.side == Side::Model) {
+            return Err(format!("turn {t}: a model turn that calls comes right after another model turn"));
+        }
+        let pairs = if turn.side == Side::User { pair(before, turn) } else { HashMap::new() };
+        if let Some(r) = turn.responses().find(|r| !pairs.contains_key(r)) {
+            let name = &turn.parts[r].name;
+            return Err(format!("turn {t}: functionResponse `{name}` answers no functionCall of the turn before"));
+        }
+        if let Some(before) = before.filter(|b| b.side == Side::Model) {
+            let answered: HashSet<usize> = pairs.values().copied().collect();
+            if let Some(c) = before.calls().find(|c| !answered.contains(c)) {
+                let name = &before.parts[c].name;
+                return Err(format!("turn {t}: functionCall `{name}` of the turn before has no functionResponse"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
