@@ -10,6 +10,7 @@
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
+//! - [`plan`]: each session's compaction state, stored when an exchange changes it (resume).
 //! - [`query`]: the audit side: list, load, delete sessions.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -36,6 +37,7 @@ pub mod body;
 pub mod chain;
 pub mod export;
 pub mod messages_sse;
+pub mod plan;
 pub mod query;
 pub mod read;
 pub mod response;
@@ -77,6 +79,8 @@ pub enum ArchiveError {
     MissingExchange(i64),
     #[error("blob {id} is corrupt: {why}")]
     CorruptBlob { id: i64, why: String },
+    #[error("the plan stored with exchange {exchange} is corrupt: {why}")]
+    CorruptPlan { exchange: i64, why: &'static str },
     #[error("exchange {exchange} has a corrupt template: {why}")]
     CorruptTemplate { exchange: i64, why: &'static str },
     #[error("no session {0:?} in the archive")]
@@ -288,6 +292,11 @@ pub(crate) enum Job {
         record: Box<ResponseRecord>,
         room: Option<OwnedSemaphorePermit>,
     },
+    /// The compaction state the exchange of `ticket` left its session in.
+    Plan {
+        ticket: Ticket,
+        plan: Box<crate::budget::epoch::SessionPlan>,
+    },
     Flush(mpsc::Sender<()>),
     Shutdown(mpsc::Sender<()>),
 }
@@ -297,7 +306,7 @@ impl Job {
     fn is_awaited(&self) -> bool {
         match self {
             Job::Exchange { ack, .. } => ack.is_some(),
-            Job::Response { .. } => false,
+            Job::Response { .. } | Job::Plan { .. } => false,
             Job::Flush(_) | Job::Shutdown(_) => true,
         }
     }
@@ -314,6 +323,10 @@ impl Job {
                 (record.raw.len() + record.forwarded.as_ref().map_or(0, Bytes::len) + 512) as u64
             }
             Job::Response { record, .. } => (record.body.len() + 512) as u64,
+            Job::Plan { plan, .. } => {
+                let prefix = plan.frozen.as_ref().map_or(0, |f| f.prefix.iter().map(String::len).sum::<usize>());
+                (prefix + 512) as u64
+            }
             Job::Flush(_) | Job::Shutdown(_) => 0,
         }
     }
@@ -576,6 +589,13 @@ impl Archive {
             job.set_room(room);
         }
         let _ = self.send(job);
+    }
+
+    /// Hand the writer the compaction state the exchange of `ticket` left its session in (see
+    /// [`plan`]). It never waits for room in the queue: a session stores one when an epoch starts,
+    /// not one per request.
+    pub fn record_plan(&self, ticket: Ticket, plan: crate::budget::epoch::SessionPlan) {
+        let _ = self.send(Job::Plan { ticket, plan: Box::new(plan) });
     }
 
     /// Wait until every record handed over before this call is committed (or counted as lost).

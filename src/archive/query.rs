@@ -298,6 +298,7 @@ pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, Archive
     if !exists && n_exchanges == 0 {
         return Err(ArchiveError::NoSession(session.to_owned()));
     }
+    tx.execute("DELETE FROM plans WHERE session = ?1", [session])?;
     let responses = tx.execute("DELETE FROM responses WHERE session = ?1", [session])?;
     let exchanges = tx.execute("DELETE FROM exchanges WHERE session = ?1", [session])?;
     tx.execute("DELETE FROM sessions WHERE id = ?1", [session])?;

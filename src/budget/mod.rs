@@ -13,6 +13,6 @@ pub mod replay;
 pub mod tokens;
 pub mod window;
 
-pub use epoch::{CompactEngine, EpochPolicy, SeedError, SessionCompactor};
+pub use epoch::{CompactEngine, EpochPolicy, FrozenPlan, SeedError, SessionCompactor, SessionPlan};
 pub use tokens::{CountTokens, Encoding, TokenCounter};
 pub use window::{ModelTable, WindowResolver};
