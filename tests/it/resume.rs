@@ -263,3 +263,40 @@ async fn sessions_evicted_on_every_request_forward_the_same_bytes() {
         }
     }
 }
+
+/// Regression: with an upstream whose answers are not the agent's next assistant messages (no
+/// session header), every request started a new session, so each was compacted afresh (a fresh
+/// epoch per request, the worst case for the prompt cache). The whole session stays one session,
+/// across a restart too (the request keys are rebuilt from the archive), and pare forwards what
+/// `pare replay` predicts for it.
+#[tokio::test]
+async fn a_session_whose_echoes_differ_from_the_answers_stays_one_across_a_restart() {
+    for wire in WIRES {
+        let stub = Stub::start(move |_| stream(wire)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(archived_config(&stub, dir.path()));
+        let requests = session(wire, 30, 260);
+        let half = requests.len() / 2 + 1;
+        let mut sessions = Vec::new();
+        let mut server = start(&config).await;
+        for (k, body) in requests.iter().enumerate() {
+            if k == half {
+                server.shutdown().await.unwrap();
+                server = start(&config).await;
+            }
+            let request = client().post(server.url(path(wire))).header("content-type", "application/json");
+            let response = within("pare to answer", request.body(body.clone()).send()).await.unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            sessions.push(response.headers()["x-pare-session"].to_str().unwrap().to_owned());
+            within("the answer's end", response.bytes()).await.unwrap();
+        }
+        server.shutdown().await.unwrap();
+        assert!(sessions.iter().all(|s| *s == sessions[0]), "{wire:?}: {sessions:?}");
+        let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+        let want = uninterrupted(&config, wire, &requests);
+        assert!(want.iter().any(|r| r.summary.as_ref().is_some_and(|s| s.epoch_started)), "{wire:?}: no epoch");
+        for (k, (got, want)) in received.iter().zip(&want).enumerate() {
+            assert!(*got == want.forwarded, "{wire:?}: request {k} is not what `pare replay` predicts");
+        }
+    }
+}
