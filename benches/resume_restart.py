@@ -16,7 +16,8 @@ a short text ("ok": not the assistant message the agent goes on with), twice:
   archive, then the second halves (`--no-restart`: no restart, the two runs must agree).
 
 Reported per session and in total: forwarded bodies of the interrupted run that differ from the
-uninterrupted run's. Requests carry `x-pare-session` unless `--no-header`; without it, also the
+uninterrupted run's; the size of both runs' archives and the interrupted run's stored plans (rows,
+packed bytes, blobs of rewritten prefix messages). Requests carry `x-pare-session` unless `--no-header`; without it, also the
 number of sessions pare assigned the requests of each file to (what the `x-pare-session` answer
 header says), and forwarded bodies that differ from what `pare replay` predicts for the file.
 
@@ -29,6 +30,8 @@ import http.client
 import json
 import re
 import signal
+import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
@@ -255,7 +258,23 @@ def run(args, stub_port, sessions, restart):
                     with RECEIVED_LOCK:
                         forwarded[name].extend(RECEIVED[before:])
         stop_pare(proc)
-    return forwarded, assigned
+        store = Path(workdir) / "archive" / "archive.sqlite3"
+        db = sqlite3.connect(store)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = store.stat().st_size
+        n_exchanges = db.execute("SELECT count(*) FROM exchanges").fetchone()[0]
+        has_plans = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'plans'").fetchone()[0]
+        plans = db.execute("SELECT count(*), coalesce(sum(length(raw_hashes) + length(prefix_blobs)"
+                           " + length(prefix_seen)), 0) FROM plans").fetchone() if has_plans else (0, 0)
+        # Blobs the plans name (rewritten prefix messages; kept ones are references into the request).
+        blobs = set()
+        for (packed,) in db.execute("SELECT prefix_blobs FROM plans WHERE prefix_blobs IS NOT NULL") if has_plans else []:
+            blobs.update(i for (i,) in struct.iter_unpack("<q", packed) if i > 0)
+        blob_bytes = sum(db.execute("SELECT length(data) FROM blobs WHERE id = ?", (i,)).fetchone()[0] for i in blobs)
+        db.close()
+    stats = {"archive_bytes": size, "exchanges": n_exchanges, "plan_rows": plans[0], "plan_packed_bytes": plans[1],
+             "plan_blobs": len(blobs), "plan_blob_bytes": blob_bytes}
+    return forwarded, assigned, stats
 
 
 def replayed(args, bodies):
@@ -285,8 +304,8 @@ def main():
         sessions.append((Path(path).stem, [convert(l, args.wire) for l in lines]))
     stub = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
-    straight, _ = run(args, stub.server_port, sessions, restart=False)
-    interrupted, assigned = run(args, stub.server_port, sessions, restart=not args.no_restart)
+    straight, _, straight_stats = run(args, stub.server_port, sessions, restart=False)
+    interrupted, assigned, stats = run(args, stub.server_port, sessions, restart=not args.no_restart)
     total = differ = 0
     for name, bodies in sessions:
         n = sum(a != b for a, b in zip(straight[name], interrupted[name]))
@@ -300,6 +319,10 @@ def main():
         total += len(bodies)
         differ += n
     print(f"{args.wire} total: {differ} of {total} forwarded bodies differ")
+    print(f"{args.wire} archive: uninterrupted {straight_stats['archive_bytes']} bytes, interrupted "
+          f"{stats['archive_bytes']} bytes, {stats['exchanges']} exchanges, {stats['plan_rows']} plan rows "
+          f"({stats['plan_packed_bytes']} bytes of hashes and references, {stats['plan_blobs']} blobs of "
+          f"rewritten messages, {stats['plan_blob_bytes']} bytes stored)")
     stub.shutdown()
 
 

@@ -5,20 +5,26 @@
 //!
 //! Most exchanges append to the frozen prefix and store nothing: the forwarded request is that
 //! prefix followed by the exchange's raw messages after those it covers. A row is written only when
-//! the state changes (an epoch, an eager advance, a history edit); the prefix's messages are
-//! content-addressed blobs shared with every other row and body that holds them, so a row costs its
-//! hashes and blob ids (24 bytes per message).
+//! the state changes (an epoch, an eager advance, a history edit). A prefix message the epoch kept
+//! as the agent sent it is stored as its index among the raw messages of the row's exchange (read
+//! back from that request's archived body); a rewritten one as a content-addressed blob shared with
+//! every other row that holds it. A row costs its hashes and references: 24 bytes per message.
+
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::ArchiveError;
+use super::read::{self, BodyKind};
 use crate::budget::epoch::{FrozenPlan, SessionPlan};
+use crate::neutral::message_hashes;
+use crate::wire::Wire;
 
 /// Layout of a row's packed columns; rows of another layout are not read.
 pub const FORMAT: i64 = 1;
 
-/// Store `plan` as the state `session` is in after `exchange`; `blob_id` stores one prefix message
-/// and returns its blob id.
+/// Store `plan` as the state `session` is in after `exchange` (the request whose compaction left
+/// it); `blob_id` stores one rewritten prefix message and returns its blob id.
 pub(crate) fn put(
     conn: &Connection,
     exchange: i64,
@@ -29,9 +35,18 @@ pub(crate) fn put(
     let (raw_hashes, prefix_blobs, prefix_seen) = match &plan.frozen {
         None => (None, None, None),
         Some(frozen) => {
+            // Raw message hash → its first index: a prefix message with that hash is that message.
+            let mut raw_index = HashMap::with_capacity(frozen.raw_hashes.len());
+            for (idx, hash) in frozen.raw_hashes.iter().enumerate().rev() {
+                raw_index.insert(*hash, idx);
+            }
             let mut ids = Vec::with_capacity(frozen.prefix.len());
-            for message in &frozen.prefix {
-                ids.push(blob_id(message.as_bytes())? as u64);
+            for (message, hash) in frozen.prefix.iter().zip(message_hashes(&frozen.prefix)) {
+                let reference = match raw_index.get(&hash) {
+                    Some(&idx) => -(idx as i64) - 1,
+                    None => blob_id(message.as_bytes())?,
+                };
+                ids.push(reference as u64);
             }
             (Some(pack_u128(&frozen.raw_hashes)), Some(pack_u64(&ids)), Some(pack_u64(&frozen.prefix_seen)))
         }
@@ -64,18 +79,20 @@ pub fn latest(conn: &Connection, session: &str) -> Result<Option<(i64, SessionPl
     if !has_table {
         return Ok(None);
     }
-    type Row = (i64, i64, i64, i64, bool, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+    type Row = (i64, String, i64, i64, i64, bool, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
     let row: Option<Row> = conn
         .prepare_cached(
-            "SELECT p.exchange, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs, p.prefix_seen
+            "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
+                    p.prefix_seen
              FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
              WHERE p.session = ?1 ORDER BY p.id DESC LIMIT 1",
         )?
         .query_row([session], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
         })
         .optional()?;
-    let Some((exchange, format, epoch, advanced_at, saturated, raw_hashes, prefix_blobs, prefix_seen)) = row else {
+    let Some((exchange, path, format, epoch, advanced_at, saturated, raw_hashes, prefix_blobs, prefix_seen)) = row
+    else {
         return Ok(None);
     };
     if format != FORMAT {
@@ -88,10 +105,34 @@ pub fn latest(conn: &Connection, session: &str) -> Result<Option<(i64, SessionPl
             let ids = unpack_u64(&prefix_blobs).ok_or_else(|| corrupt("prefix blob ids"))?;
             let prefix_seen = unpack_u64(prefix_seen.as_deref().unwrap_or_default())
                 .ok_or_else(|| corrupt("prefix arrival times"))?;
+            let raw_body = match ids.iter().any(|&id| (id as i64) < 0) {
+                true => read::body_bytes(conn, exchange, BodyKind::Raw)?,
+                false => Vec::new(),
+            };
+            let wire = Wire::of_path(&path).unwrap_or_default();
+            let raw = match raw_body.is_empty() {
+                true => None,
+                false => Some(crate::wire::parse(wire, &raw_body).map_err(|_| corrupt("its request does not parse"))?),
+            };
+            let raw_messages = raw.as_ref().map(|body| body.messages()).unwrap_or_default();
             let mut prefix = Vec::with_capacity(ids.len());
             for id in ids {
-                let bytes = super::store::read_blob(conn, id as i64)?;
-                prefix.push(String::from_utf8(bytes).map_err(|_| corrupt("a prefix message that is not UTF-8"))?);
+                let message = match id as i64 {
+                    id if id < 0 => {
+                        let idx = (-id - 1) as usize;
+                        // The message must be the one the row hashed, or the state is not this one.
+                        let same = raw_hashes.get(idx).is_some_and(|hash| {
+                            raw_messages.get(idx).is_some_and(|m| message_hashes(&[m])[0] == *hash)
+                        });
+                        if !same {
+                            return Err(corrupt("a kept message that is not its request's"));
+                        }
+                        raw_messages[idx].to_owned()
+                    }
+                    id => String::from_utf8(super::store::read_blob(conn, id)?)
+                        .map_err(|_| corrupt("a prefix message that is not UTF-8"))?,
+                };
+                prefix.push(message);
             }
             Some(FrozenPlan { raw_hashes, prefix, prefix_seen })
         }
@@ -170,6 +211,18 @@ mod tests {
         assert_eq!(n_blobs, 2);
     }
 
+    /// Deleting a session deletes its plans.
+    #[test]
+    fn a_deleted_session_leaves_no_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open_rw(dir.path()).unwrap();
+        let x = exchange(&conn, "s");
+        put_plan(&conn, x, "s", &SessionPlan { epoch: 2, ..SessionPlan::default() });
+        crate::archive::query::delete_session(dir.path(), "s").unwrap();
+        let n: i64 = conn.query_row("SELECT count(*) FROM plans", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 0);
+    }
+
     /// A row whose exchange is gone (a deleted session whose id came back) is not read.
     #[test]
     fn a_plan_without_its_exchange_is_not_read() {
@@ -179,6 +232,47 @@ mod tests {
         put_plan(&conn, x, "s", &SessionPlan { epoch: 4, ..SessionPlan::default() });
         conn.execute("DELETE FROM exchanges", []).unwrap();
         assert_eq!(latest(&conn, "s").unwrap(), None);
+    }
+
+    /// A prefix message the epoch kept as sent is stored as a reference to the exchange's raw
+    /// request, not as a blob of its own, and reads back as the message; a reference whose message
+    /// is not the one hashed (the row does not describe its exchange) is refused.
+    #[test]
+    fn kept_messages_are_references_into_the_exchanges_request() {
+        use crate::archive::{Archive, ExchangeRecord};
+        use crate::config::Durability;
+        let dir = tempfile::tempdir().unwrap();
+        let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, std::time::Duration::ZERO);
+        let messages = [
+            r#"{"role":"system","content":"you are an agent"}"#,
+            r#"{"role":"user","content":"go"}"#,
+            r#"{"role":"tool","tool_call_id":"c1","content":"a long output"}"#,
+            r#"{"role":"user","content":"next"}"#,
+        ];
+        let body = |messages: &[&str]| format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+        let frozen = FrozenPlan {
+            raw_hashes: message_hashes(&messages[..3]),
+            prefix: vec![messages[0].into(), messages[1].into(), "[tool: output]".into()],
+            prefix_seen: vec![],
+        };
+        let plan = SessionPlan { epoch: 1, advanced_at_len: 4, saturated: false, frozen: Some(frozen) };
+        let ticket = archive.record_exchange(ExchangeRecord::unchanged("s", 1, body(&messages).into()));
+        archive.record_plan(ticket, plan.clone());
+        let other = [r#"{"role":"system","content":"another agent"}"#, messages[1], messages[2]];
+        let ticket = archive.record_exchange(ExchangeRecord::unchanged("t", 2, body(&other).into()));
+        archive.record_plan(ticket, plan.clone());
+        archive.flush().unwrap();
+
+        let conn = store::open_ro(dir.path()).unwrap();
+        let (_, read) = latest(&conn, "s").unwrap().unwrap();
+        assert_eq!(read, plan);
+        let packed: Vec<u8> = conn.query_row("SELECT prefix_blobs FROM plans LIMIT 1", [], |r| r.get(0)).unwrap();
+        let ids: Vec<i64> = unpack_u64(&packed).unwrap().into_iter().map(|id| id as i64).collect();
+        assert_eq!(&ids[..2], [-1, -2]);
+        assert!(ids[2] > 0, "{ids:?}");
+        let err = latest(&conn, "t").unwrap_err();
+        assert!(err.to_string().contains("not its request's"), "{err}");
+        archive.close();
     }
 
     #[test]

@@ -110,7 +110,7 @@ CREATE TABLE IF NOT EXISTS plans (
     advanced_at  INTEGER NOT NULL,      -- raw message count at the last eager advance
     saturated    INTEGER NOT NULL,
     raw_hashes   BLOB,                  -- NULL: no frozen prefix; else 16 bytes per raw message it covers
-    prefix_blobs BLOB,                  -- blobs.id of each forwarded prefix message, 8 bytes each
+    prefix_blobs BLOB,                  -- per prefix message, 8 bytes: blobs.id, or -(i + 1): raw message i of the exchange
     prefix_seen  BLOB                   -- arrival time of each prefix message (ms), 8 bytes each; may be empty
 );
 CREATE INDEX IF NOT EXISTS plans_session ON plans (session, id);
