@@ -16,7 +16,7 @@ pub use crate::exchange::{
 
 use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
-use crate::budget::epoch::SessionCompactor;
+use crate::budget::epoch::{SessionCompactor, SessionPlan};
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
@@ -40,6 +40,8 @@ struct Compaction {
     skipped: Option<String>,
     /// The counts `summary` still holds bounds for ([`CompactOutput::late`]).
     late: Option<LateCount>,
+    /// The session's compaction state, when this request changed it (stored with the exchange).
+    plan: Option<SessionPlan>,
 }
 
 /// What the proxy needs to forward one request.
@@ -307,7 +309,7 @@ impl Pipeline {
             Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
         };
-        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late } = match &parsed {
+        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late, plan } = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
@@ -375,6 +377,9 @@ impl Pipeline {
                         ticket
                     }
                 };
+                if let Some(plan) = plan {
+                    archive.record_plan(ticket, plan);
+                }
                 Some((Arc::clone(archive), ticket))
             }
         };
@@ -428,7 +433,9 @@ impl Pipeline {
         window: Option<u64>,
     ) -> Compaction {
         let input = CompactInput { session, raw, body, messages, hashes, window, defer_counts: true };
-        match compact_fail_open(self.compactor.as_ref(), &input) {
+        let outcome = compact_fail_open(self.compactor.as_ref(), &input);
+        let plan = self.stateful.as_ref().and_then(|compactor| compactor.take_plan(session));
+        let compaction = match outcome {
             Ok(out) => {
                 let (failed, unchanged) = why_forwarded_raw(&out.summary);
                 if let Some(reason) = &failed {
@@ -443,6 +450,7 @@ impl Pipeline {
                     summary: Some(out.summary),
                     skipped: failed.or(unchanged),
                     late: out.late,
+                    plan: None,
                 }
             }
             Err(skipped) => {
@@ -450,7 +458,8 @@ impl Pipeline {
                 tracing::warn!(reason = %skipped, "forwarding the original request");
                 Compaction { skipped: Some(skipped), ..Compaction::default() }
             }
-        }
+        };
+        Compaction { plan, ..compaction }
     }
 }
 
@@ -505,11 +514,13 @@ impl Pipeline {
         let engine = crate::compact::Engine::from_config(&config)?;
         // The proxy knows when each message arrives: recency on the wall clock when the config asks.
         let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
-        let compactor = Arc::new(
-            SessionCompactor::new(&config, Arc::new(engine))?
-                .with_wall_clock(&config, crate::budget::epoch::system_clock())
-                .with_budget(budget.clone()),
-        );
+        let mut compactor = SessionCompactor::new(&config, Arc::new(engine))?
+            .with_wall_clock(&config, crate::budget::epoch::system_clock())
+            .with_budget(budget.clone());
+        if config.archive.enabled {
+            compactor = compactor.recording_plans();
+        }
+        let compactor = Arc::new(compactor);
         let client = crate::outbound::client_builder(config.upstream.connect_timeout())
             // Upstream logs (and pare's e2e suite) can tell pare's own probes from the agent's requests.
             .user_agent(concat!("pare/", env!("CARGO_PKG_VERSION"), " window-detection"))
@@ -575,9 +586,10 @@ fn seed_session(compactor: &SessionCompactor, archive: &Archive, session: &str) 
     }
 }
 
-/// Seed `session` from its last archived (raw, forwarded) pair and epoch number; false when it has none,
-/// they cannot be read, or it is not a chat session (a forwarded Responses body does not say which raw
-/// items its rewritten items stand for: such a session starts a fresh epoch).
+/// Seed `session` from the archive: from the plan stored with the exchange that last changed its
+/// compaction state (any wire format) and its last request's raw messages; for an archive without
+/// stored plans, a chat session from its last (raw, forwarded) pair. False when there is nothing to
+/// seed from or it cannot be read (the session then starts a fresh epoch).
 fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReader, session: &str) -> bool {
     let last = match reader.last_bodies(session) {
         Ok(Some(last)) => last,
@@ -588,7 +600,25 @@ fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReade
         }
     };
     let exchanges = reader.exchanges(session).unwrap_or_default();
-    let wire = exchanges.last().and_then(|x| Wire::of_path(&x.path)).unwrap_or_default();
+    let path = exchanges.last().map(|x| x.path.as_str()).unwrap_or_default();
+    let wire = Wire::of_path(path).unwrap_or_default();
+    match archive::plan::latest(reader.conn(), session) {
+        Ok(Some((_, plan))) => {
+            // The upstream holds the last request's messages cached: the next request's epoch
+            // keeps as much of them as it can.
+            let last_raw = match crate::wire::parse_at(wire, path, &last.raw) {
+                Ok(body) => message_hashes(&body.messages()),
+                Err(_) => Vec::new(),
+            };
+            compactor.resume(session, plan, &last_raw);
+            return true;
+        }
+        Ok(None) => {}
+        Err(err) => {
+            tracing::warn!(session = %session, error = %err, "cannot read the session's stored plan");
+            return false;
+        }
+    }
     if wire != Wire::Chat {
         return false;
     }

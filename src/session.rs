@@ -1,6 +1,6 @@
 //! Which conversation a request belongs to: an explicit header wins; otherwise the session whose last
-//! raw request plus its answer this request extends (prefix match over message hashes); otherwise a new
-//! session with a time-sortable id (ULID).
+//! raw request plus its answer, or whose last request, this request extends (prefix match over message
+//! keys); otherwise a new session with a time-sortable id (ULID).
 //!
 //! # Keys
 //!
@@ -21,15 +21,29 @@
 //!   one session, in the order their answers arrived);
 //! - otherwise `ci` is an older ext key of some session: the request is a **branch** (a regenerate, or
 //!   a retry after an error) and joins the session that registered `ci` most recently.
-//! - If no ext key matches, a request that extends exactly one session's request still waiting for its
+//!
+//! Each request also registers its own key (a *request* key; the newest is the session's *request
+//! head*), so that a conversation stays one session when the assistant message the agent sends back
+//! is not the answer pare recorded (the agent trimmed or re-rendered it, an upstream's answer is not
+//! what the agent goes on with) or no answer was recorded (a cut stream, a restart in between). A
+//! *proper* prefix `ci` of the new request that is a request key, tried at each length after the ext
+//! keys of that length:
+//! - among sessions whose **request head** is `ci`, the one that registered it first is chosen and
+//!   that head is consumed (two conversations with identical openings each take one session);
+//! - otherwise, when `ci` goes beyond the request's *opening* (its messages up to the first user
+//!   message), the request is a branch of the session that registered `ci` most recently. An opening
+//!   alone joins only a request head: unrelated conversations share openings.
+//! - If nothing matches, a request that extends exactly one session's request still waiting for its
 //!   answer joins it (the agent was faster than the end of the stream).
-//! - Otherwise it starts a new session. A request equal to an earlier *request* (not request + answer)
-//!   never joins it: identical openings start separate sessions. The price: re-sending the very first
-//!   request of a conversation (a retry before any answer) starts a new session too.
+//! - Otherwise it starts a new session. A request equal to an earlier *request* (not a proper
+//!   extension of it) never joins it: identical openings start separate sessions. The price:
+//!   re-sending the very first request of a conversation (a retry before any answer) starts a new
+//!   session too.
 //!
 //! The tracker is in memory, its keys charged to the byte budget (`memory.max_state_bytes`, see
 //! [`crate::memory`]) which evicts least recently used sessions; at start, and when an evicted session
-//! comes back, it is rebuilt from the archive's stored keys.
+//! comes back, it joins again through its remembered heads; at start the tracker is rebuilt from the
+//! archive's stored request and ext keys ([`StoredKey`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
@@ -44,7 +58,8 @@ use crate::config::ArchiveConfig;
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::message_hashes;
 
-/// Ext keys remembered per session (older branches beyond this can no longer be joined).
+/// Ext keys, and request keys, remembered per session (older branches beyond this can no longer be
+/// joined).
 const EXT_KEYS_PER_SESSION: usize = 4096;
 /// Raw message bytes → normalized key, so unchanged messages are not re-parsed on every request.
 const KEY_MEMO: usize = 200_000;
@@ -251,6 +266,14 @@ pub enum Assigned {
     New,
 }
 
+/// A session key as the archive stores it, in the order of the session's records: each request's
+/// key (`exchanges.key_req`), then its answer's ext key (`responses.key_ext`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredKey {
+    Request(u64),
+    Answer(u64),
+}
+
 /// The outcome of [`SessionTracker::assign`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
@@ -264,6 +287,10 @@ pub struct Assignment {
 struct Tracked {
     ext_keys: VecDeque<u64>,
     head: Option<u64>,
+    /// Keys of the session's requests, oldest first, and the newest one unless a request extending
+    /// it consumed it.
+    req_keys: VecDeque<u64>,
+    req_head: Option<u64>,
     pending: Vec<u64>,
 }
 
@@ -271,11 +298,21 @@ struct Inner {
     sessions: LruCache<String, Tracked>,
     /// Ext key → sessions that registered it, in registration order.
     ext: HashMap<u64, Vec<String>>,
+    /// Request key → sessions that registered it, in registration order.
+    req: HashMap<u64, Vec<String>>,
     /// Request key → sessions whose request with that key is waiting for its answer.
     pending: HashMap<u64, Vec<String>>,
     /// Head key → session, for sessions the memory budget evicted: the next request extending one
-    /// joins it again (older branches of it are forgotten).
-    evicted_heads: LruCache<u64, String>,
+    /// joins it again (older branches of it are forgotten). A request head joins only a request that
+    /// properly extends it ([`Head::Request`]).
+    evicted_heads: LruCache<u64, (String, Head)>,
+}
+
+/// Which head of an evicted session a key was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    Answer,
+    Request,
 }
 
 fn remove_from(map: &mut HashMap<u64, Vec<String>>, key: u64, session: &str) {
@@ -302,11 +339,17 @@ impl Inner {
     fn forget_evicted(&mut self, budget: &StateBudget) {
         for evicted in budget.take_evicted(Holder::Tracker) {
             if let Some(state) = self.sessions.pop(&evicted) {
+                if let Some(head) = state.req_head {
+                    self.evicted_heads.put(head, (evicted.clone(), Head::Request));
+                }
                 if let Some(head) = state.head {
-                    self.evicted_heads.put(head, evicted.clone());
+                    self.evicted_heads.put(head, (evicted.clone(), Head::Answer));
                 }
                 for key in state.ext_keys {
                     remove_from(&mut self.ext, key, &evicted);
+                }
+                for key in state.req_keys {
+                    remove_from(&mut self.req, key, &evicted);
                 }
                 for key in state.pending {
                     remove_from(&mut self.pending, key, &evicted);
@@ -318,7 +361,7 @@ impl Inner {
     /// Tell the budget what `session`'s keys weigh now.
     fn charge(&self, budget: &StateBudget, session: &str) {
         if let Some(t) = self.sessions.peek(session) {
-            let n_keys = (t.ext_keys.len() + t.pending.len()) as u64;
+            let n_keys = (t.ext_keys.len() + t.req_keys.len() + t.pending.len()) as u64;
             budget.charge(Holder::Tracker, session, n_keys * (KEY_BYTES + session.len() as u64));
         }
     }
@@ -335,6 +378,21 @@ impl Inner {
             remove_from(&mut self.ext, old, session);
         }
         self.ext.entry(key).or_default().push(session.to_owned());
+    }
+
+    /// A request of `session` with key `key`: its request head.
+    fn register_req(&mut self, session: &str, key: u64) {
+        let tracked = self.touch(session);
+        tracked.req_head = Some(key);
+        if tracked.req_keys.contains(&key) {
+            return;
+        }
+        tracked.req_keys.push_back(key);
+        let dropped = (tracked.req_keys.len() > EXT_KEYS_PER_SESSION).then(|| tracked.req_keys.pop_front()).flatten();
+        if let Some(old) = dropped {
+            remove_from(&mut self.req, old, session);
+        }
+        self.req.entry(key).or_default().push(session.to_owned());
     }
 }
 
@@ -360,6 +418,7 @@ impl SessionTracker {
             inner: Mutex::new(Inner {
                 sessions: LruCache::unbounded(),
                 ext: HashMap::new(),
+                req: HashMap::new(),
                 pending: HashMap::new(),
                 evicted_heads: LruCache::new(NonZeroUsize::new(EVICTED_HEADS).expect("non-zero")),
             }),
@@ -435,12 +494,13 @@ impl SessionTracker {
         inner.forget_evicted(&self.budget);
         let (session, how) = match explicit {
             Some(s) => (s, Assigned::Header),
-            None => choose(&mut inner, &prefixes),
+            None => choose(&mut inner, &prefixes, opening(messages)),
         };
         let tracked = inner.touch(&session);
         if let Some(key) = key_req {
             tracked.pending.push(key);
             inner.pending.entry(key).or_default().push(session.clone());
+            inner.register_req(&session, key);
         }
         inner.charge(&self.budget, &session);
         Assignment { session, key_req, how }
@@ -473,12 +533,15 @@ impl SessionTracker {
         }
     }
 
-    /// Rebuild a session's state from its stored ext keys (oldest first).
-    pub fn seed(&self, session: &str, ext_keys: impl IntoIterator<Item = u64>) {
+    /// Rebuild a session's state from its stored keys, in the order of its records.
+    pub fn seed(&self, session: &str, keys: impl IntoIterator<Item = StoredKey>) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.forget_evicted(&self.budget);
-        for key in ext_keys {
-            inner.register_ext(session, key);
+        for key in keys {
+            match key {
+                StoredKey::Request(key) => inner.register_req(session, key),
+                StoredKey::Answer(key) => inner.register_ext(session, key),
+            }
         }
         inner.charge(&self.budget, session);
     }
@@ -498,23 +561,57 @@ fn forget_pending(inner: &mut Inner, session: &str, key: u64) {
     remove_from(&mut inner.pending, key, session);
 }
 
-fn choose(inner: &mut Inner, prefixes: &[u64]) -> (String, Assigned) {
-    for key in prefixes.iter().rev() {
-        let Some(candidates) = inner.ext.get(key) else {
-            if let Some(session) = inner.evicted_heads.pop(key) {
+/// How many leading messages are a request's opening: those up to its first user message (all of
+/// them without one).
+fn opening(messages: &[&str]) -> usize {
+    messages.iter().position(|m| crate::neutral::role_of(m) == "user").map_or(messages.len(), |idx| idx + 1)
+}
+
+/// The session of a request whose message-prefix keys are `prefixes` and whose first `opening`
+/// messages are its opening (see the module docs).
+fn choose(inner: &mut Inner, prefixes: &[u64], opening: usize) -> (String, Assigned) {
+    let whole = prefixes.len();
+    for (idx, key) in prefixes.iter().enumerate().rev() {
+        let len = idx + 1;
+        if let Some(candidates) = inner.ext.get(key) {
+            let head =
+                candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
+            if let Some(session) = head.cloned() {
+                if let Some(t) = inner.sessions.get_mut(&session) {
+                    t.head = None;
+                }
                 return (session, Assigned::Extends);
             }
-            continue;
-        };
-        let head = candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
-        if let Some(session) = head.cloned() {
-            if let Some(t) = inner.sessions.get_mut(&session) {
-                t.head = None;
+            if let Some(session) = candidates.last().cloned() {
+                return (session, Assigned::Branch);
             }
+        }
+        let proper = len < whole;
+        let evicted = inner.evicted_heads.peek(key).is_some_and(|(_, head)| *head == Head::Answer || proper);
+        if evicted && let Some((session, _)) = inner.evicted_heads.pop(key) {
             return (session, Assigned::Extends);
         }
-        if let Some(session) = candidates.last().cloned() {
-            return (session, Assigned::Branch);
+        if !proper {
+            continue;
+        }
+        if let Some(candidates) = inner.req.get(key) {
+            let head =
+                candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.req_head == Some(*key)));
+            if let Some(session) = head.cloned() {
+                let mut how = Assigned::Extends;
+                if let Some(t) = inner.sessions.get_mut(&session) {
+                    t.req_head = None;
+                    if t.pending.contains(key) {
+                        how = Assigned::Pending;
+                    }
+                }
+                return (session, how);
+            }
+            if len > opening
+                && let Some(session) = candidates.last().cloned()
+            {
+                return (session, Assigned::Branch);
+            }
         }
     }
     let proper = prefixes.len().saturating_sub(1);
@@ -740,9 +837,10 @@ mod tests {
 
     #[test]
     fn the_tracker_is_bounded_and_forgets_evicted_sessions() {
-        // Room for two sessions of one key each, after the memo's reservation.
+        // Room for two sessions of two keys each (the request's, its answer's), after the memo's
+        // reservation.
         let reserved = KEY_MEMO as u64 * KEY_MEMO_ENTRY_BYTES + EVICTED_HEADS as u64 * (KEY_BYTES + 32);
-        let per_session = crate::memory::SESSION_OVERHEAD_BYTES + KEY_BYTES + 26;
+        let per_session = crate::memory::SESSION_OVERHEAD_BYTES + 2 * (KEY_BYTES + 26);
         let budget = Arc::new(StateBudget::new(reserved + 2 * per_session));
         let t = SessionTracker::with_budget(&ArchiveConfig::default(), budget.clone());
         let first = assign(&t, &[sys(), user("one")]);
@@ -758,13 +856,103 @@ mod tests {
         assert_eq!((late.session.as_str(), late.how), (first.session.as_str(), Assigned::Extends));
     }
 
+    fn text(s: &str) -> Value {
+        json!({"role": "assistant", "content": s})
+    }
+
+    /// Regression: an agent that sends back another assistant message than the answer pare
+    /// recorded (re-rendered, trimmed, or an upstream's answer the agent does not go on with)
+    /// started a new session with every request.
+    #[test]
+    fn a_request_whose_echo_differs_from_the_answer_continues_its_session() {
+        let t = tracker();
+        let first = assign(&t, &[sys(), user("go")]);
+        t.answered(&first.session, first.key_req, &text("recorded answer"));
+        let mut messages = vec![sys(), user("go"), call("c1"), result("c1", "x")];
+        let second = assign(&t, &messages);
+        assert_eq!((second.session.as_str(), second.how), (first.session.as_str(), Assigned::Extends));
+        t.answered(&second.session, second.key_req, &text("another recorded answer"));
+        messages.extend([call("c2"), result("c2", "y")]);
+        let third = assign(&t, &messages);
+        assert_eq!((third.session.as_str(), third.how), (first.session.as_str(), Assigned::Extends));
+    }
+
+    /// Regression: a request whose predecessor's answer was never recorded (a cut stream) started a
+    /// new session once that request no longer waited.
+    #[test]
+    fn a_request_after_a_lost_answer_continues_its_session() {
+        let t = tracker();
+        let first = assign(&t, &[sys(), user("go")]);
+        t.unanswered(&first.session, first.key_req);
+        let second = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x")]);
+        assert_eq!((second.session.as_str(), second.how), (first.session.as_str(), Assigned::Extends));
+        t.unanswered(&second.session, second.key_req);
+        let third = assign(&t, &[sys(), user("go"), call("c1"), result("c1", "x"), call("c2"), result("c2", "y")]);
+        assert_eq!((third.session.as_str(), third.how), (first.session.as_str(), Assigned::Extends));
+    }
+
+    /// Two conversations with the same opening and no recorded answers each keep their own
+    /// session, and a third one that shares the opening but whose first request pare never saw
+    /// does not join either (an opening alone continues only a session whose last request it is).
+    #[test]
+    fn identical_openings_stay_apart_without_recorded_answers() {
+        let t = tracker();
+        let a1 = assign(&t, &[sys(), user("same")]);
+        let b1 = assign(&t, &[sys(), user("same")]);
+        assert_ne!(a1.session, b1.session);
+        for s in [&a1, &b1] {
+            t.answered(&s.session, s.key_req, &text("not what the agents send back"));
+        }
+        let a2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "A")]);
+        let b2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "B")]);
+        assert_eq!((a2.session.as_str(), b2.session.as_str()), (a1.session.as_str(), b1.session.as_str()));
+        let b3 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "B"), call("c2"), result("c2", "b")]);
+        let a3 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "A"), call("c2"), result("c2", "a")]);
+        assert_eq!((a3.session.as_str(), b3.session.as_str()), (a1.session.as_str(), b1.session.as_str()));
+        let c2 = assign(&t, &[sys(), user("same"), call("c1"), result("c1", "C")]);
+        assert_eq!(c2.how, Assigned::New);
+        assert!(c2.session != a1.session && c2.session != b1.session);
+    }
+
+    /// A request sent again (a regenerate) joins its session as a branch when the agent's echo
+    /// differs from the recorded answers too.
+    #[test]
+    fn a_regenerate_is_a_branch_when_the_echo_differs() {
+        let t = tracker();
+        let s = assign(&t, &[sys(), user("go")]);
+        t.answered(&s.session, s.key_req, &text("recorded"));
+        let second = [sys(), user("go"), call("c1"), result("c1", "x")];
+        let r2 = assign(&t, &second);
+        t.answered(&r2.session, r2.key_req, &text("recorded too"));
+        let third = [&second[..], &[call("c2"), result("c2", "y")]].concat();
+        let r3 = assign(&t, &third);
+        t.answered(&r3.session, r3.key_req, &text("recorded again"));
+        let again = assign(&t, &third);
+        assert_eq!((again.session.as_str(), again.how), (s.session.as_str(), Assigned::Branch));
+    }
+
+    /// The request keys the archive stores bring the new linking back after a restart.
+    #[test]
+    fn request_keys_link_a_differing_echo_after_a_restart() {
+        let before = tracker();
+        let first = assign(&before, &[sys(), user("go")]);
+        let ext = before.answered(&first.session, first.key_req, &text("recorded")).unwrap();
+        let messages = [sys(), user("go"), call("c1"), result("c1", "x")];
+        let second = assign(&before, &messages);
+        let after = tracker();
+        let keys = [StoredKey::Request(first.key_req.unwrap()), StoredKey::Answer(ext)];
+        after.seed(&first.session, keys.into_iter().chain([StoredKey::Request(second.key_req.unwrap())]));
+        let next = assign(&after, &[&messages[..], &[call("c2"), result("c2", "y")]].concat());
+        assert_eq!((next.session.as_str(), next.how), (first.session.as_str(), Assigned::Extends));
+    }
+
     #[test]
     fn seeding_restores_matching_after_a_restart() {
         let before = tracker();
         let s = assign(&before, &[sys(), user("go")]);
         let ext = before.answered(&s.session, s.key_req, &call("c1")).unwrap();
         let after = tracker();
-        after.seed(&s.session, [ext]);
+        after.seed(&s.session, [StoredKey::Request(s.key_req.unwrap()), StoredKey::Answer(ext)]);
         let next = assign(&after, &[sys(), user("go"), call("c1"), result("c1", "x")]);
         assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Extends));
     }

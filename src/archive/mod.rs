@@ -11,6 +11,7 @@
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`sse`]: the one server-sent-events parser the answer dialects read streams with.
 //! - [`usage`]: the provider's own token figures of an answer (prompt, cached, cache writes, output).
+//! - [`plan`]: each session's compaction state, stored when an exchange changes it (resume).
 //! - [`query`]: the audit side: list, load, delete sessions, and what the upstream reported per session.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -38,6 +39,7 @@ pub mod chain;
 pub mod export;
 pub mod gemini_sse;
 pub mod messages_sse;
+pub mod plan;
 pub mod query;
 pub mod read;
 pub mod response;
@@ -81,6 +83,8 @@ pub enum ArchiveError {
     MissingExchange(i64),
     #[error("blob {id} is corrupt: {why}")]
     CorruptBlob { id: i64, why: String },
+    #[error("the plan stored with exchange {exchange} is corrupt: {why}")]
+    CorruptPlan { exchange: i64, why: &'static str },
     #[error("exchange {exchange} has a corrupt template: {why}")]
     CorruptTemplate { exchange: i64, why: &'static str },
     #[error("no session {0:?} in the archive")]
@@ -292,6 +296,11 @@ pub(crate) enum Job {
         record: Box<ResponseRecord>,
         room: Option<OwnedSemaphorePermit>,
     },
+    /// The compaction state the exchange of `ticket` left its session in.
+    Plan {
+        ticket: Ticket,
+        plan: Box<crate::budget::epoch::SessionPlan>,
+    },
     Flush(mpsc::Sender<()>),
     Shutdown(mpsc::Sender<()>),
 }
@@ -301,7 +310,7 @@ impl Job {
     fn is_awaited(&self) -> bool {
         match self {
             Job::Exchange { ack, .. } => ack.is_some(),
-            Job::Response { .. } => false,
+            Job::Response { .. } | Job::Plan { .. } => false,
             Job::Flush(_) | Job::Shutdown(_) => true,
         }
     }
@@ -318,6 +327,10 @@ impl Job {
                 (record.raw.len() + record.forwarded.as_ref().map_or(0, Bytes::len) + 512) as u64
             }
             Job::Response { record, .. } => (record.body.len() + 512) as u64,
+            Job::Plan { plan, .. } => {
+                let prefix = plan.frozen.as_ref().map_or(0, |f| f.prefix.iter().map(String::len).sum::<usize>());
+                (prefix + 512) as u64
+            }
             Job::Flush(_) | Job::Shutdown(_) => 0,
         }
     }
@@ -580,6 +593,13 @@ impl Archive {
             job.set_room(room);
         }
         let _ = self.send(job);
+    }
+
+    /// Hand the writer the compaction state the exchange of `ticket` left its session in (see
+    /// [`plan`]). It never waits for room in the queue: a session stores one when an epoch starts,
+    /// not one per request.
+    pub fn record_plan(&self, ticket: Ticket, plan: crate::budget::epoch::SessionPlan) {
+        let _ = self.send(Job::Plan { ticket, plan: Box::new(plan) });
     }
 
     /// Wait until every record handed over before this call is committed (or counted as lost).

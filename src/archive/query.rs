@@ -14,6 +14,7 @@ use super::read::{self, BodyKind};
 use super::usage::Usage;
 use super::{ArchiveError, store};
 use crate::exchange::CompactionSummary;
+use crate::session::StoredKey;
 
 /// One session as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -477,19 +478,26 @@ impl ArchiveReader {
         Ok(if total == 0 { 0.0 } else { shared as f64 / total as f64 })
     }
 
-    /// The `limit` most recently active sessions with their answers' session keys (oldest first):
-    /// what [`crate::session::SessionTracker::seed`] takes at start.
-    pub fn recent_session_keys(&self, limit: usize) -> Result<Vec<(String, Vec<u64>)>, ArchiveError> {
+    /// The `limit` most recently active sessions (oldest first) with their requests' and answers'
+    /// session keys in the order of their records: what [`crate::session::SessionTracker::seed`]
+    /// takes at start.
+    pub fn recent_session_keys(&self, limit: usize) -> Result<Vec<(String, Vec<StoredKey>)>, ArchiveError> {
         let mut stmt = self.conn.prepare("SELECT id FROM sessions ORDER BY last_ms DESC LIMIT ?1")?;
         let ids: Vec<String> = stmt.query_map([limit as i64], |r| r.get(0))?.collect::<Result<_, _>>()?;
-        let mut keys = self
-            .conn
-            .prepare("SELECT key_ext FROM responses WHERE session = ?1 AND key_ext IS NOT NULL ORDER BY chain_idx")?;
+        let mut keys = self.conn.prepare(
+            "SELECT key, answer FROM (
+                 SELECT chain_idx, key_req AS key, 0 AS answer FROM exchanges WHERE session = ?1 AND key_req IS NOT NULL
+                 UNION ALL
+                 SELECT chain_idx, key_ext, 1 FROM responses WHERE session = ?1 AND key_ext IS NOT NULL)
+             ORDER BY chain_idx",
+        )?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids.into_iter().rev() {
-            let ks: Vec<u64> = keys
-                .query_map([&id], |r| r.get::<_, i64>(0))?
-                .map(|k| k.map(|k| k as u64))
+            let ks: Vec<StoredKey> = keys
+                .query_map([&id], |r| {
+                    let key = r.get::<_, i64>(0)? as u64;
+                    Ok(if r.get::<_, bool>(1)? { StoredKey::Answer(key) } else { StoredKey::Request(key) })
+                })?
                 .collect::<Result<_, _>>()?;
             out.push((id, ks));
         }
@@ -510,6 +518,7 @@ pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, Archive
         return Err(ArchiveError::NoSession(session.to_owned()));
     }
     tx.execute("DELETE FROM response_usage WHERE session = ?1", [session])?;
+    tx.execute("DELETE FROM plans WHERE session = ?1", [session])?;
     let responses = tx.execute("DELETE FROM responses WHERE session = ?1", [session])?;
     let exchanges = tx.execute("DELETE FROM exchanges WHERE session = ?1", [session])?;
     tx.execute("DELETE FROM sessions WHERE id = ?1", [session])?;

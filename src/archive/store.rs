@@ -111,6 +111,21 @@ CREATE TABLE IF NOT EXISTS response_usage (
     output      INTEGER
 );
 CREATE INDEX IF NOT EXISTS response_usage_session ON response_usage (session);
+
+-- A session's compaction state after an exchange, stored when the exchange changed it (see `plan`).
+CREATE TABLE IF NOT EXISTS plans (
+    id           INTEGER PRIMARY KEY,
+    exchange     INTEGER NOT NULL,      -- exchanges.id of the request that left this state
+    session      TEXT NOT NULL,
+    format       INTEGER NOT NULL,      -- layout of the packed columns (plan::FORMAT)
+    epoch        INTEGER NOT NULL,
+    advanced_at  INTEGER NOT NULL,      -- raw message count at the last eager advance
+    saturated    INTEGER NOT NULL,
+    raw_hashes   BLOB,                  -- NULL: no frozen prefix; else 16 bytes per raw message it covers
+    prefix_blobs BLOB,                  -- per prefix message, 8 bytes: blobs.id, or -(i + 1): raw message i of the exchange
+    prefix_seen  BLOB                   -- arrival time of each prefix message (ms), 8 bytes each; may be empty
+);
+CREATE INDEX IF NOT EXISTS plans_session ON plans (session, id);
 "#;
 
 /// Blobs shorter than this are stored as is; compression would not pay for its frame.

@@ -22,6 +22,7 @@ use super::chain::{self, ExchangeFields, ResponseFields};
 use super::read::{self, BodyKind};
 use super::usage::Usage;
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
+use crate::budget::epoch::SessionPlan;
 use crate::memory::Holder;
 use crate::wire::{Spans, Wire};
 
@@ -281,7 +282,8 @@ impl Writer {
             }
         }
         if !records.is_empty() {
-            let n = records.len() as u64;
+            // A plan rides with its exchange: it is not a record of the chain, counted or lost.
+            let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
             match self.write_batch(&mut records) {
                 Ok(()) => {
                     self.shared.committed.fetch_add(n, Ordering::Relaxed);
@@ -331,6 +333,7 @@ impl Writer {
             match job {
                 Job::Exchange { ticket, record, .. } => self.put_exchange(conn, *ticket, record)?,
                 Job::Response { ticket, record, .. } => self.put_response(conn, *ticket, record)?,
+                Job::Plan { ticket, plan } => self.put_plan(conn, *ticket, plan)?,
                 Job::Flush(_) | Job::Shutdown(_) => {}
             }
             if self.shared.queue_depth.load(Ordering::Relaxed) < GIVE_WAY_BELOW_QUEUED {
@@ -532,6 +535,18 @@ impl Writer {
         self.pending
             .put(ticket, Pending { exchange, session: rec.session.clone(), seq, wire: Wire::of_path(&rec.path) });
         Ok(())
+    }
+
+    /// Store the compaction state the exchange of `ticket` left its session in; its prefix
+    /// messages are the session's blobs.
+    fn put_plan(&mut self, conn: &Connection, ticket: Ticket, plan: &SessionPlan) -> Result<(), ArchiveError> {
+        let Some(Pending { exchange, session, .. }) = self.pending.peek(&ticket) else {
+            // Its exchange was lost (disk failure): the next restart resumes from an earlier state.
+            tracing::warn!("archive: compaction plan without a stored request, not stored");
+            return Ok(());
+        };
+        let (exchange, session) = (*exchange, session.clone());
+        super::plan::put(conn, exchange, &session, plan, |message| self.blob_id(conn, &session, message))
     }
 
     fn put_response(&mut self, conn: &Connection, ticket: Ticket, rec: &ResponseRecord) -> Result<(), ArchiveError> {

@@ -196,6 +196,42 @@ impl Frozen {
     }
 }
 
+/// A session's compaction state as data: what [`SessionCompactor::resume`] needs to go on forwarding
+/// exactly what it would have forwarded had the process not stopped or the state not been evicted.
+/// The archive stores one with the exchange after which it changed (`archive::plan`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SessionPlan {
+    pub epoch: u64,
+    /// Raw message count when the eager frontier last advanced.
+    pub advanced_at_len: usize,
+    /// The last epoch could not get under the high-water mark (see [`SessionCompactor::gains`]).
+    pub saturated: bool,
+    pub frozen: Option<FrozenPlan>,
+}
+
+/// A frozen prefix as data: a request whose raw messages start with the messages hashed in
+/// `raw_hashes` is forwarded as `prefix` followed by its raw messages after those.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FrozenPlan {
+    /// [`message_hashes`] of the raw messages the prefix covers.
+    pub raw_hashes: Vec<u128>,
+    /// The forwarded neutral messages standing for them.
+    pub prefix: Vec<String>,
+    /// With a wall clock: when pare first received each prefix message (clock milliseconds); may
+    /// be empty.
+    pub prefix_seen: Vec<u64>,
+}
+
+impl FrozenPlan {
+    fn of(frozen: &Frozen) -> FrozenPlan {
+        FrozenPlan {
+            raw_hashes: frozen.raw_hashes.to_vec(),
+            prefix: frozen.prefix.iter().map(str::to_owned).collect(),
+            prefix_seen: frozen.prefix_seen.to_vec(),
+        }
+    }
+}
+
 /// Messages laid end to end in one allocation. A frozen prefix lives as long as its session, among
 /// the short-lived allocations of the requests in flight: one block per session instead of one per
 /// message leaves the allocator's pages to the transient work, which it returns when the work is done
@@ -266,6 +302,40 @@ struct SessionState {
     /// How many raw messages the last request had, and [`hashes_digest`] of their hashes: while a
     /// request starts with those, the upstream holds all of them cached, in their forwarded form.
     last_raw: (usize, u128),
+    /// How many times `frozen` was replaced or dropped.
+    frozen_changes: u64,
+    /// What the last [`SessionPlan`] handed out (or resumed from) described; a step that leaves it
+    /// as it is hands out none.
+    planned: Option<PlanMark>,
+}
+
+/// What identifies a [`SessionPlan`]: its numbers and which frozen prefix it holds.
+#[derive(Debug, Clone, PartialEq)]
+struct PlanMark {
+    epoch: u64,
+    advanced_at_len: usize,
+    saturated: bool,
+    frozen_changes: u64,
+}
+
+impl SessionState {
+    fn plan_mark(&self) -> PlanMark {
+        PlanMark {
+            epoch: self.epoch,
+            advanced_at_len: self.advanced_at_len,
+            saturated: self.saturated,
+            frozen_changes: self.frozen_changes,
+        }
+    }
+
+    fn plan(&self) -> SessionPlan {
+        SessionPlan {
+            epoch: self.epoch,
+            advanced_at_len: self.advanced_at_len,
+            saturated: self.saturated,
+            frozen: self.frozen.as_deref().map(FrozenPlan::of),
+        }
+    }
 }
 
 impl SessionState {
@@ -305,6 +375,9 @@ pub struct SessionCompactor {
     /// Set (by [`SessionCompactor::with_wall_clock`]) only when `salience.tau_seconds` asks for
     /// recency on the wall clock; `None`: ages in turns.
     clock: Option<Clock>,
+    /// With [`SessionCompactor::recording_plans`]: each session's state as it changed, until
+    /// [`SessionCompactor::take_plan`] takes it (the pipeline, right after the request's compaction).
+    plans: Option<Mutex<std::collections::HashMap<String, SessionPlan>>>,
 }
 
 impl std::fmt::Debug for SessionCompactor {
@@ -373,6 +446,7 @@ impl SessionCompactor {
             sessions: Mutex::new(LruCache::unbounded()),
             budget,
             clock: None,
+            plans: None,
         })
     }
 
@@ -384,6 +458,39 @@ impl SessionCompactor {
         }
         self.budget = budget;
         self
+    }
+
+    /// Keep each session's state as a [`SessionPlan`] whenever a request changes it, for
+    /// [`SessionCompactor::take_plan`]: the proxy stores it in the archive, from which
+    /// [`SessionCompactor::resume`] rebuilds the session after a restart or an eviction.
+    pub fn recording_plans(mut self) -> SessionCompactor {
+        self.plans = Some(Mutex::new(std::collections::HashMap::new()));
+        self
+    }
+
+    /// The session's state as its last request left it, when that request changed it since the
+    /// last plan taken; `None` otherwise (and without [`SessionCompactor::recording_plans`]).
+    pub fn take_plan(&self, session: &str) -> Option<SessionPlan> {
+        self.plans.as_ref()?.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(session)
+    }
+
+    /// Rebuild a session's state from a [`SessionPlan`] and the raw messages of its last request
+    /// (their [`message_hashes`]: while the next request starts with them, the upstream holds them
+    /// cached). The requests that follow are forwarded as they would have been had the state
+    /// stayed in memory.
+    pub fn resume(&self, session: &str, plan: SessionPlan, last_raw: &[u128]) {
+        let frozen = plan.frozen.map(|f| Arc::new(Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen)));
+        let mut state = SessionState {
+            epoch: plan.epoch,
+            frozen,
+            advanced_at_len: plan.advanced_at_len,
+            saturated: plan.saturated,
+            last_raw: (last_raw.len(), hashes_digest(last_raw)),
+            ..SessionState::default()
+        };
+        state.planned = Some(state.plan_mark());
+        self.budget.charge(Holder::Compactor, session, state.bytes());
+        self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
     }
 
     /// Whether this session's state is in memory (not new, not evicted).
@@ -546,6 +653,13 @@ impl SessionCompactor {
         let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
         state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
         state.last_raw = (hashes.len(), hashes_digest(hashes));
+        if let Some(plans) = &self.plans {
+            let mark = state.plan_mark();
+            if state.planned.as_ref() != Some(&mark) {
+                state.planned = Some(mark);
+                plans.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(session.to_owned(), state.plan());
+            }
+        }
         self.budget.charge(Holder::Compactor, session, state.bytes());
         let tokens_forwarded = step.tokens;
         let frozen_raw = step.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
@@ -650,6 +764,7 @@ impl SessionCompactor {
             // The agent edited or dropped earlier messages: the frozen prefix no longer describes
             // this conversation. Start fresh (the epoch number keeps counting).
             state.frozen = None;
+            state.frozen_changes += 1;
             state.saturated = false;
             state.advanced_at_len = 0;
         }
@@ -735,6 +850,7 @@ impl SessionCompactor {
         }
         let frozen = new_frozen;
         state.frozen = Some(frozen.clone());
+        state.frozen_changes += 1;
         state.advanced_at_len = request.raw.len();
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
         if state.saturated && forwarded_tokens as f64 > usable && !state.warned_over_window {

@@ -10,5 +10,5 @@ pub mod epoch;
 pub mod replay;
 pub mod window;
 
-pub use epoch::{CompactEngine, EpochPolicy, SeedError, SessionCompactor};
+pub use epoch::{CompactEngine, EpochPolicy, FrozenPlan, SeedError, SessionCompactor, SessionPlan};
 pub use window::{ModelTable, WindowResolver};

@@ -17,6 +17,7 @@ mod messages;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod resume;
 mod streams;
 mod tidy;
 mod transport;
