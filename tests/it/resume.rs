@@ -76,7 +76,9 @@ fn cut_and_resume(config: &Config, wire: Wire, requests: &[Vec<u8>], cut: usize)
     let mut forwarded = Vec::new();
     let mut plan = None;
     for raw in &requests[..cut] {
-        forwarded.extend(replay_session(&before, wire, "s", &[raw.as_slice()], Some(WINDOW)).into_iter().map(|r| r.forwarded));
+        forwarded.extend(
+            replay_session(&before, wire, "s", &[raw.as_slice()], Some(WINDOW)).into_iter().map(|r| r.forwarded),
+        );
         plan = before.take_plan("s").or(plan);
     }
     let after = compactor(config);
