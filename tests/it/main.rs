@@ -14,6 +14,7 @@ mod exposure;
 mod messages;
 mod proxy;
 mod proxy_hardening;
+mod recall;
 mod responses;
 mod streams;
 mod tidy;
