@@ -7,7 +7,10 @@
 //! `salience.tau_seconds`, in seconds since pare received the group's youngest message (the caller
 //! passes the ages: the engine reads no clock), `E` = an error in its
 //! results, `K` = overlap of its words with the task (first and latest user message), `F` = it
-//! mentions a file the protected tail touches. In descending `S` (the more recent first on ties),
+//! mentions a file the protected tail touches or holds the latest full read of a file the
+//! conversation edits. Such a read is as recent as the latest call that names its file (what the
+//! agent's next edit quotes is in it); a full read that a later full read of the same path
+//! supersedes scores [`SUPERSEDED_READ_FACTOR`] of its `S`. In descending `S` (the more recent first on ties),
 //! groups fill the Focus / Recent / Summary / Background shares of the budget left after everything
 //! that is never compressed, each at that tier's size: as is / light (tool outputs truncated) /
 //! heavy (results become markers with their facts, assistant text cut) / facts only. A group that
@@ -19,6 +22,7 @@ use std::cell::{OnceCell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
+use super::edited::FileEdits;
 use super::edits::{Edits, TextEdit};
 use super::markers::{
     ElisionSummary, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, files_suffix, group_digits, is_compacted,
@@ -862,7 +866,12 @@ struct Scoring {
     task: Vec<String>,
     tail_files: Vec<String>,
     assistants_from: Vec<usize>,
+    file_edits: FileEdits,
 }
+
+/// A full read of a file that a later full read shows again scores this share of its salience: the
+/// later read says what the file holds now.
+pub const SUPERSEDED_READ_FACTOR: f64 = 0.5;
 
 impl Scoring {
     fn new(conv: &Conversation<'_>) -> Scoring {
@@ -871,7 +880,12 @@ impl Scoring {
             let is_assistant = conv.msgs[idx].as_ref().is_some_and(|m| m.role == "assistant");
             assistants_from[idx] = assistants_from[idx + 1] + usize::from(is_assistant);
         }
-        Scoring { task: task_words(conv), tail_files: tail_files(conv), assistants_from }
+        Scoring {
+            task: task_words(conv),
+            tail_files: tail_files(conv),
+            assistants_from,
+            file_edits: FileEdits::new(conv),
+        }
     }
 
     /// `S = w_r·R + w_e·E + w_k·K + w_f·F` of the group `start..end`.
@@ -885,7 +899,13 @@ impl Scoring {
                 (-age / tau.max(1e-9)).exp()
             }
             _ => {
-                let age = self.assistants_from[start].saturating_sub(1) as f64;
+                // The latest read of a file the agent edits is as recent as the agent's latest work
+                // on that file: what it keeps is what the next edit quotes.
+                let from = (start..end)
+                    .filter_map(|i| self.file_edits.last_touch_of_latest_read(i))
+                    .max()
+                    .map_or(start, |touch| touch.max(start));
+                let age = self.assistants_from[from].saturating_sub(1) as f64;
                 (-age / sal.tau_turns.max(1e-9)).exp()
             }
         };
@@ -894,11 +914,14 @@ impl Scoring {
         let overlap = task_overlap(conv, start, end, task);
         let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
         let files = group_files(conv, start, end);
-        let focused = files.iter().any(|f| self.tail_files.iter().any(|t| same_file(f, t)));
-        sal.w_recency * recency
+        let edited = (start..end).any(|i| self.file_edits.is_latest_read_of_edited(i));
+        let focused = edited || files.iter().any(|f| self.tail_files.iter().any(|t| same_file(f, t)));
+        let score = sal.w_recency * recency
             + sal.w_error * f64::from(u8::from(error))
             + sal.w_keywords * keywords
-            + sal.w_files * f64::from(u8::from(focused))
+            + sal.w_files * f64::from(u8::from(focused));
+        let superseded = !edited && (start..end).any(|i| self.file_edits.is_superseded(i));
+        if superseded { score * SUPERSEDED_READ_FACTOR } else { score }
     }
 }
 
