@@ -40,6 +40,8 @@ pub struct FileEdits {
     latest_read: HashMap<String, usize>,
     /// Result index → the path it reads in full.
     reads: HashMap<usize, String>,
+    /// Path → the result indices of its full reads, in order.
+    reads_of: HashMap<String, Vec<usize>>,
     /// Path → the assistant message of the latest call that names it (its path argument, or in its
     /// arguments' text): where the agent last worked on the file.
     last_touch: HashMap<String, usize>,
@@ -75,6 +77,7 @@ impl FileEdits {
             }
             if let Some((path, 1)) = read_path(&call.arguments) {
                 out.latest_read.insert(path.clone(), result);
+                out.reads_of.entry(path.clone()).or_default().push(result);
                 out.reads.insert(result, path);
             }
         }
@@ -101,9 +104,12 @@ impl FileEdits {
         self.edits.contains_key(path)
     }
 
-    /// Result `idx` is a full read of a path that a later full read shows again.
-    pub fn is_superseded(&self, idx: usize) -> bool {
-        self.reads.get(&idx).is_some_and(|path| self.latest_read.get(path) != Some(&idx))
+    /// Result `idx` is a full read of a path that a later full read before message `end` shows again.
+    pub fn is_superseded_before(&self, idx: usize, end: usize) -> bool {
+        self.reads
+            .get(&idx)
+            .and_then(|path| self.reads_of.get(path))
+            .is_some_and(|reads| reads.iter().any(|&r| r > idx && r < end))
     }
 
     /// Result `idx` is the latest full read of a file the conversation edits.
