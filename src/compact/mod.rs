@@ -14,12 +14,14 @@
 //! - [`conversation`]: messages parsed once, the protected tail, tool-call groups, calls.
 //! - [`outcome`]: a tool result's shape and success. [`markers`]: templates and facts.
 //! - [`rules`]: one module per rule, run in priority order. [`outline`]: structural maps.
+//! - [`edited`]: the files the conversation edits, the latest read of each and the lines edits touch.
 //! - [`salience`]: scores, tiers and elision when a token target is given; `spans`: what elision
 //!   weighs a run with (marker summaries that combine, runs, range sums).
 //! - [`edits`]: what rules changed and how it is serialized. [`validate`]: invariant 1.
 //! - [`report`]: what each rule saved.
 
 pub mod conversation;
+pub mod edited;
 pub mod edits;
 pub mod markers;
 pub mod outcome;

@@ -7,18 +7,23 @@
 //! `salience.tau_seconds`, in seconds since pare received the group's youngest message (the caller
 //! passes the ages: the engine reads no clock), `E` = an error in its
 //! results, `K` = overlap of its words with the task (first and latest user message), `F` = it
-//! mentions a file the protected tail touches. In descending `S` (the more recent first on ties),
-//! groups fill the Focus / Recent / Summary / Background shares of the budget left after everything
-//! that is never compressed, each at that tier's size: as is / light (tool outputs truncated) /
-//! heavy (results become markers with their facts, assistant text cut) / facts only. A group that
-//! fits no tier, and then the lowest-salience groups while the request is still over target, are
-//! elided: each run of elided groups becomes one assistant message (valid between complete groups)
-//! listing what went. Never the first system message, a user message, a kept message or the tail.
+//! mentions a file the protected tail touches or holds the latest full read of a file the
+//! conversation edits. Such a read is as recent as the latest call that names its file (what the
+//! agent's next edit quotes is in it); a full read that a later full read of the same path before
+//! the protected tail supersedes scores [`SUPERSEDED_READ_FACTOR`] of its `S`. In descending `S`
+//! (the more recent first on ties), groups fill the Focus / Recent / Summary / Background shares of
+//! the budget left after everything that is never compressed, each at that tier's size: as is /
+//! light (tool outputs truncated) / heavy (results become markers with their facts, assistant text
+//! cut) / facts only. A group that fits no tier, and then the lowest-salience groups while the
+//! request is still over target, are elided: each run of elided groups becomes one assistant message
+//! (valid between complete groups) listing what went. Never the first system message, a user
+//! message, a kept message or the tail.
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
+use super::edited::FileEdits;
 use super::edits::{Edits, TextEdit};
 use super::markers::{
     ElisionSummary, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, files_suffix, group_digits, is_compacted,
@@ -862,7 +867,12 @@ struct Scoring {
     task: Vec<String>,
     tail_files: Vec<String>,
     assistants_from: Vec<usize>,
+    file_edits: FileEdits,
 }
+
+/// A full read of a file that a later full read shows again scores this share of its salience: the
+/// later read says what the file holds now.
+pub const SUPERSEDED_READ_FACTOR: f64 = 0.5;
 
 impl Scoring {
     fn new(conv: &Conversation<'_>) -> Scoring {
@@ -871,7 +881,12 @@ impl Scoring {
             let is_assistant = conv.msgs[idx].as_ref().is_some_and(|m| m.role == "assistant");
             assistants_from[idx] = assistants_from[idx + 1] + usize::from(is_assistant);
         }
-        Scoring { task: task_words(conv), tail_files: tail_files(conv), assistants_from }
+        Scoring {
+            task: task_words(conv),
+            tail_files: tail_files(conv),
+            assistants_from,
+            file_edits: FileEdits::new(conv),
+        }
     }
 
     /// `S = w_r·R + w_e·E + w_k·K + w_f·F` of the group `start..end`.
@@ -885,7 +900,13 @@ impl Scoring {
                 (-age / tau.max(1e-9)).exp()
             }
             _ => {
-                let age = self.assistants_from[start].saturating_sub(1) as f64;
+                // The latest read of a file the agent edits is as recent as the agent's latest work
+                // on that file: what it keeps is what the next edit quotes.
+                let from = (start..end)
+                    .filter_map(|i| self.file_edits.last_touch_of_latest_read(i))
+                    .max()
+                    .map_or(start, |touch| touch.max(start));
+                let age = self.assistants_from[from].saturating_sub(1) as f64;
                 (-age / sal.tau_turns.max(1e-9)).exp()
             }
         };
@@ -894,11 +915,16 @@ impl Scoring {
         let overlap = task_overlap(conv, start, end, task);
         let keywords = if task.is_empty() { 0.0 } else { (overlap as f64 / task.len().min(10) as f64).min(1.0) };
         let files = group_files(conv, start, end);
-        let focused = files.iter().any(|f| self.tail_files.iter().any(|t| same_file(f, t)));
-        sal.w_recency * recency
+        let edited = (start..end).any(|i| self.file_edits.is_latest_read_of_edited(i));
+        let focused = edited || files.iter().any(|f| self.tail_files.iter().any(|t| same_file(f, t)));
+        let score = sal.w_recency * recency
             + sal.w_error * f64::from(u8::from(error))
             + sal.w_keywords * keywords
-            + sal.w_files * f64::from(u8::from(focused))
+            + sal.w_files * f64::from(u8::from(focused));
+        // Superseded within the history: a read in the protected tail is what the agent works on
+        // now, and `F` already ranks the history's reads of the files it touches.
+        let superseded = !edited && (start..end).any(|i| self.file_edits.is_superseded_before(i, conv.boundary));
+        if superseded { score * SUPERSEDED_READ_FACTOR } else { score }
     }
 }
 
@@ -1293,6 +1319,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Scores of each group before the boundary of `messages` (one protected turn), by first message.
+    fn scores(messages: &[serde_json::Value]) -> BTreeMap<usize, f64> {
+        use super::super::outcome::SuccessPolicy;
+        use super::super::pack::{RulesSpec, SuccessSpec};
+        let raw: Vec<String> = messages.iter().map(|m| m.to_string()).collect();
+        let refs: Vec<&str> = raw.iter().map(String::as_str).collect();
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let conv = Conversation::analyse(&refs, 1, &RulesSpec::default().key_arguments, &policy, false);
+        let engine = Engine::default_pack();
+        let scoring = Scoring::new(&conv);
+        conv.groups
+            .iter()
+            .filter(|g| g.kind == GroupKind::ToolCalls)
+            .map(|g| (g.start, scoring.score(&engine, &conv, g.start, g.end, None)))
+            .collect()
+    }
+
+    fn step(id: &str, tool: &str, args: serde_json::Value, output: &str) -> [serde_json::Value; 2] {
+        use serde_json::json;
+        [
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": tool, "arguments": args.to_string()}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": output}),
+        ]
+    }
+
+    /// Of two full views of one path, the older scores half what it would alone; the latest view of a
+    /// file the agent edits scores as recent as the latest call that names the file, above a log that
+    /// came after the view.
+    #[test]
+    fn the_latest_view_of_an_edited_file_wins_over_older_views_and_logs() {
+        use serde_json::json;
+        let view = |id: &str| step(id, "str_replace_editor", json!({"command": "view", "path": "/w/a.py"}), "1\tx = 1");
+        let log = |id: &str| step(id, "execute_bash", json!({"command": "make test"}), "all passed");
+        let head = [json!({"role": "system", "content": "agent"}), json!({"role": "user", "content": "go"})];
+        let tail = step("t", "execute_bash", json!({"command": "ls"}), "ok");
+        let session = |steps: Vec<[serde_json::Value; 2]>| -> Vec<serde_json::Value> {
+            head.iter().cloned().chain(steps.into_iter().flatten()).chain(tail.iter().cloned()).collect()
+        };
+        // The older view (at 2) alone, then followed by a second full view of the same path.
+        let alone = scores(&session(vec![view("v1"), log("l1"), log("l2")]));
+        let superseded = scores(&session(vec![view("v1"), log("l1"), view("v2")]));
+        assert!((superseded[&2] - alone[&2] * SUPERSEDED_READ_FACTOR).abs() < 1e-9, "{superseded:?} {alone:?}");
+
+        // View, log, then an edit of the viewed file: the view outranks the log after it.
+        let edit = step(
+            "e1",
+            "str_replace_editor",
+            json!({"command": "str_replace", "path": "/w/a.py", "old_str": "x = 1", "new_str": "x = 2"}),
+            "edited",
+        );
+        let edited = scores(&session(vec![view("v1"), log("l1"), edit.clone()]));
+        assert!(edited[&2] > edited[&4], "{edited:?}");
+        // Without the edit, the log (more recent) outranks the view.
+        let unedited = scores(&session(vec![view("v1"), log("l1"), log("l2")]));
+        assert!(unedited[&2] < unedited[&4], "{unedited:?}");
     }
 
     #[test]

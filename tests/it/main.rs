@@ -16,6 +16,7 @@ mod gemini;
 mod messages;
 mod proxy;
 mod proxy_hardening;
+mod recall;
 mod responses;
 mod resume;
 mod streams;
