@@ -532,7 +532,7 @@ mod tests {
     #[test]
     fn the_epoch_head_ends_after_the_last_boundary_and_its_results() {
         let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::compact::pack::RulesSpec::default().key_arguments;
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         let head = |refs: &[&str]| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head;
         let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}],"pare_epoch_boundary":true}"#;
         let opaque = r#"{"role":"opaque","content":"{\"type\":\"compaction\"}","pare_epoch_boundary":true}"#;

@@ -194,8 +194,8 @@ proptest::proptest! {
         protect in 0u32..4,
         share in proptest::option::of(5u64..100),
     ) {
-        use pare::budget::tokens::{CountTokens, QuarterCounter};
-        use pare::compact::pack::{BUILTIN_PACKS, load_pack};
+        use pare::tokens::{CountTokens, QuarterCounter};
+        use pare::config::pack::{BUILTIN_PACKS, load_pack};
         use pare::config::{SalienceConfig, TierBudgets};
 
         let messages = generated::build(&steps, n_lines);

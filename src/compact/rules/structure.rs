@@ -156,8 +156,8 @@ fn is_a_name(word: &str) -> bool {
 mod tests {
     use super::EDIT_CONTEXT_LINES;
 
-    use crate::budget::tokens::QuarterCounter;
     use crate::compact::{CompactOptions, Engine};
+    use crate::tokens::QuarterCounter;
     use crate::wire::ChatBody;
     use serde_json::{Value, json};
 
