@@ -11,6 +11,7 @@
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`sse`]: the one server-sent-events parser the three answer dialects read streams with.
 //! - [`query`]: the audit side: list, load, delete sessions.
+//! - [`content`]: the contents markers name by id, stored when a forwarded marker names them.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
 //!
@@ -34,6 +35,7 @@
 
 pub mod body;
 pub mod chain;
+pub mod content;
 pub mod export;
 pub mod messages_sse;
 pub mod query;

@@ -166,6 +166,8 @@ pub struct ElisionSummary {
     pub files: Vec<String>,
     /// The identifiers it lists (`{names}`), most recent first.
     pub names: Vec<String>,
+    /// The content ids of the outputs it stands for (`{retrieve}`), most recent first.
+    pub ids: Vec<String>,
 }
 
 /// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
@@ -178,11 +180,15 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
         Some((rest, names)) => (rest, names.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
+    let (rest, ids) = match rest.split_once("; ids") {
+        Some((rest, ids)) => (rest, ids.split_once(": ")?.1.split(", ").map(str::to_owned).collect()),
+        None => (rest, Vec::new()),
+    };
     let (what, files) = match rest.split_once("; files: ") {
         Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let mut summary = ElisionSummary { messages, files, names, ..ElisionSummary::default() };
+    let mut summary = ElisionSummary { messages, files, names, ids, ..ElisionSummary::default() };
     for item in what.split(", ").filter(|i| !i.is_empty()) {
         let (name, k) = item.rsplit_once(" ×")?;
         let k: usize = k.replace(',', "").parse().ok()?;
@@ -193,6 +199,119 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
         }
     }
     Some(summary)
+}
+
+/// How many hex digits of a content's SHA-256 a marker shows after `pare:`: 48 bits, a few tokens,
+/// and unique in an archive of millions of contents (the archive resolves any unique prefix of 8 or
+/// more digits).
+pub const CONTENT_ID_HEX: usize = 12;
+
+/// The id a marker names a hidden content by: `pare:` and the first [`CONTENT_ID_HEX`] lowercase hex
+/// digits of the SHA-256 of the content's exact text (what the agent sent). A pure function of the
+/// text, so the same content has the same id in `pare replay`, across restarts and epochs, and the
+/// archive, which stores each named content under its SHA-256, resolves it.
+pub fn content_id(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(5 + CONTENT_ID_HEX);
+    out.push_str("pare:");
+    for byte in &digest[..CONTENT_ID_HEX / 2] {
+        out.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+        out.push(char::from(b"0123456789abcdef"[usize::from(byte & 15)]));
+    }
+    out
+}
+
+/// The hex digits of every content id in a text (`pare:` then exactly [`CONTENT_ID_HEX`] lowercase
+/// hex digits, not part of a longer word), in order, repeats included.
+pub fn content_ids_in(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    memchr::memmem::find_iter(bytes, b"pare:").filter_map(move |at| {
+        let start = at + 5;
+        let end = start + CONTENT_ID_HEX;
+        let word_before = at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        let hex = bytes.get(start..end)?.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+        let word_after = bytes.get(end).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_');
+        (!word_before && hex && !word_after).then(|| &text[start..end])
+    })
+}
+
+/// The texts of a message a marker may stand for, each of which a content id can name: the
+/// message's text (a tool's output, a system prompt, an assistant note) and, for each tool call,
+/// its arguments and each of their top-level string values (what the arguments rule cuts). Empty
+/// texts are left out. The archive stores the ones the forwarded markers name; `pare eval` resolves
+/// ids against them.
+pub fn content_texts(message: &crate::neutral::Message) -> Vec<String> {
+    let mut out = Vec::new();
+    let text = message.text();
+    if !text.is_empty() {
+        out.push(text);
+    }
+    for call in message.tool_calls.iter().flatten() {
+        let Some(function) = &call.function else { continue };
+        let arguments = match &function.arguments {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => continue,
+            other => other.to_string(),
+        };
+        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(&arguments) {
+            out.extend(map.into_iter().filter_map(|(_, v)| match v {
+                serde_json::Value::String(s) if !s.is_empty() => Some(s),
+                _ => None,
+            }));
+        }
+        if !arguments.is_empty() {
+            out.push(arguments);
+        }
+    }
+    out
+}
+
+/// How many content ids an elision marker lists: the most recent outputs of its run first. Each costs
+/// about eight tokens; a run of more outputs names its oldest ones no more.
+pub const IDS_PER_ELISION: usize = 64;
+
+/// What an elision marker says to get its outputs back (`{retrieve}`): `; ids: pare:…, pare:…`, or
+/// with pare's retrieve tool in the request, `; ids (get back with TOOL): pare:…, pare:…`; nothing
+/// without ids.
+pub fn ids_suffix<S: std::borrow::Borrow<str>>(ids: &[S], tool: Option<&str>) -> String {
+    match (ids.is_empty(), tool) {
+        (true, _) => String::new(),
+        (false, Some(tool)) => format!("; ids (get back with {tool}): {}", ids.join(", ")),
+        (false, None) => format!("; ids: {}", ids.join(", ")),
+    }
+}
+
+/// The name of pare's retrieve tool (the MCP server's tool, see the README).
+pub const RETRIEVE_TOOL: &str = "retrieve";
+
+/// The name of the tool in a request's tool definitions (raw JSON of any wire format) that is pare's
+/// retrieve tool, when there is one: a tool named `retrieve` or ending in `__retrieve` (MCP clients
+/// name a server's tools `mcp__SERVER__TOOL` or `SERVER__TOOL`) whose name or description names
+/// pare. Markers then say to call it; without it they show the id only.
+pub fn retrieve_tool(tools: Option<&str>) -> Option<String> {
+    let tools = tools?;
+    // Most requests have no such tool: one substring search decides before any parse.
+    memchr::memmem::find(tools.as_bytes(), b"retrieve\"")?;
+    let parsed: serde_json::Value = serde_json::from_str(tools).ok()?;
+    let list = parsed.as_array()?;
+    list.iter().find_map(|tool| {
+        let def = tool.get("function").unwrap_or(tool);
+        let name = def.get("name")?.as_str()?;
+        let named = name == RETRIEVE_TOOL || name.ends_with("__retrieve");
+        let about_pare = name.contains("pare")
+            || def.get("description").and_then(|d| d.as_str()).is_some_and(|d| d.contains("pare"));
+        (named && about_pare).then(|| name.to_owned())
+    })
+}
+
+/// What a marker says to get content `text` back (`{retrieve}`): `; pare:0123456789ab`, or with
+/// pare's retrieve tool in the request, `; get it back with TOOL("pare:0123456789ab")`.
+pub fn retrieve_suffix(id: &str, tool: Option<&str>) -> String {
+    match tool {
+        Some(tool) => format!("; get it back with {tool}(\"{id}\")"),
+        None => format!("; {id}"),
+    }
 }
 
 /// 12345 → `12,345` (markers are read by models and people).

@@ -15,6 +15,7 @@ mod messages;
 mod proxy;
 mod proxy_hardening;
 mod responses;
+mod retrieve;
 mod streams;
 mod tidy;
 mod ui;
