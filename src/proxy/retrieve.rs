@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
-use http::{HeaderMap, Response, StatusCode};
+use http::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::error::json_response;
@@ -20,7 +20,6 @@ use super::state::Proxy;
 use crate::archive::Archive;
 use crate::archive::content::{Content, ContentError, Selection, SelectionError};
 use crate::archive::query::ArchiveReader;
-use crate::compact::markers::content_texts;
 
 /// Where `GET /_pare/retrieve/{id}` is served.
 pub const RETRIEVE_PREFIX: &str = "/_pare/retrieve/";
@@ -28,10 +27,6 @@ pub const RETRIEVE_PREFIX: &str = "/_pare/retrieve/";
 pub const COMPRESS_PATH: &str = "/v1/compress";
 /// The gateway's retrieval endpoint (`GET /v1/retrieve/{hash}`).
 pub const GATEWAY_RETRIEVE_PREFIX: &str = "/v1/retrieve/";
-
-/// How many hex digits the gateway's hashes have: the Headroom guardrail recognises a marker's hash by
-/// `hash=` and exactly 24 of them.
-const GATEWAY_HASH_HEX: usize = 24;
 
 /// Why a retrieval has no content to give.
 #[derive(Debug, thiserror::Error)]
@@ -129,11 +124,14 @@ pub async fn gateway_get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     }
 }
 
-/// `POST /v1/compress` with `{"messages": [...], "model": "…"}`: the messages compacted as a chat
-/// request to `model` would be (same session tracking, archive record and budget), answered as
-/// `{"messages", "tokens_before", "tokens_after", "compression_ratio"}`. Each content id in the
-/// compacted messages is followed by `hash=` and 24 hex digits of the same SHA-256, the form the
-/// guardrail looks for before it offers the model its retrieve tool.
+/// `POST /v1/compress` with `{"messages": [...], "model"?, "config"?}` (LiteLLM's Headroom guardrail):
+/// the messages compacted by the rules (no token target, so no elision, and the rule that drops
+/// consecutive assistant messages off: the answer has exactly as many messages, in the same order,
+/// since the guardrail matches them by position), answered as `{"messages", "tokens_before",
+/// "tokens_after", "tokens_saved", "compression_ratio", "ccr_hashes"}`, `ccr_hashes` being the hex
+/// digits of the content ids the compacted messages name (what the guardrail's retrieve tool takes).
+/// The call is archived as an exchange of the session its messages belong to, so that
+/// `GET /v1/retrieve/{hash}` resolves those ids; `config` is not read.
 pub async fn gateway_compress(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
     let bad = |message: String| {
         json_response(StatusCode::BAD_REQUEST, &json!({"error": {"message": message, "type": "invalid_request_error"}}))
@@ -152,101 +150,86 @@ pub async fn gateway_compress(proxy: &Proxy, parts: &Parts, body: Bytes) -> Resp
     }
     chat.insert("messages".into(), Value::Array(messages.clone()));
     let raw = Bytes::from(serde_json::to_vec(&chat).expect("a json value serializes"));
-    let headers = gateway_headers(&parts.headers);
-    let prepared = proxy.pipeline.prepare_chat_at("POST", COMPRESS_PATH, &headers, raw.clone()).await;
-    let forwarded: Value = serde_json::from_slice(&prepared.body).unwrap_or_else(|_| Value::Object(chat.clone()));
-    let mut out_messages = forwarded.get("messages").cloned().unwrap_or_else(|| Value::Array(messages.clone()));
-    add_gateway_hashes(&mut out_messages, messages);
-    let (before, after) = match &prepared.summary {
-        Some(summary) => (summary.tokens_raw, summary.tokens_forwarded),
-        None => (0, 0),
+    let config = Arc::clone(&proxy.config);
+    let compacted = {
+        let raw = raw.clone();
+        tokio::task::spawn_blocking(move || compact_keeping_positions(&config, &raw)).await
     };
-    let ratio = if before > 0 { after as f64 / before as f64 } else { 1.0 };
-    // pare answered this request itself: no upstream answer follows.
-    if let Some(sink) = prepared.sink {
-        sink.finish(crate::exchange::StreamEnd::NoResponse("pare answered a gateway compress call itself".into()));
+    let compacted = match compacted {
+        Ok(Ok(compacted)) => compacted,
+        Ok(Err(why)) => return bad(format!("request body's messages are not chat messages pare reads: {why}")),
+        Err(_) => return bad("compacting the messages failed".into()),
+    };
+    if let Some(archive) = proxy.pipeline.archive() {
+        let raw_messages: Vec<String> = messages.iter().map(Value::to_string).collect();
+        let raw_refs: Vec<&str> = raw_messages.iter().map(String::as_str).collect();
+        let hashes = crate::neutral::message_hashes(&raw_refs);
+        let assignment = proxy.pipeline.sessions().assign_hashed(&parts.headers, Some((&raw_refs, &hashes)));
+        let record = crate::archive::ExchangeRecord {
+            path: COMPRESS_PATH.into(),
+            model: request.get("model").and_then(Value::as_str).map(str::to_owned),
+            forwarded: Some(Bytes::from(compacted.forwarded)),
+            key_req: assignment.key_req,
+            ..crate::archive::ExchangeRecord::unchanged(assignment.session, crate::archive::now_ms(), raw)
+        };
+        archive.record_exchange(record);
     }
+    let (before, after) = (compacted.tokens_before, compacted.tokens_after);
     json_response(
         StatusCode::OK,
         &json!({
-            "messages": out_messages,
+            "messages": compacted.messages,
             "tokens_before": before,
             "tokens_after": after,
-            "compression_ratio": ratio,
+            "tokens_saved": before.saturating_sub(after),
+            "compression_ratio": if before > 0 { after as f64 / before as f64 } else { 1.0 },
+            "ccr_hashes": compacted.ids,
         }),
     )
 }
 
-/// The headers the pipeline reads for a gateway call: the caller's, without its body's length and
-/// encoding (the chat body pare builds is neither).
-fn gateway_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut out = headers.clone();
-    out.remove(http::header::CONTENT_LENGTH);
-    out.remove(http::header::CONTENT_ENCODING);
-    out
+/// What a gateway compress call answers.
+struct GatewayCompacted {
+    /// The forwarded chat body (archived).
+    forwarded: Vec<u8>,
+    messages: Vec<Value>,
+    tokens_before: u64,
+    tokens_after: u64,
+    /// The hex digits of each content id the messages name, in order of first appearance.
+    ids: Vec<String>,
 }
 
-/// Follow each content id (`pare:` + 12 hex) in the compacted `messages` with ` hash=` and the first
-/// [`GATEWAY_HASH_HEX`] hex digits of the SHA-256 of the text it names, read from the `raw` messages.
-fn add_gateway_hashes(messages: &mut Value, raw: &[Value]) {
-    let mut full: Vec<(String, String)> = Vec::new();
-    for message in raw {
-        let Ok(message) = serde_json::from_value::<crate::neutral::Message>(message.clone()) else { continue };
-        for text in content_texts(&message) {
-            let hex = crate::archive::store::hex(&crate::archive::store::sha256(text.as_bytes()));
-            full.push((hex[..crate::compact::markers::CONTENT_ID_HEX].to_owned(), hex[..GATEWAY_HASH_HEX].to_owned()));
-        }
-    }
-    rewrite_strings(messages, &|text| {
-        // Most strings name no content.
-        crate::compact::markers::content_ids_in(text).next()?;
-        let mut out = String::with_capacity(text.len() + 64);
-        let mut rest = text;
-        while let Some(id) = crate::compact::markers::content_ids_in(rest).next() {
-            let end = id.as_ptr() as usize - rest.as_ptr() as usize + id.len();
-            out.push_str(&rest[..end]);
-            if let Some((_, hash)) = full.iter().find(|(short, _)| short == id) {
-                out.push_str(" hash=");
-                out.push_str(hash);
-            }
-            rest = &rest[end..];
-        }
-        out.push_str(rest);
-        Some(out)
+/// The rules' compaction of chat body `raw`, one forwarded message per message.
+fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Result<GatewayCompacted, String> {
+    let mut engine = crate::compact::Engine::from_config(config).map_err(|e| e.to_string())?;
+    engine.policy.spec.consecutive_assistant.enabled = false;
+    let body = crate::wire::ChatBody::parse(raw).map_err(|e| e.to_string())?;
+    let view = body.view();
+    let counter = crate::budget::tokens::TokenCounter::new(&crate::budget::tokens::CounterConfig {
+        cache_entries: 1024,
+        ..Default::default()
     });
-}
-
-/// Replace every string in `value` that `rewrite` changes.
-fn rewrite_strings(value: &mut Value, rewrite: &dyn Fn(&str) -> Option<String>) {
-    match value {
-        Value::String(text) => {
-            if let Some(new) = rewrite(text) {
-                *text = new;
+    let out = engine.compact(&view, &crate::compact::CompactOptions::default(), &counter);
+    let mut forwarded: Vec<String> = out.prefix;
+    forwarded.extend(view.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    if forwarded.len() != view.messages.len() {
+        // A rule dropped a message (a custom rule): the guardrail needs the count kept.
+        forwarded = view.messages.iter().map(|m| (*m).to_owned()).collect();
+    }
+    let mut ids: Vec<String> = Vec::new();
+    for message in &forwarded {
+        for id in crate::compact::markers::content_ids_in(message) {
+            if !ids.iter().any(|known| known == id) {
+                ids.push(id.to_owned());
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|item| rewrite_strings(item, rewrite)),
-        Value::Object(map) => map.values_mut().for_each(|item| rewrite_strings(item, rewrite)),
-        _ => {}
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compact::markers::content_id;
-
-    #[test]
-    fn gateway_hashes_follow_each_id_they_resolve() {
-        let output = "line one\nline two";
-        let id = content_id(output);
-        let raw = vec![json!({"role": "tool", "tool_call_id": "c1", "content": output})];
-        let mut messages = json!([{"role": "tool", "tool_call_id": "c1", "content": format!("[tool: x → ok; {id}]")}]);
-        add_gateway_hashes(&mut messages, &raw);
-        let full = crate::archive::store::hex(&crate::archive::store::sha256(output.as_bytes()));
-        assert_eq!(messages[0]["content"], format!("[tool: x → ok; {id} hash={}]", &full[..24]));
-        // An id no raw text has is left as it is.
-        let mut other = json!(["see pare:0123456789ab"]);
-        add_gateway_hashes(&mut other, &raw);
-        assert_eq!(other[0], "see pare:0123456789ab");
-    }
+    let messages = forwarded.iter().map(|m| serde_json::from_str(m).unwrap_or(Value::Null)).collect();
+    Ok(GatewayCompacted {
+        tokens_before: counter.count_request(view.messages, None),
+        tokens_after: counter.count_request(&forwarded, None),
+        forwarded: body.to_vec_with_messages(&forwarded),
+        messages,
+        ids,
+    })
 }

@@ -385,9 +385,9 @@ async fn mcp_server_lists_and_calls_retrieve() {
     pare.shutdown().await.unwrap();
 }
 
-/// The gateway contract LiteLLM's Headroom guardrail calls: `POST /v1/compress` answers compacted
-/// messages whose markers carry `hash=` + 24 hex digits, and `GET /v1/retrieve/{hash}` gives the
-/// original content back as `original_content`.
+/// The gateway contract LiteLLM's Headroom guardrail calls: `POST /v1/compress` answers as many
+/// messages as it was given, compacted, with `ccr_hashes` listing the content ids they name, and
+/// `GET /v1/retrieve/{hash}` gives each one's original content back as `original_content`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_compress_and_retrieve() {
     let dir = tempfile::tempdir().unwrap();
@@ -398,7 +398,7 @@ async fn gateway_compress_and_retrieve() {
     let response = client()
         .post(pare.url("/v1/compress"))
         .header("content-type", "application/json")
-        .body(json!({"messages": messages, "model": "m"}).to_string())
+        .body(json!({"messages": messages, "model": "m", "config": {"mode": "ccr"}}).to_string())
         .send()
         .await
         .unwrap();
@@ -408,18 +408,22 @@ async fn gateway_compress_and_retrieve() {
     let before = answer["tokens_before"].as_u64().unwrap();
     let after = answer["tokens_after"].as_u64().unwrap();
     assert!(after < before, "{before} → {after}");
-    let text = answer["messages"].to_string();
-    let hashes: Vec<&str> = text.match_indices("hash=").map(|(at, _)| &text[at + 5..at + 29]).collect();
-    assert!(!hashes.is_empty(), "{text}");
+    assert_eq!(answer["tokens_saved"].as_u64(), Some(before - after));
+    let out = answer["messages"].as_array().unwrap();
+    assert_eq!(out.len(), messages.as_array().unwrap().len(), "one message per message, by position");
+    let hashes: Vec<&str> = answer["ccr_hashes"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
+    let out_text = answer["messages"].to_string();
+    let named: BTreeSet<&str> = content_ids_in(&out_text).collect();
+    assert_eq!(hashes.iter().copied().collect::<BTreeSet<_>>(), named);
+    assert!(hashes.len() > 10, "{hashes:?}");
     let raw_texts = texts_by_id(messages.as_array().unwrap());
     for hash in hashes.iter().take(5) {
         let response = client().get(pare.url(&format!("/v1/retrieve/{hash}"))).send().await.unwrap();
         assert_eq!(response.status(), 200);
         let got = body_json(response).await;
-        let id = format!("pare:{}", &hash[..12]);
-        assert_eq!(got["original_content"], raw_texts[&id].as_str());
+        assert_eq!(got["original_content"], raw_texts[&format!("pare:{hash}")].as_str());
     }
-    let missing = client().get(pare.url("/v1/retrieve/000000000000000000000000")).send().await.unwrap();
+    let missing = client().get(pare.url("/v1/retrieve/000000000000")).send().await.unwrap();
     assert_eq!(missing.status(), 404);
     let bad = client().post(pare.url("/v1/compress")).body("{\"nope\": 1}").send().await.unwrap();
     assert_eq!(bad.status(), 400);
