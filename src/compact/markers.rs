@@ -286,9 +286,9 @@ pub fn ids_suffix<S: std::borrow::Borrow<str>>(ids: &[S], tool: Option<&str>) ->
 pub const RETRIEVE_TOOL: &str = "retrieve";
 
 /// The name of the tool in a request's tool definitions (raw JSON of any wire format) that is pare's
-/// retrieve tool, when there is one: a tool named `retrieve` or ending in `__retrieve` (MCP clients
-/// name a server's tools `mcp__SERVER__TOOL` or `SERVER__TOOL`) whose name or description names
-/// pare. Markers then say to call it; without it they show the id only.
+/// retrieve tool, when there is one: a tool named `retrieve` or ending in `_retrieve` (MCP clients
+/// name a server's tools `mcp__SERVER__TOOL`, `SERVER__TOOL` or `mcp_SERVER_TOOL`) whose name or
+/// description names pare as a word. Markers then say to call it; without it they show the id only.
 pub fn retrieve_tool(tools: Option<&str>) -> Option<String> {
     let tools = tools?;
     // Most requests have no such tool: one substring search decides before any parse.
@@ -298,10 +298,20 @@ pub fn retrieve_tool(tools: Option<&str>) -> Option<String> {
     list.iter().find_map(|tool| {
         let def = tool.get("function").unwrap_or(tool);
         let name = def.get("name")?.as_str()?;
-        let named = name == RETRIEVE_TOOL || name.ends_with("__retrieve");
-        let about_pare = name.contains("pare")
-            || def.get("description").and_then(|d| d.as_str()).is_some_and(|d| d.contains("pare"));
+        let named = name == RETRIEVE_TOOL || name.ends_with("_retrieve");
+        let about_pare = names_pare(name) || def.get("description").and_then(|d| d.as_str()).is_some_and(names_pare);
         (named && about_pare).then(|| name.to_owned())
+    })
+}
+
+/// Whether `text` has `pare` as a word of its own (`mcp__pare__retrieve`, "…pare's archive"), not
+/// inside another (`compare`, `prepared`).
+fn names_pare(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    memchr::memmem::find_iter(bytes, b"pare").any(|at| {
+        let before = at.checked_sub(1).map(|i| bytes[i]);
+        let after = bytes.get(at + 4).copied();
+        !before.is_some_and(|b| b.is_ascii_alphanumeric()) && !after.is_some_and(|b| b.is_ascii_alphanumeric())
     })
 }
 
@@ -581,6 +591,11 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
             if seen & !(WORD | INNER) == DIGIT && is_line_number(text, start, end) {
                 continue;
             }
+            // A content id (`pare:0123456789ab`) is pare's handle, not the agent's data: a marker
+            // that lists names does not list it again.
+            if start >= 5 && &bytes[start - 5..start] == b"pare:" {
+                continue;
+            }
             // A JSON (or Python) object key names the schema, not the data.
             if start > 0 && matches!(bytes[start - 1], b'"' | b'\'') {
                 let after = text[end..].trim_start_matches(['"', '\'']).trim_start();
@@ -813,6 +828,36 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal ×2]").map(|s| s.files.len()), Some(0));
         assert_eq!(parse_elision("[pare: assistant note, 12 chars omitted]"), None);
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal twice]"), None);
+    }
+
+    #[test]
+    fn the_retrieve_tool_is_pares_by_name_or_description() {
+        let tools = |name: &str, description: &str| {
+            Some(format!(r#"[{{"type":"function","function":{{"name":"{name}","description":"{description}"}}}}]"#))
+        };
+        let found = |name: &str, description: &str| retrieve_tool(tools(name, description).as_deref());
+        assert_eq!(found("mcp__pare__retrieve", "x"), Some("mcp__pare__retrieve".into()));
+        assert_eq!(found("mcp_pare_retrieve", "x"), Some("mcp_pare_retrieve".into()));
+        assert_eq!(found("retrieve", "Get back content pare replaced"), Some("retrieve".into()));
+        assert_eq!(found("retrieve", "search the docs"), None);
+        assert_eq!(found("headroom_retrieve", "content compared and compressed"), None, "not pare as a word");
+        assert_eq!(found("mcp__pare__search", "pare"), None);
+        // Anthropic's and the Responses API's shape: the name at the top level.
+        let anthropic = r#"[{"name":"mcp__pare__retrieve","input_schema":{}}]"#;
+        assert_eq!(retrieve_tool(Some(anthropic)), Some("mcp__pare__retrieve".into()));
+        assert_eq!(retrieve_tool(None), None);
+    }
+
+    #[test]
+    fn content_ids_are_found_only_whole() {
+        let id = content_id("hello");
+        assert_eq!(id.len(), 5 + CONTENT_ID_HEX);
+        let text = format!("[tool: x; {id}] also pare:0123456789abc and xpare:0123456789ab and pare:0123456789ab.");
+        let found: Vec<&str> = content_ids_in(&text).collect();
+        assert_eq!(found, vec![&id[5..], "0123456789ab"]);
+        // A marker's id is not one of the names markers list.
+        let none = FxHashSet::default();
+        assert_eq!(salient_names(&format!("{text} load_user"), 10, &[], &none), vec!["load_user"]);
     }
 
     #[test]
