@@ -429,3 +429,49 @@ async fn gateway_compress_and_retrieve() {
     assert_eq!(bad.status(), 400);
     pare.shutdown().await.unwrap();
 }
+
+/// The same round trip on the Anthropic Messages wire: the ids name the texts of the neutral
+/// conversation the engine reads (a `tool_result` block's text), and the archive, reading the raw
+/// Anthropic body, resolves each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_resolve_on_the_messages_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let reply = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1}});
+    let stub = Stub::start(move |_| crate::support::stub::Reply::json(200, reply.clone())).await;
+    let mut config = archived_config(&stub, dir.path());
+    config.budget.anthropic_context_window = 6000;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    let pare = start_with_pipeline(config, pipeline).await;
+    let chat: String = session(24).iter().map(|b| format!("{b}\n")).collect();
+    let bodies: Vec<String> =
+        pare::wire::messages::convert::chat_session_to_messages(&chat).lines().map(str::to_owned).collect();
+    let http = client();
+    for body in &bodies {
+        let response = http.post(pare.url("/v1/messages")).body(body.clone()).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let last = bodies.last().unwrap().as_bytes();
+    let parsed = pare::wire::parse(pare::wire::Wire::Messages, last).unwrap();
+    let mut texts = BTreeMap::new();
+    for raw in parsed.messages() {
+        let message = pare::neutral::Message::from_raw(raw).unwrap();
+        for text in content_texts(&message) {
+            texts.insert(content_id(&text), text);
+        }
+    }
+    let mut ids = BTreeSet::new();
+    for request in stub.requests() {
+        ids.extend(content_ids_in(&request.json().to_string()).map(|hex| format!("pare:{hex}")));
+    }
+    let last_forwarded = stub.requests().last().unwrap().json().to_string();
+    assert!(ids.len() > 10, "the session compacted: {} ids in {last_forwarded}", ids.len());
+    for id in &ids {
+        let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
+        assert_eq!(status, 200, "{id}: {text}");
+        assert_eq!(&text, texts.get(id).expect("an id names a text of the conversation"), "{id}");
+    }
+    pare.shutdown().await.unwrap();
+}
