@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, IDS_PER_ELISION, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, files_suffix, group_digits,
-    ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision, placeholders, render,
+    ElisionSummary, IDS_PER_ELISION, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, files_suffix,
+    group_digits, ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -335,9 +335,10 @@ struct MarkerFacts {
     /// marker lists, or would list); empty when the template does not ask for them.
     names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
-    /// Per tool result, its content id (`{retrieve}` lists them); `None` for other messages or when
-    /// the template does not ask for them.
-    ids: Vec<Option<String>>,
+    /// Per tool result, the content ids an elision marker lists for it (`{retrieve}`): its own, or
+    /// for a result that is already a marker (an earlier compaction), the ids that marker shows;
+    /// empty for other messages or when the template does not ask for them.
+    ids: Vec<Vec<String>>,
     /// How many names an elision marker lists: [`NAMES_PER_ELISION`], or
     /// [`NAMES_PER_ELISION_AT_FLOOR`] when the history floor raised the target.
     names_per_elision: usize,
@@ -366,9 +367,20 @@ impl MarkerFacts {
         });
         let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
         let wants_ids = placeholders(&engine.policy.spec.tiers.elision_template).contains(&"retrieve");
-        let ids = conv.map_each(&indices, |&idx| {
-            (wants_ids && conv.outcomes[idx].is_some() && !edits.compacted[idx])
-                .then(|| conv.content_id(idx).to_owned())
+        let ids = conv.map_each(&indices, |&idx| match &conv.outcomes[idx] {
+            Some(_) if wants_ids && edits.compacted[idx] => {
+                let text = conv.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default();
+                let mut ids: Vec<String> = Vec::new();
+                for hex in content_ids_in(&text) {
+                    let id = format!("pare:{hex}");
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                ids
+            }
+            Some(_) if wants_ids => vec![conv.content_id(idx).to_owned()],
+            _ => Vec::new(),
         });
         MarkerFacts { tool_results, names, earlier_elisions, ids, names_per_elision }
     }
@@ -450,7 +462,7 @@ fn message_summary<'f>(
             } else if is_system(&m.role) {
                 add_tool(&mut summary, texts.id("system"), 1);
             }
-            if let Some(id) = &facts.ids[idx] {
+            for id in facts.ids[idx].iter().take(IDS_PER_ELISION) {
                 summary.ids.push(texts.id(id));
             }
             (files, &facts.names[idx])
@@ -796,10 +808,9 @@ fn elision_marker(
         if edits.dropped[idx] || conv.msgs[idx].is_none() {
             continue;
         }
-        let listed: &[String] = match (&marker_facts.earlier_elisions[idx], &marker_facts.ids[idx]) {
-            (Some(earlier), _) => &earlier.ids,
-            (None, Some(id)) => std::slice::from_ref(id),
-            (None, None) => &[],
+        let listed: &[String] = match &marker_facts.earlier_elisions[idx] {
+            Some(earlier) => &earlier.ids,
+            None => &marker_facts.ids[idx],
         };
         for id in listed {
             if ids.len() >= IDS_PER_ELISION {

@@ -475,3 +475,32 @@ async fn ids_resolve_on_the_messages_wire() {
     }
     pare.shutdown().await.unwrap();
 }
+
+/// Regression: an elision over tool results that were already markers (eager mode compacts a history
+/// that holds its earlier markers) listed no id for them, so what they stood for could no longer be
+/// retrieved; it lists the ids those markers carried.
+#[test]
+fn elision_over_earlier_markers_keeps_their_ids() {
+    let raw = every_rule_conversation();
+    let (once, _) = compact(&raw, None);
+    let mut input: Vec<Value> = once.prefix.iter().map(|m| serde_json::from_str(m).unwrap()).collect();
+    input.extend(raw[once.boundary..].iter().cloned());
+    let (twice, sources) = compact(&input, Some(900));
+    let mut checked = 0;
+    for (forwarded, source) in twice.prefix.iter().zip(&sources) {
+        let Source::Elided { start, end } = source else { continue };
+        let carried: BTreeSet<String> = input[*start..*end]
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .flat_map(|m| {
+                content_ids_in(m["content"].as_str().unwrap_or_default())
+                    .map(|h| format!("pare:{h}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let named: BTreeSet<String> = content_ids_in(forwarded).map(|h| format!("pare:{h}")).collect();
+        assert!(carried.is_subset(&named), "{carried:?} not all in {forwarded}");
+        checked += carried.len();
+    }
+    assert!(checked > 3, "the second pass elided earlier markers: {checked}");
+}
