@@ -200,18 +200,31 @@ struct GatewayCompacted {
 }
 
 /// The rules' compaction of chat body `raw`, one forwarded message per message.
+///
+/// The guardrail sends only the messages it lets a compressor touch: tool results often arrive
+/// without the assistant message that called them, which no chat request may hold. Each such result
+/// is read as the answer to a call of its own (an assistant message inserted before it, naming the
+/// result's `name` or `tool`), and the inserted messages are left out of the answer.
 fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Result<GatewayCompacted, String> {
     let mut engine = crate::compact::Engine::from_config(config).map_err(|e| e.to_string())?;
     engine.policy.spec.consecutive_assistant.enabled = false;
     let body = crate::wire::ChatBody::parse(raw).map_err(|e| e.to_string())?;
     let view = body.view();
+    let (messages, inserted) = with_calls_for_orphan_results(view.messages);
+    let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
     let counter = crate::budget::tokens::TokenCounter::new(&crate::budget::tokens::CounterConfig {
         cache_entries: 1024,
         ..Default::default()
     });
-    let out = engine.compact(&view, &crate::compact::CompactOptions::default(), &counter);
-    let mut forwarded: Vec<String> = out.prefix;
-    forwarded.extend(view.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    let read = crate::neutral::View { messages: &refs, tools: view.tools };
+    let out = engine.compact(&read, &crate::compact::CompactOptions::default(), &counter);
+    let mut all: Vec<String> = out.prefix;
+    all.extend(refs[out.boundary.min(refs.len())..].iter().map(|m| (*m).to_owned()));
+    let mut forwarded: Vec<String> = if all.len() == refs.len() {
+        all.into_iter().enumerate().filter(|(idx, _)| !inserted.contains(idx)).map(|(_, m)| m).collect()
+    } else {
+        Vec::new()
+    };
     if forwarded.len() != view.messages.len() {
         // A rule dropped a message (a custom rule): the guardrail needs the count kept.
         forwarded = view.messages.iter().map(|m| (*m).to_owned()).collect();
@@ -232,4 +245,40 @@ fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Resu
         messages,
         ids,
     })
+}
+
+/// `messages` with an assistant message calling each tool result that no earlier assistant message
+/// called, and the indices of the inserted messages.
+fn with_calls_for_orphan_results(messages: &[&str]) -> (Vec<String>, Vec<usize>) {
+    let mut out: Vec<String> = Vec::with_capacity(messages.len());
+    let mut inserted = Vec::new();
+    let mut called: Vec<String> = Vec::new();
+    for raw in messages {
+        let parsed: Option<Value> = serde_json::from_str(raw).ok();
+        let role = parsed.as_ref().and_then(|m| m.get("role")).and_then(Value::as_str).unwrap_or_default();
+        match role {
+            "assistant" => {
+                called = parsed
+                    .as_ref()
+                    .and_then(|m| m.get("tool_calls"))
+                    .and_then(Value::as_array)
+                    .map(|calls| calls.iter().filter_map(|c| c.get("id")?.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default();
+            }
+            "tool" => {
+                let id = parsed.as_ref().and_then(|m| m.get("tool_call_id")).and_then(Value::as_str);
+                if let Some(id) = id.filter(|id| !called.iter().any(|c| c == id)) {
+                    let name = parsed.as_ref().and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("tool");
+                    let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                        "function": {"name": name, "arguments": "{}"}}]});
+                    inserted.push(out.len());
+                    out.push(call.to_string());
+                    called = vec![id.to_owned()];
+                }
+            }
+            _ => called.clear(),
+        }
+        out.push((*raw).to_owned());
+    }
+    (out, inserted)
 }

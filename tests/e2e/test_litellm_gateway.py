@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -45,8 +46,10 @@ class ScriptedModel:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
                 model.requests.append(body)
                 last = body["messages"][-1]
-                if last.get("role") == "tool":
+                if last.get("role") == "tool" and last.get("tool_call_id") == "call_retrieve":
                     message = {"role": "assistant", "content": f"retrieved {len(last['content'])} chars"}
+                elif not ID.search(json.dumps(body["messages"])):
+                    message = {"role": "assistant", "content": "no marker in the request"}
                 else:
                     ids = ID.findall(json.dumps(body["messages"]))
                     message = {"role": "assistant", "content": None, "tool_calls": [{
@@ -121,7 +124,9 @@ guardrails:
       default_on: true
 """)
     litellm = shutil.which("litellm", path=str(Path(sys.executable).parent)) or "litellm"
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False")
+    master_key = "sk-" + secrets.token_hex(32)
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
+               LITELLM_MASTER_KEY=master_key)
     log = open(tmp_path / "litellm.log", "w")
     process = subprocess.Popen([litellm, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
                                stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -138,7 +143,7 @@ guardrails:
             process.kill()
             raise RuntimeError(f"litellm did not start: {(tmp_path / 'litellm.log').read_text()[-3000:]}")
         time.sleep(0.5)
-    yield url, model, pare
+    yield url, master_key, model, pare
     process.terminate()
     process.wait(timeout=30)
     log.close()
@@ -147,11 +152,11 @@ guardrails:
 
 
 def test_litellm_compresses_through_pare_and_retrieves_a_marker(litellm_with_pare):
-    url, model, pare = litellm_with_pare
+    url, master_key, model, pare = litellm_with_pare
     messages = conversation(16)
     body = json.dumps({"model": MODEL, "messages": messages}).encode()
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"content-type": "application/json", "authorization": "Bearer sk-any"})
+                                     headers={"content-type": "application/json", "authorization": f"Bearer {master_key}"})
     with urllib.request.urlopen(request, timeout=120) as response:
         answer = json.loads(response.read())
 

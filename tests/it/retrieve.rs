@@ -427,6 +427,22 @@ async fn gateway_compress_and_retrieve() {
     assert_eq!(missing.status(), 404);
     let bad = client().post(pare.url("/v1/compress")).body("{\"nope\": 1}").send().await.unwrap();
     assert_eq!(bad.status(), 400);
+
+    // The guardrail holds back what a compressor may not touch (system, the last user and assistant
+    // turns): tool results arrive without the calls they answer, and are compacted all the same.
+    let results: Vec<Value> = messages.as_array().unwrap().iter().filter(|m| m["role"] == "tool").cloned().collect();
+    let response = client()
+        .post(pare.url("/v1/compress"))
+        .body(json!({"messages": results, "model": "m"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let answer = body_json(response).await;
+    let out = answer["messages"].as_array().unwrap();
+    assert_eq!(out.len(), results.len());
+    assert!(out.iter().all(|m| m["role"] == "tool"), "no inserted call comes back");
+    assert!(answer["ccr_hashes"].as_array().unwrap().len() > 10, "{answer}");
+    assert_eq!(out.last(), results.last(), "the latest results are the protected tail");
     pare.shutdown().await.unwrap();
 }
 
