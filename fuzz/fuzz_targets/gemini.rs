@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pare::budget::tokens::QuarterCounter;
+use pare::tokens::QuarterCounter;
 use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
 use pare::wire::WireBody;

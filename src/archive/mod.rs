@@ -13,6 +13,7 @@
 //! - [`usage`]: the provider's own token figures of an answer (prompt, cached, cache writes, output).
 //! - [`plan`]: each session's compaction state, stored when an exchange changes it (resume).
 //! - [`query`]: the audit side: list, load, delete sessions, and what the upstream reported per session.
+//! - [`content`]: the contents markers name by id, stored when a forwarded marker names them.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
 //!
@@ -36,6 +37,7 @@
 
 pub mod body;
 pub mod chain;
+pub mod content;
 pub mod export;
 pub mod gemini_sse;
 pub mod messages_sse;

@@ -126,6 +126,12 @@ CREATE TABLE IF NOT EXISTS plans (
     prefix_seen  BLOB                   -- arrival time of each prefix message (ms), 8 bytes each; may be empty
 );
 CREATE INDEX IF NOT EXISTS plans_session ON plans (session, id);
+
+-- Contents a forwarded marker names (`pare:` + hex of the SHA-256 of the text): each is the blob of
+-- the same SHA-256, holding the text exactly as the agent sent it.
+CREATE TABLE IF NOT EXISTS contents (
+    sha256 BLOB PRIMARY KEY
+) WITHOUT ROWID;
 "#;
 
 /// Blobs shorter than this are stored as is; compression would not pay for its frame.

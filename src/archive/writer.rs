@@ -19,6 +19,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
+use super::content::ContentIndex;
 use super::read::{self, BodyKind};
 use super::usage::Usage;
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
@@ -139,6 +140,9 @@ pub(crate) struct Writer {
     pending: LruCache<Ticket, Pending>,
     /// Seed of [`Writer::digest`], drawn per process.
     digest_seed: u64,
+    /// Which contents named by markers are stored ([`super::content`]).
+    /// (`None` only while [`ContentIndex::index`] runs.)
+    contents: Option<ContentIndex>,
 }
 
 impl Writer {
@@ -155,6 +159,7 @@ impl Writer {
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
             digest_seed: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8),
+            contents: Some(ContentIndex::new()),
         }
     }
 
@@ -317,6 +322,9 @@ impl Writer {
             // The in-memory cursors may describe rows that were rolled back: start afresh from disk.
             self.cursors.clear();
             self.blob_ids.clear();
+            if let Some(contents) = &mut self.contents {
+                contents.clear();
+            }
             for job in records.iter() {
                 if let Job::Exchange { ticket, .. } = job {
                     self.pending.pop(ticket);
@@ -526,6 +534,11 @@ impl Writer {
             tokens_raw as i64,
             tokens_fwd as i64
         ])?;
+        // The contents its markers name, stored as blobs of the session.
+        let mut contents = self.contents.take().unwrap_or_else(ContentIndex::new);
+        let indexed = contents.index(conn, rec, |text| self.blob_id(conn, &rec.session, text));
+        self.contents = Some(contents);
+        indexed?;
         cursor.n_requests = seq;
         cursor.n_records += 1;
         cursor.head = hash;

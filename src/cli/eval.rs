@@ -134,7 +134,7 @@ pub fn render_table(report: &CorpusReport) -> String {
     };
     let _ = writeln!(
         out,
-        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · {peak} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
+        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · {peak} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · recoverable recall {:.3} ({}/{} lost needles a marker id names) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
         pct(t.saved()),
         pct(t.ceiling()),
         n(t.over_window),
@@ -145,6 +145,9 @@ pub fn render_table(report: &CorpusReport) -> String {
         t.recall(),
         n(t.needles_kept as usize),
         n(t.needles as usize),
+        t.recoverable_recall(),
+        n(t.needles_recoverable as usize),
+        n((t.needles - t.needles_kept) as usize),
         pct(t.validity()),
         pct(if t.requests == 0 { 1.0 } else { t.valid_raw as f64 / t.requests as f64 }),
         pct(t.preserved_share()),

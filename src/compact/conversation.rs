@@ -11,7 +11,8 @@ use rustc_hash::FxHashSet;
 use serde_json::Value;
 
 use super::markers::{
-    CallFacts, NAMES_PER_MARKER, mentioned_files, names_suffix, one_line, render, salient_names, shorten, shown_names,
+    CallFacts, NAMES_PER_MARKER, content_id, mentioned_files, names_suffix, one_line, render, retrieve_suffix,
+    salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, SuccessPolicy};
 use super::outline::numbered_lines;
@@ -91,6 +92,11 @@ pub struct Conversation<'a> {
     /// Each tool result's text length in chars: facts, structural maps, savings and truncation all
     /// ask, and counting reads the whole text.
     text_chars: Vec<OnceLock<usize>>,
+    /// Each message's content id ([`content_id`] of its text), computed the first time a marker asks.
+    content_ids: Vec<OnceLock<String>>,
+    /// The name of pare's retrieve tool when the request offers it ([`super::markers::retrieve_tool`]):
+    /// markers then say to call it.
+    pub retrieve_tool: Option<String>,
     /// Large enough that per-message work is worth spreading over the rayon pool.
     parallel: bool,
 }
@@ -222,6 +228,7 @@ impl<'a> Conversation<'a> {
         let facts = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         let names = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         let text_chars = (0..msgs.len()).map(|_| OnceLock::new()).collect();
+        let content_ids = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         Conversation {
             raw,
             msgs,
@@ -237,6 +244,8 @@ impl<'a> Conversation<'a> {
             names,
             shown: OnceLock::new(),
             text_chars,
+            content_ids,
+            retrieve_tool: None,
             parallel,
         }
     }
@@ -304,8 +313,26 @@ impl<'a> Conversation<'a> {
         match name {
             "names" => Some(names_suffix(self.names(idx))),
             "restore" => Some(self.restore(idx).map(|r| format!("; restore: {r}")).unwrap_or_default()),
+            "retrieve" => Some(self.retrieve(idx)),
             other => self.facts(idx).value(other),
         }
+    }
+
+    /// The content id of message `idx`'s text (a tool's output as the agent sent it, a system
+    /// prompt, an assistant note), computed once.
+    pub fn content_id(&self, idx: usize) -> &str {
+        self.content_ids[idx].get_or_init(|| content_id(&self.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default()))
+    }
+
+    /// What a marker standing for message `idx`'s text says to get it back (`{retrieve}`).
+    pub fn retrieve(&self, idx: usize) -> String {
+        retrieve_suffix(self.content_id(idx), self.retrieve_tool.as_deref())
+    }
+
+    /// `template` with its `{retrieve}` filled for message `idx` and every other placeholder left as
+    /// written (for the truncation markers, whose `{n}` their cut fills).
+    pub fn fill_retrieve(&self, idx: usize, template: &str) -> String {
+        render(template, &|name| (name == "retrieve").then(|| self.retrieve(idx)))
     }
 
     /// The one call that shows tool result `idx` again, when it is a view of a file: the file's

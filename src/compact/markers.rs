@@ -149,6 +149,8 @@ pub struct ElisionSummary {
     pub files: Vec<String>,
     /// The identifiers it lists (`{names}`), most recent first.
     pub names: Vec<String>,
+    /// The content ids of the outputs it stands for (`{retrieve}`), most recent first.
+    pub ids: Vec<String>,
 }
 
 /// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
@@ -161,11 +163,15 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
         Some((rest, names)) => (rest, names.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
+    let (rest, ids) = match rest.split_once("; ids") {
+        Some((rest, ids)) => (rest, ids.split_once(": ")?.1.split(", ").map(str::to_owned).collect()),
+        None => (rest, Vec::new()),
+    };
     let (what, files) = match rest.split_once("; files: ") {
         Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let mut summary = ElisionSummary { messages, files, names, ..ElisionSummary::default() };
+    let mut summary = ElisionSummary { messages, files, names, ids, ..ElisionSummary::default() };
     for item in what.split(", ").filter(|i| !i.is_empty()) {
         let (name, k) = item.rsplit_once(" ×")?;
         let k: usize = k.replace(',', "").parse().ok()?;
@@ -176,6 +182,129 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
         }
     }
     Some(summary)
+}
+
+/// How many hex digits of a content's SHA-256 a marker shows after `pare:`: 48 bits, a few tokens,
+/// and unique in an archive of millions of contents (the archive resolves any unique prefix of 8 or
+/// more digits).
+pub const CONTENT_ID_HEX: usize = 12;
+
+/// The id a marker names a hidden content by: `pare:` and the first [`CONTENT_ID_HEX`] lowercase hex
+/// digits of the SHA-256 of the content's exact text (what the agent sent). A pure function of the
+/// text, so the same content has the same id in `pare replay`, across restarts and epochs, and the
+/// archive, which stores each named content under its SHA-256, resolves it.
+pub fn content_id(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(5 + CONTENT_ID_HEX);
+    out.push_str("pare:");
+    for byte in &digest[..CONTENT_ID_HEX / 2] {
+        out.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+        out.push(char::from(b"0123456789abcdef"[usize::from(byte & 15)]));
+    }
+    out
+}
+
+/// The hex digits of every content id in a text (`pare:` then exactly [`CONTENT_ID_HEX`] lowercase
+/// hex digits, not part of a longer word), in order, repeats included.
+pub fn content_ids_in(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    memchr::memmem::find_iter(bytes, b"pare:").filter_map(move |at| {
+        let start = at + 5;
+        let end = start + CONTENT_ID_HEX;
+        let word_before = at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        let hex = bytes.get(start..end)?.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+        let word_after = bytes.get(end).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_');
+        (!word_before && hex && !word_after).then(|| &text[start..end])
+    })
+}
+
+/// The texts of a message a marker may stand for, each of which a content id can name: the
+/// message's text (a tool's output, a system prompt, an assistant note) and, for each tool call,
+/// its arguments and each of their top-level string values (what the arguments rule cuts). Empty
+/// texts are left out. The archive stores the ones the forwarded markers name; `pare eval` resolves
+/// ids against them.
+pub fn content_texts(message: &crate::neutral::Message) -> Vec<String> {
+    let mut out = Vec::new();
+    let text = message.text();
+    if !text.is_empty() {
+        out.push(text);
+    }
+    for call in message.tool_calls.iter().flatten() {
+        let Some(function) = &call.function else { continue };
+        let arguments = match &function.arguments {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => continue,
+            other => other.to_string(),
+        };
+        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(&arguments) {
+            out.extend(map.into_iter().filter_map(|(_, v)| match v {
+                serde_json::Value::String(s) if !s.is_empty() => Some(s),
+                _ => None,
+            }));
+        }
+        if !arguments.is_empty() {
+            out.push(arguments);
+        }
+    }
+    out
+}
+
+/// How many content ids an elision marker lists: the most recent outputs of its run first. Each costs
+/// about eight tokens; a run of more outputs names its oldest ones no more.
+pub const IDS_PER_ELISION: usize = 64;
+
+/// What an elision marker says to get its outputs back (`{retrieve}`): `; ids: pare:…, pare:…`, or
+/// with pare's retrieve tool in the request, `; ids (get back with TOOL): pare:…, pare:…`; nothing
+/// without ids.
+pub fn ids_suffix<S: std::borrow::Borrow<str>>(ids: &[S], tool: Option<&str>) -> String {
+    match (ids.is_empty(), tool) {
+        (true, _) => String::new(),
+        (false, Some(tool)) => format!("; ids (get back with {tool}): {}", ids.join(", ")),
+        (false, None) => format!("; ids: {}", ids.join(", ")),
+    }
+}
+
+/// The name of pare's retrieve tool (the MCP server's tool, see the README).
+pub const RETRIEVE_TOOL: &str = "retrieve";
+
+/// The name of the tool in a request's tool definitions (raw JSON of any wire format) that is pare's
+/// retrieve tool, when there is one: a tool named `retrieve` or ending in `_retrieve` (MCP clients
+/// name a server's tools `mcp__SERVER__TOOL`, `SERVER__TOOL` or `mcp_SERVER_TOOL`) whose name or
+/// description names pare as a word. Markers then say to call it; without it they show the id only.
+pub fn retrieve_tool(tools: Option<&str>) -> Option<String> {
+    let tools = tools?;
+    // Most requests have no such tool: one substring search decides before any parse.
+    memchr::memmem::find(tools.as_bytes(), b"retrieve\"")?;
+    let parsed: serde_json::Value = serde_json::from_str(tools).ok()?;
+    let list = parsed.as_array()?;
+    list.iter().find_map(|tool| {
+        let def = tool.get("function").unwrap_or(tool);
+        let name = def.get("name")?.as_str()?;
+        let named = name == RETRIEVE_TOOL || name.ends_with("_retrieve");
+        let about_pare = names_pare(name) || def.get("description").and_then(|d| d.as_str()).is_some_and(names_pare);
+        (named && about_pare).then(|| name.to_owned())
+    })
+}
+
+/// Whether `text` has `pare` as a word of its own (`mcp__pare__retrieve`, "…pare's archive"), not
+/// inside another (`compare`, `prepared`).
+fn names_pare(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    memchr::memmem::find_iter(bytes, b"pare").any(|at| {
+        let before = at.checked_sub(1).map(|i| bytes[i]);
+        let after = bytes.get(at + 4).copied();
+        !before.is_some_and(|b| b.is_ascii_alphanumeric()) && !after.is_some_and(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+/// What a marker says to get content `text` back (`{retrieve}`): `; pare:0123456789ab`, or with
+/// pare's retrieve tool in the request, `; get it back with TOOL("pare:0123456789ab")`.
+pub fn retrieve_suffix(id: &str, tool: Option<&str>) -> String {
+    match tool {
+        Some(tool) => format!("; get it back with {tool}(\"{id}\")"),
+        None => format!("; {id}"),
+    }
 }
 
 /// 12345 → `12,345` (markers are read by models and people).
@@ -445,6 +574,11 @@ fn identifiers(text: &str) -> impl Iterator<Item = &str> {
             if seen & !(WORD | INNER) == DIGIT && is_line_number(text, start, end) {
                 continue;
             }
+            // A content id (`pare:0123456789ab`) is pare's handle, not the agent's data: a marker
+            // that lists names does not list it again.
+            if start >= 5 && &bytes[start - 5..start] == b"pare:" {
+                continue;
+            }
             // A JSON (or Python) object key names the schema, not the data.
             if start > 0 && matches!(bytes[start - 1], b'"' | b'\'') {
                 let after = text[end..].trim_start_matches(['"', '\'']).trim_start();
@@ -677,6 +811,36 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal ×2]").map(|s| s.files.len()), Some(0));
         assert_eq!(parse_elision("[pare: assistant note, 12 chars omitted]"), None);
         assert_eq!(parse_elision("[pare: 2 earlier messages elided — terminal twice]"), None);
+    }
+
+    #[test]
+    fn the_retrieve_tool_is_pares_by_name_or_description() {
+        let tools = |name: &str, description: &str| {
+            Some(format!(r#"[{{"type":"function","function":{{"name":"{name}","description":"{description}"}}}}]"#))
+        };
+        let found = |name: &str, description: &str| retrieve_tool(tools(name, description).as_deref());
+        assert_eq!(found("mcp__pare__retrieve", "x"), Some("mcp__pare__retrieve".into()));
+        assert_eq!(found("mcp_pare_retrieve", "x"), Some("mcp_pare_retrieve".into()));
+        assert_eq!(found("retrieve", "Get back content pare replaced"), Some("retrieve".into()));
+        assert_eq!(found("retrieve", "search the docs"), None);
+        assert_eq!(found("headroom_retrieve", "content compared and compressed"), None, "not pare as a word");
+        assert_eq!(found("mcp__pare__search", "pare"), None);
+        // Anthropic's and the Responses API's shape: the name at the top level.
+        let anthropic = r#"[{"name":"mcp__pare__retrieve","input_schema":{}}]"#;
+        assert_eq!(retrieve_tool(Some(anthropic)), Some("mcp__pare__retrieve".into()));
+        assert_eq!(retrieve_tool(None), None);
+    }
+
+    #[test]
+    fn content_ids_are_found_only_whole() {
+        let id = content_id("hello");
+        assert_eq!(id.len(), 5 + CONTENT_ID_HEX);
+        let text = format!("[tool: x; {id}] also pare:0123456789abc and xpare:0123456789ab and pare:0123456789ab.");
+        let found: Vec<&str> = content_ids_in(&text).collect();
+        assert_eq!(found, vec![&id[5..], "0123456789ab"]);
+        // A marker's id is not one of the names markers list.
+        let none = FxHashSet::default();
+        assert_eq!(salient_names(&format!("{text} load_user"), 10, &[], &none), vec!["load_user"]);
     }
 
     #[test]

@@ -206,13 +206,14 @@ impl Engine {
         counter: &'p dyn CountTokens,
     ) -> Prepared<'p> {
         let policy = &self.policy;
-        let conv = Conversation::analyse(
+        let mut conv = Conversation::analyse(
             view.messages,
             policy.spec.protect_last_turns,
             &policy.spec.key_arguments,
             &policy.success,
             !opts.single_thread,
         );
+        conv.retrieve_tool = markers::retrieve_tool(view.tools);
         let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
         let input_invalid = validate::check(&input_skeletons).err().map(|violation| violation.to_string());
         let mut edits = Edits::new(&conv);

@@ -26,8 +26,8 @@ use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edited::FileEdits;
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, files_suffix, group_digits, is_compacted,
-    mentioned_files, names_suffix, parse_elision, placeholders, render,
+    ElisionSummary, IDS_PER_ELISION, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, files_suffix,
+    group_digits, ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision, placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -340,6 +340,10 @@ struct MarkerFacts {
     /// marker lists, or would list); empty when the template does not ask for them.
     names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
+    /// Per tool result, the content ids an elision marker lists for it (`{retrieve}`): its own, or
+    /// for a result that is already a marker (an earlier compaction), the ids that marker shows;
+    /// empty for other messages or when the template does not ask for them.
+    ids: Vec<Vec<String>>,
     /// How many names an elision marker lists: [`NAMES_PER_ELISION`], or
     /// [`NAMES_PER_ELISION_AT_FLOOR`] when the history floor raised the target.
     names_per_elision: usize,
@@ -367,7 +371,23 @@ impl MarkerFacts {
             conv.names(idx).iter().filter(|n| *n != tool).cloned().collect()
         });
         let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
-        MarkerFacts { tool_results, names, earlier_elisions, names_per_elision }
+        let wants_ids = placeholders(&engine.policy.spec.tiers.elision_template).contains(&"retrieve");
+        let ids = conv.map_each(&indices, |&idx| match &conv.outcomes[idx] {
+            Some(_) if wants_ids && edits.compacted[idx] => {
+                let text = conv.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default();
+                let mut ids: Vec<String> = Vec::new();
+                for hex in content_ids_in(&text) {
+                    let id = format!("pare:{hex}");
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                ids
+            }
+            Some(_) if wants_ids => vec![conv.content_id(idx).to_owned()],
+            _ => Vec::new(),
+        });
+        MarkerFacts { tool_results, names, earlier_elisions, ids, names_per_elision }
     }
 }
 
@@ -428,6 +448,12 @@ fn message_summary<'f>(
             for (tool, k) in &earlier.tools {
                 add_tool(&mut summary, texts.id(tool), *k);
             }
+            for id in &earlier.ids {
+                if summary.ids.len() >= IDS_PER_ELISION {
+                    break;
+                }
+                summary.ids.push(texts.id(id));
+            }
             (&earlier.files, &earlier.names)
         }
         None => {
@@ -440,6 +466,9 @@ fn message_summary<'f>(
                 summary.notes = 1;
             } else if is_system(&m.role) {
                 add_tool(&mut summary, texts.id("system"), 1);
+            }
+            for id in facts.ids[idx].iter().take(IDS_PER_ELISION) {
+                summary.ids.push(texts.id(id));
             }
             (files, &facts.names[idx])
         }
@@ -526,7 +555,13 @@ impl ElideContext<'_, '_, '_> {
         if let Some((_, tokens)) = self.memo.markers.borrow().get(&key) {
             return *tokens;
         }
-        let tokens = self.counter.message(&summary_marker(self.engine, &self.summaries.texts, summary, self.terse));
+        let tokens = self.counter.message(&summary_marker(
+            self.engine,
+            &self.summaries.texts,
+            summary,
+            self.conv.retrieve_tool.as_deref(),
+            self.terse,
+        ));
         self.memo.marker_tokens.borrow_mut().insert(key, tokens);
         tokens
     }
@@ -772,18 +807,54 @@ fn elision_marker(
             }
         }
     }
+    // Content ids: the most recent outputs' first, then what an earlier elision marker listed.
+    let mut ids: Vec<&str> = Vec::new();
+    for idx in (start..end).rev() {
+        if edits.dropped[idx] || conv.msgs[idx].is_none() {
+            continue;
+        }
+        let listed: &[String] = match &marker_facts.earlier_elisions[idx] {
+            Some(earlier) => &earlier.ids,
+            None => &marker_facts.ids[idx],
+        };
+        for id in listed {
+            if ids.len() >= IDS_PER_ELISION {
+                break;
+            }
+            if !ids.contains(&id.as_str()) {
+                ids.push(id);
+            }
+        }
+    }
     let tools: Vec<(&str, usize)> = tools.iter().map(|(tool, k)| (tool.as_str(), *k)).collect();
-    elision_text(engine, n, &tools, notes, &files, &names, terse)
+    let lists = Lists { files: &files, names: &names, ids: &ids, retrieve_tool: conv.retrieve_tool.as_deref() };
+    elision_text(engine, n, &tools, notes, &lists, terse)
+}
+
+/// The lists an elision marker shows.
+struct Lists<'l> {
+    files: &'l [String],
+    names: &'l [&'l str],
+    ids: &'l [&'l str],
+    retrieve_tool: Option<&'l str>,
 }
 
 /// [`elision_marker`] of a run given its [`MarkerSummary`] (the same bytes, see
 /// `summary_markers_are_the_markers_of_their_runs`).
-fn summary_marker(engine: &Engine, texts: &Texts<'_>, summary: &MarkerSummary, terse: bool) -> String {
+fn summary_marker(
+    engine: &Engine,
+    texts: &Texts<'_>,
+    summary: &MarkerSummary,
+    retrieve_tool: Option<&str>,
+    terse: bool,
+) -> String {
     let mut tools: Vec<(&str, usize)> = summary.tools.iter().map(|&(id, k)| (texts.text(id), k)).collect();
     tools.sort_unstable();
     let files: Vec<String> = summary.files.iter().map(|&id| texts.text(id).to_owned()).collect();
     let names: Vec<&str> = summary.names.iter().map(|&id| texts.text(id)).collect();
-    elision_text(engine, summary.n, &tools, summary.notes, &files, &names, terse)
+    let ids: Vec<&str> = summary.ids.iter().map(|&id| texts.text(id)).collect();
+    let lists = Lists { files: &files, names: &names, ids: &ids, retrieve_tool };
+    elision_text(engine, summary.n, &tools, summary.notes, &lists, terse)
 }
 
 /// The elision marker message: `n` messages, per tool (in name order) its results, assistant
@@ -793,10 +864,10 @@ fn elision_text(
     n: usize,
     tools: &[(&str, usize)],
     notes: usize,
-    files: &[String],
-    names: &[&str],
+    lists: &Lists<'_>,
     terse: bool,
 ) -> String {
+    let Lists { files, names, ids, retrieve_tool } = *lists;
     let mut what: Vec<String> = tools.iter().map(|(t, k)| format!("{t} ×{k}")).collect();
     if notes > 0 {
         what.push(format!("assistant notes ×{notes}"));
@@ -806,6 +877,8 @@ fn elision_text(
         "tools" => Some(what.join(", ")),
         "files" => Some(if terse { String::new() } else { files_suffix(files) }),
         "names" => Some(if terse { String::new() } else { names_suffix(names) }),
+        // Kept in a terse marker: the ids are what gets the run back.
+        "retrieve" => Some(ids_suffix(ids, retrieve_tool)),
         _ => None,
     });
     serde_json::json!({"role": "assistant", "content": text}).to_string()
@@ -943,12 +1016,12 @@ fn form(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, idx: usize, tie
                 if edits.claimed[idx] || current.chars().count() <= spec.light_max_chars || is_compacted(&current) {
                     return None;
                 }
-                let short =
-                    truncate_lines(&current, spec.light_head, spec.light_tail, &engine.policy.spec.truncate.template)
-                        .unwrap_or_else(|| current.clone());
+                let truncate = conv.fill_retrieve(idx, &engine.policy.spec.truncate.template);
+                let short = truncate_lines(&current, spec.light_head, spec.light_tail, &truncate)
+                    .unwrap_or_else(|| current.clone());
                 let cap = spec.light_max_chars * 4;
-                let short =
-                    super::rules::cap_chars(&short, cap, &engine.policy.spec.hard_cap.template).unwrap_or(short);
+                let hard_cap = conv.fill_retrieve(idx, &engine.policy.spec.hard_cap.template);
+                let short = super::rules::cap_chars(&short, cap, &hard_cap).unwrap_or(short);
                 TextEdit { text: short, embed: true }
             }
             Tier::Summary => TextEdit { text: conv.render_marker(idx, &spec.heavy_template), embed: false },
@@ -980,6 +1053,7 @@ fn form(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, idx: usize, tie
                 text: render(&spec.facts_text_template, &|name| match name {
                     "chars" => Some(group_digits(chars)),
                     "lines" => Some(group_digits(current.lines().count())),
+                    "retrieve" => Some(conv.retrieve(idx)),
                     _ => None,
                 }),
                 embed: false,
@@ -1311,7 +1385,7 @@ mod tests {
                     let (start, end) = (units[first].start, units[last].end);
                     for terse in [false, true] {
                         assert_eq!(
-                            summary_marker(&engine, &summaries.texts, &summary, terse),
+                            summary_marker(&engine, &summaries.texts, &summary, conv.retrieve_tool.as_deref(), terse),
                             elision_marker(&engine, &facts, conv, edits, start, end, terse),
                             "units {first}..={last}"
                         );

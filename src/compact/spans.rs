@@ -7,6 +7,8 @@
 
 use rustc_hash::FxHashMap;
 
+use super::markers::IDS_PER_ELISION;
+
 /// What an elision marker says of a span: how many messages it stands for, per tool how many
 /// results, assistant notes, the first distinct files (at most [`MAX_FILES`]) and the most recent
 /// distinct names (at most the fit's cap). Texts are ids into a [`Texts`].
@@ -18,6 +20,8 @@ pub struct MarkerSummary {
     pub tools: Vec<(u32, usize)>,
     pub files: Vec<u32>,
     pub names: Vec<u32>,
+    /// Content ids of the outputs, most recent first (text ids, at most [`IDS_PER_ELISION`]).
+    pub ids: Vec<u32>,
 }
 
 /// The files an elision marker lists at most.
@@ -65,7 +69,17 @@ impl MarkerSummary {
                 names.push(name);
             }
         }
-        MarkerSummary { n: self.n + later.n, notes: self.notes + later.notes, tools, files, names }
+        seen.clear();
+        let mut ids = Vec::with_capacity(IDS_PER_ELISION.min(later.ids.len() + self.ids.len()));
+        for &id in later.ids.iter().chain(&self.ids) {
+            if ids.len() >= IDS_PER_ELISION {
+                break;
+            }
+            if seen.insert(id) {
+                ids.push(id);
+            }
+        }
+        MarkerSummary { n: self.n + later.n, notes: self.notes + later.notes, tools, files, names, ids }
     }
 }
 

@@ -80,7 +80,7 @@ impl Default for RulesSpec {
             custom: Vec::new(),
             retry_pruning: MarkerRule {
                 enabled: true,
-                template: "[retried: {call} failed{error}; a later retry succeeded]".into(),
+                template: "[retried: {call} failed{error}; a later retry succeeded{retrieve}]".into(),
             },
             loops: LoopRule::default(),
             duplicates: DuplicateRule::default(),
@@ -170,7 +170,7 @@ impl Default for LoopRule {
             enabled: true,
             min_repeats: 3,
             template:
-                "[pare: repeated call {k} of {total}: {call} → {status}, {chars} chars{error}; see the latest result]"
+                "[pare: repeated call {k} of {total}: {call} → {status}, {chars} chars{error}; see the latest result{retrieve}]"
                     .into(),
         }
     }
@@ -191,8 +191,9 @@ impl Default for DuplicateRule {
         DuplicateRule {
             enabled: true,
             min_chars: 200,
-            template: "[pare: output of {call} ({chars} chars) identical to the later result of call {later_id}]"
-                .into(),
+            template:
+                "[pare: output of {call} ({chars} chars) identical to the later result of call {later_id}{retrieve}]"
+                    .into(),
         }
     }
 }
@@ -219,7 +220,7 @@ impl Default for StructureRule {
             max_entries: 150,
             max_depth: 2,
             template:
-                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted; {restore} restores it){names}]"
+                "[pare: structure of {path} ({lines} lines, {chars} chars; body omitted; {restore} restores it{retrieve}){names}]"
                     .into(),
         }
     }
@@ -243,7 +244,7 @@ impl Default for CollapseRule {
             enabled: true,
             min_chars: 0,
             except_tools: Vec::new(),
-            template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{restore}{names}]".into(),
+            template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{restore}{retrieve}{names}]".into(),
         }
     }
 }
@@ -267,7 +268,7 @@ impl Default for TruncateRule {
             max_chars: 500,
             head_lines: 10,
             tail_lines: 5,
-            template: "[...truncated {n} lines...]".into(),
+            template: "[...truncated {n} lines...{retrieve}]".into(),
         }
     }
 }
@@ -283,7 +284,7 @@ pub struct HardCapRule {
 
 impl Default for HardCapRule {
     fn default() -> Self {
-        HardCapRule { enabled: true, max_chars: 4000, template: "[pare: …truncated {n} chars…]".into() }
+        HardCapRule { enabled: true, max_chars: 4000, template: "[pare: …truncated {n} chars…{retrieve}]".into() }
     }
 }
 
@@ -309,7 +310,9 @@ impl Default for ArgumentsRule {
             max_chars: 500,
             head_lines: 4,
             tail_lines: 2,
-            template: "[pare: {lines} lines, {chars} chars of this old {key} elided; the call was sent in full]".into(),
+            template:
+                "[pare: {lines} lines, {chars} chars of this old {key} elided; the call was sent in full{retrieve}]"
+                    .into(),
         }
     }
 }
@@ -342,7 +345,7 @@ pub struct SystemRule {
 
 impl Default for SystemRule {
     fn default() -> Self {
-        SystemRule { enabled: true, replace_first: false, template: "[system prompt: {summary}]".into() }
+        SystemRule { enabled: true, replace_first: false, template: "[system prompt: {summary}{retrieve}]".into() }
     }
 }
 
@@ -430,12 +433,12 @@ impl Default for TierSpec {
             light_max_chars: 300,
             light_head: 5,
             light_tail: 3,
-            heavy_template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{error}{files}{restore}{names}]"
-                .into(),
+            heavy_template:
+                "[tool: {ref} → {status}, {chars} chars, {lines} lines{error}{files}{restore}{retrieve}{names}]".into(),
             heavy_text_chars: 200,
-            facts_template: "[tool: {ref} → {status}]".into(),
-            facts_text_template: "[pare: assistant note, {chars} chars omitted]".into(),
-            elision_template: "[pare: {n} earlier messages elided — {tools}{files}{names}]".into(),
+            facts_template: "[tool: {ref} → {status}{retrieve}]".into(),
+            facts_text_template: "[pare: assistant note, {chars} chars omitted{retrieve}]".into(),
+            elision_template: "[pare: {n} earlier messages elided — {tools}{files}{retrieve}{names}]".into(),
         }
     }
 }
@@ -454,11 +457,11 @@ struct TemplateCheck<'a> {
 }
 
 const CALL_FACTS: &[&str] =
-    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names"];
+    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "retrieve"];
 /// [`CALL_FACTS`] and `{restore}` (the call that shows a file view again): the templates a
 /// [`Conversation`](super::conversation::Conversation) renders.
 const VIEW_FACTS: &[&str] =
-    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "restore"];
+    &["tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "restore", "retrieve"];
 
 impl RulesSpec {
     /// Every semantic problem, each with its dotted path under `rules`.
@@ -576,7 +579,7 @@ impl RulesSpec {
                 text: &self.loops.template,
                 allowed: &[
                     "tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names", "k",
-                    "total",
+                    "total", "retrieve",
                 ],
             },
             TemplateCheck {
@@ -584,7 +587,7 @@ impl RulesSpec {
                 text: &self.duplicates.template,
                 allowed: &[
                     "tool", "arg", "call", "ref", "id", "status", "chars", "lines", "error", "files", "names",
-                    "later_id",
+                    "later_id", "retrieve",
                 ],
             },
             TemplateCheck {
@@ -592,6 +595,7 @@ impl RulesSpec {
                 text: &self.structure.template,
                 allowed: &[
                     "tool", "arg", "call", "ref", "id", "path", "lines", "chars", "language", "names", "restore",
+                    "retrieve",
                 ],
             },
             TemplateCheck {
@@ -599,17 +603,25 @@ impl RulesSpec {
                 text: &self.collapse_succeeded.template,
                 allowed: VIEW_FACTS,
             },
-            TemplateCheck { path: "rules.truncate.template".into(), text: &self.truncate.template, allowed: &["n"] },
-            TemplateCheck { path: "rules.hard_cap.template".into(), text: &self.hard_cap.template, allowed: &["n"] },
+            TemplateCheck {
+                path: "rules.truncate.template".into(),
+                text: &self.truncate.template,
+                allowed: &["n", "retrieve"],
+            },
+            TemplateCheck {
+                path: "rules.hard_cap.template".into(),
+                text: &self.hard_cap.template,
+                allowed: &["n", "retrieve"],
+            },
             TemplateCheck {
                 path: "rules.arguments.template".into(),
                 text: &self.arguments.template,
-                allowed: &["lines", "chars", "key", "tool"],
+                allowed: &["lines", "chars", "key", "tool", "retrieve"],
             },
             TemplateCheck {
                 path: "rules.system_messages.template".into(),
                 text: &self.system_messages.template,
-                allowed: &["summary", "chars", "lines"],
+                allowed: &["summary", "chars", "lines", "retrieve"],
             },
             TemplateCheck {
                 path: "rules.tiers.heavy_template".into(),
@@ -624,12 +636,12 @@ impl RulesSpec {
             TemplateCheck {
                 path: "rules.tiers.facts_text_template".into(),
                 text: &self.tiers.facts_text_template,
-                allowed: &["chars", "lines"],
+                allowed: &["chars", "lines", "retrieve"],
             },
             TemplateCheck {
                 path: "rules.tiers.elision_template".into(),
                 text: &self.tiers.elision_template,
-                allowed: &["n", "tools", "files", "names"],
+                allowed: &["n", "tools", "files", "retrieve", "names"],
             },
         ];
         for (i, rule) in self.custom.iter().enumerate() {

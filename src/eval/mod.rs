@@ -16,6 +16,9 @@
 //!   to request k (the message that follows in request k+1) that before appeared only in tool outputs;
 //!   the share still present in `F_k`. Both sides are decoded text (the strings of each message, read
 //!   through tool-call arguments and JSON-shaped results), never JSON bytes.
+//! - **recoverable recall**: of the needles `F_k` lost, the share that a content id in `F_k` (a
+//!   marker's `pare:` id) resolves to: the text it names, one of `R_k`'s, contains the needle, so a
+//!   retrieval gets it back.
 //! - **at most** `1 − Σfloor/ΣR`: what the invariants leave to save, the floor of a request being its
 //!   first system message, user messages, protected tail and tools.
 //! - **validity** (tool-call pairing, invariant 1), **preserved** (user messages and protected tail
@@ -32,6 +35,7 @@ use serde_json::Value;
 use crate::budget::replay::session_lines;
 use crate::budget::{CompactEngine, SessionCompactor};
 use crate::compact::CompactOptions;
+use crate::compact::markers::{content_id, content_ids_in, content_texts};
 use crate::neutral::{Message, View, role_of};
 use crate::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody};
@@ -70,6 +74,8 @@ pub struct Metrics {
     /// Needles (see module docs) and how many are still in F.
     pub needles: u64,
     pub needles_kept: u64,
+    /// Needles F lost that a content id in F resolves to (the named text holds them).
+    pub needles_recoverable: u64,
     /// Requests whose F satisfies invariant 1, and the same for R (for comparison).
     pub valid_forwarded: usize,
     pub valid_raw: usize,
@@ -103,6 +109,7 @@ impl Metrics {
         self.uncached_forwarded += other.uncached_forwarded;
         self.needles += other.needles;
         self.needles_kept += other.needles_kept;
+        self.needles_recoverable += other.needles_recoverable;
         self.valid_forwarded += other.valid_forwarded;
         self.valid_raw += other.valid_raw;
         self.preserved += other.preserved;
@@ -134,6 +141,13 @@ impl Metrics {
     /// Share of needles still present (1 when there are none).
     pub fn recall(&self) -> f64 {
         if self.needles == 0 { 1.0 } else { self.needles_kept as f64 / self.needles as f64 }
+    }
+
+    /// Share of the lost needles a content id in the same forwarded request resolves to (1 when
+    /// none was lost).
+    pub fn recoverable_recall(&self) -> f64 {
+        let lost = self.needles - self.needles_kept;
+        if lost == 0 { 1.0 } else { self.needles_recoverable as f64 / lost as f64 }
     }
 
     fn share(n: usize, of: usize) -> f64 {
@@ -344,9 +358,10 @@ pub fn evaluate_session_with(
 
         if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
             let raw_view = View { messages: &raw_messages[k], tools: raw.tools() };
-            let (needles, kept) = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages);
-            m.needles += needles;
-            m.needles_kept += kept;
+            let needles = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages);
+            m.needles += needles.found;
+            m.needles_kept += needles.kept;
+            m.needles_recoverable += needles.recoverable;
         }
         // The previous request's bodies are re-parsed views over `requests` and `first`.
         previous = Some((raw_p.detach(), fwd_p.detach()));
@@ -467,19 +482,30 @@ fn has_file_extension(token: &str) -> bool {
     }
 }
 
+/// The needles of one request.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Needles {
+    found: u64,
+    /// Still in the forwarded request.
+    kept: u64,
+    /// Lost, but in a text a content id of the forwarded request names.
+    recoverable: u64,
+}
+
 /// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
-/// only in tool outputs) and how many of them `fwd` still contains.
-fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], fwd: &[M]) -> (u64, u64) {
+/// only in tool outputs), how many of them `fwd` still contains, and how many of the others a content
+/// id in `fwd` resolves to.
+fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], fwd: &[M]) -> Needles {
     let n = raw.messages.len();
     let extends = next.len() > n && raw.messages.iter().zip(next).all(|(a, b)| a == b);
     if !extends {
-        return (0, 0);
+        return Needles::default();
     }
     let Ok(reply) = Message::from_raw(next[n]) else {
-        return (0, 0);
+        return Needles::default();
     };
     if reply.role != "assistant" {
-        return (0, 0);
+        return Needles::default();
     }
     let mut reply_text = reply.text();
     for call in reply.tool_calls.iter().flatten() {
@@ -502,16 +528,44 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], f
     for m in fwd {
         push_decoded(m.as_ref(), &mut forwarded);
     }
-    let mut needles = 0;
-    let mut kept = 0;
+    let mut out = Needles::default();
+    let mut lost: Vec<String> = Vec::new();
     for id in identifiers(re, &reply_text) {
         if !tool_text.contains(&id) || other_text.contains(&id) {
             continue;
         }
-        needles += 1;
-        kept += forwarded.contains(&id) as u64;
+        out.found += 1;
+        if forwarded.contains(&id) {
+            out.kept += 1;
+        } else {
+            lost.push(id);
+        }
     }
-    (needles, kept)
+    if !lost.is_empty() {
+        let named = named_texts(raw, fwd);
+        out.recoverable =
+            lost.iter().filter(|needle| named.iter().any(|text| text.contains(needle.as_str()))).count() as u64;
+    }
+    out
+}
+
+/// The texts of `raw` that a content id in `fwd` names (what `/_pare/retrieve/{id}` gives back).
+fn named_texts<M: AsRef<str>>(raw: &View<'_>, fwd: &[M]) -> Vec<String> {
+    let ids: std::collections::BTreeSet<&str> = fwd.iter().flat_map(|m| content_ids_in(m.as_ref())).collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for m in raw.messages {
+        let Ok(message) = Message::from_raw(m) else { continue };
+        for text in content_texts(&message) {
+            let id = content_id(&text);
+            if ids.contains(&id["pare:".len()..]) {
+                out.push(text);
+            }
+        }
+    }
+    out
 }
 
 /// The strings of a JSON text (see [`push_strings`]); a text that is not JSON is taken as it is.
@@ -557,6 +611,33 @@ fn push_strings(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A needle lost to a marker is recoverable when the marker's id names the output that held it,
+    /// and only then.
+    #[test]
+    fn lost_needles_are_recoverable_through_the_ids_that_name_them() {
+        let output = "def load_user_8841(user_id):\n    return UserCache.get(user_id)\n";
+        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"cat a.py\"}"}}]}"#;
+        let result = serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": output}).to_string();
+        let user = r#"{"role":"user","content":"fix it"}"#;
+        let raw = [user, call, result.as_str()];
+        let reply = r#"{"role":"assistant","content":"I will edit load_user_8841 now."}"#;
+        let next = [user, call, result.as_str(), reply];
+        let view = View { messages: &raw, tools: None };
+        let marker = |suffix: &str| {
+            serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": format!("[tool: bash → ok{suffix}]")})
+                .to_string()
+        };
+        let re = needle_regex();
+        let kept = next_step_needles(&re, &view, &next, &raw);
+        assert_eq!(kept, Needles { found: 1, kept: 1, recoverable: 0 });
+        let named = [user.to_owned(), call.to_owned(), marker(&format!("; {}", content_id(output)))];
+        assert_eq!(next_step_needles(&re, &view, &next, &named), Needles { found: 1, kept: 0, recoverable: 1 });
+        let unnamed = [user.to_owned(), call.to_owned(), marker("")];
+        assert_eq!(next_step_needles(&re, &view, &next, &unnamed), Needles { found: 1, kept: 0, recoverable: 0 });
+        let elsewhere = [user.to_owned(), call.to_owned(), marker("; pare:0123456789ab")];
+        assert_eq!(next_step_needles(&re, &view, &next, &elsewhere), Needles { found: 1, kept: 0, recoverable: 0 });
+    }
 
     #[test]
     fn identifiers_keep_paths_ids_names_and_long_numbers() {

@@ -1,5 +1,7 @@
 //! pare's own endpoints under `/_pare/` (never forwarded upstream): `GET /_pare/health` (is the
-//! upstream reachable, is the archive writable?) and `GET /_pare/metrics` (Prometheus, OpenMetrics text).
+//! upstream reachable, is the archive writable?), `GET /_pare/metrics` (Prometheus, OpenMetrics text),
+//! `GET /_pare/retrieve/{id}` and the MCP server at `/_pare/mcp` ([`super::retrieve`],
+//! [`super::mcp`]); and the gateway endpoints `POST /v1/compress`, `GET /v1/retrieve/{hash}`.
 //!
 //! Health is the one endpoint answered without `x-pare-token`; without the token (when one is
 //! configured) it says only whether pare is ok, not where its upstream and archive are. Its
@@ -13,14 +15,59 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
 use super::error::{ProxyError, json_response};
-use super::metrics;
 use super::state::Proxy;
+use super::{mcp, metrics, retrieve};
 
 /// Longest the health check waits for a TCP connection to the upstream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub async fn handle(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
-    match (&parts.method, parts.uri.path()) {
+/// Whether `path` is one of the gateway endpoints pare answers itself (not under `/_pare/`).
+pub fn is_gateway(path: &str) -> bool {
+    path == retrieve::COMPRESS_PATH || path.starts_with(retrieve::GATEWAY_RETRIEVE_PREFIX)
+}
+
+/// Whether the endpoint at `path` reads the request's body.
+pub fn takes_body(method: &Method, path: &str) -> bool {
+    *method == Method::POST && (path == mcp::MCP_PATH || path == retrieve::COMPRESS_PATH)
+}
+
+/// A gateway caller (LiteLLM's guardrail) sends its key as `Authorization: Bearer KEY`: with
+/// `server.auth_token` set, that key must be the token.
+pub fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| HeaderValue::from_str(v.trim()).ok());
+    super::guard::token_matches(bearer.as_ref(), token)
+}
+
+/// Answer a request to one of pare's endpoints; `body` is read only for those that take one
+/// ([`takes_body`]), empty otherwise.
+pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
+    let path = parts.uri.path();
+    if path.starts_with(retrieve::RETRIEVE_PREFIX) {
+        return match parts.method {
+            Method::GET => retrieve::get(proxy, parts).await,
+            _ => method_not_allowed("GET"),
+        };
+    }
+    if path.starts_with(retrieve::GATEWAY_RETRIEVE_PREFIX) {
+        return match parts.method {
+            Method::GET => retrieve::gateway_get(proxy, parts).await,
+            _ => method_not_allowed("GET"),
+        };
+    }
+    if path == retrieve::COMPRESS_PATH {
+        return match parts.method {
+            Method::POST => retrieve::gateway_compress(proxy, parts, body).await,
+            _ => method_not_allowed("POST"),
+        };
+    }
+    if path == mcp::MCP_PATH {
+        return mcp::handle(proxy, parts, body).await;
+    }
+    match (&parts.method, path) {
         (&Method::GET | &Method::HEAD, "/_pare/health") => {
             let authorized =
                 proxy.config.server.auth_token.as_deref().is_none_or(|token| {
@@ -63,6 +110,16 @@ async fn health(proxy: &Proxy, authorized: bool) -> Response<Bytes> {
         body["archive"] = serde_json::to_value(&health).unwrap_or(serde_json::Value::Null);
     }
     json_response(StatusCode::OK, &body)
+}
+
+/// 405 naming the method the endpoint takes.
+pub fn method_not_allowed(allow: &'static str) -> Response<Bytes> {
+    let mut response = json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &serde_json::json!({"error": {"message": format!("this endpoint takes {allow} only"), "type": "invalid_request_error"}}),
+    );
+    response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    response
 }
 
 fn scrape(proxy: &Proxy) -> Response<Bytes> {

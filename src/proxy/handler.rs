@@ -76,11 +76,12 @@ where
     if let Some(token) = proxy.config.server.auth_token.as_deref()
         && path != HEALTH_PATH
         && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
+        && !(endpoints::is_gateway(path) && endpoints::bearer_matches(&parts.headers, token))
     {
         return fail(dialect, ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
-    if path == PARE_PREFIX || path.starts_with("/_pare/") {
+    if path == PARE_PREFIX || path.starts_with("/_pare/") || endpoints::is_gateway(path) {
         // What pare reports includes every exchange that ended before this request.
         proxy.finishing.settled().await;
     }
@@ -89,8 +90,18 @@ where
             return crate::ui::respond(ui.clone(), &parts).await;
         }
     }
-    if path == PARE_PREFIX || path.starts_with("/_pare/") {
-        let response = endpoints::handle(proxy, &parts).await;
+    if path == PARE_PREFIX || path.starts_with("/_pare/") || endpoints::is_gateway(path) {
+        // The endpoints that read a body (MCP, the gateway's compress) read it as every request is read.
+        let mut body_bytes = Bytes::new();
+        if endpoints::takes_body(&parts.method, path) {
+            let mut share = proxy.buffers.share();
+            let stall = Duration::from_secs(proxy.config.server.body_read_timeout_secs.max(1));
+            match read_body(body, &parts.headers, proxy.config.server.max_body, stall, &mut share).await {
+                Ok(read) => body_bytes = read,
+                Err(err) => return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None),
+            }
+        }
+        let response = endpoints::handle(proxy, &parts, body_bytes).await;
         tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
         return response.map(full);
     }

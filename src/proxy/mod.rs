@@ -9,6 +9,8 @@
 //! - [`limits`]: connections bounded from accept (silent, idle) and request bytes bounded across them.
 //! - [`state`]: [`Proxy`], what every exchange shares.
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
+//! - [`retrieve`]: hidden content back by id (`/_pare/retrieve/{id}`) and the gateway contract
+//!   (`/v1/compress`, `/v1/retrieve/{hash}`). [`mcp`]: the MCP server with the `retrieve` tool.
 //! - [`error`]: errors pare answers with, OpenAI-shaped, naming who failed.
 //! - [`access`]: the one log line per request.
 //! - [`ui_server`]: `pare ui`, the audit UI served alone.
@@ -21,7 +23,9 @@ pub mod error;
 pub mod guard;
 pub mod handler;
 pub mod limits;
+pub mod mcp;
 pub mod metrics;
+pub mod retrieve;
 pub mod server;
 pub mod state;
 pub mod ui_server;

@@ -131,7 +131,7 @@ impl Query {
 }
 
 /// `a=1&b=x%20y` → pairs, `+` as a space.
-fn form_urlencoded_pairs(query: &str) -> Vec<(String, String)> {
+pub(crate) fn form_urlencoded_pairs(query: &str) -> Vec<(String, String)> {
     query
         .split('&')
         .filter(|p| !p.is_empty())

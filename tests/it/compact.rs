@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use pare::compact::markers::content_id;
 use pare::compact::report::{Report, RuleId};
 use pare::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor};
 use pare::config::pack::{BUILTIN_PACKS, load_pack};
@@ -294,7 +295,8 @@ fn collapse_replaces_succeeded_results_and_keeps_the_call() {
     assert_eq!(
         text(&out[3]),
         format!(
-            "[tool: read_file → ok, {chars} chars, 12 lines; files: src/config.yaml; restore: read_file src/config.yaml lines 1-12]"
+            "[tool: read_file → ok, {chars} chars, 12 lines; files: src/config.yaml; restore: read_file src/config.yaml lines 1-12; {}]",
+            content_id(&text(&msgs[3]))
         ),
         "the call right above says which one it answers; the marker names the call that restores the view"
     );
@@ -332,7 +334,7 @@ fn truncate_keeps_head_and_tail_of_large_failures_only() {
     let (out, report) = forward(ONE(), &msgs);
     let t = text(&out[2]);
     assert!(t.starts_with("log line 1 of the output\n"), "{t}");
-    assert!(t.contains("\n[...truncated 26 lines...]\n"), "{t}");
+    assert!(t.contains(&format!("\n[...truncated 26 lines...; {}]\n", content_id(&text(&msgs[2])))), "{t}");
     assert!(t.ends_with("Error: it broke"), "{t}");
     assert_eq!(t.lines().count(), 16);
     assert_eq!(out[4], msgs[4], "a result under 500 chars is not truncated");
@@ -350,7 +352,8 @@ fn hermes_json_results_are_truncated_inside_their_text_field() {
     assert_eq!(v["exit_code"], 2);
     assert!(v["error"].is_null());
     let cut = inner.lines().count() - 15;
-    assert!(v["output"].as_str().unwrap().contains(&format!("\n[...truncated {cut} lines...]\n")));
+    let id = content_id(&content);
+    assert!(v["output"].as_str().unwrap().contains(&format!("\n[...truncated {cut} lines...; {id}]\n")));
 }
 
 #[test]
@@ -393,7 +396,11 @@ fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
     let command = args["command"].as_str().unwrap();
     let lines: Vec<&str> = command.lines().collect();
     assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py", "the first line names what the call did");
-    assert_eq!(lines[4], "[pare: 36 lines, 959 chars of this old command elided; the call was sent in full]");
+    let id = content_id(&heredoc("/w/fix.py"));
+    assert_eq!(
+        lines[4],
+        format!("[pare: 36 lines, 959 chars of this old command elided; the call was sent in full; {id}]")
+    );
     assert_eq!(&lines[5..], ["    value_40 = compute(40)", "EOF"]);
     assert_eq!(out[1]["tool_calls"][0]["id"], "c1");
     assert_eq!(out[1]["tool_calls"][0]["function"]["name"], "bash");
@@ -403,7 +410,9 @@ fn arguments_of_old_succeeded_calls_keep_their_first_and_last_lines() {
     assert!(args["file_text"].as_str().unwrap().contains("\n[pare: 54 lines, "), "{args:?}");
     assert_eq!(report.rules[&RuleId::Arguments].messages, 2);
     assert!(report.rules[&RuleId::Arguments].tokens_saved > 200, "{report:?}");
-    assert_eq!(text(&out[2]), "[tool: bash → ok, 45 chars, 3 lines]", "the results are the other rules' business");
+    // The results are the other rules' business: this one is shorter than its collapse marker (with
+    // the content id), so it stays as it is.
+    assert_eq!(out[2], msgs[2], "the results are the other rules' business");
     let (out, _) = forward(json!({"protect_last_turns": 1, "arguments": {"enabled": false}}), &msgs);
     assert_eq!(out[1], msgs[1], "the rule can be switched off");
 }
@@ -520,7 +529,11 @@ fn later_system_messages_become_markers_and_the_first_is_kept() {
     let chars = text(&msgs[3]).chars().count();
     let (out, _) = forward(ONE(), &msgs);
     assert_eq!(out[0], msgs[0]);
-    assert_eq!(text(&out[3]), format!("[system prompt: \"Skills loaded\" ({chars} chars; sections: MCP servers)]"));
+    let id = content_id(&text(&msgs[3]));
+    assert_eq!(
+        text(&out[3]),
+        format!("[system prompt: \"Skills loaded\" ({chars} chars; sections: MCP servers); {id}]")
+    );
     let (out, _) = forward(json!({"protect_last_turns": 1, "system_messages": {"replace_first": true}}), &msgs);
     assert!(text(&out[0]).starts_with("[system prompt: \"You are an agent.\""));
 }
@@ -577,7 +590,10 @@ fn retry_pruning_marks_failures_that_a_later_retry_fixed() {
     let (out, _) = forward(json!({"protect_last_turns": 1}), &msgs);
     assert_eq!(
         text(&out[2]),
-        "[retried: terminal(\"pytest -x\") failed: ModuleNotFoundError: No module named 'foo'; a later retry succeeded]"
+        format!(
+            "[retried: terminal(\"pytest -x\") failed: ModuleNotFoundError: No module named 'foo'; a later retry succeeded; {}]",
+            content_id(&text(&msgs[2]))
+        )
     );
     assert_eq!(out[4], msgs[4], "a failure never retried is kept");
 }
@@ -635,7 +651,10 @@ fn duplicate_outputs_point_to_the_later_copy() {
     let chars = listing.chars().count();
     assert_eq!(
         text(&out[2]),
-        format!("[pare: output of terminal(\"ls -la\") ({chars} chars) identical to the later result of call c2]")
+        format!(
+            "[pare: output of terminal(\"ls -la\") ({chars} chars) identical to the later result of call c2; {}]",
+            content_id(&text(&msgs[2]))
+        )
     );
     assert_eq!(out[4], msgs[4], "the latest copy is kept");
     assert_eq!(out[6], msgs[6], "short outputs are not folded");
@@ -787,7 +806,10 @@ fn user_rules_keep_truncate_mark_and_clear() {
     assert_eq!(text(&out[6]), "");
     assert_eq!(
         text(&out[8]),
-        "Error: x\nlog line 1 of the output\n[...truncated 28 lines...]\nlog line 30 of the output"
+        format!(
+            "Error: x\nlog line 1 of the output\n[...truncated 28 lines...; {}]\nlog line 30 of the output",
+            content_id(&text(&msgs[8]))
+        )
     );
     assert_eq!(report.rules[&RuleId::Custom].messages, 3);
 }
@@ -821,8 +843,9 @@ fn edited_messages_keep_key_order_unknown_keys_and_content_parts() {
     let (out, _) = run(&engine("default", ONE()), &input, None);
     let out = String::from_utf8(out).unwrap();
     let chars = lines(20, "ok").chars().count();
+    let id = content_id(&lines(20, "ok"));
     let want = format!(
-        r#"{{"tool_call_id":"c1","x_meta":{{"b":1,"a":2}},"role":"tool","name":"execute_bash","content":[{{"type":"text","text":"[tool: execute_bash → ok, {chars} chars, 20 lines]","cache_control":{{"type":"ephemeral"}}}}],"zz":null}}"#
+        r#"{{"tool_call_id":"c1","x_meta":{{"b":1,"a":2}},"role":"tool","name":"execute_bash","content":[{{"type":"text","text":"[tool: execute_bash → ok, {chars} chars, 20 lines; {id}]","cache_control":{{"type":"ephemeral"}}}}],"zz":null}}"#
     );
     assert!(out.contains(&want), "{out}");
 }

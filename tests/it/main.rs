@@ -19,6 +19,7 @@ mod proxy_hardening;
 mod recall;
 mod responses;
 mod resume;
+mod retrieve;
 mod streams;
 mod tidy;
 mod transport;

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use super::super::Policy;
 use super::super::conversation::Conversation;
 use super::super::edits::Edits;
-use super::super::markers::{group_digits, is_compacted, render};
+use super::super::markers::{content_id, group_digits, is_compacted, render, retrieve_suffix};
 use super::super::pack::ArgumentsRule;
 use super::super::report::RuleId;
 
@@ -38,7 +38,11 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             let succeeded = call.result.is_some_and(|r| {
                 r < conv.boundary && !edits.kept[r] && conv.outcomes[r].as_ref().is_some_and(|o| o.succeeded())
             });
-            let short = if succeeded { shorten_arguments(&call.arguments, &call.name, rule) } else { None };
+            let short = if succeeded {
+                shorten_arguments(&call.arguments, &call.name, conv.retrieve_tool.as_deref(), rule)
+            } else {
+                None
+            };
             if let Some((_, chars)) = &short {
                 saved += chars;
             }
@@ -56,7 +60,12 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
 
 /// The arguments with their long string values shortened, and the chars removed; `None` when the
 /// arguments are not a JSON object or nothing is long enough to cut.
-fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Option<(String, i64)> {
+fn shorten_arguments(
+    arguments: &str,
+    tool: &str,
+    retrieve_tool: Option<&str>,
+    rule: &ArgumentsRule,
+) -> Option<(String, i64)> {
     if arguments.len() <= rule.max_chars {
         return None;
     }
@@ -69,7 +78,7 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
         .filter(|(_, raw)| raw.get().len() > rule.max_chars && raw.get().starts_with('"'))
         .filter_map(|(key, raw)| {
             let value: String = serde_json::from_str(raw.get()).ok()?;
-            let short = shorten_value(&value, key, tool, rule)?;
+            let short = shorten_value(&value, key, tool, retrieve_tool, rule)?;
             Some((key.as_str(), serde_json::to_string(&short).expect("a string always serializes")))
         })
         .collect();
@@ -86,7 +95,13 @@ fn shorten_arguments(arguments: &str, tool: &str, rule: &ArgumentsRule) -> Optio
 /// `max_chars` chars. Leading blank space is kept and not counted as head: the first line with text
 /// is what markers show as the call's key argument. `None` when the value is short or blank,
 /// already carries a marker, or nothing would be saved.
-fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Option<String> {
+fn shorten_value(
+    value: &str,
+    key: &str,
+    tool: &str,
+    retrieve_tool: Option<&str>,
+    rule: &ArgumentsRule,
+) -> Option<String> {
     let total = value.chars().count();
     if total <= rule.max_chars || is_compacted(value) || value.trim().is_empty() {
         return None;
@@ -99,6 +114,7 @@ fn shorten_value(value: &str, key: &str, tool: &str, rule: &ArgumentsRule) -> Op
             "chars" => Some(group_digits(elided.chars().count())),
             "key" => Some(key.to_owned()),
             "tool" => Some(tool.to_owned()),
+            "retrieve" => Some(retrieve_suffix(&content_id(value), retrieve_tool)),
             _ => None,
         })
     };
@@ -248,51 +264,66 @@ mod tests {
     #[test]
     fn keeps_head_and_tail_lines_around_a_marker() {
         let value = format!("cat <<'EOF' > /w/fix.py\n{}EOF\n", numbered(40));
-        let out = shorten_value(&value, "command", "bash", &rule()).unwrap();
+        let out = shorten_value(&value, "command", "bash", None, &rule()).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "cat <<'EOF' > /w/fix.py");
         assert_eq!(lines[3], "    print('line 3 of the script')");
-        assert_eq!(lines[4], "[pare: 36 lines, 1,253 chars of this old command elided; the call was sent in full]");
+        // The marker names the whole value it stands for.
+        let id = content_id(&value);
+        assert_eq!(
+            lines[4],
+            format!("[pare: 36 lines, 1,253 chars of this old command elided; the call was sent in full; {id}]")
+        );
         assert_eq!(&lines[5..], ["    print('line 40 of the script')", "EOF"]);
         assert!(out.ends_with("EOF\n"), "the value's last newline stays");
         assert!(is_compacted(&out));
-        assert_eq!(shorten_value(&out, "command", "bash", &rule()), None, "a shortened value is not cut again");
+        assert_eq!(shorten_value(&out, "command", "bash", None, &rule()), None, "a shortened value is not cut again");
     }
 
     #[test]
     fn few_long_lines_are_cut_by_chars_on_char_boundaries() {
         let value = format!("python -c \"{}\"", "é".repeat(3000));
-        let out = shorten_value(&value, "command", "bash", &rule()).unwrap();
+        let out = shorten_value(&value, "command", "bash", None, &rule()).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0].chars().count(), 166);
         assert!(lines[0].starts_with("python -c \"éé"));
-        assert_eq!(lines[1], "[pare: 1 lines, 2,763 chars of this old command elided; the call was sent in full]");
+        let id = content_id(&value);
+        assert_eq!(
+            lines[1],
+            format!("[pare: 1 lines, 2,763 chars of this old command elided; the call was sent in full; {id}]")
+        );
         assert_eq!(lines[2].chars().count(), 83);
-        assert_eq!(shorten_value(&out, "command", "bash", &rule()), None);
+        assert_eq!(shorten_value(&out, "command", "bash", None, &rule()), None);
     }
 
     #[test]
     fn leading_blank_space_is_kept_and_blank_values_are_left_alone() {
         let value = format!("\n\n  \n{}", numbered(40));
-        let out = shorten_value(&value, "code", "x", &rule()).unwrap();
+        let out = shorten_value(&value, "code", "x", None, &rule()).unwrap();
         assert!(out.starts_with("\n\n  \n    print('line 1 of the script')\n"), "{out}");
         assert_eq!(
             out.trim_start().lines().nth(4),
-            Some("[pare: 34 lines, 1,184 chars of this old code elided; the call was sent in full]")
+            Some(
+                format!(
+                    "[pare: 34 lines, 1,184 chars of this old code elided; the call was sent in full; {}]",
+                    content_id(&value)
+                )
+                .as_str()
+            )
         );
-        assert_eq!(shorten_value(&" ".repeat(900), "code", "x", &rule()), None);
-        assert_eq!(shorten_value(&format!("{}x", " ".repeat(900)), "code", "x", &rule()), None, "nothing to cut");
+        assert_eq!(shorten_value(&" ".repeat(900), "code", "x", None, &rule()), None);
+        assert_eq!(shorten_value(&format!("{}x", " ".repeat(900)), "code", "x", None, &rule()), None, "nothing to cut");
     }
 
     #[test]
     fn short_or_marked_values_are_left_alone() {
-        assert_eq!(shorten_value(&numbered(10), "code", "x", &rule()), None, "under max_chars");
+        assert_eq!(shorten_value(&numbered(10), "code", "x", None, &rule()), None, "under max_chars");
         let marked = format!("{}[pare: 3 lines, 90 chars elided]\n{}", numbered(4), numbered(30));
-        assert_eq!(shorten_value(&marked, "code", "x", &rule()), None);
+        assert_eq!(shorten_value(&marked, "code", "x", None, &rule()), None);
         // A template pare would not recognise is refused at run time too (idempotence).
         let odd = ArgumentsRule { template: "[parenthesis {lines}]".into(), ..rule() };
-        assert_eq!(shorten_value(&numbered(40), "code", "x", &odd), None);
+        assert_eq!(shorten_value(&numbered(40), "code", "x", None, &odd), None);
     }
 
     #[test]
@@ -300,24 +331,24 @@ mod tests {
         let args =
             serde_json::json!({"command": "create", "path": "/w/a.py", "file_text": numbered(40), "n": 1.50, "z": [1]})
                 .to_string();
-        let (out, saved) = shorten_arguments(&args, "str_replace_editor", &rule()).unwrap();
+        let (out, saved) = shorten_arguments(&args, "str_replace_editor", None, &rule()).unwrap();
         assert!(saved > 1000, "{saved}");
         let v: Map<String, Value> = serde_json::from_str(&out).unwrap();
         assert_eq!(v.keys().collect::<Vec<_>>(), ["command", "path", "file_text", "n", "z"]);
         assert_eq!(v["path"], "/w/a.py");
         assert!(v["file_text"].as_str().unwrap().contains("\n[pare: 34 lines, "), "{out}");
         assert!(out.contains(r#""n":1.5"#), "{out}");
-        assert_eq!(shorten_arguments(&out, "str_replace_editor", &rule()), None);
+        assert_eq!(shorten_arguments(&out, "str_replace_editor", None, &rule()), None);
     }
 
     #[test]
     fn non_objects_and_repeated_keys_are_left_alone() {
         let long = serde_json::to_string(&numbered(40)).unwrap();
-        assert_eq!(shorten_arguments(&long, "x", &rule()), None);
-        assert_eq!(shorten_arguments(&format!("[{long}]"), "x", &rule()), None);
-        assert_eq!(shorten_arguments(&format!("{{\"a\":{long},\"a\":1}}"), "x", &rule()), None);
-        assert_eq!(shorten_arguments(&format!("{{\"a\":{long}"), "x", &rule()), None, "not JSON");
-        assert_eq!(shorten_arguments(&format!("{{\"a\":{{\"b\":{long}}}}}"), "x", &rule()), None, "nested");
+        assert_eq!(shorten_arguments(&long, "x", None, &rule()), None);
+        assert_eq!(shorten_arguments(&format!("[{long}]"), "x", None, &rule()), None);
+        assert_eq!(shorten_arguments(&format!("{{\"a\":{long},\"a\":1}}"), "x", None, &rule()), None);
+        assert_eq!(shorten_arguments(&format!("{{\"a\":{long}"), "x", None, &rule()), None, "not JSON");
+        assert_eq!(shorten_arguments(&format!("{{\"a\":{{\"b\":{long}}}}}"), "x", None, &rule()), None, "nested");
     }
 
     #[test]

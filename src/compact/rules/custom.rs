@@ -107,8 +107,8 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             CustomAction::Keep => edits.kept[idx] = true,
             CustomAction::Truncate => {
                 let text = edits.current_text(conv, idx);
-                let template = &policy.spec.truncate.template;
-                if let Some(short) = truncate_lines(&text, rule.rule.head, rule.rule.tail, template) {
+                let template = conv.fill_retrieve(idx, &policy.spec.truncate.template);
+                if let Some(short) = truncate_lines(&text, rule.rule.head, rule.rule.tail, &template) {
                     edits.set_text(conv, idx, RuleId::Custom, short, true);
                 }
             }
@@ -128,6 +128,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
                     };
                     render(template, &|name| match name {
                         "names" => Some(names_suffix(&salient_names(&text, NAMES_PER_MARKER, &[], conv.shown()))),
+                        "retrieve" => Some(conv.retrieve(idx)),
                         other => facts.value(other),
                     })
                 };

@@ -29,6 +29,7 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
             "summary" => Some(summary.clone()),
             "chars" => Some(group_digits(chars)),
             "lines" => Some(group_digits(lines)),
+            "retrieve" => Some(conv.retrieve(idx)),
             _ => None,
         });
         edits.set_marker(conv, idx, RuleId::SystemMessages, marker);

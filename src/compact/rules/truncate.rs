@@ -40,7 +40,8 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let cuts = {
         let edits = &*edits;
         conv.map_each(&candidates, |&idx| {
-            truncate_lines(&edits.current_text(conv, idx), rule.head_lines, rule.tail_lines, &rule.template)
+            let template = conv.fill_retrieve(idx, &rule.template);
+            truncate_lines(&edits.current_text(conv, idx), rule.head_lines, rule.tail_lines, &template)
         })
     };
     for (idx, short) in candidates.into_iter().zip(cuts) {
@@ -80,7 +81,7 @@ pub fn apply_hard_cap(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edit
             continue;
         }
         let text = edits.current_text(conv, idx);
-        if let Some(short) = cap_chars(&text, rule.max_chars, &rule.template) {
+        if let Some(short) = cap_chars(&text, rule.max_chars, &conv.fill_retrieve(idx, &rule.template)) {
             edits.set_text(conv, idx, RuleId::HardCap, short, true);
         }
     }

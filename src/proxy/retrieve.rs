@@ -1,0 +1,282 @@
+//! Getting hidden content back: `GET /_pare/retrieve/{id}` (the text a marker's `pare:` id names,
+//! exactly as the agent sent it, with `?lines=A-B` and `?grep=REGEX` for selective reads), and the
+//! gateway contract LiteLLM's Headroom guardrail calls: `POST /v1/compress` (chat messages in,
+//! compacted messages out) and `GET /v1/retrieve/{hash}` (`{"original_content": …}`).
+//!
+//! Every read goes through the archive's query layer ([`crate::archive::content`]); the proxy only
+//! maps its answers to HTTP. An id the archive does not know yet may name a content the writer has
+//! not committed: the lookup waits for the writer once and asks again before it answers 404.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::request::Parts;
+use http::{Response, StatusCode};
+use serde_json::{Value, json};
+
+use super::error::json_response;
+use super::state::Proxy;
+use crate::archive::Archive;
+use crate::archive::content::{Content, ContentError, Selection, SelectionError};
+use crate::archive::query::ArchiveReader;
+
+/// Where `GET /_pare/retrieve/{id}` is served.
+pub const RETRIEVE_PREFIX: &str = "/_pare/retrieve/";
+/// The gateway's compression endpoint (LiteLLM's Headroom guardrail posts chat messages here).
+pub const COMPRESS_PATH: &str = "/v1/compress";
+/// The gateway's retrieval endpoint (`GET /v1/retrieve/{hash}`).
+pub const GATEWAY_RETRIEVE_PREFIX: &str = "/v1/retrieve/";
+
+/// Why a retrieval has no content to give.
+#[derive(Debug, thiserror::Error)]
+pub enum RetrieveError {
+    #[error("archiving is off (archive.enabled: false): pare keeps no content to retrieve")]
+    NoArchive,
+    #[error(transparent)]
+    Content(#[from] ContentError),
+    #[error(transparent)]
+    Selection(#[from] SelectionError),
+}
+
+impl RetrieveError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RetrieveError::NoArchive | RetrieveError::Content(ContentError::Unknown(_)) => StatusCode::NOT_FOUND,
+            RetrieveError::Content(ContentError::BadId(_) | ContentError::Ambiguous { .. })
+            | RetrieveError::Selection(_) => StatusCode::BAD_REQUEST,
+            RetrieveError::Content(ContentError::Archive(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The content `id` names, from the archive: read on the blocking pool; an unknown id is asked
+/// again once the writer has committed what it holds.
+pub async fn content(proxy: &Proxy, id: &str) -> Result<Content, RetrieveError> {
+    let archive = proxy.pipeline.archive().ok_or(RetrieveError::NoArchive)?;
+    crate::archive::content::parse_id(id)?;
+    match read(archive, id).await {
+        Err(RetrieveError::Content(ContentError::Unknown(_))) => {
+            let _ = archive.flush_async().await;
+            read(archive, id).await
+        }
+        other => other,
+    }
+}
+
+async fn read(archive: &Arc<Archive>, id: &str) -> Result<Content, RetrieveError> {
+    let (dir, id) = (archive.dir().to_owned(), id.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let reader = ArchiveReader::open(&dir).map_err(ContentError::from)?;
+        Ok(reader.content(&id)?)
+    })
+    .await
+    .unwrap_or_else(|_| Err(RetrieveError::Content(ContentError::Unknown("(the lookup panicked)".into()))))
+}
+
+/// The selected part of the content `id` names: what the HTTP endpoint and the MCP tool answer.
+pub async fn select(proxy: &Proxy, id: &str, lines: Option<&str>, grep: Option<&str>) -> Result<String, RetrieveError> {
+    let selection = Selection::parse(lines, grep)?;
+    let content = content(proxy, id).await?;
+    Ok(selection.apply(&content.text).into_owned())
+}
+
+/// `GET /_pare/retrieve/{id}?lines=A-B&grep=REGEX`.
+pub async fn get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
+    let id = parts.uri.path().strip_prefix(RETRIEVE_PREFIX).unwrap_or_default();
+    let query = query_pairs(parts.uri.query());
+    let param = |name: &str| query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str());
+    match select(proxy, id, param("lines"), param("grep")).await {
+        Ok(text) => {
+            let mut response = Response::new(Bytes::from(text));
+            response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+            response
+        }
+        Err(err) => error_response(&err),
+    }
+}
+
+/// An error as pare's other endpoints answer one (`{"error": {"message", "type"}}`).
+fn error_response(err: &RetrieveError) -> Response<Bytes> {
+    let kind = if err.status().is_client_error() { "invalid_request_error" } else { "pare_error" };
+    json_response(err.status(), &json!({"error": {"message": err.to_string(), "type": kind}}))
+}
+
+/// `a=1&b=x%20y` → decoded pairs.
+pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query.map(crate::ui::form_urlencoded_pairs).unwrap_or_default()
+}
+
+/// `GET /v1/retrieve/{hash}`: `{"hash", "original_content", "original_chars"}`, 404 when unknown.
+/// Headroom's optional `query` (a search within the content) is not read: the whole content comes back.
+pub async fn gateway_get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
+    let hash = parts.uri.path().strip_prefix(GATEWAY_RETRIEVE_PREFIX).unwrap_or_default();
+    match content(proxy, hash).await {
+        Ok(content) => json_response(
+            StatusCode::OK,
+            &json!({
+                "hash": hash,
+                "original_content": content.text,
+                "original_chars": content.text.chars().count(),
+            }),
+        ),
+        Err(err) => error_response(&err),
+    }
+}
+
+/// `POST /v1/compress` with `{"messages": [...], "model"?, "config"?}` (LiteLLM's Headroom guardrail):
+/// the messages compacted by the rules (no token target, so no elision, and the rule that drops
+/// consecutive assistant messages off: the answer has exactly as many messages, in the same order,
+/// since the guardrail matches them by position), answered as `{"messages", "tokens_before",
+/// "tokens_after", "tokens_saved", "compression_ratio", "ccr_hashes"}`, `ccr_hashes` being the hex
+/// digits of the content ids the compacted messages name (what the guardrail's retrieve tool takes).
+/// The call is archived as an exchange of the session its messages belong to, so that
+/// `GET /v1/retrieve/{hash}` resolves those ids; `config` is not read.
+pub async fn gateway_compress(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
+    let bad = |message: String| {
+        json_response(StatusCode::BAD_REQUEST, &json!({"error": {"message": message, "type": "invalid_request_error"}}))
+    };
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(value) => value,
+        Err(e) => return bad(format!("request body is not JSON: {e}")),
+    };
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return bad("request body has no \"messages\" array".into());
+    };
+    // The chat request the messages stand for: the model when given, and nothing else.
+    let mut chat = serde_json::Map::new();
+    if let Some(model) = request.get("model").filter(|m| m.is_string()) {
+        chat.insert("model".into(), model.clone());
+    }
+    chat.insert("messages".into(), Value::Array(messages.clone()));
+    let raw = Bytes::from(serde_json::to_vec(&chat).expect("a json value serializes"));
+    let config = Arc::clone(&proxy.config);
+    let compacted = {
+        let raw = raw.clone();
+        tokio::task::spawn_blocking(move || compact_keeping_positions(&config, &raw)).await
+    };
+    let compacted = match compacted {
+        Ok(Ok(compacted)) => compacted,
+        Ok(Err(why)) => return bad(format!("request body's messages are not chat messages pare reads: {why}")),
+        Err(_) => return bad("compacting the messages failed".into()),
+    };
+    if let Some(archive) = proxy.pipeline.archive() {
+        let raw_messages: Vec<String> = messages.iter().map(Value::to_string).collect();
+        let raw_refs: Vec<&str> = raw_messages.iter().map(String::as_str).collect();
+        let hashes = crate::neutral::message_hashes(&raw_refs);
+        let assignment = proxy.pipeline.sessions().assign_hashed(&parts.headers, Some((&raw_refs, &hashes)));
+        let record = crate::archive::ExchangeRecord {
+            path: COMPRESS_PATH.into(),
+            model: request.get("model").and_then(Value::as_str).map(str::to_owned),
+            forwarded: Some(Bytes::from(compacted.forwarded)),
+            key_req: assignment.key_req,
+            ..crate::archive::ExchangeRecord::unchanged(assignment.session, crate::archive::now_ms(), raw)
+        };
+        archive.record_exchange(record);
+    }
+    let (before, after) = (compacted.tokens_before, compacted.tokens_after);
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "messages": compacted.messages,
+            "tokens_before": before,
+            "tokens_after": after,
+            "tokens_saved": before.saturating_sub(after),
+            "compression_ratio": if before > 0 { after as f64 / before as f64 } else { 1.0 },
+            "ccr_hashes": compacted.ids,
+        }),
+    )
+}
+
+/// What a gateway compress call answers.
+struct GatewayCompacted {
+    /// The forwarded chat body (archived).
+    forwarded: Vec<u8>,
+    messages: Vec<Value>,
+    tokens_before: u64,
+    tokens_after: u64,
+    /// The hex digits of each content id the messages name, in order of first appearance.
+    ids: Vec<String>,
+}
+
+/// The rules' compaction of chat body `raw`, one forwarded message per message.
+///
+/// The guardrail sends only the messages it lets a compressor touch: tool results often arrive
+/// without the assistant message that called them, which no chat request may hold. Each such result
+/// is read as the answer to a call of its own (an assistant message inserted before it, naming the
+/// result's `name` or `tool`), and the inserted messages are left out of the answer.
+fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Result<GatewayCompacted, String> {
+    let mut engine = crate::compact::Engine::from_config(config).map_err(|e| e.to_string())?;
+    engine.policy.spec.consecutive_assistant.enabled = false;
+    let body = crate::wire::ChatBody::parse(raw).map_err(|e| e.to_string())?;
+    let view = body.view();
+    let (messages, inserted) = with_calls_for_orphan_results(view.messages);
+    let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
+    let counter =
+        crate::tokens::TokenCounter::new(&crate::tokens::CounterConfig { cache_entries: 1024, ..Default::default() });
+    let read = crate::neutral::View { messages: &refs, tools: view.tools };
+    let out = engine.compact(&read, &crate::compact::CompactOptions::default(), &counter);
+    let mut all: Vec<String> = out.prefix;
+    all.extend(refs[out.boundary.min(refs.len())..].iter().map(|m| (*m).to_owned()));
+    let mut forwarded: Vec<String> = if all.len() == refs.len() {
+        all.into_iter().enumerate().filter(|(idx, _)| !inserted.contains(idx)).map(|(_, m)| m).collect()
+    } else {
+        Vec::new()
+    };
+    if forwarded.len() != view.messages.len() {
+        // A rule dropped a message (a custom rule): the guardrail needs the count kept.
+        forwarded = view.messages.iter().map(|m| (*m).to_owned()).collect();
+    }
+    let mut ids: Vec<String> = Vec::new();
+    for message in &forwarded {
+        for id in crate::compact::markers::content_ids_in(message) {
+            if !ids.iter().any(|known| known == id) {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    let messages = forwarded.iter().map(|m| serde_json::from_str(m).unwrap_or(Value::Null)).collect();
+    Ok(GatewayCompacted {
+        tokens_before: counter.count_request(view.messages, None),
+        tokens_after: counter.count_request(&forwarded, None),
+        forwarded: body.to_vec_with_messages(&forwarded),
+        messages,
+        ids,
+    })
+}
+
+/// `messages` with an assistant message calling each tool result that no earlier assistant message
+/// called, and the indices of the inserted messages.
+fn with_calls_for_orphan_results(messages: &[&str]) -> (Vec<String>, Vec<usize>) {
+    let mut out: Vec<String> = Vec::with_capacity(messages.len());
+    let mut inserted = Vec::new();
+    let mut called: Vec<String> = Vec::new();
+    for raw in messages {
+        let parsed: Option<Value> = serde_json::from_str(raw).ok();
+        let role = parsed.as_ref().and_then(|m| m.get("role")).and_then(Value::as_str).unwrap_or_default();
+        match role {
+            "assistant" => {
+                called = parsed
+                    .as_ref()
+                    .and_then(|m| m.get("tool_calls"))
+                    .and_then(Value::as_array)
+                    .map(|calls| calls.iter().filter_map(|c| c.get("id")?.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default();
+            }
+            "tool" => {
+                let id = parsed.as_ref().and_then(|m| m.get("tool_call_id")).and_then(Value::as_str);
+                if let Some(id) = id.filter(|id| !called.iter().any(|c| c == id)) {
+                    let name = parsed.as_ref().and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("tool");
+                    let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                        "function": {"name": name, "arguments": "{}"}}]});
+                    inserted.push(out.len());
+                    out.push(call.to_string());
+                    called = vec![id.to_owned()];
+                }
+            }
+            _ => called.clear(),
+        }
+        out.push((*raw).to_owned());
+    }
+    (out, inserted)
+}

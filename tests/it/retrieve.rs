@@ -1,0 +1,519 @@
+//! Retrieval: every marker that stands for content names it by a `pare:` id, the id resolves to
+//! exactly the hidden text (in the engine's own terms, through `/_pare/retrieve/{id}`, through the
+//! MCP server and through the gateway), selective reads, unknown ids, and ids that stay the same
+//! across replay and a restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use pare::compact::markers::{content_id, content_ids_in, content_texts};
+use pare::compact::report::RuleId;
+use pare::compact::{CompactOptions, Engine, Source};
+use pare::config::Config;
+use pare::pipeline::Pipeline;
+use pare::wire::ChatBody;
+
+use crate::support::pare::{Pare, config_for, start_with_pipeline};
+use crate::support::stub::Stub;
+use crate::support::{client, json as body_json};
+
+/// Every text of `messages` an id may name, by its id (`pare:` + hex).
+fn texts_by_id(messages: &[Value]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for m in messages {
+        let message: pare::neutral::Message = serde_json::from_value(m.clone()).unwrap();
+        for text in content_texts(&message) {
+            out.insert(content_id(&text), text);
+        }
+    }
+    out
+}
+
+fn file_view(lines: usize) -> String {
+    let mut out = String::new();
+    for i in 0..lines {
+        match i % 6 {
+            0 => out.push_str(&format!("{:6}\tclass Model{i}(Base):\n", i + 1)),
+            1 => out.push_str(&format!("{:6}\t    def method_{i}(self, value_{i}):\n", i + 1)),
+            _ => out.push_str(&format!("{:6}\t        return compute_{i}(value) + {i}\n", i + 1)),
+        }
+    }
+    out
+}
+
+/// One conversation on which each rule that writes a marker has something to do.
+fn every_rule_conversation() -> Vec<Value> {
+    let mut m = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test."}),
+    ];
+    let mut k = 0;
+    let mut call = |m: &mut Vec<Value>, name: &str, args: Value, output: String| {
+        k += 1;
+        let id = format!("call_{k}");
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": name, "arguments": args.to_string()}}]}));
+        m.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+    };
+    // collapse_succeeded: a plain successful output.
+    let listing: String = (0..40).map(|i| format!("src/module_{i}.py\n")).collect();
+    call(&mut m, "bash", json!({"command": "ls src"}), listing);
+    // retry_pruning: a failure retried with success.
+    let traceback: String = (0..12).map(|i| format!("  File \"src/mod_{i}.py\", line {i}, in run\n")).collect();
+    let failure = format!("Traceback (most recent call last):\n{traceback}ValueError: boom_4411\nexit code 1");
+    call(&mut m, "bash", json!({"command": "pytest -x"}), failure);
+    call(&mut m, "bash", json!({"command": "pytest -x"}), "3 passed\nexit code 0".into());
+    // loops: the same call three times.
+    for n in 0..3 {
+        let status: String = (0..10).map(|i| format!("\tmodified: src/changed_{i}.py\n")).collect();
+        call(&mut m, "bash", json!({"command": "git status"}), format!("On branch main {n}\n{status}"));
+    }
+    // duplicates: the same long output twice.
+    let long = "duplicate output line with data_7781\n".repeat(12);
+    call(&mut m, "bash", json!({"command": "cat notes.txt"}), long.clone());
+    call(&mut m, "bash", json!({"command": "cat notes.txt again"}), long);
+    // structure: a large source view.
+    call(&mut m, "str_replace_editor", json!({"command": "view", "path": "/w/app/models.py"}), file_view(180));
+    // truncate: a long failed output.
+    let failing: String = (0..60).map(|i| format!("FAILED test_case_{i} - AssertionError: value_{i}\n")).collect();
+    call(&mut m, "bash", json!({"command": "pytest"}), failing);
+    // hard_cap: a failed output of few very long lines.
+    call(&mut m, "bash", json!({"command": "pytest -q"}), format!("Error: {}\n{}", "x".repeat(5000), "y".repeat(3000)));
+    // arguments: a large argument of an old successful call.
+    let script: String = (0..40).map(|i| format!("print('line {i} of the script')\n")).collect();
+    call(&mut m, "bash", json!({"command": script}), "done\nexit code 0".into());
+    // system_messages: a later system message.
+    m.push(json!({"role": "system", "content": "# Skills loaded\n## skill one\nUse tools carefully.\n".repeat(4)}));
+    for n in 0..6 {
+        call(&mut m, "bash", json!({"command": format!("echo {n}")}), format!("step {n}\nexit code 0"));
+    }
+    m.push(json!({"role": "user", "content": "go on"}));
+    m
+}
+
+fn compact(messages: &[Value], target: Option<u64>) -> (pare::compact::Compacted, Vec<Source>) {
+    let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+    let parsed = ChatBody::parse(&body).unwrap();
+    let view = parsed.view();
+    let opts = CompactOptions { target_tokens: target, ..Default::default() };
+    Engine::default_pack().compact_traced(&view, &opts, &pare::tokens::QuarterCounter)
+}
+
+/// The ids a forwarded message shows, each checked to name a text of `raw` (the messages it stands
+/// for): what the marker hid is exactly what its id resolves to.
+fn check_ids_name(forwarded: &str, raw: &[Value], case: &str) -> usize {
+    let texts = texts_by_id(raw);
+    let ids: Vec<&str> = content_ids_in(forwarded).collect();
+    for id in &ids {
+        let id = format!("pare:{id}");
+        assert!(texts.contains_key(&id), "{case}: {id} names no text of the messages it stands for: {forwarded}");
+    }
+    ids.len()
+}
+
+/// Every rule that writes a marker, and every tier form, names what it hid: the id in each edited
+/// message resolves to that message's own text (or one of its call's arguments), the ids of an
+/// elision marker to the outputs of the run it stands for.
+#[test]
+fn every_marker_names_exactly_the_content_it_hides() {
+    let raw = every_rule_conversation();
+    let (rules_only, sources) = compact(&raw, None);
+    let fired: BTreeSet<RuleId> = rules_only.report.rules.keys().copied().collect();
+    for rule in [
+        RuleId::CollapseSucceeded,
+        RuleId::RetryPruning,
+        RuleId::Loops,
+        RuleId::Duplicates,
+        RuleId::Structure,
+        RuleId::Truncate,
+        RuleId::HardCap,
+        RuleId::Arguments,
+        RuleId::SystemMessages,
+    ] {
+        assert!(fired.contains(&rule), "{rule:?} did not fire: {fired:?}");
+    }
+    let mut n_named = 0;
+    for (forwarded, source) in rules_only.prefix.iter().zip(&sources) {
+        if let Source::Edited(idx) = source {
+            let n = check_ids_name(forwarded, &raw[*idx..=*idx], &format!("message {idx}"));
+            assert!(n > 0, "edited message {idx} names nothing: {forwarded}");
+            n_named += n;
+        }
+    }
+    assert!(n_named >= 10, "{n_named} ids");
+
+    // Tiers and elision, at a tight target.
+    let (fitted, sources) = compact(&raw, Some(900));
+    let tiers = fitted.report.tiers.as_ref().expect("tiers ran");
+    assert!(tiers.elided_groups > 0, "{tiers:?}");
+    let mut elision_ids = 0;
+    for (forwarded, source) in fitted.prefix.iter().zip(&sources) {
+        match source {
+            Source::Edited(idx) => {
+                check_ids_name(forwarded, &raw[*idx..=*idx], &format!("message {idx}"));
+            }
+            Source::Elided { start, end } => {
+                let n = check_ids_name(forwarded, &raw[*start..*end], &format!("elision {start}..{end}"));
+                // One id per distinct output (two identical outputs are one content).
+                let outputs: BTreeSet<String> = raw[*start..*end]
+                    .iter()
+                    .filter(|m| m["role"] == "tool")
+                    .map(|m| content_id(m["content"].as_str().unwrap()))
+                    .collect();
+                let named: BTreeSet<String> = content_ids_in(forwarded).map(|hex| format!("pare:{hex}")).collect();
+                assert_eq!(named.len(), n, "no id twice: {forwarded}");
+                assert_eq!(named, outputs, "one id per output: {forwarded}");
+                elision_ids += n;
+            }
+            Source::Raw(_) => {}
+        }
+    }
+    assert!(elision_ids > 0);
+}
+
+/// With pare's retrieve tool among the request's tools, markers say to call it; without, they show
+/// the id alone.
+#[test]
+fn markers_mention_the_retrieve_tool_only_when_offered() {
+    let raw = every_rule_conversation();
+    let with_tool = |tools: Value| {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": raw, "tools": tools})).unwrap();
+        let parsed = ChatBody::parse(&body).unwrap();
+        let out =
+            Engine::default_pack().compact(&parsed.view(), &CompactOptions::default(), &pare::tokens::QuarterCounter);
+        out.prefix.join("\n")
+    };
+    let bash = json!({"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}});
+    let retrieve = json!({"type": "function", "function": {"name": "mcp__pare__retrieve",
+        "description": "Get back content pare replaced", "parameters": {"type": "object"}}});
+    let plain = with_tool(json!([bash]));
+    assert!(!plain.contains("get it back with"), "no retrieve tool, no mention");
+    assert!(content_ids_in(&plain).count() > 5);
+    let offered = with_tool(json!([bash, retrieve]));
+    assert!(offered.contains("get it back with mcp__pare__retrieve(\\\"pare:"), "{offered}");
+    // A tool merely named `retrieve` that is not pare's is not taken for it.
+    let other = json!({"type": "function", "function": {"name": "retrieve", "description": "search the docs"}});
+    assert!(!with_tool(json!([bash, other])).contains("get it back with"));
+}
+
+/// A session whose old outputs get compacted: each request the previous one plus a tool step.
+fn session(n: usize) -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs"}),
+    ];
+    let mut out = Vec::new();
+    for k in 0..n {
+        out.push(json!({"model": "m", "messages": messages, "stream": false}));
+        let id = format!("call_{k}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "bash", "arguments": format!("{{\"command\": \"cat src/file_{k}.rs\"}}")}}]}));
+        let output: String = (0..40).map(|i| format!("fn item_{k}_{i}() -> u32 {{ {} }}\n", k * 1000 + i)).collect();
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+    }
+    out
+}
+
+fn archived_config(stub: &Stub, dir: &std::path::Path) -> Config {
+    let mut config = config_for(stub);
+    config.archive.enabled = true;
+    config.archive.dir = Some(dir.to_owned());
+    config.archive.flush_interval_ms = 10;
+    config.budget.default_context_window = 6000;
+    config.budget.output_reserve = 1000;
+    config.budget.detect_window = false;
+    config
+}
+
+async fn start_archived(stub: &Stub, dir: &std::path::Path) -> Pare {
+    let config = Arc::new(archived_config(stub, dir));
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    start_with_pipeline(config, pipeline).await
+}
+
+/// Send `bodies` through pare; the forwarded bodies the stub saw.
+async fn send_all(pare: &Pare, stub: &Stub, bodies: &[Value]) -> Vec<Value> {
+    let http = client();
+    for body in bodies {
+        let response =
+            http.post(pare.url("/v1/chat/completions")).body(body.to_string()).send().await.expect("chat request");
+        assert_eq!(response.status(), 200);
+    }
+    stub.requests().iter().map(|r| r.json()).collect()
+}
+
+async fn get(pare: &Pare, path: &str) -> (u16, String) {
+    let response = client().get(pare.url(path)).send().await.expect("get");
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Through the proxy: every id in every forwarded body resolves through `GET /_pare/retrieve/{id}`
+/// to exactly the text it names, after a restart too; selective reads and unknown ids answer as
+/// documented; the ids are the ones `pare replay` forwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_resolve_through_the_proxy_across_a_restart_and_match_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let bodies = session(24);
+    let pare = start_archived(&stub, dir.path()).await;
+    let forwarded = send_all(&pare, &stub, &bodies).await;
+    let raw_texts = texts_by_id(bodies.last().unwrap()["messages"].as_array().unwrap());
+    let mut ids: BTreeSet<String> = BTreeSet::new();
+    for body in &forwarded {
+        ids.extend(content_ids_in(&body.to_string()).map(|hex| format!("pare:{hex}")));
+    }
+    assert!(ids.len() > 10, "the session compacted: {} ids", ids.len());
+    for id in &ids {
+        let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
+        assert_eq!(status, 200, "{id}: {text}");
+        assert_eq!(&text, raw_texts.get(id).expect("an id names a raw text"), "{id}");
+    }
+
+    // Selective reads.
+    let id = ids.iter().find(|id| raw_texts[*id].lines().count() >= 40).expect("a long output");
+    let lines: Vec<&str> = raw_texts[id].split_inclusive('\n').collect();
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?lines=2-4")).await;
+    assert_eq!((status, text), (200, lines[1..4].concat()));
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?lines=39-")).await;
+    assert_eq!((status, text), (200, lines[38..].concat()));
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?lines=900-901")).await;
+    assert_eq!((status, text.as_str()), (200, ""), "past the end: nothing");
+    let needle = lines[6].split_whitespace().nth(1).unwrap().trim_end_matches("()");
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?grep={needle}%5C(")).await;
+    assert_eq!((status, text), (200, format!("7: {}", lines[6])));
+    for bad in ["lines=0-3", "lines=5-2", "lines=a", "grep=(unclosed"] {
+        let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {text}");
+    }
+    // A unique prefix of 8 digits resolves too; unknown and malformed ids do not.
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{}", &id[..13])).await;
+    assert_eq!((status, &text), (200, &raw_texts[id]));
+    let (status, text) = get(&pare, "/_pare/retrieve/pare:000000000000").await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("no content with id pare:000000000000"), "{text}");
+    let (status, _) = get(&pare, "/_pare/retrieve/pare:xyz").await;
+    assert_eq!(status, 400);
+    pare.shutdown().await.unwrap();
+
+    // After a restart on the same archive, the same ids resolve to the same texts.
+    let stub2 = Stub::start(Stub::openai).await;
+    let pare = start_archived(&stub2, dir.path()).await;
+    for id in ids.iter().take(5) {
+        let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
+        assert_eq!((status, &text), (200, &raw_texts[id]), "{id} after a restart");
+    }
+    pare.shutdown().await.unwrap();
+
+    // `pare replay` forwards the same ids the proxy did.
+    let config = archived_config(&stub, dir.path());
+    let compactor =
+        pare::budget::SessionCompactor::new(&config, Arc::new(Engine::from_config(&config).unwrap())).unwrap();
+    let lines: Vec<Vec<u8>> = bodies.iter().map(|b| serde_json::to_vec(b).unwrap()).collect();
+    let lines: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+    let replayed = pare::budget::replay::replay_session(&compactor, pare::wire::Wire::Chat, "replay", &lines, None);
+    let mut replay_ids = BTreeSet::new();
+    for step in &replayed {
+        replay_ids.extend(content_ids_in(&String::from_utf8_lossy(&step.forwarded)).map(|hex| format!("pare:{hex}")));
+    }
+    assert_eq!(replay_ids, ids, "replay names the same contents");
+}
+
+async fn mcp(pare: &Pare, message: Value) -> (u16, Value) {
+    let response = client()
+        .post(pare.url("/_pare/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(message.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    (status, if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() })
+}
+
+/// The MCP server: initialize, the initialized notification, tools/list, tools/call (content, a
+/// selection, an unknown id as a tool error), ping, an unknown method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_server_lists_and_calls_retrieve() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let bodies = session(20);
+    let pare = start_archived(&stub, dir.path()).await;
+    let forwarded = send_all(&pare, &stub, &bodies).await;
+    let raw_texts = texts_by_id(bodies.last().unwrap()["messages"].as_array().unwrap());
+    let id = content_ids_in(&forwarded.last().unwrap().to_string()).next().map(|hex| format!("pare:{hex}")).unwrap();
+
+    let (status, init) = mcp(
+        &pare,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
+    assert_eq!(init["result"]["serverInfo"]["name"], "pare");
+    let (status, body) = mcp(&pare, json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    assert_eq!((status, body), (202, Value::Null));
+    let (_, list) = mcp(&pare, json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    assert_eq!(list["result"]["tools"][0]["name"], "retrieve");
+    let call = |id_value: &str, extra: Value| {
+        let mut arguments = json!({"id": id_value});
+        arguments.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "retrieve", "arguments": arguments}})
+    };
+    let (_, whole) = mcp(&pare, call(&id, json!({}))).await;
+    assert_eq!(whole["result"]["isError"], false);
+    assert_eq!(whole["result"]["content"][0]["text"], raw_texts[&id].as_str());
+    let (_, some) = mcp(&pare, call(&id, json!({"lines": "1-2"}))).await;
+    let first_two: String = raw_texts[&id].split_inclusive('\n').take(2).collect();
+    assert_eq!(some["result"]["content"][0]["text"], first_two.as_str());
+    let (_, unknown) = mcp(&pare, call("pare:000000000000", json!({}))).await;
+    assert_eq!(unknown["result"]["isError"], true);
+    assert!(unknown["result"]["content"][0]["text"].as_str().unwrap().contains("no content with id"));
+    let (_, pong) = mcp(&pare, json!({"jsonrpc": "2.0", "id": 4, "method": "ping"})).await;
+    assert_eq!(pong["result"], json!({}));
+    let (_, missing) = mcp(&pare, json!({"jsonrpc": "2.0", "id": 5, "method": "resources/list"})).await;
+    assert_eq!(missing["error"]["code"], -32601);
+    let get = client().get(pare.url("/_pare/mcp")).send().await.unwrap();
+    assert_eq!(get.status(), 405);
+    pare.shutdown().await.unwrap();
+}
+
+/// The gateway contract LiteLLM's Headroom guardrail calls: `POST /v1/compress` answers as many
+/// messages as it was given, compacted, with `ccr_hashes` listing the content ids they name, and
+/// `GET /v1/retrieve/{hash}` gives each one's original content back as `original_content`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_compress_and_retrieve() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let pare = start_archived(&stub, dir.path()).await;
+    let last = session(24).pop().unwrap();
+    let messages = last["messages"].clone();
+    let response = client()
+        .post(pare.url("/v1/compress"))
+        .header("content-type", "application/json")
+        .body(json!({"messages": messages, "model": "m", "config": {"mode": "ccr"}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer = body_json(response).await;
+    assert!(stub.requests().is_empty(), "the gateway call goes to no upstream");
+    let before = answer["tokens_before"].as_u64().unwrap();
+    let after = answer["tokens_after"].as_u64().unwrap();
+    assert!(after < before, "{before} → {after}");
+    assert_eq!(answer["tokens_saved"].as_u64(), Some(before - after));
+    let out = answer["messages"].as_array().unwrap();
+    assert_eq!(out.len(), messages.as_array().unwrap().len(), "one message per message, by position");
+    let hashes: Vec<&str> = answer["ccr_hashes"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
+    let out_text = answer["messages"].to_string();
+    let named: BTreeSet<&str> = content_ids_in(&out_text).collect();
+    assert_eq!(hashes.iter().copied().collect::<BTreeSet<_>>(), named);
+    assert!(hashes.len() > 10, "{hashes:?}");
+    let raw_texts = texts_by_id(messages.as_array().unwrap());
+    for hash in hashes.iter().take(5) {
+        let response = client().get(pare.url(&format!("/v1/retrieve/{hash}"))).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let got = body_json(response).await;
+        assert_eq!(got["original_content"], raw_texts[&format!("pare:{hash}")].as_str());
+    }
+    let missing = client().get(pare.url("/v1/retrieve/000000000000")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    let bad = client().post(pare.url("/v1/compress")).body("{\"nope\": 1}").send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+
+    // The guardrail holds back what a compressor may not touch (system, the last user and assistant
+    // turns): tool results arrive without the calls they answer, and are compacted all the same.
+    let results: Vec<Value> = messages.as_array().unwrap().iter().filter(|m| m["role"] == "tool").cloned().collect();
+    let response = client()
+        .post(pare.url("/v1/compress"))
+        .body(json!({"messages": results, "model": "m"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let answer = body_json(response).await;
+    let out = answer["messages"].as_array().unwrap();
+    assert_eq!(out.len(), results.len());
+    assert!(out.iter().all(|m| m["role"] == "tool"), "no inserted call comes back");
+    assert!(answer["ccr_hashes"].as_array().unwrap().len() > 10, "{answer}");
+    assert_eq!(out.last(), results.last(), "the latest results are the protected tail");
+    pare.shutdown().await.unwrap();
+}
+
+/// The same round trip on the Anthropic Messages wire: the ids name the texts of the neutral
+/// conversation the engine reads (a `tool_result` block's text), and the archive, reading the raw
+/// Anthropic body, resolves each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_resolve_on_the_messages_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let reply = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1}});
+    let stub = Stub::start(move |_| crate::support::stub::Reply::json(200, reply.clone())).await;
+    let mut config = archived_config(&stub, dir.path());
+    config.budget.anthropic_context_window = 6000;
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    let pare = start_with_pipeline(config, pipeline).await;
+    let chat: String = session(24).iter().map(|b| format!("{b}\n")).collect();
+    let bodies: Vec<String> =
+        pare::wire::messages::convert::chat_session_to_messages(&chat).lines().map(str::to_owned).collect();
+    let http = client();
+    for body in &bodies {
+        let response = http.post(pare.url("/v1/messages")).body(body.clone()).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let last = bodies.last().unwrap().as_bytes();
+    let parsed = pare::wire::parse(pare::wire::Wire::Messages, last).unwrap();
+    let mut texts = BTreeMap::new();
+    for raw in parsed.messages() {
+        let message = pare::neutral::Message::from_raw(raw).unwrap();
+        for text in content_texts(&message) {
+            texts.insert(content_id(&text), text);
+        }
+    }
+    let mut ids = BTreeSet::new();
+    for request in stub.requests() {
+        ids.extend(content_ids_in(&request.json().to_string()).map(|hex| format!("pare:{hex}")));
+    }
+    let last_forwarded = stub.requests().last().unwrap().json().to_string();
+    assert!(ids.len() > 10, "the session compacted: {} ids in {last_forwarded}", ids.len());
+    for id in &ids {
+        let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
+        assert_eq!(status, 200, "{id}: {text}");
+        assert_eq!(&text, texts.get(id).expect("an id names a text of the conversation"), "{id}");
+    }
+    pare.shutdown().await.unwrap();
+}
+
+/// Regression: an elision over tool results that were already markers (eager mode compacts a history
+/// that holds its earlier markers) listed no id for them, so what they stood for could no longer be
+/// retrieved; it lists the ids those markers carried.
+#[test]
+fn elision_over_earlier_markers_keeps_their_ids() {
+    let raw = every_rule_conversation();
+    let (once, _) = compact(&raw, None);
+    let mut input: Vec<Value> = once.prefix.iter().map(|m| serde_json::from_str(m).unwrap()).collect();
+    input.extend(raw[once.boundary..].iter().cloned());
+    let (twice, sources) = compact(&input, Some(900));
+    let mut checked = 0;
+    for (forwarded, source) in twice.prefix.iter().zip(&sources) {
+        let Source::Elided { start, end } = source else { continue };
+        let carried: BTreeSet<String> = input[*start..*end]
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .flat_map(|m| {
+                content_ids_in(m["content"].as_str().unwrap_or_default())
+                    .map(|h| format!("pare:{h}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let named: BTreeSet<String> = content_ids_in(forwarded).map(|h| format!("pare:{h}")).collect();
+        assert!(carried.is_subset(&named), "{carried:?} not all in {forwarded}");
+        checked += carried.len();
+    }
+    assert!(checked > 3, "the second pass elided earlier markers: {checked}");
+}
