@@ -259,13 +259,14 @@ pub fn fit(
             }
         }
         ctx.elide_to_fixpoint(edits, &units, &candidates, &mut gone, &tokens, &mut total);
-        if total > target && !gone.is_empty() {
+        if total > target {
             // Still over: the markers go terse (no file or name lists) in the end, so weigh the
             // remaining steps with terse markers — a run that pays only without its lists must
-            // still be elided, or a request that could fit stays over.
-            went_terse = true;
+            // still be elided (also when no run paid with them: compacting the output again would
+            // find it), or a request that could fit stays over.
             let terse_ctx = ElideContext { terse: true, ..ctx };
             terse_ctx.elide_to_fixpoint(edits, &units, &candidates, &mut gone, &tokens, &mut total);
+            went_terse = !gone.is_empty();
         }
     }
     for (u, tier) in final_tier.iter().enumerate() {

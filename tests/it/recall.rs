@@ -213,3 +213,25 @@ proptest::proptest! {
         proptest::prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent");
     }
 }
+
+/// Regression: a view collapsed to a marker with its content id, at a target no compaction reaches,
+/// was elided with its call when pare's output was compacted again (not idempotent).
+#[test]
+fn a_collapsed_view_under_an_unreachable_target_stays_as_it_is() {
+    use generated::Step;
+    use pare::config::pack::{BUILTIN_PACKS, load_pack};
+    use pare::config::{SalienceConfig, TierBudgets};
+    use pare::tokens::{CountTokens, QuarterCounter};
+
+    let messages = generated::build(&[Step::View, Step::Range(0, 1), Step::Range(0, 1)], 60);
+    let pack =
+        load_pack(BUILTIN_PACKS[0].0, BUILTIN_PACKS[0].1, Some(&serde_json::json!({"protect_last_turns": 2}))).unwrap();
+    let engine = Engine::from_pack(pack, SalienceConfig::default(), TierBudgets::default());
+    let input = serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap();
+    let tokens: u64 = messages.iter().map(|m| QuarterCounter.message(&m.to_string())).sum();
+    let target = Some(tokens * 5 / 100);
+    let (out, result) = crate::compact::run(&engine, &input, target);
+    crate::compact::assert_invariants(&input, &out, &result);
+    let (twice, _) = crate::compact::run(&engine, &out, target);
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice), "not idempotent");
+}
