@@ -175,7 +175,8 @@ pub fn open_ro(dir: &Path) -> Result<Connection, ArchiveError> {
     let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(|e| ArchiveError::open(&path, e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(|e| ArchiveError::open(&path, e))?;
-    // The writer creates the tables in order: the last one there means they all are.
+    // The writer creates the tables in order: `responses` there means every chained table is; the
+    // tables after it (usage, plans, contents) may be missing from an older archive.
     let has_schema: bool = conn
         .query_row("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'responses')", [], |r| {
             r.get(0)
