@@ -91,7 +91,7 @@ pub trait ResponseSink: Send {
     fn finish(self: Box<Self>, end: StreamEnd);
     /// [`ResponseSink::finish`], returning what the upstream reported it billed for the answer (its
     /// `usage`), for a sink that reads it.
-    fn finish_reporting(self: Box<Self>, end: StreamEnd) -> Option<crate::archive::usage::Usage> {
+    fn finish_reporting(self: Box<Self>, end: StreamEnd) -> Option<Usage> {
         self.finish(end);
         None
     }
@@ -213,4 +213,18 @@ mod tests {
         let report = summary.report.unwrap();
         assert_eq!((report.action, report.engine.unwrap().tiers), (None, None));
     }
+}
+
+/// What the upstream reported it billed for one answer, in its own tokenizer's tokens (read by
+/// `archive::usage`, one arm per wire format).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Every prompt token the upstream processed, cached or not.
+    pub prompt: Option<u64>,
+    /// Prompt tokens read from the upstream's prompt cache (billed at its cache-read rate).
+    pub cached: Option<u64>,
+    /// Prompt tokens written to the upstream's prompt cache (Anthropic bills them above the input rate).
+    pub cache_write: Option<u64>,
+    /// Tokens of the answer.
+    pub output: Option<u64>,
 }

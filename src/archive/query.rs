@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use super::body::Part;
 use super::read::{self, BodyKind};
-use super::usage::Usage;
 use super::{ArchiveError, store};
 use crate::exchange::CompactionSummary;
+use crate::exchange::Usage;
 use crate::session::StoredKey;
 
 /// One session as listed.
@@ -51,6 +51,16 @@ pub struct UpstreamUsage {
 }
 
 impl UpstreamUsage {
+    /// The session's upstream cache hits for people: "68.3 % of 12,000", or what was not reported.
+    pub fn cache_hits(&self) -> String {
+        use crate::compact::markers::group_signed as n;
+        match (self.hit_rate(), self.prompt) {
+            (Some(rate), _) => format!("{:.1} % of {}", 100.0 * rate, n(self.prompt_with_cached.unwrap_or(0))),
+            (None, Some(prompt)) => format!("not reported (prompt {})", n(prompt)),
+            (None, None) => "not reported".to_owned(),
+        }
+    }
+
     /// Share of the prompt tokens the upstream read from its cache, over the answers that reported both.
     pub fn hit_rate(&self) -> Option<f64> {
         match (self.cached, self.prompt_with_cached) {

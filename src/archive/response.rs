@@ -17,8 +17,8 @@ use http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::sse::{self, Event};
-use super::usage::Usage;
 use super::{Archive, ResponseRecord, Ticket, keep_headers, now_ms};
+use crate::exchange::Usage;
 use crate::exchange::{ResponseSink, StreamEnd};
 use crate::session::SessionTracker;
 use crate::wire::Wire;

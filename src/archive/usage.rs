@@ -14,23 +14,10 @@
 //! (`message_start` carries the input figures, `message_delta` the output, merged by
 //! [`super::messages_sse`]; a chat stream's last chunk, a Responses stream's final event).
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::exchange::Usage;
 use crate::wire::Wire;
-
-/// What the upstream reported it billed for one answer, in its own tokenizer's tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Every prompt token the upstream processed, cached or not.
-    pub prompt: Option<u64>,
-    /// Prompt tokens read from the upstream's prompt cache (billed at its cache-read rate).
-    pub cached: Option<u64>,
-    /// Prompt tokens written to the upstream's prompt cache (Anthropic bills them above the input rate).
-    pub cache_write: Option<u64>,
-    /// Tokens of the answer.
-    pub output: Option<u64>,
-}
 
 impl Usage {
     /// The figures of a `usage` object in `wire`'s dialect; `None` when it reports none of them
@@ -86,6 +73,23 @@ impl Usage {
     /// assembly sets).
     pub fn of_answer(wire: Wire, assembled: &Value) -> Option<Usage> {
         Usage::read(wire, assembled.get("usage")?)
+    }
+
+    /// One answer's usage for people: "prompt 3,000 · cached 2,048 (68.3 %) · cache write 100 ·
+    /// output 9", each figure the upstream left out said so.
+    pub fn line(usage: Option<&Usage>) -> String {
+        let Some(usage) = usage else { return "not reported".to_owned() };
+        let figure = |x: Option<u64>| {
+            x.map_or_else(|| "not reported".to_owned(), |x| crate::compact::markers::group_signed(x as i64))
+        };
+        let rate = usage.hit_rate().map(|r| format!(" ({:.1} %)", 100.0 * r)).unwrap_or_default();
+        format!(
+            "prompt {} · cached {}{rate} · cache write {} · output {}",
+            figure(usage.prompt),
+            figure(usage.cached),
+            figure(usage.cache_write),
+            figure(usage.output)
+        )
     }
 
     /// Whether any figure was reported.

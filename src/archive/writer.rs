@@ -21,9 +21,9 @@ use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::content::ContentIndex;
 use super::read::{self, BodyKind};
-use super::usage::Usage;
 use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
 use crate::budget::epoch::SessionPlan;
+use crate::exchange::Usage;
 use crate::memory::Holder;
 use crate::wire::{Spans, Wire};
 

@@ -198,7 +198,7 @@ impl Frozen {
 
 /// A session's compaction state as data: what [`SessionCompactor::resume`] needs to go on forwarding
 /// exactly what it would have forwarded had the process not stopped or the state not been evicted.
-/// The archive stores one with the exchange after which it changed (`archive::plan`).
+/// The archive stores one with the exchange after which it changed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SessionPlan {
     pub epoch: u64,

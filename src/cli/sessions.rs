@@ -14,13 +14,13 @@ use serde_json::Value;
 
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
-use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, UpstreamUsage, delete_session};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
 use crate::archive::read::BodyKind;
 use crate::archive::time::show_time;
-use crate::archive::usage::Usage;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+use crate::exchange::Usage;
 
 use super::compact::{change, mention};
 use crate::config::Config;
@@ -129,36 +129,12 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
             n(s.n_requests),
             s.wire.unwrap_or("-"),
             s.model.as_deref().unwrap_or("-"),
-            cache_hits(&s.upstream),
+            s.upstream.cache_hits(),
             n(s.tokens_raw),
             n(s.tokens_forwarded)
         )?;
     }
     Ok(())
-}
-
-/// A session's upstream cache hits for people: "68.3 % of 12,000", or what was not reported.
-pub(crate) fn cache_hits(upstream: &UpstreamUsage) -> String {
-    match (upstream.hit_rate(), upstream.prompt) {
-        (Some(rate), _) => format!("{:.1} % of {}", 100.0 * rate, n(upstream.prompt_with_cached.unwrap_or(0))),
-        (None, Some(prompt)) => format!("not reported (prompt {})", n(prompt)),
-        (None, None) => "not reported".to_owned(),
-    }
-}
-
-/// One answer's upstream usage for people: "prompt 3,000 · cached 2,048 (68.3 %) · cache write 100
-/// · output 9", each figure the upstream left out said so.
-pub(crate) fn usage_line(usage: Option<&Usage>) -> String {
-    let Some(usage) = usage else { return "not reported".to_owned() };
-    let figure = |x: Option<u64>| x.map_or_else(|| "not reported".to_owned(), |x| n(x as i64));
-    let rate = usage.hit_rate().map(|r| format!(" ({:.1} %)", 100.0 * r)).unwrap_or_default();
-    format!(
-        "prompt {} · cached {}{rate} · cache write {} · output {}",
-        figure(usage.prompt),
-        figure(usage.cached),
-        figure(usage.cache_write),
-        figure(usage.output)
-    )
 }
 
 fn print_bodies(
@@ -250,7 +226,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
     writeln!(
         out,
         "session upstream cache hits {} · attributable savings {} tokens (removed {} − epoch cache misses {}, misses from {})",
-        cache_hits(&info.upstream),
+        info.upstream.cache_hits(),
         n(savings.net()),
         n(savings.removed as i64),
         n(savings.misses() as i64),
@@ -275,7 +251,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
                 resp.end_reason,
                 if resp.partial { ", PARTIAL" } else { "" },
             )?;
-            writeln!(out, "── upstream usage: {}", usage_line(ex.usage.as_ref()))?;
+            writeln!(out, "── upstream usage: {}", Usage::line(ex.usage.as_ref()))?;
             match resp.assembled.as_ref().and_then(|a| a.get("message")) {
                 Some(m) => writeln!(out, "{}", render_message(messages.len(), m))?,
                 None => writeln!(out, "{}", indent(&String::from_utf8_lossy(&resp.body)))?,

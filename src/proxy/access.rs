@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use http::Method;
 
 use super::metrics::{Exchange, Metrics};
-use crate::archive::usage::Usage;
+use crate::exchange::Usage;
 use crate::exchange::{CompactionSummary, StreamEnd};
 
 /// Everything the access line reports, filled in as the exchange progresses.

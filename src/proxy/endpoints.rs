@@ -14,7 +14,7 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
-use super::error::{ProxyError, json_response};
+use super::error::{ProxyError, json_response, method_not_allowed};
 use super::state::Proxy;
 use super::{mcp, metrics, retrieve};
 
@@ -110,16 +110,6 @@ async fn health(proxy: &Proxy, authorized: bool) -> Response<Bytes> {
         body["archive"] = serde_json::to_value(&health).unwrap_or(serde_json::Value::Null);
     }
     json_response(StatusCode::OK, &body)
-}
-
-/// 405 naming the method the endpoint takes.
-pub fn method_not_allowed(allow: &'static str) -> Response<Bytes> {
-    let mut response = json_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        &serde_json::json!({"error": {"message": format!("this endpoint takes {allow} only"), "type": "invalid_request_error"}}),
-    );
-    response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
-    response
 }
 
 fn scrape(proxy: &Proxy) -> Response<Bytes> {

@@ -231,6 +231,16 @@ pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<
     response
 }
 
+/// 405 naming the method the endpoint takes.
+pub fn method_not_allowed(allow: &'static str) -> Response<Bytes> {
+    let mut response = json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &serde_json::json!({"error": {"message": format!("this endpoint takes {allow} only"), "type": "invalid_request_error"}}),
+    );
+    response.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
 /// The chain of causes of an error, outermost first, joined with `: ` (repeated messages skipped).
 pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();

@@ -16,7 +16,7 @@ use http::request::Parts;
 use http::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
-use super::endpoints::method_not_allowed;
+use super::error::method_not_allowed;
 use super::retrieve::{RetrieveError, select};
 use super::state::Proxy;
 use crate::compact::markers::RETRIEVE_TOOL;

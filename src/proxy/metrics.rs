@@ -17,7 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::archive::response::Truncation;
-use crate::archive::usage::Usage;
+use crate::exchange::Usage;
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::pipeline::Pipeline;
 

@@ -11,12 +11,11 @@ use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
 use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage, UpstreamUsage};
-use crate::archive::usage::Usage;
 use crate::archive::verify::{VerifyReport, summary_line};
-use crate::cli::sessions::{cache_hits, usage_line};
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::{RuleMatcher, Step, align, steps};
 use crate::exchange::CompactionSummary;
+use crate::exchange::Usage;
 use crate::session::content_text;
 
 const STYLE: &str = r#"
@@ -271,7 +270,10 @@ fn verify_badge(cached: Option<&(i64, bool)>, n_requests: i64) -> Markup {
 /// One line saying what an answer was: its text's first line, or its calls.
 fn answer_summary(answer: Option<&ResponseInfo>) -> Markup {
     let Some(answer) = answer else { return html! { span.muted { "no answer recorded" } } };
-    let message = answer.assembled.as_ref().and_then(|a| a.get("message"));
+    // A Gemini answer is a model turn of parts: read as the neutral message it stands for.
+    let gemini = answer.assembled.as_ref().and_then(|a| a.get("message")).filter(|m| m.get("parts").is_some());
+    let neutral = gemini.and_then(crate::wire::gemini::neutral_answer);
+    let message = neutral.as_ref().or_else(|| answer.assembled.as_ref().and_then(|a| a.get("message")));
     let text = message.map(|m| content_text(m.get("content"))).unwrap_or_default();
     let first_line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     let calls: Vec<String> = message
@@ -343,7 +345,7 @@ fn bar(raw: u64, forwarded: u64, window: Option<Window>, scale: u64) -> Markup {
 /// A session's upstream cache hit rate in the index ("72.7 %", its base in the tooltip), or
 /// "not reported".
 fn hit_rate_cell(upstream: &UpstreamUsage) -> Markup {
-    let title = format!("upstream cache hits: {}", cache_hits(upstream));
+    let title = format!("upstream cache hits: {}", upstream.cache_hits());
     match upstream.hit_rate() {
         Some(rate) => html! { span title=(title) { (format!("{:.1} %", 100.0 * rate)) } },
         None => html! { span.muted title=(title) { "not reported" } },
@@ -353,7 +355,7 @@ fn hit_rate_cell(upstream: &UpstreamUsage) -> Markup {
 /// One answer's upstream cache figures in a table cell: "2,048 / 3,000 (68.3 %)", or what was not
 /// reported; the tooltip has every figure.
 fn upstream_cell(usage: Option<&Usage>) -> Markup {
-    let title = usage_line(usage);
+    let title = Usage::line(usage);
     match usage {
         Some(Usage { prompt: Some(prompt), cached: Some(cached), .. }) => html! {
             span title=(title) { (int(*cached as i64)) " / " (int(*prompt as i64))
@@ -428,7 +430,7 @@ pub fn session(
                 div { b { (show_time(info.last_ms)) } span { "last (UTC)" } }
                 div { b { (int(info.tokens_raw)) " → " (int(info.tokens_forwarded)) } span { "tokens raw → forwarded" } }
                 div { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved" } }
-                div id="upstream-cache" { b { (cache_hits(&info.upstream)) } span { "upstream cache hits (as the upstream reported)" } }
+                div id="upstream-cache" { b { (info.upstream.cache_hits()) } span { "upstream cache hits (as the upstream reported)" } }
                 div { b { (info.upstream.cache_write.map(int).unwrap_or_else(|| "not reported".into())) } span { "upstream cache writes" } }
                 div { b { (int(savings.net())) } span { "attributable savings, tokens (" (savings.source()) ")" } }
                 div { b { (epochs) } span { "epochs" } }
@@ -705,7 +707,7 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
                 div { b { (summary.map(|s| int(s.tokens_raw as i64)).unwrap_or_else(|| "—".into())) " → "
                           (summary.map(|s| int(s.tokens_forwarded as i64)).unwrap_or_else(|| "—".into())) } span { "tokens raw → forwarded" } }
                 div { b { (raw.len()) " → " (forwarded.len()) } span { "messages" } }
-                div id="upstream-usage" { b { (usage_line(e.usage.as_ref())) } span { "upstream usage (as the upstream reported)" } }
+                div id="upstream-usage" { b { (Usage::line(e.usage.as_ref())) } span { "upstream usage (as the upstream reported)" } }
             }
             @if let Some(skipped) = &e.skipped { p { span.badge.warn { "forwarded unchanged" } " " (skipped) } }
             h2 { "Messages: sent by the agent ↔ forwarded to the model" }
@@ -724,4 +726,38 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
         }))
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn answer(assembled: Value) -> ResponseInfo {
+        ResponseInfo {
+            status: Some(200),
+            stream: true,
+            partial: false,
+            end_reason: "complete".into(),
+            body: Vec::new(),
+            assembled: Some(assembled),
+        }
+    }
+
+    /// A Gemini answer (a model turn of parts) shows its text and its call, as a chat answer does.
+    #[test]
+    fn a_gemini_answer_is_summarized_by_its_text_and_calls() {
+        let gemini = answer(json!({"message": {"role": "model", "parts": [
+            {"text": "Listing files.", "thoughtSignature": "c2ln"},
+            {"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]},
+            "finish_reason": "STOP"}));
+        let shown = answer_summary(Some(&gemini)).into_string();
+        assert!(shown.contains("Listing files."), "{shown}");
+        assert!(shown.contains("run_shell_command"), "{shown}");
+        let chat = answer(json!({"message": {"role": "assistant", "content": "done", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{}"}}]}}));
+        let shown = answer_summary(Some(&chat)).into_string();
+        assert!(shown.contains("done") && shown.contains("terminal"), "{shown}");
+    }
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use pare::archive::query::{ArchiveReader, EpochMiss, MissSource, Savings};
-use pare::archive::usage::Usage;
 use pare::archive::{Archive, ExchangeRecord, ResponseRecord};
 use pare::config::Durability;
+use pare::exchange::Usage;
 use pare::pipeline::{CompactionSummary, StreamEnd};
 use pare::wire::Wire;
 use serde_json::{Value, json};
