@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The end-to-end suite: real clients (the official openai and anthropic SDKs, Hermes Agent, Codex CLI,
-# Claude Code) against a debug build of pare in front of a scripted stub upstream. Creates its own
-# venv in .venv-e2e and npm prefix in tests/e2e/.node, each reinstalled only when its pin list changes.
+# The end-to-end suite: real clients (the official openai, anthropic, google-genai and mcp SDKs, Hermes
+# Agent, Codex CLI, Claude Code, Gemini CLI, a LiteLLM proxy, Chromium) against a debug build of pare in
+# front of scripted stub upstreams. Creates its own venvs (.venv-e2e; .venv-litellm for LiteLLM, whose
+# pins conflict with Hermes') and npm prefix tests/e2e/.node, each reinstalled only when its pin list
+# changes.
 # PARE_BIN, when set, names the pare binary to test; else it is built (honouring CARGO_TARGET_DIR).
 set -euo pipefail
 
@@ -22,6 +24,21 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "$want" > "$stamp"
     echo "e2e: $(du -sh "$venv" | cut -f1) in $venv"
 fi
+
+# test_litellm_gateway.py runs a LiteLLM proxy from a venv of its own (its pins conflict with Hermes').
+litellm_venv="$root/.venv-litellm"
+if [[ ! -x "$litellm_venv/bin/python" ]]; then
+    echo "e2e: creating $litellm_venv with $python"
+    "$python" -m venv "$litellm_venv"
+fi
+litellm_stamp="$litellm_venv/.requirements.sha256"
+want="$(sha256sum tests/e2e/requirements-litellm.txt | cut -d' ' -f1)"
+if [[ ! -f "$litellm_stamp" || "$(cat "$litellm_stamp")" != "$want" ]]; then
+    echo "e2e: installing tests/e2e/requirements-litellm.txt"
+    timeout 900 "$litellm_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements-litellm.txt
+    echo "$want" > "$litellm_stamp"
+fi
+export LITELLM_BIN="$litellm_venv/bin/litellm"
 
 # test_ui_chromium.py drives Debian's headless Chromium (CI runs as root on Debian).
 if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then

@@ -123,7 +123,8 @@ guardrails:
       api_base: {pare.url}
       default_on: true
 """)
-    litellm = shutil.which("litellm", path=str(Path(sys.executable).parent)) or "litellm"
+    # tests/e2e/run.sh installs LiteLLM in a venv of its own and names its command here.
+    litellm = os.environ.get("LITELLM_BIN") or shutil.which("litellm", path=str(Path(sys.executable).parent)) or "litellm"
     master_key = "sk-" + secrets.token_hex(32)
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
                LITELLM_MASTER_KEY=master_key)
