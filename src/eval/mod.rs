@@ -199,10 +199,8 @@ pub struct CorpusReport {
 pub struct EvalInput {
     /// The wire format of the session files' request bodies (after `convert`).
     pub wire: Wire,
-    /// The files hold chat requests: convert each session to requests of `wire` (Responses:
-    /// [`crate::wire::convert::chat_session_to_responses`], Messages:
-    /// [`crate::wire::messages::convert::chat_session_to_messages`], Gemini:
-    /// [`crate::wire::gemini::convert::chat_session_to_gemini`]) before evaluating.
+    /// The files hold chat requests: convert each session to requests of `wire`
+    /// ([`crate::wire::convert::chat_session_to`]) before evaluating.
     pub convert_chat: bool,
 }
 

@@ -7,15 +7,23 @@ use serde_json::{Map, Value, json};
 use super::Wire;
 
 /// A session file of chat requests (one a line) as the session an agent speaking `wire` would have
-/// sent: Responses ([`chat_session_to_responses`], also for `chat`), Messages
-/// ([`super::messages::convert::chat_session_to_messages`]) or Gemini
-/// ([`super::gemini::convert::chat_session_to_gemini`]).
+/// sent, one request a line: Responses ([`chat_to_responses`], also for `chat`), Messages
+/// ([`super::messages::convert::chat_to_messages`]) or Gemini
+/// ([`super::gemini::convert::chat_to_gemini`]). Lines that are not chat requests are left out.
 pub fn chat_session_to(wire: Wire, chat: &str) -> String {
-    match wire {
-        Wire::Messages => super::messages::convert::chat_session_to_messages(chat),
-        Wire::Gemini => super::gemini::convert::chat_session_to_gemini(chat),
-        Wire::Chat | Wire::Responses => chat_session_to_responses(chat),
+    let convert: fn(&Value) -> Option<Value> = match wire {
+        Wire::Messages => super::messages::convert::chat_to_messages,
+        Wire::Gemini => super::gemini::convert::chat_to_gemini,
+        Wire::Chat | Wire::Responses => chat_to_responses,
+    };
+    let mut out = String::new();
+    for line in chat.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(converted) = serde_json::from_str::<Value>(line).ok().as_ref().and_then(convert) {
+            out.push_str(&converted.to_string());
+            out.push('\n');
+        }
     }
+    out
 }
 
 /// The Responses request an agent would have sent for the chat request `chat` (a JSON object with
@@ -108,21 +116,8 @@ pub fn chat_to_responses(chat: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// [`chat_to_responses`] over a session file's text (one chat request per line): one Responses
-/// request per line. Lines that are not chat requests are left out.
-pub fn chat_session_to_responses(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        if let Some(converted) = serde_json::from_str::<Value>(line).ok().as_ref().and_then(chat_to_responses) {
-            out.push_str(&converted.to_string());
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// A content value as text: the string, or the parts' `text` joined by newlines.
-fn text_of(content: Option<&Value>) -> String {
+pub(crate) fn text_of(content: Option<&Value>) -> String {
     match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => {

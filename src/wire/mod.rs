@@ -115,6 +115,58 @@ pub trait WireBody: Send + Sync {
     fn check(&self) -> Result<(), String>;
 }
 
+/// What a forwarded neutral message stands for in a turn adapter (Messages, Gemini): one of the
+/// body's units left alone, one the engine rewrote (a shorter result, shorter arguments), or one it
+/// wrote (an elision marker).
+pub(crate) enum Forwarded<U> {
+    Kept(U),
+    Rewritten(U, crate::neutral::Message),
+    New(crate::neutral::Message),
+}
+
+/// The forwarded neutral `messages` traced back to a turn adapter's `units`. `neutral` are the body's
+/// own neutral messages, one per unit from index `first` on (before it, the system prompt);
+/// `by_call` lists per (call id, is a result) the units that hold it, in order. A forwarded message
+/// equal to a unit's own is that unit kept; a tool result or calling turn whose id a unit holds is
+/// that unit rewritten; anything else is new. Units are taken in order, so repeated texts and reused
+/// ids each map to their own unit.
+pub(crate) fn trace_units<U: Copy>(
+    units: &[U],
+    neutral: &[String],
+    first: usize,
+    by_call: &std::collections::HashMap<(&str, bool), Vec<usize>>,
+    messages: &[&str],
+) -> Result<Vec<Forwarded<U>>, WireError> {
+    let mut by_text: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+    for (idx, text) in neutral.iter().enumerate().skip(first) {
+        by_text.entry(text.as_str()).or_default().push(idx - first);
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    let mut cursor = 0;
+    for text in messages.get(first..).unwrap_or_default() {
+        if let Some(n) = by_text.get(*text).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
+            out.push(Forwarded::Kept(units[n]));
+            cursor = n + 1;
+            continue;
+        }
+        let message = crate::neutral::Message::from_raw(text)
+            .map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+        let paired = match message.role.as_str() {
+            "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
+            "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
+            _ => None,
+        };
+        match paired.and_then(|key| by_call.get(&key)?.iter().copied().find(|&n| n >= cursor)) {
+            Some(n) => {
+                out.push(Forwarded::Rewritten(units[n], message));
+                cursor = n + 1;
+            }
+            None => out.push(Forwarded::New(message)),
+        }
+    }
+    Ok(out)
+}
+
 /// Read `bytes` as a request of format `wire`.
 pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireError> {
     Ok(match wire {

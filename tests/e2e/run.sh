@@ -12,33 +12,26 @@ cd "$root"
 venv="$root/.venv-e2e"
 python="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "e2e: creating $venv with $python"
-    "$python" -m venv "$venv"
-fi
-stamp="$venv/.requirements.sha256"
-want="$(sha256sum tests/e2e/requirements.txt | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    echo "e2e: installing tests/e2e/requirements.txt"
-    timeout 900 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
-    echo "$want" > "$stamp"
-    echo "e2e: $(du -sh "$venv" | cut -f1) in $venv"
-fi
-
+# A venv at $1 with the pins of requirements file $2, reinstalled only when that file changes.
+venv_with() {
+    local dir="$1" requirements="$2"
+    if [[ ! -x "$dir/bin/python" ]]; then
+        echo "e2e: creating $dir with $python"
+        "$python" -m venv "$dir"
+    fi
+    local stamp="$dir/.requirements.sha256" want
+    want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        echo "e2e: installing $requirements"
+        timeout 900 "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+        echo "$want" > "$stamp"
+        echo "e2e: $(du -sh "$dir" | cut -f1) in $dir"
+    fi
+}
+venv_with "$venv" tests/e2e/requirements.txt
 # test_litellm_gateway.py runs a LiteLLM proxy from a venv of its own (its pins conflict with Hermes').
-litellm_venv="$root/.venv-litellm"
-if [[ ! -x "$litellm_venv/bin/python" ]]; then
-    echo "e2e: creating $litellm_venv with $python"
-    "$python" -m venv "$litellm_venv"
-fi
-litellm_stamp="$litellm_venv/.requirements.sha256"
-want="$(sha256sum tests/e2e/requirements-litellm.txt | cut -d' ' -f1)"
-if [[ ! -f "$litellm_stamp" || "$(cat "$litellm_stamp")" != "$want" ]]; then
-    echo "e2e: installing tests/e2e/requirements-litellm.txt"
-    timeout 900 "$litellm_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements-litellm.txt
-    echo "$want" > "$litellm_stamp"
-fi
-export LITELLM_BIN="$litellm_venv/bin/litellm"
+venv_with "$root/.venv-litellm" tests/e2e/requirements-litellm.txt
+export LITELLM_BIN="$root/.venv-litellm/bin/litellm"
 
 # test_ui_chromium.py drives Debian's headless Chromium (CI runs as root on Debian).
 if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then

@@ -157,7 +157,7 @@ fn saved(replayed: &[Replayed]) -> f64 {
 /// A chat session and the same session converted to Gemini, both replayed at 16k: the invariants hold
 /// on every Gemini request, and the savings are within a few points of the chat path's.
 fn replay_beside_chat(chat_text: &str, what: &str) -> (f64, f64, Vec<Replayed>) {
-    let converted = convert::chat_session_to_gemini(chat_text);
+    let converted = pare::wire::convert::chat_session_to(pare::wire::Wire::Gemini, chat_text);
     let chat_lines = session_lines(chat_text.as_bytes());
     let lines = session_lines(converted.as_bytes());
     assert_eq!(lines.len(), chat_lines.len());

@@ -106,7 +106,7 @@ fn converted_fixture_sessions_replay_within_the_chat_savings() {
         for file in std::fs::read_dir(source.unwrap().path()).unwrap() {
             let path = file.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();
-            let converted = convert::chat_session_to_responses(&text);
+            let converted = pare::wire::convert::chat_session_to(pare::wire::Wire::Responses, &text);
             let chat_lines = session_lines(text.as_bytes());
             let lines = session_lines(converted.as_bytes());
             assert_eq!(lines.len(), chat_lines.len());

@@ -460,7 +460,7 @@ async fn ids_resolve_on_the_messages_wire() {
     let pare = start_with_pipeline(config, pipeline).await;
     let chat: String = session(24).iter().map(|b| format!("{b}\n")).collect();
     let bodies: Vec<String> =
-        pare::wire::messages::convert::chat_session_to_messages(&chat).lines().map(str::to_owned).collect();
+        pare::wire::convert::chat_session_to(pare::wire::Wire::Messages, &chat).lines().map(str::to_owned).collect();
     let http = client();
     for body in &bodies {
         let response = http.post(pare.url("/v1/messages")).body(body.clone()).send().await.unwrap();

@@ -48,7 +48,7 @@ pub fn chat_to_gemini(chat: &Value) -> Option<Value> {
     let mut call_names: Map<String, Value> = Map::new();
     for (idx, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let text = m.get("content").map(text_of_chat).unwrap_or_default();
+        let text = crate::wire::convert::text_of(m.get("content"));
         match role {
             "system" if idx == 0 => {
                 out.insert("systemInstruction".to_owned(), json!({"parts": [{"text": text}]}));
@@ -128,37 +128,13 @@ pub fn chat_to_gemini(chat: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// [`chat_to_gemini`] over a session file's text (one chat request per line): one Gemini request
-/// per line. Lines that are not chat requests are left out.
-pub fn chat_session_to_gemini(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        if let Some(converted) = serde_json::from_str::<Value>(line).ok().as_ref().and_then(chat_to_gemini) {
-            out.push_str(&converted.to_string());
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// A chat content as text: the string, or the parts' `text` joined by newlines.
-fn text_of_chat(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
-}
-
 /// A neutral message of the adapter as a plain chat message (text content); `None` for an opaque one.
 fn plain(message: Value) -> Option<Value> {
     let role = message.get("role").and_then(Value::as_str)?.to_owned();
     if role == "opaque" {
         return None;
     }
-    let text = message.get("content").map(text_of_chat).unwrap_or_default();
+    let text = crate::wire::convert::text_of(message.get("content"));
     let calls = message.get("tool_calls").filter(|c| c.as_array().is_some_and(|a| !a.is_empty()));
     let mut out = Map::new();
     out.insert("role".into(), json!(role));

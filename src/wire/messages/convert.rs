@@ -54,7 +54,7 @@ pub fn chat_to_messages(chat: &Value) -> Option<Value> {
     };
     for (idx, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let text = m.get("content").map(text_of_chat).unwrap_or_default();
+        let text = crate::wire::convert::text_of(m.get("content"));
         match role {
             "system" if idx == 0 => {
                 out.insert("system".to_owned(), json!([{"type": "text", "text": text, "cache_control": ephemeral}]));
@@ -127,30 +127,6 @@ pub fn chat_to_messages(chat: &Value) -> Option<Value> {
         out.insert("tools".to_owned(), Value::Array(tools));
     }
     Some(Value::Object(out))
-}
-
-/// [`chat_to_messages`] over a session file's text (one chat request per line): one Messages request
-/// per line. Lines that are not chat requests are left out.
-pub fn chat_session_to_messages(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        if let Some(converted) = serde_json::from_str::<Value>(line).ok().as_ref().and_then(chat_to_messages) {
-            out.push_str(&converted.to_string());
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// A chat content as text: the string, or the parts' `text` joined by newlines.
-fn text_of_chat(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
 }
 
 /// The conversation of a Messages request body (its `system` and `messages`), followed by `answer`

@@ -400,15 +400,7 @@ impl WireBody for MessagesBody<'_> {
 /// wrote), and its blocks, each with its original index (`None`: the whole turn as one text).
 type WrittenTurn<'b> = (Option<usize>, Vec<(Option<usize>, Cow<'b, str>)>);
 
-/// One forwarded neutral message, traced back to what it stands for.
-enum Forwarded {
-    /// Left alone by the engine.
-    Kept(Unit),
-    /// Rewritten by the engine (a shorter result, shorter arguments).
-    Rewritten(Unit, Message),
-    /// Written by the engine (an elision marker).
-    New(Message),
-}
+type Forwarded = super::Forwarded<Unit>;
 
 impl MessagesBody<'_> {
     /// Trace each forwarded neutral message to its unit.
@@ -416,10 +408,6 @@ impl MessagesBody<'_> {
         let first = self.first_turn_message();
         if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Invalid("the system prompt was changed".into()));
-        }
-        let mut by_text: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (idx, text) in self.neutral.iter().enumerate().skip(first) {
-            by_text.entry(text.as_str()).or_default().push(idx - first);
         }
         // Agents may reuse an id once its call is answered: every unit of an id, in order.
         let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
@@ -436,29 +424,7 @@ impl MessagesBody<'_> {
                 Unit::UserBlocks(_) => {}
             }
         }
-        let mut out = Vec::with_capacity(messages.len());
-        let mut cursor = 0;
-        for text in &messages[first..] {
-            if let Some(n) = by_text.get(*text).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
-                out.push(Forwarded::Kept(self.units[n]));
-                cursor = n + 1;
-                continue;
-            }
-            let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
-            let paired = match message.role.as_str() {
-                "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
-                "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
-                _ => None,
-            };
-            match paired.and_then(|key| by_call.get(&key)?.iter().copied().find(|&n| n >= cursor)) {
-                Some(n) => {
-                    out.push(Forwarded::Rewritten(self.units[n], message));
-                    cursor = n + 1;
-                }
-                None => out.push(Forwarded::New(message)),
-            }
-        }
-        Ok(out)
+        super::trace_units(&self.units, &self.neutral, first, &by_call, messages)
     }
 
     /// The turns standing for the forwarded neutral `messages`, with the agent's cache marks placed.
