@@ -45,7 +45,7 @@ pub fn chat_to_responses(chat: &Value) -> Option<Value> {
     let mut instructions = None;
     for (idx, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let text = text_of(m.get("content"));
+        let text = super::chat_text(m.get("content"));
         match role {
             "system" if idx == 0 => instructions = Some(text),
             "tool" => items.push(json!({
@@ -114,17 +114,6 @@ pub fn chat_to_responses(chat: &Value) -> Option<Value> {
         out.insert("max_output_tokens".to_owned(), max.clone());
     }
     Some(Value::Object(out))
-}
-
-/// A content value as text: the string, or the parts' `text` joined by newlines.
-pub(crate) fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]

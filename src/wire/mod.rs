@@ -167,6 +167,20 @@ pub(crate) fn trace_units<U: Copy>(
     Ok(out)
 }
 
+/// A chat message's content as text, for the converters: the string, or the parts' `text` joined
+/// by newlines (other parts left out).
+pub(crate) fn chat_text(content: Option<&serde_json::Value>) -> String {
+    match content {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(serde_json::Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// Read `bytes` as a request of format `wire`.
 pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireError> {
     Ok(match wire {

@@ -48,7 +48,7 @@ pub fn chat_to_gemini(chat: &Value) -> Option<Value> {
     let mut call_names: Map<String, Value> = Map::new();
     for (idx, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let text = crate::wire::convert::text_of(m.get("content"));
+        let text = crate::wire::chat_text(m.get("content"));
         match role {
             "system" if idx == 0 => {
                 out.insert("systemInstruction".to_owned(), json!({"parts": [{"text": text}]}));
@@ -134,7 +134,7 @@ fn plain(message: Value) -> Option<Value> {
     if role == "opaque" {
         return None;
     }
-    let text = crate::wire::convert::text_of(message.get("content"));
+    let text = crate::wire::chat_text(message.get("content"));
     let calls = message.get("tool_calls").filter(|c| c.as_array().is_some_and(|a| !a.is_empty()));
     let mut out = Map::new();
     out.insert("role".into(), json!(role));

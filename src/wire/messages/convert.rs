@@ -54,7 +54,7 @@ pub fn chat_to_messages(chat: &Value) -> Option<Value> {
     };
     for (idx, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let text = crate::wire::convert::text_of(m.get("content"));
+        let text = crate::wire::chat_text(m.get("content"));
         match role {
             "system" if idx == 0 => {
                 out.insert("system".to_owned(), json!([{"type": "text", "text": text, "cache_control": ephemeral}]));
