@@ -480,13 +480,37 @@ impl SessionTracker {
 
     /// [`SessionTracker::assign`] with each message's hash given: `(messages, message_hashes(messages))`.
     pub fn assign_hashed(&self, headers: &HeaderMap, messages: Option<(&[&str], &[u128])>) -> Assignment {
+        match self.assign_or_keys(headers, messages, true) {
+            Ok(assignment) => assignment,
+            Err(_) => unreachable!("a new session is registered when asked to"),
+        }
+    }
+
+    /// [`SessionTracker::assign_hashed`] for a request of a session in memory; a request that would
+    /// start a new session is not registered and gets the keys of its message prefixes instead, to be
+    /// looked up where other processes record their sessions (a shared archive). Seed the sessions
+    /// found there ([`SessionTracker::seed`]), then assign with [`SessionTracker::assign_hashed`].
+    pub fn assign_known(
+        &self,
+        headers: &HeaderMap,
+        messages: Option<(&[&str], &[u128])>,
+    ) -> Result<Assignment, Vec<u64>> {
+        self.assign_or_keys(headers, messages, false)
+    }
+
+    fn assign_or_keys(
+        &self,
+        headers: &HeaderMap,
+        messages: Option<(&[&str], &[u128])>,
+        register_new: bool,
+    ) -> Result<Assignment, Vec<u64>> {
         let explicit = self.header_session(headers);
         let Some((messages, hashes)) = messages else {
             let (session, how) = match explicit {
                 Some(s) => (s, Assigned::Header),
                 None => (new_session_id(), Assigned::New),
             };
-            return Assignment { session, key_req: None, how };
+            return Ok(Assignment { session, key_req: None, how });
         };
         let prefixes = prefix_keys(&self.message_keys_hashed(messages, hashes));
         let key_req = prefixes.last().copied();
@@ -496,6 +520,9 @@ impl SessionTracker {
             Some(s) => (s, Assigned::Header),
             None => choose(&mut inner, &prefixes, opening(messages)),
         };
+        if how == Assigned::New && !register_new {
+            return Err(prefixes);
+        }
         let tracked = inner.touch(&session);
         if let Some(key) = key_req {
             tracked.pending.push(key);
@@ -503,7 +530,7 @@ impl SessionTracker {
             inner.register_req(&session, key);
         }
         inner.charge(&self.budget, &session);
-        Assignment { session, key_req, how }
+        Ok(Assignment { session, key_req, how })
     }
 
     /// The answer to a request completed: register "request + answer" as the session's head.
@@ -955,5 +982,26 @@ mod tests {
         after.seed(&s.session, [StoredKey::Request(s.key_req.unwrap()), StoredKey::Answer(ext)]);
         let next = assign(&after, &[sys(), user("go"), call("c1"), result("c1", "x")]);
         assert_eq!((next.session.as_str(), next.how), (s.session.as_str(), Assigned::Extends));
+    }
+
+    /// A replica that does not know a session (another one served it) gets the keys to look it up
+    /// and registers nothing; seeded with what the archive stores, the request joins that session.
+    #[test]
+    fn a_replica_finds_a_session_it_never_saw_through_its_stored_keys() {
+        let a = tracker();
+        let first = assign(&a, &[sys(), user("go")]);
+        let ext = a.answered(&first.session, first.key_req, &call("c1")).unwrap();
+        let b = tracker();
+        let next = [sys(), user("go"), call("c1"), result("c1", "x")];
+        let bytes = body(&next);
+        let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
+        let (refs, hashes) = (&parsed.messages, message_hashes(&parsed.messages));
+        let keys = b.assign_known(&HeaderMap::new(), Some((refs, &hashes))).unwrap_err();
+        assert_eq!(keys.len(), next.len());
+        assert!(keys.contains(&ext), "the prefix keys hold the session's ext key");
+        assert_eq!(b.n_tracked(), 0, "nothing registered for a request that would start a session");
+        b.seed(&first.session, [StoredKey::Request(first.key_req.unwrap()), StoredKey::Answer(ext)]);
+        let joined = b.assign_known(&HeaderMap::new(), Some((refs, &hashes))).unwrap();
+        assert_eq!((joined.session.as_str(), joined.how), (first.session.as_str(), Assigned::Extends));
     }
 }

@@ -307,6 +307,10 @@ struct SessionState {
     /// What the last [`SessionPlan`] handed out (or resumed from) described; a step that leaves it
     /// as it is hands out none.
     planned: Option<PlanMark>,
+    /// How many requests of the session the shared archive held when this state was last known to
+    /// match it (`archive.durability: strict`): a replica whose count is behind the archive's holds a
+    /// stale state. `None`: not known.
+    archived: Option<u64>,
 }
 
 /// What identifies a [`SessionPlan`]: its numbers and which frozen prefix it holds.
@@ -496,6 +500,21 @@ impl SessionCompactor {
     /// Whether this session's state is in memory (not new, not evicted).
     pub fn remembers(&self, session: &str) -> bool {
         self.lock_sessions().contains(session)
+    }
+
+    /// How many requests of `session` the archive held when its state in memory was last known to
+    /// match it; `None` when the session is not in memory or that is not known.
+    pub fn archived(&self, session: &str) -> Option<u64> {
+        let state = self.lock_sessions().peek(session).cloned()?;
+        state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).archived
+    }
+
+    /// Say that the state of `session` in memory matches the archive holding `requests` of its
+    /// requests (a session not in memory starts from the empty state, which is what a session
+    /// whose archived requests never changed it is in).
+    pub fn set_archived(&self, session: &str, requests: u64) {
+        let state = self.session(session);
+        state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).archived = Some(requests);
     }
 
     /// Score recency on `clock` when the config sets `budget.salience.tau_seconds` (the proxy does
