@@ -9,11 +9,15 @@ Answers with message objects (non-stream) or the SSE event sequence the real API
 The script: when a shell tool (`Bash`, Claude Code's; `run_shell`, the SDK tests'; `terminal`,
 Hermes') is offered and no `tool_result` is in the last user turn, think (a thinking block with a
 signature, when the request enables thinking) and call it with `SHELL_COMMAND`; once the result is
-back, answer `MESSAGES_ANSWER`; otherwise `PLAIN_ANSWER`.
+back, answer `MESSAGES_ANSWER`; otherwise `PLAIN_ANSWER`. When pare's retrieve tool is offered (an MCP
+client names it `mcp__pare__retrieve`) and the last user turn names a content id (`pare:` + hex), call
+it with that id instead (Claude Code defers MCP tools behind its `ToolSearch` tool: load it with that
+first); once its result is back, answer `RETRIEVED_ANSWER` followed by the result.
 """
 
 import itertools
 import json
+import re
 
 from stub_responses import SHELL_COMMAND
 from stub_upstream import PLAIN_ANSWER
@@ -34,6 +38,10 @@ SHELL_INPUTS = {
     "terminal": {"command": SHELL_COMMAND},
 }
 
+RETRIEVE_TOOL = "mcp__pare__retrieve"
+RETRIEVED_ANSWER = "PARE-E2E-RETRIEVED:"
+CONTENT_ID = re.compile(r"pare:[0-9a-f]{8,64}")
+
 _ids = itertools.count(1)
 
 
@@ -52,8 +60,62 @@ def thinking_enabled(body):
     return (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
 
 
+def block_text(block):
+    """The text of a content block, of a tool_result's content too."""
+    if not isinstance(block, dict):
+        return ""
+    content = block.get("content", block.get("text", ""))
+    if isinstance(content, list):
+        return "".join(block_text(b) for b in content)
+    return content if isinstance(content, str) else ""
+
+
+def user_texts(body):
+    """The text the user wrote in the conversation (tool results aside)."""
+    out = []
+    for message in body.get("messages") or []:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        out.extend(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+    return "\n".join(out)
+
+
+def called(body):
+    """The name of each tool the conversation called, by its tool_use id."""
+    names = {}
+    for message in body.get("messages") or []:
+        if message.get("role") == "assistant" and isinstance(message.get("content"), list):
+            names.update((b["id"], b.get("name")) for b in message["content"] if isinstance(b, dict) and b.get("type") == "tool_use")
+    return names
+
+
+def retrieve_step(body):
+    """The retrieve script's blocks, or None when it does not apply: the user named a content id and
+    pare's retrieve tool is offered (or deferred behind Claude Code's `ToolSearch`, then load it first)."""
+    # The last id the user wrote (a client's own reminders before the prompt may quote an example id).
+    named = CONTENT_ID.findall(user_texts(body))
+    if not named:
+        return None
+    names = called(body)
+    results = [b for b in last_user_blocks(body) if isinstance(b, dict) and b.get("type") == "tool_result"]
+    retrieved = [b for b in results if names.get(b.get("tool_use_id")) == RETRIEVE_TOOL]
+    if retrieved:
+        return [{"type": "text", "text": RETRIEVED_ANSWER + "\n" + block_text(retrieved[0])}]
+    if RETRIEVE_TOOL in tool_names(body):
+        return [{"type": "tool_use", "id": f"toolu_stub{next(_ids)}", "name": RETRIEVE_TOOL, "input": {"id": named[-1]}}]
+    if "ToolSearch" in tool_names(body) and "ToolSearch" not in names.values():
+        query = {"query": f"select:{RETRIEVE_TOOL}", "max_results": 1}
+        return [{"type": "tool_use", "id": f"toolu_stub{next(_ids)}", "name": "ToolSearch", "input": query}]
+    return None
+
+
 def decide(body):
     """The content blocks to answer one Messages request with."""
+    step = retrieve_step(body)
+    if step is not None:
+        return step
     if any(isinstance(b, dict) and b.get("type") == "tool_result" for b in last_user_blocks(body)):
         return [{"type": "text", "text": MESSAGES_ANSWER}]
     for name in tool_names(body):
