@@ -27,14 +27,12 @@ def claude_requests(stub):
     ]
 
 
-@pytest.fixture()
-def claude_run(pare, fresh, tmp_path):
-    workdir = tmp_path / "work"
-    workdir.mkdir()
+def claude_env(home, base_url):
+    """Claude Code's environment, offline: an API key, `home` as HOME, pare at `base_url`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update(
-        HOME=str(tmp_path),
-        ANTHROPIC_BASE_URL=pare.url,
+        HOME=str(home),
+        ANTHROPIC_BASE_URL=base_url,
         ANTHROPIC_API_KEY="sk-ant-e2e-claude",
         DISABLE_TELEMETRY="1",
         DISABLE_ERROR_REPORTING="1",
@@ -42,6 +40,14 @@ def claude_run(pare, fresh, tmp_path):
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         NO_COLOR="1",
     )
+    return env
+
+
+@pytest.fixture()
+def claude_run(pare, fresh, tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = claude_env(tmp_path, pare.url)
     before = pare.settled_sessions()
     access_before = len(pare.access_log())
     completed = subprocess.run(

@@ -4,31 +4,19 @@ id of a marker pare forwarded earlier, Claude Code calls pare's MCP server, and 
 comes back exactly — in the tool result Claude Code sends upstream and in what it prints."""
 
 import json
-import os
 import subprocess
 
 from conftest import NODE_BIN
 from stub_messages import RETRIEVE_TOOL, RETRIEVED_ANSWER
-from test_claude_code import MODEL, claude_requests
+from test_claude_code import MODEL, claude_env, claude_requests
 from test_mcp import forwarded_ids, small_pare  # noqa: F401 (a fixture)
 
 CLAUDE_TIMEOUT_S = 180
 
 
-def claude(args, home, env_extra=None, cwd=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update(
-        HOME=str(home),
-        ANTHROPIC_API_KEY="sk-ant-e2e-claude",
-        DISABLE_TELEMETRY="1",
-        DISABLE_ERROR_REPORTING="1",
-        DISABLE_AUTOUPDATER="1",
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-        NO_COLOR="1",
-        **(env_extra or {}),
-    )
-    return subprocess.run([str(NODE_BIN / "claude"), *args], cwd=cwd or home, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=CLAUDE_TIMEOUT_S)
+def claude(args, home, base_url, cwd):
+    return subprocess.run([str(NODE_BIN / "claude"), *args], cwd=cwd, env=claude_env(home, base_url),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLAUDE_TIMEOUT_S)
 
 
 def test_claude_code_gets_a_marker_back_through_pares_mcp_server(small_pare, stub, tmp_path):
@@ -37,13 +25,13 @@ def test_claude_code_gets_a_marker_back_through_pares_mcp_server(small_pare, stu
     wanted = ids[0]
     work = tmp_path / "work"
     work.mkdir()
-    added = claude(["mcp", "add", "--transport", "http", "pare", f"{small_pare.url}/_pare/mcp"], tmp_path, cwd=work)
+    added = claude(["mcp", "add", "--transport", "http", "pare", f"{small_pare.url}/_pare/mcp"], tmp_path, small_pare.url, work)
     assert added.returncode == 0, added.stderr[-2000:]
 
     stub.clear()
     completed = claude(
         ["-p", f"Get back {wanted} from pare and show it.", "--model", MODEL, "--allowedTools", RETRIEVE_TOOL],
-        tmp_path, {"ANTHROPIC_BASE_URL": small_pare.url}, cwd=work,
+        tmp_path, small_pare.url, work,
     )
     report = f"exit {completed.returncode}\nstdout:\n{completed.stdout}\nstderr:\n{completed.stderr[-4000:]}"
     assert completed.returncode == 0, report
