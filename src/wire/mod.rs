@@ -115,12 +115,31 @@ pub trait WireBody: Send + Sync {
     fn check(&self) -> Result<(), String>;
 }
 
+/// What one neutral message stands for in a turn adapter (Messages, Gemini).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Unit {
+    /// The whole turn: an assistant (model) turn, a user turn with string content, an opaque turn.
+    Turn(usize),
+    /// One tool result part of a user turn (`tool_result`, `functionResponse`).
+    Result { turn: usize, part: usize },
+    /// A user turn's parts other than its results: what the person wrote.
+    UserParts(usize),
+}
+
+impl Unit {
+    pub(crate) fn turn(self) -> usize {
+        match self {
+            Unit::Turn(t) | Unit::UserParts(t) | Unit::Result { turn: t, .. } => t,
+        }
+    }
+}
+
 /// What a forwarded neutral message stands for in a turn adapter (Messages, Gemini): one of the
 /// body's units left alone, one the engine rewrote (a shorter result, shorter arguments), or one it
 /// wrote (an elision marker).
-pub(crate) enum Forwarded<U> {
-    Kept(U),
-    Rewritten(U, crate::neutral::Message),
+pub(crate) enum Forwarded {
+    Kept(Unit),
+    Rewritten(Unit, crate::neutral::Message),
     New(crate::neutral::Message),
 }
 
@@ -130,13 +149,13 @@ pub(crate) enum Forwarded<U> {
 /// equal to a unit's own is that unit kept; a tool result or calling turn whose id a unit holds is
 /// that unit rewritten; anything else is new. Units are taken in order, so repeated texts and reused
 /// ids each map to their own unit.
-pub(crate) fn trace_units<U: Copy>(
-    units: &[U],
+pub(crate) fn trace_units(
+    units: &[Unit],
     neutral: &[String],
     first: usize,
     by_call: &std::collections::HashMap<(&str, bool), Vec<usize>>,
     messages: &[&str],
-) -> Result<Vec<Forwarded<U>>, WireError> {
+) -> Result<Vec<Forwarded>, WireError> {
     let mut by_text: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
     for (idx, text) in neutral.iter().enumerate().skip(first) {
         by_text.entry(text.as_str()).or_default().push(idx - first);

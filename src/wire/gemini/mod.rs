@@ -43,7 +43,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use super::{ChatBody, Forwarded, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
 use crate::neutral::{Message, push_json_string, raw_members};
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
@@ -280,25 +280,6 @@ fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
     turns
 }
 
-/// What one neutral message stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Unit {
-    /// The whole turn: a model turn, an opaque turn.
-    Turn(usize),
-    /// One `functionResponse` part of a user turn.
-    Result { turn: usize, part: usize },
-    /// A user turn's parts other than its responses: what the person wrote.
-    UserParts(usize),
-}
-
-impl Unit {
-    fn turn(self) -> usize {
-        match self {
-            Unit::Turn(t) | Unit::UserParts(t) | Unit::Result { turn: t, .. } => t,
-        }
-    }
-}
-
 /// A Gemini request body read into the neutral view.
 #[derive(Debug)]
 pub struct GeminiBody<'a> {
@@ -509,8 +490,6 @@ impl WireBody for GeminiBody<'_> {
         check_turns(&self.body.messages)
     }
 }
-
-type Forwarded = super::Forwarded<Unit>;
 
 /// A forwarded turn being written: the original turn it stands for (`None`: a turn pare wrote, a
 /// user turn), and its parts as JSON text.

@@ -41,7 +41,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use super::{ChatBody, Forwarded, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
@@ -181,25 +181,6 @@ impl<'a> Turn<'a> {
     }
 }
 
-/// What one neutral message stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Unit {
-    /// The whole turn: an assistant turn, a user turn with string content, an opaque turn.
-    Turn(usize),
-    /// One `tool_result` block of a user turn.
-    Result { turn: usize, block: usize },
-    /// A user turn's blocks other than its results: what the person wrote.
-    UserBlocks(usize),
-}
-
-impl Unit {
-    fn turn(self) -> usize {
-        match self {
-            Unit::Turn(t) | Unit::UserBlocks(t) | Unit::Result { turn: t, .. } => t,
-        }
-    }
-}
-
 /// A Messages request body read into the neutral view.
 #[derive(Debug)]
 pub struct MessagesBody<'a> {
@@ -245,13 +226,13 @@ impl<'a> MessagesBody<'a> {
             } else {
                 for (b, block) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
                     out.neutral.push(result_message(block));
-                    out.units.push(Unit::Result { turn: t, block: b });
+                    out.units.push(Unit::Result { turn: t, part: b });
                 }
                 let written: Vec<&Block<'_>> = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
                 if !written.is_empty() || turn.blocks.is_empty() {
                     let message = user_blocks_message(&written);
                     out.neutral.push(if written.iter().any(|b| b.compaction) { marked(message) } else { message });
-                    out.units.push(Unit::UserBlocks(t));
+                    out.units.push(Unit::UserParts(t));
                 }
             }
         }
@@ -400,8 +381,6 @@ impl WireBody for MessagesBody<'_> {
 /// wrote), and its blocks, each with its original index (`None`: the whole turn as one text).
 type WrittenTurn<'b> = (Option<usize>, Vec<(Option<usize>, Cow<'b, str>)>);
 
-type Forwarded = super::Forwarded<Unit>;
-
 impl MessagesBody<'_> {
     /// Trace each forwarded neutral message to its unit.
     fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
@@ -413,7 +392,7 @@ impl MessagesBody<'_> {
         let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
         for (n, unit) in self.units.iter().enumerate() {
             match *unit {
-                Unit::Result { turn, block } => {
+                Unit::Result { turn, part: block } => {
                     by_call.entry((self.turns[turn].blocks[block].id.as_str(), true)).or_default().push(n);
                 }
                 Unit::Turn(turn) => {
@@ -421,7 +400,7 @@ impl MessagesBody<'_> {
                         by_call.entry((block.id.as_str(), false)).or_default().push(n);
                     }
                 }
-                Unit::UserBlocks(_) => {}
+                Unit::UserParts(_) => {}
             }
         }
         super::trace_units(&self.units, &self.neutral, first, &by_call, messages)
@@ -478,8 +457,8 @@ impl MessagesBody<'_> {
             for (b, block) in turn.blocks.iter().enumerate() {
                 let unit = match (turn.role.as_str(), block.kind) {
                     ("assistant", _) => Unit::Turn(t),
-                    (_, Kind::ToolResult) => Unit::Result { turn: t, block: b },
-                    _ => Unit::UserBlocks(t),
+                    (_, Kind::ToolResult) => Unit::Result { turn: t, part: b },
+                    _ => Unit::UserParts(t),
                 };
                 if kept_units.contains(&unit) {
                     fates[t][b] = Fate::Kept;
