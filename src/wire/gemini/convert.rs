@@ -193,21 +193,7 @@ mod tests {
 
     #[test]
     fn a_chat_session_becomes_a_gemini_cli_request_and_back() {
-        let chat = json!({
-            "model": "m", "max_tokens": 100, "stream": true,
-            "messages": [
-                {"role": "system", "content": "be brief"},
-                {"role": "user", "content": "list files"},
-                {"role": "assistant", "content": "", "reasoning_content": "think",
-                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}},
-                                {"id": "c2", "type": "function", "function": {"name": "sh", "arguments": "not json"}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "a.rs"},
-                {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "ok"}]},
-                {"role": "user", "content": "and now?"},
-                {"role": "assistant", "content": "a.rs"}
-            ],
-            "tools": [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"}}}]
-        });
+        let chat = crate::wire::convert::sample_chat_session();
         let g = chat_to_gemini(&chat).unwrap();
         assert_eq!(g["systemInstruction"], json!({"parts": [{"text": "be brief"}]}));
         assert_eq!(g["generationConfig"], json!({"maxOutputTokens": 100}));
