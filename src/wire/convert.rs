@@ -116,6 +116,27 @@ pub fn chat_to_responses(chat: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
+/// A short chat session with parallel tool calls (one with arguments that are not JSON), a result
+/// in parts, reasoning and a tool definition: what the converters' tests turn into each format.
+#[cfg(test)]
+pub(crate) fn sample_chat_session() -> Value {
+    json!({
+        "model": "m", "max_tokens": 100, "stream": true,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": "", "reasoning_content": "think",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}},
+                            {"id": "c2", "type": "function", "function": {"name": "sh", "arguments": "not json"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a.rs"},
+            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "ok"}]},
+            {"role": "user", "content": "and now?"},
+            {"role": "assistant", "content": "a.rs"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"}}}]
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,25 +165,4 @@ mod tests {
         assert_eq!(r["input"][4]["content"][0]["type"], "output_text");
         assert!(chat_to_responses(&json!({"input": []})).is_none());
     }
-}
-
-/// A short chat session with parallel tool calls (one with arguments that are not JSON), a result
-/// in parts, reasoning and a tool definition: what the converters' tests turn into each format.
-#[cfg(test)]
-pub(crate) fn sample_chat_session() -> Value {
-    json!({
-        "model": "m", "max_tokens": 100, "stream": true,
-        "messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": "list files"},
-            {"role": "assistant", "content": "", "reasoning_content": "think",
-             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}},
-                            {"id": "c2", "type": "function", "function": {"name": "sh", "arguments": "not json"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "a.rs"},
-            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "ok"}]},
-            {"role": "user", "content": "and now?"},
-            {"role": "assistant", "content": "a.rs"}
-        ],
-        "tools": [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"}}}]
-    })
 }
