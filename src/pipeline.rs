@@ -21,7 +21,7 @@ use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
 use crate::neutral::message_hashes;
-use crate::session::{Assigned, SessionTracker};
+use crate::session::{Assigned, Assignment, SessionTracker};
 use crate::wire::recent::RecentBodies;
 use crate::wire::{Spans, Wire, WireBody};
 
@@ -163,6 +163,9 @@ pub struct PipelineStats {
     pub bypassed: AtomicU64,
     /// `strict` requests forwarded although their raw record was not confirmed committed.
     pub strict_unconfirmed: AtomicU64,
+    /// `strict` requests compacted again because another process had served their session since
+    /// this one last did (its state was read back from the archive).
+    pub stale_state: AtomicU64,
 }
 
 /// Session → archive → compaction for one chat request.
@@ -302,7 +305,7 @@ impl Pipeline {
         });
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
         let hashes = messages.as_deref().map(message_hashes).unwrap_or_default();
-        let assignment = self.sessions.assign_hashed(headers, messages.as_deref().map(|m| (m, hashes.as_slice())));
+        let assignment = self.assign(headers, messages.as_deref().map(|m| (m, hashes.as_slice()))).await;
         let session = assignment.session.clone();
         if assignment.how != Assigned::New {
             self.reseed(&session).await;
@@ -311,82 +314,106 @@ impl Pipeline {
             Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
         };
-        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late, plan } = match &parsed {
-            Err(err) => {
-                self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
-                Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
-            }
-            Ok(body) if body.server_compaction().is_some() => {
-                Compaction { skipped: body.server_compaction().map(str::to_owned), ..Compaction::default() }
-            }
-            Ok(_) if bypass_requested(headers) => {
-                self.stats.bypassed.fetch_add(1, Ordering::Relaxed);
-                Compaction { skipped: Some(format!("{BYPASS_HEADER}: forwarded uncompacted")), ..Compaction::default() }
-            }
-            Ok(body) => {
-                let window = match &self.windows {
-                    Some(windows) => Some(windows.window_for(wire, model.as_deref()).await),
-                    None => None,
-                };
-                let messages = messages.as_deref().unwrap_or_default();
-                off_the_reactor(raw.len(), || self.compact(&session, &raw, body.as_ref(), messages, &hashes, window))
-            }
+        let compacts = matches!(&parsed, Ok(body) if body.server_compaction().is_none()) && !bypass_requested(headers);
+        let window = match &self.windows {
+            Some(windows) if compacts => Some(windows.window_for(wire, model.as_deref()).await),
+            _ => None,
         };
+        let messages = messages.as_deref().unwrap_or_default();
         // Where the raw body's values lie, for the archive: its writer then does not parse it again
         // (nor the forwarded body, whose spans the compactor gave).
         let raw_spans = match (&self.archive, &parsed) {
             (Some(_), Ok(body)) => body.spans_in(&raw),
             _ => None,
         };
-        drop(messages);
-        drop(parsed);
-        let (late_archive, late_summary) = match (late, &summary) {
-            (Some(late), Some(provisional)) => {
-                let (archive, proxy) = count_late(late, provisional.clone());
-                (Some(archive), Some(proxy))
+        let strict = self.archive.as_ref().is_some_and(|archive| archive.durability() == Durability::Strict);
+        // In strict durability the archive is where replicas agree on a session: the record is
+        // written only if the archive holds as many of the session's requests as this process's
+        // state reflects; otherwise another process served the session meanwhile, and its state is
+        // read back from the archive and the request compacted again.
+        let mut expected = if strict { self.archived_requests(&session, assignment.how) } else { None };
+        let skipped = match &parsed {
+            Err(err) => {
+                self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
+                Some(err.to_string())
             }
-            _ => (None, None),
+            Ok(body) if body.server_compaction().is_some() => body.server_compaction().map(str::to_owned),
+            Ok(_) if !compacts => {
+                self.stats.bypassed.fetch_add(1, Ordering::Relaxed);
+                Some(format!("{BYPASS_HEADER}: forwarded uncompacted"))
+            }
+            Ok(_) => None,
         };
-        let forward = changed.clone().unwrap_or_else(|| raw.clone());
-        let ticket = match &self.archive {
-            None => None,
-            Some(archive) => {
-                let record = ExchangeRecord {
-                    session: session.clone(),
-                    at_ms: now_ms(),
-                    method: method.to_owned(),
-                    path: path.to_owned(),
-                    model: model.clone(),
-                    headers: keep_headers(headers, &self.config.archive.redact_headers),
-                    raw: raw.clone(),
-                    raw_spans,
-                    forwarded: changed,
-                    forwarded_spans,
-                    summary: summary.clone(),
-                    late_summary: late_archive,
-                    skipped: skipped.clone(),
-                    key_req: assignment.key_req,
-                    expect_requests: None,
-                };
-                let mut plan = plan;
-                let ticket = match archive.durability() {
-                    Durability::Buffered => archive.queue_exchange(record).await,
-                    Durability::Strict => {
-                        let (ticket, committed) = archive.record_exchange_committed(record, plan.take()).await;
-                        if let Err(err) = committed {
-                            self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
-                            tracing::error!(session = %session, error = %err,
-                                "strict archive: raw request not confirmed committed; forwarding anyway");
-                        }
-                        ticket
-                    }
-                };
-                if let Some(plan) = plan {
+        let mut stale_retries = 0;
+        let (compaction, late_summary, ticket) = loop {
+            let mut compaction = match (&parsed, &skipped) {
+                (Ok(body), None) => off_the_reactor(raw.len(), || {
+                    self.compact(&session, &raw, body.as_ref(), messages, &hashes, window)
+                }),
+                (_, skipped) => Compaction { skipped: skipped.clone(), ..Compaction::default() },
+            };
+            let (late_archive, late_summary) = match (compaction.late.take(), &compaction.summary) {
+                (Some(late), Some(provisional)) => {
+                    let (archive, proxy) = count_late(late, provisional.clone());
+                    (Some(archive), Some(proxy))
+                }
+                _ => (None, None),
+            };
+            let Some(archive) = &self.archive else { break (compaction, late_summary, None) };
+            let record = ExchangeRecord {
+                session: session.clone(),
+                at_ms: now_ms(),
+                method: method.to_owned(),
+                path: path.to_owned(),
+                model: model.clone(),
+                headers: keep_headers(headers, &self.config.archive.redact_headers),
+                raw: raw.clone(),
+                raw_spans: raw_spans.clone(),
+                forwarded: compaction.body.clone(),
+                forwarded_spans: compaction.spans.take(),
+                summary: compaction.summary.clone(),
+                late_summary: late_archive,
+                skipped: compaction.skipped.clone(),
+                key_req: assignment.key_req,
+                // The last try is recorded whatever the archive holds: a request is never left out.
+                expect_requests: expected.filter(|_| stale_retries < STALE_RETRIES).map(|n| n as i64),
+            };
+            if !strict {
+                let ticket = archive.queue_exchange(record).await;
+                if let Some(plan) = compaction.plan.take() {
                     archive.record_plan(ticket, plan);
                 }
-                Some((Arc::clone(archive), ticket))
+                break (compaction, late_summary, Some((Arc::clone(archive), ticket)));
             }
+            let (ticket, committed) = archive.record_exchange_committed(record, compaction.plan.take()).await;
+            match committed {
+                Ok(seq) => {
+                    if let Some(compactor) = &self.stateful {
+                        compactor.set_archived(&session, seq as u64);
+                    }
+                }
+                Err(archive::ArchiveError::Stale { archived, .. }) if stale_retries < STALE_RETRIES => {
+                    stale_retries += 1;
+                    self.stats.stale_state.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(session = %session, archived, "another process served this session: reading its state back");
+                    if let Some(compactor) = &self.stateful {
+                        compactor.forget(&session);
+                    }
+                    self.reseed(&session).await;
+                    expected = self.archived_requests(&session, Assigned::Extends).or(Some(archived as u64));
+                    continue;
+                }
+                Err(err) => {
+                    self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(session = %session, error = %err,
+                        "strict archive: raw request not confirmed committed; forwarding anyway");
+                }
+            }
+            break (compaction, late_summary, Some((Arc::clone(archive), ticket)));
         };
+        drop(parsed);
+        let Compaction { body: changed, summary, skipped, .. } = compaction;
+        let forward = changed.unwrap_or_else(|| raw.clone());
         let sink = ArchiveSink::new(
             ticket,
             Arc::clone(&self.sessions),
@@ -408,6 +435,49 @@ impl Pipeline {
         }
     }
 
+    /// The session of a request ([`SessionTracker`]). In strict durability the archive is where
+    /// processes sharing it record their sessions: a request that would start a new session is first
+    /// looked up there by its message prefixes (another process may have served its session), within
+    /// `archive.commit_timeout_ms`; past that, or when the archive cannot be read, it starts one.
+    async fn assign(&self, headers: &HeaderMap, messages: Option<(&[&str], &[u128])>) -> Assignment {
+        let archive = match &self.archive {
+            Some(archive) if archive.durability() == Durability::Strict => Arc::clone(archive),
+            _ => return self.sessions.assign_hashed(headers, messages),
+        };
+        let keys = match self.sessions.assign_known(headers, messages) {
+            Ok(assignment) => return assignment,
+            Err(keys) => keys,
+        };
+        let lookup = tokio::task::spawn_blocking(move || {
+            archive::query::ArchiveReader::open(archive.location().clone())
+                .and_then(|reader| reader.sessions_with_keys(&keys, LOOKED_UP_SESSIONS))
+        });
+        match tokio::time::timeout(std::time::Duration::from_millis(self.config.archive.commit_timeout_ms), lookup)
+            .await
+        {
+            Ok(Ok(Ok(sessions))) => {
+                for (session, keys) in sessions {
+                    self.sessions.seed(&session, keys);
+                }
+            }
+            Ok(Ok(Err(archive::ArchiveError::NoStore(_)))) => {}
+            Ok(Ok(Err(err))) => tracing::warn!(error = %err, "cannot look a request's session up in the archive"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "the archive lookup of a request's session failed"),
+            Err(_) => tracing::warn!("the archive lookup of a request's session timed out; starting a new session"),
+        }
+        self.sessions.assign_hashed(headers, messages)
+    }
+
+    /// How many of `session`'s requests the archive holds as far as this process's compaction state
+    /// knows (`None`: not known, or no state to keep in step). A new session has none.
+    fn archived_requests(&self, session: &str, how: Assigned) -> Option<u64> {
+        let compactor = self.stateful.as_ref()?;
+        if compactor.policy().mode == Mode::Off {
+            return None;
+        }
+        if how == Assigned::New { Some(0) } else { compactor.archived(session) }
+    }
+
     /// A known session whose compaction state is not in memory (the budget evicted it, or it is older
     /// than a restart) gets its frozen prefix back from its last archived pair, so that forwarding goes
     /// on as if it had stayed. Waits for the archive to commit what is queued (the session's last
@@ -417,13 +487,22 @@ impl Pipeline {
         if compactor.policy().mode == Mode::Off || compactor.remembers(session) {
             return;
         }
-        if let Err(err) = archive.flush_async().await {
-            tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
+        let rebuild = async {
+            if let Err(err) = archive.flush_async().await {
+                tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
+            }
+            let archive = Arc::clone(archive);
+            let session = session.to_owned();
+            let compactor = Arc::clone(compactor);
+            let _ = tokio::task::spawn_blocking(move || seed_session(&compactor, &archive, &session)).await;
+        };
+        // Bounded: an archive that does not answer leaves the session to start afresh (fail-open).
+        if tokio::time::timeout(std::time::Duration::from_millis(self.config.archive.commit_timeout_ms), rebuild)
+            .await
+            .is_err()
+        {
+            tracing::warn!(session = %session, "rebuilding a session from the archive timed out; it goes on from what is in memory");
         }
-        let archive = Arc::clone(archive);
-        let session = session.to_owned();
-        let compactor = Arc::clone(compactor);
-        let _ = tokio::task::spawn_blocking(move || seed_session(&compactor, &archive, &session)).await;
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
@@ -481,6 +560,14 @@ fn why_forwarded_raw(summary: &CompactionSummary) -> (Option<String>, Option<Str
     let unchanged = engine.and_then(|e| e.input_invalid.as_ref()).map(|why| format!("request left unchanged: {why}"));
     (failed, unchanged)
 }
+
+/// Times a strict request is compacted again after another process served its session meanwhile;
+/// past them it is recorded without the check (two processes racing on one session).
+const STALE_RETRIES: u32 = 3;
+
+/// Sessions a request that matches none in memory is looked up among in the archive (the most recent
+/// that stored one of its prefix keys).
+const LOOKED_UP_SESSIONS: usize = 8;
 
 /// Bodies from this size on are compacted with [`tokio::task::block_in_place`].
 pub const BLOCKING_COMPACTION_BYTES: usize = 256 * 1024;
@@ -595,6 +682,24 @@ fn seed_session(compactor: &SessionCompactor, archive: &Archive, session: &str) 
 /// stored plans, a chat session from its last (raw, forwarded) pair. False when there is nothing to
 /// seed from or it cannot be read (the session then starts a fresh epoch).
 fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReader, session: &str) -> bool {
+    // Counted first: a request another process archives meanwhile makes the count older than the
+    // state read after it, never newer (a strict commit then finds it stale and reads again).
+    let requests = match reader.session_requests(session) {
+        Ok(requests) => Some(requests.unwrap_or(0) as u64),
+        Err(err) => {
+            tracing::warn!(session = %session, error = %err, "cannot count the session's archived requests");
+            None
+        }
+    };
+    let seeded = seed_state(compactor, reader, session);
+    if let Some(requests) = requests {
+        compactor.set_archived(session, requests);
+    }
+    seeded
+}
+
+/// [`seed_from`]'s compaction state.
+fn seed_state(compactor: &SessionCompactor, reader: &archive::query::ArchiveReader, session: &str) -> bool {
     let last = match reader.last_bodies(session) {
         Ok(Some(last)) => last,
         Ok(None) => return false,

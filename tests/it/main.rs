@@ -12,6 +12,7 @@ mod compact;
 mod engine;
 mod eval;
 mod exposure;
+mod fleet;
 mod gemini;
 mod messages;
 mod proxy;

@@ -17,11 +17,11 @@ use serde_json::json;
 use crate::support::stub::{Reply, Step, Stub, sse_event, stream_steps};
 use crate::support::{CodingAgent, client, pare as in_process, within};
 
-const WINDOW: u64 = 16_000;
-const WIRES: [Wire; 3] = [Wire::Chat, Wire::Responses, Wire::Messages];
+pub(crate) const WINDOW: u64 = 16_000;
+pub(crate) const WIRES: [Wire; 3] = [Wire::Chat, Wire::Responses, Wire::Messages];
 
 /// A coding session of `n_turns` tool steps of about `words` tokens each, as requests of `wire`.
-fn session(wire: Wire, n_turns: usize, words: usize) -> Vec<Vec<u8>> {
+pub(crate) fn session(wire: Wire, n_turns: usize, words: usize) -> Vec<Vec<u8>> {
     let agent = CodingAgent {
         model: "test-model",
         tool: "terminal",
@@ -39,7 +39,7 @@ fn session(wire: Wire, n_turns: usize, words: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn path(wire: Wire) -> &'static str {
+pub(crate) fn path(wire: Wire) -> &'static str {
     match wire {
         Wire::Responses => "/v1/responses",
         Wire::Messages => "/v1/messages",
@@ -47,7 +47,7 @@ fn path(wire: Wire) -> &'static str {
     }
 }
 
-fn config(mode: Mode) -> Config {
+pub(crate) fn config(mode: Mode) -> Config {
     let mut config = Config::default();
     config.compaction.mode = mode;
     config.budget.default_context_window = WINDOW;
@@ -64,7 +64,7 @@ fn compactor(config: &Config) -> SessionCompactor {
 
 /// What an uninterrupted pare forwards for `requests`, at the window [`config`] gives every other
 /// format (a Gemini request names its model only in its path, which replay has not).
-fn uninterrupted(config: &Config, wire: Wire, requests: &[Vec<u8>]) -> Vec<Replayed> {
+pub(crate) fn uninterrupted(config: &Config, wire: Wire, requests: &[Vec<u8>]) -> Vec<Replayed> {
     let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
     replay_session(&compactor(config), wire, "s", &lines, Some(WINDOW))
 }
@@ -115,7 +115,7 @@ proptest! {
 }
 
 /// An answer of `wire`, streamed as the upstream does.
-fn stream(wire: Wire) -> Reply {
+pub(crate) fn stream(wire: Wire) -> Reply {
     let frames = match wire {
         Wire::Responses => {
             let item = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
@@ -149,12 +149,12 @@ fn stream(wire: Wire) -> Reply {
 }
 
 /// pare with an archive in `dir`, built from `config` as `pare serve` builds it.
-async fn start(config: &Arc<Config>) -> in_process::Pare {
+pub(crate) async fn start(config: &Arc<Config>) -> in_process::Pare {
     let pipeline = Arc::new(Pipeline::from_config(config.clone()).unwrap());
     in_process::start_with_pipeline(config.clone(), pipeline).await
 }
 
-async fn send(server: &in_process::Pare, wire: Wire, session: &str, body: &[u8]) {
+pub(crate) async fn send(server: &in_process::Pare, wire: Wire, session: &str, body: &[u8]) {
     let request = client()
         .post(server.url(path(wire)))
         .header("content-type", "application/json")
@@ -166,7 +166,7 @@ async fn send(server: &in_process::Pare, wire: Wire, session: &str, body: &[u8])
     within("the answer's end", response.bytes()).await.unwrap();
 }
 
-fn archived_config(stub: &Stub, dir: &std::path::Path) -> Config {
+pub(crate) fn archived_config(stub: &Stub, dir: &std::path::Path) -> Config {
     let mut config = in_process::config_for(stub);
     let defaults = self::config(Mode::Epoch);
     config.compaction = defaults.compaction;
