@@ -627,6 +627,14 @@ impl Pipeline {
         pipeline.stateful = Some(compactor.clone());
         if config.archive.enabled {
             let archive = Archive::open(&config.archive);
+            if config.archive.durability == Durability::Buffered
+                && matches!(archive.location(), archive::Location::Postgres(_))
+            {
+                tracing::warn!(
+                    "replicas sharing a PostgreSQL archive keep a session in step only with archive.durability: strict; \
+                    with buffered, route each session to one replica (sticky routing)"
+                );
+            }
             pipeline = pipeline.with_archive(archive.clone());
             seed_compaction_state(&compactor, &archive, SEEDED_SESSIONS);
         }
