@@ -77,11 +77,19 @@ impl DbError {
         }
     }
 
-    /// Whether the connection itself is gone (the server stopped, the network dropped): the
-    /// writer then reconnects before it retries.
+    /// Whether the connection itself is gone (the server stopped or is shutting down, the network
+    /// dropped): the writer then reconnects before it retries.
     pub fn is_connection_lost(&self) -> bool {
         match self {
-            DbError::Postgres(e) => e.is_closed() || (e.as_db_error().is_none() && e.code().is_none()),
+            DbError::Postgres(e) => {
+                e.is_closed()
+                    || match e.code() {
+                        // Connection exceptions (08…) and operator intervention (57P01 admin
+                        // shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
+                        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+                        None => e.as_db_error().is_none(),
+                    }
+            }
             _ => false,
         }
     }
@@ -561,6 +569,7 @@ fn pg_row(row: &postgres::Row) -> Result<Row, DbError> {
             Type::BOOL => row.try_get::<_, Option<bool>>(idx)?.map(|b| Value::Int(b.into())),
             Type::FLOAT8 => row.try_get::<_, Option<f64>>(idx)?.map(Value::Real),
             Type::BYTEA => row.try_get::<_, Option<Vec<u8>>>(idx)?.map(Value::Bytes),
+            Type::VOID => None,
             _ => row.try_get::<_, Option<String>>(idx)?.map(Value::Text),
         };
         values.push(value.unwrap_or(Value::Null));

@@ -4,6 +4,7 @@
 mod support;
 
 mod archive;
+mod archive_pg;
 mod bad_input;
 mod boundaries;
 mod budget;
@@ -15,6 +16,7 @@ mod exposure;
 mod fleet;
 mod gemini;
 mod messages;
+mod pg_server;
 mod proxy;
 mod proxy_hardening;
 mod recall;
