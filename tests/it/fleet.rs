@@ -36,13 +36,16 @@ async fn send_unnamed(server: &in_process::Pare, wire: Wire, body: &[u8]) -> Str
 /// agent echoes, so requests join their session by their request keys): each session stays one
 /// session, every replica forwards what one uninterrupted pare forwards, and the archive holds each
 /// request once in one intact hash chain.
-pub(crate) async fn round_robin_replicas_forward_what_one_pare_does(tune: impl Fn(&mut Config)) {
+async fn round_robin_replicas_forward_what_one_pare_does(postgres: bool) {
     for wire in WIRES {
         let stub = Stub::start(move |_| stream(wire)).await;
         let dir = tempfile::tempdir().unwrap();
         let mut config = archived_config(&stub, dir.path());
         config.archive.durability = Durability::Strict;
-        tune(&mut config);
+        if postgres {
+            config.archive.url = Some(tokio::task::spawn_blocking(crate::pg_server::database).await.unwrap());
+        }
+        let location = config.archive.location().unwrap();
         let config = Arc::new(config);
         let replicas = fleet(&config, 3).await;
         let requests = session(wire, 24, 260);
@@ -64,9 +67,14 @@ pub(crate) async fn round_robin_replicas_forward_what_one_pare_does(tune: impl F
         for (k, (got, want)) in received.iter().zip(&want).enumerate() {
             assert!(*got == want.forwarded, "{wire:?}: request {k} is not what one pare forwards");
         }
-        let reader = ArchiveReader::open(dir.path()).unwrap();
-        assert_eq!(reader.exchanges(&sessions[0]).unwrap().len(), requests.len(), "{wire:?}: archived once each");
-        let report = verify(reader.conn(), None).unwrap();
+        let (session, n) = (sessions[0].clone(), requests.len());
+        let report = tokio::task::spawn_blocking(move || {
+            let reader = ArchiveReader::open(location).unwrap();
+            assert_eq!(reader.exchanges(&session).unwrap().len(), n, "archived once each");
+            verify(reader.conn(), None).unwrap()
+        })
+        .await
+        .unwrap();
         assert!(report.ok(), "{wire:?}: {report:?}");
     }
 }
@@ -75,7 +83,13 @@ pub(crate) async fn round_robin_replicas_forward_what_one_pare_does(tune: impl F
 /// epochs, bodies one pare would not send) and broke its hash chain.
 #[tokio::test]
 async fn round_robin_replicas_on_one_sqlite_archive_forward_what_one_pare_does() {
-    round_robin_replicas_forward_what_one_pare_does(|_| {}).await;
+    round_robin_replicas_forward_what_one_pare_does(false).await;
+}
+
+/// The same fleet on a PostgreSQL archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_replicas_on_a_postgresql_archive_forward_what_one_pare_does() {
+    round_robin_replicas_forward_what_one_pare_does(true).await;
 }
 
 /// With a session header, sticky or not, the replicas agree too; a replica that served the

@@ -150,8 +150,11 @@ pub(crate) fn stream(wire: Wire) -> Reply {
 
 /// pare with an archive in `dir`, built from `config` as `pare serve` builds it.
 pub(crate) async fn start(config: &Arc<Config>) -> in_process::Pare {
-    let pipeline = Arc::new(Pipeline::from_config(config.clone()).unwrap());
-    in_process::start_with_pipeline(config.clone(), pipeline).await
+    // Built off the runtime, as `pare serve` builds it: it reads the archive (a PostgreSQL one
+    // through a blocking client).
+    let for_pipeline = config.clone();
+    let pipeline = tokio::task::spawn_blocking(move || Pipeline::from_config(for_pipeline).unwrap()).await.unwrap();
+    in_process::start_with_pipeline(config.clone(), Arc::new(pipeline)).await
 }
 
 pub(crate) async fn send(server: &in_process::Pare, wire: Wire, session: &str, body: &[u8]) {
