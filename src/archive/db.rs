@@ -351,7 +351,7 @@ fn pool_of(location: &PgLocation) -> Arc<Pool> {
 
 enum Inner {
     Sqlite(rusqlite::Connection),
-    Postgres { conn: RefCell<Option<PgConn>>, pool: Option<Arc<Pool>> },
+    Postgres { conn: RefCell<Option<Box<PgConn>>>, pool: Option<Arc<Pool>> },
 }
 
 /// A connection to an archive store.
@@ -367,7 +367,7 @@ impl Drop for Db {
         {
             let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < POOL_IDLE {
-                idle.push(conn);
+                idle.push(*conn);
             }
         }
     }
@@ -378,7 +378,7 @@ pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Db {
     pub fn sqlite(conn: rusqlite::Connection) -> Db {
-        let _ = conn.set_prepared_statement_cache_capacity(64);
+        conn.set_prepared_statement_cache_capacity(64);
         Db { inner: Inner::Sqlite(conn) }
     }
 
@@ -387,7 +387,7 @@ impl Db {
         let client = location.connect()?;
         Ok(Db {
             inner: Inner::Postgres {
-                conn: RefCell::new(Some(PgConn { client, statements: HashMap::new() })),
+                conn: RefCell::new(Some(Box::new(PgConn { client, statements: HashMap::new() }))),
                 pool: None,
             },
         })
@@ -401,7 +401,7 @@ impl Db {
             Some(conn) => conn,
             None => PgConn { client: location.connect()?, statements: HashMap::new() },
         };
-        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(conn)), pool: Some(pool) } })
+        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(Box::new(conn))), pool: Some(pool) } })
     }
 
     pub fn dialect(&self) -> Dialect {

@@ -809,7 +809,7 @@ impl Writer {
                 fields.partial,
                 fields.end_reason,
                 body_blob,
-                &fields.body_sha256[..],
+                fields.body_sha256,
                 fields.body_len,
                 fields.assembled,
                 fields.key_ext,

@@ -5,8 +5,8 @@
 //! `postgres` user (`runuser`), which owns the directory. Without PostgreSQL's binaries the tests
 //! fail and say to install Debian's `postgresql`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,6 +67,8 @@ fn free_port() -> u16 {
 pub struct PgServer {
     root: PathBuf,
     pub port: u16,
+    /// Outlives this process on purpose: it stops the server once the process is gone.
+    _watchdog: Option<Child>,
 }
 
 impl PgServer {
@@ -85,7 +87,7 @@ impl PgServer {
             .output()
             .expect("running initdb");
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
-        let server = PgServer { root, port: free_port() };
+        let mut server = PgServer { root, port: free_port(), _watchdog: None };
         server.resume();
         // The watchdog: when this test process is gone, stop the server and remove its directory.
         let script = format!(
@@ -94,13 +96,14 @@ impl PgServer {
             stop = server.stop_command_line(),
             root = server.root.display()
         );
-        Command::new("sh")
+        let watchdog = Command::new("sh")
             .args(["-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting the watchdog of the test PostgreSQL server");
+        server._watchdog = Some(watchdog);
         server
     }
 
