@@ -175,7 +175,8 @@ class Postgres:
 
 
 class Replica:
-    """`pare serve` on 127.0.0.1:0 with JSON logs, kept in memory and in `log_path`."""
+    """`pare serve` on 127.0.0.1:0 with JSON logs, kept in memory and in `log_path`, run in the
+    directory of `log_path`."""
 
     def __init__(self, binary, args, log_path, env=None):
         self.log_path = Path(log_path)
@@ -187,7 +188,7 @@ class Replica:
         self.process = subprocess.Popen(
             [str(binary), "serve", "--listen", "127.0.0.1:0", "--log-format", "json", *map(str, args)],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, RUST_LOG="info", **(env or {})),
+            env=dict(os.environ, RUST_LOG="info", **(env or {})), cwd=self.log_path.parent,
         )
         self.reader = threading.Thread(target=self._read_logs, daemon=True)
         self.reader.start()

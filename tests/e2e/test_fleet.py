@@ -356,6 +356,7 @@ def test_round_robin_spread_the_sessions_and_the_kill_hit_a_serving_replica(flee
 def test_the_archive_is_in_postgres_and_its_password_is_never_logged(fleet):
     if fleet.backend != "postgres":
         pytest.skip("PARE_FLEET_ARCHIVE=sqlite")
+    assert not (fleet.directory / "postgres:").exists(), "pare took the URL for a directory"
     for replica in fleet.replicas:
         text = replica.log_path.read_text()
         assert Postgres.PASSWORD not in text, f"{replica.log_path} shows the database password"
@@ -363,7 +364,9 @@ def test_the_archive_is_in_postgres_and_its_password_is_never_logged(fleet):
         "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')", database=Postgres.DATABASE
     )
     assert int(tables) > 0, "pare created no table in the database"
-    assert not Path("postgres:").exists(), "pare took the URL for a directory"
+    for args in (("sessions", "list"), ("sessions", "verify")):
+        result = fleet.cli(*args, check=False)
+        assert Postgres.PASSWORD not in result.stdout + result.stderr, f"pare {' '.join(args)} shows the database password"
 
 
 def sessions_of(fleet):
