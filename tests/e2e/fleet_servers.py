@@ -186,7 +186,8 @@ class Replica:
         self.ready = threading.Event()
         self.addr = None
         self.process = subprocess.Popen(
-            [str(binary), "serve", "--listen", "127.0.0.1:0", "--log-format", "json", *map(str, args)],
+            # A relative path is the caller's, not the log directory's.
+            [os.path.abspath(binary) if os.sep in str(binary) else str(binary), "serve", "--listen", "127.0.0.1:0", "--log-format", "json", *map(str, args)],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
             env=dict(os.environ, RUST_LOG="info", **(env or {})), cwd=self.log_path.parent,
         )

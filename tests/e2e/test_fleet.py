@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
