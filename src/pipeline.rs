@@ -227,7 +227,9 @@ impl Pipeline {
     /// (so a restarted pare keeps assigning requests to their sessions). Reads the store: call at start.
     pub fn with_archive(mut self, archive: Arc<Archive>) -> Pipeline {
         archive.share_budget(self.budget.clone());
-        match archive::query::ArchiveReader::open(archive.dir()).and_then(|r| r.recent_session_keys(SEEDED_SESSIONS)) {
+        match archive::query::ArchiveReader::open(archive.location())
+            .and_then(|r| r.recent_session_keys(SEEDED_SESSIONS))
+        {
             Ok(sessions) => {
                 for (session, keys) in sessions {
                     self.sessions.seed(&session, keys);
@@ -364,11 +366,13 @@ impl Pipeline {
                     late_summary: late_archive,
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,
+                    expect_requests: None,
                 };
+                let mut plan = plan;
                 let ticket = match archive.durability() {
                     Durability::Buffered => archive.queue_exchange(record).await,
                     Durability::Strict => {
-                        let (ticket, committed) = archive.record_exchange_committed(record).await;
+                        let (ticket, committed) = archive.record_exchange_committed(record, plan.take()).await;
                         if let Err(err) = committed {
                             self.stats.strict_unconfirmed.fetch_add(1, Ordering::Relaxed);
                             tracing::error!(session = %session, error = %err,
@@ -546,7 +550,7 @@ impl Pipeline {
 /// Rebuild the compacted prefix of the most recently active sessions from their last archived
 /// (raw, forwarded) pair. Best effort: a session that cannot be rebuilt starts a fresh epoch.
 fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit: usize) {
-    let reader = match archive::query::ArchiveReader::open(archive.dir()) {
+    let reader = match archive::query::ArchiveReader::open(archive.location()) {
         Ok(reader) => reader,
         Err(archive::ArchiveError::NoStore(_)) => return,
         Err(err) => {
@@ -578,7 +582,7 @@ const SEEDED_SESSIONS: usize = 256;
 
 /// Rebuild one session's compacted prefix from the archive; best effort.
 fn seed_session(compactor: &SessionCompactor, archive: &Archive, session: &str) {
-    match archive::query::ArchiveReader::open(archive.dir()) {
+    match archive::query::ArchiveReader::open(archive.location()) {
         Ok(reader) => {
             seed_from(compactor, &reader, session);
         }

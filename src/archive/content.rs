@@ -14,8 +14,8 @@
 
 use std::num::NonZeroUsize;
 
+use super::db::{Db, params};
 use lru::LruCache;
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::query::ArchiveReader;
 use super::{ArchiveError, ExchangeRecord, store};
@@ -40,9 +40,9 @@ pub enum ContentError {
     Archive(#[from] ArchiveError),
 }
 
-impl From<rusqlite::Error> for ContentError {
-    fn from(e: rusqlite::Error) -> ContentError {
-        ContentError::Archive(ArchiveError::Sqlite(e))
+impl From<super::db::DbError> for ContentError {
+    fn from(e: super::db::DbError) -> ContentError {
+        ContentError::Archive(ArchiveError::Database(e))
     }
 }
 
@@ -77,16 +77,18 @@ fn hash_range(prefix: &str) -> ([u8; 32], [u8; 32]) {
 }
 
 /// The content a (unique) id prefix names, from an open store.
-pub fn lookup(conn: &Connection, id: &str) -> Result<Content, ContentError> {
+pub fn lookup(conn: &Db, id: &str) -> Result<Content, ContentError> {
     let digits = parse_id(id)?;
     let (low, high) = hash_range(&digits);
-    let mut statement = conn.prepare_cached(
-        "SELECT b.id, b.sha256 FROM contents c JOIN blobs b ON b.sha256 = c.sha256
-         WHERE c.sha256 BETWEEN ?1 AND ?2 LIMIT 2",
-    )?;
-    let found: Vec<(i64, Vec<u8>)> = statement
-        .query_map(params![&low[..], &high[..]], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let found: Vec<(i64, Vec<u8>)> = conn
+        .query_all(
+            "SELECT b.id, b.sha256 FROM contents c JOIN blobs b ON b.sha256 = c.sha256
+             WHERE c.sha256 BETWEEN ?1 AND ?2 ORDER BY c.sha256 LIMIT 2",
+            params![&low, &high],
+        )?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?)))
+        .collect::<Result<_, super::db::DbError>>()?;
     match found.as_slice() {
         [] => Err(ContentError::Unknown(digits)),
         [(blob, sha256)] => {
@@ -96,11 +98,12 @@ pub fn lookup(conn: &Connection, id: &str) -> Result<Content, ContentError> {
             Ok(Content { sha256: store::hex(sha256), text })
         }
         _ => {
-            let n: i64 = conn.query_row(
-                "SELECT count(*) FROM contents c JOIN blobs b ON b.sha256 = c.sha256 WHERE c.sha256 BETWEEN ?1 AND ?2",
-                params![&low[..], &high[..]],
-                |r| r.get(0),
-            )?;
+            let n: i64 = conn
+                .query_one(
+                    "SELECT count(*) FROM contents c JOIN blobs b ON b.sha256 = c.sha256 WHERE c.sha256 BETWEEN ?1 AND ?2",
+                    params![&low, &high],
+                )?
+                .get(0)?;
             Err(ContentError::Ambiguous { id: digits, n: n as usize })
         }
     }
@@ -135,7 +138,7 @@ impl ContentIndex {
     /// conversation; `put_blob` stores one text as a blob of the record's session and gives its id.
     pub(crate) fn index(
         &mut self,
-        conn: &Connection,
+        conn: &Db,
         rec: &ExchangeRecord,
         mut put_blob: impl FnMut(&[u8]) -> Result<i64, ArchiveError>,
     ) -> Result<(), ArchiveError> {
@@ -149,9 +152,7 @@ impl ContentIndex {
             }
             let (low, high) = hash_range(hex);
             let stored = conn
-                .prepare_cached("SELECT 1 FROM contents WHERE sha256 BETWEEN ?1 AND ?2 LIMIT 1")?
-                .query_row(params![&low[..], &high[..]], |_| Ok(()))
-                .optional()?
+                .query_opt("SELECT 1 FROM contents WHERE sha256 BETWEEN ?1 AND ?2 LIMIT 1", params![&low, &high])?
                 .is_some();
             if stored {
                 self.known.put(key, ());
@@ -180,7 +181,7 @@ impl ContentIndex {
                     continue;
                 }
                 put_blob(text.as_bytes())?;
-                conn.prepare_cached("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)")?.execute([&hash[..]])?;
+                conn.execute("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)", params![&hash])?;
             }
         }
         Ok(())

@@ -3,7 +3,10 @@
 //!
 //! # Layout
 //!
-//! - [`store`]: the SQLite file (WAL, private permissions), its schema, content-addressed blobs.
+//! - [`location`]: where the archive lives, a directory (SQLite) or a `postgres://` URL.
+//! - [`db`]: one connection over either backend; the dialects differ only there and in the schema.
+//! - [`store`]: the SQLite file (WAL, private permissions) or the PostgreSQL database, its schema
+//!   and migrations, content-addressed blobs.
 //! - [`body`]: splitting a body into message blobs + a template, so storage grows linearly.
 //! - [`chain`]: the per-session hash chain that `verify` checks.
 //! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
@@ -16,6 +19,7 @@
 //! - [`content`]: the contents markers name by id, stored when a forwarded marker names them.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
+//! - [`copy`]: `pare archive copy`, every session from one store to another, verified.
 //!
 //! The request path hands a record to a channel ([`Archive::queue_exchange`]); in `strict`
 //! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]).
@@ -38,8 +42,11 @@
 pub mod body;
 pub mod chain;
 pub mod content;
+pub mod copy;
+pub mod db;
 pub mod export;
 pub mod gemini_sse;
+pub mod location;
 pub mod messages_sse;
 pub mod plan;
 pub mod query;
@@ -64,21 +71,26 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::budget::epoch::SessionPlan;
 use crate::config::{ArchiveConfig, Durability};
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::wire::Spans;
+pub use db::{Db, DbError};
+pub use location::{Location, LocationError};
 
 /// Errors of the archive. Writing never surfaces them to the proxy (fail-open); the CLI reports them.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
-    #[error("cannot open archive {path}: {source}")]
-    Open { path: PathBuf, source: rusqlite::Error },
-    #[error("no archive at {0} (run `pare serve` first, or pass --archive DIR)")]
-    NoStore(PathBuf),
+    #[error("cannot open archive {location}: {source}")]
+    Open { location: String, source: DbError },
+    #[error("no archive at {0} (run `pare serve` first, or pass --archive DIR|URL)")]
+    NoStore(String),
     #[error("archive i/o on {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("archive database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Database(#[from] DbError),
+    #[error(transparent)]
+    Location(#[from] LocationError),
     #[error("blob {0} is missing")]
     MissingBlob(i64),
     #[error("exchange {0} is missing")]
@@ -101,11 +113,25 @@ pub enum ArchiveError {
     QueueFull(u64),
     #[error("archive writer did not confirm the commit within {0:?}")]
     CommitTimeout(Duration),
+    /// The exchange was not written: its session has another number of archived requests than
+    /// the writer of the record expected (another replica wrote to the session meanwhile).
+    #[error("session {session:?} has {archived} archived request(s), the record expected {expected}")]
+    Stale { session: String, expected: i64, archived: i64 },
+}
+
+impl From<rusqlite::Error> for ArchiveError {
+    fn from(e: rusqlite::Error) -> ArchiveError {
+        ArchiveError::Database(DbError::Sqlite(e))
+    }
 }
 
 impl ArchiveError {
-    fn open(path: &Path, source: rusqlite::Error) -> ArchiveError {
-        ArchiveError::Open { path: path.to_owned(), source }
+    fn open(location: &Location, source: DbError) -> ArchiveError {
+        ArchiveError::Open { location: location.to_string(), source }
+    }
+
+    fn open_file(path: &Path, source: rusqlite::Error) -> ArchiveError {
+        ArchiveError::Open { location: path.display().to_string(), source: DbError::Sqlite(source) }
     }
 }
 
@@ -184,6 +210,10 @@ pub struct ExchangeRecord {
     pub skipped: Option<String>,
     /// Session key of the request's messages (see [`crate::session`]).
     pub key_req: Option<u64>,
+    /// Compare-and-set: when `Some(n)`, the exchange is written only if its session has exactly
+    /// `n` archived requests (0 for a session the archive does not know); otherwise it (and the
+    /// plan riding with it) is not written and the waiter gets [`ArchiveError::Stale`].
+    pub expect_requests: Option<i64>,
 }
 
 impl ExchangeRecord {
@@ -205,6 +235,7 @@ impl ExchangeRecord {
             late_summary: None,
             skipped: None,
             key_req: None,
+            expect_requests: None,
         }
     }
 
@@ -253,7 +284,8 @@ pub struct Ticket(u64);
 /// The archive's state, for `/_pare/health` and the metrics.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ArchiveHealth {
-    pub dir: PathBuf,
+    /// Where the archive is: its directory, or its URL with the password hidden.
+    pub dir: String,
     /// False after a failed open or commit, until the next successful commit.
     pub writable: bool,
     /// Records waiting for the writer.
@@ -278,18 +310,36 @@ pub use crate::config::DEFAULT_MAX_QUEUE_BYTES;
 /// (counted and logged) and its request forwarded.
 pub const QUEUE_WAIT: Duration = Duration::from_secs(10);
 
-/// How long a `strict` request waits for its commit before it is forwarded anyway (and counted).
+/// Default of `archive.commit_timeout_ms`: how long a `strict` request waits for room in the queue
+/// and its commit, together, before it is forwarded anyway (and counted).
 pub const STRICT_COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Least time between two logs of lost records: a database that stays away for minutes logs its
+/// losses once per interval, not once per record.
+pub const LOSS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long [`Archive::start_limited`] waits for the writer's first open of the store (a store busy
 /// in another process can hold it up to SQLite's busy timeout).
 pub const FIRST_OPEN_WAIT: Duration = Duration::from_secs(5);
 
+/// What the writer tells the waiter of a committed exchange: its request number, or why it was
+/// not written.
+pub(crate) type Ack = Result<i64, WriteRefused>;
+
+/// Why the writer did not write an awaited exchange.
+#[derive(Debug, Clone)]
+pub(crate) enum WriteRefused {
+    Failed(String),
+    Stale { expected: i64, archived: i64 },
+}
+
 pub(crate) enum Job {
     Exchange {
         ticket: Ticket,
         record: Box<ExchangeRecord>,
-        ack: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+        /// The session's compaction state after this exchange, written in its transaction.
+        plan: Option<Box<SessionPlan>>,
+        ack: Option<tokio::sync::oneshot::Sender<Ack>>,
         /// Its room in the queue, given back when the writer drops the job.
         room: Option<OwnedSemaphorePermit>,
     },
@@ -301,7 +351,7 @@ pub(crate) enum Job {
     /// The compaction state the exchange of `ticket` left its session in.
     Plan {
         ticket: Ticket,
-        plan: Box<crate::budget::epoch::SessionPlan>,
+        plan: Box<SessionPlan>,
     },
     Flush(mpsc::Sender<()>),
     Shutdown(mpsc::Sender<()>),
@@ -325,23 +375,26 @@ impl Job {
 
     fn size(&self) -> u64 {
         match self {
-            Job::Exchange { record, .. } => {
+            Job::Exchange { record, plan, .. } => {
                 (record.raw.len() + record.forwarded.as_ref().map_or(0, Bytes::len) + 512) as u64
+                    + plan.as_ref().map_or(0, |plan| plan_size(plan))
             }
             Job::Response { record, .. } => (record.body.len() + 512) as u64,
-            Job::Plan { plan, .. } => {
-                let prefix = plan.frozen.as_ref().map_or(0, |f| f.prefix.iter().map(String::len).sum::<usize>());
-                (prefix + 512) as u64
-            }
+            Job::Plan { plan, .. } => plan_size(plan),
             Job::Flush(_) | Job::Shutdown(_) => 0,
         }
     }
 }
 
+fn plan_size(plan: &SessionPlan) -> u64 {
+    let prefix = plan.frozen.as_ref().map_or(0, |f| f.prefix.iter().map(String::len).sum::<usize>());
+    (prefix + 512) as u64
+}
+
 /// State shared between the handle and the writer thread.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    dir: PathBuf,
+    location: Location,
     queue_depth: AtomicU64,
     queue_bytes: AtomicU64,
     committed: AtomicU64,
@@ -354,15 +407,33 @@ pub(crate) struct Shared {
     last_error: Mutex<Option<String>>,
     /// The memory budget the writer charges its cursors to, once shared.
     budget: std::sync::OnceLock<Arc<crate::memory::StateBudget>>,
+    /// When lost records were last logged, and how many were lost since then unlogged.
+    loss_log: Mutex<(Option<std::time::Instant>, u64)>,
 }
 
 impl Shared {
+    /// Count `n_lost` records as lost and the archive as not writable, for `error`. Logged at most
+    /// once per [`LOSS_LOG_INTERVAL`] (with the records lost since the last log).
     fn fail(&self, n_lost: u64, error: String) {
         self.lost.fetch_add(n_lost, Ordering::Relaxed);
+        self.not_writable(error);
+    }
+
+    /// Mark the archive not writable for `error` (records may wait for it, not lost yet), logged as
+    /// [`Shared::fail`] logs.
+    fn not_writable(&self, error: String) {
         self.writable.store(false, Ordering::Relaxed);
         let total = self.lost.load(Ordering::Relaxed);
-        tracing::error!(archive = %self.dir.display(), error = %error, lost_now = n_lost, lost_total = total,
-            "ARCHIVE WRITE FAILED: records were not stored; pare keeps proxying");
+        let mut log = self.loss_log.lock().unwrap_or_else(|p| p.into_inner());
+        let lost_since = total - log.1.min(total);
+        if log.0.is_none_or(|at| at.elapsed() >= LOSS_LOG_INTERVAL) {
+            let waiting = self.queue_depth.load(Ordering::Relaxed);
+            tracing::error!(archive = %self.location, error = %error, lost_since_last_log = lost_since,
+                lost_total = total, records_waiting = waiting,
+                "ARCHIVE WRITE FAILED: records were not stored; pare keeps proxying");
+            *log = (Some(std::time::Instant::now()), total);
+        }
+        drop(log);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
     }
 }
@@ -382,6 +453,8 @@ pub struct Archive {
     writer: std::thread::Thread,
     next_ticket: AtomicU64,
     durability: Durability,
+    /// How long a strict request waits for room and its commit together (`archive.commit_timeout_ms`).
+    commit_timeout: Duration,
 }
 
 impl Archive {
@@ -389,13 +462,28 @@ impl Archive {
     /// directory, a file where the directory should be…) gives an archive that counts every record as
     /// lost, reports it in [`Archive::health`], and retries opening every few seconds.
     pub fn open(config: &ArchiveConfig) -> Arc<Archive> {
+        let location = match config.location() {
+            Ok(location) => location,
+            Err(e) => {
+                // The configuration check refuses a bad location before this; a caller that skipped
+                // it gets an archive that reports why it cannot write.
+                tracing::error!(error = %e, "the archive location is not valid");
+                Location::Dir(config.resolved_dir())
+            }
+        };
         Archive::launch(
-            config.resolved_dir(),
+            location,
             config.durability,
             Duration::from_millis(config.flush_interval_ms),
             config.max_bytes,
             config.max_queue_bytes,
+            Duration::from_millis(config.commit_timeout_ms),
         )
+    }
+
+    /// Start the archive at `location` with the default queue bound and commit timeout.
+    pub fn start_at(location: Location, durability: Durability, flush_interval: Duration) -> Arc<Archive> {
+        Archive::launch(location, durability, flush_interval, None, DEFAULT_MAX_QUEUE_BYTES, STRICT_COMMIT_TIMEOUT)
     }
 
     /// Start the archive in `dir`, without a size limit.
@@ -412,18 +500,28 @@ impl Archive {
         flush_interval: Duration,
         max_bytes: Option<u64>,
     ) -> Arc<Archive> {
-        Archive::launch(dir, durability, flush_interval, max_bytes, DEFAULT_MAX_QUEUE_BYTES)
+        Archive::launch(
+            Location::Dir(dir),
+            durability,
+            flush_interval,
+            max_bytes,
+            DEFAULT_MAX_QUEUE_BYTES,
+            STRICT_COMMIT_TIMEOUT,
+        )
     }
 
-    fn launch(
-        dir: PathBuf,
+    /// Start the archive at `location` with every limit given (`archive.max_queue_bytes`,
+    /// `archive.commit_timeout_ms`).
+    pub fn launch(
+        location: Location,
         durability: Durability,
         flush_interval: Duration,
         max_bytes: Option<u64>,
         max_queue_bytes: u64,
+        commit_timeout: Duration,
     ) -> Arc<Archive> {
         let shared = Arc::new(Shared {
-            dir: dir.clone(),
+            location: location.clone(),
             queue_depth: AtomicU64::new(0),
             queue_bytes: AtomicU64::new(0),
             committed: AtomicU64::new(0),
@@ -434,16 +532,17 @@ impl Archive {
             writable: AtomicBool::new(true),
             last_error: Mutex::new(None),
             budget: std::sync::OnceLock::new(),
+            loss_log: Mutex::new((None, 0)),
         });
         let (tx, rx) = mpsc::channel();
         let (opened_tx, opened_rx) = mpsc::sync_channel(1);
-        let writer = writer::Writer::new(dir, Arc::clone(&shared), flush_interval, max_bytes);
+        let writer = writer::Writer::new(location, Arc::clone(&shared), flush_interval, max_bytes);
         let thread = std::thread::Builder::new()
             .name("pare-archive".into())
             .spawn(move || writer.run(rx, opened_tx))
             .expect("spawning the archive writer thread");
         if opened_rx.recv_timeout(FIRST_OPEN_WAIT).is_err() {
-            tracing::warn!(archive = %shared.dir.display(), "the archive store is still opening; starting without waiting for it");
+            tracing::warn!(archive = %shared.location, "the archive store is still opening; starting without waiting for it");
         }
         let room_kib = u32::try_from(max_queue_bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
         Arc::new(Archive {
@@ -456,6 +555,7 @@ impl Archive {
             thread: Mutex::new(Some(thread)),
             next_ticket: AtomicU64::new(1),
             durability,
+            commit_timeout,
         })
     }
 
@@ -466,8 +566,9 @@ impl Archive {
         let _ = self.shared.budget.set(budget);
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
+    /// Where the archive is.
+    pub fn location(&self) -> &Location {
+        &self.shared.location
     }
 
     pub fn durability(&self) -> Durability {
@@ -485,7 +586,7 @@ impl Archive {
 
     /// Room for a record of `size` bytes: at once if there is some, else after waiting for the writer
     /// (see the module docs). An error means the record is dropped; it is counted and logged.
-    async fn wait_for_room(&self, size: u64) -> Result<OwnedSemaphorePermit, ArchiveError> {
+    async fn wait_for_room(&self, size: u64, wait_at_most: Duration) -> Result<OwnedSemaphorePermit, ArchiveError> {
         if let Some(room) = self.try_room(size) {
             return Ok(room);
         }
@@ -493,7 +594,7 @@ impl Archive {
         if self.stalled_at.load(Ordering::Relaxed) != progress {
             self.shared.queue_waits.fetch_add(1, Ordering::Relaxed);
             let wait = Arc::clone(&self.room).acquire_many_owned(self.kib(size));
-            match tokio::time::timeout(QUEUE_WAIT, wait).await {
+            match tokio::time::timeout(wait_at_most, wait).await {
                 Ok(Ok(room)) => return Ok(room),
                 Ok(Err(_)) => return Err(ArchiveError::Closed),
                 Err(_) => self.stalled_at.store(self.shared.finished.load(Ordering::Relaxed), Ordering::Relaxed),
@@ -502,7 +603,9 @@ impl Archive {
         let waiting = self.shared.queue_bytes.load(Ordering::Relaxed);
         self.shared.fail(
             1,
-            format!("queue full: {waiting} bytes waiting and the writer freed none for {QUEUE_WAIT:?} (disk stalled?)"),
+            format!(
+                "queue full: {waiting} bytes waiting and the writer freed none for {wait_at_most:?} (disk stalled or database unreachable?)"
+            ),
         );
         Err(ArchiveError::QueueFull(waiting))
     }
@@ -538,7 +641,7 @@ impl Archive {
     /// [`Archive::queue_exchange`].
     pub fn record_exchange(&self, record: ExchangeRecord) -> Ticket {
         let ticket = self.ticket();
-        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: None, room: None };
+        let mut job = Job::Exchange { ticket, record: Box::new(record), plan: None, ack: None, room: None };
         match self.try_room(job.size()) {
             Some(room) => {
                 job.set_room(room);
@@ -556,33 +659,47 @@ impl Archive {
     /// [`QUEUE_WAIT`] without the writer freeing any; then the record is dropped, counted and logged).
     pub async fn queue_exchange(&self, record: ExchangeRecord) -> Ticket {
         let ticket = self.ticket();
-        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: None, room: None };
-        if let Ok(room) = self.wait_for_room(job.size()).await {
+        let mut job = Job::Exchange { ticket, record: Box::new(record), plan: None, ack: None, room: None };
+        if let Ok(room) = self.wait_for_room(job.size(), QUEUE_WAIT).await {
             job.set_room(room);
             let _ = self.send(job);
         }
         ticket
     }
 
-    /// Hand an exchange to the writer and wait until it is committed (at most
-    /// [`STRICT_COMMIT_TIMEOUT`]). An error means the record may not be stored; it is already
-    /// counted and logged, the caller forwards anyway (fail-open).
-    pub async fn record_exchange_committed(&self, record: ExchangeRecord) -> (Ticket, Result<(), ArchiveError>) {
+    /// Hand an exchange, and the compaction state it left its session in (`plan`), to the writer
+    /// and wait until both are committed in one transaction: another replica reading after the
+    /// commit sees both. Waiting for room in the queue and for the commit together last at most
+    /// `archive.commit_timeout_ms`. Gives the exchange's request number (1-based) in its session.
+    /// An error means the record may not be stored: [`ArchiveError::Stale`] when its
+    /// `expect_requests` did not hold (not written, not counted as lost); otherwise it is already
+    /// counted and logged, and the caller forwards anyway (fail-open).
+    pub async fn record_exchange_committed(
+        &self,
+        record: ExchangeRecord,
+        plan: Option<SessionPlan>,
+    ) -> (Ticket, Result<i64, ArchiveError>) {
         let ticket = self.ticket();
+        let deadline = tokio::time::Instant::now() + self.commit_timeout;
+        let session = record.session.clone();
         let (ack, done) = tokio::sync::oneshot::channel();
-        let mut job = Job::Exchange { ticket, record: Box::new(record), ack: Some(ack), room: None };
-        match self.wait_for_room(job.size()).await {
+        let mut job =
+            Job::Exchange { ticket, record: Box::new(record), plan: plan.map(Box::new), ack: Some(ack), room: None };
+        match self.wait_for_room(job.size(), self.commit_timeout.min(QUEUE_WAIT)).await {
             Ok(room) => job.set_room(room),
             Err(e) => return (ticket, Err(e)),
         }
         if let Err(e) = self.send(job) {
             return (ticket, Err(e));
         }
-        let result = match tokio::time::timeout(STRICT_COMMIT_TIMEOUT, done).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(ArchiveError::NotWritable(e)),
+        let result = match tokio::time::timeout_at(deadline, done).await {
+            Ok(Ok(Ok(seq))) => Ok(seq),
+            Ok(Ok(Err(WriteRefused::Failed(e)))) => Err(ArchiveError::NotWritable(e)),
+            Ok(Ok(Err(WriteRefused::Stale { expected, archived }))) => {
+                Err(ArchiveError::Stale { session, expected, archived })
+            }
             Ok(Err(_)) => Err(ArchiveError::Closed),
-            Err(_) => Err(ArchiveError::CommitTimeout(STRICT_COMMIT_TIMEOUT)),
+            Err(_) => Err(ArchiveError::CommitTimeout(self.commit_timeout)),
         };
         (ticket, result)
     }
@@ -600,7 +717,7 @@ impl Archive {
     /// Hand the writer the compaction state the exchange of `ticket` left its session in (see
     /// [`plan`]). It never waits for room in the queue: a session stores one when an epoch starts,
     /// not one per request.
-    pub fn record_plan(&self, ticket: Ticket, plan: crate::budget::epoch::SessionPlan) {
+    pub fn record_plan(&self, ticket: Ticket, plan: SessionPlan) {
         let _ = self.send(Job::Plan { ticket, plan: Box::new(plan) });
     }
 
@@ -641,7 +758,7 @@ impl Archive {
 
     pub fn health(&self) -> ArchiveHealth {
         ArchiveHealth {
-            dir: self.shared.dir.clone(),
+            dir: self.shared.location.to_string(),
             writable: self.shared.writable.load(Ordering::Relaxed),
             queue_depth: self.shared.queue_depth.load(Ordering::Relaxed),
             queue_bytes: self.shared.queue_bytes.load(Ordering::Relaxed),

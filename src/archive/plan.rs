@@ -12,9 +12,8 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, OptionalExtension, params};
-
 use super::ArchiveError;
+use super::db::{Db, params};
 use super::read::{self, BodyKind};
 use crate::budget::epoch::{FrozenPlan, SessionPlan};
 use crate::neutral::message_hashes;
@@ -26,7 +25,7 @@ pub const FORMAT: i64 = 1;
 /// Store `plan` as the state `session` is in after `exchange` (the request whose compaction left
 /// it); `blob_id` stores one rewritten prefix message and returns its blob id.
 pub(crate) fn put(
-    conn: &Connection,
+    conn: &Db,
     exchange: i64,
     session: &str,
     plan: &SessionPlan,
@@ -51,50 +50,45 @@ pub(crate) fn put(
             (Some(pack_u128(&frozen.raw_hashes)), Some(pack_u64(&ids)), Some(pack_u64(&frozen.prefix_seen)))
         }
     };
-    conn.prepare_cached(
+    conn.execute(
         "INSERT INTO plans (exchange, session, format, epoch, advanced_at, saturated, raw_hashes, prefix_blobs, prefix_seen)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?
-    .execute(params![
-        exchange,
-        session,
-        FORMAT,
-        plan.epoch as i64,
-        plan.advanced_at_len as i64,
-        plan.saturated,
-        raw_hashes,
-        prefix_blobs,
-        prefix_seen
-    ])?;
+        params![
+            exchange,
+            session,
+            FORMAT,
+            plan.epoch as i64,
+            plan.advanced_at_len as i64,
+            plan.saturated,
+            raw_hashes.as_ref(),
+            prefix_blobs.as_ref(),
+            prefix_seen.as_ref()
+        ],
+    )?;
     Ok(())
 }
 
 /// The state `session` was last stored in, with the id of the exchange that left it; `None` when
 /// none is stored (a session that never changed its state, an archive written before plans were
 /// stored, a row of another [`FORMAT`]).
-pub fn latest(conn: &Connection, session: &str) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
-    let has_table: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'plans')")?
-        .query_row([], |r| r.get(0))?;
-    if !has_table {
+pub fn latest(conn: &Db, session: &str) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
+    if !conn.has_table("plans")? {
         return Ok(None);
     }
-    type Row = (i64, String, i64, i64, i64, bool, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
-    let row: Option<Row> = conn
-        .prepare_cached(
-            "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
-                    p.prefix_seen
-             FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
-             WHERE p.session = ?1 ORDER BY p.id DESC LIMIT 1",
-        )?
-        .query_row([session], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
-        })
-        .optional()?;
-    let Some((exchange, path, format, epoch, advanced_at, saturated, raw_hashes, prefix_blobs, prefix_seen)) = row
+    let Some(row) = conn.query_opt(
+        "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
+                p.prefix_seen
+         FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
+         WHERE p.session = ?1 ORDER BY p.id DESC LIMIT 1",
+        params![session],
+    )?
     else {
         return Ok(None);
     };
+    let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+    let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(3)?, row.get(4)?, row.get(5)?);
+    let (raw_hashes, prefix_blobs, prefix_seen): (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) =
+        (row.get(6)?, row.get(7)?, row.get(8)?);
     if format != FORMAT {
         return Ok(None);
     }
@@ -146,7 +140,7 @@ fn pack_u128(values: &[u128]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn pack_u64(values: &[u64]) -> Vec<u8> {
+pub(crate) fn pack_u64(values: &[u64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -158,7 +152,7 @@ fn unpack_u128(bytes: &[u8]) -> Option<Vec<u128>> {
         .then(|| chunks.map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect())
 }
 
-fn unpack_u64(bytes: &[u8]) -> Option<Vec<u64>> {
+pub(crate) fn unpack_u64(bytes: &[u8]) -> Option<Vec<u64>> {
     let chunks = bytes.chunks_exact(8);
     chunks.remainder().is_empty().then(|| chunks.map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
@@ -168,19 +162,18 @@ mod tests {
     use super::*;
     use crate::archive::store;
 
-    fn exchange(conn: &Connection, session: &str) -> i64 {
-        conn.execute(
+    fn exchange(conn: &Db, session: &str) -> i64 {
+        conn.insert_id(
             "INSERT INTO exchanges (session, seq, chain_idx, at_ms, method, path, headers, raw_sha256, raw_len,
                 raw_template, prev_hash, hash)
              VALUES (?1, (SELECT count(*) + 1 FROM exchanges WHERE session = ?1), 0, 0, 'POST', '/v1/responses', '{}',
                 x'00', 0, x'00', x'00', x'00')",
-            [session],
+            params![session],
         )
-        .unwrap();
-        conn.last_insert_rowid()
+        .unwrap()
     }
 
-    fn put_plan(conn: &Connection, exchange: i64, session: &str, plan: &SessionPlan) {
+    fn put_plan(conn: &Db, exchange: i64, session: &str, plan: &SessionPlan) {
         put(conn, exchange, session, plan, |bytes| Ok(store::put_blob(conn, &store::sha256(bytes), bytes)?)).unwrap();
     }
 
@@ -207,7 +200,7 @@ mod tests {
         assert_eq!(latest(&conn, "s").unwrap(), Some((x2, second)));
         assert_eq!(latest(&conn, "other").unwrap(), Some((x3, SessionPlan::default())));
         // The prefix messages are blobs shared by the two rows.
-        let n_blobs: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+        let n_blobs: i64 = conn.query_one("SELECT count(*) FROM blobs", params![]).unwrap().get(0).unwrap();
         assert_eq!(n_blobs, 2);
     }
 
@@ -219,7 +212,7 @@ mod tests {
         let x = exchange(&conn, "s");
         put_plan(&conn, x, "s", &SessionPlan { epoch: 2, ..SessionPlan::default() });
         crate::archive::query::delete_session(dir.path(), "s").unwrap();
-        let n: i64 = conn.query_row("SELECT count(*) FROM plans", [], |r| r.get(0)).unwrap();
+        let n: i64 = conn.query_one("SELECT count(*) FROM plans", params![]).unwrap().get(0).unwrap();
         assert_eq!(n, 0);
     }
 
@@ -230,7 +223,7 @@ mod tests {
         let conn = store::open_rw(dir.path()).unwrap();
         let x = exchange(&conn, "s");
         put_plan(&conn, x, "s", &SessionPlan { epoch: 4, ..SessionPlan::default() });
-        conn.execute("DELETE FROM exchanges", []).unwrap();
+        conn.execute("DELETE FROM exchanges", params![]).unwrap();
         assert_eq!(latest(&conn, "s").unwrap(), None);
     }
 
@@ -266,7 +259,8 @@ mod tests {
         let conn = store::open_ro(dir.path()).unwrap();
         let (_, read) = latest(&conn, "s").unwrap().unwrap();
         assert_eq!(read, plan);
-        let packed: Vec<u8> = conn.query_row("SELECT prefix_blobs FROM plans LIMIT 1", [], |r| r.get(0)).unwrap();
+        let packed: Vec<u8> =
+            conn.query_one("SELECT prefix_blobs FROM plans LIMIT 1", params![]).unwrap().get(0).unwrap();
         let ids: Vec<i64> = unpack_u64(&packed).unwrap().into_iter().map(|id| id as i64).collect();
         assert_eq!(&ids[..2], [-1, -2]);
         assert!(ids[2] > 0, "{ids:?}");

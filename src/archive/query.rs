@@ -3,15 +3,13 @@
 //! the upstream reported it billed, per answer and per session ([`UpstreamUsage`]), and what pare's
 //! compaction saved net of the cache misses its epochs caused ([`Savings`]).
 
-use std::path::Path;
-
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::body::Part;
+use super::db::{Db, DbError, Dialect, Row, params};
 use super::read::{self, BodyKind};
-use super::{ArchiveError, store};
+use super::{ArchiveError, Location, store};
 use crate::exchange::CompactionSummary;
 use crate::exchange::Usage;
 use crate::session::StoredKey;
@@ -214,12 +212,12 @@ pub struct DeleteReport {
     pub blobs_freed: usize,
 }
 
-/// Read access to an archive directory.
+/// Read access to an archive.
 pub struct ArchiveReader {
-    conn: Connection,
+    conn: Db,
 }
 
-fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
+fn session_info(r: &Row) -> Result<SessionInfo, DbError> {
     Ok(SessionInfo {
         id: r.get(0)?,
         started_ms: r.get(1)?,
@@ -228,7 +226,7 @@ fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
         model: r.get(4)?,
         tokens_raw: r.get(5)?,
         tokens_forwarded: r.get(6)?,
-        wire: r.get::<_, Option<String>>(7)?.and_then(|path| crate::wire::Wire::of_path(&path)).map(|w| w.name()),
+        wire: r.get::<Option<String>>(7)?.and_then(|path| crate::wire::Wire::of_path(&path)).map(|w| w.name()),
         upstream: UpstreamUsage {
             n_reported: r.get(8)?,
             prompt: r.get(9)?,
@@ -241,25 +239,29 @@ fn session_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
 }
 
 /// The columns [`session_info`] reads, the upstream's sums each an indexed lookup of the session's
-/// answers (`sum` is NULL when no answer reported the figure).
+/// answers (`sum` is NULL when no answer reported the figure; cast, as PostgreSQL sums integers
+/// into numerics).
 const SESSION_COLUMNS: &str = "id, started_ms, last_ms, n_requests, model, tokens_raw, tokens_forwarded,
     (SELECT path FROM exchanges WHERE exchanges.session = sessions.id ORDER BY seq DESC LIMIT 1),
     (SELECT count(*) FROM response_usage u WHERE u.session = sessions.id),
-    (SELECT sum(prompt) FROM response_usage u WHERE u.session = sessions.id),
-    (SELECT sum(cached) FROM response_usage u WHERE u.session = sessions.id),
-    (SELECT sum(cache_write) FROM response_usage u WHERE u.session = sessions.id),
-    (SELECT sum(output) FROM response_usage u WHERE u.session = sessions.id),
-    (SELECT sum(prompt) FROM response_usage u WHERE u.session = sessions.id AND u.cached IS NOT NULL)";
+    (SELECT CAST(sum(prompt) AS BIGINT) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT CAST(sum(cached) AS BIGINT) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT CAST(sum(cache_write) AS BIGINT) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT CAST(sum(output) AS BIGINT) FROM response_usage u WHERE u.session = sessions.id),
+    (SELECT CAST(sum(prompt) AS BIGINT) FROM response_usage u WHERE u.session = sessions.id AND u.cached IS NOT NULL)";
 
-/// The usage table of an archive written before it existed reads as empty: a temporary table of
-/// the same name stands in for it (a read-only connection may create those).
-fn ensure_usage_table(conn: &Connection) -> rusqlite::Result<()> {
-    let present: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'response_usage')",
-        [],
-        |r| r.get(0),
-    )?;
-    if !present {
+/// Which sessions a [`SessionFilter`] keeps, over its parameters ?1 (since), ?2 (model), ?3 (id).
+const FILTER: &str = "(CAST(?1 AS BIGINT) IS NULL OR last_ms >= ?1)
+    AND (CAST(?2 AS TEXT) IS NULL OR instr(coalesce(model, ''), ?2) > 0)
+    AND (CAST(?3 AS TEXT) IS NULL OR id = ?3)";
+
+/// The usage table of a SQLite archive written before it existed reads as empty: a temporary table
+/// of the same name stands in for it (a read-only connection may create those).
+fn ensure_usage_table(conn: &Db) -> Result<(), DbError> {
+    if conn.dialect() == Dialect::Postgres {
+        return Ok(());
+    }
+    if !conn.has_table("response_usage")? {
         conn.execute_batch(
             "CREATE TEMP TABLE IF NOT EXISTS response_usage (exchange INTEGER PRIMARY KEY, session TEXT NOT NULL,
                 prompt INTEGER, cached INTEGER, cache_write INTEGER, output INTEGER)",
@@ -274,76 +276,84 @@ fn figure(n: Option<i64>) -> Option<u64> {
 }
 
 impl ArchiveReader {
-    /// Open the store in `dir` read-only.
-    pub fn open(dir: &Path) -> Result<ArchiveReader, ArchiveError> {
-        let conn = store::open_ro(dir)?;
+    /// Open the store at `location` (a directory or a PostgreSQL URL) for reading.
+    pub fn open(location: impl Into<Location>) -> Result<ArchiveReader, ArchiveError> {
+        let conn = store::open_location_ro(&location.into())?;
         ensure_usage_table(&conn)?;
         Ok(ArchiveReader { conn })
     }
 
-    pub fn conn(&self) -> &Connection {
+    pub fn conn(&self) -> &Db {
         &self.conn
     }
 
     /// Sessions matching `filter`, oldest first.
     pub fn sessions(&self, filter: &SessionFilter) -> Result<Vec<SessionInfo>, ArchiveError> {
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions
-             WHERE (?1 IS NULL OR last_ms >= ?1) AND (?2 IS NULL OR instr(coalesce(model, ''), ?2) > 0)
-               AND (?3 IS NULL OR id = ?3)
-             ORDER BY started_ms, id"
-        ))?;
-        let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session], session_info)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = self.conn.query_all(
+            &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE {FILTER} ORDER BY started_ms, id"),
+            params![filter.since_ms, filter.model.as_deref(), filter.session.as_deref()],
+        )?;
+        Ok(rows.iter().map(session_info).collect::<Result<_, _>>()?)
     }
 
     /// Sessions matching `filter`, most recently active first (ties by id, so pages are stable),
     /// `limit` of them from `offset` on. Reads only the sessions of the page and, for each, its last
     /// exchange and its partial answers (indexed lookups): fast on any number of sessions.
     pub fn session_page(&self, filter: &SessionFilter, offset: i64, limit: i64) -> Result<SessionPage, ArchiveError> {
-        const WHERE: &str = "(?1 IS NULL OR last_ms >= ?1) AND (?2 IS NULL OR instr(coalesce(model, ''), ?2) > 0)
-               AND (?3 IS NULL OR id = ?3)";
-        let total = self.conn.query_row(
-            &format!("SELECT count(*) FROM sessions WHERE {WHERE}"),
-            params![filter.since_ms, filter.model, filter.session],
-            |r| r.get(0),
+        let filter_params = params![filter.since_ms, filter.model.as_deref(), filter.session.as_deref()];
+        let total =
+            self.conn.query_one(&format!("SELECT count(*) FROM sessions WHERE {FILTER}"), filter_params)?.get(0)?;
+        let rows = self.conn.query_all(
+            &format!(
+                "SELECT {SESSION_COLUMNS},
+                   (SELECT {} FROM exchanges e WHERE e.session = sessions.id
+                      ORDER BY seq DESC LIMIT 1) AS epochs,
+                   (SELECT count(*) FROM responses r WHERE r.session = sessions.id AND r.partial = 1) AS n_partial
+                 FROM sessions WHERE {FILTER}
+                 ORDER BY last_ms DESC, id DESC LIMIT ?4 OFFSET ?5",
+                self.conn.json_int("summary", "epoch")
+            ),
+            params![filter.since_ms, filter.model.as_deref(), filter.session.as_deref(), limit, offset],
         )?;
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {SESSION_COLUMNS},
-               (SELECT json_extract(summary, '$.epoch') FROM exchanges e WHERE e.session = sessions.id
-                  ORDER BY seq DESC LIMIT 1) AS epochs,
-               (SELECT count(*) FROM responses r WHERE r.session = sessions.id AND r.partial = 1) AS n_partial
-             FROM sessions WHERE {WHERE}
-             ORDER BY last_ms DESC, id DESC LIMIT ?4 OFFSET ?5"
-        ))?;
-        let rows = stmt.query_map(params![filter.since_ms, filter.model, filter.session, limit, offset], |r| {
-            Ok(SessionOverview {
-                info: session_info(r)?,
-                epochs: r.get::<_, Option<i64>>("epochs")?.unwrap_or(0),
-                partial: r.get("n_partial")?,
+        let sessions = rows
+            .iter()
+            .map(|r| {
+                Ok(SessionOverview {
+                    info: session_info(r)?,
+                    epochs: r.get::<Option<i64>>(14)?.unwrap_or(0),
+                    partial: r.get(15)?,
+                })
             })
-        })?;
-        Ok(SessionPage { sessions: rows.collect::<Result<_, _>>()?, total })
+            .collect::<Result<_, DbError>>()?;
+        Ok(SessionPage { sessions, total })
     }
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ArchiveError> {
-        self.conn
-            .query_row(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"), [id], session_info)
-            .optional()?
-            .ok_or_else(|| ArchiveError::NoSession(id.to_owned()))
+        let row = self
+            .conn
+            .query_opt(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"), params![id])?
+            .ok_or_else(|| ArchiveError::NoSession(id.to_owned()))?;
+        Ok(session_info(&row)?)
+    }
+
+    /// The number of requests the archive holds of `session` (`None`: a session it does not know).
+    pub fn session_requests(&self, session: &str) -> Result<Option<i64>, ArchiveError> {
+        let row = self.conn.query_opt("SELECT n_requests FROM sessions WHERE id = ?1", params![session])?;
+        Ok(row.map(|r| r.get(0)).transpose()?)
     }
 
     /// A session's exchanges in order.
     pub fn exchanges(&self, session: &str) -> Result<Vec<ExchangeInfo>, ArchiveError> {
-        let mut stmt = self.conn.prepare(
+        let rows = self.conn.query_all(
             "SELECT id, seq, at_ms, method, path, model, raw_len, fwd_len, summary, skipped,
                     u.exchange, u.prompt, u.cached, u.cache_write, u.output
              FROM exchanges LEFT JOIN response_usage u ON u.exchange = exchanges.id
              WHERE exchanges.session = ?1 ORDER BY seq",
+            params![session],
         )?;
-        let rows = stmt.query_map([session], |r| {
+        let rows = rows.iter().map(|r| {
             let summary: Option<String> = r.get(8)?;
-            let usage = r.get::<_, Option<i64>>(10)?.map(|_| -> rusqlite::Result<Usage> {
+            let usage = r.get::<Option<i64>>(10)?.map(|_| -> Result<Usage, DbError> {
                 Ok(Usage {
                     prompt: figure(r.get(11)?),
                     cached: figure(r.get(12)?),
@@ -364,15 +374,16 @@ impl ArchiveReader {
                 skipped: r.get(9)?,
                 usage: usage.transpose()?,
             })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        });
+        Ok(rows.collect::<Result<_, DbError>>()?)
     }
 
     fn exchange_id(&self, session: &str, seq: i64) -> Result<i64, ArchiveError> {
-        self.conn
-            .query_row("SELECT id FROM exchanges WHERE session = ?1 AND seq = ?2", params![session, seq], |r| r.get(0))
-            .optional()?
-            .ok_or_else(|| ArchiveError::NoRequest { session: session.to_owned(), seq })
+        let row = self
+            .conn
+            .query_opt("SELECT id FROM exchanges WHERE session = ?1 AND seq = ?2", params![session, seq])?
+            .ok_or_else(|| ArchiveError::NoRequest { session: session.to_owned(), seq })?;
+        Ok(row.get(0)?)
     }
 
     /// The exact bytes of request `seq` (1-based) of a session.
@@ -384,28 +395,23 @@ impl ArchiveReader {
     /// The stored answer to request `seq`, if one was recorded.
     pub fn response(&self, session: &str, seq: i64) -> Result<Option<ResponseInfo>, ArchiveError> {
         let id = self.exchange_id(session, seq)?;
-        let row = self
-            .conn
-            .query_row(
-                "SELECT status, stream, partial, end_reason, body_blob, assembled FROM responses WHERE exchange = ?1",
-                [id],
-                |r| {
-                    let assembled: Option<String> = r.get(5)?;
-                    let info = ResponseInfo {
-                        status: r.get(0)?,
-                        stream: r.get(1)?,
-                        partial: r.get(2)?,
-                        end_reason: r.get(3)?,
-                        body: Vec::new(),
-                        assembled: assembled.and_then(|a| serde_json::from_str(&a).ok()),
-                    };
-                    Ok((info, r.get::<_, Option<i64>>(4)?))
-                },
-            )
-            .optional()?;
-        let Some((mut info, blob)) = row else {
+        let Some(r) = self.conn.query_opt(
+            "SELECT status, stream, partial, end_reason, body_blob, assembled FROM responses WHERE exchange = ?1",
+            params![id],
+        )?
+        else {
             return Ok(None);
         };
+        let assembled: Option<String> = r.get(5)?;
+        let mut info = ResponseInfo {
+            status: r.get(0)?,
+            stream: r.get(1)?,
+            partial: r.get(2)?,
+            end_reason: r.get(3)?,
+            body: Vec::new(),
+            assembled: assembled.and_then(|a| serde_json::from_str(&a).ok()),
+        };
+        let blob: Option<i64> = r.get(4)?;
         if let Some(blob) = blob {
             info.body = store::read_blob(&self.conn, blob)?;
         }
@@ -415,11 +421,8 @@ impl ArchiveReader {
     /// The last request of a session as (raw body, forwarded body): what the compaction state of a
     /// live session is rebuilt from after a restart.
     pub fn last_bodies(&self, session: &str) -> Result<Option<LastBodies>, ArchiveError> {
-        let last: Option<i64> = self
-            .conn
-            .query_row("SELECT max(seq) FROM exchanges WHERE session = ?1", [session], |r| r.get(0))
-            .optional()?
-            .flatten();
+        let last: Option<i64> =
+            self.conn.query_one("SELECT max(seq) FROM exchanges WHERE session = ?1", params![session])?.get(0)?;
         let Some(seq) = last else { return Ok(None) };
         Ok(Some(LastBodies {
             seq,
@@ -465,9 +468,12 @@ impl ArchiveReader {
         let items_before = read::resolve_items(&self.conn, previous, BodyKind::Forwarded)?;
         let items_now = read::resolve_items(&self.conn, current, BodyKind::Forwarded)?;
         let n_common = items_before.iter().zip(&items_now).take_while(|(a, b)| a.blob == b.blob).count();
-        let mut len = self.conn.prepare_cached("SELECT raw_len FROM blobs WHERE id = ?1")?;
-        let mut bytes = |id: i64| -> Result<u64, ArchiveError> {
-            let n: Option<i64> = len.query_row([id], |r| r.get(0)).optional()?;
+        let bytes = |id: i64| -> Result<u64, ArchiveError> {
+            let n: Option<i64> = self
+                .conn
+                .query_opt("SELECT raw_len FROM blobs WHERE id = ?1", params![id])?
+                .map(|r| r.get(0))
+                .transpose()?;
             Ok(n.map_or(0, |n| n.max(0) as u64))
         };
         let (mut shared, mut total) = (0u64, 0u64);
@@ -492,55 +498,105 @@ impl ArchiveReader {
     /// session keys in the order of their records: what [`crate::session::SessionTracker::seed`]
     /// takes at start.
     pub fn recent_session_keys(&self, limit: usize) -> Result<Vec<(String, Vec<StoredKey>)>, ArchiveError> {
-        let mut stmt = self.conn.prepare("SELECT id FROM sessions ORDER BY last_ms DESC LIMIT ?1")?;
-        let ids: Vec<String> = stmt.query_map([limit as i64], |r| r.get(0))?.collect::<Result<_, _>>()?;
-        let mut keys = self.conn.prepare(
+        let rows =
+            self.conn.query_all("SELECT id FROM sessions ORDER BY last_ms DESC LIMIT ?1", params![limit as i64])?;
+        let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect::<Result<_, _>>()?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids.into_iter().rev() {
+            let keys = self.stored_keys(&id)?;
+            out.push((id, keys));
+        }
+        Ok(out)
+    }
+
+    /// The sessions that stored any of `keys` as a request key or an answer key, most recently
+    /// active first, at most `limit` of them, each with its stored keys as
+    /// [`ArchiveReader::recent_session_keys`] gives them. One indexed query finds the sessions,
+    /// whatever the number of keys.
+    pub fn sessions_with_keys(
+        &self,
+        keys: &[u64],
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<StoredKey>)>, ArchiveError> {
+        if keys.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let list = self.conn.list_param(&keys.iter().map(|k| *k as i64).collect::<Vec<_>>());
+        let rows = self.conn.query_all(
+            &format!(
+                "SELECT id FROM sessions WHERE id IN (
+                     SELECT session FROM exchanges WHERE {}
+                     UNION SELECT session FROM responses WHERE {})
+                 ORDER BY last_ms DESC, id DESC LIMIT ?2",
+                self.conn.in_list("key_req", 1),
+                self.conn.in_list("key_ext", 1)
+            ),
+            params![&list, limit as i64],
+        )?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.get(0)?;
+            let keys = self.stored_keys(&id)?;
+            out.push((id, keys));
+        }
+        Ok(out)
+    }
+
+    /// A session's request and answer keys in the order of their records.
+    fn stored_keys(&self, session: &str) -> Result<Vec<StoredKey>, ArchiveError> {
+        let rows = self.conn.query_all(
             "SELECT key, answer FROM (
                  SELECT chain_idx, key_req AS key, 0 AS answer FROM exchanges WHERE session = ?1 AND key_req IS NOT NULL
                  UNION ALL
-                 SELECT chain_idx, key_ext, 1 FROM responses WHERE session = ?1 AND key_ext IS NOT NULL)
+                 SELECT chain_idx, key_ext, 1 FROM responses WHERE session = ?1 AND key_ext IS NOT NULL) AS k
              ORDER BY chain_idx",
+            params![session],
         )?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids.into_iter().rev() {
-            let ks: Vec<StoredKey> = keys
-                .query_map([&id], |r| {
-                    let key = r.get::<_, i64>(0)? as u64;
-                    Ok(if r.get::<_, bool>(1)? { StoredKey::Answer(key) } else { StoredKey::Request(key) })
-                })?
-                .collect::<Result<_, _>>()?;
-            out.push((id, ks));
-        }
-        Ok(out)
+        let keys = rows
+            .iter()
+            .map(|r| {
+                let key = r.get::<i64>(0)? as u64;
+                Ok(if r.get::<bool>(1)? { StoredKey::Answer(key) } else { StoredKey::Request(key) })
+            })
+            .collect::<Result<_, DbError>>()?;
+        Ok(keys)
     }
 }
 
 /// Delete a session and everything recorded for it, freeing blobs no other session uses.
 /// Meant for sessions that are no longer live (a running `pare serve` keeps its chain head in memory).
-pub fn delete_session(dir: &Path, session: &str) -> Result<DeleteReport, ArchiveError> {
-    let mut conn = store::open_rw(dir)?;
-    let tx = conn.transaction()?;
-    let exists: bool =
-        tx.query_row("SELECT count(*) FROM sessions WHERE id = ?1", [session], |r| r.get::<_, i64>(0))? > 0;
-    let n_exchanges: i64 =
-        tx.query_row("SELECT count(*) FROM exchanges WHERE session = ?1", [session], |r| r.get(0))?;
+pub fn delete_session(location: impl Into<Location>, session: &str) -> Result<DeleteReport, ArchiveError> {
+    let conn = store::open_location_rw(&location.into())?;
+    conn.begin()?;
+    match delete_in_transaction(&conn, session) {
+        Ok(report) => {
+            conn.commit()?;
+            Ok(report)
+        }
+        Err(e) => {
+            let _ = conn.rollback();
+            Err(e)
+        }
+    }
+}
+
+fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, ArchiveError> {
+    let count = |sql: &str| -> Result<i64, ArchiveError> { Ok(conn.query_one(sql, params![session])?.get(0)?) };
+    let exists = count("SELECT count(*) FROM sessions WHERE id = ?1")? > 0;
+    let n_exchanges = count("SELECT count(*) FROM exchanges WHERE session = ?1")?;
     if !exists && n_exchanges == 0 {
         return Err(ArchiveError::NoSession(session.to_owned()));
     }
-    tx.execute("DELETE FROM response_usage WHERE session = ?1", [session])?;
-    tx.execute("DELETE FROM plans WHERE session = ?1", [session])?;
-    let responses = tx.execute("DELETE FROM responses WHERE session = ?1", [session])?;
-    let exchanges = tx.execute("DELETE FROM exchanges WHERE session = ?1", [session])?;
-    tx.execute("DELETE FROM sessions WHERE id = ?1", [session])?;
-    tx.execute_batch("CREATE TEMP TABLE IF NOT EXISTS freed (id INTEGER PRIMARY KEY); DELETE FROM temp.freed;")?;
-    tx.execute("INSERT INTO temp.freed SELECT blob FROM session_blobs WHERE session = ?1", [session])?;
-    tx.execute("DELETE FROM session_blobs WHERE session = ?1", [session])?;
-    let blobs_freed = tx.execute(
-        "DELETE FROM blobs WHERE id IN (SELECT id FROM temp.freed)
-           AND NOT EXISTS (SELECT 1 FROM session_blobs s WHERE s.blob = blobs.id)",
-        [],
+    conn.execute("DELETE FROM response_usage WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM plans WHERE session = ?1", params![session])?;
+    let responses = conn.execute("DELETE FROM responses WHERE session = ?1", params![session])?;
+    let exchanges = conn.execute("DELETE FROM exchanges WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM sessions WHERE id = ?1", params![session])?;
+    let blobs_freed = conn.execute(
+        "DELETE FROM blobs WHERE id IN (SELECT blob FROM session_blobs WHERE session = ?1)
+           AND NOT EXISTS (SELECT 1 FROM session_blobs s WHERE s.blob = blobs.id AND s.session <> ?1)",
+        params![session],
     )?;
-    tx.execute("DELETE FROM temp.freed", [])?;
-    tx.commit()?;
+    conn.execute("DELETE FROM session_blobs WHERE session = ?1", params![session])?;
     Ok(DeleteReport { exchanges, responses, blobs_freed })
 }

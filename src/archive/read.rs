@@ -4,10 +4,9 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, OptionalExtension};
-
 use super::ArchiveError;
 use super::body::{self, Item, Part, Segment};
+use super::db::{Db, params};
 use super::store;
 
 /// Which of an exchange's two bodies.
@@ -24,18 +23,17 @@ pub enum BodyKind {
 const MAX_DELTA_DEPTH: usize = 100_000;
 
 /// The decoded template of one body of an exchange.
-pub fn template(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<Part>, ArchiveError> {
+pub fn template(conn: &Db, exchange: i64, kind: BodyKind) -> Result<Vec<Part>, ArchiveError> {
     template_of(conn, exchange, kind).map(|(parts, _)| parts)
 }
 
 /// The decoded template and the kind it was actually stored as: a forwarded body identical to the raw
 /// one is not stored, and its message list (and the deltas below it) are the raw ones.
-pub fn template_of(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<(Vec<Part>, BodyKind), ArchiveError> {
-    let (raw, fwd): (Vec<u8>, Option<Vec<u8>>) = conn
-        .prepare_cached("SELECT raw_template, fwd_template FROM exchanges WHERE id = ?1")?
-        .query_row([exchange], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?
+pub fn template_of(conn: &Db, exchange: i64, kind: BodyKind) -> Result<(Vec<Part>, BodyKind), ArchiveError> {
+    let row = conn
+        .query_opt("SELECT raw_template, fwd_template FROM exchanges WHERE id = ?1", params![exchange])?
         .ok_or(ArchiveError::MissingExchange(exchange))?;
+    let (raw, fwd): (Vec<u8>, Option<Vec<u8>>) = (row.get(0)?, row.get(1)?);
     let (bytes, stored_as) = match (kind, fwd) {
         (BodyKind::Forwarded, Some(fwd)) => (fwd, BodyKind::Forwarded),
         _ => (raw, BodyKind::Raw),
@@ -45,7 +43,7 @@ pub fn template_of(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<(
 }
 
 /// The full message list of a body, following delta bases back to a key frame.
-pub fn resolve_items(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<Item>, ArchiveError> {
+pub fn resolve_items(conn: &Db, exchange: i64, kind: BodyKind) -> Result<Vec<Item>, ArchiveError> {
     let mut chain: Vec<(u64, Vec<Item>)> = Vec::new();
     let mut at = exchange;
     let mut kind = kind;
@@ -98,7 +96,7 @@ pub fn apply_delta(base_items: &[Item], parts: &[Part]) -> Option<Vec<Item>> {
 
 /// Concatenate segments into bytes, reading blobs through `cache`.
 pub fn materialize(
-    conn: &Connection,
+    conn: &Db,
     segments: &[Segment],
     cache: &mut HashMap<i64, Vec<u8>>,
 ) -> Result<Vec<u8>, ArchiveError> {
@@ -119,7 +117,7 @@ pub fn materialize(
 }
 
 /// The exact bytes of one body of an exchange.
-pub fn body_bytes(conn: &Connection, exchange: i64, kind: BodyKind) -> Result<Vec<u8>, ArchiveError> {
+pub fn body_bytes(conn: &Db, exchange: i64, kind: BodyKind) -> Result<Vec<u8>, ArchiveError> {
     let parts = template(conn, exchange, kind)?;
     let items = if body::messages_part(&parts).is_some() { resolve_items(conn, exchange, kind)? } else { Vec::new() };
     let segments = body::flatten(&parts, &items);

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use rusqlite::{Connection, OptionalExtension};
+use super::db::{Db, params};
 use sha2::{Digest, Sha256};
 
 use super::body::{self, Item, Segment};
@@ -90,7 +90,7 @@ struct BlobCache {
 }
 
 impl BlobCache {
-    fn load(&mut self, conn: &Connection, id: i64, problems: &mut Vec<String>) {
+    fn load(&mut self, conn: &Db, id: i64, problems: &mut Vec<String>) {
         if self.contents.contains_key(&id) {
             return;
         }
@@ -118,34 +118,34 @@ impl BlobCache {
 }
 
 /// Verify one session, or the whole archive when `session` is `None`.
-pub fn verify(conn: &Connection, session: Option<&str>) -> Result<VerifyReport, ArchiveError> {
+pub fn verify(conn: &Db, session: Option<&str>) -> Result<VerifyReport, ArchiveError> {
     let mut report = VerifyReport::default();
     let ids: Vec<String> = match session {
         Some(id) => {
-            let known: i64 = conn.query_row(
-                "SELECT (SELECT count(*) FROM sessions WHERE id = ?1) + (SELECT count(*) FROM exchanges WHERE session = ?1)",
-                [id],
-                |r| r.get(0),
-            )?;
+            let known: i64 = conn
+                .query_one(
+                    "SELECT (SELECT count(*) FROM sessions WHERE id = ?1) + (SELECT count(*) FROM exchanges WHERE session = ?1)",
+                    params![id],
+                )?
+                .get(0)?;
             if known == 0 {
                 return Err(ArchiveError::NoSession(id.to_owned()));
             }
             vec![id.to_owned()]
         }
         None => {
-            let mut stmt = conn.prepare("SELECT id FROM sessions UNION SELECT session FROM exchanges ORDER BY 1")?;
-            stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
+            let rows =
+                conn.query_all("SELECT id FROM sessions UNION SELECT session FROM exchanges ORDER BY 1", params![])?;
+            rows.iter().map(|r| r.get(0)).collect::<Result<_, _>>()?
         }
     };
     for id in &ids {
         verify_session(conn, id, &mut report)?;
     }
     if session.is_none() {
-        let orphans: i64 = conn.query_row(
-            "SELECT count(*) FROM responses WHERE exchange NOT IN (SELECT id FROM exchanges)",
-            [],
-            |r| r.get(0),
-        )?;
+        let orphans: i64 = conn
+            .query_one("SELECT count(*) FROM responses WHERE exchange NOT IN (SELECT id FROM exchanges)", params![])?
+            .get(0)?;
         if orphans > 0 {
             report.problems.push(VerifyProblem {
                 session: None,
@@ -202,23 +202,24 @@ enum Record<'a> {
     Response(&'a ResponseRow),
 }
 
-fn verify_session(conn: &Connection, session: &str, report: &mut VerifyReport) -> Result<(), ArchiveError> {
+fn verify_session(conn: &Db, session: &str, report: &mut VerifyReport) -> Result<(), ArchiveError> {
     report.sessions += 1;
     let mut problems: Vec<VerifyProblem> = Vec::new();
     let problem = |seq: Option<i64>, what: String| VerifyProblem { session: Some(session.to_owned()), seq, what };
 
     let head: Option<(i64, i64, Vec<u8>)> = conn
-        .query_row("SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1", [session], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .optional()?;
-    let mut stmt = conn.prepare(
-        "SELECT id, seq, chain_idx, at_ms, method, path, model, headers, raw_sha256, raw_len, raw_template,
-                fwd_sha256, fwd_len, fwd_template, summary, skipped, key_req, prev_hash, hash
-         FROM exchanges WHERE session = ?1 ORDER BY seq",
-    )?;
-    let exchanges: Vec<ExchangeRow> = stmt
-        .query_map([session], |r| {
+        .query_opt("SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1", params![session])?
+        .map(|r| Ok::<_, super::db::DbError>((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .transpose()?;
+    let exchanges: Vec<ExchangeRow> = conn
+        .query_all(
+            "SELECT id, seq, chain_idx, at_ms, method, path, model, headers, raw_sha256, raw_len, raw_template,
+                    fwd_sha256, fwd_len, fwd_template, summary, skipped, key_req, prev_hash, hash
+             FROM exchanges WHERE session = ?1 ORDER BY seq",
+            params![session],
+        )?
+        .iter()
+        .map(|r| {
             Ok(ExchangeRow {
                 id: r.get(0)?,
                 seq: r.get(1)?,
@@ -240,15 +241,17 @@ fn verify_session(conn: &Connection, session: &str, report: &mut VerifyReport) -
                 prev_hash: r.get(17)?,
                 hash: r.get(18)?,
             })
-        })?
-        .collect::<Result<_, _>>()?;
-    let mut stmt = conn.prepare(
-        "SELECT e.seq, r.chain_idx, r.at_ms, r.status, r.headers, r.stream, r.partial, r.end_reason, r.body_blob,
-                r.body_sha256, r.body_len, r.assembled, r.key_ext, r.prev_hash, r.hash
-         FROM responses r LEFT JOIN exchanges e ON e.id = r.exchange WHERE r.session = ?1",
-    )?;
-    let responses: Vec<ResponseRow> = stmt
-        .query_map([session], |r| {
+        })
+        .collect::<Result<_, super::db::DbError>>()?;
+    let responses: Vec<ResponseRow> = conn
+        .query_all(
+            "SELECT e.seq, r.chain_idx, r.at_ms, r.status, r.headers, r.stream, r.partial, r.end_reason, r.body_blob,
+                    r.body_sha256, r.body_len, r.assembled, r.key_ext, r.prev_hash, r.hash
+             FROM responses r LEFT JOIN exchanges e ON e.id = r.exchange WHERE r.session = ?1",
+            params![session],
+        )?
+        .iter()
+        .map(|r| {
             Ok(ResponseRow {
                 seq: r.get(0)?,
                 chain_idx: r.get(1)?,
@@ -266,8 +269,8 @@ fn verify_session(conn: &Connection, session: &str, report: &mut VerifyReport) -
                 prev_hash: r.get(13)?,
                 hash: r.get(14)?,
             })
-        })?
-        .collect::<Result<_, _>>()?;
+        })
+        .collect::<Result<_, super::db::DbError>>()?;
     report.exchanges += exchanges.len() as u64;
     report.responses += responses.len() as u64;
 
@@ -418,7 +421,7 @@ fn verify_session(conn: &Connection, session: &str, report: &mut VerifyReport) -
 
 #[allow(clippy::too_many_arguments)]
 fn check_body(
-    conn: &Connection,
+    conn: &Db,
     e: &ExchangeRow,
     template: &[u8],
     kind: BodyKind,

@@ -4,24 +4,35 @@
 //!
 //! Fail-open: when the store cannot be opened or a commit fails (disk full, read-only, I/O error), the
 //! batch is rolled back, its records are counted as lost and logged loudly, and the writer carries on
-//! (retrying the open every few seconds). Earlier commits are never touched.
+//! (retrying the open every few seconds). Earlier commits are never touched. A PostgreSQL archive
+//! that cannot be reached (the server is down, the connection dropped) is waited for instead: the
+//! batch is kept, in order, and written when a reconnect (with backoff) succeeds; the records keep
+//! their room in the queue meanwhile, so what waits stays within `archive.max_queue_bytes` and
+//! what does not fit is counted lost (`super::Archive`).
+//!
+//! Many writers, one chain: several pare processes (replicas) may append to one session. The
+//! cursor a writer caches for a session (request count, chain length, head hash, last message
+//! lists) is checked against the session's row inside every write transaction, and reloaded when
+//! another writer moved it. The row is locked for the transaction (SQLite's write lock is taken at
+//! `BEGIN IMMEDIATE`; PostgreSQL's `SELECT … FOR UPDATE`, the row inserted first when missing), so
+//! two writers of one session serialize, and a transaction that loses a race (a serialization
+//! failure, a deadlock, a unique conflict) is retried.
 
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use lru::LruCache;
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::content::ContentIndex;
+use super::db::{Db, Dialect, params};
 use super::read::{self, BodyKind};
-use super::{ArchiveError, ExchangeRecord, Job, ResponseRecord, Shared, Ticket, store};
+use super::{Ack, ArchiveError, ExchangeRecord, Job, Location, ResponseRecord, Shared, Ticket, WriteRefused, store};
 use crate::budget::epoch::SessionPlan;
 use crate::exchange::Usage;
 use crate::memory::Holder;
@@ -35,8 +46,12 @@ const CURSOR_CACHE: usize = 1024;
 const BLOB_ID_CACHE: usize = 65_536;
 /// Exchanges waiting for their response.
 const PENDING_TICKETS: usize = 65_536;
-/// Time between attempts to open a store that failed to open.
+/// Time between attempts to open a store that failed to open (SQLite; PostgreSQL starts there and
+/// doubles it up to [`REOPEN_AT_MOST`] while the database stays away).
 const REOPEN_EVERY: Duration = Duration::from_secs(2);
+const REOPEN_AT_MOST: Duration = Duration::from_secs(30);
+/// Attempts of one transaction that loses a race with another writer.
+const CONFLICT_ATTEMPTS: usize = 5;
 /// The writer gives way to the other threads after each record it writes while fewer records than
 /// this wait behind the group: a group commit is then not one burst of milliseconds that holds a core
 /// while requests wait for it. When records pile up (a burst, saturation), it writes at full speed:
@@ -118,6 +133,7 @@ impl Cursor {
     }
 }
 
+#[derive(Clone)]
 struct Pending {
     exchange: i64,
     session: String,
@@ -126,13 +142,33 @@ struct Pending {
     wire: Option<Wire>,
 }
 
+/// A session's row as the write transaction locked it.
+struct SessionRow {
+    n_requests: i64,
+    n_records: i64,
+    head: [u8; 32],
+}
+
+/// What became of one exchange of a batch.
+enum Written {
+    Seq(i64),
+    Stale { expected: i64, archived: i64 },
+}
+
 pub(crate) struct Writer {
-    dir: PathBuf,
+    location: Location,
     shared: Arc<Shared>,
     flush_interval: Duration,
     max_bytes: Option<u64>,
-    conn: Option<Connection>,
+    conn: Option<Db>,
     last_open_attempt: Option<Instant>,
+    /// Time to wait before the next open attempt.
+    reopen_after: Duration,
+    /// A batch kept for a database that cannot be reached, written first when it can.
+    held: Vec<Job>,
+    /// Exchanges not written because their `expect_requests` did not hold: their answers and
+    /// plans are dropped too.
+    stale: LruCache<Ticket, ()>,
     /// Why the last open failed: what a write before the next attempt reports.
     open_error: Option<String>,
     cursors: LruCache<String, Cursor>,
@@ -146,14 +182,22 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn new(dir: PathBuf, shared: Arc<Shared>, flush_interval: Duration, max_bytes: Option<u64>) -> Writer {
+    pub(crate) fn new(
+        location: Location,
+        shared: Arc<Shared>,
+        flush_interval: Duration,
+        max_bytes: Option<u64>,
+    ) -> Writer {
         Writer {
-            dir,
+            location,
             shared,
             flush_interval,
             max_bytes,
             conn: None,
             last_open_attempt: None,
+            reopen_after: REOPEN_EVERY,
+            held: Vec::new(),
+            stale: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
             open_error: None,
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
@@ -191,28 +235,48 @@ impl Writer {
         if self.conn.is_some() {
             return Ok(());
         }
-        if self.last_open_attempt.is_some_and(|t| t.elapsed() < REOPEN_EVERY) {
+        if self.last_open_attempt.is_some_and(|t| t.elapsed() < self.reopen_after) {
             return Err(self.open_error.clone().unwrap_or_else(|| "the store is not open".into()));
         }
+        let retry = self.last_open_attempt.is_some();
         self.last_open_attempt = Some(Instant::now());
-        match store::open_rw(&self.dir).and_then(|conn| {
-            if let Some(max) = self.max_bytes {
+        match store::open_location_rw(&self.location).and_then(|db| {
+            // `archive.max_bytes` bounds the SQLite file; a PostgreSQL database is bounded by its server.
+            if let (Some(max), Some(conn)) = (self.max_bytes, db.as_sqlite()) {
                 let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
                 let pages = (max / page_size.max(512) as u64).max(1);
                 conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
             }
-            Ok(conn)
+            Ok(db)
         }) {
-            Ok(conn) => {
-                self.conn = Some(conn);
+            Ok(db) => {
+                self.conn = Some(db);
                 self.open_error = None;
+                self.reopen_after = REOPEN_EVERY;
+                if retry && matches!(self.location, Location::Postgres(_)) {
+                    tracing::warn!(archive = %self.location, "the archive database is reachable again");
+                }
                 Ok(())
             }
             Err(e) => {
+                if matches!(self.location, Location::Postgres(_)) && retry {
+                    self.reopen_after = (self.reopen_after * 2).min(REOPEN_AT_MOST);
+                }
                 self.open_error = Some(e.to_string());
                 Err(e.to_string())
             }
         }
+    }
+
+    /// Whether a batch that failed with `e` waits for the database rather than being lost: a
+    /// PostgreSQL archive that cannot be reached or whose connection dropped.
+    fn waits_for(&self, e: &ArchiveError) -> bool {
+        matches!(self.location, Location::Postgres(_))
+            && match e {
+                ArchiveError::NotWritable(_) | ArchiveError::Open { .. } => self.conn.is_none(),
+                ArchiveError::Database(d) => d.is_connection_lost(),
+                _ => false,
+            }
     }
 
     /// Open the store, say on `opened` that the first attempt is over (the store and its schema exist,
@@ -222,7 +286,26 @@ impl Writer {
             self.shared.fail(0, e);
         }
         let _ = opened.send(());
-        while let Ok(first) = rx.recv() {
+        loop {
+            // A held batch is retried when the reopen delay has passed, whether or not records arrive.
+            let first = if self.held.is_empty() {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            } else {
+                let wait =
+                    self.reopen_after.saturating_sub(self.last_open_attempt.map_or(Duration::ZERO, |t| t.elapsed()));
+                match rx.recv_timeout(wait.max(Duration::from_millis(10))) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        let held = std::mem::take(&mut self.held);
+                        self.commit(held, false);
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
             // Gather a group: records keep arriving for up to `flush_interval` after the first, so
             // that a steady trickle of requests shares one commit (each commit writes its pages to the
             // WAL again) instead of paying one per record. Whoever waits for the commit — a strict
@@ -231,8 +314,9 @@ impl Writer {
             // handing it a record costs the request no wake-up; a job someone waits for wakes it
             // ([`super::Archive`] unparks it).
             let deadline = Instant::now() + self.flush_interval;
-            let mut urgent = first.is_awaited();
-            let mut batch = vec![first];
+            let mut urgent = first.is_awaited() || !self.held.is_empty();
+            let mut batch = std::mem::take(&mut self.held);
+            batch.push(first);
             loop {
                 while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Job::Shutdown(_))) {
                     let Ok(job) = rx.try_recv() else { break };
@@ -250,12 +334,18 @@ impl Writer {
                 std::thread::park_timeout(left);
             }
             let stop = matches!(batch.last(), Some(Job::Shutdown(_)));
-            self.commit(batch);
+            self.commit(batch, stop);
             if stop {
                 break;
             }
         }
-        if let Some(conn) = self.conn.take() {
+        if !self.held.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            self.commit(held, true);
+        }
+        if let Some(db) = self.conn.take()
+            && let Some(conn) = db.as_sqlite()
+        {
             let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
         }
     }
@@ -271,7 +361,9 @@ impl Writer {
         self.cursors.put(session, cursor);
     }
 
-    fn commit(&mut self, batch: Vec<Job>) {
+    /// Write a batch in one transaction. `last`: no retry follows (the shutdown), so a batch that
+    /// cannot be written is lost rather than held.
+    fn commit(&mut self, batch: Vec<Job>, last: bool) {
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::new();
         for job in batch {
@@ -279,9 +371,9 @@ impl Writer {
             self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
             match job {
                 Job::Flush(done) | Job::Shutdown(done) => waiters.push(done),
-                Job::Exchange { ticket, mut record, ack, room } => {
+                Job::Exchange { ticket, mut record, plan, ack, room } => {
                     record.settle_summary();
-                    records.push(Job::Exchange { ticket, record, ack, room });
+                    records.push(Job::Exchange { ticket, record, plan, ack, room });
                 }
                 other => records.push(other),
             }
@@ -290,18 +382,32 @@ impl Writer {
             // A plan rides with its exchange: it is not a record of the chain, counted or lost.
             let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
             match self.write_batch(&mut records) {
-                Ok(()) => {
-                    self.shared.committed.fetch_add(n, Ordering::Relaxed);
+                Ok(written) => {
+                    let n_stale = written.iter().filter(|(_, w)| matches!(w, Written::Stale { .. })).count() as u64;
+                    self.shared.committed.fetch_add(n - n_stale, Ordering::Relaxed);
                     self.shared.commits.fetch_add(1, Ordering::Relaxed);
                     if !self.shared.writable.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(archive = %self.dir.display(), "archive is writable again");
+                        tracing::warn!(archive = %self.location, "archive is writable again");
                     }
-                    ack_all(&mut records, Ok(()));
+                    ack_written(&mut records, &written);
+                }
+                Err(e) if !last && self.waits_for(&e) => {
+                    // Kept, in order, with their room in the queue, for when the database is back.
+                    self.shared.not_writable(format!("{e}; {n} record(s) wait for the database"));
+                    for job in &records {
+                        self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+                        self.shared.queue_bytes.fetch_add(job.size(), Ordering::Relaxed);
+                    }
+                    self.held = records;
+                    for done in waiters {
+                        let _ = done.send(());
+                    }
+                    return;
                 }
                 Err(e) => {
                     let message = e.to_string();
                     self.shared.fail(n, message.clone());
-                    ack_all(&mut records, Err(message));
+                    ack_all(&mut records, Err(WriteRefused::Failed(message)));
                 }
             }
             // Their room in the queue goes back with them.
@@ -313,34 +419,76 @@ impl Writer {
         }
     }
 
-    fn write_batch(&mut self, records: &mut [Job]) -> Result<(), ArchiveError> {
-        self.ensure_open().map_err(ArchiveError::NotWritable)?;
-        let conn = self.conn.take().expect("opened above");
-        let result = self.write_in_transaction(&conn, records);
-        if result.is_err() {
-            let _ = conn.execute_batch("ROLLBACK");
-            // The in-memory cursors may describe rows that were rolled back: start afresh from disk.
-            self.cursors.clear();
-            self.blob_ids.clear();
-            if let Some(contents) = &mut self.contents {
-                contents.clear();
-            }
-            for job in records.iter() {
-                if let Job::Exchange { ticket, .. } = job {
-                    self.pending.pop(ticket);
+    /// Write `records` in one transaction, retried when it loses a race with another writer.
+    /// Gives what became of each exchange.
+    fn write_batch(&mut self, records: &mut [Job]) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.ensure_open().map_err(ArchiveError::NotWritable)?;
+            let conn = self.conn.take().expect("opened above");
+            let mut answered = Vec::new();
+            let result = self.write_in_transaction(&conn, records, &mut answered);
+            match result {
+                Ok(written) => {
+                    self.conn = Some(conn);
+                    for ticket in answered {
+                        self.pending.pop(&ticket);
+                    }
+                    return Ok(written);
+                }
+                Err(e) => {
+                    let _ = conn.rollback();
+                    // The in-memory cursors may describe rows that were rolled back: start afresh
+                    // from the store.
+                    self.cursors.clear();
+                    self.blob_ids.clear();
+                    if let Some(contents) = &mut self.contents {
+                        contents.clear();
+                    }
+                    for job in records.iter() {
+                        if let Job::Exchange { ticket, .. } = job {
+                            self.pending.pop(ticket);
+                            self.stale.pop(ticket);
+                        }
+                    }
+                    let lost = matches!(&e, ArchiveError::Database(d) if d.is_connection_lost());
+                    if !lost {
+                        self.conn = Some(conn);
+                    }
+                    let conflict = matches!(&e, ArchiveError::Database(d) if d.is_conflict());
+                    if conflict && attempt < CONFLICT_ATTEMPTS {
+                        tracing::debug!(archive = %self.location, error = %e, attempt, "archive transaction lost a race; retrying");
+                        continue;
+                    }
+                    return Err(e);
                 }
             }
         }
-        self.conn = Some(conn);
-        result
     }
 
-    fn write_in_transaction(&mut self, conn: &Connection, records: &[Job]) -> Result<(), ArchiveError> {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+    fn write_in_transaction(
+        &mut self,
+        conn: &Db,
+        records: &[Job],
+        answered: &mut Vec<Ticket>,
+    ) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
+        conn.begin()?;
+        let mut written = Vec::new();
         for job in records {
             match job {
-                Job::Exchange { ticket, record, .. } => self.put_exchange(conn, *ticket, record)?,
-                Job::Response { ticket, record, .. } => self.put_response(conn, *ticket, record)?,
+                Job::Exchange { ticket, record, plan, .. } => {
+                    let outcome = self.put_exchange(conn, *ticket, record)?;
+                    if let (Written::Seq(_), Some(plan)) = (&outcome, plan) {
+                        self.put_plan(conn, *ticket, plan)?;
+                    }
+                    written.push((*ticket, outcome));
+                }
+                Job::Response { ticket, record, .. } => {
+                    if self.put_response(conn, *ticket, record)? {
+                        answered.push(*ticket);
+                    }
+                }
                 Job::Plan { ticket, plan } => self.put_plan(conn, *ticket, plan)?,
                 Job::Flush(_) | Job::Shutdown(_) => {}
             }
@@ -348,26 +496,44 @@ impl Writer {
                 std::thread::yield_now();
             }
         }
-        conn.execute_batch("COMMIT")?;
-        Ok(())
+        conn.commit()?;
+        Ok(written)
     }
 
-    fn cursor(&mut self, conn: &Connection, session: &str) -> Result<Cursor, ArchiveError> {
-        if let Some(c) = self.cursors.pop(session) {
+    /// The session's row, locked for the rest of the transaction (PostgreSQL: `FOR UPDATE`; SQLite
+    /// holds its write lock since `BEGIN IMMEDIATE`).
+    fn session_row(&self, conn: &Db, session: &str) -> Result<Option<SessionRow>, ArchiveError> {
+        let sql = match conn.dialect() {
+            Dialect::Sqlite => "SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1",
+            Dialect::Postgres => "SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1 FOR UPDATE",
+        };
+        let Some(row) = conn.query_opt(sql, params![session])? else { return Ok(None) };
+        let head: Vec<u8> = row.get(2)?;
+        Ok(Some(SessionRow {
+            n_requests: row.get(0)?,
+            n_records: row.get(1)?,
+            head: head.try_into().unwrap_or(chain::GENESIS),
+        }))
+    }
+
+    /// The session's cursor: the cached one when it still describes `row`, else read from the store
+    /// (another writer appended to the session, or the cursor was evicted).
+    fn cursor(&mut self, conn: &Db, session: &str, row: &SessionRow) -> Result<Cursor, ArchiveError> {
+        if let Some(c) = self.cursors.pop(session)
+            && c.n_requests == row.n_requests
+            && c.n_records == row.n_records
+            && c.head == row.head
+        {
             return Ok(c);
         }
-        let row: Option<(i64, i64, Vec<u8>)> = conn
-            .prepare_cached("SELECT n_requests, n_records, head_hash FROM sessions WHERE id = ?1")?
-            .query_row([session], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .optional()?;
-        let Some((n_requests, n_records, head)) = row else {
-            return Ok(Cursor { n_requests: 0, n_records: 0, head: chain::GENESIS, raw: None, fwd: None });
-        };
-        let head: [u8; 32] = head.try_into().unwrap_or(chain::GENESIS);
+        let (n_requests, n_records, head) = (row.n_requests, row.n_records, row.head);
+        if n_records == 0 {
+            return Ok(Cursor { n_requests, n_records, head, raw: None, fwd: None });
+        }
         let last: Option<i64> = conn
-            .prepare_cached("SELECT id FROM exchanges WHERE session = ?1 ORDER BY seq DESC LIMIT 1")?
-            .query_row([session], |r| r.get(0))
-            .optional()?;
+            .query_opt("SELECT id FROM exchanges WHERE session = ?1 ORDER BY seq DESC LIMIT 1", params![session])?
+            .map(|row| row.get(0))
+            .transpose()?;
         let mut cursor = Cursor { n_requests, n_records, head, raw: None, fwd: None };
         if let Some(exchange) = last {
             let reload = |kind| -> Result<ListState, ArchiveError> {
@@ -381,7 +547,7 @@ impl Writer {
         Ok(cursor)
     }
 
-    fn blob_id(&mut self, conn: &Connection, session: &str, content: &[u8]) -> Result<i64, ArchiveError> {
+    fn blob_id(&mut self, conn: &Db, session: &str, content: &[u8]) -> Result<i64, ArchiveError> {
         let hash = store::sha256(content);
         let id = match self.blob_ids.get(&hash) {
             Some(id) => *id,
@@ -391,15 +557,14 @@ impl Writer {
                 id
             }
         };
-        conn.prepare_cached("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)")?
-            .execute(params![session, id])?;
+        conn.execute("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)", params![session, id])?;
         Ok(id)
     }
 
     /// Store one body's blobs and build its template against `prev` (the session's previous list).
     fn encode_body(
         &mut self,
-        conn: &Connection,
+        conn: &Db,
         session: &str,
         bytes: &Bytes,
         spans: Option<&Spans>,
@@ -454,8 +619,26 @@ impl Writer {
         Ok((body::encode(&parts), state))
     }
 
-    fn put_exchange(&mut self, conn: &Connection, ticket: Ticket, rec: &ExchangeRecord) -> Result<(), ArchiveError> {
-        let mut cursor = self.cursor(conn, &rec.session)?;
+    fn put_exchange(&mut self, conn: &Db, ticket: Ticket, rec: &ExchangeRecord) -> Result<Written, ArchiveError> {
+        let mut row = self.session_row(conn, &rec.session)?;
+        if row.is_none() && rec.expect_requests.is_none_or(|n| n == 0) {
+            // Inserted first so that it can be locked: another writer of a new session waits here.
+            conn.execute(
+                "INSERT OR IGNORE INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash)
+                 VALUES (?1, ?2, ?2, 0, 0, ?3)",
+                params![&rec.session, rec.at_ms, &chain::GENESIS],
+            )?;
+            row = self.session_row(conn, &rec.session)?;
+        }
+        let archived = row.as_ref().map_or(0, |r| r.n_requests);
+        if let Some(expected) = rec.expect_requests
+            && expected != archived
+        {
+            self.stale.put(ticket, ());
+            return Ok(Written::Stale { expected, archived });
+        }
+        let Some(row) = row else { return Err(ArchiveError::NoSession(rec.session.clone())) };
+        let mut cursor = self.cursor(conn, &rec.session, &row)?;
         let (raw_template, raw_state) =
             self.encode_body(conn, &rec.session, &rec.raw, rec.raw_spans.as_ref(), cursor.raw.as_ref())?;
         let (raw_sha, raw_state) = self.body_sha256(&rec.raw, raw_state, cursor.raw.as_ref());
@@ -490,50 +673,49 @@ impl Writer {
             key_req: rec.key_req.map(|k| k as i64),
         };
         let hash = chain::exchange_hash(&cursor.head, &fields);
-        conn.prepare_cached(
+        let exchange = conn.insert_id(
             "INSERT INTO exchanges (session, seq, chain_idx, at_ms, method, path, model, headers, raw_sha256, raw_len,
                 raw_template, fwd_sha256, fwd_len, fwd_template, summary, skipped, key_req, prev_hash, hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
-        )?
-        .execute(params![
-            fields.session,
-            fields.seq,
-            fields.chain_idx,
-            fields.at_ms,
-            fields.method,
-            fields.path,
-            fields.model,
-            fields.headers,
-            fields.raw_sha256,
-            fields.raw_len,
-            raw_template,
-            fields.fwd_sha256,
-            fields.fwd_len,
-            fwd_template,
-            fields.summary,
-            fields.skipped,
-            fields.key_req,
-            &cursor.head[..],
-            &hash[..],
-        ])?;
-        let exchange = conn.last_insert_rowid();
+            params![
+                fields.session,
+                fields.seq,
+                fields.chain_idx,
+                fields.at_ms,
+                fields.method,
+                fields.path,
+                fields.model,
+                fields.headers,
+                fields.raw_sha256,
+                fields.raw_len,
+                &raw_template,
+                fields.fwd_sha256,
+                fields.fwd_len,
+                fwd_template.as_ref(),
+                fields.summary,
+                fields.skipped,
+                fields.key_req,
+                &cursor.head,
+                &hash,
+            ],
+        )?;
         let (tokens_raw, tokens_fwd) = rec.summary.as_ref().map_or((0, 0), |s| (s.tokens_raw, s.tokens_forwarded));
-        conn.prepare_cached(
+        conn.execute(
             "INSERT INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash, model, tokens_raw, tokens_forwarded)
              VALUES (?1, ?2, ?2, 1, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (id) DO UPDATE SET last_ms = max(last_ms, ?2), n_requests = n_requests + 1, n_records = ?3,
-                head_hash = ?4, model = coalesce(?5, model), tokens_raw = tokens_raw + ?6,
-                tokens_forwarded = tokens_forwarded + ?7",
-        )?
-        .execute(params![
-            rec.session,
-            rec.at_ms,
-            cursor.n_records + 1,
-            &hash[..],
-            rec.model,
-            tokens_raw as i64,
-            tokens_fwd as i64
-        ])?;
+             ON CONFLICT (id) DO UPDATE SET last_ms = CASE WHEN last_ms > ?2 THEN last_ms ELSE ?2 END,
+                n_requests = n_requests + 1, n_records = ?3, head_hash = ?4, model = coalesce(?5, model),
+                tokens_raw = tokens_raw + ?6, tokens_forwarded = tokens_forwarded + ?7",
+            params![
+                &rec.session,
+                rec.at_ms,
+                cursor.n_records + 1,
+                &hash,
+                rec.model.as_deref(),
+                tokens_raw as i64,
+                tokens_fwd as i64
+            ],
+        )?;
         // The contents its markers name, stored as blobs of the session.
         let mut contents = self.contents.take().unwrap_or_else(ContentIndex::new);
         let indexed = contents.index(conn, rec, |text| self.blob_id(conn, &rec.session, text));
@@ -547,12 +729,15 @@ impl Writer {
         self.keep(rec.session.clone(), cursor);
         self.pending
             .put(ticket, Pending { exchange, session: rec.session.clone(), seq, wire: Wire::of_path(&rec.path) });
-        Ok(())
+        Ok(Written::Seq(seq))
     }
 
     /// Store the compaction state the exchange of `ticket` left its session in; its prefix
     /// messages are the session's blobs.
-    fn put_plan(&mut self, conn: &Connection, ticket: Ticket, plan: &SessionPlan) -> Result<(), ArchiveError> {
+    fn put_plan(&mut self, conn: &Db, ticket: Ticket, plan: &SessionPlan) -> Result<(), ArchiveError> {
+        if self.stale.contains(&ticket) {
+            return Ok(());
+        }
         let Some(Pending { exchange, session, .. }) = self.pending.peek(&ticket) else {
             // Its exchange was lost (disk failure): the next restart resumes from an earlier state.
             tracing::warn!("archive: compaction plan without a stored request, not stored");
@@ -562,14 +747,23 @@ impl Writer {
         super::plan::put(conn, exchange, &session, plan, |message| self.blob_id(conn, &session, message))
     }
 
-    fn put_response(&mut self, conn: &Connection, ticket: Ticket, rec: &ResponseRecord) -> Result<(), ArchiveError> {
-        let Some(pending) = self.pending.pop(&ticket) else {
+    /// Store the answer of the exchange of `ticket`; false when there is no stored exchange to
+    /// attach it to.
+    fn put_response(&mut self, conn: &Db, ticket: Ticket, rec: &ResponseRecord) -> Result<bool, ArchiveError> {
+        if self.stale.pop(&ticket).is_some() {
+            // Its exchange was not written (compare-and-set): neither is the answer.
+            return Ok(false);
+        }
+        let Some(pending) = self.pending.peek(&ticket).cloned() else {
             // Its exchange was lost (disk failure) or answered twice: nothing to attach it to.
             self.shared.lost.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("archive: response without a stored request, not stored");
-            return Ok(());
+            return Ok(false);
         };
-        let mut cursor = self.cursor(conn, &pending.session)?;
+        let row = self
+            .session_row(conn, &pending.session)?
+            .ok_or_else(|| ArchiveError::NoSession(pending.session.clone()))?;
+        let mut cursor = self.cursor(conn, &pending.session, &row)?;
         let body_sha = store::sha256(&rec.body);
         let body_blob =
             if rec.body.is_empty() { None } else { Some(self.blob_id(conn, &pending.session, &rec.body)?) };
@@ -592,57 +786,76 @@ impl Writer {
             key_ext: rec.key_ext.map(|k| k as i64),
         };
         let hash = chain::response_hash(&cursor.head, &fields);
-        conn.prepare_cached(
+        conn.execute(
             "INSERT INTO responses (exchange, session, chain_idx, at_ms, status, headers, stream, partial, end_reason,
                 body_blob, body_sha256, body_len, assembled, key_ext, prev_hash, hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-        )?
-        .execute(params![
-            pending.exchange,
-            fields.session,
-            fields.chain_idx,
-            fields.at_ms,
-            fields.status,
-            fields.headers,
-            fields.stream,
-            fields.partial,
-            fields.end_reason,
-            body_blob,
-            fields.body_sha256,
-            fields.body_len,
-            fields.assembled,
-            fields.key_ext,
-            &cursor.head[..],
-            &hash[..],
-        ])?;
-        conn.prepare_cached(
-            "UPDATE sessions SET n_records = ?2, head_hash = ?3, last_ms = max(last_ms, ?4) WHERE id = ?1",
-        )?
-        .execute(params![pending.session, cursor.n_records + 1, &hash[..], rec.at_ms])?;
+            params![
+                pending.exchange,
+                fields.session,
+                fields.chain_idx,
+                fields.at_ms,
+                fields.status,
+                fields.headers,
+                fields.stream,
+                fields.partial,
+                fields.end_reason,
+                body_blob,
+                &fields.body_sha256[..],
+                fields.body_len,
+                fields.assembled,
+                fields.key_ext,
+                &cursor.head,
+                &hash,
+            ],
+        )?;
+        conn.execute(
+            "UPDATE sessions SET n_records = ?2, head_hash = ?3,
+                last_ms = CASE WHEN last_ms > ?4 THEN last_ms ELSE ?4 END WHERE id = ?1",
+            params![&pending.session, cursor.n_records + 1, &hash, rec.at_ms],
+        )?;
         let usage = pending.wire.zip(rec.assembled.as_ref()).and_then(|(wire, answer)| Usage::of_answer(wire, answer));
         if let Some(usage) = usage {
             let figure = |n: Option<u64>| n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-            conn.prepare_cached(
+            conn.execute(
                 "INSERT INTO response_usage (exchange, session, prompt, cached, cache_write, output)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                pending.exchange,
-                pending.session,
-                figure(usage.prompt),
-                figure(usage.cached),
-                figure(usage.cache_write),
-                figure(usage.output)
-            ])?;
+                params![
+                    pending.exchange,
+                    &pending.session,
+                    figure(usage.prompt),
+                    figure(usage.cached),
+                    figure(usage.cache_write),
+                    figure(usage.output)
+                ],
+            )?;
         }
         cursor.n_records += 1;
         cursor.head = hash;
         self.keep(pending.session, cursor);
-        Ok(())
+        Ok(true)
     }
 }
 
-fn ack_all(records: &mut [Job], result: Result<(), String>) {
+/// Tell each waiting exchange what became of it.
+fn ack_written(records: &mut [Job], written: &[(Ticket, Written)]) {
+    for job in records {
+        if let Job::Exchange { ticket, ack, .. } = job
+            && let Some(ack) = ack.take()
+        {
+            let outcome = match written.iter().find(|(t, _)| t == ticket).map(|(_, w)| w) {
+                Some(Written::Seq(seq)) => Ok(*seq),
+                Some(Written::Stale { expected, archived }) => {
+                    Err(WriteRefused::Stale { expected: *expected, archived: *archived })
+                }
+                None => Err(WriteRefused::Failed("the exchange was not written".into())),
+            };
+            let _ = ack.send(outcome);
+        }
+    }
+}
+
+fn ack_all(records: &mut [Job], result: Ack) {
     for job in records {
         if let Job::Exchange { ack, .. } = job
             && let Some(ack) = ack.take()

@@ -28,9 +28,9 @@ pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let input = crate::eval::EvalInput { wire, convert_chat: args.convert };
     let sessions = match (&args.archive, &args.corpus) {
         (Some(_), _) if args.convert => anyhow::bail!("--convert reads session files, not an archive"),
-        (Some(archive), _) => corpus::from_archive(archive)?,
+        (Some(archive), _) => corpus::from_archive(super::sessions::archive_location(Some(archive.clone()), None)?)?,
         (None, Some(dir)) => corpus::from_dir(dir)?,
-        (None, None) => anyhow::bail!("give a corpus directory or --archive DIR"),
+        (None, None) => anyhow::bail!("give a corpus directory or --archive DIR|URL"),
     };
     let split = args.split.map(|s| match s {
         SplitArg::Tune => Split::Tune,

@@ -5,14 +5,14 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use super::sessions::{archive_dir, parse_since};
+use super::sessions::{archive_location, parse_since};
 use super::{ExportArgs, ExportCommand, SftFormat as SftFormatArg};
 use crate::archive::export::{SftFormat, export_dpo, export_sft};
 use crate::archive::query::{ArchiveReader, SessionFilter};
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let since_ms = args.since.as_deref().map(parse_since).transpose()?;
-    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    let dir = archive_location(args.archive, args.config.as_deref())?;
     let reader = ArchiveReader::open(&dir)?;
     let filter = SessionFilter { since_ms, model: None, session: args.session.clone() };
     if let Some(id) = &args.session {

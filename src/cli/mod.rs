@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod archive;
 mod check;
 mod compact;
 mod eval;
@@ -58,6 +59,25 @@ pub enum Command {
     #[command(after_help = "Example:\n  pare ui --archive ~/.local/share/pare --listen 127.0.0.1:8788\n  \
                             then open http://127.0.0.1:8788/_pare/ui/")]
     Ui(UiArgs),
+    /// Manage whole archives: copy every session between backends (SQLite directory, PostgreSQL URL).
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ArchiveCommand {
+    /// Copy every session of FROM into TO (each a directory or a postgres:// URL), then verify TO
+    /// and compare each session's counts and chain head with FROM; non-zero exit on any mismatch.
+    #[command(after_help = "Example:\n  pare archive copy ~/.local/share/pare postgres://pare@db.internal/pare")]
+    Copy {
+        /// Source archive: a directory or a postgres:// URL.
+        from: String,
+        /// Target archive: a directory or a postgres:// URL.
+        to: String,
+        /// Configuration file whose `archive.password_file` gives a URL's password.
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+    },
 }
 
 /// How compaction decides when to run (see ARCHITECTURE.md, "Epochs").
@@ -83,9 +103,9 @@ pub struct ServeArgs {
     /// Upstream base URL, with or without a trailing `/v1`.
     #[arg(long, env = "PARE_UPSTREAM")]
     pub upstream: Option<String>,
-    /// Archive directory (default $XDG_DATA_HOME/pare).
+    /// Archive directory, or a postgres:// URL (default $XDG_DATA_HOME/pare).
     #[arg(long, env = "PARE_ARCHIVE")]
-    pub archive: Option<PathBuf>,
+    pub archive: Option<String>,
     /// Compaction mode.
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
@@ -191,9 +211,10 @@ pub struct EvalArgs {
     /// Only the sessions of one side of the split by task (tune or holdout).
     #[arg(long, value_enum)]
     pub split: Option<SplitArg>,
-    /// Evaluate the sessions of a pare archive (its raw requests) instead of a corpus directory.
+    /// Evaluate the sessions of a pare archive (its raw requests: a directory or a postgres:// URL)
+    /// instead of a corpus directory.
     #[arg(long, conflicts_with = "corpus")]
-    pub archive: Option<PathBuf>,
+    pub archive: Option<String>,
     /// Directory searched recursively for `*.jsonl` session files.
     #[arg(required_unless_present = "archive")]
     pub corpus: Option<PathBuf>,
@@ -208,9 +229,10 @@ pub enum SplitArg {
 
 #[derive(Debug, Args)]
 pub struct SessionsArgs {
-    /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
+    /// Archive directory or postgres:// URL (default $XDG_DATA_HOME/pare, or archive.dir /
+    /// archive.url from --config).
     #[arg(long, global = true, env = "PARE_ARCHIVE")]
-    pub archive: Option<PathBuf>,
+    pub archive: Option<String>,
     /// Configuration file whose `archive.dir` names the archive.
     #[arg(long, short = 'c', global = true)]
     pub config: Option<PathBuf>,
@@ -269,9 +291,10 @@ pub enum SessionsCommand {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
+    /// Archive directory or postgres:// URL (default $XDG_DATA_HOME/pare, or archive.dir /
+    /// archive.url from --config).
     #[arg(long, global = true, env = "PARE_ARCHIVE")]
-    pub archive: Option<PathBuf>,
+    pub archive: Option<String>,
     /// Configuration file whose `archive.dir` names the archive.
     #[arg(long, short = 'c', global = true)]
     pub config: Option<PathBuf>,
@@ -313,9 +336,10 @@ pub enum SftFormat {
 
 #[derive(Debug, Args)]
 pub struct UiArgs {
-    /// Archive directory (default $XDG_DATA_HOME/pare, or archive.dir from --config).
+    /// Archive directory or postgres:// URL (default $XDG_DATA_HOME/pare, or archive.dir /
+    /// archive.url from --config).
     #[arg(long, env = "PARE_ARCHIVE")]
-    pub archive: Option<PathBuf>,
+    pub archive: Option<String>,
     /// Configuration file: its rule pack names the rules in the request view, and its `server`
     /// section allows a non-loopback address (with `auth_token`).
     #[arg(long, short = 'c', env = "PARE_CONFIG")]
@@ -343,6 +367,7 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export::run(args),
         Command::Check(args) => check::run(args),
         Command::Ui(args) => ui::run(args),
+        Command::Archive(ArchiveCommand::Copy { from, to, config }) => archive::copy(&from, &to, config.as_deref()),
     };
     match result {
         Ok(code) => code,

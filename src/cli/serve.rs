@@ -46,14 +46,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// The default directory is best effort: pare starts, counts the lost records and reports them on
 /// `/_pare/health`.
 fn refuse_unwritable_archive(config: &Config, health: &crate::archive::ArchiveHealth) -> anyhow::Result<()> {
-    if health.writable || config.archive.dir.is_none() {
+    // A PostgreSQL archive that cannot be reached yet is waited for (its records are held, then
+    // written): a replica starts while the database is away.
+    if health.writable || config.archive.dir.is_none() || config.archive.url.is_some() {
         return Ok(());
     }
     let cause = health.last_error.as_deref().unwrap_or("the store cannot be opened");
     anyhow::bail!(
         "cannot write the archive directory {}: {cause} (fix its permissions, pass another --archive DIR, or set \
          archive.enabled: false)",
-        health.dir.display()
+        health.dir
     )
 }
 
@@ -180,7 +182,7 @@ mod tests {
         let mut args = args();
         args.listen = Some("127.0.0.1:9999".into());
         args.upstream = Some("http://10.0.0.5:8000/v1".into());
-        args.archive = Some(PathBuf::from("/tmp/pare-archive"));
+        args.archive = Some("/tmp/pare-archive".into());
         args.mode = Some(ModeArg::Off);
         let config = load_config(&args).unwrap();
         assert_eq!(config.server.listen, "127.0.0.1:9999");

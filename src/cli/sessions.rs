@@ -7,7 +7,6 @@
 //! original next to its replacement with the rule that made it. Messages are numbered from 0.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::Value;
@@ -27,13 +26,17 @@ use crate::config::Config;
 use crate::session::content_text;
 use crate::wire::Wire;
 
-/// The archive directory in force: `--archive`, else `archive.dir` from `--config`, else the default.
-pub(crate) fn archive_dir(archive: Option<PathBuf>, config: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
-    if let Some(dir) = archive {
-        return Ok(dir);
-    }
+/// The archive in force: `--archive` (a directory or a `postgres://` URL), else `archive.url` or
+/// `archive.dir` from `--config`, else the default directory.
+pub(crate) fn archive_location(
+    archive: Option<String>,
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<archive::Location> {
     let config = Config::load(config)?;
-    Ok(config.archive.resolved_dir())
+    Ok(match archive {
+        Some(text) => archive::Location::parse(&text, config.archive.password_file.as_deref())?,
+        None => config.archive.location()?,
+    })
 }
 
 /// Parse `--since` (see [`archive::time::parse_since`]).
@@ -42,7 +45,7 @@ pub(crate) fn parse_since(text: &str) -> anyhow::Result<i64> {
 }
 
 pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
-    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    let dir = archive_location(args.archive, args.config.as_deref())?;
     match args.command {
         SessionsCommand::List { since, model, json } => {
             let since_ms = since.as_deref().map(parse_since).transpose()?;

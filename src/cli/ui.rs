@@ -6,13 +6,13 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::UiArgs;
-use super::sessions::archive_dir;
+use super::sessions::archive_location;
 use crate::config::Config;
 use crate::ui::Ui;
 
 pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
-    let dir = archive_dir(args.archive, args.config.as_deref())?;
+    let dir = archive_location(args.archive, args.config.as_deref())?;
     crate::archive::query::ArchiveReader::open(&dir)?;
     let ui = Arc::new(Ui::new(dir, &config));
     let runtime =

@@ -176,6 +176,15 @@ pub struct ArchiveConfig {
     pub enabled: bool,
     /// Directory of the store; default `$XDG_DATA_HOME/pare` (`~/.local/share/pare`).
     pub dir: Option<PathBuf>,
+    /// A PostgreSQL database to archive to instead of `dir` (`postgres://USER@HOST:PORT/DB`,
+    /// TLS per its `sslmode`); `null`: the SQLite store in `dir` (`crate::archive::location`).
+    pub url: Option<String>,
+    /// File whose first line is the password of `url`, when the URL carries none (else
+    /// `$PGPASSWORD`).
+    pub password_file: Option<PathBuf>,
+    /// Longest a `strict` request waits for room in the archive's queue and its commit, together,
+    /// before it is forwarded anyway (counted), milliseconds.
+    pub commit_timeout_ms: u64,
     pub durability: Durability,
     /// Records arriving within this many milliseconds of a group's first record share its commit (the
     /// longest a buffered record waits for it; a strict request, a flush or shutdown do not wait).
@@ -203,6 +212,9 @@ impl Default for ArchiveConfig {
         Self {
             enabled: true,
             dir: None,
+            url: None,
+            password_file: None,
+            commit_timeout_ms: 10_000,
             durability: Durability::Buffered,
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
@@ -215,6 +227,18 @@ impl Default for ArchiveConfig {
 }
 
 impl ArchiveConfig {
+    /// Where the archive is: `url` when set, else [`ArchiveConfig::resolved_dir`].
+    pub fn location(&self) -> Result<crate::archive::Location, crate::archive::LocationError> {
+        use crate::archive::{Location, LocationError};
+        match &self.url {
+            None => Ok(Location::Dir(self.resolved_dir())),
+            Some(url) => match Location::parse(url, self.password_file.as_deref())? {
+                Location::Dir(_) => Err(LocationError::UnknownScheme(url.clone())),
+                pg => Ok(pg),
+            },
+        }
+    }
+
     /// The archive directory in force: `dir`, else `$XDG_DATA_HOME/pare`, else `~/.local/share/pare`.
     pub fn resolved_dir(&self) -> PathBuf {
         if let Some(dir) = &self.dir {
@@ -487,7 +511,8 @@ fn render_problems(path: &Option<PathBuf>, problems: &[Problem]) -> String {
 pub struct Overrides {
     pub listen: Option<String>,
     pub upstream: Option<String>,
-    pub archive: Option<PathBuf>,
+    /// `--archive`: a directory, or a `postgres://` URL (then `archive.url`).
+    pub archive: Option<String>,
     pub mode: Option<Mode>,
 }
 
@@ -501,7 +526,12 @@ impl Overrides {
             config.upstream.url = upstream.clone();
         }
         if let Some(archive) = &self.archive {
-            config.archive.dir = Some(archive.clone());
+            if archive.contains("://") || archive.to_ascii_lowercase().starts_with("postgres") && archive.contains(':')
+            {
+                config.archive.url = Some(archive.clone());
+            } else {
+                config.archive.dir = Some(PathBuf::from(archive));
+            }
         }
         if let Some(mode) = self.mode {
             config.compaction.mode = mode;
@@ -513,7 +543,7 @@ impl Overrides {
         match path {
             "server.listen" if self.listen.is_some() => Some("--listen"),
             "upstream.url" if self.upstream.is_some() => Some("--upstream"),
-            "archive.dir" if self.archive.is_some() => Some("--archive"),
+            "archive.dir" | "archive.url" if self.archive.is_some() => Some("--archive"),
             "compaction.mode" if self.mode.is_some() => Some("--mode"),
             _ => None,
         }
@@ -721,6 +751,21 @@ impl Config {
                 "archive.max_held_answer_bytes",
                 format!("{} is under 1 MiB (1048576)", self.archive.max_held_answer_bytes),
             );
+        }
+        if let Err(e) = self.archive.location() {
+            bad(
+                if self.archive.password_file.is_some()
+                    && matches!(e, crate::archive::LocationError::PasswordFile { .. })
+                {
+                    "archive.password_file"
+                } else {
+                    "archive.url"
+                },
+                e.to_string(),
+            );
+        }
+        if !(1..=600_000).contains(&self.archive.commit_timeout_ms) {
+            bad("archive.commit_timeout_ms", format!("{} is outside 1..=600000", self.archive.commit_timeout_ms));
         }
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));

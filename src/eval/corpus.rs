@@ -118,10 +118,10 @@ pub fn from_dir(dir: &Path) -> Result<Vec<SessionInput>, EvalError> {
         .collect())
 }
 
-/// Every session of the pare archive in `dir`: its raw request bodies in the order they arrived,
-/// exactly as the agent sent them.
-pub fn from_archive(dir: &Path) -> Result<Vec<SessionInput>, ArchiveError> {
-    let reader = ArchiveReader::open(dir)?;
+/// Every session of the pare archive at `location` (a directory or a PostgreSQL URL): its raw
+/// request bodies in the order they arrived, exactly as the agent sent them.
+pub fn from_archive(location: impl Into<crate::archive::Location>) -> Result<Vec<SessionInput>, ArchiveError> {
+    let reader = ArchiveReader::open(location)?;
     let mut out = Vec::new();
     for session in reader.sessions(&SessionFilter::default())? {
         let mut bodies = Vec::new();

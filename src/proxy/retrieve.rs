@@ -65,9 +65,9 @@ pub async fn content(proxy: &Proxy, id: &str) -> Result<Content, RetrieveError> 
 }
 
 async fn read(archive: &Arc<Archive>, id: &str) -> Result<Content, RetrieveError> {
-    let (dir, id) = (archive.dir().to_owned(), id.to_owned());
+    let (location, id) = (archive.location().clone(), id.to_owned());
     tokio::task::spawn_blocking(move || {
-        let reader = ArchiveReader::open(&dir).map_err(ContentError::from)?;
+        let reader = ArchiveReader::open(&location).map_err(ContentError::from)?;
         Ok(reader.content(&id)?)
     })
     .await

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use crate::archive::ArchiveError;
@@ -30,9 +29,9 @@ pub const PREFIX: &str = "/_pare/ui";
 /// Sessions per index page.
 pub const PAGE_SIZE: i64 = 50;
 
-/// The UI over one archive directory.
+/// The UI over one archive (a directory or a PostgreSQL URL).
 pub struct Ui {
-    dir: PathBuf,
+    location: crate::archive::Location,
     /// Names the rule behind each rewritten message (from the configured pack's templates).
     rules: RuleMatcher,
     /// Verify results of sessions opened so far, by (id, requests): the index shows them without
@@ -178,11 +177,11 @@ pub fn percent_encode(text: &str) -> String {
 }
 
 impl Ui {
-    /// The UI over the archive in `dir`; rules are named after `config`'s pack (the defaults when
-    /// the pack cannot be loaded: names are a convenience, the bodies are what is shown).
-    pub fn new(dir: PathBuf, config: &Config) -> Ui {
+    /// The UI over the archive at `location`; rules are named after `config`'s pack (the defaults
+    /// when the pack cannot be loaded: names are a convenience, the bodies are what is shown).
+    pub fn new(location: impl Into<crate::archive::Location>, config: &Config) -> Ui {
         let spec = crate::compact::Engine::from_config(config).map(|engine| engine.policy.spec).unwrap_or_default();
-        Ui { dir, rules: RuleMatcher::new(&spec), verified: Mutex::new(HashMap::new()) }
+        Ui { location: location.into(), rules: RuleMatcher::new(&spec), verified: Mutex::new(HashMap::new()) }
     }
 
     /// Answer one request; `path` starts with [`PREFIX`]. Blocking (SQLite): async callers run it
@@ -210,8 +209,8 @@ impl Ui {
             ArchiveError::NoRequest { session, seq } => {
                 Reply::not_found(&format!("session {session} has no request {seq}"))
             }
-            ArchiveError::NoStore(path) => {
-                Reply::not_found(&format!("no archive at {} (nothing recorded yet)", path.display()))
+            ArchiveError::NoStore(location) => {
+                Reply::not_found(&format!("no archive at {location} (nothing recorded yet)"))
             }
             other => Reply::html(500, pages::error_page("Cannot read the archive", &other.to_string())),
         })
@@ -225,7 +224,7 @@ impl Ui {
     }
 
     fn reader(&self) -> Result<ArchiveReader, ArchiveError> {
-        ArchiveReader::open(&self.dir)
+        ArchiveReader::open(&self.location)
     }
 
     fn index(&self, query: &Query) -> Result<Reply, ArchiveError> {
@@ -236,7 +235,7 @@ impl Ui {
         let reader = self.reader()?;
         let page = reader.session_page(&filter, (query.page - 1) * PAGE_SIZE, PAGE_SIZE)?;
         let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Reply::html(200, pages::index(&self.dir, query, &page, &verified)))
+        Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &verified)))
     }
 
     fn session(&self, id: &str) -> Result<Reply, ArchiveError> {

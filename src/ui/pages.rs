@@ -4,7 +4,6 @@
 //! and the text is isolated (`<bdi>`) so that right-to-left runs cannot reorder what is around it.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 use serde_json::Value;
@@ -196,7 +195,7 @@ fn export_buttons(query: &str) -> Markup {
     }
 }
 
-pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<String, (i64, bool)>) -> Markup {
+pub fn index(archive: &str, query: &Query, page: &SessionPage, verified: &HashMap<String, (i64, bool)>) -> Markup {
     let pages = ((page.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
     let first = (query.page - 1) * PAGE_SIZE;
     let filter_query = query.to_query(1);
@@ -219,7 +218,7 @@ pub fn index(dir: &Path, query: &Query, page: &SessionPage, verified: &HashMap<S
     layout(
         "Sessions",
         html! {
-            h1 { "Sessions" span.muted { " · " code { (dir.display()) } } }
+            h1 { "Sessions" span.muted { " · " code { (archive) } } }
             form.filters method="get" action={ (PREFIX) "/" } {
                 label { "Model contains" input name="model" value=[query.model.as_deref()] placeholder="qwen"; }
                 label { "Active since" input name="since" value=[query.since.as_deref()] placeholder="YYYY-MM-DD"; }

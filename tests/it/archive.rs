@@ -36,6 +36,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         late_summary: None,
         skipped: None,
         key_req: Some(7),
+        expect_requests: None,
     }
 }
 
@@ -115,7 +116,8 @@ fn a_strict_record_is_committed_without_waiting_for_the_interval() {
     let first = archive.record_exchange(exchange("strict", &bodies[0], None));
     archive.record_response(first, response(b"{\"answer\":0}"));
     let started = std::time::Instant::now();
-    let (_, committed) = runtime.block_on(archive.record_exchange_committed(exchange("strict", &bodies[1], None)));
+    let (_, committed) =
+        runtime.block_on(archive.record_exchange_committed(exchange("strict", &bodies[1], None), None));
     committed.unwrap();
     assert!(started.elapsed() < Duration::from_secs(15), "the strict record waited for the 30 s interval");
     assert_eq!(archive.health().committed_records, 3);
@@ -274,10 +276,11 @@ async fn compacted_bodies_are_archived_as_forwarded() {
     parsed.close();
     let stored = |dir: &Path| {
         let conn = store::open_ro(dir).unwrap();
-        let mut templates = conn.prepare("SELECT raw_template, fwd_template FROM exchanges ORDER BY id").unwrap();
+        let mut templates =
+            conn.as_sqlite().unwrap().prepare("SELECT raw_template, fwd_template FROM exchanges ORDER BY id").unwrap();
         let templates: Vec<(Vec<u8>, Option<Vec<u8>>)> =
             templates.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
-        let mut blobs = conn.prepare("SELECT sha256 FROM blobs ORDER BY id").unwrap();
+        let mut blobs = conn.as_sqlite().unwrap().prepare("SELECT sha256 FROM blobs ORDER BY id").unwrap();
         let blobs: Vec<Vec<u8>> = blobs.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
         (templates, blobs)
     };
@@ -295,6 +298,8 @@ fn storage_grows_linearly_with_the_session() {
     archive.close();
     let conn = store::open_ro(dir.path()).unwrap();
     let stored: i64 = conn
+        .as_sqlite()
+        .unwrap()
         .query_row(
             "SELECT (SELECT sum(length(data)) FROM blobs) + (SELECT sum(length(raw_template)) FROM exchanges)",
             [],
@@ -316,7 +321,7 @@ fn tamper_and_verify(edit: &str) -> Vec<String> {
     }
     archive.record_exchange(exchange("bystander", b"{\"messages\":[]}", None));
     archive.close();
-    let conn = rusqlite::Connection::open(dir.path().join(store::DB_FILE)).unwrap();
+    let conn = pare::archive::Db::sqlite(rusqlite::Connection::open(dir.path().join(store::DB_FILE)).unwrap());
     assert!(verify(&conn, None).unwrap().ok());
     conn.execute_batch(edit).unwrap();
     let report = verify(&conn, None).unwrap();
@@ -400,8 +405,12 @@ fn secrets_never_reach_the_store() {
     let reader = ArchiveReader::open(dir.path()).unwrap();
     let session = prepared.session.unwrap();
     assert_eq!(reader.body(&session, 1, BodyKind::Raw).unwrap(), body);
-    let headers: String =
-        reader.conn().query_row("SELECT headers FROM exchanges WHERE session = ?1", [&session], |r| r.get(0)).unwrap();
+    let headers: String = reader
+        .conn()
+        .as_sqlite()
+        .unwrap()
+        .query_row("SELECT headers FROM exchanges WHERE session = ?1", [&session], |r| r.get(0))
+        .unwrap();
     assert_eq!(headers, r#"{"user-agent":"agent/1.0"}"#);
 }
 
@@ -636,7 +645,7 @@ fn crash_child(dir: &Path) {
             break;
         }
         let session = format!("strict-{}", k % 3);
-        let (_, committed) = runtime.block_on(strict.record_exchange_committed(exchange(&session, body, None)));
+        let (_, committed) = runtime.block_on(strict.record_exchange_committed(exchange(&session, body, None), None));
         committed.unwrap();
         writeln!(stdout, "ACK {session} {} {}", k / 3 + 1, store::hex(&store::sha256(body))).unwrap();
         stdout.flush().unwrap();

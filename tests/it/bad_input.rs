@@ -59,7 +59,7 @@ async fn send(pare: &Pare, stub: &Stub, session: &str, body: Vec<u8>) -> Vec<u8>
 async fn archived_raw(pare: &Pare, session: &str) -> Vec<u8> {
     let archive = pare.pipeline.archive().expect("archive on").clone();
     archive.flush_async().await.expect("flush");
-    let reader = ArchiveReader::open(archive.dir()).expect("open archive");
+    let reader = ArchiveReader::open(archive.location()).expect("open archive");
     let exchanges = reader.exchanges(session).expect("exchanges");
     assert_eq!(exchanges.len(), 1, "session {session}");
     reader.body(session, exchanges[0].seq, BodyKind::Raw).expect("raw body")
@@ -215,7 +215,7 @@ async fn a_stream_the_client_abandons_is_archived_as_partial() {
     let mut reader = None;
     for _ in 0..500 {
         archive.flush_async().await.expect("flush");
-        let candidate = ArchiveReader::open(archive.dir()).expect("open archive");
+        let candidate = ArchiveReader::open(archive.location()).expect("open archive");
         let seq = candidate.exchanges("abandoned").expect("exchanges")[0].seq;
         if candidate.response("abandoned", seq).expect("response").is_some() {
             reader = Some(candidate);

@@ -34,8 +34,9 @@ async fn archived_ends(pare: &Pare, n: usize) -> Vec<(String, bool)> {
     within("the answers to be archived", async {
         loop {
             archive.flush_async().await.expect("flush");
-            let reader = ArchiveReader::open(archive.dir()).expect("open archive");
-            let mut statement = reader.conn().prepare("SELECT end_reason, partial FROM responses").unwrap();
+            let reader = ArchiveReader::open(archive.location()).expect("open archive");
+            let mut statement =
+                reader.conn().as_sqlite().unwrap().prepare("SELECT end_reason, partial FROM responses").unwrap();
             let ends: Vec<(String, bool)> =
                 statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
             if ends.len() >= n {

@@ -1,0 +1,649 @@
+//! One connection over either archive backend: SQLite (the embedded default) or PostgreSQL
+//! (`archive.url`). Every archive query is written once, in SQLite's spelling with `?N`
+//! placeholders; this layer is where the two dialects differ: placeholders become `$N`,
+//! `INSERT OR IGNORE` becomes `ON CONFLICT DO NOTHING`, `instr` becomes `strpos`, and a new row's
+//! id is read back with `RETURNING id` instead of `last_insert_rowid()`.
+//!
+//! Parameters are typed ([`Param`]: integer, text, bytes, null) and rows are read into owned
+//! [`Value`]s, so a caller reads a column the same way on both backends ([`Row::get`]). Booleans
+//! are stored as integers on both (0/1), so one SQL text compares them the same way.
+//!
+//! A PostgreSQL connection prepares each statement once and keeps it; the readers' connections
+//! come from a small per-URL pool ([`Db::open_pooled`]) so a lookup on the proxy's path does not pay
+//! for a connection (a few milliseconds). The client is the blocking `postgres` crate: it must
+//! never be called on an async task (it runs its own runtime), only on a thread of its own or the
+//! blocking pool.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use super::location::PgLocation;
+
+/// Which SQL dialect a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A failure of the database layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{}", pg_message(.0))]
+    Postgres(#[from] postgres::Error),
+    #[error("column {column} holds {found}, expected {expected}")]
+    Type { column: usize, expected: &'static str, found: &'static str },
+    #[error("the query returned no row")]
+    NoRow,
+}
+
+/// A PostgreSQL error with its server message and detail (the client's own `Display` says only
+/// "db error" for those).
+fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{}: {} ({detail})", db.severity(), db.message()),
+            None => format!("{}: {}", db.severity(), db.message()),
+        },
+        None => {
+            use std::error::Error;
+            match e.source() {
+                Some(source) => format!("{e}: {source}"),
+                None => e.to_string(),
+            }
+        }
+    }
+}
+
+impl DbError {
+    /// Whether retrying the transaction may succeed: a serialization failure, a deadlock, or a
+    /// unique violation (two writers raced to the same new row).
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            DbError::Postgres(e) => e.code().is_some_and(|code| {
+                *code == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+                    || *code == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                    || *code == postgres::error::SqlState::UNIQUE_VIOLATION
+            }),
+            DbError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                matches!(e.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the connection itself is gone (the server stopped, the network dropped): the
+    /// writer then reconnects before it retries.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            DbError::Postgres(e) => e.is_closed() || (e.as_db_error().is_none() && e.code().is_none()),
+            _ => false,
+        }
+    }
+}
+
+/// One query parameter.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Null,
+    Int(i64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl From<i64> for Param<'_> {
+    fn from(n: i64) -> Self {
+        Param::Int(n)
+    }
+}
+
+impl From<bool> for Param<'_> {
+    fn from(b: bool) -> Self {
+        Param::Int(i64::from(b))
+    }
+}
+
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(s: &'a str) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(s: &'a String) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        Param::Bytes(b)
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Param<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        Param::Bytes(b)
+    }
+}
+
+impl<'a> From<&'a [u8; 32]> for Param<'a> {
+    fn from(b: &'a [u8; 32]) -> Self {
+        Param::Bytes(b)
+    }
+}
+
+impl<'a, T: Into<Param<'a>>> From<Option<T>> for Param<'a> {
+    fn from(value: Option<T>) -> Self {
+        value.map_or(Param::Null, Into::into)
+    }
+}
+
+impl<'a, T: Copy + Into<Param<'a>>> From<&Option<T>> for Param<'a> {
+    fn from(value: &Option<T>) -> Self {
+        value.map_or(Param::Null, Into::into)
+    }
+}
+
+/// `params![a, b]`: query parameters, each converted with [`Param::from`].
+macro_rules! params {
+    ($($p:expr),* $(,)?) => {
+        &[$($crate::archive::db::Param::from($p)),*] as &[$crate::archive::db::Param<'_>]
+    };
+}
+pub(crate) use params;
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match self {
+            Param::Null => ValueRef::Null,
+            Param::Int(n) => ValueRef::Integer(*n),
+            Param::Text(s) => ValueRef::Text(s.as_bytes()),
+            Param::Bytes(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+impl postgres::types::ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use postgres::types::{IsNull, Type};
+        match self {
+            Param::Null => Ok(IsNull::Yes),
+            Param::Int(n) => match *ty {
+                Type::INT4 => i32::try_from(*n)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*n)?.to_sql(ty, out),
+                Type::BOOL => (*n != 0).to_sql(ty, out),
+                Type::TEXT | Type::VARCHAR => n.to_string().as_str().to_sql(ty, out),
+                _ => n.to_sql(ty, out),
+            },
+            Param::Text(s) => s.to_sql(ty, out),
+            Param::Bytes(b) => b.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+/// One column value, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Int(_) => "an integer",
+            Value::Real(_) => "a real",
+            Value::Text(_) => "text",
+            Value::Bytes(_) => "bytes",
+        }
+    }
+}
+
+/// A type a column reads as.
+pub trait FromValue: Sized {
+    const EXPECTED: &'static str;
+    fn from_value(value: &Value) -> Option<Self>;
+}
+
+impl FromValue for i64 {
+    const EXPECTED: &'static str = "an integer";
+    fn from_value(value: &Value) -> Option<i64> {
+        match value {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+impl FromValue for bool {
+    const EXPECTED: &'static str = "a boolean";
+    fn from_value(value: &Value) -> Option<bool> {
+        match value {
+            Value::Int(n) => Some(*n != 0),
+            _ => None,
+        }
+    }
+}
+
+impl FromValue for String {
+    const EXPECTED: &'static str = "text";
+    fn from_value(value: &Value) -> Option<String> {
+        match value {
+            Value::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl FromValue for Vec<u8> {
+    const EXPECTED: &'static str = "bytes";
+    fn from_value(value: &Value) -> Option<Vec<u8>> {
+        match value {
+            Value::Bytes(b) => Some(b.clone()),
+            // SQLite hands back what was stored; an empty blob may read as text.
+            Value::Text(s) => Some(s.as_bytes().to_vec()),
+            _ => None,
+        }
+    }
+}
+
+impl<T: FromValue> FromValue for Option<T> {
+    const EXPECTED: &'static str = T::EXPECTED;
+    fn from_value(value: &Value) -> Option<Option<T>> {
+        match value {
+            Value::Null => Some(None),
+            other => T::from_value(other).map(Some),
+        }
+    }
+}
+
+/// One result row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row(pub Vec<Value>);
+
+impl Row {
+    /// Column `idx` as `T`.
+    pub fn get<T: FromValue>(&self, idx: usize) -> Result<T, DbError> {
+        let value = self.0.get(idx).unwrap_or(&Value::Null);
+        T::from_value(value).ok_or(DbError::Type { column: idx, expected: T::EXPECTED, found: value.kind() })
+    }
+
+    /// The values, to write into another store as they are.
+    pub fn values(&self) -> &[Value] {
+        &self.0
+    }
+}
+
+impl<'a> From<&'a Value> for Param<'a> {
+    fn from(value: &'a Value) -> Param<'a> {
+        match value {
+            Value::Null => Param::Null,
+            Value::Int(n) => Param::Int(*n),
+            Value::Real(r) => Param::Int(*r as i64),
+            Value::Text(s) => Param::Text(s),
+            Value::Bytes(b) => Param::Bytes(b),
+        }
+    }
+}
+
+/// A PostgreSQL client with the statements it prepared.
+pub(crate) struct PgConn {
+    client: postgres::Client,
+    statements: HashMap<String, postgres::Statement>,
+}
+
+impl PgConn {
+    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, DbError> {
+        if let Some(statement) = self.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(&translate(sql))?;
+        self.statements.insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+/// Idle connections of one PostgreSQL archive, shared by its readers.
+struct Pool {
+    idle: Mutex<Vec<PgConn>>,
+}
+
+/// Most idle connections kept per archive URL.
+const POOL_IDLE: usize = 8;
+
+fn pool_of(location: &PgLocation) -> Arc<Pool> {
+    static POOLS: OnceLock<Mutex<HashMap<String, Arc<Pool>>>> = OnceLock::new();
+    let pools = POOLS.get_or_init(Default::default);
+    let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
+    Arc::clone(
+        pools.entry(location.key().to_owned()).or_insert_with(|| Arc::new(Pool { idle: Mutex::new(Vec::new()) })),
+    )
+}
+
+enum Inner {
+    Sqlite(rusqlite::Connection),
+    Postgres { conn: RefCell<Option<PgConn>>, pool: Option<Arc<Pool>> },
+}
+
+/// A connection to an archive store.
+pub struct Db {
+    inner: Inner,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Inner::Postgres { conn, pool: Some(pool) } = &mut self.inner
+            && let Some(conn) = conn.get_mut().take()
+            && !conn.client.is_closed()
+        {
+            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < POOL_IDLE {
+                idle.push(conn);
+            }
+        }
+    }
+}
+
+/// How long connecting to PostgreSQL may take.
+pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Db {
+    pub fn sqlite(conn: rusqlite::Connection) -> Db {
+        let _ = conn.set_prepared_statement_cache_capacity(64);
+        Db { inner: Inner::Sqlite(conn) }
+    }
+
+    /// A connection of its own to the PostgreSQL archive at `location` (the writer's).
+    pub fn connect(location: &PgLocation) -> Result<Db, DbError> {
+        let client = location.connect()?;
+        Ok(Db {
+            inner: Inner::Postgres {
+                conn: RefCell::new(Some(PgConn { client, statements: HashMap::new() })),
+                pool: None,
+            },
+        })
+    }
+
+    /// A connection from the pool of `location`'s readers, given back when dropped.
+    pub fn open_pooled(location: &PgLocation) -> Result<Db, DbError> {
+        let pool = pool_of(location);
+        let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match idle.filter(|c| !c.client.is_closed()) {
+            Some(conn) => conn,
+            None => PgConn { client: location.connect()?, statements: HashMap::new() },
+        };
+        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(conn)), pool: Some(pool) } })
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self.inner {
+            Inner::Sqlite(_) => Dialect::Sqlite,
+            Inner::Postgres { .. } => Dialect::Postgres,
+        }
+    }
+
+    /// The SQLite connection, for what only SQLite has (pragmas).
+    pub fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
+        match &self.inner {
+            Inner::Sqlite(conn) => Some(conn),
+            Inner::Postgres { .. } => None,
+        }
+    }
+
+    fn with_pg<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, DbError>) -> Result<T, DbError> {
+        match &self.inner {
+            Inner::Postgres { conn, .. } => {
+                let mut conn = conn.borrow_mut();
+                f(conn.as_mut().expect("a pooled connection is present until drop"))
+            }
+            Inner::Sqlite(_) => unreachable!("with_pg on SQLite"),
+        }
+    }
+
+    /// Run statements without parameters, separated by `;` (schema, transactions).
+    pub fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        match &self.inner {
+            Inner::Sqlite(conn) => Ok(conn.execute_batch(sql)?),
+            Inner::Postgres { .. } => self.with_pg(|pg| Ok(pg.client.batch_execute(sql)?)),
+        }
+    }
+
+    /// Run one statement; returns the number of rows it changed.
+    pub fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<usize, DbError> {
+        match &self.inner {
+            Inner::Sqlite(conn) => Ok(conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params.iter()))?),
+            Inner::Postgres { .. } => self.with_pg(|pg| {
+                let statement = pg.statement(sql)?;
+                let args: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as &(dyn postgres::types::ToSql + Sync)).collect();
+                Ok(pg.client.execute(&statement, &args)? as usize)
+            }),
+        }
+    }
+
+    /// Insert one row into a table with an `id` key; returns that id.
+    pub fn insert_id(&self, sql: &str, params: &[Param<'_>]) -> Result<i64, DbError> {
+        match &self.inner {
+            Inner::Sqlite(conn) => {
+                conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params.iter()))?;
+                Ok(conn.last_insert_rowid())
+            }
+            Inner::Postgres { .. } => self.query_one(&format!("{sql} RETURNING id"), params)?.get(0),
+        }
+    }
+
+    /// Every row of a query.
+    pub fn query_all(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>, DbError> {
+        match &self.inner {
+            Inner::Sqlite(conn) => {
+                let mut statement = conn.prepare_cached(sql)?;
+                let n = statement.column_count();
+                let mut rows = statement.query(rusqlite::params_from_iter(params.iter()))?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next()? {
+                    let mut values = Vec::with_capacity(n);
+                    for idx in 0..n {
+                        use rusqlite::types::ValueRef;
+                        values.push(match row.get_ref(idx)? {
+                            ValueRef::Null => Value::Null,
+                            ValueRef::Integer(n) => Value::Int(n),
+                            ValueRef::Real(r) => Value::Real(r),
+                            ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                            ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
+                        });
+                    }
+                    out.push(Row(values));
+                }
+                Ok(out)
+            }
+            Inner::Postgres { .. } => self.with_pg(|pg| {
+                let statement = pg.statement(sql)?;
+                let args: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as &(dyn postgres::types::ToSql + Sync)).collect();
+                let rows = pg.client.query(&statement, &args)?;
+                rows.iter().map(pg_row).collect()
+            }),
+        }
+    }
+
+    /// The first row of a query, if any.
+    pub fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>, DbError> {
+        Ok(self.query_all(sql, params)?.into_iter().next())
+    }
+
+    /// The first row of a query that returns one.
+    pub fn query_one(&self, sql: &str, params: &[Param<'_>]) -> Result<Row, DbError> {
+        self.query_opt(sql, params)?.ok_or(DbError::NoRow)
+    }
+
+    /// Start a write transaction: SQLite takes its write lock at once (`BEGIN IMMEDIATE`), so two
+    /// writers wait for each other instead of failing on upgrade.
+    pub fn begin(&self) -> Result<(), DbError> {
+        self.execute_batch(match self.dialect() {
+            Dialect::Sqlite => "BEGIN IMMEDIATE",
+            Dialect::Postgres => "BEGIN",
+        })
+    }
+
+    pub fn commit(&self) -> Result<(), DbError> {
+        self.execute_batch("COMMIT")
+    }
+
+    pub fn rollback(&self) -> Result<(), DbError> {
+        self.execute_batch("ROLLBACK")
+    }
+
+    /// Whether `table` exists.
+    pub fn has_table(&self, table: &str) -> Result<bool, DbError> {
+        let sql = match self.dialect() {
+            Dialect::Sqlite => "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            Dialect::Postgres => "SELECT to_regclass(?1) IS NOT NULL",
+        };
+        self.query_one(sql, params![table])?.get(0)
+    }
+
+    /// SQL reading the integer at `key` of the JSON text in `column` (NULL when absent).
+    pub fn json_int(&self, column: &str, key: &str) -> String {
+        match self.dialect() {
+            Dialect::Sqlite => format!("json_extract({column}, '$.{key}')"),
+            Dialect::Postgres => format!("CAST(CAST({column} AS jsonb) ->> '{key}' AS BIGINT)"),
+        }
+    }
+
+    /// SQL testing whether `column` is one of the integers of the list parameter `param` (one
+    /// parameter for any number of values: the list as JSON text on SQLite, an array on PostgreSQL).
+    pub fn in_list(&self, column: &str, param: usize) -> String {
+        match self.dialect() {
+            Dialect::Sqlite => format!("{column} IN (SELECT value FROM json_each(?{param}))"),
+            Dialect::Postgres => format!("{column} = ANY(CAST(CAST(?{param} AS TEXT) AS BIGINT[]))"),
+        }
+    }
+
+    /// The list parameter [`Db::in_list`] reads, as text (`{1,2}` for PostgreSQL, `[1,2]` for SQLite).
+    pub fn list_param(&self, values: &[i64]) -> String {
+        let joined = values.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        match self.dialect() {
+            Dialect::Sqlite => format!("[{joined}]"),
+            Dialect::Postgres => format!("{{{joined}}}"),
+        }
+    }
+}
+
+fn pg_row(row: &postgres::Row) -> Result<Row, DbError> {
+    use postgres::types::Type;
+    let mut values = Vec::with_capacity(row.len());
+    for (idx, column) in row.columns().iter().enumerate() {
+        let value = match *column.type_() {
+            Type::INT8 => row.try_get::<_, Option<i64>>(idx)?.map(Value::Int),
+            Type::INT4 => row.try_get::<_, Option<i32>>(idx)?.map(|n| Value::Int(n.into())),
+            Type::INT2 => row.try_get::<_, Option<i16>>(idx)?.map(|n| Value::Int(n.into())),
+            Type::BOOL => row.try_get::<_, Option<bool>>(idx)?.map(|b| Value::Int(b.into())),
+            Type::FLOAT8 => row.try_get::<_, Option<f64>>(idx)?.map(Value::Real),
+            Type::BYTEA => row.try_get::<_, Option<Vec<u8>>>(idx)?.map(Value::Bytes),
+            _ => row.try_get::<_, Option<String>>(idx)?.map(Value::Text),
+        };
+        values.push(value.unwrap_or(Value::Null));
+    }
+    Ok(Row(values))
+}
+
+/// SQLite's spelling of a statement in PostgreSQL's: `?N` → `$N`, `INSERT OR IGNORE` →
+/// `ON CONFLICT DO NOTHING`, `instr(` → `strpos(`. Text inside quotes is left alone.
+pub fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 24);
+    let mut in_quote = false;
+    let mut chars = sql.char_indices().peekable();
+    let mut ignore = false;
+    while let Some((at, c)) = chars.next() {
+        if c == '\'' {
+            in_quote = !in_quote;
+            out.push(c);
+            continue;
+        }
+        if in_quote {
+            out.push(c);
+            continue;
+        }
+        if c == '?' && chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) {
+            out.push('$');
+            continue;
+        }
+        let rest = &sql[at..];
+        if rest.starts_with("INSERT OR IGNORE ") {
+            out.push_str("INSERT ");
+            ignore = true;
+            for _ in 0.."INSERT OR IGNORE ".len() - 1 {
+                chars.next();
+            }
+            continue;
+        }
+        if rest.starts_with("instr(") && !sql[..at].ends_with(|p: char| p.is_ascii_alphanumeric() || p == '_') {
+            out.push_str("strpos(");
+            for _ in 0.."instr(".len() - 1 {
+                chars.next();
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    if ignore {
+        out.push_str(" ON CONFLICT DO NOTHING");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_translate_to_postgres() {
+        assert_eq!(
+            translate("INSERT OR IGNORE INTO t (a, b) VALUES (?1, ?12)"),
+            "INSERT INTO t (a, b) VALUES ($1, $12) ON CONFLICT DO NOTHING"
+        );
+        assert_eq!(translate("SELECT instr(x, ?2) WHERE y = '?1'"), "SELECT strpos(x, $2) WHERE y = '?1'");
+    }
+
+    #[test]
+    fn rows_read_typed_on_sqlite() {
+        let db = Db::sqlite(rusqlite::Connection::open_in_memory().unwrap());
+        db.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER, s TEXT, b BLOB)").unwrap();
+        let id =
+            db.insert_id("INSERT INTO t (n, s, b) VALUES (?1, ?2, ?3)", params![7i64, "x", &[1u8, 2][..]]).unwrap();
+        let row = db.query_one("SELECT n, s, b, NULL FROM t WHERE id = ?1", params![id]).unwrap();
+        assert_eq!(row.get::<i64>(0).unwrap(), 7);
+        assert_eq!(row.get::<String>(1).unwrap(), "x");
+        assert_eq!(row.get::<Vec<u8>>(2).unwrap(), vec![1, 2]);
+        assert_eq!(row.get::<Option<i64>>(3).unwrap(), None);
+        assert!(matches!(row.get::<i64>(1), Err(DbError::Type { column: 1, .. })));
+        let list = db.list_param(&[7, 9]);
+        let n: i64 = db
+            .query_one(&format!("SELECT count(*) FROM t WHERE {}", db.in_list("n", 1)), params![&list])
+            .unwrap()
+            .get(0)
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+}
