@@ -55,8 +55,10 @@ impl From<DbError> for CopyError {
     }
 }
 
-/// The head of a session as its `sessions` row states it.
-fn heads(db: &Db) -> Result<HashMap<String, (i64, i64, Vec<u8>)>, DbError> {
+/// A session's request count, chain length and head hash, as its `sessions` row states them.
+type Head = (i64, i64, Vec<u8>);
+
+fn heads(db: &Db) -> Result<HashMap<String, Head>, DbError> {
     db.query_all("SELECT id, n_requests, n_records, head_hash FROM sessions", params![])?
         .iter()
         .map(|r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?))))
@@ -114,7 +116,7 @@ pub fn copy(from: &Location, to: &Location) -> Result<CopyReport, CopyError> {
         report.verify.problems.extend(verified.problems);
         let (a, b) = (src_heads.get(session), dst_heads.get(session));
         if a != b {
-            let show = |h: Option<&(i64, i64, Vec<u8>)>| match h {
+            let show = |h: Option<&Head>| match h {
                 Some((n_requests, n_records, head)) => {
                     format!("{n_requests} requests, {n_records} records, head {}", &super::store::hex(head)[..16])
                 }

@@ -77,11 +77,19 @@ impl DbError {
         }
     }
 
-    /// Whether the connection itself is gone (the server stopped, the network dropped): the
-    /// writer then reconnects before it retries.
+    /// Whether the connection itself is gone (the server stopped or is shutting down, the network
+    /// dropped): the writer then reconnects before it retries.
     pub fn is_connection_lost(&self) -> bool {
         match self {
-            DbError::Postgres(e) => e.is_closed() || (e.as_db_error().is_none() && e.code().is_none()),
+            DbError::Postgres(e) => {
+                e.is_closed()
+                    || match e.code() {
+                        // Connection exceptions (08…) and operator intervention (57P01 admin
+                        // shutdown, 57P02 crash shutdown, 57P03 cannot connect now).
+                        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+                        None => e.as_db_error().is_none(),
+                    }
+            }
             _ => false,
         }
     }
@@ -343,7 +351,7 @@ fn pool_of(location: &PgLocation) -> Arc<Pool> {
 
 enum Inner {
     Sqlite(rusqlite::Connection),
-    Postgres { conn: RefCell<Option<PgConn>>, pool: Option<Arc<Pool>> },
+    Postgres { conn: RefCell<Option<Box<PgConn>>>, pool: Option<Arc<Pool>> },
 }
 
 /// A connection to an archive store.
@@ -359,7 +367,7 @@ impl Drop for Db {
         {
             let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < POOL_IDLE {
-                idle.push(conn);
+                idle.push(*conn);
             }
         }
     }
@@ -370,7 +378,7 @@ pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Db {
     pub fn sqlite(conn: rusqlite::Connection) -> Db {
-        let _ = conn.set_prepared_statement_cache_capacity(64);
+        conn.set_prepared_statement_cache_capacity(64);
         Db { inner: Inner::Sqlite(conn) }
     }
 
@@ -379,7 +387,7 @@ impl Db {
         let client = location.connect()?;
         Ok(Db {
             inner: Inner::Postgres {
-                conn: RefCell::new(Some(PgConn { client, statements: HashMap::new() })),
+                conn: RefCell::new(Some(Box::new(PgConn { client, statements: HashMap::new() }))),
                 pool: None,
             },
         })
@@ -393,7 +401,7 @@ impl Db {
             Some(conn) => conn,
             None => PgConn { client: location.connect()?, statements: HashMap::new() },
         };
-        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(conn)), pool: Some(pool) } })
+        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(Box::new(conn))), pool: Some(pool) } })
     }
 
     pub fn dialect(&self) -> Dialect {
@@ -561,6 +569,7 @@ fn pg_row(row: &postgres::Row) -> Result<Row, DbError> {
             Type::BOOL => row.try_get::<_, Option<bool>>(idx)?.map(|b| Value::Int(b.into())),
             Type::FLOAT8 => row.try_get::<_, Option<f64>>(idx)?.map(Value::Real),
             Type::BYTEA => row.try_get::<_, Option<Vec<u8>>>(idx)?.map(Value::Bytes),
+            Type::VOID => None,
             _ => row.try_get::<_, Option<String>>(idx)?.map(Value::Text),
         };
         values.push(value.unwrap_or(Value::Null));

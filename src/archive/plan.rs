@@ -87,8 +87,9 @@ pub fn latest(conn: &Db, session: &str) -> Result<Option<(i64, SessionPlan)>, Ar
     };
     let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
     let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(3)?, row.get(4)?, row.get(5)?);
-    let (raw_hashes, prefix_blobs, prefix_seen): (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) =
-        (row.get(6)?, row.get(7)?, row.get(8)?);
+    let raw_hashes: Option<Vec<u8>> = row.get(6)?;
+    let prefix_blobs: Option<Vec<u8>> = row.get(7)?;
+    let prefix_seen: Option<Vec<u8>> = row.get(8)?;
     if format != FORMAT {
         return Ok(None);
     }

@@ -169,6 +169,8 @@ pub(crate) struct Writer {
     /// Exchanges not written because their `expect_requests` did not hold: their answers and
     /// plans are dropped too.
     stale: LruCache<Ticket, ()>,
+    /// Answers of such exchanges dropped in the current transaction (neither committed nor lost).
+    n_stale_answers: u64,
     /// Why the last open failed: what a write before the next attempt reports.
     open_error: Option<String>,
     cursors: LruCache<String, Cursor>,
@@ -198,6 +200,7 @@ impl Writer {
             reopen_after: REOPEN_EVERY,
             held: Vec::new(),
             stale: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
+            n_stale_answers: 0,
             open_error: None,
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
@@ -383,7 +386,8 @@ impl Writer {
             let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
             match self.write_batch(&mut records) {
                 Ok(written) => {
-                    let n_stale = written.iter().filter(|(_, w)| matches!(w, Written::Stale { .. })).count() as u64;
+                    let n_stale = written.iter().filter(|(_, w)| matches!(w, Written::Stale { .. })).count() as u64
+                        + self.n_stale_answers;
                     self.shared.committed.fetch_add(n - n_stale, Ordering::Relaxed);
                     self.shared.commits.fetch_add(1, Ordering::Relaxed);
                     if !self.shared.writable.swap(true, Ordering::Relaxed) {
@@ -474,6 +478,7 @@ impl Writer {
         answered: &mut Vec<Ticket>,
     ) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
         conn.begin()?;
+        self.n_stale_answers = 0;
         let mut written = Vec::new();
         for job in records {
             match job {
@@ -703,9 +708,11 @@ impl Writer {
         conn.execute(
             "INSERT INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash, model, tokens_raw, tokens_forwarded)
              VALUES (?1, ?2, ?2, 1, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (id) DO UPDATE SET last_ms = CASE WHEN last_ms > ?2 THEN last_ms ELSE ?2 END,
-                n_requests = n_requests + 1, n_records = ?3, head_hash = ?4, model = coalesce(?5, model),
-                tokens_raw = tokens_raw + ?6, tokens_forwarded = tokens_forwarded + ?7",
+             ON CONFLICT (id) DO UPDATE SET
+                last_ms = CASE WHEN sessions.last_ms > ?2 THEN sessions.last_ms ELSE ?2 END,
+                n_requests = sessions.n_requests + 1, n_records = ?3, head_hash = ?4,
+                model = coalesce(?5, sessions.model), tokens_raw = sessions.tokens_raw + ?6,
+                tokens_forwarded = sessions.tokens_forwarded + ?7",
             params![
                 &rec.session,
                 rec.at_ms,
@@ -752,6 +759,7 @@ impl Writer {
     fn put_response(&mut self, conn: &Db, ticket: Ticket, rec: &ResponseRecord) -> Result<bool, ArchiveError> {
         if self.stale.pop(&ticket).is_some() {
             // Its exchange was not written (compare-and-set): neither is the answer.
+            self.n_stale_answers += 1;
             return Ok(false);
         }
         let Some(pending) = self.pending.peek(&ticket).cloned() else {
@@ -801,7 +809,7 @@ impl Writer {
                 fields.partial,
                 fields.end_reason,
                 body_blob,
-                &fields.body_sha256[..],
+                fields.body_sha256,
                 fields.body_len,
                 fields.assembled,
                 fields.key_ext,

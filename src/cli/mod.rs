@@ -60,7 +60,7 @@ pub enum Command {
                             then open http://127.0.0.1:8788/_pare/ui/")]
     Ui(UiArgs),
     /// Manage whole archives: copy every session between backends (SQLite directory, PostgreSQL URL).
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  pare archive copy ./pare-archive postgres://pare@127.0.0.1/pare")]
     Archive(ArchiveCommand),
 }
 

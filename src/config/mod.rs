@@ -530,6 +530,8 @@ impl Overrides {
             {
                 config.archive.url = Some(archive.clone());
             } else {
+                // A directory given on the command line wins over a URL in the file.
+                config.archive.url = None;
                 config.archive.dir = Some(PathBuf::from(archive));
             }
         }
@@ -894,6 +896,28 @@ fn endpoint_base(url: &reqwest::Url) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A PostgreSQL URL is an archive location; another scheme is refused with the key that gave
+    /// it, its password hidden; `--archive URL` sets `archive.url`.
+    #[test]
+    fn archive_urls_are_checked_and_their_passwords_hidden() {
+        let ok =
+            Config::from_yaml("archive:\n  url: postgres://pare:pw@db.internal:5432/pare?sslmode=require\n").unwrap();
+        assert_eq!(
+            ok.archive.location().unwrap().to_string(),
+            "postgres://pare:***@db.internal:5432/pare?sslmode=require"
+        );
+        let err = Config::from_yaml("archive:\n  url: mysql://pare:pw@db/pare\n  commit_timeout_ms: 0\n").unwrap_err();
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["archive.url", "archive.commit_timeout_ms"], "{err}");
+        assert!(!err.to_string().contains(":pw@"), "{err}");
+        let mut config = Config::default();
+        Overrides { archive: Some("postgresql://h/db".into()), ..Overrides::default() }.apply(&mut config);
+        assert_eq!((config.archive.url.as_deref(), config.archive.dir.as_deref()), (Some("postgresql://h/db"), None));
+        Overrides { archive: Some("./postgres-data".into()), ..Overrides::default() }.apply(&mut config);
+        assert_eq!(config.archive.dir.as_deref(), Some(Path::new("./postgres-data")));
+        assert_eq!(config.archive.url, None);
+    }
 
     #[test]
     fn defaults_are_valid() {

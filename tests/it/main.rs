@@ -4,6 +4,7 @@
 mod support;
 
 mod archive;
+mod archive_pg;
 mod bad_input;
 mod boundaries;
 mod budget;
@@ -14,6 +15,7 @@ mod eval;
 mod exposure;
 mod gemini;
 mod messages;
+mod pg_server;
 mod proxy;
 mod proxy_hardening;
 mod recall;
