@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,6 +217,11 @@ class Replica:
     def access_log(self):
         with self.lock:
             return [e for e in self.lines if e.get("target") == "pare::access"]
+
+    def health(self):
+        """`GET /_pare/health`, parsed."""
+        with urllib.request.urlopen(f"{self.url}/_pare/health", timeout=10) as response:
+            return json.loads(response.read())
 
     def kill(self):
         """SIGKILL: no shutdown, no flush. Returns once every line it logged has been read."""
