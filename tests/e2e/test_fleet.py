@@ -256,7 +256,6 @@ def fleet(tmp_path_factory):
     directory = tmp_path_factory.mktemp("fleet")
     backend = os.environ.get("PARE_FLEET_ARCHIVE", "postgres")
     config = directory / "pare.yaml"
-    config.write_text(CONFIG)
     started = []
     postgres = stub = None
     try:
@@ -264,12 +263,18 @@ def fleet(tmp_path_factory):
             postgres = Postgres(directory / "postgres", fsync=False)
             started.append(postgres)
             archive = postgres.url
+            # The replicas read the URL from the config, as README's fleet recipe has it; the
+            # commands below take it as --archive URL.
+            config.write_text(CONFIG.replace("archive:\n", f"archive:\n  url: {archive}\n", 1))
+            archive_args = []
         else:
             archive = str(directory / "archive")
+            config.write_text(CONFIG)
+            archive_args = ["--archive", archive]
         stub = StubUpstream()
         replicas = []
         for i in range(REPLICAS):
-            replica = Replica(os.environ["PARE_BIN"], ["--config", config, "--upstream", f"{stub.url}/v1", "--archive", archive],
+            replica = Replica(os.environ["PARE_BIN"], ["--config", config, "--upstream", f"{stub.url}/v1", *archive_args],
                               directory / f"replica-{i}.log")
             replicas.append(replica)
             started.append(replica)
