@@ -4,9 +4,10 @@
 Usage: benches/fleet.py PARE_BINARY [--sessions FILE_OR_DIR ...] [--max-sessions N] [--window TOKENS]
                         [--load-seconds S] [--load-concurrency C] [--load-request FILE] [--keep DIR]
 
-Needs Debian's postgresql, nginx and hey (`apt-get install postgresql nginx hey`); starts its own
-throwaway PostgreSQL (tests/e2e/fleet_servers.py: `initdb` into a temporary directory, fsync on) and
-nginx running deploy/nginx.conf, everything on 127.0.0.1. Every pare runs `archive.durability: strict`.
+PARE_BINARY is a release build (`cargo build --release`: target/release/pare). Needs Debian's
+postgresql, nginx and hey (`apt-get install postgresql nginx hey`); starts its own throwaway
+PostgreSQL (tests/e2e/fleet_servers.py: `initdb` into a temporary directory, fsync on) and nginx
+running deploy/nginx.conf, everything on 127.0.0.1. Every pare runs `archive.durability: strict`.
 
 - replay: the requests of the session files (one chat body per line) through each setup, interleaved
   with direct calls to a zero-delay stub, as benches/replay_sessions.py does (its stub and its replay
@@ -15,7 +16,8 @@ nginx running deploy/nginx.conf, everything on 127.0.0.1. Every pare runs `archi
   replica that compacts its own view of a session starts epochs a single pare would not). Setups: one pare on SQLite, direct and behind
   nginx (the hop's own cost); three replicas on PostgreSQL behind nginx, sticky (nginx.conf's
   `hash $remote_addr consistent` line: the bench is one client, so one replica serves it all) and
-  round-robin. Each setup gets an archive of its own (a new SQLite directory, a new database).
+  round-robin. Each setup gets an archive of its own (a new SQLite directory, a new database), and
+  each replica one small request of its own before anything is measured (the tokenizer's tables).
 - load: `hey -z S -c C` posting one corpus request over and over (each is a one-request session of its
   own: pare never joins a request to an equal earlier one) to one pare on SQLite and to the three
   replicas through nginx round-robin: requests/s, p99, the CPU time of pare (all replicas) and of
@@ -28,6 +30,7 @@ load by S seconds per setup.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +83,15 @@ class Setup:
 
     def pare_cpu(self):
         return sum(cpu_seconds([r.process.pid]) for r in self.replicas if r.process.poll() is None)
+
+    def warm_up(self):
+        """One small request to each replica directly: it loads its tokenizer's tables (tens of
+        milliseconds in a release build) before anything is measured, as a long-running pare has."""
+        for i, replica in enumerate(self.replicas):
+            body = json.dumps({"model": "warm-up", "messages": [{"role": "user", "content": f"warm up replica {i}"}]}).encode()
+            request = urllib.request.Request(f"{replica.url}/v1/chat/completions", data=body, headers={"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                response.read()
 
     def epochs(self):
         """Epochs the replicas started, all together (`pare_epochs_total` of /_pare/metrics)."""
@@ -159,6 +171,7 @@ def replay_part(args, files, stub_port, work, databases):
             db, archive, empty = databases.create()
         setup = Setup(args.binary, work / f"replay-{i}", stub_port, str(archive), replicas, nginx, sticky, args.window)
         try:
+            setup.warm_up()
             before = setup.pare_cpu()
             groups, n, _ = rs.replay(files, stub_port, setup.port, setup.replicas[0].process.pid)
             cpu = setup.pare_cpu() - before
@@ -197,6 +210,7 @@ def load_part(args, body_file, stub_port, work, databases, pg):
         archive = work / f"load-{i}" / "archive" if backend == "sqlite" else databases.create()[1]
         setup = Setup(args.binary, work / f"load-{i}", stub_port, str(archive), replicas, nginx, None, args.window)
         try:
+            setup.warm_up()
             pare_before, pg_before = setup.pare_cpu(), postgres_cpu(pg)
             rps, p99, codes = hey(f"http://127.0.0.1:{setup.port}", body_file, args.load_seconds, args.load_concurrency)
             pare_cpu, pg_cpu = setup.pare_cpu() - pare_before, postgres_cpu(pg) - pg_before
