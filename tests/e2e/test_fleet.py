@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,8 @@ ROUNDS = 10
 VICTIM = 1
 KILL_AFTER = 4
 WINDOW = 8192
+# The clients' whole run stops starting rounds past this (each request has its own timeout too).
+RUN_DEADLINE_S = 300
 CLI_TIMEOUT_S = 60
 CHAT_MODEL = "fleet-chat-model"
 MESSAGES_MODEL = "claude-stub-4"
@@ -299,8 +302,13 @@ def fleet(tmp_path_factory):
             except (AssertionError, subprocess.TimeoutExpired) as error:
                 codex_error = str(error)
 
+        deadline = time.monotonic() + RUN_DEADLINE_S
         codex_step("Write the marker file and show it.", resume=False)
         for turn in range(ROUNDS):
+            if time.monotonic() > deadline:
+                for conversation in conversations.values():
+                    conversation.error = conversation.error or f"stopped before round {turn}: the run took over {RUN_DEADLINE_S} s"
+                break
             if turn == 1:
                 # A replica that cannot write the archive makes every strict request wait
                 # archive.commit_timeout_ms: stop there rather than wait that long for each request.
