@@ -482,8 +482,11 @@ impl Writer {
         let mut written = Vec::new();
         for job in records {
             match job {
-                Job::Exchange { ticket, record, plan, .. } => {
-                    let outcome = self.put_exchange(conn, *ticket, record)?;
+                Job::Exchange { ticket, record, plan, ack, .. } => {
+                    // The check serves a request still waiting to compact again; one forwarded
+                    // without its commit (its wait timed out, or it never waited) is a fact to keep.
+                    let checked = ack.as_ref().is_some_and(|ack| !ack.is_closed());
+                    let outcome = self.put_exchange(conn, *ticket, record, checked)?;
                     if let (Written::Seq(_), Some(plan)) = (&outcome, plan) {
                         self.put_plan(conn, *ticket, plan)?;
                     }
@@ -624,9 +627,17 @@ impl Writer {
         Ok((body::encode(&parts), state))
     }
 
-    fn put_exchange(&mut self, conn: &Db, ticket: Ticket, rec: &ExchangeRecord) -> Result<Written, ArchiveError> {
+    /// Write one exchange; when `checked`, only if its session holds `rec.expect_requests`.
+    fn put_exchange(
+        &mut self,
+        conn: &Db,
+        ticket: Ticket,
+        rec: &ExchangeRecord,
+        checked: bool,
+    ) -> Result<Written, ArchiveError> {
+        let expect = rec.expect_requests.filter(|_| checked);
         let mut row = self.session_row(conn, &rec.session)?;
-        if row.is_none() && rec.expect_requests.is_none_or(|n| n == 0) {
+        if row.is_none() && expect.is_none_or(|n| n == 0) {
             // Inserted first so that it can be locked: another writer of a new session waits here.
             conn.execute(
                 "INSERT OR IGNORE INTO sessions (id, started_ms, last_ms, n_requests, n_records, head_hash)
@@ -636,7 +647,7 @@ impl Writer {
             row = self.session_row(conn, &rec.session)?;
         }
         let archived = row.as_ref().map_or(0, |r| r.n_requests);
-        if let Some(expected) = rec.expect_requests
+        if let Some(expected) = expect
             && expected != archived
         {
             self.stale.put(ticket, ());

@@ -271,6 +271,21 @@ fn compare_and_set_writes_only_on_the_expected_count() {
     });
 }
 
+/// An exchange nobody waits for any more (its strict wait timed out and it was forwarded, or it was
+/// queued without waiting) is written whatever its `expect_requests`: a request is never left out.
+#[test]
+fn an_exchange_nobody_waits_for_is_written_whatever_its_expectation() {
+    each_backend(|location| {
+        let archive = start(location);
+        let rt = runtime();
+        rt.block_on(archive.queue_exchange(ExchangeRecord { expect_requests: Some(7), ..exchange("gone", 0) }));
+        archive.flush().unwrap();
+        let reader = ArchiveReader::open(location).unwrap();
+        assert_eq!(reader.session_requests("gone").unwrap(), Some(1), "{location}");
+        assert!(verify(reader.conn(), None).unwrap().ok());
+    });
+}
+
 /// Replicas that start together on a new database both open it: the migration runs once.
 #[test]
 fn replicas_migrating_one_database_together_both_open() {
