@@ -22,8 +22,9 @@ running deploy/nginx.conf, everything on 127.0.0.1. Every pare runs `archive.dur
   own: pare never joins a request to an equal earlier one) to one pare on SQLite and to the three
   replicas through nginx round-robin: requests/s, p99, the CPU time of pare (all replicas) and of
   PostgreSQL (postmaster and every backend, /proc) over the run.
-- bytes per archived request: the replay's archive in each backend, SQLite's files on disk against
-  the growth of `pg_database_size` and the sum of `pg_total_relation_size` over pare's tables.
+- bytes per archived request: what the replay added to the archive in each backend (after the
+  warm-up, so that the empty tables' and indexes' first pages do not count), SQLite's pages in use
+  against the sum of `pg_total_relation_size` over pare's tables.
 
 Prints a markdown table per part. Loopback only; every loop is bounded by the session files, and the
 load by S seconds per setup.
@@ -32,6 +33,7 @@ load by S seconds per setup.
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -109,12 +111,16 @@ class Setup:
             replica.stop()
 
 
-def dir_bytes(path):
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+def sqlite_bytes(directory):
+    """The pages in use of the archive's SQLite database (its WAL read through: while pare runs the
+    WAL holds copies of pages not yet written back, so file sizes say little)."""
+    with sqlite3.connect(f"file:{Path(directory) / 'archive.sqlite3'}?mode=ro", uri=True) as db:
+        pages, free, page_size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size"))
+    return (pages - free) * page_size
 
 
 class Databases:
-    """New databases on one throwaway PostgreSQL, and their sizes."""
+    """New databases on one throwaway PostgreSQL, and the size of pare's tables in one."""
 
     def __init__(self, postgres):
         self.pg = postgres
@@ -125,10 +131,7 @@ class Databases:
         name = f"pare_bench_{self.n}"
         self.pg.sql(f"CREATE DATABASE {name} OWNER {Postgres.USER}")
         url = self.pg.url.replace(f"/{Postgres.DATABASE}?", f"/{name}?")
-        return name, url, self.size(name)
-
-    def size(self, name):
-        return int(self.pg.sql(f"SELECT pg_database_size('{name}')"))
+        return name, url
 
     def relations(self, name):
         """The sum of pg_total_relation_size over the tables in the database's own schemas."""
@@ -166,24 +169,27 @@ def replay_part(args, files, stub_port, work, databases):
     for i, (label, backend, replicas, nginx, sticky) in enumerate(setups):
         if backend == "sqlite":
             archive = work / f"replay-{i}" / "archive"
-            db = None
+            size = lambda: sqlite_bytes(archive)  # noqa: E731
         else:
-            db, archive, empty = databases.create()
+            db, archive = databases.create()
+            size = lambda db=db: databases.relations(db)  # noqa: E731
         setup = Setup(args.binary, work / f"replay-{i}", stub_port, str(archive), replicas, nginx, sticky, args.window)
         try:
             setup.warm_up()
+            # pare's tables exist and hold the warm-up requests: what the replay adds is its own.
+            size_before = size()
             before = setup.pare_cpu()
             groups, n, _ = rs.replay(files, stub_port, setup.port, setup.replicas[0].process.pid)
             cpu = setup.pare_cpu() - before
             epochs = setup.epochs()
+            size_after = size()
         finally:
             setup.stop()
         warm = groups["warm<200KB"]
         rows.append((label, n, rs.pct(warm, 50), rs.pct(warm, 99), epochs, cpu))
-        if backend == "sqlite" and not nginx:
-            sizes.append(("SQLite (files on disk)", n, dir_bytes(archive), None))
-        if backend == "postgres" and sticky:
-            sizes.append(("PostgreSQL", n, databases.size(db) - empty, databases.relations(db)))
+        if (backend, nginx, sticky) in (("sqlite", False, None), ("postgres", True, "client")):
+            what = "SQLite (pages in use)" if backend == "sqlite" else "PostgreSQL (pg_total_relation_size of pare's tables)"
+            sizes.append((what, n, size_after, size_after - size_before))
         print(f"replay: {label}: {n} requests done", file=sys.stderr)
     return rows, sizes
 
@@ -277,12 +283,11 @@ def main():
         answers = ", ".join(f"{n} × {c}" for c, n in sorted(codes.items()))
         pg_text = "—" if pg_cpu is None else f"{pg_cpu:.2f} s"
         print(f"| {label} | {rps:.0f} | {fmt_ms(None if p99 is None else p99 * 1000)} | {answers} | {pare_cpu:.2f} s | {pg_text} |")
-    print(f"\nArchive of the replay ({n_requests} requests):\n")
-    print("| backend | bytes | per archived request | pare's tables |")
+    print(f"\nArchive of the replay ({n_requests} requests), measured with pare running:\n")
+    print("| backend | after the replay | added by the replay | per archived request |")
     print("|---|---|---|---|")
-    for label, n, total, relations in sizes:
-        rel = "—" if relations is None else f"{relations:,} B ({relations / n:,.0f} B per request)"
-        print(f"| {label} | {total:,} B | {total / n:,.0f} B | {rel} |")
+    for label, n, total, added in sizes:
+        print(f"| {label} | {total:,} B | {added:,} B | {added / n:,.0f} B |")
     print(f"\nlogs and archives: {work}", file=sys.stderr)
 
 

@@ -108,33 +108,44 @@ class Postgres:
         self.process = None
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         try:
-            self._start(fsync)
+            self._create(fsync)
         except BaseException:
             self.stop()
             raise
         self.url = f"postgres://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.port}/{self.DATABASE}?sslmode=disable"
 
-    def _start(self, fsync):
+    def _create(self, fsync):
         if self.as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
-        data = self.dir / "data"
         superuser_pw = self.dir / "superuser.pw"
         superuser_pw.write_text("postgres-superuser\n")
         if self.as_postgres:
             shutil.chown(superuser_pw, "postgres", "postgres")
-        self._run(self.bindir / "initdb", "-D", data, "-U", "postgres", "--pwfile", superuser_pw,
+        self._run(self.bindir / "initdb", "-D", self.dir / "data", "-U", "postgres", "--pwfile", superuser_pw,
                   "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
-        log = open(self.dir / "postgres.log", "ab")
-        settings = ["-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-k", str(self.dir)]
+        self.settings = ["-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-k", str(self.dir)]
         if not fsync:
-            settings += ["-c", "fsync=off"]
+            self.settings += ["-c", "fsync=off"]
+        self.start()
+        self.sql(f"CREATE ROLE {self.USER} LOGIN PASSWORD '{self.PASSWORD}'")
+        self.sql(f"CREATE DATABASE {self.DATABASE} OWNER {self.USER}")
+
+    def start(self):
+        """Start the server on its data directory (again, after shutdown()) and wait until it accepts."""
+        log = open(self.dir / "postgres.log", "ab")
         self.process = subprocess.Popen(
-            [*self.as_postgres, self.bindir / "postgres", "-D", data, *settings],
+            [*self.as_postgres, self.bindir / "postgres", "-D", self.dir / "data", *self.settings],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         wait_for(self._ready, START_TIMEOUT_S, f"PostgreSQL on port {self.port}")
-        self.sql(f"CREATE ROLE {self.USER} LOGIN PASSWORD '{self.PASSWORD}'")
-        self.sql(f"CREATE DATABASE {self.DATABASE} OWNER {self.USER}")
+
+    def shutdown(self):
+        """Stop the server (a fast shutdown), keeping its data for start()."""
+        if self.process and self.process.poll() is None:
+            # The postmaster itself (under runuser, its child): SIGINT is a fast shutdown.
+            for pid in children(self.process.pid) if self.as_postgres else []:
+                os.kill(pid, signal.SIGINT)
+            end(self.process, signal.SIGINT)
 
     def _run(self, *args):
         result = subprocess.run([*self.as_postgres, *map(str, args)], capture_output=True, text=True, timeout=120)
@@ -164,11 +175,7 @@ class Postgres:
 
     def stop(self):
         try:
-            if self.process and self.process.poll() is None:
-                # The postmaster itself (under runuser, its child): SIGINT is a fast shutdown.
-                for pid in children(self.process.pid) if self.as_postgres else []:
-                    os.kill(pid, signal.SIGINT)
-                end(self.process, signal.SIGINT)
+            self.shutdown()
         finally:
             if (self.dir / "postgres.log").exists():
                 shutil.copy(self.dir / "postgres.log", self.log_dir / "postgres.log")

@@ -10,6 +10,7 @@ The window is small (8k tokens) so that epochs happen mid-session.
 Afterwards: the archive is in PostgreSQL; every request the clients sent is archived exactly once;
 each conversation is one session; `pare sessions verify` passes; what the stub received equals what
 `pare replay` predicts from the archived raw requests; `pare export sft|dpo` work from PostgreSQL.
+Apart: two replicas keep answering while PostgreSQL is stopped, and write what waited once it is back.
 
 `PARE_FLEET_ARCHIVE=sqlite` runs the same fleet on one SQLite archive directory that the replicas
 share instead of PostgreSQL (the same code path in pare)."""
@@ -31,7 +32,7 @@ from fleet_servers import Nginx, Postgres, Replica, wait_for
 from stub_messages import MESSAGES_ANSWER
 from stub_messages import SHELL_TOOL as MESSAGES_SHELL_TOOL
 from stub_responses import RESPONSES_ANSWER
-from stub_upstream import WEATHER_ANSWER, WEATHER_TOOL, StubUpstream
+from stub_upstream import PLAIN_ANSWER, WEATHER_ANSWER, WEATHER_TOOL, StubUpstream
 from test_codex import CODEX_TIMEOUT_S, codex_config, report_of
 
 REPLICAS = 3
@@ -492,3 +493,55 @@ def test_exports_work_from_the_archive(fleet):
     dpo = fleet.directory / "dpo.jsonl"
     fleet.cli("export", "--out", str(dpo), "dpo")
     assert all(json.loads(line) for line in dpo.read_text().splitlines())
+
+
+def test_replicas_keep_proxying_while_postgres_is_down(tmp_path):
+    """PostgreSQL stopped under two strict replicas behind nginx: every request is still answered,
+    within archive.commit_timeout_ms and a margin; health says degraded with the database's error; once
+    the database is back the waiting records are written, nothing is lost and the chains verify."""
+    if os.environ.get("PARE_FLEET_ARCHIVE", "postgres") != "postgres":
+        pytest.skip("PARE_FLEET_ARCHIVE=sqlite")
+    started, stub = [], StubUpstream()
+    try:
+        postgres = Postgres(tmp_path / "postgres", fsync=False)
+        started.append(postgres)
+        config = tmp_path / "pare.yaml"
+        config.write_text(f"archive:\n  url: {postgres.url}\n  durability: strict\n  commit_timeout_ms: 2000\n")
+        replicas = [Replica(os.environ["PARE_BIN"], ["--config", config, "--upstream", f"{stub.url}/v1"], tmp_path / f"replica-{i}.log")
+                    for i in range(2)]
+        started += replicas
+        nginx = Nginx(tmp_path / "nginx", [r.port for r in replicas])
+        started.append(nginx)
+        sdk = openai.OpenAI(base_url=f"{nginx.url}/v1", api_key="sk-e2e-fleet", timeout=30, max_retries=0)
+
+        def ask(i):
+            began = time.monotonic()
+            answer = sdk.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": f"[fleet db-down] question {i}"}])
+            return answer.choices[0].message.content, time.monotonic() - began
+
+        answers = [ask(i) for i in range(2)]
+        postgres.shutdown()
+        answers += [ask(i) for i in range(2, 5)]
+        assert all(text == PLAIN_ANSWER for text, _ in answers), answers
+        assert all(seconds < 2 + 3 for _, seconds in answers[2:]), f"a request waited past commit_timeout_ms: {answers}"
+        health = [r.health() for r in replicas]
+        assert all(h["status"] == "degraded" and h["archive"]["writable"] is False for h in health), health
+        assert all("***" in h["archive"]["last_error"] and Postgres.PASSWORD not in json.dumps(h) for h in health), health
+
+        postgres.start()
+        wait_for(lambda: all(r.health()["status"] == "ok" for r in replicas), 30, "the replicas to write the records that waited")
+        answers.append(ask(5))
+        assert all(r.health()["archive"]["lost_records"] == 0 for r in replicas)
+        assert [r.stop() for r in replicas] == [0, 0]
+        nginx.stop()
+        run = FleetRun(tmp_path, postgres.url, "postgres", config, replicas, nginx, postgres, stub.recorded(), {}, None, {}, {})
+        sessions = run.sessions()
+        assert sum(s["requests"] for s in sessions.values()) == len(answers) == len(run.stub_bodies("/v1/chat/completions"))
+        assert run.cli("sessions", "verify", check=False).returncode == 0
+    finally:
+        for server in reversed(started):
+            try:
+                server.stop()
+            except Exception:  # noqa: BLE001 - every server gets its stop
+                pass
+        stub.close()
