@@ -45,6 +45,7 @@ fn large_archive(dir: &Path, n: usize) {
             late_summary: None,
             skipped: None,
             key_req: None,
+            lists: Default::default(),
         });
         let answer = json!({"choices": [{"message": {"role": "assistant", "content": format!("done {k}")}}]});
         archive.record_response(

@@ -42,6 +42,8 @@ struct Compaction {
     late: Option<LateCount>,
     /// The session's compaction state, when this request changed it (stored with the exchange).
     plan: Option<SessionPlan>,
+    /// The derived texts the forwarded markers name ([`CompactOutput::lists`]).
+    lists: Arc<[String]>,
 }
 
 /// What the proxy needs to forward one request.
@@ -309,7 +311,7 @@ impl Pipeline {
             Ok(body) => (body.model(), body.stream()),
             Err(_) => (None, false),
         };
-        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late, plan } = match &parsed {
+        let Compaction { body: changed, spans: forwarded_spans, summary, skipped, late, plan, lists } = match &parsed {
             Err(err) => {
                 self.stats.unparseable.fetch_add(1, Ordering::Relaxed);
                 Compaction { skipped: Some(err.to_string()), ..Compaction::default() }
@@ -364,6 +366,7 @@ impl Pipeline {
                     late_summary: late_archive,
                     skipped: skipped.clone(),
                     key_req: assignment.key_req,
+                    lists,
                 };
                 let ticket = match archive.durability() {
                     Durability::Buffered => archive.queue_exchange(record).await,
@@ -451,6 +454,7 @@ impl Pipeline {
                     skipped: failed.or(unchanged),
                     late: out.late,
                     plan: None,
+                    lists: out.lists,
                 }
             }
             Err(skipped) => {

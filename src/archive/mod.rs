@@ -184,6 +184,9 @@ pub struct ExchangeRecord {
     pub skipped: Option<String>,
     /// Session key of the request's messages (see [`crate::session`]).
     pub key_req: Option<u64>,
+    /// Texts the forwarded markers name that compaction derived (elision markers' id lists,
+    /// [`crate::exchange::CompactOutput::lists`]): stored as contents like the hidden outputs.
+    pub lists: std::sync::Arc<[String]>,
 }
 
 impl ExchangeRecord {
@@ -205,6 +208,7 @@ impl ExchangeRecord {
             late_summary: None,
             skipped: None,
             key_req: None,
+            lists: std::sync::Arc::from([]),
         }
     }
 

@@ -405,6 +405,7 @@ fn sessions_diff_shows_each_change_once() {
             late_summary: None,
             skipped: None,
             key_req: None,
+            lists: Default::default(),
         });
     }
     archive.close();

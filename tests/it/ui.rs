@@ -262,6 +262,7 @@ fn large_archive(dir: &Path, n: usize) {
             late_summary: None,
             skipped: None,
             key_req: None,
+            lists: Default::default(),
         });
         let answer = json!({"choices": [{"message": {"role": "assistant", "content": format!("done {k}")}, "finish_reason": "stop"}]});
         archive.record_response(
@@ -372,6 +373,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         late_summary: None,
         skipped: None,
         key_req: None,
+        lists: Default::default(),
     });
     archive.close();
     let ui = Ui::new(dir.path().to_owned(), &Config::default());
@@ -419,6 +421,7 @@ fn requests_between_epochs_link_the_epoch_start() {
             late_summary: None,
             skipped: None,
             key_req: None,
+            lists: Default::default(),
         });
     }
     archive.close();
@@ -511,6 +514,7 @@ fn crafted_epoch_request(dir: &Path) {
         late_summary: None,
         skipped: None,
         key_req: None,
+        lists: Default::default(),
     });
     archive.close();
 }
