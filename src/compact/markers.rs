@@ -318,6 +318,13 @@ pub fn ids_listed<S: std::borrow::Borrow<str>>(entries: &[S]) -> bool {
     false
 }
 
+/// The id list an elision marker for these entries names that compaction derives ([`id_list_text`]),
+/// when it names one: `None` when it names its outputs' ids inline, or the list of an earlier marker
+/// alone.
+pub fn derived_id_list<S: std::borrow::Borrow<str>>(entries: &[S]) -> Option<String> {
+    (ids_listed(entries) && entries.len() > 1).then(|| id_list_text(entries))
+}
+
 /// What an elision marker says to get its outputs back (`{retrieve}`), given its id-list entries
 /// (most recent first): `; ids: pare:…`, or for more than [`IDS_INLINE_MAX`] outputs
 /// `; ids listed in pare:…` (the id of [`id_list_text`]); with pare's retrieve tool in the request,
@@ -329,7 +336,12 @@ pub fn ids_suffix<S: std::borrow::Borrow<str>>(entries: &[S], tool: Option<&str>
     }
     let how = tool.map(|tool| format!(" (get back with {tool})")).unwrap_or_default();
     if ids_listed(entries) {
-        return format!("; ids{how} listed in {}", content_id(&id_list_text(entries)));
+        let list = match entries {
+            // An earlier marker's list alone (that marker elided again): its own id, not a list of it.
+            [one] => entry_id(one.borrow()).to_owned(),
+            _ => content_id(&id_list_text(entries)),
+        };
+        return format!("; ids{how} listed in {list}");
     }
     let mut ids: Vec<&str> = Vec::with_capacity(entries.len());
     for entry in entries {
@@ -976,8 +988,14 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         // A list's ids are those of its lines; its heading names none.
         assert_eq!(content_ids_in(&list).collect::<Vec<_>>(), vec!["ba9876543210", "0123456789ab"]);
         // An earlier list is named as a list even alone.
+        // An earlier list alone is named by its own id, and no list is derived.
         let earlier = id_entry("pare:ffffffffffff", &format!("{LIST_ENTRY} (70 messages)"));
-        assert!(ids_suffix(&[earlier.as_str()], None).starts_with("; ids listed in pare:"));
+        assert_eq!(ids_suffix(&[earlier.as_str()], None), "; ids listed in pare:ffffffffffff");
+        assert_eq!(derived_id_list(&[earlier.as_str()]), None);
+        assert_eq!(derived_id_list(&[a.as_str()]), None);
+        assert_eq!(derived_id_list(&[b.as_str(), a.as_str()]), Some(list.clone()));
+        let nested = id_list_text(&[earlier.as_str(), a.as_str()]);
+        assert!(ids_suffix(&[earlier.as_str(), a.as_str()], None).ends_with(&content_id(&nested)));
         // The marker reads back with its list id.
         let marker = format!("[pare: 4 earlier messages elided — bash ×2, read_file ×2{listed}; names: load_user]");
         let parsed = parse_elision(&marker).expect("default form");

@@ -26,9 +26,9 @@ use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edited::FileEdits;
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, LIST_ENTRY, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, files_suffix,
-    group_digits, id_entry, id_list_text, ids_listed, ids_suffix, is_compacted, mentioned_files, names_suffix,
-    parse_elision, placeholders, render,
+    ElisionSummary, LIST_ENTRY, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, derived_id_list,
+    files_suffix, group_digits, id_entry, ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision,
+    placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -296,9 +296,7 @@ pub fn fit(
         spans.into_iter().map(|(start, end)| (start, (end, final_ctx.marker(edits, start, end).0))).collect();
     elided.lists = runs
         .iter()
-        .map(|(&start, &(end, _))| run_ids(&facts, conv, edits, start, end))
-        .filter(|ids| ids_listed(ids))
-        .map(|ids| id_list_text(&ids))
+        .filter_map(|(&start, &(end, _))| derived_id_list(&run_ids(&facts, conv, edits, start, end)))
         .collect();
     for (start, (end, marker)) in &runs {
         let mut raw_tokens = 0i64;
