@@ -46,6 +46,7 @@ fn large_archive(dir: &Path, n: usize) {
             skipped: None,
             key_req: None,
             expect_requests: None,
+            lists: Default::default(),
         });
         let answer = json!({"choices": [{"message": {"role": "assistant", "content": format!("done {k}")}}]});
         archive.record_response(

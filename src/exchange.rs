@@ -5,6 +5,7 @@
 //! each other.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -137,6 +138,10 @@ pub struct CompactOutput {
     /// [`CompactInput::defer_counts`]): given `summary`, it counts what was left and returns the
     /// exact summary. `body` and `spans` are final either way.
     pub late: Option<LateCount>,
+    /// The texts the forwarded markers name that compaction derived rather than read from the
+    /// request (the id lists of elision markers, [`crate::compact::Compacted::lists`]): the
+    /// archive stores them as it stores the hidden outputs, so that every id resolves.
+    pub lists: Arc<[String]>,
 }
 
 /// Finishes a summary whose new messages were not counted yet (see [`CompactOutput::late`]).
@@ -153,7 +158,13 @@ pub struct IdentityCompactor;
 
 impl ConversationCompactor for IdentityCompactor {
     fn compact(&self, _input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        Ok(CompactOutput { body: None, spans: None, summary: CompactionSummary::default(), late: None })
+        Ok(CompactOutput {
+            body: None,
+            spans: None,
+            summary: CompactionSummary::default(),
+            late: None,
+            lists: Arc::from([]),
+        })
     }
 }
 

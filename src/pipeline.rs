@@ -42,6 +42,8 @@ struct Compaction {
     late: Option<LateCount>,
     /// The session's compaction state, when this request changed it (stored with the exchange).
     plan: Option<SessionPlan>,
+    /// The derived texts the forwarded markers name ([`CompactOutput::lists`]).
+    lists: Arc<[String]>,
 }
 
 /// What the proxy needs to forward one request.
@@ -377,6 +379,7 @@ impl Pipeline {
                 key_req: assignment.key_req,
                 // The last try is recorded whatever the archive holds: a request is never left out.
                 expect_requests: expected.filter(|_| stale_retries < STALE_RETRIES).map(|n| n as i64),
+                lists: compaction.lists.clone(),
             };
             if !strict {
                 let ticket = archive.queue_exchange(record).await;
@@ -534,6 +537,7 @@ impl Pipeline {
                     skipped: failed.or(unchanged),
                     late: out.late,
                     plan: None,
+                    lists: out.lists,
                 }
             }
             Err(skipped) => {

@@ -6,7 +6,8 @@
 //!
 //! The writer indexes an exchange after storing it ([`ContentIndex::index`]): it looks for ids in
 //! the forwarded body and, only when one is not stored yet (a compaction that hid something new),
-//! reads the raw body's conversation and stores the texts those ids name. An epoch's markers come
+//! stores the texts those ids name: from the record's derived texts (an elision marker's id list)
+//! and the raw body's conversation. An epoch's markers come
 //! back unchanged request after request, so most requests cost one scan of the forwarded body.
 //!
 //! The lookup is one range query over the `contents` table's primary key joined with `blobs`: any
@@ -134,18 +135,15 @@ impl ContentIndex {
         self.known.clear();
     }
 
-    /// Store the contents that `rec`'s forwarded body names and the store lacks, from `rec`'s raw
-    /// conversation; `put_blob` stores one text as a blob of the record's session and gives its id.
-    pub(crate) fn index(
+    /// Add to `wanted` the keys of the ids among `ids` (hex digits) that are neither known nor
+    /// stored (those found stored become known).
+    fn want_unstored<'t>(
         &mut self,
         conn: &Db,
-        rec: &ExchangeRecord,
-        mut put_blob: impl FnMut(&[u8]) -> Result<i64, ArchiveError>,
+        ids: impl Iterator<Item = &'t str>,
+        wanted: &mut Vec<u64>,
     ) -> Result<(), ArchiveError> {
-        let Some(forwarded) = rec.forwarded.as_ref() else { return Ok(()) };
-        let Ok(forwarded) = std::str::from_utf8(forwarded) else { return Ok(()) };
-        let mut wanted: Vec<u64> = Vec::new();
-        for hex in content_ids_in(forwarded) {
+        for hex in ids {
             let key = u64::from_str_radix(hex, 16).expect("ids are hex");
             if self.known.get(&key).is_some() || wanted.contains(&key) {
                 continue;
@@ -158,6 +156,39 @@ impl ContentIndex {
                 self.known.put(key, ());
             } else {
                 wanted.push(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Store the contents that `rec`'s forwarded body names and the store lacks, from `rec`'s raw
+    /// conversation; `put_blob` stores one text as a blob of the record's session and gives its id.
+    pub(crate) fn index(
+        &mut self,
+        conn: &Db,
+        rec: &ExchangeRecord,
+        mut put_blob: impl FnMut(&[u8]) -> Result<i64, ArchiveError>,
+    ) -> Result<(), ArchiveError> {
+        let Some(forwarded) = rec.forwarded.as_ref() else { return Ok(()) };
+        let Ok(forwarded) = std::str::from_utf8(forwarded) else { return Ok(()) };
+        let mut wanted: Vec<u64> = Vec::new();
+        self.want_unstored(conn, content_ids_in(forwarded), &mut wanted)?;
+        // The texts compaction derived (elision markers' id lists) first: no raw body holds them.
+        // A list stored now names outputs (and earlier lists) the forwarded body does not: they are
+        // wanted too.
+        let mut stored_one = true;
+        while stored_one {
+            stored_one = false;
+            for list in rec.lists.iter() {
+                let hash = store::sha256(list.as_bytes());
+                let key = hash[..CONTENT_ID_HEX / 2].iter().fold(0u64, |key, byte| key << 8 | u64::from(*byte));
+                if let Some(at) = wanted.iter().position(|k| *k == key) {
+                    put_blob(list.as_bytes())?;
+                    conn.execute("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)", params![&hash])?;
+                    self.known.put(wanted.swap_remove(at), ());
+                    self.want_unstored(conn, content_ids_in(list), &mut wanted)?;
+                    stored_one = true;
+                }
             }
         }
         if wanted.is_empty() {

@@ -214,6 +214,9 @@ pub struct ExchangeRecord {
     /// `n` archived requests (0 for a session the archive does not know); otherwise it (and the
     /// plan riding with it) is not written and the waiter gets [`ArchiveError::Stale`].
     pub expect_requests: Option<i64>,
+    /// Texts the forwarded markers name that compaction derived (elision markers' id lists,
+    /// [`crate::exchange::CompactOutput::lists`]): stored as contents like the hidden outputs.
+    pub lists: std::sync::Arc<[String]>,
 }
 
 impl ExchangeRecord {
@@ -236,6 +239,7 @@ impl ExchangeRecord {
             skipped: None,
             key_req: None,
             expect_requests: None,
+            lists: std::sync::Arc::from([]),
         }
     }
 

@@ -166,6 +166,10 @@ struct Frozen {
     prefix_seen: Box<[u64]>,
     /// Tokens of `prefix`'s messages in an encoding, counted on the first request that needs them.
     prefix_tokens: OnceLock<(Encoding, u64)>,
+    /// The texts the engine derived that `prefix` names ([`crate::compact::Compacted::lists`]),
+    /// handed to the archive with every request that forwards the prefix. Empty for a prefix
+    /// restored after a restart: the archive stored them with the request that made it.
+    lists: Arc<[String]>,
 }
 
 impl Frozen {
@@ -175,12 +179,17 @@ impl Frozen {
             prefix: Packed::new(prefix),
             prefix_seen: prefix_seen.into_boxed_slice(),
             prefix_tokens: OnceLock::new(),
+            lists: Arc::from([]),
         }
     }
 
     /// Bytes allocated for this prefix.
     fn bytes(&self) -> usize {
-        size_of::<Frozen>() + size_of_val(&*self.raw_hashes) + self.prefix.bytes() + size_of_val(&*self.prefix_seen)
+        size_of::<Frozen>()
+            + size_of_val(&*self.raw_hashes)
+            + self.prefix.bytes()
+            + size_of_val(&*self.prefix_seen)
+            + self.lists.iter().map(String::len).sum::<usize>()
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
@@ -653,7 +662,7 @@ impl SessionCompactor {
                 report: Some(base_report),
             };
             let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, 0, usable).boxed());
-            return CompactOutput { body: None, spans: None, summary, late };
+            return CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) };
         }
 
         let state = self.session(session);
@@ -719,11 +728,12 @@ impl SessionCompactor {
                         report.write_failed = Some(err.to_string());
                     }
                     let late = late.map(|late| LateCounts { tail_from: 0, ..late }.boxed());
-                    return CompactOutput { body: None, spans: None, summary, late };
+                    return CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) };
                 }
             }
         };
-        CompactOutput { body, spans, summary, late: late.map(LateCounts::boxed) }
+        let lists = step.frozen.as_ref().map_or_else(|| Arc::from([]), |f| Arc::clone(&f.lists));
+        CompactOutput { body, spans, summary, late: late.map(LateCounts::boxed), lists }
     }
 
     /// Whether `request`, its new messages' tokens given as upper bounds, appends to the session
@@ -829,10 +839,10 @@ impl SessionCompactor {
                 self.attempt(request, &candidate, &options, counter)
             }
         };
-        let (raw_boundary, prefix, engine_report, prefix_seen) = match attempt {
+        let (raw_boundary, prefix, engine_report, prefix_seen, mut lists) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
                 let seen = times.as_ref().map(|t| t.of_prefix(&a.sources, &t.candidate, a.prefix.len()));
-                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen)
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen, a.lists)
             }
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
@@ -847,11 +857,25 @@ impl SessionCompactor {
                 let view = View { messages: request.raw, tools: request.tools };
                 let (out, sources) = self.engine.compact_traced(&view, &options, counter);
                 let seen = times.as_ref().map(|t| t.of_prefix(&sources, &t.raw, out.prefix.len()));
-                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen)
+                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists)
             }
         };
+        // The lists an earlier epoch derived go on while the prefix names them; a lightest cut keeps
+        // only part of the engine's prefix: the lists its markers no longer name are left out.
+        for earlier in frozen.iter().flat_map(|f| f.lists.iter()) {
+            if !lists.contains(earlier) {
+                lists.push(earlier.clone());
+            }
+        }
+        lists.retain(|list| {
+            let id = crate::compact::markers::content_id(list);
+            prefix.iter().any(|m| m.contains(id.as_str()))
+        });
         let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
-        let new_frozen = Arc::new(Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default()));
+        let new_frozen = Arc::new(Frozen {
+            lists: lists.into(),
+            ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default())
+        });
         let forwarded_tokens =
             new_frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
         if changed && over && state.saturated && !self.gains(candidate_tokens, forwarded_tokens, usable) {
@@ -945,7 +969,7 @@ impl SessionCompactor {
         let applied = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
         let boundary = whole.boundary.min(candidate.len());
         if sources.len() != whole.prefix.len() {
-            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
+            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists });
         }
         if whole.fitted {
             // Where the floor raised the target, the history is what the floor keeps for the next
@@ -958,7 +982,7 @@ impl SessionCompactor {
                     return Some(attempt);
                 }
             }
-            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources });
+            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists });
         }
         let target = applied;
         let fixed = request.fixed;
@@ -984,12 +1008,12 @@ impl SessionCompactor {
                 messages.extend_from_slice(&candidate[cut..]);
                 if crate::compact::validate::check_messages(&messages).is_ok() {
                     let sources = sources[..n_out].to_vec();
-                    return Some(Attempt { boundary: cut, prefix, report: whole.report, sources });
+                    return Some(Attempt { boundary: cut, prefix, report: whole.report, sources, lists: whole.lists });
                 }
             }
             raw_after -= raw_tokens[cut];
         }
-        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources })
+        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists })
     }
 
     /// A fitted epoch that keeps the longest head of the candidate the upstream holds cached (the
@@ -1022,7 +1046,13 @@ impl SessionCompactor {
                 return None;
             }
             let tokens = forwarded_tokens(counter, &out.prefix, &candidate[boundary..]) + request.fixed;
-            (tokens <= limit).then_some(Attempt { boundary, prefix: out.prefix, report: out.report, sources })
+            (tokens <= limit).then_some(Attempt {
+                boundary,
+                prefix: out.prefix,
+                report: out.report,
+                sources,
+                lists: out.lists,
+            })
         };
         let (mut lo, mut hi) = (0, cuts.len());
         let mut longest = None;
@@ -1049,7 +1079,13 @@ impl SessionCompactor {
     ) -> Option<Attempt> {
         let view = View { messages: candidate, tools: request.tools };
         let (out, sources) = self.engine.compact_traced(&view, options, counter);
-        Some(Attempt { boundary: out.boundary.min(candidate.len()), prefix: out.prefix, report: out.report, sources })
+        Some(Attempt {
+            boundary: out.boundary.min(candidate.len()),
+            prefix: out.prefix,
+            report: out.report,
+            sources,
+            lists: out.lists,
+        })
     }
 }
 
@@ -1099,6 +1135,8 @@ struct Attempt {
     report: Report,
     /// For each prefix message, the candidate message(s) it stands for.
     sources: Vec<Source>,
+    /// [`Compacted::lists`] of the engine run.
+    lists: Vec<String>,
 }
 
 /// Arrival times (clock milliseconds) of a request's raw messages and of its candidate messages.

@@ -13,6 +13,9 @@ pub struct Replayed {
     pub summary: Option<CompactionSummary>,
     /// Why compaction did not apply, as the proxy would log it.
     pub skipped: Option<String>,
+    /// The texts the forwarded markers name that compaction derived ([`crate::exchange::CompactOutput::lists`]): what
+    /// the archive would store with this request.
+    pub lists: std::sync::Arc<[String]>,
 }
 
 /// Forward one request of `session` as the proxy does: unparseable bodies, requests that ask the
@@ -41,11 +44,21 @@ pub fn replay_request_at(
     let body = match crate::wire::parse_at(wire, path, raw) {
         Ok(body) => body,
         Err(err) => {
-            return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(err.to_string()) };
+            return Replayed {
+                forwarded: raw.to_vec(),
+                summary: None,
+                skipped: Some(err.to_string()),
+                lists: Default::default(),
+            };
         }
     };
     if let Some(why) = body.server_compaction() {
-        return Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(why.to_owned()) };
+        return Replayed {
+            forwarded: raw.to_vec(),
+            summary: None,
+            skipped: Some(why.to_owned()),
+            lists: Default::default(),
+        };
     }
     let messages = body.messages();
     let hashes = crate::neutral::message_hashes(&messages);
@@ -60,9 +73,12 @@ pub fn replay_request_at(
     };
     match compact_fail_open(compactor, &input) {
         Ok(out) => {
-            Replayed { forwarded: out.body.unwrap_or_else(|| raw.to_vec()), summary: Some(out.summary), skipped: None }
+            let forwarded = out.body.unwrap_or_else(|| raw.to_vec());
+            Replayed { forwarded, summary: Some(out.summary), skipped: None, lists: out.lists }
         }
-        Err(skipped) => Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(skipped) },
+        Err(skipped) => {
+            Replayed { forwarded: raw.to_vec(), summary: None, skipped: Some(skipped), lists: Default::default() }
+        }
     }
 }
 

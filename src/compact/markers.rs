@@ -149,8 +149,11 @@ pub struct ElisionSummary {
     pub files: Vec<String>,
     /// The identifiers it lists (`{names}`), most recent first.
     pub names: Vec<String>,
-    /// The content ids of the outputs it stands for (`{retrieve}`), most recent first.
+    /// The content ids of the outputs it stands for (`{retrieve}`), most recent first; with
+    /// `listed`, the one id of their id list.
     pub ids: Vec<String>,
+    /// The marker names an id list ([`id_list_text`]) rather than the outputs' ids.
+    pub listed: bool,
 }
 
 /// Read back an elision marker rendered from the default `elision_template`; `None` for anything else
@@ -163,15 +166,18 @@ pub fn parse_elision(text: &str) -> Option<ElisionSummary> {
         Some((rest, names)) => (rest, names.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let (rest, ids) = match rest.split_once("; ids") {
-        Some((rest, ids)) => (rest, ids.split_once(": ")?.1.split(", ").map(str::to_owned).collect()),
-        None => (rest, Vec::new()),
+    let (rest, ids, listed) = match rest.split_once("; ids") {
+        Some((rest, ids)) => match ids.split_once(" listed in ") {
+            Some((_, list)) => (rest, vec![list.to_owned()], true),
+            None => (rest, ids.split_once(": ")?.1.split(", ").map(str::to_owned).collect(), false),
+        },
+        None => (rest, Vec::new(), false),
     };
     let (what, files) = match rest.split_once("; files: ") {
         Some((what, files)) => (what, files.split(", ").map(str::to_owned).collect()),
         None => (rest, Vec::new()),
     };
-    let mut summary = ElisionSummary { messages, files, names, ids, ..ElisionSummary::default() };
+    let mut summary = ElisionSummary { messages, files, names, ids, listed, ..ElisionSummary::default() };
     for item in what.split(", ").filter(|i| !i.is_empty()) {
         let (name, k) = item.rsplit_once(" ×")?;
         let k: usize = k.replace(',', "").parse().ok()?;
@@ -250,19 +256,101 @@ pub fn content_texts(message: &crate::neutral::Message) -> Vec<String> {
     out
 }
 
-/// How many content ids an elision marker lists: the most recent outputs of its run first. Each costs
-/// about eight tokens; a run of more outputs names its oldest ones no more.
-pub const IDS_PER_ELISION: usize = 64;
+/// How many outputs an elision marker names by their own ids, at most: a run of more names one id,
+/// that of its id list ([`id_list_text`]), which the archive stores like any named content. One
+/// list id costs fewer tokens than the ids it replaces from two ids on (measured with the default
+/// tokenizer: `one_list_id_is_cheaper_than_two_ids`), so only a lone output is named inline.
+pub const IDS_INLINE_MAX: usize = 1;
 
-/// What an elision marker says to get its outputs back (`{retrieve}`): `; ids: pare:…, pare:…`, or
-/// with pare's retrieve tool in the request, `; ids (get back with TOOL): pare:…, pare:…`; nothing
-/// without ids.
-pub fn ids_suffix<S: std::borrow::Borrow<str>>(ids: &[S], tool: Option<&str>) -> String {
-    match (ids.is_empty(), tool) {
-        (true, _) => String::new(),
-        (false, Some(tool)) => format!("; ids (get back with {tool}): {}", ids.join(", ")),
-        (false, None) => format!("; ids: {}", ids.join(", ")),
+/// How an id list describes a member that is itself an id list (an earlier elision's).
+pub const LIST_ENTRY: &str = "list of the ids an earlier elision hid";
+
+/// One line of an id list: the id, then what it names when known (the call that produced the
+/// output, `read_file("src/a.py")`, or [`LIST_ENTRY`]).
+pub fn id_entry(id: &str, what: &str) -> String {
+    if what.is_empty() { id.to_owned() } else { format!("{id} {what}") }
+}
+
+/// The id an id-list line starts with.
+pub fn entry_id(entry: &str) -> &str {
+    entry.split_once(' ').map_or(entry, |(id, _)| id)
+}
+
+/// Whether an id-list line names an id list.
+fn names_a_list(entry: &str) -> bool {
+    entry.split_once(' ').is_some_and(|(_, what)| what.starts_with(LIST_ENTRY))
+}
+
+/// The text an elision marker's list id names: a heading line, then one [`id_entry`] per line, most
+/// recent output first. A pure function of the entries, so the same run has the same list id in
+/// `pare replay`, across restarts and epochs.
+pub fn id_list_text<S: std::borrow::Borrow<str>>(entries: &[S]) -> String {
+    let mut out = format!(
+        "content ids of the {} outputs a pare elision marker stands for, most recent first; each line: an id, \
+         then the call whose output it names\n",
+        entries.len()
+    );
+    for entry in entries {
+        out.push_str(entry.borrow());
+        out.push('\n');
     }
+    out
+}
+
+/// Whether an elision marker for these id-list entries names one list id rather than the ids: more
+/// than [`IDS_INLINE_MAX`] distinct ids, or a member that is an id list itself (a list is named
+/// as a list, never inline among outputs).
+pub fn ids_listed<S: std::borrow::Borrow<str>>(entries: &[S]) -> bool {
+    let mut distinct: Vec<&str> = Vec::with_capacity(IDS_INLINE_MAX + 1);
+    for entry in entries {
+        let entry = entry.borrow();
+        if names_a_list(entry) {
+            return true;
+        }
+        let id = entry_id(entry);
+        if !distinct.contains(&id) {
+            if distinct.len() == IDS_INLINE_MAX {
+                return true;
+            }
+            distinct.push(id);
+        }
+    }
+    false
+}
+
+/// The id list an elision marker for these entries names that compaction derives ([`id_list_text`]),
+/// when it names one: `None` when it names its outputs' ids inline, or the list of an earlier marker
+/// alone.
+pub fn derived_id_list<S: std::borrow::Borrow<str>>(entries: &[S]) -> Option<String> {
+    (ids_listed(entries) && entries.len() > 1).then(|| id_list_text(entries))
+}
+
+/// What an elision marker says to get its outputs back (`{retrieve}`), given its id-list entries
+/// (most recent first): `; ids: pare:…`, or for more than [`IDS_INLINE_MAX`] outputs
+/// `; ids listed in pare:…` (the id of [`id_list_text`]); with pare's retrieve tool in the request,
+/// `; ids (get back with TOOL): …` / `; ids (get back with TOOL) listed in pare:…`; nothing without
+/// entries.
+pub fn ids_suffix<S: std::borrow::Borrow<str>>(entries: &[S], tool: Option<&str>) -> String {
+    if entries.is_empty() {
+        return String::new();
+    }
+    let how = tool.map(|tool| format!(" (get back with {tool})")).unwrap_or_default();
+    if ids_listed(entries) {
+        let list = match entries {
+            // An earlier marker's list alone (that marker elided again): its own id, not a list of it.
+            [one] => entry_id(one.borrow()).to_owned(),
+            _ => content_id(&id_list_text(entries)),
+        };
+        return format!("; ids{how} listed in {list}");
+    }
+    let mut ids: Vec<&str> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let id = entry_id(entry.borrow());
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    format!("; ids{how}: {}", ids.join(", "))
 }
 
 /// The name of pare's retrieve tool (the MCP server's tool, see the README).
@@ -841,6 +929,80 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         // A marker's id is not one of the names markers list.
         let none = FxHashSet::default();
         assert_eq!(salient_names(&format!("{text} load_user"), 10, &[], &none), vec!["load_user"]);
+    }
+
+    /// [`IDS_INLINE_MAX`] measured: with the default tokenizer one list id costs more tokens than one
+    /// id inline and fewer than two or more (means over 40 ids, whose hex digits tokenize unevenly;
+    /// with or without the retrieve tool named).
+    #[test]
+    fn one_list_id_is_cheaper_than_two_ids() {
+        let counter = crate::tokens::TokenCounter::new(&crate::tokens::CounterConfig::default());
+        let entries: Vec<String> = (0..40)
+            .map(|k| id_entry(&content_id(&format!("output {k}")), &format!("bash(\"make test_{k}\")")))
+            .collect();
+        for tool in [None, Some("mcp__pare__retrieve")] {
+            let how = tool.map(|t| format!(" (get back with {t})")).unwrap_or_default();
+            // Mean tokens of the suffix naming `k` consecutive entries inline, and by a list id.
+            let mean = |k: usize, listed: bool| -> f64 {
+                let runs = entries.windows(k);
+                let n = runs.len() as f64;
+                let total: u64 = runs
+                    .map(|run| match listed {
+                        true => counter.text(&format!("; ids{how} listed in {}", content_id(&id_list_text(run)))),
+                        false => {
+                            let ids: Vec<&str> = run.iter().map(|e| entry_id(e)).collect();
+                            counter.text(&format!("; ids{how}: {}", ids.join(", ")))
+                        }
+                    })
+                    .sum();
+                total as f64 / n
+            };
+            assert!(mean(1, false) < mean(1, true), "{tool:?}: one id inline is cheaper than a list of one");
+            for k in 2..=4 {
+                assert!(mean(k, true) < mean(k, false), "{tool:?}: a list id is cheaper than {k} ids");
+            }
+            // `ids_suffix` takes the cheaper form.
+            assert_eq!(ids_suffix(&entries[..1], tool), format!("; ids{how}: {}", entry_id(&entries[0])));
+            assert!(ids_suffix(&entries[..2], tool).contains(" listed in pare:"));
+        }
+    }
+
+    #[test]
+    fn elision_ids_are_inline_for_one_output_and_a_list_id_for_more() {
+        let a = id_entry("pare:0123456789ab", "read_file(\"src/a.py\")");
+        let b = id_entry("pare:ba9876543210", "bash(\"make test\")");
+        assert_eq!(ids_suffix(&[a.as_str()], None), "; ids: pare:0123456789ab");
+        assert_eq!(
+            ids_suffix(&[a.as_str(), a.as_str()], Some("retrieve")),
+            "; ids (get back with retrieve): pare:0123456789ab"
+        );
+        let list = id_list_text(&[b.as_str(), a.as_str()]);
+        assert_eq!(
+            list,
+            "content ids of the 2 outputs a pare elision marker stands for, most recent first; each line: an id, \
+             then the call whose output it names\npare:ba9876543210 bash(\"make test\")\npare:0123456789ab \
+             read_file(\"src/a.py\")\n"
+        );
+        let listed = ids_suffix(&[b.as_str(), a.as_str()], Some("retrieve"));
+        assert_eq!(listed, format!("; ids (get back with retrieve) listed in {}", content_id(&list)));
+        // A list's ids are those of its lines; its heading names none.
+        assert_eq!(content_ids_in(&list).collect::<Vec<_>>(), vec!["ba9876543210", "0123456789ab"]);
+        // An earlier list is named as a list even alone.
+        // An earlier list alone is named by its own id, and no list is derived.
+        let earlier = id_entry("pare:ffffffffffff", &format!("{LIST_ENTRY} (70 messages)"));
+        assert_eq!(ids_suffix(&[earlier.as_str()], None), "; ids listed in pare:ffffffffffff");
+        assert_eq!(derived_id_list(&[earlier.as_str()]), None);
+        assert_eq!(derived_id_list(&[a.as_str()]), None);
+        assert_eq!(derived_id_list(&[b.as_str(), a.as_str()]), Some(list.clone()));
+        let nested = id_list_text(&[earlier.as_str(), a.as_str()]);
+        assert!(ids_suffix(&[earlier.as_str(), a.as_str()], None).ends_with(&content_id(&nested)));
+        // The marker reads back with its list id.
+        let marker = format!("[pare: 4 earlier messages elided — bash ×2, read_file ×2{listed}; names: load_user]");
+        let parsed = parse_elision(&marker).expect("default form");
+        assert_eq!((parsed.ids, parsed.listed), (vec![content_id(&list)], true));
+        assert_eq!(parsed.names, vec!["load_user".to_string()]);
+        let inline = parse_elision("[pare: 2 earlier messages elided — bash ×2; ids: pare:0123456789ab]").unwrap();
+        assert_eq!((inline.ids, inline.listed), (vec!["pare:0123456789ab".to_string()], false));
     }
 
     #[test]

@@ -114,6 +114,10 @@ pub struct Compacted {
     /// message by message, so a caller may keep the compacted form of a leading part only (the
     /// epoch's lightest cut).
     pub fitted: bool,
+    /// The texts the prefix's markers name that the engine derived rather than read (the id lists
+    /// of elision markers, [`markers::id_list_text`]): the archive stores them with the request, so
+    /// that their ids resolve like those of the hidden outputs.
+    pub lists: Vec<String>,
 }
 
 /// The origin of one forwarded message of the prefix.
@@ -342,7 +346,7 @@ impl Prepared<'_> {
         }
 
         fill_report(conv, &edits, &elided, &mut report, prefix.len());
-        (Compacted { boundary: conv.boundary, prefix, report, fitted }, sources)
+        (Compacted { boundary: conv.boundary, prefix, report, fitted, lists: elided.lists }, sources)
     }
 }
 
@@ -355,6 +359,7 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Sou
         prefix: conv.raw.iter().map(|m| (*m).to_owned()).collect(),
         report,
         fitted: false,
+        lists: Vec::new(),
     };
     (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
 }

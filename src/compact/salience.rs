@@ -26,8 +26,9 @@ use super::conversation::{Conversation, GroupKind, is_system, path_argument};
 use super::edited::FileEdits;
 use super::edits::{Edits, TextEdit};
 use super::markers::{
-    ElisionSummary, IDS_PER_ELISION, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, files_suffix,
-    group_digits, ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision, placeholders, render,
+    ElisionSummary, LIST_ENTRY, NAMES_PER_ELISION, NAMES_PER_ELISION_AT_FLOOR, content_ids_in, derived_id_list,
+    files_suffix, group_digits, id_entry, ids_suffix, is_compacted, mentioned_files, names_suffix, parse_elision,
+    placeholders, render,
 };
 use super::report::{RuleId, TierReport};
 use super::rules::truncate_lines;
@@ -42,6 +43,9 @@ pub struct Elided {
     pub runs: BTreeMap<usize, (usize, String)>,
     /// Every raw message index elided.
     pub messages: BTreeSet<usize>,
+    /// The id lists ([`id_list_text`]) the runs' markers name, in run order: texts the engine
+    /// derived, which the archive stores so that the markers' list ids resolve.
+    pub lists: Vec<String>,
     pub chars_saved: i64,
     pub tokens_saved: i64,
 }
@@ -290,6 +294,10 @@ pub fn fit(
     }
     let runs: BTreeMap<usize, (usize, String)> =
         spans.into_iter().map(|(start, end)| (start, (end, final_ctx.marker(edits, start, end).0))).collect();
+    elided.lists = runs
+        .iter()
+        .filter_map(|(&start, &(end, _))| derived_id_list(&run_ids(&facts, conv, edits, start, end)))
+        .collect();
     for (start, (end, marker)) in &runs {
         let mut raw_tokens = 0i64;
         let mut raw_chars = 0i64;
@@ -341,9 +349,10 @@ struct MarkerFacts {
     /// marker lists, or would list); empty when the template does not ask for them.
     names: Vec<Vec<String>>,
     earlier_elisions: Vec<Option<ElisionSummary>>,
-    /// Per tool result, the content ids an elision marker lists for it (`{retrieve}`): its own, or
-    /// for a result that is already a marker (an earlier compaction), the ids that marker shows;
-    /// empty for other messages or when the template does not ask for them.
+    /// Per message, the id-list entries an elision marker has for it (`{retrieve}`, see
+    /// [`id_entry`]): a tool result's own id with its call, or for a result that is already a
+    /// marker (an earlier compaction) the ids that marker shows; for an earlier elision marker the
+    /// ids it shows, or its list id; empty for other messages or when the template does not ask.
     ids: Vec<Vec<String>>,
     /// How many names an elision marker lists: [`NAMES_PER_ELISION`], or
     /// [`NAMES_PER_ELISION_AT_FLOOR`] when the history floor raised the target.
@@ -371,22 +380,39 @@ impl MarkerFacts {
             let tool = &conv.facts(idx).tool;
             conv.names(idx).iter().filter(|n| *n != tool).cloned().collect()
         });
-        let earlier_elisions = (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
+        let earlier_elisions: Vec<Option<ElisionSummary>> =
+            (0..conv.boundary).map(|idx| earlier_elision(conv, edits, idx)).collect();
         let wants_ids = placeholders(&engine.policy.spec.tiers.elision_template).contains(&"retrieve");
-        let ids = conv.map_each(&indices, |&idx| match &conv.outcomes[idx] {
-            Some(_) if wants_ids && edits.compacted[idx] => {
-                let text = conv.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default();
-                let mut ids: Vec<String> = Vec::new();
-                for hex in content_ids_in(&text) {
-                    let id = format!("pare:{hex}");
-                    if !ids.contains(&id) {
-                        ids.push(id);
-                    }
-                }
-                ids
+        let ids = conv.map_each(&indices, |&idx| {
+            if !wants_ids {
+                return Vec::new();
             }
-            Some(_) if wants_ids => vec![conv.content_id(idx).to_owned()],
-            _ => Vec::new(),
+            if let Some(earlier) = &earlier_elisions[idx] {
+                return match earlier.listed {
+                    true => earlier
+                        .ids
+                        .iter()
+                        .map(|id| id_entry(id, &format!("{LIST_ENTRY} ({} messages)", group_digits(earlier.messages))))
+                        .collect(),
+                    false => earlier.ids.clone(),
+                };
+            }
+            match &conv.outcomes[idx] {
+                Some(_) if edits.compacted[idx] => {
+                    let text = conv.msgs[idx].as_ref().map(|m| m.text()).unwrap_or_default();
+                    let call = conv.facts(idx).call();
+                    let mut ids: Vec<String> = Vec::new();
+                    for hex in content_ids_in(&text) {
+                        let entry = id_entry(&format!("pare:{hex}"), &call);
+                        if !ids.contains(&entry) {
+                            ids.push(entry);
+                        }
+                    }
+                    ids
+                }
+                Some(_) => vec![id_entry(conv.content_id(idx), &conv.facts(idx).call())],
+                None => Vec::new(),
+            }
         });
         MarkerFacts { tool_results, names, earlier_elisions, ids, names_per_elision }
     }
@@ -449,12 +475,6 @@ fn message_summary<'f>(
             for (tool, k) in &earlier.tools {
                 add_tool(&mut summary, texts.id(tool), *k);
             }
-            for id in &earlier.ids {
-                if summary.ids.len() >= IDS_PER_ELISION {
-                    break;
-                }
-                summary.ids.push(texts.id(id));
-            }
             (&earlier.files, &earlier.names)
         }
         None => {
@@ -468,12 +488,10 @@ fn message_summary<'f>(
             } else if is_system(&m.role) {
                 add_tool(&mut summary, texts.id("system"), 1);
             }
-            for id in facts.ids[idx].iter().take(IDS_PER_ELISION) {
-                summary.ids.push(texts.id(id));
-            }
             (files, &facts.names[idx])
         }
     };
+    summary.ids = facts.ids[idx].iter().map(|entry| texts.id(entry)).collect();
     for file in files {
         if summary.files.len() >= MAX_FILES {
             break;
@@ -808,28 +826,34 @@ fn elision_marker(
             }
         }
     }
-    // Content ids: the most recent outputs' first, then what an earlier elision marker listed.
+    let ids = run_ids(marker_facts, conv, edits, start, end);
+    let tools: Vec<(&str, usize)> = tools.iter().map(|(tool, k)| (tool.as_str(), *k)).collect();
+    let lists = Lists { files: &files, names: &names, ids: &ids, retrieve_tool: conv.retrieve_tool.as_deref() };
+    elision_text(engine, n, &tools, notes, &lists, terse)
+}
+
+/// The id-list entries of the run `start..end` (see [`MarkerFacts::ids`]): the most recent outputs'
+/// first, then what an earlier elision marker named, none twice.
+fn run_ids<'f>(
+    facts: &'f MarkerFacts,
+    conv: &Conversation<'_>,
+    edits: &Edits,
+    start: usize,
+    end: usize,
+) -> Vec<&'f str> {
     let mut ids: Vec<&str> = Vec::new();
+    let mut seen: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
     for idx in (start..end).rev() {
         if edits.dropped[idx] || conv.msgs[idx].is_none() {
             continue;
         }
-        let listed: &[String] = match &marker_facts.earlier_elisions[idx] {
-            Some(earlier) => &earlier.ids,
-            None => &marker_facts.ids[idx],
-        };
-        for id in listed {
-            if ids.len() >= IDS_PER_ELISION {
-                break;
-            }
-            if !ids.contains(&id.as_str()) {
-                ids.push(id);
+        for entry in &facts.ids[idx] {
+            if seen.insert(entry) {
+                ids.push(entry);
             }
         }
     }
-    let tools: Vec<(&str, usize)> = tools.iter().map(|(tool, k)| (tool.as_str(), *k)).collect();
-    let lists = Lists { files: &files, names: &names, ids: &ids, retrieve_tool: conv.retrieve_tool.as_deref() };
-    elision_text(engine, n, &tools, notes, &lists, terse)
+    ids
 }
 
 /// The lists an elision marker shows.

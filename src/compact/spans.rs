@@ -2,12 +2,10 @@
 //! says of any span of messages that two adjacent spans combine into ([`MarkerSummary::then`]), a
 //! union of runs that keeps each run's summary, and a Fenwick tree for sums over ranges. With them
 //! [`super::salience`] weighs each elision step in time logarithmic in the conversation (and
-//! linear in the marker's lists), where re-reading the run would make a long conversation's fit
-//! quadratic.
+//! linear in the marker's lists, the id list being as long as the run's outputs), where re-reading
+//! the run would make a long conversation's fit quadratic.
 
 use rustc_hash::FxHashMap;
-
-use super::markers::IDS_PER_ELISION;
 
 /// What an elision marker says of a span: how many messages it stands for, per tool how many
 /// results, assistant notes, the first distinct files (at most [`MAX_FILES`]) and the most recent
@@ -20,7 +18,8 @@ pub struct MarkerSummary {
     pub tools: Vec<(u32, usize)>,
     pub files: Vec<u32>,
     pub names: Vec<u32>,
-    /// Content ids of the outputs, most recent first (text ids, at most [`IDS_PER_ELISION`]).
+    /// The id-list entries of the outputs ([`super::markers::id_entry`]), most recent first, all of
+    /// them: a marker of more than a few names their list, which must name every output.
     pub ids: Vec<u32>,
 }
 
@@ -70,11 +69,8 @@ impl MarkerSummary {
             }
         }
         seen.clear();
-        let mut ids = Vec::with_capacity(IDS_PER_ELISION.min(later.ids.len() + self.ids.len()));
+        let mut ids = Vec::with_capacity(later.ids.len() + self.ids.len());
         for &id in later.ids.iter().chain(&self.ids) {
-            if ids.len() >= IDS_PER_ELISION {
-                break;
-            }
             if seen.insert(id) {
                 ids.push(id);
             }

@@ -18,7 +18,8 @@
 //!   through tool-call arguments and JSON-shaped results), never JSON bytes.
 //! - **recoverable recall**: of the needles `F_k` lost, the share that a content id in `F_k` (a
 //!   marker's `pare:` id) resolves to: the text it names, one of `R_k`'s, contains the needle, so a
-//!   retrieval gets it back.
+//!   retrieval gets it back — directly, or through the id list an elision marker names (and the
+//!   lists of earlier epochs' markers that list names: one retrieval per level).
 //! - **at most** `1 − Σfloor/ΣR`: what the invariants leave to save, the floor of a request being its
 //!   first system message, user messages, protected tail and tools.
 //! - **validity** (tool-call pairing, invariant 1), **preserved** (user messages and protected tail
@@ -300,11 +301,16 @@ pub fn evaluate_session_with(
         Metrics { sessions: 1, requests: requests.len(), deterministic: deterministic as usize, ..Metrics::default() };
     let needle_re = needle_regex();
     let mut previous: Option<(Parsed<'_>, Parsed<'_>)> = None;
+    // The id lists the session's markers named so far, by id (what the archive holds).
+    let mut lists: BTreeMap<String, &str> = BTreeMap::new();
     let parsed_raw: Vec<Option<Box<dyn WireBody + '_>>> =
         requests.iter().map(|r| crate::wire::parse(wire, r).ok()).collect();
     let raw_messages: Vec<Vec<&str>> =
         parsed_raw.iter().map(|p| p.as_ref().map(|b| b.messages()).unwrap_or_default()).collect();
     for (k, replayed) in first.iter().enumerate() {
+        for list in replayed.lists.iter() {
+            lists.entry(content_id(list)).or_insert(list);
+        }
         let fwd_bytes = &replayed.forwarded;
         let (Some(raw), Ok(fwd)) = (&parsed_raw[k], crate::wire::parse(wire, fwd_bytes)) else {
             // Not a chat request: forwarded as is; it only counts as a request.
@@ -356,7 +362,7 @@ pub fn evaluate_session_with(
 
         if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
             let raw_view = View { messages: &raw_messages[k], tools: raw.tools() };
-            let needles = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages);
+            let needles = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages, &lists);
             m.needles += needles.found;
             m.needles_kept += needles.kept;
             m.needles_recoverable += needles.recoverable;
@@ -492,8 +498,14 @@ struct Needles {
 
 /// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
 /// only in tool outputs), how many of them `fwd` still contains, and how many of the others a content
-/// id in `fwd` resolves to.
-fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], fwd: &[M]) -> Needles {
+/// id in `fwd` resolves to, directly or through the id lists among `lists` (by id).
+fn next_step_needles<M: AsRef<str>>(
+    re: &Regex,
+    raw: &View<'_>,
+    next: &[&str],
+    fwd: &[M],
+    lists: &BTreeMap<String, &str>,
+) -> Needles {
     let n = raw.messages.len();
     let extends = next.len() > n && raw.messages.iter().zip(next).all(|(a, b)| a == b);
     if !extends {
@@ -540,16 +552,27 @@ fn next_step_needles<M: AsRef<str>>(re: &Regex, raw: &View<'_>, next: &[&str], f
         }
     }
     if !lost.is_empty() {
-        let named = named_texts(raw, fwd);
+        let named = named_texts(raw, fwd, lists);
         out.recoverable =
             lost.iter().filter(|needle| named.iter().any(|text| text.contains(needle.as_str()))).count() as u64;
     }
     out
 }
 
-/// The texts of `raw` that a content id in `fwd` names (what `/_pare/retrieve/{id}` gives back).
-fn named_texts<M: AsRef<str>>(raw: &View<'_>, fwd: &[M]) -> Vec<String> {
-    let ids: std::collections::BTreeSet<&str> = fwd.iter().flat_map(|m| content_ids_in(m.as_ref())).collect();
+/// The texts of `raw` that a content id in `fwd` names (what `/_pare/retrieve/{id}` gives back),
+/// directly or through an id list among `lists` that an id names, at any depth (an epoch's list
+/// names the list of the earlier marker it swallowed).
+fn named_texts<M: AsRef<str>>(raw: &View<'_>, fwd: &[M], lists: &BTreeMap<String, &str>) -> Vec<String> {
+    let mut ids: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    let mut todo: Vec<&str> = fwd.iter().flat_map(|m| content_ids_in(m.as_ref())).collect();
+    while let Some(hex) = todo.pop() {
+        if !ids.insert(hex) {
+            continue;
+        }
+        if let Some(list) = lists.get(&format!("pare:{hex}")) {
+            todo.extend(content_ids_in(list));
+        }
+    }
     if ids.is_empty() {
         return Vec::new();
     }
@@ -627,14 +650,52 @@ mod tests {
                 .to_string()
         };
         let re = needle_regex();
-        let kept = next_step_needles(&re, &view, &next, &raw);
+        let none = BTreeMap::new();
+        let kept = next_step_needles(&re, &view, &next, &raw, &none);
         assert_eq!(kept, Needles { found: 1, kept: 1, recoverable: 0 });
         let named = [user.to_owned(), call.to_owned(), marker(&format!("; {}", content_id(output)))];
-        assert_eq!(next_step_needles(&re, &view, &next, &named), Needles { found: 1, kept: 0, recoverable: 1 });
+        assert_eq!(next_step_needles(&re, &view, &next, &named, &none), Needles { found: 1, kept: 0, recoverable: 1 });
         let unnamed = [user.to_owned(), call.to_owned(), marker("")];
-        assert_eq!(next_step_needles(&re, &view, &next, &unnamed), Needles { found: 1, kept: 0, recoverable: 0 });
+        assert_eq!(
+            next_step_needles(&re, &view, &next, &unnamed, &none),
+            Needles { found: 1, kept: 0, recoverable: 0 }
+        );
         let elsewhere = [user.to_owned(), call.to_owned(), marker("; pare:0123456789ab")];
-        assert_eq!(next_step_needles(&re, &view, &next, &elsewhere), Needles { found: 1, kept: 0, recoverable: 0 });
+        assert_eq!(
+            next_step_needles(&re, &view, &next, &elsewhere, &none),
+            Needles { found: 1, kept: 0, recoverable: 0 }
+        );
+    }
+
+    /// A needle lost to an elision marker that names the id list of its outputs is recoverable
+    /// through the list, and through the list of an earlier marker that list names; a list the
+    /// session never produced resolves nothing.
+    #[test]
+    fn lost_needles_are_recoverable_through_the_id_lists_markers_name() {
+        use crate::compact::markers::{LIST_ENTRY, id_entry, id_list_text};
+        let output = "def load_user_8841(user_id):\n    return UserCache.get(user_id)\n";
+        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"cat a.py\"}"}}]}"#;
+        let result = serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": output}).to_string();
+        let user = r#"{"role":"user","content":"fix it"}"#;
+        let raw = [user, call, result.as_str()];
+        let reply = r#"{"role":"assistant","content":"I will edit load_user_8841 now."}"#;
+        let next = [user, call, result.as_str(), reply];
+        let view = View { messages: &raw, tools: None };
+        let re = needle_regex();
+        let inner =
+            id_list_text(&[id_entry(&content_id(output), "bash(\"cat a.py\")"), id_entry(&content_id("other"), "")]);
+        let outer = id_list_text(&[id_entry(&content_id(&inner), &format!("{LIST_ENTRY} (4 messages)"))]);
+        let marker = |id: &str| {
+            [user.to_owned(), serde_json::json!({"role": "assistant", "content": format!("[pare: 2 earlier messages elided — bash ×1; ids listed in {id}]")}).to_string()]
+        };
+        let lists: BTreeMap<String, &str> =
+            [(content_id(&inner), inner.as_str()), (content_id(&outer), outer.as_str())].into();
+        let recovered = Needles { found: 1, kept: 0, recoverable: 1 };
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&inner)), &lists), recovered);
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &lists), recovered);
+        let unknown: BTreeMap<String, &str> = BTreeMap::new();
+        let lost = Needles { found: 1, kept: 0, recoverable: 0 };
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &unknown), lost);
     }
 
     #[test]

@@ -107,7 +107,12 @@ pub fn replay(
                 let tokens = || counter.count_request(&body.messages, tools);
                 apply(strategy, &body, usable, tokens)
             });
-            Replayed { forwarded: forwarded.unwrap_or_else(|| raw.to_vec()), summary: None, skipped: None }
+            Replayed {
+                forwarded: forwarded.unwrap_or_else(|| raw.to_vec()),
+                summary: None,
+                skipped: None,
+                lists: Default::default(),
+            }
         })
         .collect()
 }

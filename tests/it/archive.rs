@@ -37,6 +37,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
         skipped: None,
         key_req: Some(7),
         expect_requests: None,
+        lists: Default::default(),
     }
 }
 
@@ -267,11 +268,22 @@ async fn compacted_bodies_are_archived_as_forwarded() {
     assert!(verify(reader.conn(), None).unwrap().ok());
 
     // The same exchanges recorded without spans (the writer parses every body): the same pieces,
-    // so the same templates over the same blobs.
+    // so the same templates over the same blobs. The elision markers' id lists, which the
+    // compactor derived, come with each record as they came from the proxy.
+    let lists: std::sync::Arc<[String]> = {
+        let conn = store::open_ro(dir.path()).unwrap();
+        let mut ids = conn.as_sqlite().unwrap().prepare("SELECT id FROM blobs").unwrap();
+        let ids: Vec<i64> = ids.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        let texts =
+            ids.into_iter().map(|id| String::from_utf8(store::read_blob(&conn, id).unwrap()).unwrap_or_default());
+        texts.filter(|text| text.starts_with("content ids of the ")).collect()
+    };
+    assert!(!lists.is_empty(), "the session's elision markers named id lists");
     let parsed_dir = tempfile::tempdir().unwrap();
     let parsed = start(parsed_dir.path());
     for ((_, sent), raw) in forwarded.iter().zip(&bodies) {
-        parsed.record_exchange(exchange(session, raw, (sent.as_ref() != raw.as_slice()).then_some(sent.as_ref())));
+        let record = exchange(session, raw, (sent.as_ref() != raw.as_slice()).then_some(sent.as_ref()));
+        parsed.record_exchange(ExchangeRecord { lists: lists.clone(), ..record });
     }
     parsed.close();
     let stored = |dir: &Path| {
@@ -280,8 +292,9 @@ async fn compacted_bodies_are_archived_as_forwarded() {
             conn.as_sqlite().unwrap().prepare("SELECT raw_template, fwd_template FROM exchanges ORDER BY id").unwrap();
         let templates: Vec<(Vec<u8>, Option<Vec<u8>>)> =
             templates.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
-        let mut blobs = conn.as_sqlite().unwrap().prepare("SELECT sha256 FROM blobs ORDER BY id").unwrap();
-        let blobs: Vec<Vec<u8>> = blobs.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        let mut blobs = conn.as_sqlite().unwrap().prepare("SELECT sha256 FROM blobs").unwrap();
+        let mut blobs: Vec<Vec<u8>> = blobs.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        blobs.sort_unstable();
         (templates, blobs)
     };
     assert!(stored(dir.path()) == stored(parsed_dir.path()), "the spans split the bodies differently");

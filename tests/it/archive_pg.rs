@@ -73,6 +73,7 @@ fn exchange(session: &str, k: usize) -> ExchangeRecord {
         skipped: None,
         key_req: Some(1000 + k as u64),
         expect_requests: None,
+        lists: Default::default(),
     }
 }
 

@@ -423,7 +423,10 @@ impl CompactEngine for MaskEngine {
             + REPLY_PRIMING;
         let fitted = options.target_tokens.is_some_and(|target| tokens > target);
         self.fitted.lock().unwrap().push(fitted);
-        (Compacted { boundary, prefix, report: Report { boundary, ..Report::default() }, fitted }, sources)
+        (
+            Compacted { boundary, prefix, report: Report { boundary, ..Report::default() }, fitted, lists: Vec::new() },
+            sources,
+        )
     }
 }
 

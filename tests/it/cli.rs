@@ -406,6 +406,7 @@ fn sessions_diff_shows_each_change_once() {
             skipped: None,
             key_req: None,
             expect_requests: None,
+            lists: Default::default(),
         });
     }
     archive.close();

@@ -180,7 +180,7 @@ impl pare::pipeline::ConversationCompactor for ReportingCompactor {
         };
         let report = pare::exchange::BudgetReport { engine: Some(engine), ..Default::default() };
         let summary = pare::pipeline::CompactionSummary { report: Some(report), ..Default::default() };
-        Ok(pare::pipeline::CompactOutput { body: None, spans: None, summary, late: None })
+        Ok(pare::pipeline::CompactOutput { body: None, spans: None, summary, late: None, lists: Default::default() })
     }
 }
 

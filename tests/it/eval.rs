@@ -170,7 +170,7 @@ impl CompactEngine for BadEngine {
             prefix.push(v.to_string());
             sources.push(Source::Edited(i));
         }
-        (Compacted { boundary, prefix, report: Report::default(), fitted: false }, sources)
+        (Compacted { boundary, prefix, report: Report::default(), fitted: false, lists: Vec::new() }, sources)
     }
 }
 

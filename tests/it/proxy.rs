@@ -310,6 +310,7 @@ impl ConversationCompactor for LastMessageCompactor {
             spans: None,
             summary: CompactionSummary { tokens_raw: 20, tokens_forwarded: 9, epoch: 1, ..Default::default() },
             late: None,
+            lists: Default::default(),
         })
     }
 }

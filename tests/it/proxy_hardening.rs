@@ -278,6 +278,7 @@ impl ConversationCompactor for HalvingCompactor {
             spans: None,
             summary: CompactionSummary { tokens_raw: 1000, tokens_forwarded: 500, epoch: 1, ..Default::default() },
             late: None,
+            lists: Default::default(),
         })
     }
 }

@@ -113,6 +113,23 @@ fn check_ids_name(forwarded: &str, raw: &[Value], case: &str) -> usize {
     ids.len()
 }
 
+/// The ids `text` names, read through the id lists among `lists` (an elision marker of more than one
+/// output names the id of a list of their ids): `pare:` + hex each.
+fn named_through_lists(text: &str, lists: &[String]) -> BTreeSet<String> {
+    let by_id: BTreeMap<String, &String> = lists.iter().map(|l| (content_id(l), l)).collect();
+    let mut out = BTreeSet::new();
+    let mut todo: Vec<String> = content_ids_in(text).map(|h| format!("pare:{h}")).collect();
+    while let Some(id) = todo.pop() {
+        match by_id.get(&id) {
+            Some(list) => todo.extend(content_ids_in(list).map(|h| format!("pare:{h}"))),
+            None => {
+                out.insert(id);
+            }
+        }
+    }
+    out
+}
+
 /// Every rule that writes a marker, and every tier form, names what it hid: the id in each edited
 /// message resolves to that message's own text (or one of its call's arguments), the ids of an
 /// elision marker to the outputs of the run it stands for.
@@ -155,17 +172,19 @@ fn every_marker_names_exactly_the_content_it_hides() {
                 check_ids_name(forwarded, &raw[*idx..=*idx], &format!("message {idx}"));
             }
             Source::Elided { start, end } => {
-                let n = check_ids_name(forwarded, &raw[*start..*end], &format!("elision {start}..{end}"));
+                // One id: an output's, or that of the list of the run's outputs' ids.
+                assert_eq!(content_ids_in(forwarded).count(), 1, "one id: {forwarded}");
+                let named = named_through_lists(forwarded, &fitted.lists);
+                let texts = texts_by_id(&raw[*start..*end]);
+                assert!(named.iter().all(|id| texts.contains_key(id)), "{named:?} not all of the run: {forwarded}");
                 // One id per distinct output (two identical outputs are one content).
                 let outputs: BTreeSet<String> = raw[*start..*end]
                     .iter()
                     .filter(|m| m["role"] == "tool")
                     .map(|m| content_id(m["content"].as_str().unwrap()))
                     .collect();
-                let named: BTreeSet<String> = content_ids_in(forwarded).map(|hex| format!("pare:{hex}")).collect();
-                assert_eq!(named.len(), n, "no id twice: {forwarded}");
                 assert_eq!(named, outputs, "one id per output: {forwarded}");
-                elision_ids += n;
+                elision_ids += named.len();
             }
             Source::Raw(_) => {}
         }
@@ -264,12 +283,46 @@ async fn ids_resolve_through_the_proxy_across_a_restart_and_match_replay() {
     for body in &forwarded {
         ids.extend(content_ids_in(&body.to_string()).map(|hex| format!("pare:{hex}")));
     }
-    assert!(ids.len() > 10, "the session compacted: {} ids", ids.len());
-    for id in &ids {
+    let forwarded_ids = ids.clone();
+    // An elision marker of more than one output names one id, that of the list of their ids: the
+    // list resolves, and each id it lists resolves to exactly one hidden output.
+    let mut lists = 0;
+    let mut todo: Vec<String> = ids.iter().cloned().collect();
+    while let Some(id) = todo.pop() {
         let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
         assert_eq!(status, 200, "{id}: {text}");
-        assert_eq!(&text, raw_texts.get(id).expect("an id names a raw text"), "{id}");
+        if let Some(raw) = raw_texts.get(&id) {
+            assert_eq!(&text, raw, "{id}");
+            continue;
+        }
+        lists += 1;
+        let hiding: Vec<&Value> = forwarded.iter().filter(|body| body.to_string().contains(id.as_str())).collect();
+        let listed: Vec<String> = content_ids_in(&text).map(|hex| format!("pare:{hex}")).collect();
+        assert!(listed.len() > 1, "a list of several outputs: {text}");
+        assert_eq!(text.lines().count(), listed.len() + 1, "a heading, then one id a line: {text}");
+        for member in listed {
+            let (status, output) = get(&pare, &format!("/_pare/retrieve/{member}")).await;
+            assert_eq!(status, 200, "{member}");
+            if !raw_texts.contains_key(&member) {
+                // The list of an earlier epoch's marker, which this one swallowed.
+                assert!(output.starts_with("content ids of the "), "{member} names a list or an output: {output}");
+                todo.push(member);
+                continue;
+            }
+            assert_eq!(&output, &raw_texts[&member], "{member}");
+            for body in &hiding {
+                let json = body.to_string();
+                assert!(
+                    !json.contains(&serde_json::to_string(&output).unwrap()),
+                    "{member} is hidden where the list is named"
+                );
+            }
+            ids.insert(member);
+        }
     }
+    assert!(lists > 0, "an elision marker named a list");
+    let ids: BTreeSet<String> = ids.into_iter().filter(|id| raw_texts.contains_key(id)).collect();
+    assert!(ids.len() > 10, "the session compacted: {} ids", ids.len());
 
     // Selective reads.
     let id = ids.iter().find(|id| raw_texts[*id].lines().count() >= 40).expect("a long output");
@@ -317,7 +370,7 @@ async fn ids_resolve_through_the_proxy_across_a_restart_and_match_replay() {
     for step in &replayed {
         replay_ids.extend(content_ids_in(&String::from_utf8_lossy(&step.forwarded)).map(|hex| format!("pare:{hex}")));
     }
-    assert_eq!(replay_ids, ids, "replay names the same contents");
+    assert_eq!(replay_ids, forwarded_ids, "replay names the same contents");
 }
 
 async fn mcp(pare: &Pare, message: Value) -> (u16, Value) {
@@ -344,7 +397,17 @@ async fn mcp_server_lists_and_calls_retrieve() {
     let pare = start_archived(&stub, dir.path()).await;
     let forwarded = send_all(&pare, &stub, &bodies).await;
     let raw_texts = texts_by_id(bodies.last().unwrap()["messages"].as_array().unwrap());
-    let id = content_ids_in(&forwarded.last().unwrap().to_string()).next().map(|hex| format!("pare:{hex}")).unwrap();
+    let named: Vec<String> =
+        content_ids_in(&forwarded.last().unwrap().to_string()).map(|hex| format!("pare:{hex}")).collect();
+    let list_id = named.iter().find(|id| !raw_texts.contains_key(*id)).expect("an elision marker's list id").clone();
+    // An output's id: named in the body, or else in the list.
+    let (_, list) = get(&pare, &format!("/_pare/retrieve/{list_id}")).await;
+    let id = named
+        .iter()
+        .cloned()
+        .chain(content_ids_in(&list).map(|hex| format!("pare:{hex}")))
+        .find(|id| raw_texts.contains_key(id))
+        .expect("an id of an output");
 
     let (status, init) = mcp(
         &pare,
@@ -370,6 +433,13 @@ async fn mcp_server_lists_and_calls_retrieve() {
     let (_, some) = mcp(&pare, call(&id, json!({"lines": "1-2"}))).await;
     let first_two: String = raw_texts[&id].split_inclusive('\n').take(2).collect();
     assert_eq!(some["result"]["content"][0]["text"], first_two.as_str());
+    // A list id gives its list, whose ids give the outputs.
+    let (_, list) = mcp(&pare, call(&list_id, json!({}))).await;
+    let list = list["result"]["content"][0]["text"].as_str().expect("the list").to_owned();
+    let members: Vec<String> = content_ids_in(&list).map(|hex| format!("pare:{hex}")).collect();
+    assert!(members.len() > 1 && members.iter().any(|m| raw_texts.contains_key(m)), "{list}");
+    let (_, member) = mcp(&pare, call(&id, json!({}))).await;
+    assert_eq!(member["result"]["content"][0]["text"], raw_texts[&id].as_str());
     let (_, unknown) = mcp(&pare, call("pare:000000000000", json!({}))).await;
     assert_eq!(unknown["result"]["isError"], true);
     assert!(unknown["result"]["content"][0]["text"].as_str().unwrap().contains("no content with id"));
@@ -480,12 +550,21 @@ async fn ids_resolve_on_the_messages_wire() {
         ids.extend(content_ids_in(&request.json().to_string()).map(|hex| format!("pare:{hex}")));
     }
     let last_forwarded = stub.requests().last().unwrap().json().to_string();
-    assert!(ids.len() > 10, "the session compacted: {} ids in {last_forwarded}", ids.len());
-    for id in &ids {
+    let mut todo: Vec<String> = ids.into_iter().collect();
+    let mut resolved = 0;
+    while let Some(id) = todo.pop() {
         let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}")).await;
         assert_eq!(status, 200, "{id}: {text}");
-        assert_eq!(&text, texts.get(id).expect("an id names a text of the conversation"), "{id}");
+        match texts.get(&id) {
+            Some(expected) => {
+                assert_eq!(&text, expected, "{id}");
+                resolved += 1;
+            }
+            // An elision marker's list: its ids are resolved in turn.
+            None => todo.extend(content_ids_in(&text).map(|hex| format!("pare:{hex}"))),
+        }
     }
+    assert!(resolved > 10, "the session compacted: {resolved} ids in {last_forwarded}");
     pare.shutdown().await.unwrap();
 }
 
@@ -511,7 +590,7 @@ fn elision_over_earlier_markers_keeps_their_ids() {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let named: BTreeSet<String> = content_ids_in(forwarded).map(|h| format!("pare:{h}")).collect();
+        let named = named_through_lists(forwarded, &twice.lists);
         assert!(carried.is_subset(&named), "{carried:?} not all in {forwarded}");
         checked += carried.len();
     }

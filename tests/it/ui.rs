@@ -263,6 +263,7 @@ fn large_archive(dir: &Path, n: usize) {
             skipped: None,
             key_req: None,
             expect_requests: None,
+            lists: Default::default(),
         });
         let answer = json!({"choices": [{"message": {"role": "assistant", "content": format!("done {k}")}, "finish_reason": "stop"}]});
         archive.record_response(
@@ -374,6 +375,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         skipped: None,
         key_req: None,
         expect_requests: None,
+        lists: Default::default(),
     });
     archive.close();
     let ui = Ui::new(dir.path().to_owned(), &Config::default());
@@ -422,6 +424,7 @@ fn requests_between_epochs_link_the_epoch_start() {
             skipped: None,
             key_req: None,
             expect_requests: None,
+            lists: Default::default(),
         });
     }
     archive.close();
@@ -515,6 +518,7 @@ fn crafted_epoch_request(dir: &Path) {
         skipped: None,
         key_req: None,
         expect_requests: None,
+        lists: Default::default(),
     });
     archive.close();
 }
