@@ -295,6 +295,13 @@ fn records_wait_for_a_stopped_database_and_land_when_it_returns() {
     let location = Location::parse(&url, None).unwrap();
     // A second archive with a 1 MiB queue: what waits for the database stays within it.
     let small_location = Location::parse(&server.database(), None).unwrap();
+    // A third one is closed while the database is away: its held records are counted lost, and
+    // closing does not hang.
+    let gone = Archive::start_at(
+        Location::parse(&server.database(), None).unwrap(),
+        Durability::Buffered,
+        Duration::from_millis(5),
+    );
     let small = Archive::launch(
         small_location.clone(),
         Durability::Buffered,
@@ -333,6 +340,13 @@ fn records_wait_for_a_stopped_database_and_land_when_it_returns() {
     assert!(small_health.queue_bytes <= 1 << 20, "{small_health:?}");
     assert!(small_health.lost_records >= 4 && small_health.queue_depth >= 2, "{small_health:?}");
     let kept = 8 - small_health.lost_records;
+    gone.record_exchange(exchange("gone", 0));
+    gone.record_exchange(exchange("gone", 1));
+    gone.flush().unwrap();
+    let closing = Instant::now();
+    gone.close();
+    assert!(closing.elapsed() < Duration::from_secs(10), "{:?}", closing.elapsed());
+    assert_eq!((gone.health().lost_records, gone.health().committed_records), (2, 0), "{:?}", gone.health());
     let started = Instant::now();
     let (_, strict) = runtime().block_on(archive.record_exchange_committed(exchange("strict", 0), None));
     assert!(matches!(strict, Err(ArchiveError::CommitTimeout(_))), "{strict:?}");
