@@ -22,7 +22,13 @@
 //! - [`copy`]: `pare archive copy`, every session from one store to another, verified.
 //!
 //! The request path hands a record to a channel ([`Archive::queue_exchange`]); in `strict`
-//! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]).
+//! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]), at
+//! most `archive.commit_timeout_ms` for room in the queue and the commit together.
+//!
+//! The archive lives in a directory (SQLite, the default) or a PostgreSQL database
+//! (`archive.url`, [`Location`]); every operation runs the same code on both through [`db::Db`].
+//! Several processes may write one archive: the writer checks its cached view of a session against
+//! the store inside each transaction (the writer thread).
 //!
 //! # The queue and backpressure
 //!
@@ -725,7 +731,8 @@ impl Archive {
         let _ = self.send(Job::Plan { ticket, plan: Box::new(plan) });
     }
 
-    /// Wait until every record handed over before this call is committed (or counted as lost).
+    /// Wait until every record handed over before this call is committed, counted as lost, or held
+    /// for a PostgreSQL database that cannot be reached (written when it is back).
     pub fn flush(&self) -> Result<(), ArchiveError> {
         let (tx, rx) = mpsc::channel();
         self.send(Job::Flush(tx))?;

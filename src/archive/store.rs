@@ -243,7 +243,6 @@ CREATE INDEX IF NOT EXISTS plans_session ON plans (session, id);
 CREATE TABLE IF NOT EXISTS contents (
     sha256 BYTEA PRIMARY KEY
 );
-CREATE INDEX IF NOT EXISTS exchanges_session ON exchanges (session, seq);
 CREATE INDEX IF NOT EXISTS exchanges_key_req ON exchanges (key_req) WHERE key_req IS NOT NULL;
 CREATE INDEX IF NOT EXISTS responses_key_ext ON responses (key_ext) WHERE key_ext IS NOT NULL;
 INSERT INTO meta (key, value) VALUES ('format', '1') ON CONFLICT DO NOTHING;

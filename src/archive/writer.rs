@@ -367,6 +367,10 @@ impl Writer {
     /// Write a batch in one transaction. `last`: no retry follows (the shutdown), so a batch that
     /// cannot be written is lost rather than held.
     fn commit(&mut self, batch: Vec<Job>, last: bool) {
+        if last && self.conn.is_none() {
+            // The last chance for records held for the database: try it now, whatever the backoff.
+            self.last_open_attempt = None;
+        }
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::new();
         for job in batch {

@@ -301,13 +301,31 @@ fn replicas_migrating_one_database_together_both_open() {
 }
 
 /// A stopped database does not lose what was acknowledged: the records wait (health says why,
-/// password hidden), a strict request waits at most `commit_timeout`, and when the server is back
-/// they are written in order and the chain verifies.
+/// password hidden) within the queue's byte bound (beyond it they are counted lost), a strict
+/// request waits at most `commit_timeout`, and when the server is back they are written in order
+/// and the chain verifies.
 #[test]
 fn records_wait_for_a_stopped_database_and_land_when_it_returns() {
     let server = PgServer::start();
     let url = server.database().replace("postgres@", "postgres:hunter2@");
     let location = Location::parse(&url, None).unwrap();
+    // A second archive with a 1 MiB queue: what waits for the database stays within it.
+    let small_location = Location::parse(&server.database(), None).unwrap();
+    // A third one is closed while the database is away: its held records are counted lost, and
+    // closing does not hang.
+    let gone = Archive::start_at(
+        Location::parse(&server.database(), None).unwrap(),
+        Durability::Buffered,
+        Duration::from_millis(5),
+    );
+    let small = Archive::launch(
+        small_location.clone(),
+        Durability::Buffered,
+        Duration::from_millis(5),
+        None,
+        1 << 20,
+        Duration::from_secs(1),
+    );
     let commit_timeout = Duration::from_millis(300);
     let archive = Archive::launch(
         location.clone(),
@@ -329,6 +347,22 @@ fn records_wait_for_a_stopped_database_and_land_when_it_returns() {
         archive.record_response(ticket, response(k));
     }
     archive.flush().unwrap();
+    let big = |k: usize| ExchangeRecord::unchanged("big", k as i64, Bytes::from(vec![b'x'; 300 << 10]));
+    for k in 0..8 {
+        small.record_exchange(big(k));
+        small.flush().unwrap();
+    }
+    let small_health = small.health();
+    assert!(small_health.queue_bytes <= 1 << 20, "{small_health:?}");
+    assert!(small_health.lost_records >= 4 && small_health.queue_depth >= 2, "{small_health:?}");
+    let kept = 8 - small_health.lost_records;
+    gone.record_exchange(exchange("gone", 0));
+    gone.record_exchange(exchange("gone", 1));
+    gone.flush().unwrap();
+    let closing = Instant::now();
+    gone.close();
+    assert!(closing.elapsed() < Duration::from_secs(10), "{:?}", closing.elapsed());
+    assert_eq!((gone.health().lost_records, gone.health().committed_records), (2, 0), "{:?}", gone.health());
     let started = Instant::now();
     let (_, strict) = runtime().block_on(archive.record_exchange_committed(exchange("strict", 0), None));
     assert!(matches!(strict, Err(ArchiveError::CommitTimeout(_))), "{strict:?}");
@@ -351,6 +385,14 @@ fn records_wait_for_a_stopped_database_and_land_when_it_returns() {
     assert!(health.writable, "{health:?}");
     assert_eq!((health.queue_depth, health.lost_records), (0, 0), "{health:?}");
     archive.close();
+    while small.health().committed_records < kept {
+        assert!(Instant::now() < deadline, "the small archive's held records were not written: {:?}", small.health());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    small.close();
+    let small_reader = ArchiveReader::open(&small_location).unwrap();
+    assert!(verify(small_reader.conn(), None).unwrap().ok());
+    assert_eq!(small_reader.exchanges("big").unwrap().len() as u64, kept);
     let reader = ArchiveReader::open(&location).unwrap();
     let report = verify(reader.conn(), None).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
