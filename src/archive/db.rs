@@ -17,9 +17,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-use super::location::PgLocation;
+use crate::config::location::PgLocation;
 
 /// Which SQL dialect a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,9 +371,6 @@ impl Drop for Db {
         }
     }
 }
-
-/// How long connecting to PostgreSQL may take.
-pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Db {
     pub fn sqlite(conn: rusqlite::Connection) -> Db {

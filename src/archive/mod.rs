@@ -52,7 +52,6 @@ pub mod copy;
 pub mod db;
 pub mod export;
 pub mod gemini_sse;
-pub mod location;
 pub mod messages_sse;
 pub mod plan;
 pub mod query;
@@ -78,11 +77,11 @@ use http::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::budget::epoch::SessionPlan;
+pub use crate::config::location::{Location, LocationError};
 use crate::config::{ArchiveConfig, Durability};
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::wire::Spans;
 pub use db::{Db, DbError};
-pub use location::{Location, LocationError};
 
 /// Errors of the archive. Writing never surfaces them to the proxy (fail-open); the CLI reports them.
 #[derive(Debug, thiserror::Error)]

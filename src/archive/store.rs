@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::ArchiveError;
 use super::db::{Db, params};
-use super::location::{Location, PgLocation};
+use crate::config::location::{Location, PgLocation};
 
 /// File name of the store inside the archive directory.
 pub const DB_FILE: &str = "archive.sqlite3";

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::archive::Location;
 use crate::archive::copy::copy as copy_archive;
-use crate::archive::location::Location;
 use crate::config::Config;
 
 pub fn copy(from: &str, to: &str, config: Option<&Path>) -> anyhow::Result<ExitCode> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod location;
 pub mod pack;
 pub mod yaml;
 
@@ -177,7 +178,7 @@ pub struct ArchiveConfig {
     /// Directory of the store; default `$XDG_DATA_HOME/pare` (`~/.local/share/pare`).
     pub dir: Option<PathBuf>,
     /// A PostgreSQL database to archive to instead of `dir` (`postgres://USER@HOST:PORT/DB`,
-    /// TLS per its `sslmode`); `null`: the SQLite store in `dir` (`crate::archive::location`).
+    /// TLS per its `sslmode`); `null`: the SQLite store in `dir` (`crate::config::location`).
     pub url: Option<String>,
     /// File whose first line is the password of `url`, when the URL carries none (else
     /// `$PGPASSWORD`).
@@ -228,8 +229,8 @@ impl Default for ArchiveConfig {
 
 impl ArchiveConfig {
     /// Where the archive is: `url` when set, else [`ArchiveConfig::resolved_dir`].
-    pub fn location(&self) -> Result<crate::archive::Location, crate::archive::LocationError> {
-        use crate::archive::{Location, LocationError};
+    pub fn location(&self) -> Result<location::Location, location::LocationError> {
+        use location::{Location, LocationError};
         match &self.url {
             None => Ok(Location::Dir(self.resolved_dir())),
             Some(url) => match Location::parse(url, self.password_file.as_deref())? {
@@ -756,9 +757,7 @@ impl Config {
         }
         if let Err(e) = self.archive.location() {
             bad(
-                if self.archive.password_file.is_some()
-                    && matches!(e, crate::archive::LocationError::PasswordFile { .. })
-                {
+                if self.archive.password_file.is_some() && matches!(e, location::LocationError::PasswordFile { .. }) {
                     "archive.password_file"
                 } else {
                     "archive.url"

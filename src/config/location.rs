@@ -11,6 +11,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How long connecting to PostgreSQL may take.
+pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where an archive is.
 #[derive(Clone)]
@@ -129,7 +133,7 @@ impl PgLocation {
             }
         }
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(super::db::PG_CONNECT_TIMEOUT);
+            config.connect_timeout(PG_CONNECT_TIMEOUT);
         }
         config.application_name("pare");
         let password = config.get_password().map(<[u8]>::to_vec).unwrap_or_default();
