@@ -236,6 +236,8 @@ def main():
     ap.add_argument("--load-seconds", type=int, default=20)
     ap.add_argument("--load-concurrency", type=int, default=8)
     ap.add_argument("--load-request", default=None, help="the body the load posts (default: a mid-size request of the first session)")
+    ap.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="a PostgreSQL server setting (-c), e.g. synchronous_commit=off; repeatable")
     ap.add_argument("--keep", default=None, help="leave the logs and archives in this new directory")
     args = ap.parse_args()
     if args.sessions:
@@ -254,7 +256,7 @@ def main():
     stub.daemon_threads = True
     Thread(target=stub.serve_forever, daemon=True).start()
     stub_port = stub.server_address[1]
-    pg = Postgres(work / "postgres")
+    pg = Postgres(work / "postgres", settings=args.pg_setting)
     try:
         databases = Databases(pg)
         replay_rows, sizes = replay_part(args, files, stub_port, work, databases)

@@ -483,15 +483,19 @@ impl Pipeline {
 
     /// A known session whose compaction state is not in memory (the budget evicted it, or it is older
     /// than a restart) gets its frozen prefix back from its last archived pair, so that forwarding goes
-    /// on as if it had stayed. Waits for the archive to commit what is queued (the session's last
-    /// exchange may be among it).
+    /// on as if it had stayed. In buffered durability, waits for the archive to commit what is
+    /// queued (the session's last exchange may be among it).
     async fn reseed(&self, session: &str) {
         let (Some(compactor), Some(archive)) = (&self.stateful, &self.archive) else { return };
         if compactor.policy().mode == Mode::Off || compactor.remembers(session) {
             return;
         }
         let rebuild = async {
-            if let Err(err) = archive.flush_async().await {
+            // In strict durability every exchange is committed with its plan before it is
+            // forwarded: nothing the rebuild reads waits in the queue.
+            if archive.durability() == Durability::Buffered
+                && let Err(err) = archive.flush_async().await
+            {
                 tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
             }
             let archive = Arc::clone(archive);

@@ -97,7 +97,7 @@ class Postgres:
     PASSWORD = "fleet-secret-7f3a"
     DATABASE = "pare"
 
-    def __init__(self, log_dir, fsync=True):
+    def __init__(self, log_dir, fsync=True, settings=()):
         # Its own directory under /tmp: the postgres user cannot enter a test's temporary directory
         # (root's, mode 0700). Removed by stop(), which copies the server's log to `log_dir`.
         self.log_dir = Path(log_dir)
@@ -108,13 +108,13 @@ class Postgres:
         self.process = None
         self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         try:
-            self._create(fsync)
+            self._create(fsync, settings)
         except BaseException:
             self.stop()
             raise
         self.url = f"postgres://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.port}/{self.DATABASE}?sslmode=disable"
 
-    def _create(self, fsync):
+    def _create(self, fsync, settings):
         if self.as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
         superuser_pw = self.dir / "superuser.pw"
@@ -126,6 +126,8 @@ class Postgres:
         self.settings = ["-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-k", str(self.dir)]
         if not fsync:
             self.settings += ["-c", "fsync=off"]
+        for setting in settings:
+            self.settings += ["-c", setting]
         self.start()
         self.sql(f"CREATE ROLE {self.USER} LOGIN PASSWORD '{self.PASSWORD}'")
         self.sql(f"CREATE DATABASE {self.DATABASE} OWNER {self.USER}")
