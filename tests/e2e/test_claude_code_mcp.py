@@ -20,7 +20,7 @@ def claude(args, home, base_url, cwd):
 
 
 def test_claude_code_gets_a_marker_back_through_pares_mcp_server(small_pare, stub, tmp_path):
-    ids, texts = forwarded_ids(small_pare, stub)
+    ids, _, texts = forwarded_ids(small_pare, stub)
     assert ids, "the session compacted"
     wanted = ids[0]
     work = tmp_path / "work"

@@ -1,6 +1,7 @@
 """pare's MCP server (`/_pare/mcp`) through the official `mcp` Python SDK: connect (the SDK probes
 `server/discover`, then falls back to the initialize handshake), list the tools, call `retrieve` on
-the ids of markers pare forwarded, and get the hidden content back exactly."""
+the ids of markers pare forwarded (through the id lists elision markers name), and get the hidden
+content back exactly."""
 
 import asyncio
 import hashlib
@@ -57,24 +58,39 @@ def post(url, body):
         return response.status
 
 
+def retrieve(small_pare, content_id_):
+    with urllib.request.urlopen(f"{small_pare.url}/_pare/retrieve/{content_id_}", timeout=30) as response:
+        return response.read().decode()
+
+
 def forwarded_ids(small_pare, stub):
-    """Drive a session through pare; the content ids in what it forwarded, and the raw texts."""
+    """Drive a session through pare; the ids of the outputs its markers hid (an elision marker of
+    several names one id list: followed through `/_pare/retrieve`), the list ids, and the raw texts."""
     stub.clear()
     bodies = session(20)
     for body in bodies:
         assert post(f"{small_pare.url}/v1/chat/completions", body) == 200
     forwarded = [r["body"].decode() for r in stub.recorded() if r["path"].endswith("/chat/completions")]
-    ids = sorted({f"pare:{hex_}" for body in forwarded for hex_ in ID.findall(body)})
+    named = sorted({f"pare:{hex_}" for body in forwarded for hex_ in ID.findall(body)})
     texts = {}
     for message in bodies[-1]["messages"]:
         if isinstance(message.get("content"), str) and message["content"]:
             texts[content_id(message["content"])] = message["content"]
-    return ids, texts
+    ids, lists, todo = set(), set(), list(named)
+    while todo:
+        id_ = todo.pop()
+        if id_ in texts:
+            ids.add(id_)
+        elif id_ not in lists:
+            lists.add(id_)
+            todo.extend(f"pare:{hex_}" for hex_ in ID.findall(retrieve(small_pare, id_)))
+    return sorted(ids), sorted(lists), texts
 
 
 def test_mcp_sdk_lists_and_calls_retrieve(small_pare, stub):
-    ids, texts = forwarded_ids(small_pare, stub)
+    ids, lists, texts = forwarded_ids(small_pare, stub)
     assert len(ids) >= 5, "the session compacted"
+    assert lists, "an elision marker named an id list"
 
     async def run():
         async with Client(f"{small_pare.url}/_pare/mcp") as client:
@@ -90,6 +106,8 @@ def test_mcp_sdk_lists_and_calls_retrieve(small_pare, stub):
             assert some.content[0].text == "".join(texts[ids[0]].splitlines(keepends=True)[1:3])
             hits = await client.call_tool("retrieve", {"id": ids[0], "grep": r"\{ \d+0 \}"})
             assert all(re.match(r"\d+: fn item_", line) for line in hits.content[0].text.splitlines())
+            listed = await client.call_tool("retrieve", {"id": lists[0]})
+            assert not listed.is_error and ID.search(listed.content[0].text), "a list names the ids it stands for"
             unknown = await client.call_tool("retrieve", {"id": "pare:000000000000"})
             assert unknown.is_error
             assert "no content with id" in unknown.content[0].text
@@ -98,7 +116,7 @@ def test_mcp_sdk_lists_and_calls_retrieve(small_pare, stub):
 
 
 def test_retrieve_endpoint_serves_the_same_content(small_pare, stub):
-    ids, texts = forwarded_ids(small_pare, stub)
+    ids, _, texts = forwarded_ids(small_pare, stub)
     with urllib.request.urlopen(f"{small_pare.url}/_pare/retrieve/{ids[0]}", timeout=30) as response:
         assert response.headers["content-type"] == "text/plain; charset=utf-8"
         assert response.read().decode() == texts[ids[0]]
