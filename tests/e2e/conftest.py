@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import pare_log
 from stub_upstream import StubUpstream
 
 START_TIMEOUT_S = 30
@@ -44,21 +45,15 @@ class PareProcess:
         self.url = f"http://{self.addr}"
 
     def _read_logs(self):
-        for line in self.process.stderr:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = {"message": line.rstrip()}
-            with self.lock:
-                self.lines.append(event)
-            if event.get("message") == "pare listening":
-                self.addr = event["addr"]
-                self.ready.set()
+        pare_log.follow(self.process.stderr, self.lines, self.lock, self._listening)
+
+    def _listening(self, addr):
+        self.addr = addr
+        self.ready.set()
 
     def access_log(self):
         """The per-request lines pare logged so far."""
-        with self.lock:
-            return [e for e in self.lines if e.get("target") == "pare::access"]
+        return pare_log.access_lines(self.lines, self.lock)
 
     def _run_cli(self, *args):
         return subprocess.run(

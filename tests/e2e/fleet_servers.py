@@ -18,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pare_log
+
 ROOT = Path(__file__).resolve().parents[2]
 NGINX_SNIPPET = ROOT / "deploy" / "nginx.conf"
 START_TIMEOUT_S = 30
@@ -210,22 +212,14 @@ class Replica:
         self.url = f"http://{self.addr}"
 
     def _read_logs(self):
-        for line in self.process.stderr:
-            self.log.write(line)
-            self.log.flush()
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = {"message": line.rstrip()}
-            with self.lock:
-                self.lines.append(event)
-            if event.get("message") == "pare listening":
-                self.addr = event["addr"]
-                self.ready.set()
+        pare_log.follow(self.process.stderr, self.lines, self.lock, self._listening, copy=self.log)
+
+    def _listening(self, addr):
+        self.addr = addr
+        self.ready.set()
 
     def access_log(self):
-        with self.lock:
-            return [e for e in self.lines if e.get("target") == "pare::access"]
+        return pare_log.access_lines(self.lines, self.lock)
 
     def health(self):
         """`GET /_pare/health`, parsed."""
