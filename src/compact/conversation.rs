@@ -526,7 +526,8 @@ const LISTING_MIN_LINES: usize = 20;
 /// otherwise, and a failure is kept as it is (truncated to its first and last lines) instead of
 /// getting its structural map. An error shape (a JSON `error`) or an exit status still decides.
 fn read_is_not_a_failure(arguments: &str, outcome: &mut Outcome) {
-    if outcome.status != (Status::Failed { exit: None }) || matches!(outcome.shape, Shape::JsonField { error: Some(_), .. })
+    if outcome.status != (Status::Failed { exit: None })
+        || matches!(outcome.shape, Shape::JsonField { error: Some(_), .. })
     {
         return;
     }
