@@ -14,7 +14,7 @@ use super::markers::{
     CallFacts, NAMES_PER_MARKER, content_id, mentioned_files, names_suffix, one_line, render, retrieve_suffix,
     salient_names, shorten, shown_names,
 };
-use super::outcome::{Outcome, SuccessPolicy};
+use super::outcome::{Outcome, Shape, Status, SuccessPolicy};
 use super::outline::numbered_lines;
 use crate::neutral::{Members, Message};
 
@@ -200,6 +200,12 @@ impl<'a> Conversation<'a> {
                     calls[c].result = Some(idx);
                     call_of_result[idx] = Some(c);
                 }
+            }
+        }
+
+        for (idx, call) in call_of_result.iter().enumerate() {
+            if let (Some(c), Some(outcome)) = (call, outcomes[idx].as_mut()) {
+                read_is_not_a_failure(&calls[*c].arguments, outcome);
             }
         }
 
@@ -510,6 +516,42 @@ static READ_COMMAND: LazyLock<Regex> = LazyLock::new(|| {
 static SED_RANGE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"sed\s+-n\s+['"]?(\d+),\d+p"#).expect("static regex"));
 
+/// Fewest numbered lines that make a read's output a listing of the file (see
+/// [`read_is_not_a_failure`]).
+const LISTING_MIN_LINES: usize = 20;
+
+/// A read of a file whose output is the file's numbered listing (`cat -n`, an editor's `view`)
+/// succeeded, whatever error text the file itself holds (`raise ValueError("Error: …")`, a test's
+/// `FAILED` string): the error patterns read such a listing as a failure when no exit status says
+/// otherwise, and a failure is kept as it is (truncated to its first and last lines) instead of
+/// getting its structural map. An error shape (a JSON `error`) or an exit status still decides.
+fn read_is_not_a_failure(arguments: &str, outcome: &mut Outcome) {
+    if outcome.status != (Status::Failed { exit: None })
+        || matches!(outcome.shape, Shape::JsonField { error: Some(_), .. })
+    {
+        return;
+    }
+    // An editor call with a path and another command writes (`create`, `str_replace`): not a read.
+    let writes = path_argument(arguments).is_some()
+        && serde_json::from_str::<Value>(arguments)
+            .ok()
+            .and_then(|v| v.get("command").and_then(Value::as_str).map(|c| c != "view"))
+            .unwrap_or(false);
+    if writes || read_path(arguments).is_none() {
+        return;
+    }
+    let mut lines = 0;
+    let mut numbered = 0;
+    for line in outcome.text.lines() {
+        lines += 1;
+        numbered += usize::from(super::outline::split_numbered(line).is_some());
+    }
+    if numbered >= LISTING_MIN_LINES && numbered * 10 >= lines * 9 {
+        outcome.status = Status::Ok;
+        outcome.first_error = None;
+    }
+}
+
 /// The source file a call read, when it is one, and the line of the file its output starts at: a
 /// `sed -n 'A,Bp'` view without line numbers starts at A, so that the map's line ranges are the
 /// file's and one `sed -n` of a range brings that definition back.
@@ -571,6 +613,42 @@ mod tests {
         assert_eq!(head(&[user, opaque, call, result, done, user]), 4);
         let unmarked = r#"{"role":"opaque","content":"x","pare_epoch_boundary":false}"#;
         assert_eq!(head(&[user, opaque, unmarked, done]), 2);
+    }
+
+    /// Regression: an editor's view of a source file that holds error text (`raise ValueError("Error:
+    /// …")`) read as a failed call, so the rules kept its first and last lines instead of its
+    /// structural map, and it never counted as a read of the file. A numbered listing from a read
+    /// succeeds; the editor's own error and an edit's snippet keep the status their text gives.
+    #[test]
+    fn a_listing_of_a_file_with_error_text_is_a_successful_read() {
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
+        let listing: String = (1..=40)
+            .map(|i| match i {
+                7 => format!("{i:6}\t        raise ValueError(\"Error: bad input\")"),
+                _ => format!("{i:6}\t    value_{i} = compute_{i}()"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let status = |arguments: serde_json::Value, output: &str| {
+            let call = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a", "type": "function",
+                "function": {"name": "str_replace_editor", "arguments": arguments.to_string()}}]});
+            let result = serde_json::json!({"role": "tool", "tool_call_id": "a", "content": output});
+            let raw = [call.to_string(), result.to_string()];
+            let refs: Vec<&str> = raw.iter().map(String::as_str).collect();
+            let conv = Conversation::analyse(&refs, 1, &keys, &policy, false);
+            conv.outcomes[1].as_ref().unwrap().status.clone()
+        };
+        let view = serde_json::json!({"command": "view", "path": "/w/a.py"});
+        let shown = format!("Here's the result of running `cat -n` on /w/a.py:\n{listing}");
+        assert_eq!(status(view.clone(), &shown), Status::Ok);
+        let missing = "ERROR: Invalid `path` parameter: /w/b.py. The path /w/b.py does not exist.";
+        assert_eq!(status(view.clone(), missing), Status::Failed { exit: None });
+        let edit = serde_json::json!({"command": "str_replace", "path": "/w/a.py", "old_str": "x", "new_str": "y"});
+        assert_eq!(status(edit, &shown), Status::Failed { exit: None });
+        // A few numbered lines under an error message are a traceback's excerpt, not a listing.
+        let excerpt: String = listing.lines().take(5).collect::<Vec<_>>().join("\n");
+        assert_eq!(status(view, &format!("Error: cannot parse\n{excerpt}")), Status::Failed { exit: None });
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub struct Edits {
     pub kept: Vec<bool>,
     /// The message already carries a pare marker (an earlier compaction): nothing touches it.
     pub compacted: Vec<bool>,
+    /// The structural map a salience tier forwards in place of a read the rules leave whole (the
+    /// latest full read of a file the conversation edits): the Focus tier keeps the read, every
+    /// other tier forwards this map.
+    pub deferred_map: Vec<Option<String>>,
     /// Per message, the characters each rule removed (for the report).
     pub savings: Vec<Vec<(RuleId, i64)>>,
     /// Per message, tokens saved (raw count minus forwarded count), once rendered.
@@ -67,6 +71,7 @@ impl Edits {
             claimed: vec![false; n],
             kept: vec![false; n],
             compacted,
+            deferred_map: vec![None; n],
             savings: vec![Vec::new(); n],
             tokens_saved: vec![0; n],
         }
@@ -109,6 +114,13 @@ impl Edits {
         let embed = embed && self.text[idx].as_ref().is_none_or(|e| e.embed);
         self.text[idx] = Some(TextEdit { text, embed });
         self.savings[idx].push((rule, before - after));
+    }
+
+    /// Leave tool result `idx` whole for the salience tiers, which forward `map` in its place below
+    /// the Focus tier (no later rule touches it).
+    pub fn defer_map(&mut self, idx: usize, map: String) {
+        self.deferred_map[idx] = Some(map);
+        self.claimed[idx] = true;
     }
 
     /// Replace a tool result (or a later system message) by a marker line (no later rule touches it).

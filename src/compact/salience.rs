@@ -1032,6 +1032,10 @@ fn form(engine: &Engine, conv: &Conversation<'_>, edits: &Edits, idx: usize, tie
     if tier == Tier::Focus || edits.compacted[idx] || edits.kept[idx] {
         return None;
     }
+    // A read the rules left whole for the tiers: its structural map below Focus.
+    if let Some(map) = &edits.deferred_map[idx] {
+        return Some(TextEdit { text: map.clone(), embed: false });
+    }
     let m = conv.msgs[idx].as_ref()?;
     let current = edits.current_text(conv, idx);
     let candidate = if conv.outcomes[idx].is_some() {

@@ -58,28 +58,43 @@ fn forwarded_text(body: &[u8]) -> String {
 }
 
 /// The last edit quotes lines next to the file's earlier edits, 8–11 turns after the agent last
-/// viewed the file whole. That view's structural map keeps the lines around the earlier edits, so
-/// the lines the edit quotes are still in the compacted request; the older views of the file keep
-/// their outline only.
+/// viewed the file whole. The rules leave that view whole (what the next edit quotes is in it); a
+/// target it does not fit whole gets its structural map, which keeps the lines around the earlier
+/// edits, so the lines the edit quotes are still in the compacted request; the older views of the
+/// file keep their outline only.
 #[test]
 fn the_latest_view_keeps_the_lines_the_next_edit_quotes() {
+    use pare::tokens::{CountTokens, QuarterCounter};
+
     let (body, quoted) = before_last_edit();
     assert!(quoted.len() >= 20, "{quoted:?}");
     let engine = Engine::default_pack();
-    let (out, result) = crate::compact::run(&engine, &body, None);
+    let map_of = "[pare: structure of /workspace/astropy__astropy__4.3/astropy/modeling/separable.py";
+    let regions = "as read, around this file's edits]";
+    let (rules_only, result) = crate::compact::run(&engine, &body, None);
+    crate::compact::assert_invariants(&body, &rules_only, &result);
+    let text = forwarded_text(&rules_only);
+    assert!(quoted.iter().all(|l| text.contains(l.as_str())));
+    assert!(text.matches(map_of).count() >= 1 && !text.contains(regions), "{text}");
+
+    // A fifth less than the rules leave: the latest view's map instead of the whole view.
+    let parsed: Value = serde_json::from_slice(&rules_only).expect("json");
+    let messages = parsed["messages"].as_array().expect("messages");
+    let tokens: u64 = messages.iter().map(|m| QuarterCounter.message(&m.to_string())).sum();
+    let target = Some(tokens * 80 / 100);
+    let (out, result) = crate::compact::run(&engine, &body, target);
     crate::compact::assert_invariants(&body, &out, &result);
     let text = forwarded_text(&out);
     let missing: Vec<&String> = quoted.iter().filter(|l| !text.contains(l.as_str())).collect();
     assert!(missing.is_empty(), "{} of {} quoted lines missing: {missing:?}", missing.len(), quoted.len());
-    // One map keeps edited regions: the latest full view's.
-    let maps =
-        text.matches("[pare: structure of /workspace/astropy__astropy__4.3/astropy/modeling/separable.py").count();
-    assert!(maps >= 2, "{maps} maps");
-    assert_eq!(text.matches("as read, around this file's edits]").count(), 1);
+    // One map, with the edited regions: the latest full view's (the older views' outlines go to
+    // the lower tiers' markers).
+    assert_eq!(text.matches(map_of).count(), 1);
+    assert_eq!(text.matches(regions).count(), 1);
     // Compacting again changes nothing; the same input gives the same bytes.
-    let (twice, _) = crate::compact::run(&engine, &out, None);
+    let (twice, _) = crate::compact::run(&engine, &out, target);
     assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&twice));
-    assert_eq!(out, crate::compact::run(&engine, &body, None).0);
+    assert_eq!(out, crate::compact::run(&engine, &body, target).0);
 }
 
 /// Conversations of views and edits of one source file (full and ranged views, edits whose old text

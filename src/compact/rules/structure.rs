@@ -1,9 +1,10 @@
 //! Structural maps: a large successful read of a source file (by the call's `path` argument, or a
 //! `cat`/`nl`/`head`/`sed -n` command on one file) becomes the list of its definitions with 1-based
 //! line ranges — what the model needs to navigate the file again — instead of its whole body. The
-//! latest full read of a file the conversation edits also keeps the lines those edits touch, with
-//! [`EDIT_CONTEXT_LINES`] on each side (at most [`MAX_REGION_LINES`]): the agent's next edit of the
-//! file is most often near its last ones, and quotes those lines exactly.
+//! latest full read of a file the conversation edits is left whole for the salience tiers, which
+//! keep it in the Focus tier and forward its map in every other; that map also keeps the lines
+//! those edits touch, with [`EDIT_CONTEXT_LINES`] on each side (at most [`MAX_REGION_LINES`]): the
+//! agent's next edit of the file is most often near its last ones, and quotes those lines exactly.
 
 use super::super::Policy;
 use super::super::conversation::{Conversation, line_count, read_path};
@@ -28,7 +29,12 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     // Outlining reads the whole body: the costly part, independent per result.
     let maps = conv.map_each(&candidates, |&idx| map_of(policy, conv, &file_edits, idx));
     for (idx, map) in candidates.into_iter().zip(maps) {
-        if let Some(map) = map {
+        let Some(map) = map else { continue };
+        // What the agent's next edit of the file quotes is in its latest read: the tiers keep it
+        // whole where the budget allows and forward the map only below Focus.
+        if file_edits.is_latest_read_of_edited(idx) {
+            edits.defer_map(idx, map);
+        } else {
             edits.set_marker(conv, idx, RuleId::Structure, map);
         }
     }
@@ -186,9 +192,18 @@ mod tests {
 
     /// The forwarded text of each message of `messages` compacted by the default pack (rules only).
     fn compacted(messages: &[Value]) -> Vec<String> {
+        compacted_to(messages, None)
+    }
+
+    /// The forwarded text of each message of `messages` compacted by the default pack, brought under
+    /// `share` % of the request's tokens when given (salience tiers, then elision).
+    fn compacted_to(messages: &[Value], share: Option<u64>) -> Vec<String> {
         let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
         let parsed = ChatBody::parse(&body).unwrap();
-        let out = Engine::default_pack().compact(&parsed.view(), &CompactOptions::default(), &QuarterCounter);
+        let view = parsed.view();
+        let tokens = crate::tokens::request_tokens(&QuarterCounter, view.messages, view.tools);
+        let options = CompactOptions { target_tokens: share.map(|s| tokens * s / 100), ..Default::default() };
+        let out = Engine::default_pack().compact(&view, &options, &QuarterCounter);
         let mut texts: Vec<String> = out
             .prefix
             .iter()
@@ -209,15 +224,43 @@ mod tests {
         messages
     }
 
+    /// Regression: the latest view of a file the agent edits was outlined by the rules whatever the
+    /// budget, so an edit quoting lines far from the earlier edits found only the outline. The rules
+    /// leave it whole; a target that leaves room keeps it whole, an older view of the same file and
+    /// a view of a file nobody edits are outlined.
+    #[test]
+    fn the_latest_view_of_an_edited_file_stays_whole_where_the_budget_allows() {
+        let (path, other) = ("/w/app/handlers.py", "/w/app/models.py");
+        let (before, after) = (source(300, "a"), source(300, "b"));
+        let edit = json!({"command": "str_replace", "path": path, "old_str": before[200..204].join("\n"), "new_str": after[200..204].join("\n")});
+        let work = vec![
+            turn("v1", json!({"command": "view", "path": path}), &view_of(path, &before)),
+            turn("e1", edit, &format!("The file {path} has been edited.")),
+            turn("v2", json!({"command": "view", "path": path}), &view_of(path, &after)),
+            turn("v3", json!({"command": "view", "path": other}), &view_of(other, &source(300, "c"))),
+        ];
+        for share in [None, Some(90)] {
+            let out = compacted_to(&session(work.clone()), share);
+            let (older, latest, unedited) = (&out[3], &out[7], &out[9]);
+            assert_eq!(latest, &view_of(path, &after), "target {share:?}");
+            assert!(older.starts_with("[pare: structure of /w/app/handlers.py"), "{older}");
+            assert!(unedited.starts_with("[pare: structure of /w/app/models.py"), "{unedited}");
+        }
+    }
+
     #[test]
     fn a_later_edit_keeps_the_lines_it_touches_in_the_map() {
         let path = "/w/app/handlers.py";
         let file = source(300, "a");
         let edit = json!({"command": "str_replace", "path": path, "old_str": file[149..153].join("\n"), "new_str": "    pass"});
-        let out = compacted(&session(vec![
-            turn("v1", json!({"command": "view", "path": path}), &view_of(path, &file)),
-            turn("e1", edit, &format!("The file {path} has been edited.")),
-        ]));
+        // A target the whole view does not fit: the tiers forward its map.
+        let out = compacted_to(
+            &session(vec![
+                turn("v1", json!({"command": "view", "path": path}), &view_of(path, &file)),
+                turn("e1", edit, &format!("The file {path} has been edited.")),
+            ]),
+            Some(70),
+        );
         let map = &out[3];
         assert!(map.starts_with("[pare: structure of /w/app/handlers.py"), "{map}");
         let region = format!("lines {}-{} as read", 150 - EDIT_CONTEXT_LINES, 153 + EDIT_CONTEXT_LINES);
@@ -238,13 +281,17 @@ mod tests {
         let path = "/w/app/handlers.py";
         let (before, after) = (source(300, "a"), source(300, "b"));
         let edit = json!({"command": "str_replace", "path": path, "old_str": before[200..204].join("\n"), "new_str": after[200..204].join("\n")});
-        let out = compacted(&session(vec![
-            turn("v1", json!({"command": "view", "path": path}), &view_of(path, &before)),
-            turn("e1", edit, &format!("The file {path} has been edited.")),
-            turn("v2", json!({"command": "view", "path": path}), &view_of(path, &after)),
-        ]));
+        let out = compacted_to(
+            &session(vec![
+                turn("v1", json!({"command": "view", "path": path}), &view_of(path, &before)),
+                turn("e1", edit, &format!("The file {path} has been edited.")),
+                turn("v2", json!({"command": "view", "path": path}), &view_of(path, &after)),
+            ]),
+            Some(45),
+        );
         let (older, latest) = (&out[3], &out[7]);
-        assert!(older.starts_with("[pare: structure of") && !older.contains("as read"), "{older}");
+        assert!(!older.contains("as read"), "{older}");
+        assert!(latest.starts_with("[pare: structure of") && latest.contains("as read"), "{latest}");
         // The latest view shows the edit's new text where it landed.
         assert!(latest.contains(&format!("{:6}\t{}", 201, after[200])), "{latest}");
     }
