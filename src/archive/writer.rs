@@ -44,6 +44,8 @@ const MAX_BATCH: usize = 4096;
 const CURSOR_CACHE: usize = 1024;
 /// Blob hashes → ids kept in memory (skips a lookup for messages seen recently).
 const BLOB_ID_CACHE: usize = 65_536;
+/// (session, blob) links known stored (skips re-linking the blobs a session's requests repeat).
+const LINKED_CACHE: usize = 65_536;
 /// Exchanges waiting for their response.
 const PENDING_TICKETS: usize = 65_536;
 /// Time between attempts to open a store that failed to open (SQLite; PostgreSQL starts there and
@@ -175,6 +177,10 @@ pub(crate) struct Writer {
     open_error: Option<String>,
     cursors: LruCache<String, Cursor>,
     blob_ids: LruCache<[u8; 32], i64>,
+    /// (xxh3 of the session id, blob id) pairs whose `session_blobs` row is stored: each request
+    /// repeats most of its session's blobs, and linking them again is a statement each (a round
+    /// trip on PostgreSQL).
+    linked: LruCache<(u64, i64), ()>,
     pending: LruCache<Ticket, Pending>,
     /// Seed of [`Writer::digest`], drawn per process.
     digest_seed: u64,
@@ -204,6 +210,7 @@ impl Writer {
             open_error: None,
             cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
+            linked: LruCache::new(NonZeroUsize::new(LINKED_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
             digest_seed: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8),
             contents: Some(ContentIndex::new()),
@@ -451,6 +458,7 @@ impl Writer {
                     // from the store.
                     self.cursors.clear();
                     self.blob_ids.clear();
+                    self.linked.clear();
                     if let Some(contents) = &mut self.contents {
                         contents.clear();
                     }
@@ -569,7 +577,11 @@ impl Writer {
                 id
             }
         };
-        conn.execute("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)", params![session, id])?;
+        let link = (xxhash_rust::xxh3::xxh3_64(session.as_bytes()), id);
+        if self.linked.get(&link).is_none() {
+            conn.execute("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)", params![session, id])?;
+            self.linked.put(link, ());
+        }
         Ok(id)
     }
 
