@@ -633,17 +633,24 @@ fn push_strings(value: &Value, out: &mut String) {
 mod tests {
     use super::*;
 
+    /// A step whose next reply names `load_user_8841`, which only the tool output holds.
+    const OUTPUT: &str = "def load_user_8841(user_id):\n    return UserCache.get(user_id)\n";
+    const CALL: &str = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"cat a.py\"}"}}]}"#;
+    const USER: &str = r#"{"role":"user","content":"fix it"}"#;
+    const REPLY: &str = r#"{"role":"assistant","content":"I will edit load_user_8841 now."}"#;
+
+    fn tool_result() -> String {
+        serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": OUTPUT}).to_string()
+    }
+
     /// A needle lost to a marker is recoverable when the marker's id names the output that held it,
     /// and only then.
     #[test]
     fn lost_needles_are_recoverable_through_the_ids_that_name_them() {
-        let output = "def load_user_8841(user_id):\n    return UserCache.get(user_id)\n";
-        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"cat a.py\"}"}}]}"#;
-        let result = serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": output}).to_string();
-        let user = r#"{"role":"user","content":"fix it"}"#;
+        let (output, call, user) = (OUTPUT, CALL, USER);
+        let result = tool_result();
         let raw = [user, call, result.as_str()];
-        let reply = r#"{"role":"assistant","content":"I will edit load_user_8841 now."}"#;
-        let next = [user, call, result.as_str(), reply];
+        let next = [user, call, result.as_str(), REPLY];
         let view = View { messages: &raw, tools: None };
         let marker = |suffix: &str| {
             serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": format!("[tool: bash → ok{suffix}]")})
@@ -673,13 +680,10 @@ mod tests {
     #[test]
     fn lost_needles_are_recoverable_through_the_id_lists_markers_name() {
         use crate::compact::markers::{LIST_ENTRY, id_entry, id_list_text};
-        let output = "def load_user_8841(user_id):\n    return UserCache.get(user_id)\n";
-        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":"{\"command\":\"cat a.py\"}"}}]}"#;
-        let result = serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": output}).to_string();
-        let user = r#"{"role":"user","content":"fix it"}"#;
+        let (output, call, user) = (OUTPUT, CALL, USER);
+        let result = tool_result();
         let raw = [user, call, result.as_str()];
-        let reply = r#"{"role":"assistant","content":"I will edit load_user_8841 now."}"#;
-        let next = [user, call, result.as_str(), reply];
+        let next = [user, call, result.as_str(), REPLY];
         let view = View { messages: &raw, tools: None };
         let re = needle_regex();
         let inner =
