@@ -341,6 +341,11 @@ impl Collector for PipelineCollector {
                 "Strict-durability requests forwarded before their raw record was confirmed committed",
                 stats.strict_unconfirmed.load(Relaxed),
             ),
+            (
+                "pare_stale_state",
+                "Strict-durability requests compacted again because another process had served their session",
+                stats.stale_state.load(Relaxed),
+            ),
         ];
         let memory = self.pipeline.memory();
         counters.push(("pare_memory_evictions", "Sessions the memory budget evicted", memory.evictions));

@@ -55,6 +55,10 @@ async fn round_robin_replicas_forward_what_one_pare_does(postgres: bool) {
         }
         let stale: u64 =
             replicas.iter().map(|r| r.pipeline.stats.stale_state.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        // The count is exported as a metric.
+        let metrics = client().get(replicas[1].url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
+        let counted = replicas[1].pipeline.stats.stale_state.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(metrics.contains(&format!("pare_stale_state_total {counted}\n")), "{metrics}");
         for replica in replicas {
             replica.shutdown().await.unwrap();
         }
