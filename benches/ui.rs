@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use pare::archive::{Archive, ExchangeRecord, ResponseRecord};
-use pare::config::{Config, Durability};
+use pare::config::Durability;
 use pare::pipeline::{CompactionSummary, StreamEnd};
 use pare::ui::Ui;
 use serde_json::json;
@@ -70,7 +70,7 @@ fn large_archive(dir: &Path, n: usize) {
 fn pages(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     large_archive(dir.path(), SESSIONS);
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     let mut group = c.benchmark_group("ui_10k_sessions");
     for (name, path, query) in [
         ("index_first_page", "/_pare/ui/", None),

@@ -2,7 +2,7 @@
 //! backends (SQLite ↔ PostgreSQL), then checked.
 //!
 //! A session is copied in one transaction of the target: its blobs (content-addressed: a blob the
-//! target holds already is shared, not copied twice), its exchanges, answers, usage rows, plans and
+//! target holds already is shared, not copied twice), its exchanges, answers, usage rows, plans (with their items) and
 //! the contents its markers name, and its `sessions` row. Row ids differ between stores, so the
 //! references a copy carries are renumbered: the blob ids and delta bases inside body templates,
 //! answer bodies, and plans' prefix blobs. Nothing the hash chain covers changes (request numbers,
@@ -260,6 +260,16 @@ fn copy_session(src: &Db, dst: &Db, session: &str, report: &mut CopyReport) -> R
                     prefix_seen)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![new_exchange, session, &v[1], &v[2], &v[3], &v[4], &v[5], prefix_blobs.as_ref(), &v[7]],
+            )?;
+        }
+    }
+
+    if src.has_table("plan_items")? {
+        for row in &src.query_all("SELECT exchange, items FROM plan_items WHERE session = ?1", params![session])? {
+            let Ok(new_exchange) = exchange(row.get(0)?) else { continue };
+            dst.execute(
+                "INSERT INTO plan_items (exchange, session, items) VALUES (?1, ?2, ?3)",
+                params![new_exchange, session, &row.values()[1]],
             )?;
         }
     }

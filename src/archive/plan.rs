@@ -9,6 +9,10 @@
 //! as the agent sent it is stored as its index among the raw messages of the row's exchange (read
 //! back from that request's archived body); a rewritten one as a content-addressed blob shared with
 //! every other row that holds it. A row costs its hashes and references: 24 bytes per message.
+//!
+//! With the row, `plan_items` holds what became of each raw message the prefix covers (the
+//! engine's [`Fate`]s: kept, rewritten by which rules, elided behind which marker, left out), 8
+//! bytes each: what `sessions show --diff` and the audit UI show, read as stored ([`history`]).
 
 use std::collections::HashMap;
 
@@ -16,6 +20,9 @@ use super::ArchiveError;
 use super::db::{Db, params};
 use super::read::{self, BodyKind};
 use crate::budget::epoch::{FrozenPlan, SessionPlan};
+use crate::compact::Fate;
+use crate::compact::provenance::{Step, steps};
+use crate::compact::report::RuleSet;
 use crate::neutral::message_hashes;
 use crate::wire::Wire;
 
@@ -31,6 +38,7 @@ pub(crate) fn put(
     plan: &SessionPlan,
     mut blob_id: impl FnMut(&[u8]) -> Result<i64, ArchiveError>,
 ) -> Result<(), ArchiveError> {
+    let items = plan.frozen.as_ref().and_then(|f| f.plan.as_deref()).map(pack_fates);
     let (raw_hashes, prefix_blobs, prefix_seen) = match &plan.frozen {
         None => (None, None, None),
         Some(frozen) => {
@@ -65,6 +73,12 @@ pub(crate) fn put(
             prefix_seen.as_ref()
         ],
     )?;
+    if let Some(items) = items {
+        conn.execute(
+            "INSERT INTO plan_items (exchange, session, items) VALUES (?1, ?2, ?3)",
+            params![exchange, session, &items],
+        )?;
+    }
     Ok(())
 }
 
@@ -72,69 +86,174 @@ pub(crate) fn put(
 /// none is stored (a session that never changed its state, an archive written before plans were
 /// stored, a row of another [`FORMAT`]).
 pub fn latest(conn: &Db, session: &str) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
+    Ok(rows(conn, session, "DESC LIMIT 1")?.pop())
+}
+
+/// Every state `session` was stored in, oldest first, each with the id of the exchange that left
+/// it (rows of another [`FORMAT`] are left out).
+pub fn history(conn: &Db, session: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
+    rows(conn, session, "ASC")
+}
+
+fn rows(conn: &Db, session: &str, order: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
     if !conn.has_table("plans")? {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let Some(row) = conn.query_opt(
+    let items = match conn.has_table("plan_items")? {
+        true => "(SELECT i.items FROM plan_items i WHERE i.exchange = p.exchange)",
+        false => "NULL",
+    };
+    let sql = format!(
         "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
-                p.prefix_seen
+                p.prefix_seen, {items}
          FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
-         WHERE p.session = ?1 ORDER BY p.id DESC LIMIT 1",
-        params![session],
-    )?
-    else {
-        return Ok(None);
-    };
-    let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
-    let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(3)?, row.get(4)?, row.get(5)?);
-    let raw_hashes: Option<Vec<u8>> = row.get(6)?;
-    let prefix_blobs: Option<Vec<u8>> = row.get(7)?;
-    let prefix_seen: Option<Vec<u8>> = row.get(8)?;
-    if format != FORMAT {
-        return Ok(None);
-    }
-    let frozen = match (raw_hashes, prefix_blobs) {
-        (Some(raw_hashes), Some(prefix_blobs)) => {
-            let corrupt = |why| ArchiveError::CorruptPlan { exchange, why };
-            let raw_hashes = unpack_u128(&raw_hashes).ok_or_else(|| corrupt("raw hashes"))?;
-            let ids = unpack_u64(&prefix_blobs).ok_or_else(|| corrupt("prefix blob ids"))?;
-            let prefix_seen = unpack_u64(prefix_seen.as_deref().unwrap_or_default())
-                .ok_or_else(|| corrupt("prefix arrival times"))?;
-            let raw_body = match ids.iter().any(|&id| (id as i64) < 0) {
-                true => read::body_bytes(conn, exchange, BodyKind::Raw)?,
-                false => Vec::new(),
-            };
-            let wire = Wire::of_path(&path).unwrap_or_default();
-            let raw = match raw_body.is_empty() {
-                true => None,
-                false => Some(crate::wire::parse(wire, &raw_body).map_err(|_| corrupt("its request does not parse"))?),
-            };
-            let raw_messages = raw.as_ref().map(|body| body.messages()).unwrap_or_default();
-            let mut prefix = Vec::with_capacity(ids.len());
-            for id in ids {
-                let message = match id as i64 {
-                    id if id < 0 => {
-                        let idx = (-id - 1) as usize;
-                        // The message must be the one the row hashed, or the state is not this one.
-                        let same = raw_hashes.get(idx).is_some_and(|hash| {
-                            raw_messages.get(idx).is_some_and(|m| message_hashes(&[m])[0] == *hash)
-                        });
-                        if !same {
-                            return Err(corrupt("a kept message that is not its request's"));
-                        }
-                        raw_messages[idx].to_owned()
-                    }
-                    id => String::from_utf8(super::store::read_blob(conn, id)?)
-                        .map_err(|_| corrupt("a prefix message that is not UTF-8"))?,
-                };
-                prefix.push(message);
-            }
-            Some(FrozenPlan { raw_hashes, prefix, prefix_seen })
+         WHERE p.session = ?1 ORDER BY p.id {order}"
+    );
+    let mut out = Vec::new();
+    for row in conn.query_all(&sql, params![session])? {
+        let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+        if format != FORMAT {
+            continue;
         }
-        _ => None,
+        let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(3)?, row.get(4)?, row.get(5)?);
+        let packed =
+            Packed { raw_hashes: row.get(6)?, prefix_blobs: row.get(7)?, prefix_seen: row.get(8)?, items: row.get(9)? };
+        let frozen = frozen(conn, exchange, &path, packed)?;
+        let plan = SessionPlan { epoch: epoch as u64, advanced_at_len: advanced_at as usize, saturated, frozen };
+        out.push((exchange, plan));
+    }
+    Ok(out)
+}
+
+/// The state in force when exchange `exchange` was forwarded, among a session's [`history`]: the
+/// latest stored at or before it (`None`: the session had no stored state yet).
+pub fn in_force(history: &[(i64, SessionPlan)], exchange: i64) -> Option<&SessionPlan> {
+    history.iter().rev().find(|(at, _)| *at <= exchange).map(|(_, plan)| plan)
+}
+
+/// What a request was forwarded as, read from its plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forwarding {
+    /// The forwarded conversation (neutral messages).
+    pub messages: Vec<String>,
+    /// What happened to each raw message; `None` when the plan does not hold it (an archive
+    /// written before plans held their items).
+    pub steps: Option<Vec<Step>>,
+}
+
+/// The forwarding of a request of `raw` messages under `frozen`, its session's frozen prefix when
+/// it was forwarded: the prefix, then the raw messages after those it covers. A request forwarded
+/// as sent, or one the prefix does not describe (its messages do not start with those the prefix
+/// covers), forwarded each message as sent.
+pub fn forwarding(raw: &[&str], frozen: Option<&FrozenPlan>) -> Forwarding {
+    let frozen = frozen
+        .filter(|f| f.raw_hashes.len() <= raw.len() && message_hashes(&raw[..f.raw_hashes.len()]) == f.raw_hashes);
+    let Some(frozen) = frozen else {
+        return Forwarding {
+            messages: raw.iter().map(|m| (*m).to_owned()).collect(),
+            steps: Some(steps(&[], raw.len(), 0)),
+        };
     };
-    let plan = SessionPlan { epoch: epoch as u64, advanced_at_len: advanced_at as usize, saturated, frozen };
-    Ok(Some((exchange, plan)))
+    let covered = frozen.raw_hashes.len();
+    let mut messages = frozen.prefix.clone();
+    messages.extend(raw[covered..].iter().map(|m| (*m).to_owned()));
+    let steps = frozen.plan.as_deref().map(|plan| steps(plan, raw.len(), frozen.prefix.len()));
+    Forwarding { messages, steps }
+}
+
+/// A row's packed columns.
+struct Packed {
+    raw_hashes: Option<Vec<u8>>,
+    prefix_blobs: Option<Vec<u8>>,
+    prefix_seen: Option<Vec<u8>>,
+    items: Option<Vec<u8>>,
+}
+
+/// The frozen prefix a row of `exchange` (a request to `path`) describes.
+fn frozen(conn: &Db, exchange: i64, path: &str, packed: Packed) -> Result<Option<FrozenPlan>, ArchiveError> {
+    let (Some(raw_hashes), Some(prefix_blobs)) = (packed.raw_hashes, packed.prefix_blobs) else {
+        return Ok(None);
+    };
+    let corrupt = |why| ArchiveError::CorruptPlan { exchange, why };
+    let raw_hashes = unpack_u128(&raw_hashes).ok_or_else(|| corrupt("raw hashes"))?;
+    let ids = unpack_u64(&prefix_blobs).ok_or_else(|| corrupt("prefix blob ids"))?;
+    let prefix_seen =
+        unpack_u64(packed.prefix_seen.as_deref().unwrap_or_default()).ok_or_else(|| corrupt("prefix arrival times"))?;
+    let plan = match packed.items {
+        Some(items) => {
+            Some(unpack_fates(&items, ids.len(), raw_hashes.len()).ok_or_else(|| corrupt("raw message fates"))?)
+        }
+        None => None,
+    };
+    let raw_body = match ids.iter().any(|&id| (id as i64) < 0) {
+        true => read::body_bytes(conn, exchange, BodyKind::Raw)?,
+        false => Vec::new(),
+    };
+    let wire = Wire::of_path(path).unwrap_or_default();
+    let raw = match raw_body.is_empty() {
+        true => None,
+        false => Some(crate::wire::parse(wire, &raw_body).map_err(|_| corrupt("its request does not parse"))?),
+    };
+    let raw_messages = raw.as_ref().map(|body| body.messages()).unwrap_or_default();
+    let mut prefix = Vec::with_capacity(ids.len());
+    for id in ids {
+        let message = match id as i64 {
+            id if id < 0 => {
+                let idx = (-id - 1) as usize;
+                // The message must be the one the row hashed, or the state is not this one.
+                let same = raw_hashes
+                    .get(idx)
+                    .is_some_and(|hash| raw_messages.get(idx).is_some_and(|m| message_hashes(&[m])[0] == *hash));
+                if !same {
+                    return Err(corrupt("a kept message that is not its request's"));
+                }
+                raw_messages[idx].to_owned()
+            }
+            id => String::from_utf8(super::store::read_blob(conn, id)?)
+                .map_err(|_| corrupt("a prefix message that is not UTF-8"))?,
+        };
+        prefix.push(message);
+    }
+    Ok(Some(FrozenPlan { raw_hashes, prefix, prefix_seen, plan }))
+}
+
+/// A fate in 8 bytes: the prefix entry in the low 32 bits, the rules' bits in the next 24, the kind
+/// in the top 2.
+fn pack_fates(fates: &[Fate]) -> Vec<u8> {
+    let packed: Vec<u64> = fates
+        .iter()
+        .map(|fate| {
+            let (kind, at, rules) = match *fate {
+                Fate::Kept { at } => (0u64, at, RuleSet::default()),
+                Fate::Rewritten { at, rules } => (1, at, rules),
+                Fate::Elided { at } => (2, at, RuleSet::default()),
+                Fate::Dropped { rules } => (3, 0, rules),
+            };
+            kind << 62 | u64::from(rules.bits()) << 32 | at as u32 as u64
+        })
+        .collect();
+    pack_u64(&packed)
+}
+
+/// [`pack_fates`] read back: `None` unless there is one fate per raw message, each naming one of
+/// the `n_prefix` entries and known rules, in order.
+fn unpack_fates(bytes: &[u8], n_prefix: usize, n_raw: usize) -> Option<Vec<Fate>> {
+    let fates: Vec<Fate> = unpack_u64(bytes)?
+        .into_iter()
+        .map(|v| {
+            let at = (v & 0xffff_ffff) as usize;
+            let rules = RuleSet::from_bits(((v >> 32) & 0xff_ffff) as u32)?;
+            match v >> 62 {
+                0 => Some(Fate::Kept { at }),
+                1 => Some(Fate::Rewritten { at, rules }),
+                2 => Some(Fate::Elided { at }),
+                _ => Some(Fate::Dropped { rules }),
+            }
+        })
+        .collect::<Option<_>>()?;
+    let ats: Vec<usize> = fates.iter().filter_map(Fate::at).collect();
+    let ordered = ats.windows(2).all(|w| w[0] <= w[1]) && ats.last().is_none_or(|&at| at < n_prefix);
+    (fates.len() == n_raw && ordered).then_some(fates)
 }
 
 fn pack_u128(values: &[u128]) -> Vec<u8> {
@@ -162,6 +281,7 @@ pub(crate) fn unpack_u64(bytes: &[u8]) -> Option<Vec<u64>> {
 mod tests {
     use super::*;
     use crate::archive::store;
+    use crate::compact::report::RuleId;
 
     fn exchange(conn: &Db, session: &str) -> i64 {
         conn.insert_id(
@@ -187,18 +307,27 @@ mod tests {
             raw_hashes: vec![1, u128::MAX, 7 << 100],
             prefix: vec![r#"{"role":"system","content":"é"}"#.into(), "[tool: ls → ok]".into()],
             prefix_seen: vec![],
+            plan: Some(vec![Fate::Kept { at: 0 }, Fate::Elided { at: 1 }, Fate::Elided { at: 1 }]),
         };
         let first = SessionPlan { epoch: 1, advanced_at_len: 3, saturated: true, frozen: Some(frozen.clone()) };
         let x1 = exchange(&conn, "s");
         put_plan(&conn, x1, "s", &first);
         assert_eq!(latest(&conn, "s").unwrap(), Some((x1, first.clone())));
-        let timed = FrozenPlan { prefix_seen: vec![5, 6], ..frozen };
+        let rules: RuleSet = [RuleId::Truncate, RuleId::TierFacts].into_iter().collect();
+        let fates = vec![Fate::Kept { at: 0 }, Fate::Dropped { rules }, Fate::Rewritten { at: 1, rules }];
+        let timed = FrozenPlan { prefix_seen: vec![5, 6], plan: Some(fates), ..frozen };
         let second = SessionPlan { epoch: 2, advanced_at_len: 9, saturated: false, frozen: Some(timed) };
         let x2 = exchange(&conn, "s");
         put_plan(&conn, x2, "s", &second);
         let x3 = exchange(&conn, "other");
         put_plan(&conn, x3, "other", &SessionPlan::default());
-        assert_eq!(latest(&conn, "s").unwrap(), Some((x2, second)));
+        assert_eq!(latest(&conn, "s").unwrap(), Some((x2, second.clone())));
+        assert_eq!(history(&conn, "s").unwrap(), [(x1, first.clone()), (x2, second.clone())]);
+        let history = history(&conn, "s").unwrap();
+        assert_eq!(in_force(&history, x1 - 1), None);
+        assert_eq!(in_force(&history, x1), Some(&first));
+        assert_eq!(in_force(&history, x2 - 1), Some(&first));
+        assert_eq!(in_force(&history, x3), Some(&second));
         assert_eq!(latest(&conn, "other").unwrap(), Some((x3, SessionPlan::default())));
         // The prefix messages are blobs shared by the two rows.
         let n_blobs: i64 = conn.query_one("SELECT count(*) FROM blobs", params![]).unwrap().get(0).unwrap();
@@ -248,6 +377,7 @@ mod tests {
             raw_hashes: message_hashes(&messages[..3]),
             prefix: vec![messages[0].into(), messages[1].into(), "[tool: output]".into()],
             prefix_seen: vec![],
+            plan: None,
         };
         let plan = SessionPlan { epoch: 1, advanced_at_len: 4, saturated: false, frozen: Some(frozen) };
         let ticket = archive.record_exchange(ExchangeRecord::unchanged("s", 1, body(&messages).into()));
@@ -268,6 +398,58 @@ mod tests {
         let err = latest(&conn, "t").unwrap_err();
         assert!(err.to_string().contains("not its request's"), "{err}");
         archive.close();
+    }
+
+    /// Fates read back only as a plan of the row's shape: one per raw message, entries in order
+    /// and among the prefix's, rules this pare knows.
+    #[test]
+    fn fates_round_trip_and_refuse_what_does_not_fit_the_row() {
+        let rules: RuleSet = RuleId::ALL.into_iter().collect();
+        let fates = [
+            Fate::Kept { at: 0 },
+            Fate::Rewritten { at: 1, rules },
+            Fate::Dropped { rules },
+            Fate::Elided { at: 2 },
+            Fate::Elided { at: 2 },
+        ];
+        let packed = pack_fates(&fates);
+        assert_eq!(packed.len(), 8 * fates.len());
+        assert_eq!(unpack_fates(&packed, 3, 5).unwrap(), fates);
+        assert_eq!(unpack_fates(&packed, 2, 5), None, "an entry past the prefix");
+        assert_eq!(unpack_fates(&packed, 3, 4), None, "one fate per raw message");
+        let backwards = pack_fates(&[Fate::Kept { at: 1 }, Fate::Kept { at: 0 }]);
+        assert_eq!(unpack_fates(&backwards, 2, 2), None, "entries in order");
+        let unknown_rule = pack_u64(&[1 << 62 | 1 << 55]);
+        assert_eq!(unpack_fates(&unknown_rule, 1, 1), None);
+    }
+
+    /// A request is forwarded as its plan's prefix, then its raw messages after those the prefix
+    /// covers; one whose messages the prefix does not describe was forwarded as sent.
+    #[test]
+    fn forwarding_is_the_prefix_then_the_raw_messages_after_it() {
+        let raw = [
+            r#"{"role":"user","content":"go"}"#,
+            r#"{"role":"tool","content":"long"}"#,
+            r#"{"role":"user","content":"on"}"#,
+        ];
+        let rules: RuleSet = [RuleId::Truncate].into_iter().collect();
+        let frozen = FrozenPlan {
+            raw_hashes: message_hashes(&raw[..2]),
+            prefix: vec![raw[0].into(), r#"{"role":"tool","content":"lo"}"#.into()],
+            prefix_seen: vec![],
+            plan: Some(vec![Fate::Kept { at: 0 }, Fate::Rewritten { at: 1, rules }]),
+        };
+        let out = forwarding(&raw, Some(&frozen));
+        assert_eq!(out.messages, [raw[0], r#"{"role":"tool","content":"lo"}"#, raw[2]]);
+        let steps = out.steps.unwrap();
+        assert_eq!(steps[1], Step::Edited { raw: 1, fwd: 1, rules });
+        assert_eq!(steps[2], Step::Kept { raw: 2, fwd: 2 });
+        let other = [raw[0], r#"{"role":"tool","content":"edited"}"#, raw[2]];
+        let out = forwarding(&other, Some(&frozen));
+        assert_eq!(out.messages, other);
+        assert!(out.steps.unwrap().iter().all(|s| matches!(s, Step::Kept { .. })));
+        let unknown = FrozenPlan { plan: None, ..frozen };
+        assert_eq!(forwarding(&raw, Some(&unknown)).steps, None);
     }
 
     #[test]

@@ -589,6 +589,7 @@ fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, Archi
     }
     conn.execute("DELETE FROM response_usage WHERE session = ?1", params![session])?;
     conn.execute("DELETE FROM plans WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM plan_items WHERE session = ?1", params![session])?;
     let responses = conn.execute("DELETE FROM responses WHERE session = ?1", params![session])?;
     let exchanges = conn.execute("DELETE FROM exchanges WHERE session = ?1", params![session])?;
     conn.execute("DELETE FROM sessions WHERE id = ?1", params![session])?;

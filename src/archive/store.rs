@@ -131,6 +131,14 @@ CREATE TABLE IF NOT EXISTS plans (
 );
 CREATE INDEX IF NOT EXISTS plans_session ON plans (session, id);
 
+-- What became of each raw message a plan's frozen prefix covers (`plan`): 8 bytes per message.
+CREATE TABLE IF NOT EXISTS plan_items (
+    exchange INTEGER PRIMARY KEY,      -- the plan's exchange (plans.exchange)
+    session  TEXT NOT NULL,
+    items    BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS plan_items_session ON plan_items (session);
+
 -- Contents a forwarded marker names (`pare:` + hex of the SHA-256 of the text): each is the blob of
 -- the same SHA-256, holding the text exactly as the agent sent it.
 CREATE TABLE IF NOT EXISTS contents (
@@ -145,7 +153,8 @@ CREATE INDEX IF NOT EXISTS responses_key_ext ON responses (key_ext) WHERE key_ex
 /// The PostgreSQL schema, in the order it was introduced: opening a database applies the versions
 /// it lacks ([`migrate_postgres`]). The tables mirror SQLite's (integers as BIGINT, booleans as
 /// 0/1 BIGINT, bytes as BYTEA, row ids as identities), so one SQL text serves both.
-const PG_MIGRATIONS: &[&str] = &[r#"
+const PG_MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -246,7 +255,16 @@ CREATE TABLE IF NOT EXISTS contents (
 CREATE INDEX IF NOT EXISTS exchanges_key_req ON exchanges (key_req) WHERE key_req IS NOT NULL;
 CREATE INDEX IF NOT EXISTS responses_key_ext ON responses (key_ext) WHERE key_ext IS NOT NULL;
 INSERT INTO meta (key, value) VALUES ('format', '1') ON CONFLICT DO NOTHING;
-"#];
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS plan_items (
+    exchange BIGINT PRIMARY KEY,
+    session  TEXT NOT NULL,
+    items    BYTEA NOT NULL
+);
+CREATE INDEX IF NOT EXISTS plan_items_session ON plan_items (session);
+"#,
+];
 
 /// The advisory lock key under which replicas migrate one database in turn.
 const MIGRATION_LOCK: i64 = 0x7061_7265_0001;

@@ -27,7 +27,7 @@ use lru::LruCache;
 
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
-use crate::compact::{CompactOptions, Compacted, Engine, HistoryBudget, HistoryFloor, Source};
+use crate::compact::{CompactOptions, Compacted, Engine, Fate, HistoryBudget, HistoryFloor, prefix_spans};
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
 use crate::exchange::{
     Action, BudgetReport, CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, LateCount,
@@ -39,23 +39,13 @@ use crate::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody, WireError};
 
 /// One engine run over a fixed view and options, given [`CompactOptions::keep_first`].
-pub type HeadRun<'a> = dyn Fn(usize) -> (Compacted, Vec<Source>) + 'a;
+pub type HeadRun<'a> = dyn Fn(usize) -> Compacted + 'a;
 
 /// What the state machine needs from the engine: the pure `compact` seam. Implemented by
 /// [`Engine`]; tests substitute small engines with known behaviour.
 pub trait CompactEngine: Send + Sync {
-    fn compact(&self, view: &View<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(view, options, counter).0
-    }
-    /// [`CompactEngine::compact`] plus, for each forwarded prefix message, the raw message(s) it
-    /// stands for.
-    fn compact_traced(
-        &self,
-        view: &View<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> (Compacted, Vec<Source>);
-    /// Runs of [`CompactEngine::compact_traced`] over one view with one set of options but for
+    fn compact(&self, view: &View<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted;
+    /// Runs of [`CompactEngine::compact`] over one view with one set of options but for
     /// [`CompactOptions::keep_first`]: `runs` is handed the run for each `keep_first` it asks for.
     /// [`Engine`] analyses the conversation and applies the rules once for all of them.
     fn compact_heads(
@@ -65,7 +55,7 @@ pub trait CompactEngine: Send + Sync {
         counter: &dyn CountTokens,
         runs: &mut dyn FnMut(&HeadRun<'_>),
     ) {
-        runs(&|keep_first| self.compact_traced(view, &CompactOptions { keep_first, ..options.clone() }, counter));
+        runs(&|keep_first| self.compact(view, &CompactOptions { keep_first, ..options.clone() }, counter));
     }
     /// How many turns the engine never compacts (the protected tail), for the warning that they
     /// alone exceed the window. 0 when unknown.
@@ -75,13 +65,8 @@ pub trait CompactEngine: Send + Sync {
 }
 
 impl CompactEngine for Engine {
-    fn compact_traced(
-        &self,
-        view: &View<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> (Compacted, Vec<Source>) {
-        Engine::compact_traced(self, view, options, counter)
+    fn compact(&self, view: &View<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
+        Engine::compact(self, view, options, counter)
     }
 
     fn compact_heads(
@@ -92,7 +77,7 @@ impl CompactEngine for Engine {
         runs: &mut dyn FnMut(&HeadRun<'_>),
     ) {
         let prepared = self.prepare(view, options, counter);
-        runs(&|keep_first| prepared.compact_traced(keep_first));
+        runs(&|keep_first| prepared.compact(keep_first));
     }
 
     fn protected_turns(&self) -> u32 {
@@ -170,6 +155,9 @@ struct Frozen {
     /// handed to the archive with every request that forwards the prefix. Empty for a prefix
     /// restored after a restart: the archive stored them with the request that made it.
     lists: Arc<[String]>,
+    /// What became of each raw message the prefix covers; `None` when not known (a prefix rebuilt
+    /// from an archived pair of bodies, or from a stored plan that does not hold it).
+    plan: Option<Box<[Fate]>>,
 }
 
 impl Frozen {
@@ -180,6 +168,7 @@ impl Frozen {
             prefix_seen: prefix_seen.into_boxed_slice(),
             prefix_tokens: OnceLock::new(),
             lists: Arc::from([]),
+            plan: None,
         }
     }
 
@@ -190,6 +179,7 @@ impl Frozen {
             + self.prefix.bytes()
             + size_of_val(&*self.prefix_seen)
             + self.lists.iter().map(String::len).sum::<usize>()
+            + self.plan.as_deref().map_or(0, size_of_val)
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
@@ -229,6 +219,8 @@ pub struct FrozenPlan {
     /// With a wall clock: when pare first received each prefix message (clock milliseconds); may
     /// be empty.
     pub prefix_seen: Vec<u64>,
+    /// What became of each raw message the prefix covers (`None`: not known).
+    pub plan: Option<Vec<Fate>>,
 }
 
 impl FrozenPlan {
@@ -237,6 +229,7 @@ impl FrozenPlan {
             raw_hashes: frozen.raw_hashes.to_vec(),
             prefix: frozen.prefix.iter().map(str::to_owned).collect(),
             prefix_seen: frozen.prefix_seen.to_vec(),
+            plan: frozen.plan.as_deref().map(<[Fate]>::to_vec),
         }
     }
 }
@@ -492,7 +485,13 @@ impl SessionCompactor {
     /// cached). The requests that follow are forwarded as they would have been had the state
     /// stayed in memory.
     pub fn resume(&self, session: &str, plan: SessionPlan, last_raw: &[u128]) {
-        let frozen = plan.frozen.map(|f| Arc::new(Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen)));
+        let frozen = plan.frozen.map(|f| {
+            let valid = f.plan.filter(|fates| fates.len() == f.raw_hashes.len());
+            Arc::new(Frozen {
+                plan: valid.map(Vec::into_boxed_slice),
+                ..Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen)
+            })
+        });
         let mut state = SessionState {
             epoch: plan.epoch,
             frozen,
@@ -839,10 +838,11 @@ impl SessionCompactor {
                 self.attempt(request, &candidate, &options, counter)
             }
         };
-        let (raw_boundary, prefix, engine_report, prefix_seen, mut lists) = match attempt {
+        let (raw_boundary, prefix, engine_report, prefix_seen, mut lists, plan) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
-                let seen = times.as_ref().map(|t| t.of_prefix(&a.sources, &t.candidate, a.prefix.len()));
-                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen, a.lists)
+                let seen = times.as_ref().map(|t| t.of_prefix(&a.plan, &t.candidate, a.prefix.len()));
+                let plan = raw_plan(frozen.as_deref(), &a.plan);
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen, a.lists, plan)
             }
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
@@ -855,9 +855,11 @@ impl SessionCompactor {
                     ..Default::default()
                 };
                 let view = View { messages: request.raw, tools: request.tools };
-                let (out, sources) = self.engine.compact_traced(&view, &options, counter);
-                let seen = times.as_ref().map(|t| t.of_prefix(&sources, &t.raw, out.prefix.len()));
-                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists)
+                let out = self.engine.compact(&view, &options, counter);
+                let seen = times.as_ref().map(|t| t.of_prefix(&out.plan, &t.raw, out.prefix.len()));
+                let mut plan = out.plan;
+                plan.truncate(request.raw.len());
+                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists, Some(plan))
             }
         };
         // The lists an earlier epoch derived go on while the prefix names them; a lightest cut keeps
@@ -874,6 +876,7 @@ impl SessionCompactor {
         let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
         let new_frozen = Arc::new(Frozen {
             lists: lists.into(),
+            plan: plan.map(Vec::into_boxed_slice),
             ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default())
         });
         let forwarded_tokens =
@@ -964,13 +967,10 @@ impl SessionCompactor {
         target: u64,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let (whole, sources) = run(0);
+        let whole = run(0);
         // The target the engine applied (the history floor may have raised it).
         let applied = whole.report.tiers.as_ref().and_then(|t| t.target_tokens).unwrap_or(target);
         let boundary = whole.boundary.min(candidate.len());
-        if sources.len() != whole.prefix.len() {
-            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists });
-        }
         if whole.fitted {
             // Where the floor raised the target, the history is what the floor keeps for the next
             // step: it is not spent on keeping old turns for the cache.
@@ -982,7 +982,7 @@ impl SessionCompactor {
                     return Some(attempt);
                 }
             }
-            return Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists });
+            return Some(Attempt::of(whole, boundary));
         }
         let target = applied;
         let fixed = request.fixed;
@@ -995,25 +995,26 @@ impl SessionCompactor {
         let mut raw_after: u64 = raw_tokens[n_frozen..].iter().sum();
         let mut compacted_before: u64 = 0;
         let mut n_out = 0;
+        let spans = prefix_spans(&whole.plan, whole.prefix.len());
         for cut in n_frozen..boundary {
-            while n_out < sources.len() && source_end(&sources[n_out]) <= cut {
+            while n_out < spans.len() && spans[n_out].end <= cut {
                 compacted_before += prefix_tokens[n_out];
                 n_out += 1;
             }
-            let splits_elision = n_out < sources.len() && source_start(&sources[n_out]) < cut;
+            let splits_elision = n_out < spans.len() && spans[n_out].start < cut;
             let at_turn = cut > n_frozen && matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user");
             if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
                 let prefix = whole.prefix[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
                 messages.extend_from_slice(&candidate[cut..]);
                 if crate::compact::validate::check_messages(&messages).is_ok() {
-                    let sources = sources[..n_out].to_vec();
-                    return Some(Attempt { boundary: cut, prefix, report: whole.report, sources, lists: whole.lists });
+                    let plan = whole.plan[..cut].to_vec();
+                    return Some(Attempt { boundary: cut, prefix, report: whole.report, plan, lists: whole.lists });
                 }
             }
             raw_after -= raw_tokens[cut];
         }
-        Some(Attempt { boundary, prefix: whole.prefix, report: whole.report, sources, lists: whole.lists })
+        Some(Attempt::of(whole, boundary))
     }
 
     /// A fitted epoch that keeps the longest head of the candidate the upstream holds cached (the
@@ -1039,20 +1040,13 @@ impl SessionCompactor {
             .filter(|&cut| matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user"))
             .collect();
         let fit_after = |keep_first: usize| -> Option<Attempt> {
-            let (out, sources) = run(keep_first);
+            let out = run(keep_first);
             let boundary = out.boundary.min(candidate.len());
-            let traced = sources.len() == out.prefix.len() && out.report.validation_failed.is_none();
-            if !traced || boundary < keep_first {
+            if out.report.validation_failed.is_some() || boundary < keep_first {
                 return None;
             }
             let tokens = forwarded_tokens(counter, &out.prefix, &candidate[boundary..]) + request.fixed;
-            (tokens <= limit).then_some(Attempt {
-                boundary,
-                prefix: out.prefix,
-                report: out.report,
-                sources,
-                lists: out.lists,
-            })
+            (tokens <= limit).then(|| Attempt::of(out, boundary))
         };
         let (mut lo, mut hi) = (0, cuts.len());
         let mut longest = None;
@@ -1078,15 +1072,30 @@ impl SessionCompactor {
         counter: &TokenCounter,
     ) -> Option<Attempt> {
         let view = View { messages: candidate, tools: request.tools };
-        let (out, sources) = self.engine.compact_traced(&view, options, counter);
-        Some(Attempt {
-            boundary: out.boundary.min(candidate.len()),
-            prefix: out.prefix,
-            report: out.report,
-            sources,
-            lists: out.lists,
-        })
+        let out = self.engine.compact(&view, options, counter);
+        let boundary = out.boundary.min(candidate.len());
+        Some(Attempt::of(out, boundary))
     }
+}
+
+/// What became of each raw message a new prefix covers, given what became of each message of the
+/// epoch's candidate (the frozen prefix's entries, then the raw messages after those it covers): a
+/// raw message behind a frozen entry follows that entry. `None` when the frozen prefix's own plan is
+/// not known.
+fn raw_plan(frozen: Option<&Frozen>, candidate: &[Fate]) -> Option<Vec<Fate>> {
+    let (earlier, n_frozen): (&[Fate], usize) = match frozen {
+        None => (&[], 0),
+        Some(f) => (f.plan.as_deref()?, f.prefix.len()),
+    };
+    let mut plan = Vec::with_capacity(earlier.len() + candidate.len().saturating_sub(n_frozen));
+    for fate in earlier {
+        plan.push(match fate.at().and_then(|at| candidate.get(at)) {
+            Some(next) => fate.then(*next),
+            None => *fate,
+        });
+    }
+    plan.extend_from_slice(candidate.get(n_frozen..).unwrap_or_default());
+    Some(plan)
 }
 
 /// One hash standing for a list of message hashes.
@@ -1103,22 +1112,6 @@ fn forwarded_tokens(counter: &TokenCounter, prefix: &[String], tail: &[&str]) ->
     prefix.iter().map(|m| counter.message(m)).chain(tail.iter().map(|m| counter.message(m))).sum()
 }
 
-/// First raw index a forwarded message stands for.
-fn source_start(source: &Source) -> usize {
-    match source {
-        Source::Raw(idx) | Source::Edited(idx) => *idx,
-        Source::Elided { start, .. } => *start,
-    }
-}
-
-/// One past the last raw index a forwarded message stands for.
-fn source_end(source: &Source) -> usize {
-    match source {
-        Source::Raw(idx) | Source::Edited(idx) => idx + 1,
-        Source::Elided { end, .. } => *end,
-    }
-}
-
 /// How much of an epoch's candidate the session's earlier requests fixed.
 #[derive(Debug, Clone, Copy)]
 struct Head {
@@ -1133,10 +1126,18 @@ struct Attempt {
     boundary: usize,
     prefix: Vec<String>,
     report: Report,
-    /// For each prefix message, the candidate message(s) it stands for.
-    sources: Vec<Source>,
+    /// What became of each candidate message before `boundary`.
+    plan: Vec<Fate>,
     /// [`Compacted::lists`] of the engine run.
     lists: Vec<String>,
+}
+
+impl Attempt {
+    fn of(out: Compacted, boundary: usize) -> Attempt {
+        let mut plan = out.plan;
+        plan.truncate(boundary);
+        Attempt { boundary, prefix: out.prefix, report: out.report, plan, lists: out.lists }
+    }
 }
 
 /// Arrival times (clock milliseconds) of a request's raw messages and of its candidate messages.
@@ -1152,20 +1153,11 @@ impl Times {
         times.iter().map(|&t| self.now.saturating_sub(t) as f64 / 1000.0).collect()
     }
 
-    /// When each message of a compacted prefix arrived (`sources` index into `times`): that of the
+    /// When each message of a compacted prefix arrived (`plan` indexes into `times`): that of the
     /// message it stands for, or of the youngest of an elided run.
-    fn of_prefix(&self, sources: &[Source], times: &[u64], prefix_len: usize) -> Vec<u64> {
-        if sources.len() != prefix_len {
-            return vec![self.now; prefix_len];
-        }
+    fn of_prefix(&self, plan: &[Fate], times: &[u64], prefix_len: usize) -> Vec<u64> {
         let at = |idx: usize| times.get(idx).copied().unwrap_or(self.now);
-        sources
-            .iter()
-            .map(|source| match source {
-                Source::Raw(idx) | Source::Edited(idx) => at(*idx),
-                Source::Elided { start, end } => (*start..*end).map(at).max().unwrap_or(self.now),
-            })
-            .collect()
+        prefix_spans(plan, prefix_len).into_iter().map(|span| span.map(at).max().unwrap_or(self.now)).collect()
     }
 }
 

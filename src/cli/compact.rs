@@ -22,8 +22,9 @@ use serde_json::Value;
 use crate::budget::EpochPolicy;
 use crate::budget::window::{ModelTable, answer_reserve};
 use crate::compact::markers::{group_digits, group_signed, shorten};
-use crate::compact::provenance::{RuleMatcher, Step, steps};
-use crate::compact::{CompactOptions, Compacted, Engine, Source};
+use crate::compact::provenance::{Step, steps};
+use crate::compact::report::RuleSet;
+use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::Config;
 use crate::neutral::{Message, View};
 use crate::tokens::{CounterConfig, TokenCounter, request_tokens};
@@ -57,7 +58,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let raw_messages = body.messages();
     let tools = body.tools();
     let view = View { messages: &raw_messages, tools };
-    let (out, sources) = engine.compact_traced(&view, &options, &counter);
+    let out = engine.compact(&view, &options, &counter);
     let mut messages: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
     messages.extend_from_slice(&raw_messages[out.boundary..]);
     // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
@@ -87,7 +88,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         eprint!("{}", stats_table(&out, before, after, encoding, target_tokens));
     }
     if args.diff {
-        eprint!("{}", diff(&raw_messages, &out, &sources, &RuleMatcher::new(&engine.policy.spec)));
+        eprint!("{}", diff(&raw_messages, &out));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -221,42 +222,43 @@ fn role(raw: &str) -> String {
 }
 
 /// The `--diff` listing: each changed, dropped or elided message, before → after.
-pub fn diff(raw_messages: &[&str], out: &Compacted, sources: &[Source], rules: &RuleMatcher) -> String {
+pub fn diff(raw_messages: &[&str], out: &Compacted) -> String {
     let forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
-    steps(out.boundary, sources).into_iter().filter_map(|step| change(step, raw_messages, &forwarded, rules)).collect()
+    let steps = steps(&out.plan, out.boundary, out.prefix.len());
+    steps.into_iter().filter_map(|step| change(step, raw_messages, &forwarded)).collect()
 }
 
 /// One change as `pare compact --diff` and `pare sessions show --diff` show it: the message number
-/// (from 0) and role, the rule that made it (read from its marker), then the original, shortened,
-/// next to what replaced it. `raw` and `forwarded` are the two message lists `step` refers to; a
-/// message forwarded as sent is no change.
-pub(crate) fn change(step: Step, raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Option<String> {
-    let rule = |before: &str, after: &str| rules.rule_of(before, after).unwrap_or_else(|| "rule not named".into());
+/// (from 0) and role, the rules that made it, then the original, shortened, next to what replaced
+/// it. `raw` and `forwarded` are the two message lists `step` refers to; a message forwarded as
+/// sent is no change.
+pub(crate) fn change(step: Step, raw: &[&str], forwarded: &[&str]) -> Option<String> {
+    let named = |rules: RuleSet| if rules.is_empty() { "rewritten".to_owned() } else { rules.names() };
     match step {
         Step::Kept { .. } => None,
-        Step::Edited { raw: idx, fwd } => {
+        Step::Edited { raw: idx, fwd, rules } => {
             let (before, entry) = (raw[idx], forwarded[fwd]);
             let (minus, plus) = previews(before, entry);
             Some(format!(
                 "#{idx} {} · {} ({} → {} bytes)\n  - {minus}\n  + {plus}\n",
                 role(before),
-                rule(before, entry),
+                named(rules),
                 group_digits(before.len()),
                 group_digits(entry.len())
             ))
         }
         Step::Elided { start, end, fwd } => {
             let hidden: String = (start..end).map(|idx| format!("  - {}\n", mention(idx, raw[idx]))).collect();
-            let marker = forwarded[fwd];
             Some(format!(
-                "#{start}..#{} elided ({} messages) · {}\n{hidden}  + {}\n",
+                "#{start}..#{} elided ({} messages) · elision\n{hidden}  + {}\n",
                 end - 1,
                 end - start,
-                rule(raw[start], marker),
-                preview(marker)
+                preview(forwarded[fwd])
             ))
         }
-        Step::Dropped { raw: idx } => Some(format!("#{idx} {} dropped\n  - {}\n", role(raw[idx]), preview(raw[idx]))),
+        Step::Dropped { raw: idx, rules } => {
+            Some(format!("#{idx} {} dropped · {}\n  - {}\n", role(raw[idx]), named(rules), preview(raw[idx])))
+        }
     }
 }
 

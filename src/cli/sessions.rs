@@ -4,7 +4,8 @@
 //! request with `--request N`, else every request, each followed by a newline: a session file `pare
 //! replay` reads); `--diff` shows, per request, what changed since the request before: new
 //! messages, and each message whose forwarded form changed (at an epoch, an eager advance), as the
-//! original next to its replacement with the rule that made it. Messages are numbered from 0.
+//! original next to its replacement with the rules that made it, as the session's stored plans
+//! say. Messages are numbered from 0.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use crate::archive::read::BodyKind;
 use crate::archive::time::show_time;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;
-use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+use crate::compact::provenance::Step;
 use crate::exchange::Usage;
 
 use super::compact::{change, mention};
@@ -62,10 +63,7 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
                 let kind = if raw { BodyKind::Raw } else { BodyKind::Forwarded };
                 print_bodies(&reader, &info, kind, request)?;
             } else if diff {
-                // Rules are named from the markers of the configured pack's templates.
-                let config = Config::load(args.config.as_deref())?;
-                let spec = crate::compact::Engine::from_config(&config)?.policy.spec;
-                print_diff(&reader, &info, request, &RuleMatcher::new(&spec))?;
+                print_diff(&reader, &info, request)?;
             } else {
                 print_transcript(&reader, &info, request)?;
             }
@@ -281,46 +279,35 @@ enum Treatment {
 /// Per raw message of one request: its bytes and how it was forwarded.
 type Forwarding = Vec<(String, Treatment)>;
 
-fn forwarding(raw: &[&str], forwarded: &[&str], steps: &[Step]) -> Forwarding {
+fn treatments(raw: &[&str], forwarded: &[String], steps: &[Step]) -> Forwarding {
     let mut out: Forwarding = raw.iter().map(|m| ((*m).to_owned(), Treatment::Kept)).collect();
     for step in steps {
         match *step {
             Step::Kept { .. } => {}
-            Step::Edited { raw, fwd } => out[raw].1 = Treatment::Edited(forwarded[fwd].to_owned()),
+            Step::Edited { raw, fwd, .. } => out[raw].1 = Treatment::Edited(forwarded[fwd].clone()),
             Step::Elided { start, end, fwd } => {
-                let marker = forwarded[fwd].to_owned();
+                let marker = forwarded[fwd].clone();
                 for entry in &mut out[start..end] {
                     entry.1 = Treatment::Elided { start, end, marker: marker.clone() };
                 }
             }
-            Step::Dropped { raw } => out[raw].1 = Treatment::Dropped,
+            Step::Dropped { raw, .. } => out[raw].1 = Treatment::Dropped,
         }
     }
     out
 }
 
-/// The raw message indices a step covers.
-fn covered(step: &Step) -> std::ops::Range<usize> {
-    match *step {
-        Step::Kept { raw, .. } | Step::Edited { raw, .. } | Step::Dropped { raw } => raw..raw + 1,
-        Step::Elided { start, end, .. } => start..end,
-    }
-}
-
-fn print_diff(
-    reader: &ArchiveReader,
-    info: &SessionInfo,
-    request: Option<i64>,
-    rules: &RuleMatcher,
-) -> anyhow::Result<()> {
+fn print_diff(reader: &ArchiveReader, info: &SessionInfo, request: Option<i64>) -> anyhow::Result<()> {
     let exchanges = reader.exchanges(&info.id)?;
+    let plans = archive::plan::history(reader.conn(), &info.id)?;
     let mut out = std::io::stdout().lock();
     let mut previous: Forwarding = Vec::new();
     for ex in &exchanges {
         if request.is_some_and(|n| ex.seq > n) {
             break;
         }
-        let (block, now) = diff_block(reader, &info.id, ex, &previous, rules)?;
+        let frozen = archive::plan::in_force(&plans, ex.id).and_then(|plan| plan.frozen.as_ref());
+        let (block, now) = diff_block(reader, &info.id, ex, frozen, &previous)?;
         if request.is_none_or(|n| n == ex.seq) {
             out.write_all(block.as_bytes())?;
         }
@@ -336,22 +323,19 @@ fn diff_block(
     reader: &ArchiveReader,
     session: &str,
     ex: &ExchangeInfo,
+    frozen: Option<&crate::budget::epoch::FrozenPlan>,
     previous: &Forwarding,
-    rules: &RuleMatcher,
 ) -> anyhow::Result<(String, Forwarding)> {
     let raw_body = reader.body(session, ex.seq, BodyKind::Raw)?;
-    let fwd_body = match ex.fwd_len {
-        Some(_) => reader.body(session, ex.seq, BodyKind::Forwarded)?,
-        None => raw_body.clone(),
-    };
     let mut head = format!("request {} · {}", ex.seq, show_time(ex.at_ms));
     let wire = Wire::of_path(&ex.path).unwrap_or_default();
-    let (Ok(raw_parsed), Ok(fwd_parsed)) = (crate::wire::parse(wire, &raw_body), crate::wire::parse(wire, &fwd_body))
-    else {
+    let Ok(raw_parsed) = crate::wire::parse(wire, &raw_body) else {
         head.push_str(&format!(" · no conversation pare reads ({} bytes)\n", n(ex.raw_len)));
         return Ok((head, Vec::new()));
     };
-    let (raw, fwd) = (raw_parsed.messages(), fwd_parsed.messages());
+    let raw = raw_parsed.messages();
+    let plan = archive::plan::forwarding(&raw, frozen.filter(|_| ex.fwd_len.is_some()));
+    let fwd: Vec<&str> = plan.messages.iter().map(String::as_str).collect();
     head.push_str(&format!(" · messages {} → {}", n(raw.len() as i64), n(fwd.len() as i64)));
     if let Some(summary) = &ex.summary {
         head.push_str(&format!(" · tokens {} → {}", n(summary.tokens_raw as i64), n(summary.tokens_forwarded as i64)));
@@ -366,11 +350,14 @@ fn diff_block(
         }
     }
     head.push('\n');
-    let steps = steps(raw.len(), &align(&raw, &fwd));
-    let now = forwarding(&raw, &fwd, &steps);
+    let Some(steps) = plan.steps else {
+        head.push_str("  (what became of each message is not in this archive's plans)\n");
+        return Ok((head, Vec::new()));
+    };
+    let now = treatments(&raw, &plan.messages, &steps);
     let mut lines = String::new();
     for step in &steps {
-        let range = covered(step);
+        let range = step.raw_range();
         let seen_alike = range.clone().all(|i| previous.get(i).is_some_and(|p| *p == now[i]));
         if seen_alike {
             continue;
@@ -379,7 +366,7 @@ fn diff_block(
         let text = match (step, is_new) {
             (Step::Kept { raw: idx, .. }, true) => format!("+ {}\n", mention(*idx, raw[*idx])),
             (Step::Kept { raw: idx, .. }, false) => format!("#{idx} forwarded as sent again\n"),
-            _ => match change(*step, &raw, &fwd, rules) {
+            _ => match change(*step, &raw, &fwd) {
                 Some(block) if is_new => format!("+ new {block}"),
                 Some(block) => block,
                 None => continue,

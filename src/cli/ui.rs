@@ -14,7 +14,7 @@ pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let dir = archive_location(args.archive, args.config.as_deref())?;
     crate::archive::query::ArchiveReader::open(&dir)?;
-    let ui = Arc::new(Ui::new(dir, &config));
+    let ui = Arc::new(Ui::new(dir));
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
     runtime.block_on(async {

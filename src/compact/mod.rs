@@ -43,7 +43,7 @@ use crate::config::pack::{self, Pack, PackError, RulesSpec};
 use conversation::Conversation;
 use edits::Edits;
 use outcome::SuccessPolicy;
-use report::{Report, RuleId, RuleStats};
+use report::{Report, RuleId, RuleSet, RuleStats};
 use rules::custom::CompiledCustom;
 use validate::Skeleton;
 
@@ -118,17 +118,79 @@ pub struct Compacted {
     /// of elision markers, [`markers::id_list_text`]): the archive stores them with the request, so
     /// that their ids resolve like those of the hidden outputs.
     pub lists: Vec<String>,
+    /// What became of each message before `boundary`.
+    pub plan: Vec<Fate>,
 }
 
-/// The origin of one forwarded message of the prefix.
+/// What became of one message before the boundary: the engine's plan for it. The forwarded
+/// prefix is written from the plan (each entry stands for the messages whose fate names it, in
+/// order), and the archive stores the plan with the state it leaves (`archive::plan`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Raw message `idx`, forwarded as its original bytes.
-    Raw(usize),
-    /// Raw message `idx`, rewritten by rules or tiers.
-    Edited(usize),
-    /// One marker standing for raw messages `start..end`, elided.
-    Elided { start: usize, end: usize },
+pub enum Fate {
+    /// Forwarded as its original bytes, as prefix entry `at`.
+    Kept { at: usize },
+    /// Rewritten by `rules` into prefix entry `at`.
+    Rewritten { at: usize, rules: RuleSet },
+    /// Hidden behind the elision marker that is prefix entry `at`, with every other message whose
+    /// fate names the same entry.
+    Elided { at: usize },
+    /// Left out by `rules`.
+    Dropped { rules: RuleSet },
+}
+
+impl Fate {
+    /// The prefix entry that stands for the message (`None`: left out).
+    pub fn at(&self) -> Option<usize> {
+        match *self {
+            Fate::Kept { at } | Fate::Rewritten { at, .. } | Fate::Elided { at } => Some(at),
+            Fate::Dropped { .. } => None,
+        }
+    }
+
+    /// The same fate standing at prefix entry `at`.
+    pub fn moved_to(self, at: usize) -> Fate {
+        match self {
+            Fate::Kept { .. } => Fate::Kept { at },
+            Fate::Rewritten { rules, .. } => Fate::Rewritten { at, rules },
+            Fate::Elided { .. } => Fate::Elided { at },
+            dropped @ Fate::Dropped { .. } => dropped,
+        }
+    }
+
+    /// The fate of a message that had this one in a compaction whose entry for it a later
+    /// compaction (an epoch over the earlier prefix) gave fate `next`: rewrites add up their rules,
+    /// an elided message stays elided wherever its marker goes.
+    pub fn then(self, next: Fate) -> Fate {
+        match (self, next) {
+            (Fate::Dropped { .. }, _) => self,
+            (_, Fate::Kept { at }) => self.moved_to(at),
+            (Fate::Kept { .. }, Fate::Rewritten { .. }) | (_, Fate::Elided { .. }) => next,
+            (Fate::Rewritten { rules: before, .. }, Fate::Rewritten { at, rules }) => {
+                Fate::Rewritten { at, rules: before.union(rules) }
+            }
+            (Fate::Elided { .. }, Fate::Rewritten { at, .. }) => Fate::Elided { at },
+            (Fate::Rewritten { rules: before, .. }, Fate::Dropped { rules }) => {
+                Fate::Dropped { rules: before.union(rules) }
+            }
+            (_, Fate::Dropped { .. }) => next,
+        }
+    }
+}
+
+/// For each of the `n_prefix` entries a plan writes, the messages it stands for (`start..end`,
+/// empty for an entry no fate names).
+pub fn prefix_spans(plan: &[Fate], n_prefix: usize) -> Vec<std::ops::Range<usize>> {
+    let mut spans = vec![0..0; n_prefix];
+    for (idx, fate) in plan.iter().enumerate() {
+        if let Some(span) = fate.at().and_then(|at| spans.get_mut(at)) {
+            if span.start == span.end {
+                *span = idx..idx + 1;
+            } else {
+                span.end = idx + 1;
+            }
+        }
+    }
+    spans
 }
 
 /// The compiled rule policy: the pack's rules with their regexes compiled once.
@@ -187,22 +249,12 @@ impl Engine {
 
     /// Compact a request. Never fails: anything unexpected forwards the original messages.
     pub fn compact(&self, view: &View<'_>, opts: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
-        self.compact_traced(view, opts, counter).0
-    }
-
-    /// [`Engine::compact`], with the origin of each entry of the prefix (for `pare compact --diff`).
-    pub fn compact_traced(
-        &self,
-        view: &View<'_>,
-        opts: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> (Compacted, Vec<Source>) {
-        self.prepare(view, opts, counter).compact_traced(opts.keep_first)
+        self.prepare(view, opts, counter).compact(opts.keep_first)
     }
 
     /// The part of a compaction that does not depend on [`CompactOptions::keep_first`]: the
     /// conversation analysed and the rules applied, once, for any number of runs that differ only in
-    /// the head they keep ([`Prepared::compact_traced`]). `opts.keep_first` is not read.
+    /// the head they keep ([`Prepared::compact`]). `opts.keep_first` is not read.
     pub fn prepare<'p>(
         &'p self,
         view: &View<'p>,
@@ -263,7 +315,7 @@ pub struct Prepared<'p> {
 impl Prepared<'_> {
     /// The compaction with [`CompactOptions::keep_first`] set to `keep_first`, the other options
     /// those given to [`Engine::prepare`].
-    pub fn compact_traced(&self, keep_first: usize) -> (Compacted, Vec<Source>) {
+    pub fn compact(&self, keep_first: usize) -> Compacted {
         let (engine, conv, opts, counter) = (self.engine, &self.conv, self.opts, self.counter);
         let mut report = Report {
             pack: engine.policy.name.clone(),
@@ -310,28 +362,32 @@ impl Prepared<'_> {
             edited_skeletons[*idx] = skeleton;
         }
         let mut prefix = Vec::with_capacity(conv.boundary);
-        let mut sources = Vec::with_capacity(conv.boundary);
+        let mut plan = Vec::with_capacity(conv.boundary);
         let mut skeletons = Vec::with_capacity(conv.msgs.len());
         let mut idx = 0;
         while idx < conv.boundary {
+            let at = prefix.len();
             if let Some((end, marker)) = elided.runs.get(&idx) {
                 skeletons.push(Skeleton::of(marker));
                 prefix.push(marker.clone());
-                sources.push(Source::Elided { start: idx, end: *end });
+                plan.extend((idx..*end).map(|_| Fate::Elided { at }));
                 idx = *end;
                 continue;
             }
-            if !edits.dropped[idx] {
+            let rules = || edits.savings[idx].iter().map(|(rule, _)| *rule).collect::<RuleSet>();
+            if edits.dropped[idx] {
+                plan.push(Fate::Dropped { rules: rules() });
+            } else {
                 match rendered[idx].take() {
                     Some(text) => {
                         skeletons.push(edited_skeletons[idx].take());
                         prefix.push(text);
-                        sources.push(Source::Edited(idx));
+                        plan.push(Fate::Rewritten { at, rules: rules() });
                     }
                     None => {
                         skeletons.push(input_skeletons[idx].clone());
                         prefix.push(conv.raw[idx].to_owned());
-                        sources.push(Source::Raw(idx));
+                        plan.push(Fate::Kept { at });
                     }
                 }
             }
@@ -346,22 +402,22 @@ impl Prepared<'_> {
         }
 
         fill_report(conv, &edits, &elided, &mut report, prefix.len());
-        (Compacted { boundary: conv.boundary, prefix, report, fitted, lists: elided.lists }, sources)
+        Compacted { boundary: conv.boundary, prefix, report, fitted, lists: elided.lists, plan }
     }
 }
 
 /// The original messages, forwarded unchanged.
-fn unchanged(conv: &Conversation<'_>, mut report: Report) -> (Compacted, Vec<Source>) {
+fn unchanged(conv: &Conversation<'_>, mut report: Report) -> Compacted {
     report.boundary = conv.msgs.len();
     report.messages_out = conv.msgs.len();
-    let compacted = Compacted {
+    Compacted {
         boundary: conv.msgs.len(),
         prefix: conv.raw.iter().map(|m| (*m).to_owned()).collect(),
         report,
         fitted: false,
         lists: Vec::new(),
-    };
-    (compacted, (0..conv.msgs.len()).map(Source::Raw).collect())
+        plan: (0..conv.msgs.len()).map(|at| Fate::Kept { at }).collect(),
+    }
 }
 
 fn skeleton_of(m: &crate::neutral::Message) -> Skeleton {
@@ -515,11 +571,11 @@ mod tests {
             let opts = CompactOptions { target_tokens: Some(tokens * share / 100), ..Default::default() };
             let shared = engine.prepare(&view, &opts, &QuarterCounter);
             for &keep_first in &cuts {
-                let (out, sources) = shared.compact_traced(keep_first);
-                let (expected, expected_sources) = alone(&engine, &view, &opts, keep_first).compact_traced(keep_first);
+                let out = shared.compact(keep_first);
+                let expected = alone(&engine, &view, &opts, keep_first).compact(keep_first);
                 let case = format!("target {share} %, keep_first {keep_first}");
                 assert_eq!(out.prefix, expected.prefix, "{case}");
-                assert_eq!(sources, expected_sources, "{case}");
+                assert_eq!(out.plan, expected.plan, "{case}");
                 assert_eq!(out.report, expected.report, "{case}");
                 assert_eq!((out.boundary, out.fitted), (expected.boundary, expected.fitted), "{case}");
                 assert_eq!(out.prefix[..keep_first], view.messages[..keep_first], "{case}");

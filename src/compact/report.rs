@@ -69,6 +69,56 @@ impl RuleId {
     }
 }
 
+/// A set of rules: those that rewrote one message. One bit per [`RuleId`], in [`RuleId::ALL`] order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct RuleSet(u32);
+
+impl RuleSet {
+    pub fn insert(&mut self, rule: RuleId) {
+        self.0 |= 1 << rule as u32;
+    }
+
+    pub fn contains(self, rule: RuleId) -> bool {
+        self.0 & (1 << rule as u32) != 0
+    }
+
+    pub fn union(self, other: RuleSet) -> RuleSet {
+        RuleSet(self.0 | other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The rules, in the order they run.
+    pub fn iter(self) -> impl Iterator<Item = RuleId> {
+        RuleId::ALL.into_iter().filter(move |rule| self.contains(*rule))
+    }
+
+    /// The rules' names joined by ", " ("" for none).
+    pub fn names(self) -> String {
+        self.iter().map(RuleId::name).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The set as stored (`archive::plan`).
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// A stored set; `None` when it names a rule this pare does not know.
+    pub fn from_bits(bits: u32) -> Option<RuleSet> {
+        (bits >> RuleId::ALL.len() == 0).then_some(RuleSet(bits))
+    }
+}
+
+impl FromIterator<RuleId> for RuleSet {
+    fn from_iter<I: IntoIterator<Item = RuleId>>(rules: I) -> RuleSet {
+        let mut set = RuleSet::default();
+        rules.into_iter().for_each(|rule| set.insert(rule));
+        set
+    }
+}
+
 /// What one rule did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -105,7 +105,7 @@ where
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
-    let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.location().clone(), &config)));
+    let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.location().clone())));
     let guard = Guard::new(&config.server.allowed_hosts, &config.server.allowed_origins);
     let buffers = BufferBudget::new(config.server.max_buffered_bytes);
     let timeouts = ConnectionTimeouts::from_config(&config.server);

@@ -15,8 +15,6 @@ use crate::archive::export::{SftFormat, export_dpo, export_sft};
 use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter};
 use crate::archive::read::BodyKind;
 use crate::archive::verify::verify;
-use crate::compact::provenance::RuleMatcher;
-use crate::config::Config;
 
 mod pages;
 mod server;
@@ -32,8 +30,6 @@ pub const PAGE_SIZE: i64 = 50;
 /// The UI over one archive (a directory or a PostgreSQL URL).
 pub struct Ui {
     location: crate::archive::Location,
-    /// Names the rule behind each rewritten message (from the configured pack's templates).
-    rules: RuleMatcher,
     /// Verify results of sessions opened so far, by (id, requests): the index shows them without
     /// hashing anything; a session that grew is verified again when opened.
     verified: Mutex<HashMap<String, (i64, bool)>>,
@@ -177,11 +173,9 @@ pub fn percent_encode(text: &str) -> String {
 }
 
 impl Ui {
-    /// The UI over the archive at `location`; rules are named after `config`'s pack (the defaults
-    /// when the pack cannot be loaded: names are a convenience, the bodies are what is shown).
-    pub fn new(location: impl Into<crate::archive::Location>, config: &Config) -> Ui {
-        let spec = crate::compact::Engine::from_config(config).map(|engine| engine.policy.spec).unwrap_or_default();
-        Ui { location: location.into(), rules: RuleMatcher::new(&spec), verified: Mutex::new(HashMap::new()) }
+    /// The UI over the archive at `location`.
+    pub fn new(location: impl Into<crate::archive::Location>) -> Ui {
+        Ui { location: location.into(), verified: Mutex::new(HashMap::new()) }
     }
 
     /// Answer one request; `path` starts with [`PREFIX`]. Blocking (SQLite): async callers run it
@@ -266,10 +260,11 @@ impl Ui {
             .next_back()
             .filter(|&start| start != seq);
         let raw = reader.body(id, seq, BodyKind::Raw)?;
-        let forwarded = reader.body(id, seq, BodyKind::Forwarded)?;
+        let plans = crate::archive::plan::history(reader.conn(), id)?;
+        let frozen = crate::archive::plan::in_force(&plans, exchange.id).and_then(|plan| plan.frozen.as_ref());
         let answer = reader.response(id, seq)?;
-        let view = pages::RequestView { info: &info, exchange, raw: &raw, forwarded: &forwarded, epoch_started_at };
-        Ok(Reply::html(200, pages::request(&view, answer.as_ref(), &self.rules)))
+        let view = pages::RequestView { info: &info, exchange, raw: &raw, frozen, epoch_started_at };
+        Ok(Reply::html(200, pages::request(&view, answer.as_ref())))
     }
 
     fn download(&self, id: &str, seq: i64, kind: &str) -> Result<Reply, ArchiveError> {

@@ -9,10 +9,12 @@ use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
+use crate::archive::plan::forwarding;
 use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage, UpstreamUsage};
 use crate::archive::verify::{VerifyReport, summary_line};
+use crate::budget::epoch::FrozenPlan;
 use crate::compact::markers::{group_digits, one_line};
-use crate::compact::provenance::{RuleMatcher, Step, align, steps};
+use crate::compact::provenance::Step;
 use crate::exchange::CompactionSummary;
 use crate::exchange::Usage;
 use crate::session::content_text;
@@ -492,7 +494,8 @@ pub struct RequestView<'a> {
     pub info: &'a SessionInfo,
     pub exchange: &'a ExchangeInfo,
     pub raw: &'a [u8],
-    pub forwarded: &'a [u8],
+    /// The session's frozen prefix when the request was forwarded (its stored plan).
+    pub frozen: Option<&'a FrozenPlan>,
     /// The request that started the epoch this one belongs to.
     pub epoch_started_at: Option<i64>,
 }
@@ -545,11 +548,10 @@ fn unchanged_run(run: &[(usize, &str)]) -> Markup {
     }
 }
 
-fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
-    let sources = align(raw, forwarded);
+fn aligned(raw: &[&str], forwarded: &[String], steps: &[Step]) -> Markup {
     let mut blocks: Vec<Markup> = Vec::new();
     let mut run: Vec<(usize, &str)> = Vec::new();
-    for step in steps(raw.len(), &sources) {
+    for &step in steps {
         if let Step::Kept { raw: idx, .. } = step {
             run.push((idx, raw[idx]));
             continue;
@@ -559,18 +561,17 @@ fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
             run.clear();
         }
         blocks.push(match step {
-            Step::Edited { raw: idx, fwd } => {
-                let rule = rules.rule_of(raw[idx], forwarded[fwd]);
+            Step::Edited { raw: idx, fwd, rules } => {
                 html! {
                     div.change {
                         div.head {
                             b { "#" (idx) " rewritten" }
-                            @match &rule { Some(rule) => span.badge.rule { (rule) }, None => span.muted { "rule not recognised" } }
+                            @for rule in rules.iter() { span.badge.rule { (rule.name()) } }
                             span.muted { (int(raw[idx].len() as i64)) " → " (int(forwarded[fwd].len() as i64)) " bytes · forwarded as #" (fwd) }
                         }
                         div.pair {
                             div { div.side { "sent by the agent" } (message(idx, raw[idx])) }
-                            div { div.side { "forwarded" } (message(fwd, forwarded[fwd])) }
+                            div { div.side { "forwarded" } (message(fwd, &forwarded[fwd])) }
                         }
                     }
                 }
@@ -581,13 +582,13 @@ fn aligned(raw: &[&str], forwarded: &[&str], rules: &RuleMatcher) -> Markup {
                     div.pair {
                         div { div.side { "sent by the agent" }
                             details { summary { (end - start) " messages" } div style="padding:4px 10px" { @for idx in start..end { (message(idx, raw[idx])) } } } }
-                        div { div.side { "forwarded" } (message(fwd, forwarded[fwd])) }
+                        div { div.side { "forwarded" } (message(fwd, &forwarded[fwd])) }
                     }
                 }
             },
-            Step::Dropped { raw: idx } => html! {
+            Step::Dropped { raw: idx, rules } => html! {
                 div.change.dropped {
-                    div.head { b { "#" (idx) " dropped" } span.muted { "not forwarded" } }
+                    div.head { b { "#" (idx) " dropped" } @for rule in rules.iter() { span.badge.rule { (rule.name()) } } span.muted { "not forwarded" } }
                     div.pair {
                         div { div.side { "sent by the agent" } (message(idx, raw[idx])) }
                         div { div.side { "forwarded" } p.muted { "— nothing —" } }
@@ -678,12 +679,13 @@ fn answer_block(answer: Option<&ResponseInfo>, n_messages: usize) -> Markup {
     }
 }
 
-pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &RuleMatcher) -> Markup {
+pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>) -> Markup {
     let (info, e) = (view.info, view.exchange);
     let raw_msgs = messages_of(&e.path, view.raw);
-    let fwd_msgs = messages_of(&e.path, view.forwarded);
     let raw: Vec<&str> = raw_msgs.iter().map(String::as_str).collect();
-    let forwarded: Vec<&str> = fwd_msgs.iter().map(String::as_str).collect();
+    // A request forwarded as sent is its raw messages whatever the plan in force.
+    let plan = forwarding(&raw, view.frozen.filter(|_| e.fwd_len.is_some()));
+    let forwarded = &plan.messages;
     let summary = e.summary.as_ref();
     let base = request_href(&info.id, e.seq);
     layout(
@@ -713,7 +715,10 @@ pub fn request(view: &RequestView<'_>, answer: Option<&ResponseInfo>, rules: &Ru
             @if raw.is_empty() {
                 p.muted { "Not a request body pare reads (" (int(e.raw_len)) " bytes): download it to read it." }
             } @else {
-                (aligned(&raw, &forwarded, rules))
+                @match &plan.steps {
+                    Some(steps) => (aligned(&raw, forwarded, steps)),
+                    None => p.muted { "What became of each message is not in this archive's plans: download the two bodies to compare them." },
+                }
             }
             h2 { "Answer" }
             (answer_block(answer, forwarded.len()))

@@ -98,6 +98,13 @@ fn plan(epoch: u64) -> SessionPlan {
         raw_hashes: vec![1, 2],
         prefix: vec![r#"{"role":"system","content":"s"}"#.into(), "[tool: cut]".into()],
         prefix_seen: vec![],
+        plan: Some(vec![
+            pare::compact::Fate::Kept { at: 0 },
+            pare::compact::Fate::Rewritten {
+                at: 1,
+                rules: [pare::compact::report::RuleId::Truncate].into_iter().collect(),
+            },
+        ]),
     };
     SessionPlan { epoch, advanced_at_len: 2, saturated: false, frozen: Some(frozen) }
 }

@@ -347,7 +347,7 @@ use pare::archive::read::BodyKind;
 use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, EpochPolicy, SessionCompactor};
 use pare::compact::report::Report;
-use pare::compact::{CompactOptions, Compacted, HistoryBudget, HistoryFloor, Source};
+use pare::compact::{CompactOptions, Compacted, Fate, HistoryBudget, HistoryFloor};
 use pare::exchange::Action;
 use pare::memory::{BudgetStats, StateBudget};
 use pare::neutral::View;
@@ -388,12 +388,7 @@ fn role(raw: &str) -> String {
 }
 
 impl CompactEngine for MaskEngine {
-    fn compact_traced(
-        &self,
-        view: &View<'_>,
-        options: &CompactOptions,
-        counter: &dyn CountTokens,
-    ) -> (Compacted, Vec<Source>) {
+    fn compact(&self, view: &View<'_>, options: &CompactOptions, counter: &dyn CountTokens) -> Compacted {
         self.targets.lock().unwrap().push(options.target_tokens);
         self.histories.lock().unwrap().push(options.history);
         self.ages.lock().unwrap().push(options.message_ages_secs.clone());
@@ -401,7 +396,7 @@ impl CompactEngine for MaskEngine {
         let assistants: Vec<usize> = (0..messages.len()).filter(|i| role(messages[*i]) == "assistant").collect();
         let boundary =
             if assistants.len() >= self.tail_turns { assistants[assistants.len() - self.tail_turns] } else { 0 };
-        let mut sources = Vec::new();
+        let mut plan = Vec::new();
         let prefix = messages[..boundary]
             .iter()
             .enumerate()
@@ -409,10 +404,10 @@ impl CompactEngine for MaskEngine {
                 let mut v: Value = serde_json::from_str(m).unwrap();
                 if v["role"] == "tool" && v["content"] != "[elided]" {
                     v["content"] = json!("[elided]");
-                    sources.push(Source::Edited(i));
+                    plan.push(Fate::Rewritten { at: i, rules: Default::default() });
                     v.to_string()
                 } else {
-                    sources.push(Source::Raw(i));
+                    plan.push(Fate::Kept { at: i });
                     (*m).to_owned()
                 }
             })
@@ -423,10 +418,14 @@ impl CompactEngine for MaskEngine {
             + REPLY_PRIMING;
         let fitted = options.target_tokens.is_some_and(|target| tokens > target);
         self.fitted.lock().unwrap().push(fitted);
-        (
-            Compacted { boundary, prefix, report: Report { boundary, ..Report::default() }, fitted, lists: Vec::new() },
-            sources,
-        )
+        Compacted {
+            boundary,
+            prefix,
+            report: Report { boundary, ..Report::default() },
+            fitted,
+            lists: Vec::new(),
+            plan,
+        }
     }
 }
 

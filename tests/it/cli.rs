@@ -384,7 +384,8 @@ fn sessions_diff_shows_each_change_once() {
                 (if k >= 40 { 2 } else { 1 }, Some(body(fwd)))
             }
         };
-        archive.record_exchange(ExchangeRecord {
+        let raw_messages = raw.clone();
+        let ticket = archive.record_exchange(ExchangeRecord {
             session: "s52".into(),
             at_ms: 1_700_000_000_000 + k as i64 * 1000,
             method: "POST".into(),
@@ -408,6 +409,10 @@ fn sessions_diff_shows_each_change_once() {
             expect_requests: None,
             lists: Default::default(),
         });
+        // The plans the session's epochs stored: what became of each message the prefix covers.
+        if k == 21 || k == 40 {
+            archive.record_plan(ticket, s52_plan(k, &raw_messages));
+        }
     }
     archive.close();
 
@@ -454,6 +459,50 @@ fn sessions_diff_shows_each_change_once() {
     let transcript = pare(&["sessions", "show", "s52", "--request", "1", "--archive", archive_dir]);
     let transcript = String::from_utf8(transcript.stdout).unwrap();
     assert!(transcript.contains("\n[0] system\n") && transcript.contains("\n[3] tool"), "{transcript}");
+}
+
+/// The plan `sessions_diff_shows_each_change_once` stores at request `k` (21: steps 1–10 collapsed;
+/// 40: steps 1–4 elided into one marker, 5–20 collapsed), over that request's `raw` messages.
+fn s52_plan(k: usize, raw: &[serde_json::Value]) -> pare::budget::epoch::SessionPlan {
+    use pare::compact::Fate;
+    use pare::compact::report::RuleId;
+    let collapse = [RuleId::CollapseSucceeded].into_iter().collect();
+    let (elided_steps, collapsed_to) = if k == 40 { (4, 20) } else { (0, 10) };
+    let covered = 2 + 2 * collapsed_to;
+    let mut prefix: Vec<String> = raw[..2].iter().map(|m| m.to_string()).collect();
+    let mut plan = vec![Fate::Kept { at: 0 }, Fate::Kept { at: 1 }];
+    if elided_steps > 0 {
+        prefix.push(
+            serde_json::json!({"role": "assistant", "content": "[pare: 8 earlier messages elided — terminal ×4]"})
+                .to_string(),
+        );
+        plan.extend((0..2 * elided_steps).map(|_| Fate::Elided { at: 2 }));
+    }
+    for message in &raw[2 + 2 * elided_steps..covered] {
+        let at = prefix.len();
+        let mut message = message.clone();
+        if message["role"] == "tool" {
+            let chars = message["content"].as_str().unwrap().chars().count();
+            message["content"] = format!("[tool: terminal → ok, {chars} chars, 6 lines]").into();
+            plan.push(Fate::Rewritten { at, rules: collapse });
+        } else {
+            plan.push(Fate::Kept { at });
+        }
+        prefix.push(message.to_string());
+    }
+    let raw_text: Vec<String> = raw[..covered].iter().map(|m| m.to_string()).collect();
+    let frozen = pare::budget::epoch::FrozenPlan {
+        raw_hashes: pare::neutral::message_hashes(&raw_text),
+        prefix,
+        prefix_seen: Vec::new(),
+        plan: Some(plan),
+    };
+    pare::budget::epoch::SessionPlan {
+        epoch: if k == 40 { 2 } else { 1 },
+        advanced_at_len: 0,
+        saturated: false,
+        frozen: Some(frozen),
+    }
 }
 
 /// Regression: `pare export --out FILE` wrote FILE 0644, readable by every user of the host, though

@@ -1640,16 +1640,18 @@ fn check_generated(
     let engine = engine(pack, json!({"protect_last_turns": turns}));
     let input = body(msgs);
     let parsed = ChatBody::parse(&input).unwrap();
-    let (result, sources) = engine.compact_traced(&parsed.view(), options, &QuarterCounter);
+    let result = engine.compact(&parsed.view(), options, &QuarterCounter);
     prop_assert!(result.report.input_invalid.is_none(), "{:?}", result.report);
     prop_assert!(result.report.validation_failed.is_none(), "{:?}", result.report);
     let (out, again) = run_with(&engine, &input, options);
     assert_invariants(&input, &out, &again);
     // Unknown keys of every edited message survive; untouched messages are their original bytes.
-    for (entry, source) in result.prefix.iter().zip(&sources) {
-        match *source {
-            pare::compact::Source::Raw(idx) => prop_assert_eq!(entry.as_str(), parsed.messages[idx]),
-            pare::compact::Source::Edited(idx) => {
+    prop_assert_eq!(result.plan.len(), result.boundary);
+    for (idx, fate) in result.plan.iter().enumerate() {
+        let Some(entry) = fate.at().map(|at| &result.prefix[at]) else { continue };
+        match *fate {
+            pare::compact::Fate::Kept { .. } => prop_assert_eq!(entry.as_str(), parsed.messages[idx]),
+            pare::compact::Fate::Rewritten { .. } => {
                 let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx]).unwrap();
                 let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
                 let order = |m: &serde_json::Map<String, Value>| -> Vec<String> {
@@ -1666,10 +1668,11 @@ fn check_generated(
                     prop_assert!(kept.is_ok(), "message {}: {:?}", idx, kept);
                 }
             }
-            pare::compact::Source::Elided { .. } => {
+            pare::compact::Fate::Elided { .. } => {
                 let m: Value = serde_json::from_str(entry).unwrap();
                 prop_assert_eq!(&m["role"], "assistant");
             }
+            pare::compact::Fate::Dropped { .. } => {}
         }
     }
     let (same, _) = run_with(&engine, &input, options);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::report::Report;
-use pare::compact::{CompactOptions, Compacted, Source};
+use pare::compact::{CompactOptions, Compacted, Fate};
 use pare::config::Config;
 use pare::eval::{Metrics, evaluate_session};
 use pare::neutral::View;
@@ -146,19 +146,15 @@ struct BadEngine {
 }
 
 impl CompactEngine for BadEngine {
-    fn compact_traced(
-        &self,
-        view: &View<'_>,
-        _options: &CompactOptions,
-        _counter: &dyn CountTokens,
-    ) -> (Compacted, Vec<Source>) {
+    fn compact(&self, view: &View<'_>, _options: &CompactOptions, _counter: &dyn CountTokens) -> Compacted {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let boundary = view.messages.len().saturating_sub(1);
         let mut prefix = Vec::new();
-        let mut sources = Vec::new();
-        for (i, m) in view.messages[..boundary].iter().enumerate() {
+        let mut plan = Vec::new();
+        for m in &view.messages[..boundary] {
             let mut v: Value = serde_json::from_str(m).unwrap();
             if v["role"] == "tool" && self.drop_tool_results {
+                plan.push(Fate::Dropped { rules: Default::default() });
                 continue;
             }
             if v["role"] == "user" && self.edit_users {
@@ -167,10 +163,10 @@ impl CompactEngine for BadEngine {
             if v["role"] == "system" && self.nondeterministic {
                 v["content"] = json!(format!("call {n}"));
             }
+            plan.push(Fate::Rewritten { at: prefix.len(), rules: Default::default() });
             prefix.push(v.to_string());
-            sources.push(Source::Edited(i));
         }
-        (Compacted { boundary, prefix, report: Report::default(), fitted: false, lists: Vec::new() }, sources)
+        Compacted { boundary, prefix, report: Report::default(), fitted: false, lists: Vec::new(), plan }
     }
 }
 

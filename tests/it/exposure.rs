@@ -298,7 +298,7 @@ async fn pare_ui_refuses_a_rebound_host_and_closes_silent_connections() {
     archive_settles_on_one_session(&pare, dir.path()).await;
     let mut config = (*config).clone();
     config.server.header_read_timeout_secs = 1;
-    let ui = Arc::new(pare::ui::Ui::new(dir.path().to_owned(), &config));
+    let ui = Arc::new(pare::ui::Ui::new(dir.path().to_owned()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server =

@@ -5,13 +5,17 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use pare::archive::read::BodyKind;
+use pare::budget::epoch::FrozenPlan;
 use pare::budget::replay::{Replayed, replay_session};
 use pare::budget::{CompactEngine, SessionCompactor};
+use pare::compact::Fate;
 use pare::config::{Config, Mode};
 use pare::neutral::message_hashes;
 use pare::pipeline::Pipeline;
 use pare::wire::{Wire, convert};
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use serde_json::json;
 
 use crate::support::stub::{Reply, Step, Stub, sse_event, stream_steps};
@@ -111,6 +115,68 @@ proptest! {
         for (k, (got, want)) in got.iter().zip(&want).enumerate() {
             prop_assert!(*got == want.forwarded, "{wire:?}, cut at {cut}: request {k} differs");
         }
+    }
+}
+
+/// Every fate of a plan agrees with the prefix it describes: a kept message is its raw bytes, a
+/// rewritten one differs and names its rules, an elided run stands behind a marker.
+fn check_fates(frozen: &FrozenPlan, raw: &[&str]) -> Result<(), TestCaseError> {
+    let plan = frozen.plan.as_ref().expect("a plan the engine made holds its fates");
+    prop_assert_eq!(plan.len(), frozen.raw_hashes.len());
+    for (idx, fate) in plan.iter().enumerate() {
+        match *fate {
+            Fate::Kept { at } => prop_assert_eq!(frozen.prefix[at].as_str(), raw[idx], "message {}", idx),
+            Fate::Rewritten { at, rules } => {
+                prop_assert_ne!(frozen.prefix[at].as_str(), raw[idx], "message {}", idx);
+                prop_assert!(!rules.is_empty(), "message {} rewritten by no rule", idx);
+            }
+            Fate::Elided { at } => prop_assert!(frozen.prefix[at].contains("[pare: "), "message {}", idx),
+            Fate::Dropped { rules } => prop_assert!(!rules.is_empty(), "message {} dropped by no rule", idx),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// What the diff and the UI show is what pare forwarded: for any session of any format, the
+    /// body written from the plan in force (its prefix, then the raw messages after those it
+    /// covers) is the body forwarded, and every fate agrees with the prefix, across epochs.
+    #[test]
+    fn the_plan_in_force_writes_the_body_pare_forwarded(
+        wire in prop::sample::select(Wire::ALL.to_vec()),
+        eager in any::<bool>(),
+        n_turns in 6usize..36,
+        words in 40usize..900,
+    ) {
+        let config = config(if eager { Mode::Eager } else { Mode::Epoch });
+        let requests = session(wire, n_turns, words);
+        let compactor = compactor(&config).recording_plans();
+        let mut plan = None;
+        let mut epochs = 0;
+        for (k, raw) in requests.iter().enumerate() {
+            let replayed = replay_session(&compactor, wire, "s", &[raw.as_slice()], Some(WINDOW)).remove(0);
+            if let Some(stored) = compactor.take_plan("s") {
+                epochs += 1;
+                plan = Some(stored);
+            }
+            let parsed = pare::wire::parse(wire, raw).unwrap();
+            let messages = parsed.messages();
+            let frozen = plan.as_ref().and_then(|p| p.frozen.as_ref());
+            if let Some(frozen) = frozen {
+                check_fates(frozen, &messages)?;
+            }
+            if replayed.forwarded == *raw {
+                continue;
+            }
+            let forwarding = pare::archive::plan::forwarding(&messages, frozen);
+            prop_assert!(forwarding.steps.is_some());
+            let fwd: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
+            let written = parsed.write(&fwd).map(|(bytes, _)| bytes).ok();
+            prop_assert!(written.as_ref() == Some(&replayed.forwarded), "{wire:?}: request {k}");
+        }
+        prop_assert!(epochs > 0);
     }
 }
 
@@ -218,6 +284,24 @@ async fn a_restart_mid_session_forwards_the_same_bytes(wire: Wire) {
         assert!(epochs_before.count() > 0, "{wire:?} {name}: no epoch before the restart");
         for (k, (got, want)) in got.iter().zip(&want).enumerate() {
             assert!(*got == want.forwarded, "{wire:?} {name}: request {k} is not what an uninterrupted pare forwards");
+        }
+    }
+    // The plans stored across the restart say what each request forwarded: the body written from
+    // the plan in force is the forwarded body archived.
+    let reader = pare::archive::query::ArchiveReader::open(dir.path()).unwrap();
+    for (name, _) in &sessions {
+        let history = pare::archive::plan::history(reader.conn(), name).unwrap();
+        assert!(history.len() > 1, "{wire:?} {name}: plans stored");
+        for exchange in reader.exchanges(name).unwrap().iter().filter(|e| e.fwd_len.is_some()) {
+            let raw = reader.body(name, exchange.seq, BodyKind::Raw).unwrap();
+            let forwarded = reader.body(name, exchange.seq, BodyKind::Forwarded).unwrap();
+            let parsed = pare::wire::parse(wire, &raw).unwrap();
+            let frozen = pare::archive::plan::in_force(&history, exchange.id).and_then(|p| p.frozen.as_ref());
+            let forwarding = pare::archive::plan::forwarding(&parsed.messages(), frozen);
+            assert!(forwarding.steps.is_some(), "{wire:?} {name}: request {} has its fates", exchange.seq);
+            let messages: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
+            let written = parsed.write(&messages).unwrap().0;
+            assert!(written == forwarded, "{wire:?} {name}: request {} is not what its plan writes", exchange.seq);
         }
     }
 }

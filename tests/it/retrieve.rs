@@ -9,8 +9,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use pare::compact::markers::{content_id, content_ids_in, content_texts};
+use pare::compact::provenance::{Step, steps};
 use pare::compact::report::RuleId;
-use pare::compact::{CompactOptions, Engine, Source};
+use pare::compact::{CompactOptions, Engine};
 use pare::config::Config;
 use pare::pipeline::Pipeline;
 use pare::wire::ChatBody;
@@ -93,12 +94,15 @@ fn every_rule_conversation() -> Vec<Value> {
     m
 }
 
-fn compact(messages: &[Value], target: Option<u64>) -> (pare::compact::Compacted, Vec<Source>) {
+/// The compaction of `messages` and what happened to each of those before its boundary.
+fn compact(messages: &[Value], target: Option<u64>) -> (pare::compact::Compacted, Vec<Step>) {
     let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
     let parsed = ChatBody::parse(&body).unwrap();
     let view = parsed.view();
     let opts = CompactOptions { target_tokens: target, ..Default::default() };
-    Engine::default_pack().compact_traced(&view, &opts, &pare::tokens::QuarterCounter)
+    let out = Engine::default_pack().compact(&view, &opts, &pare::tokens::QuarterCounter);
+    let steps = steps(&out.plan, out.boundary, out.prefix.len());
+    (out, steps)
 }
 
 /// The ids a forwarded message shows, each checked to name a text of `raw` (the messages it stands
@@ -136,7 +140,7 @@ fn named_through_lists(text: &str, lists: &[String]) -> BTreeSet<String> {
 #[test]
 fn every_marker_names_exactly_the_content_it_hides() {
     let raw = every_rule_conversation();
-    let (rules_only, sources) = compact(&raw, None);
+    let (rules_only, steps) = compact(&raw, None);
     let fired: BTreeSet<RuleId> = rules_only.report.rules.keys().copied().collect();
     for rule in [
         RuleId::CollapseSucceeded,
@@ -152,9 +156,10 @@ fn every_marker_names_exactly_the_content_it_hides() {
         assert!(fired.contains(&rule), "{rule:?} did not fire: {fired:?}");
     }
     let mut n_named = 0;
-    for (forwarded, source) in rules_only.prefix.iter().zip(&sources) {
-        if let Source::Edited(idx) = source {
-            let n = check_ids_name(forwarded, &raw[*idx..=*idx], &format!("message {idx}"));
+    for step in &steps {
+        if let Step::Edited { raw: idx, fwd, .. } = *step {
+            let forwarded = &rules_only.prefix[fwd];
+            let n = check_ids_name(forwarded, &raw[idx..=idx], &format!("message {idx}"));
             assert!(n > 0, "edited message {idx} names nothing: {forwarded}");
             n_named += n;
         }
@@ -162,23 +167,24 @@ fn every_marker_names_exactly_the_content_it_hides() {
     assert!(n_named >= 10, "{n_named} ids");
 
     // Tiers and elision, at a tight target.
-    let (fitted, sources) = compact(&raw, Some(900));
+    let (fitted, steps) = compact(&raw, Some(900));
     let tiers = fitted.report.tiers.as_ref().expect("tiers ran");
     assert!(tiers.elided_groups > 0, "{tiers:?}");
     let mut elision_ids = 0;
-    for (forwarded, source) in fitted.prefix.iter().zip(&sources) {
-        match source {
-            Source::Edited(idx) => {
-                check_ids_name(forwarded, &raw[*idx..=*idx], &format!("message {idx}"));
+    for step in &steps {
+        match *step {
+            Step::Edited { raw: idx, fwd, .. } => {
+                check_ids_name(&fitted.prefix[fwd], &raw[idx..=idx], &format!("message {idx}"));
             }
-            Source::Elided { start, end } => {
+            Step::Elided { start, end, fwd } => {
+                let forwarded = &fitted.prefix[fwd];
                 // One id: an output's, or that of the list of the run's outputs' ids.
                 assert_eq!(content_ids_in(forwarded).count(), 1, "one id: {forwarded}");
                 let named = named_through_lists(forwarded, &fitted.lists);
-                let texts = texts_by_id(&raw[*start..*end]);
+                let texts = texts_by_id(&raw[start..end]);
                 assert!(named.iter().all(|id| texts.contains_key(id)), "{named:?} not all of the run: {forwarded}");
                 // One id per distinct output (two identical outputs are one content).
-                let outputs: BTreeSet<String> = raw[*start..*end]
+                let outputs: BTreeSet<String> = raw[start..end]
                     .iter()
                     .filter(|m| m["role"] == "tool")
                     .map(|m| content_id(m["content"].as_str().unwrap()))
@@ -186,7 +192,7 @@ fn every_marker_names_exactly_the_content_it_hides() {
                 assert_eq!(named, outputs, "one id per output: {forwarded}");
                 elision_ids += named.len();
             }
-            Source::Raw(_) => {}
+            Step::Kept { .. } | Step::Dropped { .. } => {}
         }
     }
     assert!(elision_ids > 0);
@@ -577,11 +583,12 @@ fn elision_over_earlier_markers_keeps_their_ids() {
     let (once, _) = compact(&raw, None);
     let mut input: Vec<Value> = once.prefix.iter().map(|m| serde_json::from_str(m).unwrap()).collect();
     input.extend(raw[once.boundary..].iter().cloned());
-    let (twice, sources) = compact(&input, Some(900));
+    let (twice, steps) = compact(&input, Some(900));
     let mut checked = 0;
-    for (forwarded, source) in twice.prefix.iter().zip(&sources) {
-        let Source::Elided { start, end } = source else { continue };
-        let carried: BTreeSet<String> = input[*start..*end]
+    for step in &steps {
+        let Step::Elided { start, end, fwd } = *step else { continue };
+        let forwarded = &twice.prefix[fwd];
+        let carried: BTreeSet<String> = input[start..end]
             .iter()
             .filter(|m| m["role"] == "tool")
             .flat_map(|m| {

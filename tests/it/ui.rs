@@ -302,7 +302,7 @@ fn listed(page: &str) -> Vec<String> {
 fn the_index_pages_through_ten_thousand_sessions() {
     let dir = tempfile::tempdir().unwrap();
     large_archive(dir.path(), 10_000);
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
 
     let first = html_of(&ui, None);
     let ids = listed(&first);
@@ -340,10 +340,14 @@ fn the_index_pages_through_ten_thousand_sessions() {
     assert!(recent.contains("of 1,000 sessions"), "date filter");
 }
 
-/// A rewritten message shows the original, its replacement and the rule; a dropped one says so.
+/// A rewritten message shows the original, its replacement and the rules the stored plan names; a
+/// dropped one says so, with its rule.
 /// The session id holds a `:`, which links percent-encode.
 #[test]
 fn a_rewritten_message_shows_original_replacement_and_rule() {
+    use pare::budget::epoch::{FrozenPlan, SessionPlan};
+    use pare::compact::Fate;
+    use pare::compact::report::RuleId;
     let dir = tempfile::tempdir().unwrap();
     let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, Duration::from_millis(5));
     let call = |id: &str| json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}}]});
@@ -359,7 +363,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         raw["messages"][0], raw["messages"][1], {"role": "tool", "tool_call_id": "c1", "content": marker},
         raw["messages"][4], raw["messages"][5],
     ]});
-    archive.record_exchange(ExchangeRecord {
+    let ticket = archive.record_exchange(ExchangeRecord {
         session: "crafted:1".into(),
         at_ms: 1_760_000_000_000,
         method: "POST".into(),
@@ -377,8 +381,23 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
         expect_requests: None,
         lists: Default::default(),
     });
+    // What the session's plan says became of messages 0–3: a collapse and a drop.
+    let covered: Vec<String> = (0..4).map(|i| raw["messages"][i].to_string()).collect();
+    let rules = |rule| [rule].into_iter().collect();
+    let frozen = FrozenPlan {
+        raw_hashes: pare::neutral::message_hashes(&covered),
+        prefix: vec![covered[0].clone(), covered[1].clone(), forwarded["messages"][2].to_string()],
+        prefix_seen: Vec::new(),
+        plan: Some(vec![
+            Fate::Kept { at: 0 },
+            Fate::Kept { at: 1 },
+            Fate::Rewritten { at: 2, rules: rules(RuleId::CollapseSucceeded) },
+            Fate::Dropped { rules: rules(RuleId::ConsecutiveAssistant) },
+        ]),
+    };
+    archive.record_plan(ticket, SessionPlan { epoch: 1, frozen: Some(frozen), ..SessionPlan::default() });
     archive.close();
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     // Links percent-encode the id (`:` may appear in a header-given one); the route decodes it.
     let reply = ui.route("GET", "/_pare/ui/session/crafted%3A1/request/1", None);
     assert_eq!(reply.status, 200);
@@ -389,6 +408,7 @@ fn a_rewritten_message_shows_original_replacement_and_rule() {
     assert!(rewritten.contains("print(&#39;the whole file&#39;)") || rewritten.contains("print('the whole file')"));
     assert!(rewritten.contains("[tool: read_file(&quot;a.py&quot;) → ok, 1,640 chars, 80 lines]"), "{rewritten}");
     let dropped = &page[page.find("#3 dropped").expect("message 3 is shown dropped")..];
+    assert!(dropped.contains("<span class=\"badge rule\">consecutive_assistant</span>"), "{dropped}");
     assert!(dropped.contains("thinking out loud"));
     assert!(!page.contains("agent/1"), "request headers are not shown");
 }
@@ -428,7 +448,7 @@ fn requests_between_epochs_link_the_epoch_start() {
         });
     }
     archive.close();
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     let page = |path: &str| match ui.route("GET", path, None).body {
         Payload::Bytes(bytes) => String::from_utf8(bytes).unwrap(),
         Payload::Export(_) => panic!("a page"),
@@ -538,7 +558,7 @@ fn page_of(ui: &Ui, path: &str) -> String {
 fn the_protected_tail_is_given_in_the_requests_message_numbers() {
     let dir = tempfile::tempdir().unwrap();
     crafted_epoch_request(dir.path());
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     let page = page_of(&ui, "/_pare/ui/session/crafted/request/1");
     assert!(page.contains("<b>#6</b><span>protected tail starts at (message numbers as above)</span>"), "{page}");
     assert!(page.contains("#6 <bdi>assistant</bdi>") && page.contains("#7 <bdi>user</bdi>"), "numbered from #0");
@@ -551,7 +571,7 @@ fn the_protected_tail_is_given_in_the_requests_message_numbers() {
 fn the_window_line_and_the_over_window_badge_use_the_same_window() {
     let dir = tempfile::tempdir().unwrap();
     crafted_epoch_request(dir.path());
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     let session = page_of(&ui, "/_pare/ui/session/crafted");
     let described = "usable 7,168 of window 8,192 (1,024 reserved for the answer)";
     // The scale is the largest of raw tokens and usable windows: 9,000; the line sits at 7,168.
@@ -572,7 +592,7 @@ fn the_window_line_and_the_over_window_badge_use_the_same_window() {
 fn bidi_controls_and_invisible_characters_are_shown_as_marks() {
     let dir = tempfile::tempdir().unwrap();
     crafted_epoch_request(dir.path());
-    let ui = Ui::new(dir.path().to_owned(), &Config::default());
+    let ui = Ui::new(dir.path().to_owned());
     for path in ["/_pare/ui/", "/_pare/ui/session/crafted", "/_pare/ui/session/crafted/request/1"] {
         let page = page_of(&ui, path);
         for hidden in ['\u{202E}', '\u{200B}', '\u{E0041}'] {

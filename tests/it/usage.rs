@@ -393,7 +393,7 @@ fn savings_net_of_epoch_misses_come_from_the_provider_else_from_the_shared_prefi
     archive.flush().unwrap();
     let reader = ArchiveReader::open(dir.path()).unwrap();
 
-    let ui = pare::ui::Ui::new(dir.path().to_owned(), &pare::config::Config::default());
+    let ui = pare::ui::Ui::new(dir.path().to_owned());
     let page = |path: &str| match ui.route("GET", path, None).body {
         pare::ui::Payload::Bytes(bytes) => String::from_utf8(bytes).unwrap(),
         pare::ui::Payload::Export(_) => panic!("{path} is a page"),
