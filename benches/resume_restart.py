@@ -17,7 +17,7 @@ a short text ("ok": not the assistant message the agent goes on with), twice:
 
 Reported per session and in total: forwarded bodies of the interrupted run that differ from the
 uninterrupted run's; the size of both runs' archives and the interrupted run's stored plans (rows,
-packed bytes, blobs of rewritten prefix messages). Requests carry `x-pare-session` unless `--no-header`; without it, also the
+packed bytes, the fates' bytes, blobs of rewritten prefix messages). Requests carry `x-pare-session` unless `--no-header`; without it, also the
 number of sessions pare assigned the requests of each file to (what the `x-pare-session` answer
 header says), and forwarded bodies that differ from what `pare replay` predicts for the file.
 
@@ -266,6 +266,8 @@ def run(args, stub_port, sessions, restart):
         has_plans = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'plans'").fetchone()[0]
         plans = db.execute("SELECT count(*), coalesce(sum(length(raw_hashes) + length(prefix_blobs)"
                            " + length(prefix_seen)), 0) FROM plans").fetchone() if has_plans else (0, 0)
+        has_items = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'plan_items'").fetchone()[0]
+        item_bytes = db.execute("SELECT coalesce(sum(length(items)), 0) FROM plan_items").fetchone()[0] if has_items else 0
         # Blobs the plans name (rewritten prefix messages; kept ones are references into the request).
         blobs = set()
         for (packed,) in db.execute("SELECT prefix_blobs FROM plans WHERE prefix_blobs IS NOT NULL") if has_plans else []:
@@ -273,7 +275,7 @@ def run(args, stub_port, sessions, restart):
         blob_bytes = sum(db.execute("SELECT length(data) FROM blobs WHERE id = ?", (i,)).fetchone()[0] for i in blobs)
         db.close()
     stats = {"archive_bytes": size, "exchanges": n_exchanges, "plan_rows": plans[0], "plan_packed_bytes": plans[1],
-             "plan_blobs": len(blobs), "plan_blob_bytes": blob_bytes}
+             "plan_item_bytes": item_bytes, "plan_blobs": len(blobs), "plan_blob_bytes": blob_bytes}
     return forwarded, assigned, stats
 
 
@@ -321,7 +323,8 @@ def main():
     print(f"{args.wire} total: {differ} of {total} forwarded bodies differ")
     print(f"{args.wire} archive: uninterrupted {straight_stats['archive_bytes']} bytes, interrupted "
           f"{stats['archive_bytes']} bytes, {stats['exchanges']} exchanges, {stats['plan_rows']} plan rows "
-          f"({stats['plan_packed_bytes']} bytes of hashes and references, {stats['plan_blobs']} blobs of "
+          f"({stats['plan_packed_bytes']} bytes of hashes and references, {stats['plan_item_bytes']} bytes of "
+          f"fates, {stats['plan_blobs']} blobs of "
           f"rewritten messages, {stats['plan_blob_bytes']} bytes stored)")
     stub.shutdown()
 

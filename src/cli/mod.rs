@@ -340,8 +340,8 @@ pub struct UiArgs {
     /// archive.url from --config).
     #[arg(long, env = "PARE_ARCHIVE")]
     pub archive: Option<String>,
-    /// Configuration file: its rule pack names the rules in the request view, and its `server`
-    /// section allows a non-loopback address (with `auth_token`).
+    /// Configuration file: its archive location, and its `server` section allows a non-loopback
+    /// address (with `auth_token`).
     #[arg(long, short = 'c', env = "PARE_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to listen on.
