@@ -1,7 +1,7 @@
-//! pare: a transparent compaction proxy for OpenAI- and Anthropic-compatible model endpoints.
+//! pare: a transparent compaction proxy for OpenAI-, Anthropic- and Gemini-compatible model endpoints.
 //!
-//! An agent points its base URL at pare. Every `POST …/chat/completions`, `…/responses` and
-//! `…/v1/messages` is archived exactly as sent, its conversation is compacted by a deterministic rule
+//! An agent points its base URL at pare. Every `POST …/chat/completions`, `…/responses`,
+//! `…/v1/messages` and `…/models/M:generateContent` is archived exactly as sent, its conversation is compacted by a deterministic rule
 //! set (no model is called), the slimmed request is forwarded upstream and the answer streams back
 //! unchanged. Everything else passes through.
 //!
@@ -9,16 +9,18 @@
 //!
 //! - [`neutral`]: the wire-neutral conversation the engine reads (chat-shaped messages, tool calls
 //!   paired with their results by id, opaque parts), with the body scanner and the fast message read.
-//! - [`wire`]: one adapter per request format (Chat Completions, Responses, Anthropic Messages) that
-//!   parses a body once into the neutral form and writes the forwarded body back.
+//! - [`wire`]: one adapter per request format (Chat Completions, Responses, Anthropic Messages,
+//!   Gemini) that parses a body once into the neutral form and writes the forwarded body back.
 //! - [`compact`]: the pure engine — rules, markers, structural maps, salience tiers, elision and
-//!   pairing validation — with no socket, no clock and no failure on user data.
+//!   pairing validation — with no socket, no clock and no failure on user data; it returns the
+//!   forwarded prefix and its plan (what became of each message).
 //! - [`tokens`]: token counts per message (o200k / cl100k), cached by content hash.
 //! - [`budget`]: context windows and the per-session epoch state machine that decides
 //!   when and how much to compact and keeps forwarded prompts append-only between epochs.
 //! - [`session`]: which conversation a request belongs to (explicit header, or prefix match).
 //! - [`memory`]: one byte budget for all per-session state, evicting least recently used sessions.
-//! - [`archive`]: the durable raw store (SQLite), its integrity chain, audit queries and DPO/SFT export.
+//! - [`archive`]: the durable raw store (SQLite, or PostgreSQL for a fleet), its integrity chain, the
+//!   stored plans sessions resume from, audit queries and DPO/SFT export.
 //! - [`pipeline`]: the seam the proxy calls for one request: session, window, compaction, archive.
 //! - [`exchange`]: the leaf types the proxy, pipeline, budget and archive share about one exchange.
 //! - [`outbound`]: the one way pare builds an outgoing HTTP client (upstream, window detection).
