@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //!
-//! - [`location`]: where the archive lives, a directory (SQLite) or a `postgres://` URL.
+//! - [`crate::config::location`]: where the archive lives, a directory (SQLite) or a `postgres://` URL.
 //! - [`db`]: one connection over either backend; the dialects differ only there and in the schema.
 //! - [`store`]: the SQLite file (WAL, private permissions) or the PostgreSQL database, its schema
 //!   and migrations, content-addressed blobs.

@@ -1,6 +1,6 @@
 //! The store: opening it, its schema, and blob storage (content-addressed by SHA-256,
 //! zstd-compressed when that pays). SQLite (directory 0700, files 0600, WAL, `synchronous=NORMAL`) by
-//! default; PostgreSQL when the archive's location is a URL ([`super::location`]), with the same
+//! default; PostgreSQL when the archive's location is a URL ([`crate::config::location`]), with the same
 //! tables in PostgreSQL's types, created and brought up to date on open ([`migrate_postgres`]).
 //!
 //! Why `synchronous=NORMAL` in WAL mode: a commit is written to the WAL before `COMMIT` returns, so a

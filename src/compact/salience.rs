@@ -43,7 +43,7 @@ pub struct Elided {
     pub runs: BTreeMap<usize, (usize, String)>,
     /// Every raw message index elided.
     pub messages: BTreeSet<usize>,
-    /// The id lists ([`id_list_text`]) the runs' markers name, in run order: texts the engine
+    /// The id lists ([`super::markers::id_list_text`]) the runs' markers name, in run order: texts the engine
     /// derived, which the archive stores so that the markers' list ids resolve.
     pub lists: Vec<String>,
     pub chars_saved: i64,

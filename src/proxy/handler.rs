@@ -1,4 +1,4 @@
-//! One exchange: read the request (bounded), hand chat completions to the [`Pipeline`], forward to
+//! One exchange: read the request (bounded), hand chat completions to the [`crate::pipeline::Pipeline`], forward to
 //! the upstream, and stream its answer back. Anything that fails here becomes an OpenAI-shaped error
 //! naming who failed; a panic becomes a 500 instead of a dropped connection.
 
