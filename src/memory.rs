@@ -32,7 +32,7 @@ pub const SESSION_OVERHEAD_BYTES: u64 = 256;
 pub enum Holder {
     /// [`crate::session::SessionTracker`]: ext keys, pending requests.
     Tracker = 0,
-    /// [`crate::budget::epoch::SessionCompactor`]: the frozen prefix, arrival times.
+    /// [`crate::budget::compactor::SessionCompactor`]: the frozen prefix, arrival times.
     Compactor = 1,
     /// The archive writer's cursor: per message of the session's last raw and forwarded lists, its
     /// blob id, separator and digest.

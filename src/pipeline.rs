@@ -16,7 +16,7 @@ pub use crate::exchange::{
 
 use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
-use crate::budget::epoch::{SessionCompactor, SessionPlan};
+use crate::budget::compactor::{SessionCompactor, SessionPlan};
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
@@ -614,7 +614,7 @@ impl Pipeline {
         // The proxy knows when each message arrives: recency on the wall clock when the config asks.
         let budget = Arc::new(StateBudget::new(config.memory.max_state_bytes));
         let mut compactor = SessionCompactor::new(&config, Arc::new(engine))?
-            .with_wall_clock(&config, crate::budget::epoch::system_clock())
+            .with_wall_clock(&config, crate::budget::compactor::system_clock())
             .with_budget(budget.clone());
         if config.archive.enabled {
             compactor = compactor.recording_plans();

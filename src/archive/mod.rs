@@ -76,7 +76,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::budget::epoch::SessionPlan;
+use crate::budget::compactor::SessionPlan;
 pub use crate::config::location::{Location, LocationError};
 use crate::config::{ArchiveConfig, Durability};
 use crate::exchange::{CompactionSummary, StreamEnd};

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use super::ArchiveError;
 use super::db::{Db, params};
 use super::read::{self, BodyKind};
-use crate::budget::epoch::{FrozenPlan, SessionPlan};
+use crate::budget::compactor::{FrozenPlan, SessionPlan};
 use crate::compact::Fate;
 use crate::compact::provenance::{Step, steps};
 use crate::compact::report::RuleSet;

@@ -33,7 +33,7 @@ use super::content::ContentIndex;
 use super::db::{Db, Dialect, params};
 use super::read::{self, BodyKind};
 use super::{Ack, ArchiveError, ExchangeRecord, Job, Location, ResponseRecord, Shared, Ticket, WriteRefused, store};
-use crate::budget::epoch::SessionPlan;
+use crate::budget::compactor::SessionPlan;
 use crate::exchange::Usage;
 use crate::memory::Holder;
 use crate::wire::{Spans, Wire};

@@ -2,13 +2,13 @@
 //! compact, and keeps forwarded prompts append-only between epochs.
 //!
 //! - [`window`]: the model's context window (config, upstream detection, default) and answer reserve.
-//! - [`epoch`]: the per-session state machine (epoch / eager / off) the proxy calls through
+//! - [`compactor`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
 
-pub mod epoch;
+pub mod compactor;
 pub mod replay;
 pub mod window;
 
-pub use epoch::{CompactEngine, EpochPolicy, FrozenPlan, SeedError, SessionCompactor, SessionPlan};
+pub use compactor::{CompactEngine, EpochPolicy, FrozenPlan, SeedError, SessionCompactor, SessionPlan};
 pub use window::{ModelTable, WindowResolver};

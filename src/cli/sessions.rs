@@ -323,7 +323,7 @@ fn diff_block(
     reader: &ArchiveReader,
     session: &str,
     ex: &ExchangeInfo,
-    frozen: Option<&crate::budget::epoch::FrozenPlan>,
+    frozen: Option<&crate::budget::compactor::FrozenPlan>,
     previous: &Forwarding,
 ) -> anyhow::Result<(String, Forwarding)> {
     let raw_body = reader.body(session, ex.seq, BodyKind::Raw)?;

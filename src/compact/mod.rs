@@ -65,7 +65,7 @@ pub struct CompactOptions {
     /// messages): turns.
     pub message_ages_secs: Option<Vec<f64>>,
     /// Messages before this index are forwarded as their original bytes: no rule, tier or elision
-    /// touches them (a caller's cache-stable head, see `budget::epoch`). 0: none. The engine keeps at
+    /// touches them (a caller's cache-stable head, see `budget::compactor`). 0: none. The engine keeps at
     /// least everything up to the last hard epoch boundary ([`conversation::EPOCH_BOUNDARY_KEY`]).
     pub keep_first: usize,
     /// Keep all the work on the calling thread. By default a conversation of

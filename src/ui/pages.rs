@@ -12,7 +12,7 @@ use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
 use crate::archive::plan::forwarding;
 use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage, UpstreamUsage};
 use crate::archive::verify::{VerifyReport, summary_line};
-use crate::budget::epoch::FrozenPlan;
+use crate::budget::compactor::FrozenPlan;
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::Step;
 use crate::exchange::CompactionSummary;

@@ -11,7 +11,7 @@ use pare::archive::query::{ArchiveReader, SessionFilter};
 use pare::archive::read::BodyKind;
 use pare::archive::verify::verify;
 use pare::archive::{Archive, ArchiveError, ExchangeRecord, Location, ResponseRecord, store};
-use pare::budget::epoch::{FrozenPlan, SessionPlan};
+use pare::budget::compactor::{FrozenPlan, SessionPlan};
 use pare::config::Durability;
 use pare::pipeline::{CompactionSummary, StreamEnd};
 use pare::session::StoredKey;

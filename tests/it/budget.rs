@@ -868,7 +868,7 @@ fn the_compactor_gives_the_engine_message_ages_on_the_wall_clock() {
     let config = Config::from_yaml(&yaml).unwrap();
     let now = Arc::new(AtomicU64::new(1_000_000));
     let clock_now = now.clone();
-    let clock: pare::budget::epoch::Clock = Arc::new(move || clock_now.load(Ordering::SeqCst));
+    let clock: pare::budget::compactor::Clock = Arc::new(move || clock_now.load(Ordering::SeqCst));
     let engine = MaskEngine::new(2);
     let compactor = SessionCompactor::new(&config, engine.clone()).unwrap().with_wall_clock(&config, clock.clone());
     // Request k arrives at 1,000 s + 10 s·k; its two new messages arrive with it.

@@ -463,7 +463,7 @@ fn sessions_diff_shows_each_change_once() {
 
 /// The plan `sessions_diff_shows_each_change_once` stores at request `k` (21: steps 1–10 collapsed;
 /// 40: steps 1–4 elided into one marker, 5–20 collapsed), over that request's `raw` messages.
-fn s52_plan(k: usize, raw: &[serde_json::Value]) -> pare::budget::epoch::SessionPlan {
+fn s52_plan(k: usize, raw: &[serde_json::Value]) -> pare::budget::compactor::SessionPlan {
     use pare::compact::Fate;
     use pare::compact::report::RuleId;
     let collapse = [RuleId::CollapseSucceeded].into_iter().collect();
@@ -491,13 +491,13 @@ fn s52_plan(k: usize, raw: &[serde_json::Value]) -> pare::budget::epoch::Session
         prefix.push(message.to_string());
     }
     let raw_text: Vec<String> = raw[..covered].iter().map(|m| m.to_string()).collect();
-    let frozen = pare::budget::epoch::FrozenPlan {
+    let frozen = pare::budget::compactor::FrozenPlan {
         raw_hashes: pare::neutral::message_hashes(&raw_text),
         prefix,
         prefix_seen: Vec::new(),
         plan: Some(plan),
     };
-    pare::budget::epoch::SessionPlan {
+    pare::budget::compactor::SessionPlan {
         epoch: if k == 40 { 2 } else { 1 },
         advanced_at_len: 0,
         saturated: false,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pare::archive::read::BodyKind;
-use pare::budget::epoch::FrozenPlan;
+use pare::budget::compactor::FrozenPlan;
 use pare::budget::replay::{Replayed, replay_session};
 use pare::budget::{CompactEngine, SessionCompactor};
 use pare::compact::Fate;

@@ -345,7 +345,7 @@ fn the_index_pages_through_ten_thousand_sessions() {
 /// The session id holds a `:`, which links percent-encode.
 #[test]
 fn a_rewritten_message_shows_original_replacement_and_rule() {
-    use pare::budget::epoch::{FrozenPlan, SessionPlan};
+    use pare::budget::compactor::{FrozenPlan, SessionPlan};
     use pare::compact::Fate;
     use pare::compact::report::RuleId;
     let dir = tempfile::tempdir().unwrap();
