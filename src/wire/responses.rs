@@ -411,7 +411,8 @@ impl ResponsesBody<'_> {
                 out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
                 continue;
             }
-            let message = Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
+            let message =
+                Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
             let source = message.extra.get(ITEMS_KEY).and_then(Value::as_str).and_then(|key| by_key.get(key));
             match source {
                 Some(&idx) => {

@@ -45,7 +45,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
+use super::{
+    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+};
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Message, push_json_string, raw_members};
 
@@ -681,7 +683,9 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
                 |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
             match (keys(arguments), keys(part.args)) {
                 (Some(new), Some(old)) if new == old => replace("args", arguments),
-                _ => Err(WireError::Unwritable(format!("call `{id}`: its args must stay an object with the same keys"))),
+                _ => {
+                    Err(WireError::Unwritable(format!("call `{id}`: its args must stay an object with the same keys")))
+                }
             }
         }
         _ => Ok(Cow::Borrowed(part.raw)),
@@ -768,7 +772,9 @@ fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>
         };
         match turn.side {
             Side::Opaque => push(super::skeleton("opaque", Vec::new(), None)),
-            Side::Model => push(super::skeleton("assistant", turn.calls().map(|c| turn.ids[&c].clone()).collect(), None)),
+            Side::Model => {
+                push(super::skeleton("assistant", turn.calls().map(|c| turn.ids[&c].clone()).collect(), None))
+            }
             Side::User => {
                 for r in turn.responses() {
                     push(super::skeleton("tool", Vec::new(), Some(&turn.ids[&r])));

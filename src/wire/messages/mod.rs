@@ -42,7 +42,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
+use super::{
+    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+};
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string, raw_members};

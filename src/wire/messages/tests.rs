@@ -305,7 +305,10 @@ fn the_turn_check_keeps_the_apis_own_rules() {
     // as one run of tool messages in the neutral form, which the API refuses.
     let two = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}},{"type":"tool_use","id":"b","name":"f","input":{}}]}"#;
     let result_b = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"b","content":"y"}]}"#;
-    assert_eq!(check_turns(&[TEXT, two, RESULT, result_b]), structure(Structure::ResultNotAfterCalls { turn: 3, id: "b".into() }));
+    assert_eq!(
+        check_turns(&[TEXT, two, RESULT, result_b]),
+        structure(Structure::ResultNotAfterCalls { turn: 3, id: "b".into() })
+    );
     let both = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"},{"type":"tool_result","tool_use_id":"b","content":"y"}]}"#;
     assert_eq!(check_turns(&[TEXT, two, both]), Ok(()));
     let marked = r#"{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}},{"type":"text","text":"c","cache_control":{"type":"ephemeral"}}]}"#;

@@ -165,7 +165,10 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     no_call.remove(3);
     assert!(matches!(
         parsed.write(&refs(&no_call)),
-        Err(WireError::Invalid(Invalid::Pairing { violation: Violation::OrphanResult { idx: 3, .. }, origin: Some(Origin::Item(2)) }))
+        Err(WireError::Invalid(Invalid::Pairing {
+            violation: Violation::OrphanResult { idx: 3, .. },
+            origin: Some(Origin::Item(2))
+        }))
     ));
     let mut instructions = messages.clone();
     instructions[0] = r#"{"role":"system","content":"other"}"#.to_owned();
@@ -230,7 +233,10 @@ fn a_reasoning_item_must_be_followed_by_its_item() {
 /// from the items are those of [`WireBody::messages`].
 #[test]
 fn the_checked_skeletons_are_those_of_the_neutral_messages() {
-    for body in [CODEX, r#"{"input":[{"type":"reasoning"},{"type":"x"},{"role":"tool"},{"type":"function_call_output","call_id":"z"}]}"#] {
+    for body in [
+        CODEX,
+        r#"{"input":[{"type":"reasoning"},{"type":"x"},{"role":"tool"},{"type":"function_call_output","call_id":"z"}]}"#,
+    ] {
         let parsed = parse(body);
         let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
         assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text, "{body}");
