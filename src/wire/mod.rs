@@ -16,8 +16,13 @@
 //! [`recent::RecentBodies`] lets the proxy scan a chat body only after the messages it shares with
 //! a recent body it extends.
 //!
+//! Every format checks what it writes the same way ([`WireBody::check`]): the pairing of its
+//! neutral view through the one pairing validator, [`crate::compact::validate`], then the rules of
+//! its own that the neutral form cannot express, each a variant of its `Structure` error. Both
+//! are an [`Invalid`].
+//!
 //! A new format is one file with a type implementing [`WireBody`], a variant of [`Wire`] and its
-//! arm in [`parse`].
+//! arm in [`parse`] (and of [`Invalid`] when it has rules of its own).
 
 pub mod convert;
 pub mod gemini;

@@ -491,15 +491,17 @@ pub enum Structure {
     ReasoningWithoutItem { idx: usize },
 }
 
-/// The Responses API's rules over input items, without instructions: [`check_conversation`].
+/// The Responses API's rules over input `items` (a request without instructions): the pairing of
+/// their neutral view ([`crate::compact::validate`]: every call answered by its outputs right after
+/// it, no output without its open call, no call id empty or repeated while open), then every
+/// `reasoning` item followed by the item it belongs to ([`Structure`]). Items that are not objects
+/// pare reads are opaque messages.
 pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), Invalid> {
     check_conversation(items, false)
 }
 
-/// The rules over a request's input `items` (after its instructions when `instructions`): the
-/// pairing of their neutral view (every call answered by its outputs right after it, no output
-/// without its open call, no call id empty or repeated while open), then every `reasoning` item
-/// followed by the item it belongs to. Items that are not objects pare reads are opaque messages.
+/// [`check_items`] over the items of a request, whose neutral view opens with its instructions
+/// when `instructions`.
 fn check_conversation<S: AsRef<str>>(items: &[S], instructions: bool) -> Result<(), Invalid> {
     let read: Vec<Item> = items.iter().map(|raw| Item::read(raw.as_ref()).0).collect();
     let (skeletons, origins) = neutral_skeletons(&read, instructions);

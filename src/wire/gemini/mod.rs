@@ -723,17 +723,18 @@ pub enum Structure {
     CallAfterModel { turn: usize },
 }
 
-/// The Gemini API's rules over turns, without a system instruction: [`check_conversation`].
+/// The Gemini API's rules over `turns` (a request without a system instruction) that pare could
+/// break: the pairing of their neutral view ([`crate::compact::validate`]: every `functionCall` of
+/// a model turn answered by a `functionResponse` in the next turn, paired by id else by name in
+/// order; no response without its call), then the API's own ([`Structure`]): calls only in model
+/// turns, responses only in user turns, a model turn that calls right after a user turn. Turns pare
+/// cannot read are opaque messages.
 pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
     check_conversation(turns, false)
 }
 
-/// The rules over a request's `turns` (after its system instruction when `system`) that pare could
-/// break: the pairing of their neutral view (every `functionCall` of a model turn answered by a
-/// `functionResponse` in the next turn, as [`read_turns`] pairs them; no response without its
-/// call), then the API's own ([`Structure`]): calls only in model turns, responses only in user
-/// turns, a model turn that calls right after a user turn. Turns pare cannot read are opaque
-/// messages.
+/// [`check_turns`] over the turns of a request, whose neutral view opens with its system
+/// instruction when `system`.
 fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
     let read = read_turns(&raws);

@@ -711,17 +711,18 @@ pub enum Structure {
     TooManyMarks { n_marks: usize },
 }
 
-/// The Messages API's rules over turns, without a system prompt: [`check_conversation`].
+/// The Messages API's rules over `turns` (a request without a system prompt) that pare could
+/// break: the pairing of their neutral view ([`crate::compact::validate`]: every `tool_use`
+/// answered by a `tool_result` before anything else, no result without its open call, no id empty
+/// or repeated while open), then the API's own ([`Structure`]): `tool_use` only in assistant
+/// turns, `tool_result` only in the user turn right after an assistant turn, at most 4
+/// `cache_control` marks. Turns pare cannot read are opaque messages.
 pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
     check_conversation(turns, false)
 }
 
-/// The rules over a request's `turns` (after its system prompt when `system`) that pare could
-/// break: the pairing of their neutral view (every `tool_use` answered by a `tool_result` before
-/// anything else, no result without its open call, no id empty or repeated while open), then the
-/// API's own ([`Structure`]): `tool_use` only in assistant turns, `tool_result` only in the user
-/// turn right after an assistant turn, at most 4 `cache_control` marks. Turns pare cannot read
-/// are opaque messages.
+/// [`check_turns`] over the turns of a request, whose neutral view opens with its system prompt
+/// when `system`.
 fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let read: Vec<Turn<'_>> = turns.iter().map(|t| Turn::read(t.as_ref())).collect();
     let (skeletons, origins) = neutral_skeletons(&read, system);
