@@ -665,6 +665,19 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_body_checks_its_messages_with_the_pairing_validator() {
+        let valid = br#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"x"}]}"#;
+        assert_eq!(ChatBody::parse(valid).unwrap().check(), Ok(()));
+        let orphan =
+            br#"{"messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"a","content":"x"}]}"#;
+        let violation = Violation::OrphanResult { idx: 1, id: "a".into() };
+        let refused = ChatBody::parse(orphan).unwrap().check().unwrap_err();
+        // The messages are the neutral ones: the violation says where, no origin is added.
+        assert_eq!(refused.to_string(), violation.to_string());
+        assert_eq!(refused, Invalid::Pairing { violation, origin: None });
+    }
+
+    #[test]
     fn body_without_messages_is_refused() {
         assert!(matches!(ChatBody::parse(br#"{"model":"m"}"#), Err(WireError::NoMessages(_))));
         assert!(matches!(ChatBody::parse(b"{nope"), Err(WireError::Json(_))));
