@@ -2,6 +2,10 @@
 //! message before the next non-tool message, no tool message answers a call that is not open, and
 //! parallel calls are answered all-or-none. Checked on the input (an invalid input is forwarded
 //! unchanged: pare does not repair what it did not break) and on every output.
+//!
+//! This is pare's one pairing validator: every wire format checks the pairing of its neutral view
+//! here (`WireBody::check` and the adapters' writers), and adds only the rules of its own that the
+//! neutral form cannot express.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -56,6 +60,20 @@ pub enum Violation {
     OrphanResult { idx: usize, id: String },
     #[error("tool call `{id}` of assistant message {call_idx} has no answer before message {idx}")]
     Unanswered { call_idx: usize, id: String, idx: usize },
+}
+
+impl Violation {
+    /// Index of the offending message: the call left unanswered, else the message that breaks the
+    /// rule.
+    pub fn message_idx(&self) -> usize {
+        match self {
+            Violation::NotAMessage { idx }
+            | Violation::EmptyCallId { idx }
+            | Violation::DuplicateCallId { idx, .. }
+            | Violation::OrphanResult { idx, .. } => *idx,
+            Violation::Unanswered { call_idx, .. } => *call_idx,
+        }
+    }
 }
 
 /// Check invariant 1 over a sequence of skeletons (`None` = not a message object).
@@ -134,5 +152,23 @@ mod tests {
         assert!(matches!(check(&skel(&[USER, RES_A])), Err(Violation::OrphanResult { idx: 1, .. })));
         assert!(matches!(check(&skel(&[CALL2, RES_A, RES_A, RES_B])), Err(Violation::OrphanResult { idx: 2, .. })));
         assert!(matches!(check(&skel(&[USER, "42"])), Err(Violation::NotAMessage { idx: 1 })));
+    }
+
+    #[test]
+    fn an_empty_or_repeated_call_id_is_refused() {
+        let nameless = r#"{"role":"assistant","tool_calls":[{"id":"","function":{"name":"f","arguments":"{}"}}]}"#;
+        assert_eq!(check(&skel(&[USER, nameless])), Err(Violation::EmptyCallId { idx: 1 }));
+        let twice = r#"{"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}},{"id":"a","function":{"name":"f","arguments":"{}"}}]}"#;
+        assert_eq!(check(&skel(&[USER, twice, RES_A])), Err(Violation::DuplicateCallId { idx: 1, id: "a".into() }));
+        // An id answered may open again.
+        assert_eq!(check(&skel(&[CALL2, RES_A, RES_B, USER, CALL2, RES_A, RES_B])), Ok(()));
+    }
+
+    #[test]
+    fn the_offending_message_of_an_unanswered_call_is_the_call() {
+        let violation = check(&skel(&[USER, CALL2, RES_A, USER])).unwrap_err();
+        assert_eq!(violation, Violation::Unanswered { call_idx: 1, id: "b".into(), idx: 3 });
+        assert_eq!(violation.message_idx(), 1);
+        assert_eq!(check(&skel(&[USER, RES_A])).unwrap_err().message_idx(), 1);
     }
 }

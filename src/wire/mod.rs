@@ -16,8 +16,13 @@
 //! [`recent::RecentBodies`] lets the proxy scan a chat body only after the messages it shares with
 //! a recent body it extends.
 //!
+//! Every format checks what it writes the same way ([`WireBody::check`]): the pairing of its
+//! neutral view through the one pairing validator, [`crate::compact::validate`], then the rules of
+//! its own that the neutral form cannot express, each a variant of its `Structure` error. Both
+//! are an [`Invalid`].
+//!
 //! A new format is one file with a type implementing [`WireBody`], a variant of [`Wire`] and its
-//! arm in [`parse`].
+//! arm in [`parse`] (and of [`Invalid`] when it has rules of its own).
 
 pub mod convert;
 pub mod gemini;
@@ -27,6 +32,7 @@ pub mod responses;
 
 use serde_json::value::RawValue;
 
+use crate::compact::validate::{Skeleton, Violation};
 use crate::neutral::scan;
 
 /// The request formats pare compacts.
@@ -110,9 +116,11 @@ pub trait WireBody: Send + Sync {
     fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError>;
     /// Where this body's values lie in `body`, the bytes it was parsed from (for the archive).
     fn spans_in(&self, body: &[u8]) -> Option<Spans>;
-    /// The format's own pairing rules over the body (a tool call answered by its result, no result
-    /// without its call…): the one validator of the format, used by eval and the tests.
-    fn check(&self) -> Result<(), String>;
+    /// The format's rules over the body, as its writer checks what it writes: the pairing of its
+    /// neutral view ([`crate::compact::validate`]: a tool call answered by its result, no result
+    /// without its call…), then the format's own rules the neutral form cannot express. Used by
+    /// eval and the tests.
+    fn check(&self) -> Result<(), Invalid>;
 }
 
 /// What one neutral message stands for in a turn adapter (Messages, Gemini).
@@ -169,7 +177,7 @@ pub(crate) fn trace_units(
             continue;
         }
         let message = crate::neutral::Message::from_raw(text)
-            .map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+            .map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
         let paired = match message.role.as_str() {
             "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
             "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
@@ -240,8 +248,9 @@ impl WireBody for ChatBody<'_> {
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         ChatBody::spans_in(self, body)
     }
-    fn check(&self) -> Result<(), String> {
-        crate::compact::validate::check_messages(&self.messages).map_err(|v| v.to_string())
+    fn check(&self) -> Result<(), Invalid> {
+        crate::compact::validate::check_messages(&self.messages)
+            .map_err(|violation| Invalid::Pairing { violation, origin: None })
     }
 }
 
@@ -264,15 +273,73 @@ pub struct ChatBody<'a> {
     pub messages: Vec<&'a str>,
 }
 
-/// Why a body is not a request pare can compact (it is then forwarded unchanged).
+/// Why a body is not a request pare can compact (it is then forwarded unchanged), or why the
+/// forwarded conversation has no valid form in the body's format (the original body is forwarded).
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
+    /// The written conversation breaks its format's rules.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// The forwarded conversation has no form in the format (a changed system prompt, a call whose
+    /// input lost keys, a message with nothing to stand for).
     #[error("{0}")]
-    Invalid(String),
+    Unwritable(String),
     #[error("body is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("body has no `{0}` array")]
     NoMessages(&'static str),
+}
+
+/// Why a conversation breaks its format's rules ([`WireBody::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    /// Its neutral view breaks the pairing every format shares; `origin` is where the offending
+    /// neutral message comes from in the body (none for Chat Completions, whose messages are the
+    /// neutral ones).
+    #[error("{}{violation}", origin.map(|o| format!("{o}: ")).unwrap_or_default())]
+    Pairing { violation: Violation, origin: Option<Origin> },
+    #[error(transparent)]
+    Responses(#[from] responses::Structure),
+    #[error(transparent)]
+    Messages(#[from] messages::Structure),
+    #[error(transparent)]
+    Gemini(#[from] gemini::Structure),
+}
+
+/// Where a neutral message comes from in a wire body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The system prompt (`instructions`, `system`, `systemInstruction`).
+    System,
+    /// An input item (Responses), by index.
+    Item(usize),
+    /// A turn (Messages, Gemini), by index.
+    Turn(usize),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::System => f.write_str("the system prompt"),
+            Origin::Item(idx) => write!(f, "item {idx}"),
+            Origin::Turn(idx) => write!(f, "turn {idx}"),
+        }
+    }
+}
+
+/// The pairing check ([`crate::compact::validate::check`]) over a body's neutral view, given as
+/// the skeleton of each neutral message and, at the same index, where it comes from.
+pub(crate) fn check_pairing(skeletons: &[Option<Skeleton>], origins: &[Origin]) -> Result<(), Invalid> {
+    crate::compact::validate::check(skeletons).map_err(|violation| {
+        let origin = origins.get(violation.message_idx()).copied();
+        Invalid::Pairing { violation, origin }
+    })
+}
+
+/// The skeleton of a neutral message pare builds from a wire body (what [`Skeleton::of`] reads
+/// from its JSON text).
+pub(crate) fn skeleton(role: &str, tool_calls: Vec<String>, tool_call_id: Option<&str>) -> Option<Skeleton> {
+    Some(Skeleton { role: role.to_owned(), tool_calls, tool_call_id: tool_call_id.map(str::to_owned) })
 }
 
 impl<'a> ChatBody<'a> {
@@ -595,6 +662,19 @@ mod tests {
         assert_eq!(role_of(r#"{"role":"us\u0065r"}"#), "user");
         assert_eq!(role_of(r#"{"content":"no role"}"#), "");
         assert_eq!(role_of("[1,2]"), "");
+    }
+
+    #[test]
+    fn a_chat_body_checks_its_messages_with_the_pairing_validator() {
+        let valid = br#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"x"}]}"#;
+        assert_eq!(ChatBody::parse(valid).unwrap().check(), Ok(()));
+        let orphan =
+            br#"{"messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"a","content":"x"}]}"#;
+        let violation = Violation::OrphanResult { idx: 1, id: "a".into() };
+        let refused = ChatBody::parse(orphan).unwrap().check().unwrap_err();
+        // The messages are the neutral ones: the violation says where, no origin is added.
+        assert_eq!(refused.to_string(), violation.to_string());
+        assert_eq!(refused, Invalid::Pairing { violation, origin: None });
     }
 
     #[test]

@@ -20,8 +20,10 @@
 //! `arguments` (or custom `input`) replaced and every reasoning item kept byte for byte; a rewritten
 //! message (a condensed developer message) is its item with `content` replaced, its reasoning kept;
 //! a message that names no items (an elision marker) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
-//! result is checked ([`check_items`]): every call has its output, no output lacks its call, every
-//! reasoning item is followed by the item it precedes; otherwise the original body is forwarded.
+//! result is checked ([`check_items`]): the neutral view of the written items passes the pairing
+//! check every format shares ([`crate::compact::validate`]: every call answered by its outputs right
+//! after it, no output without its call), and every reasoning item is followed by the item it
+//! precedes ([`Structure`]); otherwise the original body is forwarded.
 //!
 //! A request with a `compaction_trigger` item asks the server to summarize the history it carries:
 //! pare forwards it as sent ([`WireBody::server_compaction`]).
@@ -36,8 +38,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use super::{ChatBody, Invalid, Origin, Spans, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
+use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string};
 
 /// The `type` of the input item with which a client (Codex) asks the server to compact the
@@ -365,10 +368,10 @@ impl WireBody for ResponsesBody<'_> {
     }
     fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {
-            return Err(WireError::Invalid("a string `input` is forwarded as sent".into()));
+            return Err(WireError::Unwritable("a string `input` is forwarded as sent".into()));
         }
         let items = self.items_for(messages)?;
-        check_items(&items).map_err(WireError::Invalid)?;
+        check_conversation(&items, self.has_instructions)?;
         let unchanged = items.len() == self.body.messages.len()
             && items.iter().zip(&self.body.messages).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
         Ok(if unchanged { self.body.to_vec_and_spans_keeping_array() } else { self.body.to_vec_and_spans(&items) })
@@ -379,8 +382,8 @@ impl WireBody for ResponsesBody<'_> {
         }
         self.body.spans_in(body)
     }
-    fn check(&self) -> Result<(), String> {
-        check_items(&self.body.messages)
+    fn check(&self) -> Result<(), Invalid> {
+        check_conversation(&self.body.messages, self.has_instructions)
     }
 }
 
@@ -391,7 +394,7 @@ impl ResponsesBody<'_> {
     fn items_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let first = self.first_item_message();
         if self.has_instructions && messages.first().copied() != self.neutral.first().map(String::as_str) {
-            return Err(WireError::Invalid("the instructions were changed".into()));
+            return Err(WireError::Unwritable("the instructions were changed".into()));
         }
         let mut by_text: HashMap<&str, usize> = HashMap::new();
         let mut by_key: HashMap<String, usize> = HashMap::new();
@@ -408,7 +411,8 @@ impl ResponsesBody<'_> {
                 out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
                 continue;
             }
-            let message = Message::from_raw(text).map_err(|e| WireError::Invalid(format!("forwarded message: {e}")))?;
+            let message =
+                Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
             let source = message.extra.get(ITEMS_KEY).and_then(Value::as_str).and_then(|key| by_key.get(key));
             match source {
                 Some(&idx) => {
@@ -431,7 +435,7 @@ impl ResponsesBody<'_> {
         let replace = |key: &str, value: String| -> Result<Cow<'_, str>, WireError> {
             replace_member(raw, key, &value)
                 .map(Cow::Owned)
-                .ok_or_else(|| WireError::Invalid(format!("item {k} cannot be rewritten")))
+                .ok_or_else(|| WireError::Unwritable(format!("item {k} cannot be rewritten")))
         };
         match item.kind {
             Kind::Output => replace("output", content_json(&message.content)),
@@ -458,7 +462,7 @@ impl ResponsesBody<'_> {
 fn message_item(message: &Message) -> Result<String, WireError> {
     let role = match message.role.as_str() {
         role @ ("user" | "system" | "developer" | "assistant") => role,
-        other => return Err(WireError::Invalid(format!("a forwarded `{other}` message has no item to stand for"))),
+        other => return Err(WireError::Unwritable(format!("a forwarded `{other}` message has no item to stand for"))),
     };
     let mut out = String::from(r#"{"type":"message","role":"#);
     push_json_string(&mut out, role);
@@ -477,39 +481,70 @@ fn content_json(content: &Option<Content>) -> String {
     }
 }
 
-/// The Responses API's pairing rules over input items: every call (`function_call`,
-/// `custom_tool_call`, `local_shell_call`) has its output after it, no output answers a call that is
-/// not open, no call id is reused while its call is open, and every `reasoning` item is followed by
-/// a non-reasoning item other than an output (the item it belongs to). Items that are not objects
-/// pare reads are skipped.
-pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), String> {
+/// A rule of the Responses API over input items that the neutral form cannot express (the
+/// pairing of calls and outputs is the neutral view's, [`crate::compact::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Structure {
+    /// A `reasoning` item belongs to the item it precedes: another non-reasoning item must follow
+    /// it, and not an output.
+    #[error("reasoning item {idx} is not followed by its item")]
+    ReasoningWithoutItem { idx: usize },
+}
+
+/// The Responses API's rules over input `items` (a request without instructions): the pairing of
+/// their neutral view ([`crate::compact::validate`]: every call answered by its outputs right after
+/// it, no output without its open call, no call id empty or repeated while open), then every
+/// `reasoning` item followed by the item it belongs to ([`Structure`]). Items that are not objects
+/// pare reads are opaque messages.
+pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), Invalid> {
+    check_conversation(items, false)
+}
+
+/// [`check_items`] over the items of a request, whose neutral view opens with its instructions
+/// when `instructions`.
+fn check_conversation<S: AsRef<str>>(items: &[S], instructions: bool) -> Result<(), Invalid> {
     let read: Vec<Item> = items.iter().map(|raw| Item::read(raw.as_ref()).0).collect();
-    // Call id → whether its latest call has been answered.
-    let mut calls: HashMap<&str, bool> = HashMap::new();
+    let (skeletons, origins) = neutral_skeletons(&read, instructions);
+    super::check_pairing(&skeletons, &origins)?;
     for (idx, item) in read.iter().enumerate() {
-        match item.kind {
-            Kind::Call => {
-                if calls.insert(item.call_id.as_str(), false) == Some(false) {
-                    return Err(format!("item {idx} repeats open call id `{}`", item.call_id));
-                }
+        if item.kind == Kind::Reasoning {
+            let next = read[idx + 1..].iter().find(|i| i.kind != Kind::Reasoning);
+            if next.is_none_or(|i| i.kind == Kind::Output) {
+                return Err(Structure::ReasoningWithoutItem { idx }.into());
             }
-            Kind::Output => match calls.get_mut(item.call_id.as_str()) {
-                Some(answered) if !*answered => *answered = true,
-                _ => return Err(format!("output item {idx} answers `{}`, which is not an open call", item.call_id)),
-            },
-            Kind::Reasoning => {
-                let next = read[idx + 1..].iter().find(|i| i.kind != Kind::Reasoning);
-                if next.is_none_or(|i| i.kind == Kind::Output) {
-                    return Err(format!("reasoning item {idx} is not followed by its item"));
-                }
-            }
-            Kind::Message | Kind::Opaque => {}
         }
     }
-    match calls.iter().find(|(_, answered)| !**answered) {
-        Some((id, _)) => Err(format!("call `{id}` has no output")),
-        None => Ok(()),
+    Ok(())
+}
+
+/// The skeleton of each neutral message `items` read into (as [`ResponsesBody::parse`] groups and
+/// writes them, the instructions first when `instructions`), and the item it comes from (its first
+/// item that is not reasoning).
+fn neutral_skeletons(items: &[Item], instructions: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+    let mut skeletons = Vec::with_capacity(items.len() + 1);
+    let mut origins = Vec::with_capacity(items.len() + 1);
+    if instructions {
+        skeletons.push(super::skeleton("system", Vec::new(), None));
+        origins.push(Origin::System);
     }
+    let mut start = 0;
+    while start < items.len() {
+        let end = turn_end(items, start);
+        let main = (start..end).find(|&k| items[k].kind != Kind::Reasoning);
+        let skeleton = match main.map(|k| (k, &items[k])) {
+            Some((k, item)) if matches!(item.kind, Kind::Message | Kind::Call) => {
+                let role = if item.kind == Kind::Call { "assistant" } else { item.role.as_str() };
+                let calls = items[k..end].iter().filter(|i| i.kind == Kind::Call).map(|i| i.call_id.clone()).collect();
+                super::skeleton(role, calls, None)
+            }
+            Some((_, item)) if item.kind == Kind::Output => super::skeleton("tool", Vec::new(), Some(&item.call_id)),
+            _ => super::skeleton("opaque", Vec::new(), None),
+        };
+        skeletons.push(skeleton);
+        origins.push(Origin::Item(main.unwrap_or(start)));
+        start = end;
+    }
+    (skeletons, origins)
 }
 
 #[cfg(test)]

@@ -30,9 +30,11 @@
 //! key kept); a rewritten call turn has each unsigned call's `args` replaced (still an object with
 //! the same keys); an elision marker becomes a user turn of one `text` part, never text in a model
 //! turn (where signatures live) nor in the person's turn (what the person wrote stays as sent). A
-//! turn whose parts are all gone is left out. The result is checked ([`check_turns`]): every call
-//! answered in the next turn, no response without its call, a calling model turn right after a user
-//! turn; otherwise the original body is forwarded.
+//! turn whose parts are all gone is left out. The result is checked ([`check_turns`]): the neutral
+//! view of the written turns passes the pairing check every format shares
+//! ([`crate::compact::validate`]: every call answered in the next turn, no response without its
+//! call), and the API's own rules hold ([`Structure`]: a calling model turn right after a user
+//! turn…); otherwise the original body is forwarded.
 
 pub mod convert;
 
@@ -43,7 +45,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Forwarded, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
+use super::{
+    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+};
+use crate::compact::validate::Skeleton;
 use crate::neutral::{Message, push_json_string, raw_members};
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
@@ -255,9 +260,10 @@ fn pair(model: Option<&Turn<'_>>, user: &Turn<'_>) -> HashMap<usize, usize> {
     out
 }
 
-/// Read every turn and give each response the neutral id of its call (an orphan keeps its own id,
-/// else `orphan_{p}`: the neutral view then shows a result without its call, and the engine leaves
-/// such a conversation as it is).
+/// Read every turn and give each response the neutral id of its call. An orphan is named
+/// `orphan_{its own id}`, else `orphan_{p}`: a name no call has (calls are `call_{k}`), so the
+/// neutral view shows a result without its call, the pairing check refuses it, and the engine
+/// leaves such a conversation as it is.
 fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
     let mut turns: Vec<Turn<'a>> = raws.iter().map(|raw| Turn::read((*raw).as_ref())).collect();
     for t in 0..turns.len() {
@@ -270,7 +276,10 @@ fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
             .map(|r| {
                 let id = match pairs.get(&r) {
                     Some(c) => turns[t - 1].ids[c].clone(),
-                    None => turns[t].parts[r].id.clone().unwrap_or_else(|| format!("orphan_{r}")),
+                    None => match &turns[t].parts[r].id {
+                        Some(own) => format!("orphan_{own}"),
+                        None => format!("orphan_{r}"),
+                    },
                 };
                 (r, id)
             })
@@ -480,14 +489,14 @@ impl WireBody for GeminiBody<'_> {
         if unchanged {
             return Ok(self.body.to_vec_and_spans_keeping_array());
         }
-        check_turns(&turns).map_err(WireError::Invalid)?;
+        check_conversation(&turns, self.has_system)?;
         Ok(self.body.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.body.spans_in(body)
     }
-    fn check(&self) -> Result<(), String> {
-        check_turns(&self.body.messages)
+    fn check(&self) -> Result<(), Invalid> {
+        check_conversation(&self.body.messages, self.has_system)
     }
 }
 
@@ -505,7 +514,7 @@ impl GeminiBody<'_> {
     fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
         let first = self.first_turn_message();
         if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
-            return Err(WireError::Invalid("the system instruction was changed".into()));
+            return Err(WireError::Unwritable("the system instruction was changed".into()));
         }
         // Ids repeat (`call_0` in every turn): every unit of an id, in order.
         let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
@@ -583,7 +592,7 @@ impl GeminiBody<'_> {
                         Kind::Text if text_changed && !part.signed => match new_text.take() {
                             Some(text) if !text.is_empty() => Some(Cow::Owned(
                                 replace_member(part.raw, "text", &json_string(&text))
-                                    .ok_or_else(|| WireError::Invalid("a text part cannot be rewritten".into()))?,
+                                    .ok_or_else(|| WireError::Unwritable("a text part cannot be rewritten".into()))?,
                             )),
                             _ => None,
                         },
@@ -616,7 +625,7 @@ impl GeminiBody<'_> {
                 Some(t) if w.whole => Ok(Cow::Borrowed(self.turns[t].raw)),
                 Some(t) => replace_member(self.turns[t].raw, "parts", &format!("[{}]", w.parts.join(",")))
                     .map(Cow::Owned)
-                    .ok_or_else(|| WireError::Invalid(format!("turn {t} cannot be rewritten"))),
+                    .ok_or_else(|| WireError::Unwritable(format!("turn {t} cannot be rewritten"))),
                 None => Ok(Cow::Owned(format!(r#"{{"role":"user","parts":[{}]}}"#, w.parts.join(",")))),
             })
             .collect()
@@ -631,14 +640,14 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
         raw_members(part.raw)
             .and_then(|m| m.into_iter().find(|(_, v)| std::ptr::eq(v.as_ptr(), part.function_raw.as_ptr())))
             .map(|(k, _)| k.to_owned())
-            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))
+            .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))
     };
     let replace = |key: &str, value: &str| -> Result<Cow<'b, str>, WireError> {
         let function = replace_member(part.function_raw, key, value)
-            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))?;
+            .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))?;
         replace_member(part.raw, &function_key()?, &function)
             .map(Cow::Owned)
-            .ok_or_else(|| WireError::Invalid(format!("part `{}` cannot be rewritten", part.name)))
+            .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))
     };
     match part.kind {
         Kind::Response => {
@@ -662,10 +671,10 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
             let id = &turn.ids[&p];
             let call = message.tool_calls.iter().flatten().find(|c| &c.id == id);
             let Some(arguments) = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments) else {
-                return Err(WireError::Invalid(format!("call `{id}` lost its functionCall")));
+                return Err(WireError::Unwritable(format!("call `{id}` lost its functionCall")));
             };
             let Value::String(arguments) = arguments else {
-                return Err(WireError::Invalid(format!("call `{id}` has arguments that are not a string")));
+                return Err(WireError::Unwritable(format!("call `{id}` has arguments that are not a string")));
             };
             if arguments == part.args {
                 return Ok(Cow::Borrowed(part.raw));
@@ -674,7 +683,9 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
                 |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
             match (keys(arguments), keys(part.args)) {
                 (Some(new), Some(old)) if new == old => replace("args", arguments),
-                _ => Err(WireError::Invalid(format!("call `{id}`: its args must stay an object with the same keys"))),
+                _ => {
+                    Err(WireError::Unwritable(format!("call `{id}`: its args must stay an object with the same keys")))
+                }
             }
         }
         _ => Ok(Cow::Borrowed(part.raw)),
@@ -691,40 +702,91 @@ fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
 /// The part for a neutral message the engine wrote (an elision marker): its text.
 fn new_part(message: &Message) -> Result<String, WireError> {
     if !matches!(message.role.as_str(), "user" | "assistant") {
-        return Err(WireError::Invalid(format!("a forwarded `{}` message has no turn to stand for", message.role)));
+        return Err(WireError::Unwritable(format!("a forwarded `{}` message has no turn to stand for", message.role)));
     }
     Ok(format!(r#"{{"text":{}}}"#, json_string(&message.text())))
 }
 
-/// The Gemini API's rules over turns that pare could break: every `functionCall` of a model turn is
-/// answered by a `functionResponse` in the next turn (a user turn), every `functionResponse` answers
-/// a call of the turn before it, calls are only in model turns, and a model turn that calls comes
-/// right after a user turn. Turns pare cannot read are skipped.
-pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
+/// A rule of the Gemini API over turns that the neutral form cannot express (the pairing of
+/// calls and responses is the neutral view's, [`crate::compact::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Structure {
+    /// A `functionCall` part in a user turn: the neutral view reads it as what the person wrote.
+    #[error("turn {turn}: functionCall `{name}` outside a model turn")]
+    CallOutsideModel { turn: usize, name: String },
+    /// A `functionResponse` part in a model turn: the neutral view does not read it.
+    #[error("turn {turn}: functionResponse `{name}` outside a user turn")]
+    ResponseOutsideUser { turn: usize, name: String },
+    /// A model turn that calls must follow a user turn (two model turns read as two assistant
+    /// messages, which the neutral form allows).
+    #[error("turn {turn}: a model turn that calls comes right after another model turn")]
+    CallAfterModel { turn: usize },
+}
+
+/// The Gemini API's rules over `turns` (a request without a system instruction) that pare could
+/// break: the pairing of their neutral view ([`crate::compact::validate`]: every `functionCall` of
+/// a model turn answered by a `functionResponse` in the next turn, paired by id else by name in
+/// order; no response without its call), then the API's own ([`Structure`]): calls only in model
+/// turns, responses only in user turns, a model turn that calls right after a user turn. Turns pare
+/// cannot read are opaque messages.
+pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
+    check_conversation(turns, false)
+}
+
+/// [`check_turns`] over the turns of a request, whose neutral view opens with its system
+/// instruction when `system`.
+fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
     let read = read_turns(&raws);
+    let (skeletons, origins) = neutral_skeletons(&read, system);
+    super::check_pairing(&skeletons, &origins)?;
     for (t, turn) in read.iter().enumerate() {
-        if turn.side != Side::Model && turn.calls().next().is_some() {
-            return Err(format!("turn {t}: a functionCall outside a model turn"));
-        }
-        let before = t.checked_sub(1).map(|b| &read[b]);
-        if turn.side == Side::Model && turn.calls().next().is_some() && before.is_some_and(|b| b.side == Side::Model) {
-            return Err(format!("turn {t}: a model turn that calls comes right after another model turn"));
-        }
-        let pairs = if turn.side == Side::User { pair(before, turn) } else { HashMap::new() };
-        if let Some(r) = turn.responses().find(|r| !pairs.contains_key(r)) {
-            let name = &turn.parts[r].name;
-            return Err(format!("turn {t}: functionResponse `{name}` answers no functionCall of the turn before"));
-        }
-        if let Some(before) = before.filter(|b| b.side == Side::Model) {
-            let answered: HashSet<usize> = pairs.values().copied().collect();
-            if let Some(c) = before.calls().find(|c| !answered.contains(c)) {
-                let name = &before.parts[c].name;
-                return Err(format!("turn {t}: functionCall `{name}` of the turn before has no functionResponse"));
+        let name_of = |p: usize| turn.parts[p].name.clone();
+        if let Some(c) = turn.calls().next() {
+            if turn.side != Side::Model {
+                return Err(Structure::CallOutsideModel { turn: t, name: name_of(c) }.into());
             }
+            if t.checked_sub(1).is_some_and(|before| read[before].side == Side::Model) {
+                return Err(Structure::CallAfterModel { turn: t }.into());
+            }
+        }
+        if let Some(r) = turn.responses().next().filter(|_| turn.side != Side::User) {
+            return Err(Structure::ResponseOutsideUser { turn: t, name: name_of(r) }.into());
         }
     }
     Ok(())
+}
+
+/// The skeleton of each neutral message `turns` read into (as [`GeminiBody::parse_at`] writes
+/// them, the system instruction first when `system`), and the turn it comes from.
+fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+    let mut skeletons = Vec::with_capacity(turns.len() + 1);
+    let mut origins = Vec::with_capacity(turns.len() + 1);
+    if system {
+        skeletons.push(super::skeleton("system", Vec::new(), None));
+        origins.push(Origin::System);
+    }
+    for (t, turn) in turns.iter().enumerate() {
+        let mut push = |skeleton| {
+            skeletons.push(skeleton);
+            origins.push(Origin::Turn(t));
+        };
+        match turn.side {
+            Side::Opaque => push(super::skeleton("opaque", Vec::new(), None)),
+            Side::Model => {
+                push(super::skeleton("assistant", turn.calls().map(|c| turn.ids[&c].clone()).collect(), None))
+            }
+            Side::User => {
+                for r in turn.responses() {
+                    push(super::skeleton("tool", Vec::new(), Some(&turn.ids[&r])));
+                }
+                if turn.parts.is_empty() || turn.parts.iter().any(|p| p.kind != Kind::Response) {
+                    push(super::skeleton("user", Vec::new(), None));
+                }
+            }
+        }
+    }
+    (skeletons, origins)
 }
 
 #[cfg(test)]

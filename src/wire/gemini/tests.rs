@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::compact::validate::Violation;
 
 /// A Gemini CLI-shaped request: a system instruction, the person's text with an image, a model
 /// turn with a thought, signed text and two calls (the first signed, no ids: the Gemini API sends
@@ -139,7 +140,7 @@ fn args_that_lose_keys_and_a_changed_system_instruction_are_refused() {
     let parsed = parse(GEMINI_CLI);
     let mut messages = neutral(&parsed);
     messages[2] = messages[2].replace(r#",\"description\":\"Build\""#, "");
-    assert!(matches!(parsed.write(&refs(&messages)), Err(WireError::Invalid(_))));
+    assert!(matches!(parsed.write(&refs(&messages)), Err(WireError::Unwritable(_))));
     let mut messages = neutral(&parsed);
     messages[0] = r#"{"role":"system","content":"shorter"}"#.to_owned();
     assert!(parsed.write(&refs(&messages)).is_err(), "the system instruction is never changed");
@@ -184,27 +185,94 @@ fn an_elided_call_turn_goes_with_its_signatures_and_the_marker_is_a_user_turn_of
 }
 
 #[test]
-fn a_response_that_loses_its_call_is_refused() {
+fn a_response_that_loses_its_call_is_refused_by_the_pairing_check() {
     let parsed = parse(GEMINI_CLI);
     let messages = neutral(&parsed);
     // The call turn goes, one of its responses stays.
     let forwarded: Vec<String> = [&messages[..2], &messages[3..4], &messages[5..]].concat();
-    assert!(matches!(parsed.write(&refs(&forwarded)), Err(WireError::Invalid(_))));
-    assert!(
-        check_turns(&[
-            r#"{"role":"model","parts":[{"functionCall":{"name":"f","args":{}}}]}"#,
-            r#"{"role":"user","parts":[{"text":"no answer"}]}"#
-        ])
-        .is_err()
+    assert!(matches!(
+        parsed.write(&refs(&forwarded)),
+        Err(WireError::Invalid(Invalid::Pairing {
+            violation: Violation::OrphanResult { idx: 2, .. },
+            origin: Some(Origin::Turn(1))
+        }))
+    ));
+}
+
+const Q: &str = r#"{"role":"user","parts":[{"text":"q"}]}"#;
+const CALL: &str = r#"{"role":"model","parts":[{"functionCall":{"name":"f","args":{}}}]}"#;
+const ANSWER: &str = r#"{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]}"#;
+const TWO_CALLS: &str =
+    r#"{"role":"model","parts":[{"functionCall":{"name":"f","args":{}}},{"functionCall":{"name":"g","args":{}}}]}"#;
+
+fn pairing(violation: Violation, turn: usize) -> Result<(), Invalid> {
+    Err(Invalid::Pairing { violation, origin: Some(Origin::Turn(turn)) })
+}
+
+fn structure(rule: Structure) -> Result<(), Invalid> {
+    Err(Invalid::Gemini(rule))
+}
+
+#[test]
+fn the_turn_check_pairs_calls_through_the_neutral_view() {
+    assert_eq!(check_turns(&[Q, CALL, ANSWER]), Ok(()));
+    let no_answer = r#"{"role":"user","parts":[{"text":"no answer"}]}"#;
+    assert_eq!(
+        check_turns(&[CALL, no_answer]),
+        pairing(Violation::Unanswered { call_idx: 0, id: "call_0".into(), idx: 1 }, 0)
     );
-    assert!(check_turns(&[r#"{"role":"user","parts":[{"functionCall":{"name":"f","args":{}}}]}"#]).is_err());
-    let call = r#"{"role":"model","parts":[{"functionCall":{"name":"f","args":{}}}]}"#;
-    let answer = r#"{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]}"#;
-    assert!(check_turns(&[r#"{"role":"user","parts":[{"text":"q"}]}"#, call, answer]).is_ok());
-    assert!(
-        check_turns(&[r#"{"role":"model","parts":[{"text":"a"}]}"#, call, answer]).is_err(),
-        "a call after a model turn"
+    assert_eq!(check_turns(&[Q, ANSWER]), pairing(Violation::OrphanResult { idx: 1, id: "orphan_0".into() }, 1));
+    // The responses go in the very next turn: the neutral mapping pairs a user turn with the model
+    // turn right before it only, so a response a turn later is an orphan.
+    let answer_g = r#"{"role":"user","parts":[{"functionResponse":{"name":"g","response":{}}}]}"#;
+    assert_eq!(
+        check_turns(&[Q, TWO_CALLS, ANSWER, answer_g]),
+        pairing(Violation::OrphanResult { idx: 3, id: "orphan_0".into() }, 3)
     );
+    assert_eq!(
+        check_turns(&[CALL, no_answer]).unwrap_err().to_string(),
+        "turn 0: tool call `call_0` of assistant message 0 has no answer before message 1"
+    );
+}
+
+/// Regression: an orphan response kept its own id in the neutral view, so one whose id was a call's
+/// neutral name (`call_1`) answered that call there while the API pairs it with none.
+#[test]
+fn an_orphan_response_whose_own_id_names_a_call_stays_an_orphan() {
+    let answer_and_orphan = r#"{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}},{"functionResponse":{"id":"call_1","name":"h","response":{}}}]}"#;
+    assert_eq!(
+        check_turns(&[Q, TWO_CALLS, answer_and_orphan]),
+        pairing(Violation::OrphanResult { idx: 3, id: "orphan_call_1".into() }, 2)
+    );
+}
+
+#[test]
+fn the_turn_check_keeps_the_apis_own_rules() {
+    let user_call = r#"{"role":"user","parts":[{"functionCall":{"name":"f","args":{}}}]}"#;
+    assert_eq!(check_turns(&[user_call]), structure(Structure::CallOutsideModel { turn: 0, name: "f".into() }));
+    let model_response = r#"{"role":"model","parts":[{"text":"t"},{"functionResponse":{"name":"g","response":{}}}]}"#;
+    assert_eq!(
+        check_turns(&[Q, model_response]),
+        structure(Structure::ResponseOutsideUser { turn: 1, name: "g".into() })
+    );
+    let model_text = r#"{"role":"model","parts":[{"text":"a"}]}"#;
+    assert_eq!(check_turns(&[model_text, CALL, ANSWER]), structure(Structure::CallAfterModel { turn: 1 }));
+    assert_eq!(
+        check_turns(&[model_text, CALL, ANSWER]).unwrap_err().to_string(),
+        "turn 1: a model turn that calls comes right after another model turn"
+    );
+}
+
+/// The pairing check reads the neutral messages the adapter hands the engine: the skeletons built
+/// from the turns are those of [`WireBody::messages`].
+#[test]
+fn the_checked_skeletons_are_those_of_the_neutral_messages() {
+    let odd = r#"{"contents":[{"parts":[]},{"role":"tool","parts":[]},{"role":"function","parts":[{"functionResponse":{"id":"x","name":"f","response":{}}}]},7]}"#;
+    for body in [GEMINI_CLI, odd] {
+        let parsed = parse(body);
+        let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
+        assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text, "{body}");
+    }
 }
 
 #[test]
@@ -298,6 +366,7 @@ mod properties {
             prop_assert_eq!(parsed.write(&messages).unwrap().0, body.as_bytes().to_vec());
             let skeletons: Vec<_> = messages.iter().map(|m| crate::compact::validate::Skeleton::of(m)).collect();
             prop_assert!(crate::compact::validate::check(&skeletons).is_ok());
+            prop_assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, skeletons);
             parsed.check().unwrap();
 
             let r = pick % rounds.len();

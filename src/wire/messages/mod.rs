@@ -27,9 +27,10 @@
 //! one text block (a user turn when the next turn opens with a thinking block, which the API would
 //! otherwise find behind the marker's text once it joins the two turns). A turn whose neutral
 //! messages are all gone is left out; a user turn keeps what the person wrote even when its results
-//! go. The result is checked ([`check_turns`]): every `tool_use` is answered by a `tool_result` in
-//! the next user turn, no result lacks its call, at most 4 marks; otherwise the original body is
-//! forwarded.
+//! go. The result is checked ([`check_turns`]): the neutral view of the written turns passes the
+//! pairing check every format shares ([`crate::compact::validate`]: every `tool_use` answered, no
+//! result without its call), and the API's own rules hold ([`Structure`]: results only in the user
+//! turn right after the calling turn, at most 4 marks…); otherwise the original body is forwarded.
 
 pub mod cache;
 pub mod convert;
@@ -41,8 +42,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ChatBody, Forwarded, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member};
+use super::{
+    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+};
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
+use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
 
@@ -366,14 +370,14 @@ impl WireBody for MessagesBody<'_> {
         if unchanged {
             return Ok(self.body.to_vec_and_spans_keeping_array());
         }
-        check_turns(&turns).map_err(WireError::Invalid)?;
+        check_conversation(&turns, self.has_system)?;
         Ok(self.body.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.body.spans_in(body)
     }
-    fn check(&self) -> Result<(), String> {
-        check_turns(&self.body.messages)
+    fn check(&self) -> Result<(), Invalid> {
+        check_conversation(&self.body.messages, self.has_system)
     }
 }
 
@@ -386,7 +390,7 @@ impl MessagesBody<'_> {
     fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
         let first = self.first_turn_message();
         if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
-            return Err(WireError::Invalid("the system prompt was changed".into()));
+            return Err(WireError::Unwritable("the system prompt was changed".into()));
         }
         // Agents may reuse an id once its call is answered: every unit of an id, in order.
         let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
@@ -468,7 +472,7 @@ impl MessagesBody<'_> {
                         Kind::Text if text_changed => match new_text.take() {
                             Some(text) if !text.is_empty() => Some(
                                 replace_member(block.raw, "text", &json_string(&text))
-                                    .ok_or_else(|| WireError::Invalid("a text block cannot be rewritten".into()))?,
+                                    .ok_or_else(|| WireError::Unwritable("a text block cannot be rewritten".into()))?,
                             ),
                             _ => None,
                         },
@@ -514,7 +518,7 @@ impl MessagesBody<'_> {
                         return Ok(text);
                     }
                     let marker =
-                        Message::from_raw(&text).map_err(|e| WireError::Invalid(format!("a new turn: {e}")))?;
+                        Message::from_raw(&text).map_err(|e| WireError::Unwritable(format!("a new turn: {e}")))?;
                     Ok(Cow::Owned(text_message("user", &text_blocks(&marker.text()))))
                 }
                 Some(t) => {
@@ -526,7 +530,7 @@ impl MessagesBody<'_> {
                     let list: Vec<&str> = blocks.iter().map(|(_, text)| text.as_ref()).collect();
                     replace_member(turn.raw, "content", &format!("[{}]", list.join(",")))
                         .map(Cow::Owned)
-                        .ok_or_else(|| WireError::Invalid(format!("turn {t} cannot be rewritten")))
+                        .ok_or_else(|| WireError::Unwritable(format!("turn {t} cannot be rewritten")))
                 }
             })
             .collect()
@@ -567,7 +571,7 @@ impl MessagesBody<'_> {
             let mark = value.to_string();
             *text = Cow::Owned(
                 insert_member(text, "cache_control", &mark)
-                    .ok_or_else(|| WireError::Invalid(format!("block {b} of turn {t} cannot take a mark")))?,
+                    .ok_or_else(|| WireError::Unwritable(format!("block {b} of turn {t} cannot take a mark")))?,
             );
         }
         Ok(())
@@ -611,17 +615,17 @@ pub fn neutral_answer(message: &Value) -> Option<Value> {
 /// (which must stay an object with the same keys), an assistant's text. `None`: the block goes.
 fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>, WireError> {
     let replace = |key: &str, value: &str| {
-        replace_member(block.raw, key, value).ok_or_else(|| WireError::Invalid("a block cannot be rewritten".into()))
+        replace_member(block.raw, key, value).ok_or_else(|| WireError::Unwritable("a block cannot be rewritten".into()))
     };
     match block.kind {
         Kind::ToolResult => Ok(Some(replace("content", &content_json(&message.content))?)),
         Kind::ToolUse => {
             let call = message.tool_calls.iter().flatten().find(|c| c.id == block.id);
             let Some(arguments) = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments) else {
-                return Err(WireError::Invalid(format!("call `{}` lost its tool_use", block.id)));
+                return Err(WireError::Unwritable(format!("call `{}` lost its tool_use", block.id)));
             };
             let Value::String(arguments) = arguments else {
-                return Err(WireError::Invalid(format!("call `{}` has arguments that are not a string", block.id)));
+                return Err(WireError::Unwritable(format!("call `{}` has arguments that are not a string", block.id)));
             };
             if Some(arguments.as_str()) == block.input {
                 return Ok(Some(block.raw.to_owned()));
@@ -630,7 +634,7 @@ fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>,
                 |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
             match (same_keys(arguments), block.input.and_then(same_keys)) {
                 (Some(new), Some(old)) if new == old => Ok(Some(replace("input", arguments)?)),
-                _ => Err(WireError::Invalid(format!(
+                _ => Err(WireError::Unwritable(format!(
                     "call `{}`: its input must stay an object with the same keys",
                     block.id
                 ))),
@@ -651,7 +655,7 @@ fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
 fn new_turn(message: &Message) -> Result<String, WireError> {
     let role = match message.role.as_str() {
         role @ ("user" | "assistant") => role,
-        other => return Err(WireError::Invalid(format!("a forwarded `{other}` message has no turn to stand for"))),
+        other => return Err(WireError::Unwritable(format!("a forwarded `{other}` message has no turn to stand for"))),
     };
     Ok(text_message(role, &text_blocks(&message.text())))
 }
@@ -688,33 +692,94 @@ fn insert_member(object: &str, key: &str, value: &str) -> Option<String> {
     Some(out)
 }
 
-/// The Messages API's rules over turns that pare could break: every `tool_use` of an assistant turn
-/// is answered by a `tool_result` in the next turn (a user turn), every `tool_result` answers a
-/// `tool_use` of the turn before it, and the request has at most 4 `cache_control` marks in its
-/// turns. Turns pare cannot read are skipped.
-pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), String> {
+/// A rule of the Messages API over turns that the neutral form cannot express (the pairing of
+/// `tool_use` and `tool_result` blocks is the neutral view's, [`crate::compact::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Structure {
+    /// A `tool_use` block in a user turn: the neutral view reads it as what the person wrote.
+    #[error("turn {turn}: tool_use `{id}` outside an assistant turn")]
+    ToolUseOutsideAssistant { turn: usize, id: String },
+    /// A `tool_result` block in an assistant turn: the neutral view does not read it.
+    #[error("turn {turn}: tool_result for `{id}` outside a user turn")]
+    ToolResultOutsideUser { turn: usize, id: String },
+    /// The API takes the results of an assistant turn's calls in the very next turn; the neutral
+    /// view cannot tell two user turns of results apart from one.
+    #[error("turn {turn}: tool_result for `{id}` is not in the turn right after an assistant turn")]
+    ResultNotAfterCalls { turn: usize, id: String },
+    /// The API takes at most 4 `cache_control` marks; the neutral view carries none.
+    #[error("{n_marks} cache_control marks in the turns (the API takes 4)")]
+    TooManyMarks { n_marks: usize },
+}
+
+/// The Messages API's rules over `turns` (a request without a system prompt) that pare could
+/// break: the pairing of their neutral view ([`crate::compact::validate`]: every `tool_use`
+/// answered by a `tool_result` before anything else, no result without its open call, no id empty
+/// or repeated while open), then the API's own ([`Structure`]): `tool_use` only in assistant
+/// turns, `tool_result` only in the user turn right after an assistant turn, at most 4
+/// `cache_control` marks. Turns pare cannot read are opaque messages.
+pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
+    check_conversation(turns, false)
+}
+
+/// [`check_turns`] over the turns of a request, whose neutral view opens with its system prompt
+/// when `system`.
+fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let read: Vec<Turn<'_>> = turns.iter().map(|t| Turn::read(t.as_ref())).collect();
-    let mut open: Vec<&str> = Vec::new();
+    let (skeletons, origins) = neutral_skeletons(&read, system);
+    super::check_pairing(&skeletons, &origins)?;
     let mut n_marks = 0;
     for (t, turn) in read.iter().enumerate() {
         n_marks += turn.blocks.iter().filter(|b| b.marked).count();
-        let results: Vec<&str> =
-            turn.blocks.iter().filter(|b| b.kind == Kind::ToolResult).map(|b| b.id.as_str()).collect();
-        if let Some(id) = results.iter().find(|id| !open.contains(id)) {
-            return Err(format!("turn {t}: tool_result for `{id}` answers no tool_use of the turn before"));
+        let first_of = |kind: Kind| turn.blocks.iter().find(|b| b.kind == kind).map(|b| b.id.clone());
+        if let Some(id) = first_of(Kind::ToolUse).filter(|_| turn.role != "assistant") {
+            return Err(Structure::ToolUseOutsideAssistant { turn: t, id }.into());
         }
-        if let Some(id) = open.iter().find(|id| !results.contains(id)) {
-            return Err(format!("turn {t}: tool_use `{id}` of the turn before has no tool_result"));
-        }
-        open = turn.blocks.iter().filter(|b| b.kind == Kind::ToolUse).map(|b| b.id.as_str()).collect();
-        if turn.role != "assistant" && !open.is_empty() {
-            return Err(format!("turn {t}: a tool_use outside an assistant turn"));
+        if let Some(id) = first_of(Kind::ToolResult) {
+            if turn.role != "user" {
+                return Err(Structure::ToolResultOutsideUser { turn: t, id }.into());
+            }
+            if t.checked_sub(1).is_none_or(|before| read[before].role != "assistant") {
+                return Err(Structure::ResultNotAfterCalls { turn: t, id }.into());
+            }
         }
     }
     if n_marks > 4 {
-        return Err(format!("{n_marks} cache_control marks in the turns (the API takes 4)"));
+        return Err(Structure::TooManyMarks { n_marks }.into());
     }
     Ok(())
+}
+
+/// The skeleton of each neutral message `turns` read into (as [`MessagesBody::parse`] writes them,
+/// the system prompt first when `system`), and the turn it comes from.
+fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+    let mut skeletons = Vec::with_capacity(turns.len() + 1);
+    let mut origins = Vec::with_capacity(turns.len() + 1);
+    if system {
+        skeletons.push(super::skeleton("system", Vec::new(), None));
+        origins.push(Origin::System);
+    }
+    for (t, turn) in turns.iter().enumerate() {
+        let mut push = |skeleton| {
+            skeletons.push(skeleton);
+            origins.push(Origin::Turn(t));
+        };
+        if turn.opaque {
+            push(super::skeleton("opaque", Vec::new(), None));
+        } else if turn.is_whole() {
+            push(super::skeleton(&turn.role, Vec::new(), None));
+        } else if turn.role == "assistant" {
+            let calls = turn.blocks.iter().filter(|b| b.kind == Kind::ToolUse).map(|b| b.id.clone()).collect();
+            push(super::skeleton("assistant", calls, None));
+        } else {
+            for block in turn.blocks.iter().filter(|b| b.kind == Kind::ToolResult) {
+                push(super::skeleton("tool", Vec::new(), Some(&block.id)));
+            }
+            if turn.blocks.iter().any(|b| b.kind != Kind::ToolResult) {
+                push(super::skeleton("user", Vec::new(), None));
+            }
+        }
+    }
+    (skeletons, origins)
 }
 
 #[cfg(test)]

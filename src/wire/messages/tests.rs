@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::compact::validate::Violation;
 
 /// A Claude Code-shaped request: system blocks (the last marked, 1h), a marked tool, a turn with a
 /// signed thinking block and two calls, their results (one an error, one with blocks and an
@@ -178,7 +179,7 @@ fn an_input_that_loses_or_gains_keys_is_refused() {
     let parsed = parse(CLAUDE_CODE);
     let mut messages = neutral(&parsed);
     messages[2] = messages[2].replace(r#",\"limit\":2000"#, "");
-    assert!(matches!(parsed.write(&refs(&messages)), Err(WireError::Invalid(_))));
+    assert!(matches!(parsed.write(&refs(&messages)), Err(WireError::Unwritable(_))));
     let mut messages = neutral(&parsed);
     messages[0] = r#"{"role":"system","content":"shorter"}"#.to_owned();
     assert!(parsed.write(&refs(&messages)).is_err(), "the system prompt is never changed");
@@ -256,16 +257,94 @@ fn a_reused_tool_use_id_rewrites_the_result_of_its_own_turn() {
     assert_eq!(out["messages"][4]["content"][0]["content"], "[2nd]");
 }
 
+fn pairing(violation: Violation, turn: usize) -> Result<(), Invalid> {
+    Err(Invalid::Pairing { violation, origin: Some(Origin::Turn(turn)) })
+}
+
+fn structure(rule: Structure) -> Result<(), Invalid> {
+    Err(Invalid::Messages(rule))
+}
+
+const CALL: &str = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]}"#;
+const RESULT: &str = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}"#;
+const TEXT: &str = r#"{"role":"user","content":"hi"}"#;
+
 #[test]
-fn the_turn_check_finds_broken_pairing_and_too_many_marks() {
-    let call = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]}"#;
-    let result = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}"#;
-    let text = r#"{"role":"user","content":"hi"}"#;
-    assert!(check_turns(&[text, call, result]).is_ok());
-    assert!(check_turns(&[text, call, text]).unwrap_err().contains("no tool_result"));
-    assert!(check_turns(&[text, result]).unwrap_err().contains("answers no tool_use"));
+fn the_turn_check_pairs_tool_uses_through_the_neutral_view() {
+    let a = || "a".to_owned();
+    assert_eq!(check_turns(&[TEXT, CALL, RESULT]), Ok(()));
+    assert_eq!(check_turns(&[TEXT, CALL, TEXT]), pairing(Violation::Unanswered { call_idx: 1, id: a(), idx: 2 }, 1));
+    assert_eq!(check_turns(&[TEXT, RESULT]), pairing(Violation::OrphanResult { idx: 1, id: a() }, 1));
+    // The last turn's calls are answered too (the API refuses a tool_use without its result).
+    assert_eq!(check_turns(&[TEXT, CALL]), pairing(Violation::Unanswered { call_idx: 1, id: a(), idx: 2 }, 1));
+    let twice = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}},{"type":"tool_use","id":"a","name":"f","input":{}}]}"#;
+    assert_eq!(check_turns(&[TEXT, twice, RESULT]), pairing(Violation::DuplicateCallId { idx: 1, id: a() }, 1));
+    let nameless = r#"{"role":"assistant","content":[{"type":"tool_use","id":"","name":"f","input":{}}]}"#;
+    assert_eq!(check_turns(&[TEXT, nameless]), pairing(Violation::EmptyCallId { idx: 1 }, 1));
+    assert_eq!(
+        check_turns(&[TEXT, CALL, TEXT]).unwrap_err().to_string(),
+        "turn 1: tool call `a` of assistant message 1 has no answer before message 2"
+    );
+}
+
+#[test]
+fn the_turn_check_keeps_the_apis_own_rules() {
+    // A tool_use in a user turn (the neutral view reads it as the person's text).
+    let user_use = r#"{"role":"user","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]}"#;
+    assert_eq!(
+        check_turns(&[TEXT, user_use]),
+        structure(Structure::ToolUseOutsideAssistant { turn: 1, id: "a".into() })
+    );
+    // A tool_result in an assistant turn (the neutral view does not read it).
+    let assistant_result = r#"{"role":"assistant","content":[{"type":"text","text":"t"},{"type":"tool_result","tool_use_id":"x","content":"r"}]}"#;
+    assert_eq!(
+        check_turns(&[TEXT, assistant_result]),
+        structure(Structure::ToolResultOutsideUser { turn: 1, id: "x".into() })
+    );
+    // The results of a turn's calls go in the very next turn: split over two user turns, they read
+    // as one run of tool messages in the neutral form, which the API refuses.
+    let two = r#"{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f","input":{}},{"type":"tool_use","id":"b","name":"f","input":{}}]}"#;
+    let result_b = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"b","content":"y"}]}"#;
+    assert_eq!(
+        check_turns(&[TEXT, two, RESULT, result_b]),
+        structure(Structure::ResultNotAfterCalls { turn: 3, id: "b".into() })
+    );
+    let both = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"},{"type":"tool_result","tool_use_id":"b","content":"y"}]}"#;
+    assert_eq!(check_turns(&[TEXT, two, both]), Ok(()));
     let marked = r#"{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}},{"type":"text","text":"c","cache_control":{"type":"ephemeral"}}]}"#;
-    assert!(check_turns(&[marked, call, result, marked]).unwrap_err().contains("6 cache_control marks"));
+    assert_eq!(check_turns(&[marked, CALL, RESULT, marked]), structure(Structure::TooManyMarks { n_marks: 6 }));
+    assert_eq!(
+        check_turns(&[marked, CALL, RESULT, marked]).unwrap_err().to_string(),
+        "6 cache_control marks in the turns (the API takes 4)"
+    );
+    assert_eq!(check_turns(&[marked, CALL, RESULT, TEXT]), Ok(()));
+}
+
+#[test]
+fn a_write_that_drops_a_call_turn_but_keeps_its_results_is_refused_by_the_pairing_check() {
+    let parsed = parse(CLAUDE_CODE);
+    let messages = neutral(&parsed);
+    // Messages 3 and 4 answer the calls of message 2, which goes.
+    let forwarded: Vec<String> = [&messages[..2], &messages[3..]].concat();
+    assert!(matches!(
+        parsed.write(&refs(&forwarded)),
+        Err(WireError::Invalid(Invalid::Pairing {
+            violation: Violation::OrphanResult { idx: 2, .. },
+            origin: Some(Origin::Turn(1))
+        }))
+    ));
+}
+
+/// The pairing check reads the neutral messages the adapter hands the engine: the skeletons built
+/// from the turns are those of [`WireBody::messages`].
+#[test]
+fn the_checked_skeletons_are_those_of_the_neutral_messages() {
+    let odd = r#"{"messages":[{"role":"user","content":[]},{"role":"system","content":"x"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"q"}]},7]}"#;
+    for body in [CLAUDE_CODE, odd] {
+        let parsed = parse(body);
+        let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
+        assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text, "{body}");
+    }
 }
 
 mod properties {
@@ -391,6 +470,8 @@ mod properties {
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = MessagesBody::parse(body.as_bytes()).unwrap();
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+            let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
+            prop_assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text);
             prop_assert_eq!(parsed.write(&refs(&messages)).unwrap().0, body.into_bytes());
         }
 

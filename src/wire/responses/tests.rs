@@ -1,6 +1,7 @@
 //! Tests of the Responses adapter: round trips, the neutral view, write-back and its checks.
 
 use super::*;
+use crate::compact::validate::Violation;
 
 /// A Codex-shaped request: instructions, a developer and a user message, reasoning before calls,
 /// a custom tool call, a local shell call, a compaction item and an unknown item.
@@ -153,31 +154,93 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     // The call turn without its output.
     let mut orphan = messages.clone();
     orphan.remove(4);
-    assert!(parsed.write(&refs(&orphan)).is_err());
+    let unanswered = Violation::Unanswered { call_idx: 3, id: "call_1".into(), idx: 4 };
+    assert_eq!(parsed.write(&refs(&orphan)).unwrap_err().to_string(), format!("item 3: {unanswered}"));
+    assert!(matches!(
+        parsed.write(&refs(&orphan)),
+        Err(WireError::Invalid(Invalid::Pairing { violation, origin: Some(Origin::Item(3)) })) if violation == unanswered
+    ));
+    // The output without its call turn.
+    let mut no_call = messages.clone();
+    no_call.remove(3);
+    assert!(matches!(
+        parsed.write(&refs(&no_call)),
+        Err(WireError::Invalid(Invalid::Pairing {
+            violation: Violation::OrphanResult { idx: 3, .. },
+            origin: Some(Origin::Item(2))
+        }))
+    ));
     let mut instructions = messages.clone();
     instructions[0] = r#"{"role":"system","content":"other"}"#.to_owned();
-    assert!(parsed.write(&refs(&instructions)).is_err());
+    assert!(matches!(parsed.write(&refs(&instructions)), Err(WireError::Unwritable(_))));
     // An opaque message the engine made up has no item.
     let mut made_up = messages.clone();
     made_up.insert(2, r#"{"role":"opaque","content":"x"}"#.to_owned());
-    assert!(parsed.write(&refs(&made_up)).is_err());
+    assert!(matches!(parsed.write(&refs(&made_up)), Err(WireError::Unwritable(_))));
+}
+
+/// The pairing of `items`' neutral view, or the structural rule, that `check_items` refuses.
+fn refusal(items: &[&str]) -> Option<Invalid> {
+    check_items(items).err()
+}
+
+fn pairing(violation: Violation, item: usize) -> Option<Invalid> {
+    Some(Invalid::Pairing { violation, origin: Some(Origin::Item(item)) })
 }
 
 #[test]
-fn check_items_follows_the_api_rules() {
+fn check_items_pairs_calls_through_the_neutral_view() {
     let call = r#"{"type":"function_call","call_id":"a","name":"f","arguments":"{}"}"#;
     let out = r#"{"type":"function_call_output","call_id":"a","output":"x"}"#;
     let reasoning = r#"{"type":"reasoning","encrypted_content":"e"}"#;
     let user = r#"{"type":"message","role":"user","content":"u"}"#;
-    assert!(check_items(&[user, reasoning, call, out]).is_ok());
-    assert!(check_items(&[user, call]).unwrap_err().contains("no output"));
-    assert!(check_items(&[out, call]).unwrap_err().contains("not an open call"));
-    assert!(check_items(&[call, out, out]).is_err());
-    assert!(check_items(&[call, call, out]).unwrap_err().contains("repeats open call id"));
+    let a = || "a".to_owned();
+    assert_eq!(refusal(&[user, reasoning, call, out]), None);
+    assert_eq!(refusal(&[user, call]), pairing(Violation::Unanswered { call_idx: 1, id: a(), idx: 2 }, 1));
+    assert_eq!(refusal(&[out, call]), pairing(Violation::OrphanResult { idx: 0, id: a() }, 0));
+    assert_eq!(refusal(&[call, out, out]), pairing(Violation::OrphanResult { idx: 2, id: a() }, 2));
+    // Parallel calls are one assistant message: a repeated id is a duplicate in it.
+    assert_eq!(refusal(&[call, call, out]), pairing(Violation::DuplicateCallId { idx: 0, id: a() }, 0));
     // An id answered may be used again (agents reuse ids across turns).
-    assert!(check_items(&[call, out, user, call, out]).is_ok());
-    assert!(check_items(&[user, reasoning]).unwrap_err().contains("reasoning"));
-    assert!(check_items(&[call, reasoning, out]).is_err());
+    assert_eq!(refusal(&[call, out, user, call, out]), None);
+    let nameless = r#"{"type":"function_call","call_id":"","name":"f","arguments":"{}"}"#;
+    assert_eq!(refusal(&[user, nameless]), pairing(Violation::EmptyCallId { idx: 1 }, 1));
+    // The outputs answer their calls right after them, as the neutral form (and Chat Completions)
+    // reads a call turn: an item between them leaves the call unanswered.
+    assert_eq!(refusal(&[call, user, out]), pairing(Violation::Unanswered { call_idx: 0, id: a(), idx: 1 }, 0));
+    // The message names the item and the id.
+    assert_eq!(
+        refusal(&[user, out]).unwrap().to_string(),
+        "item 1: tool message 1 answers `a`, which is not an open call"
+    );
+}
+
+#[test]
+fn a_reasoning_item_must_be_followed_by_its_item() {
+    let call = r#"{"type":"function_call","call_id":"a","name":"f","arguments":"{}"}"#;
+    let out = r#"{"type":"function_call_output","call_id":"a","output":"x"}"#;
+    let reasoning = r#"{"type":"reasoning","encrypted_content":"e"}"#;
+    let user = r#"{"type":"message","role":"user","content":"u"}"#;
+    let reasoning_at = |idx| Some(Invalid::Responses(Structure::ReasoningWithoutItem { idx }));
+    assert_eq!(refusal(&[user, reasoning]), reasoning_at(1));
+    // The pairing holds (the output answers the call right before it), the reasoning has no item.
+    assert_eq!(refusal(&[call, reasoning, out]), reasoning_at(1));
+    assert_eq!(refusal(&[user, reasoning, reasoning, call, out]), None);
+    assert_eq!(refusal(&[user, reasoning]).unwrap().to_string(), "reasoning item 1 is not followed by its item");
+}
+
+/// The pairing check reads the neutral messages the adapter hands the engine: the skeletons built
+/// from the items are those of [`WireBody::messages`].
+#[test]
+fn the_checked_skeletons_are_those_of_the_neutral_messages() {
+    for body in [
+        CODEX,
+        r#"{"input":[{"type":"reasoning"},{"type":"x"},{"role":"tool"},{"type":"function_call_output","call_id":"z"}]}"#,
+    ] {
+        let parsed = parse(body);
+        let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
+        assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text, "{body}");
+    }
 }
 
 #[test]
@@ -265,6 +328,8 @@ mod properties {
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
+            let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
+            prop_assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text);
             prop_assert_eq!(parsed.write(&refs(&messages)).unwrap().0, body.into_bytes());
         }
 
