@@ -18,7 +18,7 @@ use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
 use pare::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::wire::responses::ResponsesBody;
-use pare::wire::{ChatBody, WireBody, convert};
+use pare::wire::{ChatBody, Source, WireBody, convert};
 use serde_json::Value;
 
 #[path = "common/engine_request.rs"]
@@ -37,7 +37,7 @@ fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, cou
     let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
     let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
     forwarded.extend_from_slice(&messages[out.boundary..]);
-    parsed.write(&forwarded).unwrap().0
+    parsed.write(&forwarded, &Source::of_plan(&out.plan, out.prefix.len(), messages.len())).unwrap().0
 }
 
 fn bench(c: &mut Criterion) {

@@ -12,8 +12,8 @@
 //! ledger never calls into a holder, so holders may charge while holding their own locks.
 //!
 //! An evicted session that comes back is rebuilt from the archive, as after a restart (the tracker
-//! finds it by its stored answer keys, the compactor reseeds its frozen prefix from the last archived
-//! pair, the writer reloads its cursor), so forwarding is the same as if it had stayed; without an
+//! finds it by its stored answer keys, the compactor resumes its frozen prefix from the stored
+//! plan, the writer reloads its cursor), so forwarding is the same as if it had stayed; without an
 //! archive it starts afresh.
 
 use std::sync::Mutex;

@@ -482,7 +482,7 @@ impl Pipeline {
     }
 
     /// A known session whose compaction state is not in memory (the budget evicted it, or it is older
-    /// than a restart) gets its frozen prefix back from its last archived pair, so that forwarding goes
+    /// than a restart) gets its frozen prefix back from its stored plan, so that forwarding goes
     /// on as if it had stayed. In buffered durability, waits for the archive to commit what is
     /// queued (the session's last exchange may be among it).
     async fn reseed(&self, session: &str) {
@@ -650,8 +650,8 @@ impl Pipeline {
     }
 }
 
-/// Rebuild the compacted prefix of the most recently active sessions from their last archived
-/// (raw, forwarded) pair. Best effort: a session that cannot be rebuilt starts a fresh epoch.
+/// Rebuild the compacted prefix of the most recently active sessions from their stored plans. Best
+/// effort: a session that cannot be rebuilt starts a fresh epoch.
 fn seed_compaction_state(compactor: &SessionCompactor, archive: &Archive, limit: usize) {
     let reader = match archive::query::ArchiveReader::open(archive.location()) {
         Ok(reader) => reader,
@@ -694,9 +694,8 @@ fn seed_session(compactor: &SessionCompactor, archive: &Archive, session: &str) 
 }
 
 /// Seed `session` from the archive: from the plan stored with the exchange that last changed its
-/// compaction state (any wire format) and its last request's raw messages; for an archive without
-/// stored plans, a chat session from its last (raw, forwarded) pair. False when there is nothing to
-/// seed from or it cannot be read (the session then starts a fresh epoch).
+/// compaction state (any wire format) and its last request's raw messages. False when there is
+/// nothing to seed from or it cannot be read (the session then starts a fresh epoch).
 fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReader, session: &str) -> bool {
     // Counted first: a request another process archives meanwhile makes the count older than the
     // state read after it, never newer (a strict commit then finds it stale and reads again).
@@ -736,22 +735,11 @@ fn seed_state(compactor: &SessionCompactor, reader: &archive::query::ArchiveRead
                 Err(_) => Vec::new(),
             };
             compactor.resume(session, plan, &last_raw);
-            return true;
+            true
         }
-        Ok(None) => {}
+        Ok(None) => false,
         Err(err) => {
             tracing::warn!(session = %session, error = %err, "cannot read the session's stored plan");
-            return false;
-        }
-    }
-    if wire != Wire::Chat {
-        return false;
-    }
-    let epoch = exchanges.into_iter().rev().find_map(|x| x.summary).map_or(0, |summary| summary.epoch);
-    match compactor.seed(session, wire, &last.raw, &last.forwarded, epoch) {
-        Ok(()) => true,
-        Err(err) => {
-            tracing::warn!(session = %session, error = %err, "cannot rebuild compaction state");
             false
         }
     }

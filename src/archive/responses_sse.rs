@@ -31,7 +31,7 @@ fn with_messages(response: Value) -> Value {
     let output = response.get("output").cloned().unwrap_or_else(|| json!([]));
     let request = json!({ "input": output }).to_string();
     let messages: Vec<Value> = ResponsesBody::parse(request.as_bytes())
-        .map(|body| body.messages().iter().filter_map(|m| serde_json::from_str(m).ok()).map(without_item_key).collect())
+        .map(|body| body.messages().iter().filter_map(|m| serde_json::from_str(m).ok()).collect())
         .unwrap_or_default();
     let message = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("assistant")).cloned();
     json!({
@@ -48,14 +48,6 @@ fn with_messages(response: Value) -> Value {
 /// `event` name, else its data's `type`), after which a client may send its next request.
 pub fn is_final(event: &Event) -> bool {
     matches!(event.type_name().as_deref(), Some("response.completed" | "response.incomplete" | "response.failed"))
-}
-
-/// A neutral message without the key naming its items (internal to the adapter's write-back).
-fn without_item_key(mut message: Value) -> Value {
-    if let Some(map) = message.as_object_mut() {
-        map.remove("pare_items");
-    }
-    message
 }
 
 /// The response of an SSE stream: the final event's when it arrived, else what the events built.

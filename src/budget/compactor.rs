@@ -36,7 +36,7 @@ use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
 use crate::tokens::CountTokens;
 use crate::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
-use crate::wire::{Wire, WireBody, WireError};
+use crate::wire::{Source, Wire, WireBody};
 
 /// One engine run over a fixed view and options, given [`CompactOptions::keep_first`].
 pub type HeadRun<'a> = dyn Fn(usize) -> Compacted + 'a;
@@ -155,20 +155,19 @@ struct Frozen {
     /// handed to the archive with every request that forwards the prefix. Empty for a prefix
     /// restored after a restart: the archive stored them with the request that made it.
     lists: Arc<[String]>,
-    /// What became of each raw message the prefix covers; `None` when not known (a prefix rebuilt
-    /// from an archived pair of bodies, or from a stored plan that does not hold it).
-    plan: Option<Box<[Fate]>>,
+    /// What became of each raw message the prefix covers: the request's body is written from it.
+    plan: Box<[Fate]>,
 }
 
 impl Frozen {
-    fn new<M: AsRef<str>>(raw_hashes: &[u128], prefix: &[M], prefix_seen: Vec<u64>) -> Frozen {
+    fn new<M: AsRef<str>>(raw_hashes: &[u128], prefix: &[M], prefix_seen: Vec<u64>, plan: Vec<Fate>) -> Frozen {
         Frozen {
             raw_hashes: raw_hashes.into(),
             prefix: Packed::new(prefix),
             prefix_seen: prefix_seen.into_boxed_slice(),
             prefix_tokens: OnceLock::new(),
             lists: Arc::from([]),
-            plan: None,
+            plan: plan.into_boxed_slice(),
         }
     }
 
@@ -179,7 +178,7 @@ impl Frozen {
             + self.prefix.bytes()
             + size_of_val(&*self.prefix_seen)
             + self.lists.iter().map(String::len).sum::<usize>()
-            + self.plan.as_deref().map_or(0, size_of_val)
+            + size_of_val(&*self.plan)
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
@@ -229,7 +228,7 @@ impl FrozenPlan {
             raw_hashes: frozen.raw_hashes.to_vec(),
             prefix: frozen.prefix.iter().map(str::to_owned).collect(),
             prefix_seen: frozen.prefix_seen.to_vec(),
-            plan: frozen.plan.as_deref().map(<[Fate]>::to_vec),
+            plan: Some(frozen.plan.to_vec()),
         }
     }
 }
@@ -360,15 +359,6 @@ impl SessionState {
     }
 }
 
-/// Why a session could not be seeded from an archived pair.
-#[derive(Debug, thiserror::Error)]
-pub enum SeedError {
-    #[error("archived raw body of session `{session}` is not a {wire} request: {source}")]
-    Raw { session: String, wire: &'static str, source: WireError },
-    #[error("archived forwarded body of session `{session}` is not a {wire} request: {source}")]
-    Forwarded { session: String, wire: &'static str, source: WireError },
-}
-
 /// The stateful [`ConversationCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
 pub struct SessionCompactor {
     engine: Arc<dyn CompactEngine>,
@@ -485,12 +475,11 @@ impl SessionCompactor {
     /// cached). The requests that follow are forwarded as they would have been had the state
     /// stayed in memory.
     pub fn resume(&self, session: &str, plan: SessionPlan, last_raw: &[u128]) {
-        let frozen = plan.frozen.map(|f| {
-            let valid = f.plan.filter(|fates| fates.len() == f.raw_hashes.len());
-            Arc::new(Frozen {
-                plan: valid.map(Vec::into_boxed_slice),
-                ..Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen)
-            })
+        // A prefix without what became of each message it covers (stored by a pare that did not
+        // keep it) cannot be written: the session's next epoch compacts afresh.
+        let frozen = plan.frozen.and_then(|f| {
+            let fates = f.plan.filter(|fates| fates.len() == f.raw_hashes.len())?;
+            Some(Arc::new(Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen, fates)))
         });
         let mut state = SessionState {
             epoch: plan.epoch,
@@ -558,40 +547,6 @@ impl SessionCompactor {
     /// Sessions currently remembered.
     pub fn n_sessions(&self) -> usize {
         self.lock_sessions().len()
-    }
-
-    /// Rebuild a session's state from an archived pair (what the agent sent, what pare forwarded) so
-    /// that after a restart the next request reuses the same forwarded prefix instead of starting a
-    /// new epoch. The forwarded body is `prefix ++ raw[n..]`; `n` is found from the longest common
-    /// suffix of the two message lists.
-    pub fn seed(&self, session: &str, wire: Wire, raw: &[u8], forwarded: &[u8], epoch: u64) -> Result<(), SeedError> {
-        let raw_body = crate::wire::parse(wire, raw).map_err(|source| SeedError::Raw {
-            session: session.to_owned(),
-            wire: wire.name(),
-            source,
-        })?;
-        let fwd_body = crate::wire::parse(wire, forwarded).map_err(|source| SeedError::Forwarded {
-            session: session.to_owned(),
-            wire: wire.name(),
-            source,
-        })?;
-        let raw_msgs = &raw_body.messages();
-        let fwd_msgs = &fwd_body.messages();
-        let common = raw_msgs.iter().rev().zip(fwd_msgs.iter().rev()).take_while(|(a, b)| a == b).count();
-        let n_raw = raw_msgs.len() - common;
-        let raw_hashes = message_hashes(raw_msgs);
-        let frozen = (n_raw > 0 || fwd_msgs.len() > raw_msgs.len())
-            .then(|| Arc::new(Frozen::new(&raw_hashes[..n_raw], &fwd_msgs[..fwd_msgs.len() - common], Vec::new())));
-        let state = SessionState {
-            epoch,
-            frozen,
-            advanced_at_len: raw_msgs.len(),
-            last_raw: (raw_msgs.len(), hashes_digest(&raw_hashes)),
-            ..SessionState::default()
-        };
-        self.budget.charge(Holder::Compactor, session, state.bytes());
-        self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
-        Ok(())
     }
 
     /// Forget a session's state (its next request starts fresh).
@@ -712,11 +667,14 @@ impl SessionCompactor {
         let (body, spans) = if unchanged {
             (None, None)
         } else {
-            let forwarded = match &step.frozen {
-                Some(f) => forwarded(f.prefix.iter(), &request.raw[f.raw_hashes.len()..]),
-                None => request.raw.to_vec(),
+            let (forwarded, sources) = match &step.frozen {
+                Some(f) => (
+                    forwarded(f.prefix.iter(), &request.raw[f.raw_hashes.len()..]),
+                    Source::of_plan(&f.plan, f.prefix.len(), request.raw.len()),
+                ),
+                None => (request.raw.to_vec(), Source::unchanged(request.raw.len())),
             };
-            match body.write(&forwarded) {
+            match body.write(&forwarded, &sources) {
                 Ok((bytes, spans)) => (Some(bytes), Some(spans)),
                 Err(err) => {
                     // Fail-open: the forwarded conversation has no valid form in this wire format.
@@ -859,7 +817,7 @@ impl SessionCompactor {
                 let seen = times.as_ref().map(|t| t.of_prefix(&out.plan, &t.raw, out.prefix.len()));
                 let mut plan = out.plan;
                 plan.truncate(request.raw.len());
-                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists, Some(plan))
+                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists, plan)
             }
         };
         // The lists an earlier epoch derived go on while the prefix names them; a lightest cut keeps
@@ -876,8 +834,7 @@ impl SessionCompactor {
         let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
         let new_frozen = Arc::new(Frozen {
             lists: lists.into(),
-            plan: plan.map(Vec::into_boxed_slice),
-            ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default())
+            ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default(), plan)
         });
         let forwarded_tokens =
             new_frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
@@ -1080,12 +1037,11 @@ impl SessionCompactor {
 
 /// What became of each raw message a new prefix covers, given what became of each message of the
 /// epoch's candidate (the frozen prefix's entries, then the raw messages after those it covers): a
-/// raw message behind a frozen entry follows that entry. `None` when the frozen prefix's own plan is
-/// not known.
-fn raw_plan(frozen: Option<&Frozen>, candidate: &[Fate]) -> Option<Vec<Fate>> {
+/// raw message behind a frozen entry follows that entry.
+fn raw_plan(frozen: Option<&Frozen>, candidate: &[Fate]) -> Vec<Fate> {
     let (earlier, n_frozen): (&[Fate], usize) = match frozen {
         None => (&[], 0),
-        Some(f) => (f.plan.as_deref()?, f.prefix.len()),
+        Some(f) => (&f.plan, f.prefix.len()),
     };
     let mut plan = Vec::with_capacity(earlier.len() + candidate.len().saturating_sub(n_frozen));
     for fate in earlier {
@@ -1095,7 +1051,7 @@ fn raw_plan(frozen: Option<&Frozen>, candidate: &[Fate]) -> Option<Vec<Fate>> {
         });
     }
     plan.extend_from_slice(candidate.get(n_frozen..).unwrap_or_default());
-    Some(plan)
+    plan
 }
 
 /// One hash standing for a list of message hashes.
@@ -1301,11 +1257,11 @@ mod tests {
         let text: usize = prefix.iter().map(String::len).sum();
         let hashes = message_hashes(&prefix);
         let state = SessionState {
-            frozen: Some(Arc::new(Frozen::new(&hashes[..40], &prefix, vec![7; 50]))),
+            frozen: Some(Arc::new(Frozen::new(&hashes[..40], &prefix, vec![7; 50], vec![Fate::Kept { at: 0 }; 40]))),
             counts: hashes.iter().map(|&h| (h, 1)).collect(),
             ..SessionState::default()
         };
-        let per_message = 40 * 16 + 50 * (size_of::<usize>() + 8) + 50 * size_of::<(u128, u64)>();
+        let per_message = 40 * (16 + size_of::<Fate>()) + 50 * (size_of::<usize>() + 8) + 50 * size_of::<(u128, u64)>();
         let expected = size_of::<SessionState>() + size_of::<Frozen>() + text + per_message;
         assert_eq!(state.bytes(), expected as u64);
     }

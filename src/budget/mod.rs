@@ -10,5 +10,5 @@ pub mod compactor;
 pub mod replay;
 pub mod window;
 
-pub use compactor::{CompactEngine, EpochPolicy, FrozenPlan, SeedError, SessionCompactor, SessionPlan};
+pub use compactor::{CompactEngine, EpochPolicy, FrozenPlan, SessionCompactor, SessionPlan};
 pub use window::{ModelTable, WindowResolver};

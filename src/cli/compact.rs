@@ -28,6 +28,7 @@ use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::Config;
 use crate::neutral::{Message, View};
 use crate::tokens::{CounterConfig, TokenCounter, request_tokens};
+use crate::wire::Source;
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
@@ -67,7 +68,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let forwarded: Cow<'_, [u8]> = if unchanged {
         Cow::Borrowed(&input)
     } else {
-        match body.write(&messages) {
+        match body.write(&messages, &Source::of_plan(&out.plan, out.prefix.len(), raw_messages.len())) {
             Ok((bytes, _)) => Cow::Owned(bytes),
             Err(err) => {
                 eprintln!("pare: {}: forwarded unchanged: {err}", args.input);

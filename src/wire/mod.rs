@@ -111,9 +111,11 @@ pub trait WireBody: Send + Sync {
         None
     }
     /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
-    /// conversation, and where its values lie. `Err` when the conversation cannot be written validly
-    /// in this format: the caller forwards the original body.
-    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError>;
+    /// conversation, and where its values lie; `sources` says, one per message, what each stands for
+    /// among the request's own neutral messages (the engine's plan, [`Source::of_plan`]), so that
+    /// each is written from the parts it came from. `Err` when the conversation cannot be written
+    /// validly in this format: the caller forwards the original body.
+    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError>;
     /// Where this body's values lie in `body`, the bytes it was parsed from (for the archive).
     fn spans_in(&self, body: &[u8]) -> Option<Spans>;
     /// The format's rules over the body, as its writer checks what it writes: the pairing of its
@@ -121,6 +123,95 @@ pub trait WireBody: Send + Sync {
     /// without its call…), then the format's own rules the neutral form cannot express. Used by
     /// eval and the tests.
     fn check(&self) -> Result<(), Invalid>;
+}
+
+/// What one entry of a forwarded conversation stands for among the request's own neutral messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The request's neutral message `i`, forwarded as it is.
+    Kept(usize),
+    /// The request's neutral message `i`, rewritten into the entry.
+    Rewritten(usize),
+    /// An entry pare wrote (an elision marker): no part of the request.
+    New,
+}
+
+impl Source {
+    /// The sources of a conversation of `n_raw` neutral messages forwarded as a prefix of
+    /// `n_prefix` entries written from `plan` (what became of its first `plan.len()` messages), then
+    /// its messages after those as sent.
+    pub fn of_plan(plan: &[crate::compact::Fate], n_prefix: usize, n_raw: usize) -> Vec<Source> {
+        use crate::compact::Fate;
+        let mut sources = vec![Source::New; n_prefix];
+        for (idx, fate) in plan.iter().enumerate() {
+            let source = match *fate {
+                Fate::Kept { at } => (at, Source::Kept(idx)),
+                Fate::Rewritten { at, .. } => (at, Source::Rewritten(idx)),
+                Fate::Elided { .. } | Fate::Dropped { .. } => continue,
+            };
+            if let Some(slot) = sources.get_mut(source.0) {
+                *slot = source.1;
+            }
+        }
+        sources.extend((plan.len()..n_raw).map(Source::Kept));
+        sources
+    }
+
+    /// The sources of the request's own neutral messages forwarded as they are.
+    pub fn unchanged(n: usize) -> Vec<Source> {
+        (0..n).map(Source::Kept).collect()
+    }
+}
+
+/// The sources of a conversation put together by hand from a request's `neutral` messages, for
+/// tests: in order, an entry equal to one of them is that one kept; a tool result or calling turn
+/// with one's ids, or an entry of one's role that carries no pare marker, is that one rewritten;
+/// anything else is new.
+#[cfg(test)]
+pub(crate) fn sources_by_hand<N: AsRef<str>>(neutral: &[N], forwarded: &[&str]) -> Vec<Source> {
+    use crate::neutral::Message;
+    let ids = |m: &Message| -> Vec<String> {
+        match &m.tool_call_id {
+            Some(id) => vec![id.clone()],
+            None => m.tool_calls.iter().flatten().map(|c| c.id.clone()).collect(),
+        }
+    };
+    let mut cursor = 0;
+    let mut out = Vec::with_capacity(forwarded.len());
+    for text in forwarded {
+        if let Some(j) = (cursor..neutral.len()).find(|&j| neutral[j].as_ref() == *text) {
+            out.push(Source::Kept(j));
+            cursor = j + 1;
+            continue;
+        }
+        let Ok(message) = Message::from_raw(text) else {
+            out.push(Source::New);
+            continue;
+        };
+        let same = (cursor..neutral.len()).find(|&j| {
+            Message::from_raw(neutral[j].as_ref()).is_ok_and(|n| {
+                n.role == message.role
+                    && ids(&n) == ids(&message)
+                    && (!ids(&n).is_empty() || !message.text().contains("[pare:"))
+            })
+        });
+        match same {
+            Some(j) => {
+                out.push(Source::Rewritten(j));
+                cursor = j + 1;
+            }
+            None => out.push(Source::New),
+        }
+    }
+    out
+}
+
+/// [`WireBody::write`] of a conversation put together by hand from `body`'s neutral messages, for
+/// tests ([`sources_by_hand`]).
+#[cfg(test)]
+pub(crate) fn write_by_hand(body: &dyn WireBody, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
+    let neutral = body.messages();
+    body.write(messages, &sources_by_hand(&neutral, messages))
 }
 
 /// What one neutral message stands for in a turn adapter (Messages, Gemini).
@@ -151,45 +242,35 @@ pub(crate) enum Forwarded {
     New(crate::neutral::Message),
 }
 
-/// The forwarded neutral `messages` traced back to a turn adapter's `units`. `neutral` are the body's
-/// own neutral messages, one per unit from index `first` on (before it, the system prompt);
-/// `by_call` lists per (call id, is a result) the units that hold it, in order. A forwarded message
-/// equal to a unit's own is that unit kept; a tool result or calling turn whose id a unit holds is
-/// that unit rewritten; anything else is new. Units are taken in order, so repeated texts and reused
-/// ids each map to their own unit.
+/// The forwarded neutral `messages` traced back to a turn adapter's `units` by their `sources`.
+/// `neutral` are the body's own neutral messages, one per unit from index `first` on (before it,
+/// the system prompt). An entry kept is its unit as sent; one rewritten is its unit with the
+/// entry's changes; a new one is written as a turn of its own.
 pub(crate) fn trace_units(
     units: &[Unit],
     neutral: &[String],
     first: usize,
-    by_call: &std::collections::HashMap<(&str, bool), Vec<usize>>,
     messages: &[&str],
+    sources: &[Source],
 ) -> Result<Vec<Forwarded>, WireError> {
-    let mut by_text: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
-    for (idx, text) in neutral.iter().enumerate().skip(first) {
-        by_text.entry(text.as_str()).or_default().push(idx - first);
+    if sources.len() != messages.len() {
+        return Err(WireError::Unwritable(format!("{} sources for {} messages", sources.len(), messages.len())));
     }
+    let unit = |idx: usize| {
+        idx.checked_sub(first).and_then(|n| units.get(n).copied()).ok_or_else(|| {
+            WireError::Unwritable(format!("a forwarded message stands for message {idx}, not one of the request's"))
+        })
+    };
+    let read = |text: &str| {
+        crate::neutral::Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))
+    };
     let mut out = Vec::with_capacity(messages.len());
-    let mut cursor = 0;
-    for text in messages.get(first..).unwrap_or_default() {
-        if let Some(n) = by_text.get(*text).and_then(|ids| ids.iter().copied().find(|&i| i >= cursor)) {
-            out.push(Forwarded::Kept(units[n]));
-            cursor = n + 1;
-            continue;
-        }
-        let message = crate::neutral::Message::from_raw(text)
-            .map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
-        let paired = match message.role.as_str() {
-            "tool" => message.tool_call_id.as_deref().map(|id| (id, true)),
-            "assistant" => message.tool_calls.as_ref().and_then(|c| c.first()).map(|c| (c.id.as_str(), false)),
-            _ => None,
-        };
-        match paired.and_then(|key| by_call.get(&key)?.iter().copied().find(|&n| n >= cursor)) {
-            Some(n) => {
-                out.push(Forwarded::Rewritten(units[n], message));
-                cursor = n + 1;
-            }
-            None => out.push(Forwarded::New(message)),
-        }
+    for (text, source) in messages.iter().zip(sources).skip(first) {
+        out.push(match *source {
+            Source::Kept(idx) if neutral.get(idx).is_some_and(|n| n == text) => Forwarded::Kept(unit(idx)?),
+            Source::Kept(idx) | Source::Rewritten(idx) => Forwarded::Rewritten(unit(idx)?, read(text)?),
+            Source::New => Forwarded::New(read(text)?),
+        });
     }
     Ok(out)
 }
@@ -242,7 +323,7 @@ impl WireBody for ChatBody<'_> {
             .iter()
             .find_map(|key| self.field(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok()))
     }
-    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, messages: &[&str], _sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
         Ok(self.to_vec_and_spans(messages))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {

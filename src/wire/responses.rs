@@ -13,13 +13,13 @@
 //! | `compaction` (`compaction_summary`, `context_compaction`) | an opaque message marked as a hard epoch boundary: it and everything before it are forwarded as they are (the server reads it in place of them) |
 //! | `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
 //!
-//! Each neutral message names its items with a key (`pare_items`, a hash of their bytes) that the
-//! engine's rewrites keep and the wire never sees. Writing back maps each forwarded neutral message
-//! to items: one the engine left alone is its items' original bytes; a rewritten tool result is its
+//! Writing back maps each forwarded neutral message to items by its source (the engine's plan:
+//! which of the request's neutral messages it stands for): one the engine left alone is its items'
+//! original bytes; a rewritten tool result is its
 //! output item with `output` replaced; a rewritten call turn is its items with each call's
 //! `arguments` (or custom `input`) replaced and every reasoning item kept byte for byte; a rewritten
 //! message (a condensed developer message) is its item with `content` replaced, its reasoning kept;
-//! a message that names no items (an elision marker) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
+//! a message that stands for none (an elision marker) is a new `message` item. A dropped or elided turn takes its reasoning items with it. The
 //! result is checked ([`check_items`]): the neutral view of the written items passes the pairing
 //! check every format shares ([`crate::compact::validate`]: every call answered by its outputs right
 //! after it, no output without its call), and every reasoning item is followed by the item it
@@ -32,13 +32,12 @@
 //! carries only the new items, and those are what pare compacts.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Invalid, Origin, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use super::{ChatBody, Invalid, Origin, Source, Spans, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string};
@@ -186,7 +185,6 @@ impl<'a> ResponsesBody<'a> {
             let end = turn_end(&out.items, start);
             let raws = &out.body.messages[start..end];
             let mut neutral = neutral_of(&out.items[start..end], &heads[start..end], raws);
-            tag(&mut neutral, &range_key(raws));
             if out.items[start..end].iter().any(|item| COMPACTION_ITEMS.contains(&item.type_name.as_str())) {
                 mark_boundary(&mut neutral);
             }
@@ -309,29 +307,6 @@ fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> Stri
     }
 }
 
-/// The key naming a range of items in their neutral message: a hash of their bytes, the same in
-/// every request that carries them (at any position) and in the neutral message's rewrites, which
-/// keep unknown keys. Only the neutral form carries it; it is never written to the wire.
-fn range_key(raws: &[&str]) -> String {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    for raw in raws {
-        hasher.update(raw.as_bytes());
-        hasher.update(b"\xff");
-    }
-    format!("{:032x}", hasher.digest128())
-}
-
-/// The key under which a neutral message names its items (see [`range_key`]).
-const ITEMS_KEY: &str = "pare_items";
-
-/// Add `"pare_items": key` as the last member of the neutral message `json` (an object).
-fn tag(json: &mut String, key: &str) {
-    json.pop();
-    json.push_str(r#","pare_items":""#);
-    json.push_str(key);
-    json.push_str(r#""}"#);
-}
-
 /// Add `"pare_epoch_boundary": true` as the last member of the neutral message `json` (an object).
 fn mark_boundary(json: &mut String) {
     json.pop();
@@ -366,11 +341,11 @@ impl WireBody for ResponsesBody<'_> {
             "the request asks the server to compact its history (a compaction_trigger item): forwarded as sent",
         )
     }
-    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {
             return Err(WireError::Unwritable("a string `input` is forwarded as sent".into()));
         }
-        let items = self.items_for(messages)?;
+        let items = self.items_for(messages, sources)?;
         check_conversation(&items, self.has_instructions)?;
         let unchanged = items.len() == self.body.messages.len()
             && items.iter().zip(&self.body.messages).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
@@ -388,40 +363,40 @@ impl WireBody for ResponsesBody<'_> {
 }
 
 impl ResponsesBody<'_> {
-    /// The input items standing for the forwarded neutral `messages`: a message the engine left
-    /// alone is its items' original bytes; a rewritten one names its items (`pare_items`) and is
-    /// written as those items with its changes; any other (a marker) is a new `message` item.
-    fn items_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
+    /// The input items standing for the forwarded neutral `messages`, each written from what its
+    /// source says it stands for: a message kept is its items' original bytes; a rewritten one is
+    /// those items with its changes; a new one (a marker) is a new `message` item.
+    fn items_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let first = self.first_item_message();
         if self.has_instructions && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Unwritable("the instructions were changed".into()));
         }
-        let mut by_text: HashMap<&str, usize> = HashMap::new();
-        let mut by_key: HashMap<String, usize> = HashMap::new();
-        for (idx, text) in self.neutral.iter().enumerate().skip(first) {
-            by_text.entry(text.as_str()).or_insert(idx);
-            let (start, end) = self.ranges[idx - first];
-            by_key.entry(range_key(&self.body.messages[start..end])).or_insert(idx);
+        if sources.len() != messages.len() {
+            return Err(WireError::Unwritable(format!("{} sources for {} messages", sources.len(), messages.len())));
         }
+        let range = |idx: usize| {
+            idx.checked_sub(first).and_then(|n| self.ranges.get(n).copied()).ok_or_else(|| {
+                WireError::Unwritable(format!("a forwarded message stands for message {idx}, not one of the request's"))
+            })
+        };
+        let read =
+            |text: &str| Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")));
         let raw = &self.body.messages;
         let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
-        for text in &messages[first..] {
-            if let Some(&idx) = by_text.get(*text) {
-                let (start, end) = self.ranges[idx - first];
-                out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
-                continue;
-            }
-            let message =
-                Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))?;
-            let source = message.extra.get(ITEMS_KEY).and_then(Value::as_str).and_then(|key| by_key.get(key));
-            match source {
-                Some(&idx) => {
-                    let (start, end) = self.ranges[idx - first];
+        for (text, source) in messages.iter().zip(sources).skip(first) {
+            match *source {
+                Source::Kept(idx) if self.neutral.get(idx).is_some_and(|n| n == text) => {
+                    let (start, end) = range(idx)?;
+                    out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
+                }
+                Source::Kept(idx) | Source::Rewritten(idx) => {
+                    let (start, end) = range(idx)?;
+                    let message = read(text)?;
                     for k in start..end {
                         out.push(self.rewrite_item(k, &message)?);
                     }
                 }
-                None => out.push(Cow::Owned(message_item(&message)?)),
+                Source::New => out.push(Cow::Owned(message_item(&read(text)?)?)),
             }
         }
         Ok(out)

@@ -964,24 +964,34 @@ fn sessions_do_not_share_state() {
     }
 }
 
+/// A stored prefix without what became of each message it covers (a plan from a pare that did not
+/// keep it) cannot be written back: the resumed session compacts afresh, as a session pare never saw
+/// does, while one resumed with its fates goes on forwarding what it would have.
 #[test]
-fn seeding_from_an_archived_pair_restores_the_sticky_prefix() {
+fn a_stored_prefix_without_its_fates_is_compacted_afresh() {
     let requests = coding_session(40, 150);
-    let original = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    let original = compactor_with(RESERVE_YAML, MaskEngine::new(2)).recording_plans();
     let results = run(&original, "s", &requests, WINDOW);
-    let k = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap() + 1;
-    let forwarded_k = results[k].1.body.clone().unwrap();
+    let k = results.iter().position(|(_, o)| o.summary.epoch == 1).unwrap();
+    let replayed = compactor_with(RESERVE_YAML, MaskEngine::new(2)).recording_plans();
+    run(&replayed, "s", &requests[..=k], WINDOW);
+    let plan = replayed.take_plan("s").expect("the epoch stored a plan");
+    assert!(plan.frozen.as_ref().is_some_and(|f| f.plan.is_some()));
+    let last_raw = pare::neutral::message_hashes(&ChatBody::parse(&requests[k]).unwrap().messages);
 
-    let restarted = compactor_with(RESERVE_YAML, MaskEngine::new(2));
-    restarted.seed("s", Wire::Chat, &requests[k], &forwarded_k, results[k].1.summary.epoch).unwrap();
-    let after = run(&restarted, "s", &requests[k + 1..], WINDOW);
-    for (i, (messages, out)) in after.iter().enumerate() {
-        assert_eq!(messages, &results[k + 1 + i].0, "request {} differs after a restart", k + 1 + i);
-        assert_eq!(out.summary.epoch, results[k + 1 + i].1.summary.epoch);
-    }
+    let with_fates = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    with_fates.resume("s", plan.clone(), &last_raw);
+    let next = run(&with_fates, "s", &requests[k + 1..k + 2], WINDOW);
+    assert_eq!(next[0].0, results[k + 1].0, "resumed with its fates");
 
-    let err = restarted.seed("s", Wire::Chat, b"{not json", &forwarded_k, 1).unwrap_err();
-    assert!(err.to_string().contains("session `s`"), "{err}");
+    let mut without = plan;
+    without.frozen.as_mut().unwrap().plan = None;
+    let resumed = compactor_with(RESERVE_YAML, MaskEngine::new(2));
+    resumed.resume("s", without, &last_raw);
+    let after = run(&resumed, "s", &requests[k + 1..k + 2], WINDOW);
+    let fresh = run(&compactor_with(RESERVE_YAML, MaskEngine::new(2)), "s", &requests[k + 1..k + 2], WINDOW);
+    assert_eq!(after[0].0, fresh[0].0, "compacted afresh");
+    assert_ne!(after[0].0, results[k + 1].0, "not the prefix it cannot write");
 }
 
 // ---- replay ----

@@ -118,6 +118,14 @@ proptest! {
     }
 }
 
+/// What each entry of a conversation forwarded under `frozen` stands for (`n_raw` raw messages).
+fn sources(frozen: Option<&FrozenPlan>, n_raw: usize) -> Vec<pare::wire::Source> {
+    match frozen {
+        Some(f) => pare::wire::Source::of_plan(f.plan.as_ref().unwrap(), f.prefix.len(), n_raw),
+        None => pare::wire::Source::unchanged(n_raw),
+    }
+}
+
 /// Every fate of a plan agrees with the prefix it describes: a kept message is its raw bytes, a
 /// rewritten one differs and names its rules, an elided run stands behind a marker.
 fn check_fates(frozen: &FrozenPlan, raw: &[&str]) -> Result<(), TestCaseError> {
@@ -173,7 +181,7 @@ proptest! {
             let forwarding = pare::archive::plan::forwarding(&messages, frozen);
             prop_assert!(forwarding.steps.is_some());
             let fwd: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
-            let written = parsed.write(&fwd).map(|(bytes, _)| bytes).ok();
+            let written = parsed.write(&fwd, &sources(frozen, messages.len())).map(|(bytes, _)| bytes).ok();
             prop_assert!(written.as_ref() == Some(&replayed.forwarded), "{wire:?}: request {k}");
         }
         prop_assert!(epochs > 0);
@@ -300,7 +308,7 @@ async fn a_restart_mid_session_forwards_the_same_bytes(wire: Wire) {
             let forwarding = pare::archive::plan::forwarding(&parsed.messages(), frozen);
             assert!(forwarding.steps.is_some(), "{wire:?} {name}: request {} has its fates", exchange.seq);
             let messages: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
-            let written = parsed.write(&messages).unwrap().0;
+            let written = parsed.write(&messages, &sources(frozen, parsed.messages().len())).unwrap().0;
             assert!(written == forwarded, "{wire:?} {name}: request {} is not what its plan writes", exchange.seq);
         }
     }

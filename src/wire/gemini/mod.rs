@@ -46,7 +46,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{
-    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    ChatBody, Forwarded, Invalid, Origin, Source, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Message, push_json_string, raw_members};
@@ -481,8 +481,8 @@ impl WireBody for GeminiBody<'_> {
             .find(|(k, _)| matches!(*k, "maxOutputTokens" | "max_output_tokens"))
             .and_then(|(_, v)| serde_json::from_str::<u64>(v).ok())
     }
-    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
-        let turns = self.turns_for(messages)?;
+    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(messages, sources)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
         let unchanged = turns.len() == self.body.messages.len()
             && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
@@ -510,34 +510,18 @@ struct WrittenTurn<'b> {
 }
 
 impl GeminiBody<'_> {
-    /// Trace each forwarded neutral message to its unit.
-    fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
+    /// Trace each forwarded neutral message to its unit by its source.
+    fn trace(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Forwarded>, WireError> {
         let first = self.first_turn_message();
         if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Unwritable("the system instruction was changed".into()));
         }
-        // Ids repeat (`call_0` in every turn): every unit of an id, in order.
-        let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
-        for (n, unit) in self.units.iter().enumerate() {
-            match *unit {
-                Unit::Result { turn, part } => {
-                    by_call.entry((self.turns[turn].ids[&part].as_str(), true)).or_default().push(n);
-                }
-                Unit::Turn(turn) => {
-                    let turn = &self.turns[turn];
-                    for c in turn.calls() {
-                        by_call.entry((turn.ids[&c].as_str(), false)).or_default().push(n);
-                    }
-                }
-                Unit::UserParts(_) => {}
-            }
-        }
-        super::trace_units(&self.units, &self.neutral, first, &by_call, messages)
+        super::trace_units(&self.units, &self.neutral, first, messages, sources)
     }
 
     /// The turns standing for the forwarded neutral `messages`.
-    fn turns_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
-        let traced = self.trace(messages)?;
+    fn turns_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = self.trace(messages, sources)?;
         let mut kept_units: HashSet<Unit> = HashSet::new();
         let mut rewrites: HashMap<Unit, &Message> = HashMap::new();
         for f in &traced {

@@ -43,7 +43,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{
-    ChatBody, Forwarded, Invalid, Origin, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    ChatBody, Forwarded, Invalid, Origin, Source, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::compact::validate::Skeleton;
@@ -362,8 +362,8 @@ impl WireBody for MessagesBody<'_> {
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
-    fn write(&self, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
-        let turns = self.turns_for(messages)?;
+    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(messages, sources)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
         let unchanged = turns.len() == self.body.messages.len()
             && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
@@ -386,33 +386,18 @@ impl WireBody for MessagesBody<'_> {
 type WrittenTurn<'b> = (Option<usize>, Vec<(Option<usize>, Cow<'b, str>)>);
 
 impl MessagesBody<'_> {
-    /// Trace each forwarded neutral message to its unit.
-    fn trace(&self, messages: &[&str]) -> Result<Vec<Forwarded>, WireError> {
+    /// Trace each forwarded neutral message to its unit by its source.
+    fn trace(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Forwarded>, WireError> {
         let first = self.first_turn_message();
         if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
             return Err(WireError::Unwritable("the system prompt was changed".into()));
         }
-        // Agents may reuse an id once its call is answered: every unit of an id, in order.
-        let mut by_call: HashMap<(&str, bool), Vec<usize>> = HashMap::new();
-        for (n, unit) in self.units.iter().enumerate() {
-            match *unit {
-                Unit::Result { turn, part: block } => {
-                    by_call.entry((self.turns[turn].blocks[block].id.as_str(), true)).or_default().push(n);
-                }
-                Unit::Turn(turn) => {
-                    for block in self.turns[turn].blocks.iter().filter(|b| b.kind == Kind::ToolUse) {
-                        by_call.entry((block.id.as_str(), false)).or_default().push(n);
-                    }
-                }
-                Unit::UserParts(_) => {}
-            }
-        }
-        super::trace_units(&self.units, &self.neutral, first, &by_call, messages)
+        super::trace_units(&self.units, &self.neutral, first, messages, sources)
     }
 
     /// The turns standing for the forwarded neutral `messages`, with the agent's cache marks placed.
-    fn turns_for(&self, messages: &[&str]) -> Result<Vec<Cow<'_, str>>, WireError> {
-        let traced = self.trace(messages)?;
+    fn turns_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = self.trace(messages, sources)?;
         // Per original turn: which of its units survive, and how.
         let mut kept_units: HashSet<Unit> = HashSet::new();
         let mut rewrites: HashMap<Unit, &Message> = HashMap::new();

@@ -1,5 +1,6 @@
 //! Tests of the Messages adapter: round trips, the neutral view, write-back, cache marks and checks.
 
+use crate::wire::write_by_hand;
 use serde_json::json;
 
 use super::*;
@@ -20,7 +21,7 @@ fn neutral(parsed: &MessagesBody<'_>) -> Vec<String> {
 }
 
 fn written(parsed: &MessagesBody<'_>, messages: &[String]) -> Value {
-    serde_json::from_slice(&parsed.write(&refs(messages)).unwrap().0).unwrap()
+    serde_json::from_slice(&write_by_hand(parsed, &refs(messages)).unwrap().0).unwrap()
 }
 
 #[test]
@@ -32,7 +33,7 @@ fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
         r#"{"messages":[ {"role":"user","content":[]} , {"role":"narrator","content":"x"}, 7 ],"z":{"k":1}}"#,
     ] {
         let parsed = parse(body);
-        let (bytes, spans) = parsed.write(&refs(&neutral(&parsed))).unwrap();
+        let (bytes, spans) = write_by_hand(&parsed, &refs(&neutral(&parsed))).unwrap();
         assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
         assert_eq!(MessagesBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans));
     }
@@ -179,10 +180,10 @@ fn an_input_that_loses_or_gains_keys_is_refused() {
     let parsed = parse(CLAUDE_CODE);
     let mut messages = neutral(&parsed);
     messages[2] = messages[2].replace(r#",\"limit\":2000"#, "");
-    assert!(matches!(parsed.write(&refs(&messages)), Err(WireError::Unwritable(_))));
+    assert!(matches!(write_by_hand(&parsed, &refs(&messages)), Err(WireError::Unwritable(_))));
     let mut messages = neutral(&parsed);
     messages[0] = r#"{"role":"system","content":"shorter"}"#.to_owned();
-    assert!(parsed.write(&refs(&messages)).is_err(), "the system prompt is never changed");
+    assert!(write_by_hand(&parsed, &refs(&messages)).is_err(), "the system prompt is never changed");
 }
 
 #[test]
@@ -327,7 +328,7 @@ fn a_write_that_drops_a_call_turn_but_keeps_its_results_is_refused_by_the_pairin
     // Messages 3 and 4 answer the calls of message 2, which goes.
     let forwarded: Vec<String> = [&messages[..2], &messages[3..]].concat();
     assert!(matches!(
-        parsed.write(&refs(&forwarded)),
+        write_by_hand(&parsed, &refs(&forwarded)),
         Err(WireError::Invalid(Invalid::Pairing {
             violation: Violation::OrphanResult { idx: 2, .. },
             origin: Some(Origin::Turn(1))
@@ -472,7 +473,7 @@ mod properties {
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text);
-            prop_assert_eq!(parsed.write(&refs(&messages)).unwrap().0, body.into_bytes());
+            prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());
         }
 
         #[test]
@@ -481,7 +482,7 @@ mod properties {
             prop_assert!(parsed.check().is_ok());
             let engine = Engine::default_pack();
             let (messages, boundary) = forwarded(&engine, &parsed, Some(target));
-            let (bytes, _) = parsed.write(&refs(&messages)).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            let (bytes, _) = write_by_hand(&parsed, &refs(&messages)).map_err(|e| TestCaseError::fail(format!("{e}")))?;
             let fwd = MessagesBody::parse(&bytes).unwrap();
             prop_assert!(fwd.check().is_ok(), "{:?}", fwd.check());
             let (raw_v, fwd_v): (Value, Value) = (serde_json::from_str(&body).unwrap(), serde_json::from_slice(&bytes).unwrap());
@@ -531,7 +532,7 @@ mod properties {
             }
             // Compacting the forwarded request again changes nothing.
             let (again, _) = forwarded(&engine, &fwd, None);
-            let (again_bytes, _) = fwd.write(&refs(&again)).unwrap();
+            let (again_bytes, _) = write_by_hand(&fwd, &refs(&again)).unwrap();
             prop_assert_eq!(again_bytes, bytes);
         }
     }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::compact::validate::Violation;
+use crate::wire::write_by_hand;
 
 /// A Codex-shaped request: instructions, a developer and a user message, reasoning before calls,
 /// a custom tool call, a local shell call, a compaction item and an unknown item.
@@ -21,7 +22,7 @@ fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
     ] {
         let parsed = parse(body);
         let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
-        let (bytes, spans) = parsed.write(&refs(&messages)).unwrap();
+        let (bytes, spans) = write_by_hand(&parsed, &refs(&messages)).unwrap();
         assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
         assert_eq!(ResponsesBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans));
     }
@@ -32,9 +33,8 @@ fn items_read_into_turns_paired_by_call_id() {
     let parsed = parse(CODEX);
     let messages = parsed.messages();
     let roles: Vec<String> = messages.iter().map(|m| crate::neutral::role_of(m).into_owned()).collect();
-    // Every item-made message names its items; the instructions name none.
-    assert!(!messages[0].contains("pare_items"));
-    assert!(messages[1..].iter().all(|m| m.contains(r#","pare_items":""#)));
+    // The neutral messages name no items: what each forwarded message stands for is the plan's.
+    assert!(messages.iter().all(|m| !m.contains("pare_items")), "{messages:?}");
     assert_eq!(
         roles,
         [
@@ -87,7 +87,11 @@ fn compaction_items_are_marked_as_epoch_boundaries() {
         assert!(crate::compact::conversation::is_epoch_boundary(&boundary), "{kind}");
         assert!(!crate::compact::conversation::is_epoch_boundary(&Message::from_raw(messages[2]).unwrap()));
         let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
-        assert_eq!(parsed.write(&refs(&owned)).unwrap().0, body.as_bytes(), "the mark never reaches the wire");
+        assert_eq!(
+            write_by_hand(&parsed, &refs(&owned)).unwrap().0,
+            body.as_bytes(),
+            "the mark never reaches the wire"
+        );
     }
 }
 
@@ -97,7 +101,7 @@ fn a_rewritten_output_and_arguments_keep_every_other_byte() {
     let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
     messages[4] = messages[4].replace(r#""fn main() {}\n""#, r#""[tool: cat → ok]""#);
     messages[3] = messages[3].replace(r#"[\"cat\",\"src/lib.rs\"]"#, r#"[\"cat\"]"#);
-    let (bytes, _) = parsed.write(&refs(&messages)).unwrap();
+    let (bytes, _) = write_by_hand(&parsed, &refs(&messages)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     let input: Value = serde_json::from_str(CODEX).unwrap();
     assert_eq!(out["input"][4]["output"], "[tool: cat → ok]");
@@ -119,7 +123,7 @@ fn an_elided_turn_takes_its_reasoning_and_a_marker_becomes_a_message_item() {
     let mut forwarded = messages[..3].to_vec();
     forwarded.push(marker);
     forwarded.extend(messages[5..].iter().cloned());
-    let (bytes, _) = parsed.write(&refs(&forwarded)).unwrap();
+    let (bytes, _) = write_by_hand(&parsed, &refs(&forwarded)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         out["input"][2],
@@ -132,19 +136,24 @@ fn an_elided_turn_takes_its_reasoning_and_a_marker_becomes_a_message_item() {
 /// A rewritten developer message keeps its item (and the reasoning before it); a tool message that
 /// names no item cannot be written.
 #[test]
-fn a_rewritten_message_keeps_its_item_and_a_nameless_tool_message_is_refused() {
+fn a_rewritten_message_keeps_its_item_and_a_new_tool_message_is_refused() {
     let parsed = parse(CODEX);
     let mut messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
     messages[1] = messages[1]
         .replace(r#"[{"type":"input_text","text":"sandbox: workspace-write"}]"#, r#""[system prompt: sandbox]""#);
-    let (bytes, _) = parsed.write(&refs(&messages)).unwrap();
+    let (bytes, _) = write_by_hand(&parsed, &refs(&messages)).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
         out["input"][0],
         serde_json::json!({"type":"message","role":"developer","content":"[system prompt: sandbox]"})
     );
+    // A tool message that stands for none of the request's messages has no item to be written as.
     messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"x"}"#.to_owned();
-    assert!(parsed.write(&refs(&messages)).is_err());
+    let mut sources = crate::wire::sources_by_hand(&parsed.messages(), &refs(&messages));
+    assert_eq!(sources[4], Source::Rewritten(4));
+    assert!(parsed.write(&refs(&messages), &sources).is_ok());
+    sources[4] = Source::New;
+    assert!(matches!(parsed.write(&refs(&messages), &sources), Err(WireError::Unwritable(_))));
 }
 
 #[test]
@@ -155,16 +164,16 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     let mut orphan = messages.clone();
     orphan.remove(4);
     let unanswered = Violation::Unanswered { call_idx: 3, id: "call_1".into(), idx: 4 };
-    assert_eq!(parsed.write(&refs(&orphan)).unwrap_err().to_string(), format!("item 3: {unanswered}"));
+    assert_eq!(write_by_hand(&parsed, &refs(&orphan)).unwrap_err().to_string(), format!("item 3: {unanswered}"));
     assert!(matches!(
-        parsed.write(&refs(&orphan)),
+        write_by_hand(&parsed, &refs(&orphan)),
         Err(WireError::Invalid(Invalid::Pairing { violation, origin: Some(Origin::Item(3)) })) if violation == unanswered
     ));
     // The output without its call turn.
     let mut no_call = messages.clone();
     no_call.remove(3);
     assert!(matches!(
-        parsed.write(&refs(&no_call)),
+        write_by_hand(&parsed, &refs(&no_call)),
         Err(WireError::Invalid(Invalid::Pairing {
             violation: Violation::OrphanResult { idx: 3, .. },
             origin: Some(Origin::Item(2))
@@ -172,11 +181,11 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     ));
     let mut instructions = messages.clone();
     instructions[0] = r#"{"role":"system","content":"other"}"#.to_owned();
-    assert!(matches!(parsed.write(&refs(&instructions)), Err(WireError::Unwritable(_))));
+    assert!(matches!(write_by_hand(&parsed, &refs(&instructions)), Err(WireError::Unwritable(_))));
     // An opaque message the engine made up has no item.
     let mut made_up = messages.clone();
     made_up.insert(2, r#"{"role":"opaque","content":"x"}"#.to_owned());
-    assert!(matches!(parsed.write(&refs(&made_up)), Err(WireError::Unwritable(_))));
+    assert!(matches!(write_by_hand(&parsed, &refs(&made_up)), Err(WireError::Unwritable(_))));
 }
 
 /// The pairing of `items`' neutral view, or the structural rule, that `check_items` refuses.
@@ -251,7 +260,7 @@ fn a_string_input_is_one_user_message_forwarded_as_sent() {
         parsed.messages(),
         [r#"{"role":"system","content":"be brief"}"#, r#"{"role":"user","content":"hello"}"#]
     );
-    assert!(parsed.write(&[]).is_err());
+    assert!(write_by_hand(&parsed, &[]).is_err());
     assert!(ResponsesBody::parse(br#"{"model":"m"}"#).is_err());
     assert!(ResponsesBody::parse(br#"{"input":3}"#).is_err());
     assert!(ResponsesBody::parse(b"{nope").is_err());
@@ -330,7 +339,7 @@ mod properties {
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text);
-            prop_assert_eq!(parsed.write(&refs(&messages)).unwrap().0, body.into_bytes());
+            prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());
         }
 
         #[test]
@@ -342,7 +351,7 @@ mod properties {
             let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
             let mut messages = out.prefix.clone();
             messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
-            let Ok((bytes, _)) = parsed.write(&refs(&messages)) else {
+            let Ok((bytes, _)) = write_by_hand(&parsed, &refs(&messages)) else {
                 // Only a conversation the engine left invalid (never) or an input the API would refuse.
                 prop_assert!(parsed.check().is_err(), "a valid request could not be written back");
                 return Ok(());
