@@ -185,6 +185,44 @@ fn an_elided_call_turn_goes_with_its_signatures_and_the_marker_is_a_user_turn_of
     }
 }
 
+/// Regression: Gemini call ids are their place in the turn (`call_0` in every turn), so a rewritten
+/// call turn after an elided run was traced by its id to the first elided call turn: the forwarded
+/// turn had the rewritten turn's text with the elided turn's call and signature. Each forwarded
+/// message is written from the turn its source names.
+#[test]
+fn a_rewritten_call_turn_after_an_elided_run_is_written_from_its_own_turn() {
+    let body = json!({"contents": [
+        {"role": "user", "parts": [{"text": "fix it"}]},
+        {"role": "model", "parts": [{"text": "Looking."}, {"functionCall": {"name": "bash", "args": {"command": "find ."}}, "thoughtSignature": "c2lnLWE="}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": "a\nb"}}}]},
+        {"role": "model", "parts": [{"text": "Writing the test."}, {"functionCall": {"name": "bash", "args": {"command": "cat > t.py << EOF\nlong\nEOF"}}, "thoughtSignature": "c2lnLWI="}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": ""}}}]},
+        {"role": "user", "parts": [{"text": "go on"}]}
+    ]})
+    .to_string();
+    let parsed = parse(&body);
+    let messages = neutral(&parsed);
+    assert_eq!(messages.len(), 6);
+    // Messages 1–2 elided behind one marker; message 3's arguments shortened.
+    let marker = r#"{"role":"assistant","content":"[pare: 2 earlier messages elided — bash ×1]"}"#.to_owned();
+    let shortened = messages[3].replace(r#"long\\n"#, "");
+    assert_ne!(shortened, messages[3]);
+    let forwarded = [messages[0].clone(), marker, shortened, messages[4].clone(), messages[5].clone()];
+    let sources = [Source::Kept(0), Source::New, Source::Rewritten(3), Source::Kept(4), Source::Kept(5)];
+    let (bytes, _) = parsed.write(&refs(&forwarded), &sources).unwrap();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    let turn = out["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t.to_string().contains("Writing the test."))
+        .expect("the rewritten turn is forwarded")
+        .to_string();
+    assert!(turn.contains("c2lnLWI=") && turn.contains("cat > t.py"), "{turn}");
+    assert!(!turn.contains("c2lnLWE=") && !turn.contains("find ."), "{turn}");
+    assert!(!String::from_utf8_lossy(&bytes).contains("find ."), "the elided call is gone");
+}
+
 #[test]
 fn a_response_that_loses_its_call_is_refused_by_the_pairing_check() {
     let parsed = parse(GEMINI_CLI);
