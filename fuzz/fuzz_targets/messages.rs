@@ -24,7 +24,8 @@ fuzz_target!(|data: &[u8]| {
     let (bytes, _) = body.write(&messages, &Source::unchanged(messages.len())).expect("the neutral view written back unchanged");
     assert_eq!(bytes, data, "no rewrite must give the input bytes");
     let engine = Engine::default_pack();
-    let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
+    let options =
+        CompactOptions { target_tokens: Some(200), single_thread: true, epoch_boundary: body.epoch_boundary(), ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
     let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
     forwarded.extend_from_slice(&messages[out.boundary..]);

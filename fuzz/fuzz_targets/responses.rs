@@ -27,7 +27,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again.items(), body.items(), "round trip changed the items");
     }
     let engine = Engine::default_pack();
-    let options = CompactOptions { target_tokens: Some(200), single_thread: true, ..Default::default() };
+    let options =
+        CompactOptions { target_tokens: Some(200), single_thread: true, epoch_boundary: body.epoch_boundary(), ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
     let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
     forwarded.extend_from_slice(&messages[out.boundary..]);

@@ -395,6 +395,9 @@ struct Request<'a> {
     tools: Option<&'a str>,
     window: u64,
     reserve: u64,
+    /// The raw message the upstream reads in place of everything before it, when there is one
+    /// ([`WireBody::epoch_boundary`]).
+    epoch_boundary: Option<usize>,
 }
 
 impl Request<'_> {
@@ -595,6 +598,7 @@ impl SessionCompactor {
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.tools();
+        let epoch_boundary = body.epoch_boundary();
         let counter = self.counter_for(self.table.settings(body.model().as_deref()).encoding);
         let fixed = tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
         let usable = window.saturating_sub(reserve);
@@ -624,11 +628,12 @@ impl SessionCompactor {
         // The session's last request counted the unchanged history already.
         let known = counter.known_counts(hashes, &state.counts);
         let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |bounds| {
-            let request = Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve };
+            let request =
+                Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve, epoch_boundary };
             self.surely_appends(&state, &request, counter)
         });
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
-        let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve };
+        let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve, epoch_boundary };
         let epoch_before = state.epoch;
         let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
@@ -780,10 +785,16 @@ impl SessionCompactor {
         };
         let n_frozen = frozen.as_ref().map_or(0, |f| f.prefix.len());
         let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
+        // The boundary in the candidate: a raw message the frozen prefix covers is the entry its
+        // fate names (kept as sent, like everything before it).
+        let candidate_boundary = request.epoch_boundary.and_then(|raw| match &frozen {
+            Some(f) if raw < frozen_raw => f.plan.get(raw).and_then(Fate::at),
+            _ => Some(raw - frozen_raw + n_frozen),
+        });
         let attempt = match self.policy.mode {
             Mode::Epoch | Mode::Off => {
                 let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
-                let head = Head { frozen: n_frozen, cached };
+                let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
                 self.lightest_fitting(request, &candidate, head, target, candidate_ages, counter)
             }
             Mode::Eager => {
@@ -791,6 +802,7 @@ impl SessionCompactor {
                     target_tokens: over.then_some(target),
                     history: self.policy.history_budget(usable as u64),
                     message_ages_secs: candidate_ages,
+                    epoch_boundary: candidate_boundary,
                     ..Default::default()
                 };
                 self.attempt(request, &candidate, &options, counter)
@@ -810,6 +822,7 @@ impl SessionCompactor {
                     history: self.policy.history_budget(usable as u64),
                     history_floor: self.policy.history_floor(usable as u64),
                     message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
+                    epoch_boundary: request.epoch_boundary,
                     ..Default::default()
                 };
                 let view = View { messages: request.raw, tools: request.tools };
@@ -905,6 +918,7 @@ impl SessionCompactor {
             target_tokens: Some(target),
             history_floor: self.policy.history_floor(request.usable()),
             message_ages_secs: ages,
+            epoch_boundary: head.epoch_boundary,
             ..Default::default()
         };
         let mut attempt = None;
@@ -1075,6 +1089,8 @@ struct Head {
     frozen: usize,
     /// Leading messages the previous forwarded request had: the upstream holds them cached.
     cached: usize,
+    /// The candidate message the upstream reads in place of everything before it, if any.
+    epoch_boundary: Option<usize>,
 }
 
 /// The engine's result in candidate space: forwarded = `prefix ++ candidate[boundary..]`.

@@ -52,6 +52,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let target_tokens = args.window.map(|_| (usable as f64 * policy.low_water) as u64);
     let options = CompactOptions {
         target_tokens,
+        epoch_boundary: body.epoch_boundary(),
         history: policy.history_budget(usable),
         history_floor: policy.history_floor(usable),
         ..Default::default()

@@ -18,13 +18,6 @@ use super::outcome::{Outcome, Shape, Status, SuccessPolicy};
 use super::outline::numbered_lines;
 use crate::neutral::{Members, Message};
 
-/// The key with which an adapter marks a neutral message as a hard epoch boundary: a server-side
-/// compaction (a Responses `compaction` item, an Anthropic `compaction` block), which the upstream
-/// reads in place of everything before it. The engine forwards the boundary and everything before it
-/// as they are ([`Conversation::epoch_head`]): rewriting what the upstream drops saves nothing and
-/// costs the cache. Only the neutral form carries the key; the adapters never write it to the wire.
-pub const EPOCH_BOUNDARY_KEY: &str = "pare_epoch_boundary";
-
 /// What kind of unit a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupKind {
@@ -71,7 +64,7 @@ pub struct Conversation<'a> {
     pub members: Vec<Option<Members<'a>>>,
     /// First index of the protected tail.
     pub boundary: usize,
-    /// One past the last hard epoch boundary ([`EPOCH_BOUNDARY_KEY`]) and the tool results answering
+    /// One past the hard epoch boundary ([`super::CompactOptions::epoch_boundary`]) and the tool results answering
     /// it, 0 without one: messages before it are forwarded as they are.
     pub epoch_head: usize,
     /// Groups covering `0..boundary`, in order.
@@ -180,7 +173,6 @@ impl<'a> Conversation<'a> {
             calls_of.push(r.calls);
         }
         let boundary = boundary(&msgs, protect_last_turns);
-        let epoch_head = epoch_head(&msgs);
         let first_system = msgs.iter().position(|m| m.as_ref().is_some_and(|m| is_system(&m.role)));
 
         let mut calls = Vec::new();
@@ -240,7 +232,7 @@ impl<'a> Conversation<'a> {
             msgs,
             members,
             boundary,
-            epoch_head,
+            epoch_head: 0,
             groups,
             calls,
             call_of_result,
@@ -439,24 +431,22 @@ fn boundary(msgs: &[Option<Message>], protect_last_turns: u32) -> usize {
     0
 }
 
-/// Whether an adapter marked `message` as a hard epoch boundary ([`EPOCH_BOUNDARY_KEY`]).
-pub fn is_epoch_boundary(message: &Message) -> bool {
-    message.extra.get(EPOCH_BOUNDARY_KEY) == Some(&Value::Bool(true))
-}
-
-/// One past the last epoch boundary; a boundary that is a call turn takes the tool messages answering
-/// it along, so that no tool-call group is split.
-fn epoch_head(msgs: &[Option<Message>]) -> usize {
-    let Some(last) = msgs.iter().rposition(|m| m.as_ref().is_some_and(is_epoch_boundary)) else {
-        return 0;
-    };
-    let mut end = last + 1;
-    if msgs[last].as_ref().is_some_and(|m| m.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())) {
-        while end < msgs.len() && msgs[end].as_ref().is_some_and(|m| m.role == "tool") {
-            end += 1;
+impl Conversation<'_> {
+    /// One past the epoch boundary at `boundary` (a message index); a boundary that is a call turn
+    /// takes the tool messages answering it along, so that no tool-call group is split. 0 without one.
+    pub fn epoch_head_after(&self, boundary: Option<usize>) -> usize {
+        let Some(last) = boundary.filter(|&b| b < self.msgs.len()) else {
+            return 0;
+        };
+        let msgs = &self.msgs;
+        let mut end = last + 1;
+        if msgs[last].as_ref().is_some_and(|m| m.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())) {
+            while end < msgs.len() && msgs[end].as_ref().is_some_and(|m| m.role == "tool") {
+                end += 1;
+            }
         }
+        end
     }
-    end
 }
 
 /// Every string inside a JSON value (a call's arguments), in order.
@@ -596,23 +586,23 @@ mod tests {
     use super::*;
     use crate::config::pack::SuccessSpec;
 
-    /// The head kept for an epoch boundary ends after the last marked message, and after the tool
-    /// results answering it when it is a call turn.
+    /// The head kept for an epoch boundary ends after the boundary, and after the tool results
+    /// answering it when it is a call turn.
     #[test]
-    fn the_epoch_head_ends_after_the_last_boundary_and_its_results() {
+    fn the_epoch_head_ends_after_the_boundary_and_its_results() {
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let head = |refs: &[&str]| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head;
-        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}],"pare_epoch_boundary":true}"#;
-        let opaque = r#"{"role":"opaque","content":"{\"type\":\"compaction\"}","pare_epoch_boundary":true}"#;
+        let head =
+            |refs: &[&str], boundary| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head_after(boundary);
+        let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}]}"#;
+        let opaque = r#"{"role":"opaque","content":"{\"type\":\"compaction\"}"}"#;
         let user = r#"{"role":"user","content":"u"}"#;
         let result = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
         let done = r#"{"role":"assistant","content":"done"}"#;
-        assert_eq!(head(&[user, result, done]), 0);
-        assert_eq!(head(&[user, opaque, done, user]), 2);
-        assert_eq!(head(&[user, opaque, call, result, done, user]), 4);
-        let unmarked = r#"{"role":"opaque","content":"x","pare_epoch_boundary":false}"#;
-        assert_eq!(head(&[user, opaque, unmarked, done]), 2);
+        assert_eq!(head(&[user, result, done], None), 0);
+        assert_eq!(head(&[user, opaque, done, user], Some(1)), 2);
+        assert_eq!(head(&[user, opaque, call, result, done, user], Some(2)), 4);
+        assert_eq!(head(&[user, done], Some(7)), 0, "a boundary past the messages is none");
     }
 
     /// Regression: an editor's view of a source file that holds error text (`raise ValueError("Error:

@@ -65,9 +65,14 @@ pub struct CompactOptions {
     /// messages): turns.
     pub message_ages_secs: Option<Vec<f64>>,
     /// Messages before this index are forwarded as their original bytes: no rule, tier or elision
-    /// touches them (a caller's cache-stable head, see `budget::compactor`). 0: none. The engine keeps at
-    /// least everything up to the last hard epoch boundary ([`conversation::EPOCH_BOUNDARY_KEY`]).
+    /// touches them (a caller's cache-stable head, see `budget::compactor`). 0: none. The engine
+    /// keeps at least everything up to [`CompactOptions::epoch_boundary`].
     pub keep_first: usize,
+    /// The message the upstream reads in place of everything before it (a server-side compaction:
+    /// a Responses `compaction` item, an Anthropic `compaction` block), when the request has one:
+    /// it and everything before it are forwarded as they are (rewriting what the upstream drops
+    /// saves nothing and costs the cache), and so are the tool results answering it.
+    pub epoch_boundary: Option<usize>,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
@@ -270,6 +275,7 @@ impl Engine {
             !opts.single_thread,
         );
         conv.retrieve_tool = markers::retrieve_tool(view.tools);
+        conv.epoch_head = conv.epoch_head_after(opts.epoch_boundary);
         let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
         let input_invalid = validate::check(&input_skeletons).err().map(|violation| violation.to_string());
         let mut edits = Edits::new(&conv);
@@ -589,9 +595,10 @@ mod tests {
         assert!(distinct.len() > 2, "{} distinct outputs", distinct.len());
     }
 
-    /// A server-side compaction marked in the neutral form (a Responses `compaction` item, an
-    /// Anthropic `compaction` block) is a hard epoch boundary: it and everything before it are
-    /// forwarded as they are, by the rules and by tiers and elision; what follows is compacted.
+    /// A server-side compaction (a Responses `compaction` item, an Anthropic `compaction` block),
+    /// given as [`CompactOptions::epoch_boundary`], is a hard epoch boundary: it and everything
+    /// before it are forwarded as they are, by the rules and by tiers and elision; what follows is
+    /// compacted.
     #[test]
     fn nothing_up_to_an_epoch_boundary_is_rewritten() {
         let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
@@ -606,21 +613,18 @@ mod tests {
             .find(|&i| role(i) == "assistant")
             .expect("an assistant turn in the history");
         let head = (at + 1..plain.messages.len()).find(|&i| role(i) != "tool").unwrap();
-        let mut marked: Vec<String> = plain.messages.iter().map(|m| (*m).to_owned()).collect();
-        marked[at].pop();
-        marked[at].push_str(r#","pare_epoch_boundary":true}"#);
-        let refs: Vec<&str> = marked.iter().map(String::as_str).collect();
-        let view = View { messages: &refs, tools: plain.tools };
-        let tokens = request_tokens(&QuarterCounter, &refs, view.tools);
+        let refs = plain.messages;
+        let tokens = request_tokens(&QuarterCounter, refs, plain.tools);
         for opts in
             [CompactOptions::default(), CompactOptions { target_tokens: Some(tokens * 30 / 100), ..Default::default() }]
         {
             let without = engine.compact(&plain, &opts, &QuarterCounter);
             let kept =
                 |prefix: &[String], messages: &[&str]| prefix.get(..head).is_some_and(|p| p == &messages[..head]);
-            assert!(!kept(&without.prefix, plain.messages), "the history before it is compactable");
-            let out = engine.compact(&view, &opts, &QuarterCounter);
-            assert!(kept(&out.prefix, &refs), "target {:?}", opts.target_tokens);
+            assert!(!kept(&without.prefix, refs), "the history before it is compactable");
+            let bounded = CompactOptions { epoch_boundary: Some(at), ..opts.clone() };
+            let out = engine.compact(&plain, &bounded, &QuarterCounter);
+            assert!(kept(&out.prefix, refs), "target {:?}", opts.target_tokens);
             assert_ne!(out.prefix[head..], refs[head..out.boundary], "what follows is compacted");
         }
     }

@@ -110,6 +110,12 @@ pub trait WireBody: Send + Sync {
     fn server_compaction(&self) -> Option<&'static str> {
         None
     }
+    /// The neutral message the upstream reads in place of everything before it, when the request
+    /// has one (the last Responses `compaction` item, the last Anthropic `compaction` block with a
+    /// summary): a hard epoch boundary ([`crate::compact::CompactOptions::epoch_boundary`]).
+    fn epoch_boundary(&self) -> Option<usize> {
+        None
+    }
     /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
     /// conversation, and where its values lie; `sources` says, one per message, what each stands for
     /// among the request's own neutral messages (the engine's plan, [`Source::of_plan`]), so that

@@ -10,7 +10,7 @@
 //! | an assistant `message` followed by `function_call` / `custom_tool_call` / `local_shell_call` items | one assistant message with `tool_calls` (`id` = `call_id`) |
 //! | `function_call_output` / `custom_tool_call_output` / `local_shell_call_output` | a `tool` message paired by `call_id` |
 //! | `reasoning` | none of its own: it belongs to the item it precedes and goes wherever that goes |
-//! | `compaction` (`compaction_summary`, `context_compaction`) | an opaque message marked as a hard epoch boundary: it and everything before it are forwarded as they are (the server reads it in place of them) |
+//! | `compaction` (`compaction_summary`, `context_compaction`) | an opaque message, the request's hard epoch boundary (`WireBody::epoch_boundary`): it and everything before it are forwarded as they are (the server reads it in place of them) |
 //! | `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
 //!
 //! Writing back maps each forwarded neutral message to items by its source (the engine's plan:
@@ -38,7 +38,6 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{ChatBody, Invalid, Origin, Source, Spans, Wire, WireBody, WireError, json_string, replace_member};
-use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string};
 
@@ -49,7 +48,7 @@ pub const COMPACTION_TRIGGER: &str = "compaction_trigger";
 /// The `type`s of the items in which the server hands back a compacted history (`compaction`, what
 /// `/responses/compact` and server-side compaction return; `compaction_summary` and
 /// `context_compaction`, the names Codex also sends): the server reads such an item in place of
-/// everything before it, so each is a hard epoch boundary (see [`EPOCH_BOUNDARY_KEY`]).
+/// everything before it, so each is a hard epoch boundary ([`WireBody::epoch_boundary`]).
 pub const COMPACTION_ITEMS: [&str; 3] = ["compaction", "compaction_summary", "context_compaction"];
 
 /// What one input item is to the adapter.
@@ -147,6 +146,8 @@ pub struct ResponsesBody<'a> {
     has_instructions: bool,
     /// For each neutral message after the instructions, the items `start..end` it stands for.
     ranges: Vec<(usize, usize)>,
+    /// The last neutral message holding a compaction item.
+    epoch_boundary: Option<usize>,
 }
 
 impl<'a> ResponsesBody<'a> {
@@ -165,6 +166,7 @@ impl<'a> ResponsesBody<'a> {
             neutral: Vec::new(),
             has_instructions: false,
             ranges: Vec::new(),
+            epoch_boundary: None,
         };
         if let Some(instructions) = out.body.field("instructions").filter(|v| v.get().starts_with('"')) {
             out.neutral.push(format!(r#"{{"role":"system","content":{}}}"#, instructions.get()));
@@ -184,11 +186,10 @@ impl<'a> ResponsesBody<'a> {
         while start < out.items.len() {
             let end = turn_end(&out.items, start);
             let raws = &out.body.messages[start..end];
-            let mut neutral = neutral_of(&out.items[start..end], &heads[start..end], raws);
             if out.items[start..end].iter().any(|item| COMPACTION_ITEMS.contains(&item.type_name.as_str())) {
-                mark_boundary(&mut neutral);
+                out.epoch_boundary = Some(out.neutral.len());
             }
-            out.neutral.push(neutral);
+            out.neutral.push(neutral_of(&out.items[start..end], &heads[start..end], raws));
             out.ranges.push((start, end));
             start = end;
         }
@@ -307,14 +308,6 @@ fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> Stri
     }
 }
 
-/// Add `"pare_epoch_boundary": true` as the last member of the neutral message `json` (an object).
-fn mark_boundary(json: &mut String) {
-    json.pop();
-    json.push_str(",\"");
-    json.push_str(EPOCH_BOUNDARY_KEY);
-    json.push_str("\":true}");
-}
-
 /// An opaque neutral message: the engine keeps it in place; its text is the items' (so it counts).
 fn opaque(raws: &[&str]) -> String {
     let mut out = String::from(r#"{"role":"opaque","content":"#);
@@ -335,6 +328,9 @@ impl WireBody for ResponsesBody<'_> {
     }
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    }
+    fn epoch_boundary(&self) -> Option<usize> {
+        self.epoch_boundary
     }
     fn server_compaction(&self) -> Option<&'static str> {
         self.items.iter().any(|item| item.type_name == COMPACTION_TRIGGER).then_some(

@@ -13,7 +13,7 @@
 //! | an assistant turn | one `assistant` message: `text` blocks as content parts, `tool_use` blocks as `tool_calls` (`arguments` = the JSON text of `input`) |
 //! | `thinking`, `redacted_thinking`, `server_tool_use`, `web_search_tool_result`, unknown blocks in an assistant turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
 //! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
-//! | a turn holding a `compaction` block with a summary (the context-management beta) | its message as above, marked as a hard epoch boundary: the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
+//! | a turn holding a `compaction` block with a summary (the context-management beta) | its message as above, the request's hard epoch boundary (`WireBody::epoch_boundary`): the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
 //!
 //! `cache_control` marks are left out of the neutral form (Claude Code moves its last mark to the
 //! newest turn on every request: the conversation it marks is the same) and written back where the
@@ -45,14 +45,13 @@ use serde_json::{Map, Value};
 use super::{
     ChatBody, Forwarded, Invalid, Origin, Source, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
-use crate::compact::conversation::EPOCH_BOUNDARY_KEY;
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
 
 /// The `type` of the block in which the server hands back its summary of the conversation
 /// (the context-management beta's compaction): the API reads it in place of everything before it, so
-/// the neutral message holding it is a hard epoch boundary ([`EPOCH_BOUNDARY_KEY`]), forwarded with
+/// the neutral message holding it is a hard epoch boundary ([`WireBody::epoch_boundary`]), forwarded with
 /// everything before it as they are. The block itself stays in its turn byte for byte.
 pub const COMPACTION_BLOCK: &str = "compaction";
 
@@ -196,6 +195,8 @@ pub struct MessagesBody<'a> {
     has_system: bool,
     /// What each neutral message after the system prompt stands for.
     units: Vec<Unit>,
+    /// The last neutral message holding a compaction block with a summary.
+    epoch_boundary: Option<usize>,
 }
 
 impl<'a> MessagesBody<'a> {
@@ -208,6 +209,7 @@ impl<'a> MessagesBody<'a> {
             neutral: Vec::new(),
             has_system: false,
             units: Vec::new(),
+            epoch_boundary: None,
         };
         if let Some(system) = out.body.field("system").map(RawValue::get).filter(|s| *s != "null") {
             let mut message = String::from(r#"{"role":"system","content":"#);
@@ -225,7 +227,10 @@ impl<'a> MessagesBody<'a> {
                 out.neutral.push(text_message(&turn.role, turn.content));
                 out.units.push(Unit::Turn(t));
             } else if turn.role == "assistant" {
-                out.neutral.push(with_boundary(assistant_message(&turn.blocks), &turn.blocks));
+                if turn.blocks.iter().any(|b| b.compaction) {
+                    out.epoch_boundary = Some(out.neutral.len());
+                }
+                out.neutral.push(assistant_message(&turn.blocks));
                 out.units.push(Unit::Turn(t));
             } else {
                 for (b, block) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
@@ -234,8 +239,10 @@ impl<'a> MessagesBody<'a> {
                 }
                 let written: Vec<&Block<'_>> = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
                 if !written.is_empty() || turn.blocks.is_empty() {
-                    let message = user_blocks_message(&written);
-                    out.neutral.push(if written.iter().any(|b| b.compaction) { marked(message) } else { message });
+                    if written.iter().any(|b| b.compaction) {
+                        out.epoch_boundary = Some(out.neutral.len());
+                    }
+                    out.neutral.push(user_blocks_message(&written));
                     out.units.push(Unit::UserParts(t));
                 }
             }
@@ -327,20 +334,6 @@ fn assistant_message(blocks: &[Block<'_>]) -> String {
     out
 }
 
-/// `message` marked as an epoch boundary when `blocks` hold a compaction block.
-fn with_boundary(message: String, blocks: &[Block<'_>]) -> String {
-    if blocks.iter().any(|b| b.compaction) { marked(message) } else { message }
-}
-
-/// The neutral message `message` (an object) with `"pare_epoch_boundary": true` as its last member.
-fn marked(mut message: String) -> String {
-    message.pop();
-    message.push_str(",\"");
-    message.push_str(EPOCH_BOUNDARY_KEY);
-    message.push_str("\":true}");
-    message
-}
-
 /// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).
 fn opaque(raw: &str) -> String {
     let mut out = String::from(r#"{"role":"opaque","content":"#);
@@ -358,6 +351,9 @@ impl WireBody for MessagesBody<'_> {
     }
     fn top(&self) -> &ChatBody<'_> {
         &self.body
+    }
+    fn epoch_boundary(&self) -> Option<usize> {
+        self.epoch_boundary
     }
     fn output_limit(&self) -> Option<u64> {
         self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())

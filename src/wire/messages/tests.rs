@@ -119,7 +119,8 @@ fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
         let parsed = parse(body);
         let raw = parsed.messages();
         let view = crate::neutral::View { messages: &raw, tools: None };
-        let out = engine.compact(&view, &crate::compact::CompactOptions::default(), &crate::tokens::QuarterCounter);
+        let options = crate::compact::CompactOptions { epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
+        let out = engine.compact(&view, &options, &crate::tokens::QuarterCounter);
         let mut messages = out.prefix.clone();
         messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
         written(&parsed, &messages)
@@ -131,10 +132,8 @@ fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
         let body = compacted_session(block);
         let raw: Value = serde_json::from_str(&body).unwrap();
         let parsed = parse(&body);
-        let marked: Vec<usize> = (0..parsed.messages().len())
-            .filter(|&i| parsed.messages()[i].contains(r#""pare_epoch_boundary":true"#))
-            .collect();
-        assert_eq!(marked, [3], "the assistant turn holding the block");
+        assert_eq!(parsed.epoch_boundary(), Some(3), "the assistant turn holding the block");
+        assert!(!parsed.messages().iter().any(|m| m.contains("pare_")), "the neutral form carries no key of pare's");
         let forwarded = compact(&body);
         assert_eq!(forwarded["messages"].as_array().unwrap()[..5], raw["messages"].as_array().unwrap()[..5]);
         assert_ne!(forwarded["messages"][6], raw["messages"][6], "a later result is compacted");
@@ -144,7 +143,7 @@ fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
     for block in [r#"{"type":"compaction","content":null}"#, r#"{"type":"text","text":"Summary."}"#] {
         let body = compacted_session(block);
         let raw: Value = serde_json::from_str(&body).unwrap();
-        assert!(!parse(&body).messages().iter().any(|m| m.contains("pare_epoch_boundary")), "{block}");
+        assert_eq!(parse(&body).epoch_boundary(), None, "{block}");
         assert_ne!(compact(&body)["messages"][2], raw["messages"][2], "{block}");
     }
 }
@@ -457,7 +456,8 @@ mod properties {
 
     fn forwarded(engine: &Engine, parsed: &MessagesBody<'_>, target: Option<u64>) -> (Vec<String>, usize) {
         let raw = parsed.messages();
-        let options = CompactOptions { target_tokens: target, ..Default::default() };
+        let options =
+            CompactOptions { target_tokens: target, epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
         let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
         let mut messages = out.prefix.clone();
         messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));

@@ -66,15 +66,13 @@ fn items_read_into_turns_paired_by_call_id() {
     assert!(crate::compact::validate::check(&skeletons).is_ok());
 }
 
-/// A compaction item (under each name the server and Codex use) is an opaque message marked as a
-/// hard epoch boundary; no other message is marked.
+/// A compaction item (under each name the server and Codex use) is an opaque message that is the
+/// request's hard epoch boundary; the neutral form carries no key of pare's for it.
 #[test]
 fn compaction_items_are_marked_as_epoch_boundaries() {
     let parsed = parse(CODEX);
-    let marked: Vec<usize> = (0..parsed.messages().len())
-        .filter(|&i| parsed.messages()[i].contains(r#""pare_epoch_boundary":true"#))
-        .collect();
-    assert_eq!(marked, [9]);
+    assert_eq!(parsed.epoch_boundary(), Some(9));
+    assert!(parsed.messages().iter().all(|m| !m.contains("pare_")));
     assert!(parsed.messages()[9].contains(r#"\"type\":\"compaction\""#));
     for kind in COMPACTION_ITEMS {
         let body = format!(
@@ -84,14 +82,9 @@ fn compaction_items_are_marked_as_epoch_boundaries() {
         let messages = parsed.messages();
         let boundary = Message::from_raw(messages[1]).unwrap();
         assert_eq!(boundary.role, "opaque", "{kind}");
-        assert!(crate::compact::conversation::is_epoch_boundary(&boundary), "{kind}");
-        assert!(!crate::compact::conversation::is_epoch_boundary(&Message::from_raw(messages[2]).unwrap()));
+        assert_eq!(parsed.epoch_boundary(), Some(1), "{kind}");
         let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
-        assert_eq!(
-            write_by_hand(&parsed, &refs(&owned)).unwrap().0,
-            body.as_bytes(),
-            "the mark never reaches the wire"
-        );
+        assert_eq!(write_by_hand(&parsed, &refs(&owned)).unwrap().0, body.as_bytes(), "written back as sent");
     }
 }
 
@@ -347,7 +340,8 @@ mod properties {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
             let raw = parsed.messages();
             let engine = Engine::default_pack();
-            let options = CompactOptions { target_tokens: Some(target), ..Default::default() };
+            let options =
+                CompactOptions { target_tokens: Some(target), epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
             let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
             let mut messages = out.prefix.clone();
             messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
@@ -380,7 +374,8 @@ mod properties {
             }
             // Compacting the forwarded request again changes nothing.
             let again_raw = forwarded.messages();
-            let again = engine.compact(&View { messages: &again_raw, tools: None }, &CompactOptions::default(), &QuarterCounter);
+            let again_options = CompactOptions { epoch_boundary: forwarded.epoch_boundary(), ..Default::default() };
+            let again = engine.compact(&View { messages: &again_raw, tools: None }, &again_options, &QuarterCounter);
             let mut again_messages = again.prefix.clone();
             again_messages.extend(again_raw[again.boundary..].iter().map(|m| (*m).to_owned()));
             prop_assert_eq!(again_messages, again_raw.iter().map(|m| (*m).to_owned()).collect::<Vec<_>>());
