@@ -86,16 +86,23 @@ pub(crate) fn put(
 /// none is stored (a session that never changed its state, an archive written before plans were
 /// stored, a row of another [`FORMAT`]).
 pub fn latest(conn: &Db, session: &str) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
-    Ok(rows(conn, session, "DESC LIMIT 1")?.pop())
+    latest_at(conn, session, i64::MAX)
+}
+
+/// [`latest`] as it stood when exchange `exchange` was forwarded: the state stored at or before it
+/// (what [`in_force`] finds in the whole [`history`], read without it).
+pub fn latest_at(conn: &Db, session: &str, exchange: i64) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
+    Ok(rows(conn, session, exchange, "DESC LIMIT 1")?.pop())
 }
 
 /// Every state `session` was stored in, oldest first, each with the id of the exchange that left
 /// it (rows of another [`FORMAT`] are left out).
 pub fn history(conn: &Db, session: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
-    rows(conn, session, "ASC")
+    rows(conn, session, i64::MAX, "ASC")
 }
 
-fn rows(conn: &Db, session: &str, order: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
+/// The rows of `session` stored with an exchange up to `exchange`, in `order` of storing.
+fn rows(conn: &Db, session: &str, exchange: i64, order: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
     if !conn.has_table("plans")? {
         return Ok(Vec::new());
     }
@@ -107,10 +114,10 @@ fn rows(conn: &Db, session: &str, order: &str) -> Result<Vec<(i64, SessionPlan)>
         "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
                 p.prefix_seen, {items}
          FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
-         WHERE p.session = ?1 ORDER BY p.id {order}"
+         WHERE p.session = ?1 AND p.exchange <= ?2 ORDER BY p.id {order}"
     );
     let mut out = Vec::new();
-    for row in conn.query_all(&sql, params![session])? {
+    for row in conn.query_all(&sql, params![session, exchange])? {
         let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
         if format != FORMAT {
             continue;
@@ -328,6 +335,10 @@ mod tests {
         assert_eq!(in_force(&history, x1), Some(&first));
         assert_eq!(in_force(&history, x2 - 1), Some(&first));
         assert_eq!(in_force(&history, x3), Some(&second));
+        for at in [x1 - 1, x1, x2 - 1, x2, x3] {
+            let read = latest_at(&conn, "s", at).unwrap().map(|(_, plan)| plan);
+            assert_eq!(read.as_ref(), in_force(&history, at), "exchange {at}");
+        }
         assert_eq!(latest(&conn, "other").unwrap(), Some((x3, SessionPlan::default())));
         // The prefix messages are blobs shared by the two rows.
         let n_blobs: i64 = conn.query_one("SELECT count(*) FROM blobs", params![]).unwrap().get(0).unwrap();

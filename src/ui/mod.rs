@@ -260,8 +260,9 @@ impl Ui {
             .next_back()
             .filter(|&start| start != seq);
         let raw = reader.body(id, seq, BodyKind::Raw)?;
-        let plans = crate::archive::plan::history(reader.conn(), id)?;
-        let frozen = crate::archive::plan::in_force(&plans, exchange.id).and_then(|plan| plan.frozen.as_ref());
+        // Only the state this request was forwarded under is read, not the session's whole history.
+        let plan = crate::archive::plan::latest_at(reader.conn(), id, exchange.id)?;
+        let frozen = plan.as_ref().and_then(|(_, plan)| plan.frozen.as_ref());
         let answer = reader.response(id, seq)?;
         let view = pages::RequestView { info: &info, exchange, raw: &raw, frozen, epoch_started_at };
         Ok(Reply::html(200, pages::request(&view, answer.as_ref())))
