@@ -346,16 +346,21 @@ def fleet(tmp_path_factory):
         yield FleetRun(directory, archive, backend, config, replicas, nginx, postgres, stub.recorded(),
                        conversations, codex, killed_at, stopped)
     finally:
-        for server in reversed(started):
-            try:
-                server.stop()
-            except Exception:  # noqa: BLE001 - every server gets its stop
-                pass
+        stop_all(started)
         if stub:
             stub.close()
         if os.environ.get("PARE_FLEET_KEEP"):
             shutil.copytree(directory, Path(os.environ["PARE_FLEET_KEEP"]), dirs_exist_ok=True)
 
+
+
+def stop_all(servers):
+    """Stop every server started, the last first, whatever one of them raises."""
+    for server in reversed(servers):
+        try:
+            server.stop()
+        except Exception:  # noqa: BLE001 - every server gets its stop
+            pass
 
 def test_clients_finish_their_sessions_through_nginx(fleet):
     errors = {name: c.error for name, c in fleet.conversations.items() if c.error}
@@ -539,9 +544,5 @@ def test_replicas_keep_proxying_while_postgres_is_down(tmp_path):
         assert sum(s["requests"] for s in sessions.values()) == len(answers) == len(run.stub_bodies("/v1/chat/completions"))
         assert run.cli("sessions", "verify", check=False).returncode == 0
     finally:
-        for server in reversed(started):
-            try:
-                server.stop()
-            except Exception:  # noqa: BLE001 - every server gets its stop
-                pass
+        stop_all(started)
         stub.close()
