@@ -99,55 +99,25 @@ pub fn message_key(raw: &str) -> u64 {
 
 /// [`message_key`] of the usual message — an object whose `role`, `content` and `tool_call_id` are
 /// strings, null or absent, and whose `tool_calls`, if any, are objects with a string `id` and a
-/// `function` of string `name` and `arguments` — read in place instead of into a [`Value`]: the
+/// `function` of string `name` and `arguments` — read in place as its [`crate::neutral::Shape`] instead of into a [`Value`]: the
 /// same key [`message_key_value`] gives it. `None` for any other message (and for a repeated key,
 /// where the `Value` keeps the last one).
 fn plain_message_key(raw: &str) -> Option<u64> {
-    use std::borrow::Cow;
-    #[derive(serde::Deserialize)]
-    struct Plain<'a> {
-        #[serde(borrow, default)]
-        role: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        content: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        tool_call_id: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        tool_calls: Option<Vec<PlainCall<'a>>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct PlainCall<'a> {
-        #[serde(borrow, default)]
-        id: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        function: Option<PlainFunction<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct PlainFunction<'a> {
-        #[serde(borrow, default)]
-        name: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        arguments: Option<Cow<'a, str>>,
-    }
-    // An array would read as a struct too; `message_key` keys only objects field by field.
-    if raw.trim_start_matches([' ', '\t', '\n', '\r']).as_bytes().first() != Some(&b'{') {
-        return None;
-    }
-    let plain: Plain<'_> = serde_json::from_str(raw).ok()?;
-    let (role, content, id) = (plain.role.unwrap_or_default(), plain.content.unwrap_or_default(), plain.tool_call_id);
+    // A content of another type than a string is keyed from its value: the read stops at it.
+    let shape = crate::neutral::Shape::<crate::neutral::shape::Str<'_>>::parse_as(raw)?;
+    let content = shape.content.as_ref().map_or("", |text| &text.0);
+    let calls = shape
+        .tool_calls
+        .iter()
+        .flatten()
+        .map(|call| Some((call.id.as_deref().unwrap_or(""), call.name_and_arguments()?)))
+        .collect::<Option<Vec<_>>>()?;
     let calls = |buf: &mut Vec<u8>| {
-        for call in plain.tool_calls.iter().flatten() {
-            let function = call.function.as_ref();
-            let arguments = function.and_then(|f| f.arguments.as_deref()).map(canonical_argument_text);
-            push_call(
-                buf,
-                call.id.as_deref().unwrap_or(""),
-                function.and_then(|f| f.name.as_deref()).unwrap_or(""),
-                arguments.as_deref().unwrap_or(""),
-            );
+        for (id, (name, arguments)) in &calls {
+            push_call(buf, id, name, &canonical_argument_text(arguments));
         }
     };
-    Some(key_of_parts(&role, &content, calls, id.as_deref().unwrap_or("")))
+    Some(key_of_parts(&shape.role, content, calls, shape.tool_call_id.as_deref().unwrap_or("")))
 }
 
 /// The normalized key of a parsed message (see the module docs for what is ignored).

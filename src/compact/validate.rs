@@ -7,38 +7,24 @@
 //! here (`WireBody::check` and the adapters' writers), and adds only the rules of its own that the
 //! neutral form cannot express.
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The part of a message invariant 1 is about.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+/// The part of a message invariant 1 is about: its [`crate::neutral::Shape`]'s role, call ids
+/// (an absent id is `""`) and result id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Skeleton {
-    #[serde(default)]
     pub role: String,
-    #[serde(default, deserialize_with = "call_ids")]
     pub tool_calls: Vec<String>,
-    #[serde(default)]
     pub tool_call_id: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct IdOnly {
-    #[serde(default)]
-    id: Option<String>,
-}
-
-fn call_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    let calls: Option<Vec<IdOnly>> = Option::deserialize(d)?;
-    Ok(calls.unwrap_or_default().into_iter().map(|c| c.id.unwrap_or_default()).collect())
-}
-
 impl Skeleton {
-    /// The skeleton of a raw message; a message that is not an object of this shape has none.
+    /// The skeleton of a raw message; a message with no [`crate::neutral::Shape`] has none.
     pub fn of(raw: &str) -> Option<Skeleton> {
-        serde_json::from_str(raw).ok().or_else(|| match crate::neutral::lone_surrogates_replaced(raw) {
-            // A lone surrogate escape is valid JSON that serde_json refuses to decode.
-            std::borrow::Cow::Owned(readable) => serde_json::from_str(&readable).ok(),
-            std::borrow::Cow::Borrowed(_) => None,
+        crate::neutral::shape::read(raw, |shape| Skeleton {
+            role: shape.role.to_string(),
+            tool_calls: shape.tool_calls.iter().flatten().map(|c| c.id.as_deref().unwrap_or("").to_owned()).collect(),
+            tool_call_id: shape.tool_call_id.as_deref().map(str::to_owned),
         })
     }
 

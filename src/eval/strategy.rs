@@ -167,16 +167,7 @@ pub fn apply(strategy: Strategy, body: &ChatBody<'_>, usable: u64, tokens: impl 
 
 /// The text of a message's content: the string, or its text parts joined by newlines.
 fn content_text(raw: &str) -> String {
-    let Ok(value) = serde_json::from_str::<Value>(raw) else {
-        return String::new();
-    };
-    match value.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
+    crate::neutral::Message::from_raw(raw).map(|m| m.text()).unwrap_or_default()
 }
 
 /// Python's `len(text.splitlines())`, which SWE-agent counts.

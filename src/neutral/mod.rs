@@ -15,11 +15,13 @@
 
 mod read;
 pub(crate) mod scan;
+pub mod shape;
 #[cfg(test)]
 pub(crate) mod testing;
 
 pub use read::{MemberValue, Want, object_members, raw_members};
 pub use scan::{lone_surrogates_replaced, push_json_string};
+pub use shape::Shape;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -44,25 +46,12 @@ pub fn message_hashes<M: AsRef<str>>(messages: &[M]) -> Vec<u128> {
     messages.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.as_ref().as_bytes())).collect()
 }
 
-/// The `role` of a neutral message ("" when it has none or is not an object); reads only that key.
+/// The `role` of a neutral message: `""` when it has none or no [`Shape`].
 pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
-    #[derive(Deserialize)]
-    struct Role<'a> {
-        #[serde(borrow, default)]
-        role: Option<std::borrow::Cow<'a, str>>,
+    if let Some(shape) = Shape::parse(raw) {
+        return shape.role;
     }
-    match serde_json::from_str::<Role<'_>>(raw) {
-        Ok(r) => r.role.unwrap_or_default(),
-        // A lone surrogate escape anywhere in the message (see [`lone_surrogates_replaced`]).
-        Err(_) => match lone_surrogates_replaced(raw) {
-            std::borrow::Cow::Owned(readable) => serde_json::from_str::<Role<'_>>(&readable)
-                .ok()
-                .and_then(|r| r.role)
-                .map(|role| std::borrow::Cow::Owned(role.into_owned()))
-                .unwrap_or_default(),
-            std::borrow::Cow::Borrowed(_) => std::borrow::Cow::Borrowed(""),
-        },
-    }
+    shape::read(raw, |shape| std::borrow::Cow::Owned(shape.role.to_string())).unwrap_or_default()
 }
 
 /// A message's `content`: a string, an array of parts, or null/absent.

@@ -539,7 +539,7 @@ fn unchanged_run(run: &[(usize, &str)]) -> Markup {
         details.kept {
             summary {
                 @if run.len() == 1 {
-                    "#" (first) " " (serde_json::from_str::<Value>(&crate::neutral::lone_surrogates_replaced(run[0].1)).ok().and_then(|m| m.get("role").and_then(Value::as_str).map(str::to_owned)).unwrap_or_default())
+                    "#" (first) " " (crate::neutral::role_of(run[0].1))
                     " · unchanged"
                 } @else { "#" (first) "–#" (last) " · " (run.len()) " messages unchanged" }
             }
