@@ -1,4 +1,4 @@
-//! The fast path of [`ChatBody::parse`](crate::wire::ChatBody::parse): one pass over the body that checks
+//! The fast path of [`Split::parse`](crate::wire::Split::parse): one pass over the body that checks
 //! it is valid JSON and finds the top-level keys and the bytes of each message, without building any
 //! value.
 //!
@@ -21,7 +21,7 @@ use std::borrow::Cow;
 pub(crate) struct Split<'a> {
     /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
     pub fields: Vec<(Cow<'a, str>, &'a str)>,
-    /// Position of `messages` among the keys, as in [`ChatBody`](crate::wire::ChatBody).
+    /// Position of `messages` among the keys, as `array_idx` in [`Split`](crate::wire::Split).
     pub messages_idx: usize,
     /// The `messages` array as it is in the body, brackets included.
     pub messages_raw: &'a str,
@@ -569,7 +569,7 @@ mod tests {
     /// body or finds no `messages` array).
     fn by_serde(body: &[u8]) -> Option<Owned> {
         let top = TopLevel::parse(body, "messages").ok()?;
-        let (idx, raw, messages) = top.messages()?;
+        let (idx, raw, messages) = top.elements()?;
         let fields = top.fields.into_iter().map(|(k, v)| (k, v.get().to_owned())).collect();
         Some((fields, idx, raw.get().to_owned(), messages.into_iter().map(|m| m.get().to_owned()).collect()))
     }
