@@ -737,12 +737,8 @@ fn eager_and_epoch_each_use_their_own_water_marks() {
                 None => raw.messages().iter().map(|m| (*m).to_owned()).collect(),
                 Some(p) => {
                     let before = ChatBody::parse(&session[p]).unwrap().messages().len();
-                    results[p]
-                        .0
-                        .iter()
-                        .cloned()
-                        .chain(raw.messages()[before..].iter().map(|m| (*m).to_owned()))
-                        .collect()
+                    let since = raw.messages()[before..].iter().map(|m| (*m).to_owned());
+                    results[p].0.iter().cloned().chain(since).collect()
                 }
             };
             let over = tokens.count_request(&candidate, None) as f64 > high * usable;
