@@ -9,7 +9,7 @@
 //!
 //! Every adapter holds the body's [`Split`] (`split.rs`): the top-level keys other than the
 //! conversation array with their bytes, and the array's elements as raw text, read by the fast scan
-//! of [`crate::neutral::scan`] (serde_json when it declines). The split writes the forwarded body and
+//! of `neutral::scan` (serde_json when it declines). The split writes the forwarded body and
 //! says where its values lie ([`Spans`], what the archive stores a body along).
 //!
 //! - [`ChatBody`] (`chat.rs`): Chat Completions, split around `messages`. Its messages are the

@@ -44,7 +44,7 @@ impl<'a> Split<'a> {
     /// its first position and its last value (as a JSON object map does); an `array_key` whose value
     /// is not an array is refused.
     ///
-    /// A body is read by the fast scan of [`scan`] when it can; whatever the scan declines (invalid
+    /// A body is read by the fast scan of `neutral::scan` when it can; whatever the scan declines (invalid
     /// JSON included) is parsed by serde_json, which also words the error.
     pub fn parse(bytes: &'a [u8], array_key: &'static str) -> Result<Split<'a>, WireError> {
         Self::parse_resumed(bytes, array_key, None)
