@@ -26,8 +26,8 @@
 //! its own that the neutral form cannot express, each a variant of its `Structure` error. Both
 //! are an [`Invalid`].
 //!
-//! A new format is one file with a type implementing [`WireBody`], a variant of [`Wire`] and its
-//! arm in [`parse`] (and of [`Invalid`] when it has rules of its own).
+//! A new format is one file with a type implementing [`WireBody`] over its body's [`Split`], a
+//! variant of [`Wire`] and its arm in [`parse`] (and of [`Invalid`] when it has rules of its own).
 
 mod chat;
 pub mod convert;
