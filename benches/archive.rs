@@ -74,7 +74,7 @@ fn request_path(c: &mut Criterion) {
     let parsed_body = body.clone();
     let parsed = ChatBody::parse(&parsed_body).unwrap();
     group.bench_function(format!("session assign ({} KB body, 82 messages)", body.len() / 1024), |b| {
-        b.iter(|| tracker.assign(&HeaderMap::new(), Some(&parsed.messages)))
+        b.iter(|| tracker.assign(&HeaderMap::new(), Some(parsed.messages())))
     });
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -184,9 +184,9 @@ fn sessions_formed(lines: &[&str]) -> usize {
     let mut ids = std::collections::HashSet::new();
     for (k, line) in lines.iter().enumerate() {
         let Ok(body) = ChatBody::parse(line.as_bytes()) else { continue };
-        let assignment = tracker.assign(&HeaderMap::new(), Some(&body.messages));
+        let assignment = tracker.assign(&HeaderMap::new(), Some(body.messages()));
         let next: Option<Value> = lines.get(k + 1).and_then(|l| serde_json::from_str(l).ok());
-        if let Some(answer) = next.as_ref().and_then(|n| n["messages"].get(body.messages.len())) {
+        if let Some(answer) = next.as_ref().and_then(|n| n["messages"].get(body.messages().len())) {
             tracker.answered(&assignment.session, assignment.key_req, answer);
         }
         ids.insert(assignment.session);

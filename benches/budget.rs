@@ -76,7 +76,7 @@ fn budget(c: &mut Criterion) {
             for _ in 0..iters {
                 let fresh = compactor();
                 let parsed = ChatBody::parse(&full).expect("valid body");
-                let raw = parsed.messages.clone();
+                let raw = parsed.messages().to_vec();
                 let started = Instant::now();
                 black_box(request_tokens(fresh.counter(Some("bench")), &raw, None));
                 total += started.elapsed();

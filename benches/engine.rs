@@ -45,13 +45,13 @@ fn bench(c: &mut Criterion) {
     let responses =
         convert::chat_to_responses(&serde_json::from_slice(&body).unwrap()).unwrap().to_string().into_bytes();
     let engine = Engine::default_pack();
-    let n_messages = ChatBody::parse(&body).unwrap().messages.len();
+    let n_messages = ChatBody::parse(&body).unwrap().messages().len();
     let tiktoken = TokenCounter::new(&CounterConfig::default());
-    let raw_tokens: u64 = ChatBody::parse(&body).unwrap().messages.iter().map(|m| tiktoken.message(m)).sum();
+    let raw_tokens: u64 = ChatBody::parse(&body).unwrap().messages().iter().map(|m| tiktoken.message(m)).sum();
     let out = compact_bytes(&engine, &body, None, &tiktoken);
     let one_thread = CompactOptions { single_thread: true, ..Default::default() };
     assert_eq!(out, compact_with(&engine, &body, &one_thread, &tiktoken), "one thread or all cores: same bytes");
-    let out_tokens: u64 = ChatBody::parse(&out).unwrap().messages.iter().map(|m| tiktoken.message(m)).sum();
+    let out_tokens: u64 = ChatBody::parse(&out).unwrap().messages().iter().map(|m| tiktoken.message(m)).sum();
     // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`, a debug build) criterion
     // runs each function once as a test, and timings printed here would read like real figures.
     if std::env::args().any(|a| a == "--bench") {

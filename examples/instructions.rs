@@ -39,7 +39,7 @@ fn main() {
     };
     let body = engine_request::large_request();
     let engine = Engine::default_pack();
-    let spans = ChatBody::parse(&body).expect("the bench body parses").spans_in(&body);
+    let spans = ChatBody::parse(&body).expect("the bench body parses").split.spans_in(&body);
     let mut total = 0usize;
     for _ in 0..n {
         let body = black_box(&body[..]);
@@ -48,7 +48,7 @@ fn main() {
                 let options = CompactOptions { single_thread: op == "compact", ..Default::default() };
                 engine_request::compact_with(&engine, body, &options, &QuarterCounter).len()
             }
-            "parse" => ChatBody::parse(body).expect("the bench body parses").messages.len(),
+            "parse" => ChatBody::parse(body).expect("the bench body parses").messages().len(),
             "archive-split" => pare::archive::body::split(body).len(),
             "archive-split-along" => pare::archive::body::split_along(body, spans.as_ref()).len(),
             "serde-parse" => usize::from(serde_json::from_slice::<Value>(body).expect("valid JSON").is_object()),

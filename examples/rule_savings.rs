@@ -54,8 +54,8 @@ fn main() {
                 let Ok(body) = ChatBody::parse(line.as_bytes()) else { continue };
                 let out = engine.compact(&body.view(), &CompactOptions::default(), &counter);
                 t.requests += 1;
-                t.raw_tokens += body.messages.iter().map(|m| counter.message(m)).sum::<u64>();
-                t.old_results += body.messages[..out.boundary]
+                t.raw_tokens += body.messages().iter().map(|m| counter.message(m)).sum::<u64>();
+                t.old_results += body.messages()[..out.boundary]
                     .iter()
                     .filter(|m| role_of(m) == "tool")
                     .map(|m| counter.message(m))

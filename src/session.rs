@@ -723,7 +723,7 @@ mod tests {
     fn assign(t: &SessionTracker, messages: &[Value]) -> Assignment {
         let bytes = body(messages);
         let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
-        t.assign(&HeaderMap::new(), Some(&parsed.messages))
+        t.assign(&HeaderMap::new(), Some(parsed.messages()))
     }
 
     fn sys() -> Value {
@@ -821,10 +821,10 @@ mod tests {
         headers.insert("x-pare-session", "agent-7".parse().unwrap());
         let bytes = body(&[sys(), user("x")]);
         let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
-        let a = t.assign(&headers, Some(&parsed.messages));
+        let a = t.assign(&headers, Some(parsed.messages()));
         assert_eq!((a.session.as_str(), a.how), ("agent-7", Assigned::Header));
         headers.insert("x-pare-session", "../../etc/passwd".parse().unwrap());
-        let b = t.assign(&headers, Some(&parsed.messages));
+        let b = t.assign(&headers, Some(parsed.messages()));
         assert_ne!(b.session, "../../etc/passwd");
         assert!(valid_session_id(&b.session));
         assert!(!valid_session_id(""));
@@ -965,7 +965,7 @@ mod tests {
         let next = [sys(), user("go"), call("c1"), result("c1", "x")];
         let bytes = body(&next);
         let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
-        let (refs, hashes) = (&parsed.messages, message_hashes(&parsed.messages));
+        let (refs, hashes) = (parsed.messages(), message_hashes(parsed.messages()));
         let keys = b.assign_known(&HeaderMap::new(), Some((refs, &hashes))).unwrap_err();
         assert_eq!(keys.len(), next.len());
         assert!(keys.contains(&ext), "the prefix keys hold the session's ext key");

@@ -87,6 +87,6 @@ pub fn compact_with(engine: &Engine, body: &[u8], options: &CompactOptions, coun
     let parsed = ChatBody::parse(body).unwrap();
     let out = engine.compact(&parsed.view(), options, counter);
     let mut messages = out.prefix;
-    messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    messages.extend(parsed.messages()[out.boundary..].iter().map(|m| (*m).to_owned()));
     parsed.to_vec_with_messages(&messages)
 }

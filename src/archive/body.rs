@@ -11,7 +11,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::wire::{ChatBody, Spans};
+use crate::wire::{Spans, Split};
 
 /// Top-level values at least this long are stored as blobs (deduplicated across requests).
 const BLOB_MIN_LEN: usize = 64;
@@ -45,7 +45,7 @@ pub fn split(body: &[u8]) -> Vec<Piece<'_>> {
 }
 
 /// [`split`] along where the body's values lie, as a parse of the same bytes found them
-/// ([`ChatBody::spans_in`]) or as the compactor wrote them ([`ChatBody::to_vec_and_spans`]): the proxy
+/// ([`Split::spans_in`]) or as the compactor wrote them ([`Split::to_vec_and_spans`]): the proxy
 /// has parsed or written every body before the archive stores it, so the writer need not parse it
 /// again. Spans that do not fit the body (another body's) are not used: the body is split as [`split`]
 /// does.
@@ -58,7 +58,7 @@ pub fn split_along<'a>(body: &'a [u8], spans: Option<&Spans>) -> Vec<Piece<'a>> 
 
 fn split_json(body: &[u8]) -> Option<Vec<Piece<'_>>> {
     // The proxy's own parse: one validating pass over the body that gives each value's bytes in place.
-    let parsed = ChatBody::parse(body).or_else(|_| ChatBody::parse_keyed(body, "input")).ok()?;
+    let parsed = Split::parse(body, "messages").or_else(|_| Split::parse(body, "input")).ok()?;
     pieces(body, &parsed.spans_in(body)?)
 }
 
@@ -69,7 +69,7 @@ fn pieces<'a>(body: &'a [u8], spans: &Spans) -> Option<Vec<Piece<'a>>> {
     let mut values: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.fields.len() + 1);
     let blobs = spans.fields.iter().filter(|(start, end)| end.saturating_sub(*start) >= BLOB_MIN_LEN);
     values.extend(blobs.map(|&(start, end)| (start, end, false)));
-    values.push((spans.messages_array.0, spans.messages_array.1, true));
+    values.push((spans.array.0, spans.array.1, true));
     values.sort_unstable();
     let mut pieces = Vec::with_capacity(values.len() * 2 + 1);
     let mut at = 0;
@@ -81,7 +81,7 @@ fn pieces<'a>(body: &'a [u8], spans: &Spans) -> Option<Vec<Piece<'a>>> {
             pieces.push(Piece::Lit(&body[at..start]));
         }
         if is_messages {
-            pieces.push(Piece::Messages(split_messages(body, start, end, &spans.messages)?));
+            pieces.push(Piece::Messages(split_messages(body, start, end, &spans.elements)?));
         } else {
             pieces.push(Piece::Blob(&body[start..end]));
         }
@@ -381,7 +381,7 @@ mod tests {
             });
             assert_eq!(found, *n_messages, "body {:?}", String::from_utf8_lossy(body));
             // Along the spans of the proxy's parse of the same bytes: the same pieces, no second parse.
-            let spans = ChatBody::parse(body).ok().and_then(|parsed| parsed.spans_in(body));
+            let spans = Split::parse(body, "messages").ok().and_then(|parsed| parsed.spans_in(body));
             assert_eq!(spans.is_some(), n_messages.is_some(), "body {:?}", String::from_utf8_lossy(body));
             assert_eq!(split_along(body, spans.as_ref()), pieces, "body {:?}", String::from_utf8_lossy(body));
         }
@@ -392,15 +392,15 @@ mod tests {
     fn spans_that_do_not_fit_are_not_used() {
         let long: &[u8] = br#"{"model":"m","messages":[{"role":"system","content":"a long system prompt"},{"role":"user","content":"hi"}]}"#;
         let short: &[u8] = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
-        let spans_of = |body: &[u8]| ChatBody::parse(body).unwrap().spans_in(body).unwrap();
+        let spans_of = |body: &[u8]| Split::parse(body, "messages").unwrap().spans_in(body).unwrap();
         assert_eq!(split_along(short, Some(&spans_of(long))), split(short));
         // A message that starts before the one it follows ends.
         let mut swapped = spans_of(short);
-        swapped.messages.push((0, 1));
+        swapped.elements.push((0, 1));
         assert_eq!(split_along(short, Some(&swapped)), split(short));
         // Spans that fit are what the pieces follow: listing no message leaves the array whole.
         let mut no_messages = spans_of(long);
-        no_messages.messages.clear();
+        no_messages.elements.clear();
         let Some(Piece::Messages(m)) =
             split_along(long, Some(&no_messages)).into_iter().find(|p| matches!(p, Piece::Messages(_)))
         else {

@@ -199,7 +199,7 @@ pub struct ExchangeRecord {
     pub headers: Vec<(String, String)>,
     /// Exactly what the agent sent.
     pub raw: Bytes,
-    /// Where `raw`'s values lie, from the proxy's parse of it ([`crate::wire::ChatBody::spans_in`]):
+    /// Where `raw`'s values lie, from the proxy's parse of it ([`crate::wire::Split::spans_in`]):
     /// the writer then splits it without a second parse. `None`: the writer parses `raw` itself.
     pub raw_spans: Option<Spans>,
     /// What was forwarded; `None` when it is `raw` unchanged.

@@ -102,9 +102,9 @@ pub fn replay(
             let forwarded = ChatBody::parse(raw).ok().filter(|_| wire == Wire::Chat).and_then(|body| {
                 let (window, reserve) = compactor.window_and_reserve(&body, window);
                 let usable = window.saturating_sub(reserve);
-                let counter = compactor.counter(body.model().as_deref());
-                let tools = body.field("tools").map(|t| t.get());
-                let tokens = || counter.count_request(&body.messages, tools);
+                let counter = compactor.counter(body.split.model().as_deref());
+                let tools = body.split.field("tools").map(|t| t.get());
+                let tokens = || counter.count_request(body.messages(), tools);
                 apply(strategy, &body, usable, tokens)
             });
             Replayed {
@@ -120,7 +120,7 @@ pub fn replay(
 /// The request `strategy` sends for `body`, or `None` when it sends it unchanged. `tokens` counts the
 /// raw request (only `clear` asks).
 pub fn apply(strategy: Strategy, body: &ChatBody<'_>, usable: u64, tokens: impl FnOnce() -> u64) -> Option<Vec<u8>> {
-    let roles: Vec<_> = body.messages.iter().map(|m| role_of(m)).collect();
+    let roles: Vec<_> = body.messages().iter().map(|m| role_of(m)).collect();
     let tool_results: Vec<usize> = (0..roles.len()).filter(|&i| roles[i] == "tool").collect();
     let mut edit: Vec<(usize, String)> = Vec::new();
     match strategy {
@@ -135,7 +135,7 @@ pub fn apply(strategy: Strategy, body: &ChatBody<'_>, usable: u64, tokens: impl 
             };
             let last_removed = observations.len().saturating_sub(keep);
             for &i in observations.get(1..last_removed).unwrap_or_default() {
-                edit.push((i, mask_placeholder(line_count(&content_text(body.messages[i])))));
+                edit.push((i, mask_placeholder(line_count(&content_text(body.messages()[i])))));
             }
         }
         Strategy::Clear { keep, trigger } => {
@@ -147,14 +147,14 @@ pub fn apply(strategy: Strategy, body: &ChatBody<'_>, usable: u64, tokens: impl 
         }
         Strategy::Truncate => {
             for &i in &tool_results {
-                let text = content_text(body.messages[i]);
+                let text = content_text(body.messages()[i]);
                 if let Some(short) = head_and_tail(&text) {
                     edit.push((i, short));
                 }
             }
         }
     }
-    let mut messages: Vec<String> = body.messages.iter().map(|m| (*m).to_owned()).collect();
+    let mut messages: Vec<String> = body.messages().iter().map(|m| (*m).to_owned()).collect();
     let mut changed = false;
     for (i, text) in edit {
         if let Some(replaced) = with_content(&messages[i], text) {

@@ -445,7 +445,7 @@ mod tests {
                 continue;
             }
             let bytes = std::fs::read(&path).unwrap();
-            for raw in crate::wire::ChatBody::parse(&bytes).unwrap().messages {
+            for raw in crate::wire::ChatBody::parse(&bytes).unwrap().messages() {
                 let fast = agrees(raw).unwrap();
                 assert!(fast.is_some(), "{name}: declined {raw}");
                 read += 1;

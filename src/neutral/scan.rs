@@ -1,4 +1,4 @@
-//! The fast path of [`ChatBody::parse`](crate::wire::ChatBody::parse): one pass over the body that checks
+//! The fast path of [`Split::parse`](crate::wire::Split::parse): one pass over the body that checks
 //! it is valid JSON and finds the top-level keys and the bytes of each message, without building any
 //! value.
 //!
@@ -21,7 +21,7 @@ use std::borrow::Cow;
 pub(crate) struct Split<'a> {
     /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
     pub fields: Vec<(Cow<'a, str>, &'a str)>,
-    /// Position of `messages` among the keys, as in [`ChatBody`](crate::wire::ChatBody).
+    /// Position of `messages` among the keys, as `array_idx` in [`Split`](crate::wire::Split).
     pub messages_idx: usize,
     /// The `messages` array as it is in the body, brackets included.
     pub messages_raw: &'a str,
@@ -55,10 +55,11 @@ pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
     split_resumed(body, list_key, None)
 }
 
-/// [`split`], scanning only what follows `resume` when given: the caller vouches that `body`
-/// starts with the bytes of a body this scan accepted up to the end of `resume`'s last element
-/// (and one byte more when that element ends in a digit, which a number could go on with), so
-/// that the scan would reach the same state there. The whole body is still checked to be UTF-8.
+/// Split `body`, or `None` when the scan declines, scanning only what follows `resume` when given:
+/// the caller vouches that `body` starts with the bytes of a body this scan accepted up to the end
+/// of `resume`'s last element (and one byte more when that element ends in a digit, which a number
+/// could go on with), so that the scan would reach the same state there. The whole body is still
+/// checked to be UTF-8.
 pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&Resume<'_>>) -> Option<Split<'a>> {
     let text = std::str::from_utf8(body).ok()?;
     let mut s = Scanner { bytes: body, at: 0 };
@@ -495,7 +496,7 @@ fn low_half(bytes: &[u8], at: usize) -> Option<u32> {
 /// by a low half) written `\ufffd`, so that serde_json reads it: JSON's grammar allows any four
 /// hex digits (tool outputs carry such escapes when a program printed undecodable bytes), but a
 /// Rust string cannot hold a lone surrogate and serde_json refuses to decode one. Where pare shows
-/// or matches the text, a lone surrogate then reads as U+FFFD, as [`Scanner::decode_string`] reads
+/// or matches the text, a lone surrogate then reads as U+FFFD, as `Scanner::decode_string` reads
 /// it; the bytes pare forwards unchanged keep the escape. Borrowed when there is none (the usual
 /// case, found with one search for `\ud`).
 pub fn lone_surrogates_replaced(json: &str) -> Cow<'_, str> {
@@ -569,7 +570,7 @@ mod tests {
     /// body or finds no `messages` array).
     fn by_serde(body: &[u8]) -> Option<Owned> {
         let top = TopLevel::parse(body, "messages").ok()?;
-        let (idx, raw, messages) = top.messages()?;
+        let (idx, raw, messages) = top.elements()?;
         let fields = top.fields.into_iter().map(|(k, v)| (k, v.get().to_owned())).collect();
         Some((fields, idx, raw.get().to_owned(), messages.into_iter().map(|m| m.get().to_owned()).collect()))
     }

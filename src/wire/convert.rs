@@ -1,6 +1,8 @@
 //! Converters between wire formats, for tests and evaluation: a Chat Completions session becomes the
-//! Responses session an agent such as Codex CLI would have sent (`pare convert`, `pare eval --wire
-//! responses` on a chat corpus), and a Responses conversation becomes chat messages for export.
+//! session an agent speaking another format would have sent (Responses as Codex CLI sends it,
+//! Anthropic Messages, Gemini: `pare eval --convert --wire responses` on a chat corpus). The ways
+//! back to chat messages, for export, are in each format's own module (`messages::convert`,
+//! `gemini::convert`) and in the archive's export (Responses).
 
 use serde_json::{Map, Value, json};
 

@@ -75,7 +75,7 @@ impl RecentBodies {
             return super::parse(wire, bytes);
         }
         let extended = self.take_extended(bytes);
-        let body = ChatBody::parse_resumed(bytes, "messages", extended.as_ref().map(Remembered::resume).as_ref())?;
+        let body = ChatBody::parse_resumed(bytes, extended.as_ref().map(Remembered::resume).as_ref())?;
         self.remember(bytes, &body);
         Ok(Box::new(body))
     }
@@ -102,17 +102,18 @@ impl RecentBodies {
     }
 
     fn remember(&self, bytes: &Bytes, body: &ChatBody<'_>) {
-        let Some(spans) = body.spans_in(bytes) else { return };
-        if spans.messages.is_empty() || bytes.len() as u64 > Self::MAX_BYTES {
+        let split = &body.split;
+        let Some(spans) = split.spans_in(bytes) else { return };
+        if spans.elements.is_empty() || bytes.len() as u64 > Self::MAX_BYTES {
             return;
         }
-        let n_before = body.messages_idx.min(body.fields.len());
-        let fields = body.fields[..n_before].iter().zip(&spans.fields).map(|((key, _), span)| (key.clone(), *span));
+        let n_before = split.array_idx.min(split.fields.len());
+        let fields = split.fields[..n_before].iter().zip(&spans.fields).map(|((key, _), span)| (key.clone(), *span));
         let remembered = Remembered {
             body: bytes.clone(),
             fields: fields.collect(),
-            array_start: spans.messages_array.0,
-            messages: spans.messages,
+            array_start: spans.array.0,
+            messages: spans.elements,
         };
         let mut bodies = self.lock();
         bodies.push_back(remembered);
@@ -127,23 +128,24 @@ impl RecentBodies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Split;
 
     /// Messages and top-level fields of `body` read through `recent`, checked equal to a fresh
     /// parse's (and the same spans); empty when both refuse it.
     fn parse_both(recent: &RecentBodies, body: &str) -> (Vec<String>, Vec<(String, String)>) {
         let bytes = Bytes::from(body.to_owned());
-        let read = |top: &ChatBody<'_>| {
+        let read = |top: &Split<'_>| {
             let fields: Vec<(String, String)> =
                 top.fields.iter().map(|(k, v)| (k.clone(), v.get().to_owned())).collect();
-            let messages: Vec<String> = top.messages.iter().map(|m| (*m).to_owned()).collect();
-            (messages, fields, top.messages_idx, top.spans_in(&bytes))
+            let messages: Vec<String> = top.elements.iter().map(|m| (*m).to_owned()).collect();
+            (messages, fields, top.array_idx, top.spans_in(&bytes))
         };
         let fresh = ChatBody::parse(&bytes);
         let parsed = recent.parse(Wire::Chat, &bytes);
         match (&parsed, fresh) {
             (Ok(parsed), Ok(fresh)) => {
                 let resumed = read(parsed.top());
-                assert_eq!(resumed, read(&fresh), "{body}");
+                assert_eq!(resumed, read(&fresh.split), "{body}");
                 (resumed.0, resumed.1)
             }
             (Err(_), Err(_)) => (Vec::new(), Vec::new()),

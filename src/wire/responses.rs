@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{ChatBody, Invalid, Origin, Source, Spans, Wire, WireBody, WireError, json_string, replace_member};
+use super::{Invalid, Origin, Source, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string};
 
@@ -135,8 +135,8 @@ fn call_id_of<'h>(head: &'h Head<'_>) -> Option<&'h str> {
 /// A Responses request body read into the neutral view.
 #[derive(Debug)]
 pub struct ResponsesBody<'a> {
-    /// The top level, split around `input` (its elements are the raw items).
-    body: ChatBody<'a>,
+    /// The body split around `input` (its elements are the raw items).
+    split: Split<'a>,
     /// `input` is a string: one user message, forwarded as sent.
     input_is_text: bool,
     items: Vec<Item>,
@@ -154,13 +154,13 @@ impl<'a> ResponsesBody<'a> {
     /// Parse a Responses request. Fails when the body is not a JSON object with an `input` list or
     /// string.
     pub fn parse(bytes: &'a [u8]) -> Result<ResponsesBody<'a>, WireError> {
-        let (body, input_is_text) = match ChatBody::parse_keyed(bytes, "input") {
-            Ok(body) => (body, false),
-            Err(WireError::NoMessages(_)) => (text_input(bytes)?, true),
+        let (split, input_is_text) = match Split::parse(bytes, "input") {
+            Ok(split) => (split, false),
+            Err(WireError::NoArray(_)) => (text_input(bytes)?, true),
             Err(err) => return Err(err),
         };
         let mut out = ResponsesBody {
-            body,
+            split,
             input_is_text,
             items: Vec::new(),
             neutral: Vec::new(),
@@ -168,16 +168,16 @@ impl<'a> ResponsesBody<'a> {
             ranges: Vec::new(),
             epoch_boundary: None,
         };
-        if let Some(instructions) = out.body.field("instructions").filter(|v| v.get().starts_with('"')) {
+        if let Some(instructions) = out.split.field("instructions").filter(|v| v.get().starts_with('"')) {
             out.neutral.push(format!(r#"{{"role":"system","content":{}}}"#, instructions.get()));
             out.has_instructions = true;
         }
         if input_is_text {
-            out.neutral.push(format!(r#"{{"role":"user","content":{}}}"#, out.body.messages_raw));
+            out.neutral.push(format!(r#"{{"role":"user","content":{}}}"#, out.split.array_raw));
             return Ok(out);
         }
-        let mut heads = Vec::with_capacity(out.body.messages.len());
-        for raw in &out.body.messages {
+        let mut heads = Vec::with_capacity(out.split.elements.len());
+        for raw in &out.split.elements {
             let (item, head) = Item::read(raw);
             out.items.push(item);
             heads.push(head);
@@ -185,7 +185,7 @@ impl<'a> ResponsesBody<'a> {
         let mut start = 0;
         while start < out.items.len() {
             let end = turn_end(&out.items, start);
-            let raws = &out.body.messages[start..end];
+            let raws = &out.split.elements[start..end];
             if out.items[start..end].iter().any(|item| COMPACTION_ITEMS.contains(&item.type_name.as_str())) {
                 out.epoch_boundary = Some(out.neutral.len());
             }
@@ -198,7 +198,7 @@ impl<'a> ResponsesBody<'a> {
 
     /// The raw items of the request, in order.
     pub fn items(&self) -> &[&'a str] {
-        &self.body.messages
+        &self.split.elements
     }
 
     /// Index of the first neutral message made of items (after the instructions, when present).
@@ -208,16 +208,15 @@ impl<'a> ResponsesBody<'a> {
 }
 
 /// A body whose `input` is a string: the top level with an empty item list.
-fn text_input(bytes: &[u8]) -> Result<ChatBody<'_>, WireError> {
+fn text_input(bytes: &[u8]) -> Result<Split<'_>, WireError> {
     let top = super::TopLevel::parse(bytes, "input")?;
-    let (idx, raw) =
-        top.messages.filter(|(_, raw)| raw.get().starts_with('"')).ok_or(WireError::NoMessages("input"))?;
-    Ok(ChatBody {
-        key: "input",
+    let (idx, raw) = top.array.filter(|(_, raw)| raw.get().starts_with('"')).ok_or(WireError::NoArray("input"))?;
+    Ok(Split {
+        array_key: "input",
         fields: top.fields.into_iter().collect(),
-        messages_idx: idx,
-        messages_raw: raw.get(),
-        messages: Vec::new(),
+        array_idx: idx,
+        array_raw: raw.get(),
+        elements: Vec::new(),
     })
 }
 
@@ -323,11 +322,11 @@ impl WireBody for ResponsesBody<'_> {
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
     }
-    fn top(&self) -> &ChatBody<'_> {
-        &self.body
+    fn top(&self) -> &Split<'_> {
+        &self.split
     }
     fn output_limit(&self) -> Option<u64> {
-        self.body.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+        self.split.field("max_output_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
     fn epoch_boundary(&self) -> Option<usize> {
         self.epoch_boundary
@@ -343,18 +342,18 @@ impl WireBody for ResponsesBody<'_> {
         }
         let items = self.items_for(messages, sources)?;
         check_conversation(&items, self.has_instructions)?;
-        let unchanged = items.len() == self.body.messages.len()
-            && items.iter().zip(&self.body.messages).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
-        Ok(if unchanged { self.body.to_vec_and_spans_keeping_array() } else { self.body.to_vec_and_spans(&items) })
+        let unchanged = items.len() == self.split.elements.len()
+            && items.iter().zip(&self.split.elements).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
+        Ok(if unchanged { self.split.to_vec_and_spans_keeping_array() } else { self.split.to_vec_and_spans(&items) })
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         if self.input_is_text {
             return None;
         }
-        self.body.spans_in(body)
+        self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.body.messages, self.has_instructions)
+        check_conversation(&self.split.elements, self.has_instructions)
     }
 }
 
@@ -377,7 +376,7 @@ impl ResponsesBody<'_> {
         };
         let read =
             |text: &str| Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")));
-        let raw = &self.body.messages;
+        let raw = &self.split.elements;
         let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
         for (text, source) in messages.iter().zip(sources).skip(first) {
             match *source {
@@ -401,7 +400,7 @@ impl ResponsesBody<'_> {
     /// Item `k` with what the forwarded neutral `message` changed: a tool output's `output`, a call's
     /// arguments, an assistant message's content. Reasoning and opaque items are kept.
     fn rewrite_item(&self, k: usize, message: &Message) -> Result<Cow<'_, str>, WireError> {
-        let raw = self.body.messages[k];
+        let raw = self.split.elements[k];
         let item = &self.items[k];
         let replace = |key: &str, value: String| -> Result<Cow<'_, str>, WireError> {
             replace_member(raw, key, &value)

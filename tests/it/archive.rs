@@ -45,7 +45,7 @@ fn exchange(session: &str, raw: &[u8], forwarded: Option<&[u8]>) -> ExchangeReco
 /// compactor's writing give (the writer then does not parse them again).
 fn with_spans(mut record: ExchangeRecord) -> ExchangeRecord {
     fn spans(body: &Bytes) -> Option<pare::wire::Spans> {
-        ChatBody::parse(body).ok().and_then(|parsed| parsed.spans_in(body))
+        ChatBody::parse(body).ok().and_then(|parsed| parsed.split.spans_in(body))
     }
     record.raw_spans = spans(&record.raw);
     record.forwarded_spans = record.forwarded.as_ref().and_then(spans);
@@ -1004,11 +1004,11 @@ fn hermes_resume_without_tool_names_stays_in_one_session() {
     let mut sessions = Vec::new();
     for (k, line) in requests.iter().enumerate() {
         let body = ChatBody::parse(line.as_bytes()).unwrap();
-        let assignment = tracker.assign(&HeaderMap::new(), Some(&body.messages));
+        let assignment = tracker.assign(&HeaderMap::new(), Some(body.messages()));
         // The answer to request k is the assistant message request k+1 carries at that position.
         if let Some(next) = requests.get(k + 1) {
             let next: Value = serde_json::from_str(next).unwrap();
-            let answer = &next["messages"][body.messages.len()];
+            let answer = &next["messages"][body.messages().len()];
             assert_eq!(answer["role"], "assistant");
             tracker.answered(&assignment.session, assignment.key_req, answer);
         }

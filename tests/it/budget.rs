@@ -452,7 +452,7 @@ fn run(
             let out = compactor.compact_body(session, &body, Some(window));
             let forwarded = out.body.clone().unwrap_or_else(|| raw.clone());
             let fb = ChatBody::parse(&forwarded).unwrap();
-            let messages = fb.messages.iter().map(|m| (*m).to_owned()).collect();
+            let messages = fb.messages().iter().map(|m| (*m).to_owned()).collect();
             (messages, out)
         })
         .collect()
@@ -734,10 +734,11 @@ fn eager_and_epoch_each_use_their_own_water_marks() {
         for (k, (_, out)) in results.iter().enumerate() {
             let raw = ChatBody::parse(&session[k]).unwrap();
             let candidate: Vec<String> = match k.checked_sub(1) {
-                None => raw.messages.iter().map(|m| (*m).to_owned()).collect(),
+                None => raw.messages().iter().map(|m| (*m).to_owned()).collect(),
                 Some(p) => {
-                    let before = ChatBody::parse(&session[p]).unwrap().messages.len();
-                    results[p].0.iter().cloned().chain(raw.messages[before..].iter().map(|m| (*m).to_owned())).collect()
+                    let before = ChatBody::parse(&session[p]).unwrap().messages().len();
+                    let since = raw.messages()[before..].iter().map(|m| (*m).to_owned());
+                    results[p].0.iter().cloned().chain(since).collect()
                 }
             };
             let over = tokens.count_request(&candidate, None) as f64 > high * usable;
@@ -834,14 +835,14 @@ fn a_models_entry_sets_the_encoding_window_and_reserve_the_compactor_uses() {
     };
     let legacy = body("legacy-7b", "");
     let parsed = ChatBody::parse(&legacy).unwrap();
-    assert_eq!(compactor.counter(parsed.model().as_deref()).encoding(), Encoding::Cl100kBase);
+    assert_eq!(compactor.counter(parsed.split.model().as_deref()).encoding(), Encoding::Cl100kBase);
     assert_eq!(compactor.window_and_reserve(&parsed, None), (3000, 500));
     // The request's own max_tokens is the reserve, whatever the model's.
     let asks = body("legacy-7b", r#","max_tokens":700"#);
     assert_eq!(compactor.window_and_reserve(&ChatBody::parse(&asks).unwrap(), None), (3000, 700));
     let other = body("qwen3", r#","max_completion_tokens":100"#);
     let parsed = ChatBody::parse(&other).unwrap();
-    assert_eq!(compactor.counter(parsed.model().as_deref()).encoding(), Encoding::O200kBase);
+    assert_eq!(compactor.counter(parsed.split.model().as_deref()).encoding(), Encoding::O200kBase);
     assert_eq!(compactor.window_and_reserve(&parsed, None), (9000, 100));
     // The counts in the summary are the model's encoding's.
     let text = "Ünïcödé façade naïve — 東京 ".repeat(40);
@@ -977,7 +978,7 @@ fn a_stored_prefix_without_its_fates_is_compacted_afresh() {
     run(&replayed, "s", &requests[..=k], WINDOW);
     let plan = replayed.take_plan("s").expect("the epoch stored a plan");
     assert!(plan.frozen.as_ref().is_some_and(|f| f.plan.is_some()));
-    let last_raw = pare::neutral::message_hashes(&ChatBody::parse(&requests[k]).unwrap().messages);
+    let last_raw = pare::neutral::message_hashes(ChatBody::parse(&requests[k]).unwrap().messages());
 
     let with_fates = compactor_with(RESERVE_YAML, MaskEngine::new(2));
     with_fates.resume("s", plan.clone(), &last_raw);

@@ -35,7 +35,7 @@ fn run_with(engine: &Engine, body: &[u8], options: &CompactOptions) -> (Vec<u8>,
     let parsed = ChatBody::parse(body).expect("fixture parses");
     let out = engine.compact(&parsed.view(), options, &QuarterCounter);
     let mut messages: Vec<String> = out.prefix.clone();
-    messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+    messages.extend(parsed.messages()[out.boundary..].iter().map(|m| (*m).to_owned()));
     (parsed.to_vec_with_messages(&messages), out)
 }
 
@@ -91,12 +91,12 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
     let before = ChatBody::parse(input).unwrap();
     let after = ChatBody::parse(output).expect("output is valid JSON with messages");
     // Tail byte-identical.
-    let tail_in = &before.messages[result.boundary..];
-    let tail_out = &after.messages[after.messages.len() - tail_in.len()..];
+    let tail_in = &before.messages()[result.boundary..];
+    let tail_out = &after.messages()[after.messages().len() - tail_in.len()..];
     assert_eq!(tail_in, tail_out, "protected tail changed");
     // User messages byte-identical and in order.
     let users = |b: &ChatBody<'_>| -> Vec<String> {
-        b.messages
+        b.messages()
             .iter()
             .filter(|m| serde_json::from_str::<Value>(m).ok().is_some_and(|v| v["role"] == "user"))
             .map(|m| (*m).to_owned())
@@ -104,16 +104,16 @@ pub fn assert_invariants(input: &[u8], output: &[u8], result: &Compacted) {
     };
     assert_eq!(users(&before), users(&after), "user messages changed");
     // Invariant 1.
-    let skeletons: Vec<_> = after.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
+    let skeletons: Vec<_> = after.messages().iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
     pare::compact::validate::check(&skeletons).expect("output satisfies invariant 1");
     // Other top-level keys untouched.
-    for (key, value) in &before.fields {
+    for (key, value) in &before.split.fields {
         if key != "messages" {
-            assert_eq!(after.field(key).map(|v| v.get()), Some(value.get()), "top-level `{key}` changed");
+            assert_eq!(after.split.field(key).map(|v| v.get()), Some(value.get()), "top-level `{key}` changed");
         }
     }
     // Tokens never grow.
-    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages.iter().map(|m| QuarterCounter.message(m)).sum() };
+    let tokens = |b: &ChatBody<'_>| -> u64 { b.messages().iter().map(|m| QuarterCounter.message(m)).sum() };
     assert!(tokens(&after) <= tokens(&before), "tokens grew: {} > {}", tokens(&after), tokens(&before));
 }
 
@@ -913,7 +913,7 @@ fn cli_compacts_a_real_request_and_reports_per_rule() {
     assert!(stderr.contains("collapse_succeeded"), "{stderr}");
     assert!(stderr.contains("\n  + [tool: execute_bash → ok"), "{stderr}");
     let parsed = ChatBody::parse(stdout).unwrap();
-    let skeletons: Vec<_> = parsed.messages.iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
+    let skeletons: Vec<_> = parsed.messages().iter().map(|m| pare::compact::validate::Skeleton::of(m)).collect();
     pare::compact::validate::check(&skeletons).unwrap();
 }
 
@@ -1650,9 +1650,9 @@ fn check_generated(
     for (idx, fate) in result.plan.iter().enumerate() {
         let Some(entry) = fate.at().map(|at| &result.prefix[at]) else { continue };
         match *fate {
-            pare::compact::Fate::Kept { .. } => prop_assert_eq!(entry.as_str(), parsed.messages[idx]),
+            pare::compact::Fate::Kept { .. } => prop_assert_eq!(entry.as_str(), parsed.messages()[idx]),
             pare::compact::Fate::Rewritten { .. } => {
-                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages[idx]).unwrap();
+                let before: serde_json::Map<String, Value> = serde_json::from_str(parsed.messages()[idx]).unwrap();
                 let after: serde_json::Map<String, Value> = serde_json::from_str(entry).unwrap();
                 let order = |m: &serde_json::Map<String, Value>| -> Vec<String> {
                     m.keys().filter(|k| !k.starts_with("reasoning")).cloned().collect()

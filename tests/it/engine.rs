@@ -42,7 +42,7 @@ fn a_lone_surrogate_in_an_old_tool_output_does_not_switch_compaction_off() {
         compacted += 1;
         let forwarded = String::from_utf8(forwarded).unwrap();
         let sent = ChatBody::parse(forwarded.as_bytes()).unwrap();
-        let (raw_messages, sent_messages) = (&body.messages, &sent.messages);
+        let (raw_messages, sent_messages) = (body.messages(), sent.messages());
         // The task, with its escape, and the tail are the agent's bytes.
         assert_eq!(sent_messages[1], raw_messages[1]);
         assert!(sent_messages[1].contains(r"\udc80"));
@@ -57,8 +57,8 @@ fn a_lone_surrogate_in_an_old_tool_output_does_not_switch_compaction_off() {
             );
         }
         // The rest of the body (model, stream) is the agent's.
-        assert_eq!(sent.fields.len(), body.fields.len());
-        for ((k1, v1), (k2, v2)) in sent.fields.iter().zip(&body.fields) {
+        assert_eq!(sent.split.fields.len(), body.split.fields.len());
+        for ((k1, v1), (k2, v2)) in sent.split.fields.iter().zip(&body.split.fields) {
             assert_eq!((k1, v1.get()), (k2, v2.get()));
         }
     }
@@ -118,7 +118,7 @@ fn a_protected_tail_over_the_window_does_not_start_an_epoch_on_every_request() {
         forwarded_total += summary.tokens_forwarded;
         let bytes = out.body.clone().unwrap_or_else(|| raw.clone().into_bytes());
         let forwarded: Vec<String> =
-            ChatBody::parse(&bytes).unwrap().messages.iter().map(|m| (*m).to_owned()).collect();
+            ChatBody::parse(&bytes).unwrap().messages().iter().map(|m| (*m).to_owned()).collect();
         if !summary.epoch_started
             && let Some(before) = &previous
         {

@@ -113,7 +113,7 @@ fn uncached_prefill_of_an_append_only_session_is_its_last_request() {
     let compactor = compactor("", MaskEngine::new(1));
     let counter = compactor.counter(Some("m"));
     let last = ChatBody::parse(requests.last().unwrap()).unwrap();
-    let last_tokens: u64 = last.messages.iter().map(|x| counter.message(x)).sum::<u64>() + REPLY_PRIMING;
+    let last_tokens: u64 = last.messages().iter().map(|x| counter.message(x)).sum::<u64>() + REPLY_PRIMING;
     // Each request re-sends the previous one plus new messages; only the reply priming repeats.
     assert_eq!(m.uncached_raw, last_tokens + REPLY_PRIMING * (requests.len() as u64 - 1));
     assert_eq!(m.uncached_forwarded, m.uncached_raw);

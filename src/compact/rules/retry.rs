@@ -49,7 +49,7 @@ mod tests {
         let parsed = ChatBody::parse(body).unwrap();
         let out = engine.compact(&parsed.view(), &CompactOptions::default(), &QuarterCounter);
         let mut messages = out.prefix;
-        messages.extend(parsed.messages[out.boundary..].iter().map(|m| (*m).to_owned()));
+        messages.extend(parsed.messages()[out.boundary..].iter().map(|m| (*m).to_owned()));
         (parsed.to_vec_with_messages(&messages), out.report)
     }
 

@@ -46,7 +46,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{
-    ChatBody, Forwarded, Invalid, Origin, Source, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    Forwarded, Invalid, Origin, Source, Spans, Split, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Message, push_json_string, raw_members};
@@ -292,8 +292,8 @@ fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
 /// A Gemini request body read into the neutral view.
 #[derive(Debug)]
 pub struct GeminiBody<'a> {
-    /// The top level, split around `contents` (its elements are the raw turns).
-    body: ChatBody<'a>,
+    /// The body split around `contents` (its elements are the raw turns).
+    split: Split<'a>,
     turns: Vec<Turn<'a>>,
     /// The neutral messages: the system prompt first when the request has one, then the turns'.
     neutral: Vec<String>,
@@ -308,9 +308,9 @@ impl<'a> GeminiBody<'a> {
     /// Parse a Gemini request sent to a path that said `call`. Fails when the body is not a JSON
     /// object with a `contents` list.
     pub fn parse_at(bytes: &'a [u8], call: Call) -> Result<GeminiBody<'a>, WireError> {
-        let body = ChatBody::parse_keyed(bytes, "contents")?;
-        let turns = read_turns(&body.messages);
-        let mut out = GeminiBody { body, turns, neutral: Vec::new(), has_system: false, units: Vec::new(), call };
+        let split = Split::parse(bytes, "contents")?;
+        let turns = read_turns(&split.elements);
+        let mut out = GeminiBody { split, turns, neutral: Vec::new(), has_system: false, units: Vec::new(), call };
         if let Some(system) = out.system() {
             out.neutral.push(system_message(system));
             out.has_system = true;
@@ -350,7 +350,7 @@ impl<'a> GeminiBody<'a> {
     fn system(&self) -> Option<&'a str> {
         ["systemInstruction", "system_instruction"]
             .iter()
-            .find_map(|key| self.body.field(key))
+            .find_map(|key| self.split.field(key))
             .map(RawValue::get)
             .filter(|s| *s != "null")
     }
@@ -464,8 +464,8 @@ impl WireBody for GeminiBody<'_> {
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
     }
-    fn top(&self) -> &ChatBody<'_> {
-        &self.body
+    fn top(&self) -> &Split<'_> {
+        &self.split
     }
     fn model(&self) -> Option<String> {
         self.call.model.clone()
@@ -474,7 +474,7 @@ impl WireBody for GeminiBody<'_> {
         self.call.stream
     }
     fn output_limit(&self) -> Option<u64> {
-        let config = ["generationConfig", "generation_config"].iter().find_map(|key| self.body.field(key))?;
+        let config = ["generationConfig", "generation_config"].iter().find_map(|key| self.split.field(key))?;
         let members = raw_members(config.get())?;
         members
             .iter()
@@ -484,19 +484,19 @@ impl WireBody for GeminiBody<'_> {
     fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
         let turns = self.turns_for(messages, sources)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
-        let unchanged = turns.len() == self.body.messages.len()
-            && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
+        let unchanged = turns.len() == self.split.elements.len()
+            && turns.iter().zip(&self.split.elements).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
         if unchanged {
-            return Ok(self.body.to_vec_and_spans_keeping_array());
+            return Ok(self.split.to_vec_and_spans_keeping_array());
         }
         check_conversation(&turns, self.has_system)?;
-        Ok(self.body.to_vec_and_spans(&turns))
+        Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
-        self.body.spans_in(body)
+        self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.body.messages, self.has_system)
+        check_conversation(&self.split.elements, self.has_system)
     }
 }
 

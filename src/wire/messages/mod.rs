@@ -43,7 +43,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{
-    ChatBody, Forwarded, Invalid, Origin, Source, Spans, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    Forwarded, Invalid, Origin, Source, Spans, Split, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
@@ -187,8 +187,8 @@ impl<'a> Turn<'a> {
 /// A Messages request body read into the neutral view.
 #[derive(Debug)]
 pub struct MessagesBody<'a> {
-    /// The top level, split around `messages` (its elements are the raw turns).
-    body: ChatBody<'a>,
+    /// The body split around `messages` (its elements are the raw turns).
+    split: Split<'a>,
     turns: Vec<Turn<'a>>,
     /// The neutral messages: the system prompt first when the request has one, then the turns'.
     neutral: Vec<String>,
@@ -202,23 +202,23 @@ pub struct MessagesBody<'a> {
 impl<'a> MessagesBody<'a> {
     /// Parse a Messages request. Fails when the body is not a JSON object with a `messages` list.
     pub fn parse(bytes: &'a [u8]) -> Result<MessagesBody<'a>, WireError> {
-        let body = ChatBody::parse_keyed(bytes, "messages")?;
+        let split = Split::parse(bytes, "messages")?;
         let mut out = MessagesBody {
-            turns: Vec::with_capacity(body.messages.len()),
-            body,
+            turns: Vec::with_capacity(split.elements.len()),
+            split,
             neutral: Vec::new(),
             has_system: false,
             units: Vec::new(),
             epoch_boundary: None,
         };
-        if let Some(system) = out.body.field("system").map(RawValue::get).filter(|s| *s != "null") {
+        if let Some(system) = out.split.field("system").map(RawValue::get).filter(|s| *s != "null") {
             let mut message = String::from(r#"{"role":"system","content":"#);
             message.push_str(&unmarked(system));
             message.push('}');
             out.neutral.push(message);
             out.has_system = true;
         }
-        out.turns = out.body.messages.iter().map(|raw| Turn::read(raw)).collect();
+        out.turns = out.split.elements.iter().map(|raw| Turn::read(raw)).collect();
         for (t, turn) in out.turns.iter().enumerate() {
             if turn.opaque {
                 out.neutral.push(opaque(turn.raw));
@@ -349,31 +349,31 @@ impl WireBody for MessagesBody<'_> {
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
     }
-    fn top(&self) -> &ChatBody<'_> {
-        &self.body
+    fn top(&self) -> &Split<'_> {
+        &self.split
     }
     fn epoch_boundary(&self) -> Option<usize> {
         self.epoch_boundary
     }
     fn output_limit(&self) -> Option<u64> {
-        self.body.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+        self.split.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
     fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
         let turns = self.turns_for(messages, sources)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
-        let unchanged = turns.len() == self.body.messages.len()
-            && turns.iter().zip(&self.body.messages).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
+        let unchanged = turns.len() == self.split.elements.len()
+            && turns.iter().zip(&self.split.elements).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
         if unchanged {
-            return Ok(self.body.to_vec_and_spans_keeping_array());
+            return Ok(self.split.to_vec_and_spans_keeping_array());
         }
         check_conversation(&turns, self.has_system)?;
-        Ok(self.body.to_vec_and_spans(&turns))
+        Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
-        self.body.spans_in(body)
+        self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.body.messages, self.has_system)
+        check_conversation(&self.split.elements, self.has_system)
     }
 }
 
@@ -560,13 +560,13 @@ impl MessagesBody<'_> {
 
     /// The agent's marks, in the API's order (read only when the body has any).
     fn marks(&self) -> Vec<cache::Mark> {
-        let raw_tools = self.body.field("tools").map_or("", RawValue::get);
-        let raw_system = self.body.field("system").map_or("", RawValue::get);
-        if ![raw_tools, raw_system, self.body.messages_raw].iter().any(|s| s.contains("\"cache_control\"")) {
+        let raw_tools = self.split.field("tools").map_or("", RawValue::get);
+        let raw_system = self.split.field("system").map_or("", RawValue::get);
+        if ![raw_tools, raw_system, self.split.array_raw].iter().any(|s| s.contains("\"cache_control\"")) {
             return Vec::new();
         }
         let mut body = Map::new();
-        for (key, raw) in [("tools", raw_tools), ("system", raw_system), ("messages", self.body.messages_raw)] {
+        for (key, raw) in [("tools", raw_tools), ("system", raw_system), ("messages", self.split.array_raw)] {
             if let Ok(value) = serde_json::from_str::<Value>(raw) {
                 body.insert(key.to_owned(), value);
             }

@@ -489,8 +489,8 @@ mod properties {
             for key in ["system", "tools", "model", "max_tokens"] {
                 prop_assert_eq!(&raw_v[key], &fwd_v[key]);
             }
-            let raw_turns = &parsed.body.messages;
-            let fwd_turns = &fwd.body.messages;
+            let raw_turns = &parsed.split.elements;
+            let fwd_turns = &fwd.split.elements;
             let persons = |role: &str, b: &Value| role == "user" && b["type"] != "tool_result";
             let fwd_persons = blocks_of(fwd_turns, persons);
             for block in blocks_of(raw_turns, persons) {
