@@ -4,7 +4,7 @@
 //! the text exactly as the agent sent it ([`ArchiveReader::content`]), on this archive and after a
 //! restart.
 //!
-//! The writer indexes an exchange after storing it ([`ContentIndex::index`]): it looks for ids in
+//! The writer indexes an exchange after storing it (`ContentIndex::index`): it looks for ids in
 //! the forwarded body and, only when one is not stored yet (a compaction that hid something new),
 //! stores the texts those ids name: from the record's derived texts (an elision marker's id list)
 //! and the raw body's conversation. An epoch's markers come

@@ -9,7 +9,7 @@
 //!   and migrations, content-addressed blobs.
 //! - [`body`]: splitting a body into message blobs + a template, so storage grows linearly.
 //! - [`chain`]: the per-session hash chain that `verify` checks.
-//! - [`writer`]: the background writer thread (group commit, fail-open on disk errors).
+//! - `writer`: the background writer thread (group commit, fail-open on disk errors).
 //! - [`read`]: reassembling exact body bytes from templates and blobs.
 //! - [`response`]: the [`crate::exchange::ResponseSink`] that assembles the assistant's answer.
 //! - [`sse`]: the one server-sent-events parser the answer dialects read streams with.

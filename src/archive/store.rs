@@ -303,7 +303,7 @@ fn open_pg_ro(location: &Location, pg: &PgLocation) -> Result<Db, ArchiveError> 
 }
 
 /// Bring a PostgreSQL archive's schema up to date: apply, in one transaction, the versions of
-/// [`PG_MIGRATIONS`] it lacks, and record the version in `meta`. Replicas that start together
+/// `PG_MIGRATIONS` it lacks, and record the version in `meta`. Replicas that start together
 /// take turns (a transaction-scoped advisory lock): the first migrates, the others find it done.
 pub fn migrate_postgres(db: &Db) -> Result<(), super::db::DbError> {
     db.execute_batch("BEGIN")?;

@@ -202,7 +202,7 @@ pub struct SessionPlan {
     pub epoch: u64,
     /// Raw message count when the eager frontier last advanced.
     pub advanced_at_len: usize,
-    /// The last epoch could not get under the high-water mark (see [`SessionCompactor::gains`]).
+    /// The last epoch could not get under the high-water mark (see `SessionCompactor::gains`).
     pub saturated: bool,
     pub frozen: Option<FrozenPlan>,
 }
@@ -585,7 +585,7 @@ impl SessionCompactor {
 
     /// [`SessionCompactor::compact_body`] with the body's neutral messages already read and hashed
     /// (`hashes` is [`message_hashes`] of `messages`). With `defer_counts`, a request that surely
-    /// appends (see [`LateCounts`]) is decided on upper bounds of its new messages' tokens, and the
+    /// appends (see `LateCounts`) is decided on upper bounds of its new messages' tokens, and the
     /// output's `late` counts them.
     pub fn compact_messages(
         &self,

@@ -131,7 +131,7 @@ impl Edits {
 
     /// [`Edits::set_marker`] for a marker whose reason lies in other messages (an identical later
     /// output, a later retry, a loop of calls), set only when it surely saves: its JSON text at least
-    /// [`MARKER_MARGIN`] bytes shorter than the text it replaces. Otherwise nothing changes and the
+    /// `MARKER_MARGIN` bytes shorter than the text it replaces. Otherwise nothing changes and the
     /// message stays open to the later rules. A claim that the final count reverts for saving nothing
     /// would keep the message whole; compacting the output again — where that reason may be gone (the
     /// later duplicate collapsed, the retry's arguments shortened) — would then let another rule change

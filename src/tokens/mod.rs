@@ -2,7 +2,7 @@
 //!
 //! o200k_base and cl100k_base are counted with `bpe-openai`'s byte-pair encoder, which produces the
 //! same token counts as tiktoken (a test holds the two equal on arbitrary text) 2.5–3× faster on
-//! code-like text, driven by [`bpe`]: it splits the text with a lazy DFA and a per-thread
+//! code-like text, driven by `bpe`: it splits the text with a lazy DFA and a per-thread
 //! cache (no regex pool lock per piece) and counts a piece that is one token without the encoder.
 //! Cold requests tokenize everything, and tokenizing is most of their cost. tiktoken-rs is the
 //! reference in tests (a dev-dependency); the GPT-3-era p50k/r50k encodings are not counted.
