@@ -40,10 +40,11 @@
 //!   re-sending the very first request of a conversation (a retry before any answer) starts a new
 //!   session too.
 //!
-//! The tracker is in memory, its keys charged to the byte budget (`memory.max_state_bytes`, see
-//! [`crate::memory`]) which evicts least recently used sessions; at start, and when an evicted session
-//! comes back, it joins again through its remembered heads; at start the tracker is rebuilt from the
-//! archive's stored request and ext keys ([`StoredKey`]).
+//! A session's keys are its tracker part in the memory budget (`memory.max_state_bytes`, see
+//! [`crate::memory`]), which evicts least recently used sessions; the tracker's indexes by key
+//! forget an evicted session's keys and keep its heads, through which it joins again when it comes
+//! back; at start the tracker is rebuilt from the archive's stored request and ext keys
+//! ([`StoredKey`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroUsize;
@@ -253,6 +254,7 @@ pub struct Assignment {
     pub how: Assigned,
 }
 
+/// The tracker's part of a session in the memory budget ([`crate::memory`]): its keys.
 #[derive(Default)]
 struct Tracked {
     ext_keys: VecDeque<u64>,
@@ -264,8 +266,17 @@ struct Tracked {
     pending: Vec<u64>,
 }
 
+/// A session's [`Tracked`] keys, as the budget holds them.
+type TrackedPart = Mutex<Tracked>;
+
+fn lock(part: &TrackedPart) -> std::sync::MutexGuard<'_, Tracked> {
+    part.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The tracker's indexes over the sessions' keys; the sessions' own keys are their parts in the
+/// budget.
 struct Inner {
-    sessions: LruCache<String, Tracked>,
+    budget: Arc<StateBudget>,
     /// Ext key → sessions that registered it, in registration order.
     ext: HashMap<u64, Vec<String>>,
     /// Request key → sessions that registered it, in registration order.
@@ -297,47 +308,51 @@ fn remove_from(map: &mut HashMap<u64, Vec<String>>, key: u64, session: &str) {
 }
 
 impl Inner {
-    /// Make `session` the most recently used, tracking it if new.
-    fn touch(&mut self, session: &str) -> &mut Tracked {
-        if !self.sessions.contains(session) {
-            self.sessions.push(session.to_owned(), Tracked::default());
-        }
-        self.sessions.get_mut(session).expect("just inserted")
+    /// `session`'s keys, made the most recently used session, tracking it if new.
+    fn touch(&self, session: &str) -> Arc<TrackedPart> {
+        self.budget.part(Holder::Tracker, session, TrackedPart::default)
     }
 
-    /// Drop the sessions the budget evicted, with their keys.
-    fn forget_evicted(&mut self, budget: &StateBudget) {
-        for evicted in budget.take_evicted(Holder::Tracker) {
-            if let Some(state) = self.sessions.pop(&evicted) {
-                if let Some(head) = state.req_head {
-                    self.evicted_heads.put(head, (evicted.clone(), Head::Request));
-                }
-                if let Some(head) = state.head {
-                    self.evicted_heads.put(head, (evicted.clone(), Head::Answer));
-                }
-                for key in state.ext_keys {
-                    remove_from(&mut self.ext, key, &evicted);
-                }
-                for key in state.req_keys {
-                    remove_from(&mut self.req, key, &evicted);
-                }
-                for key in state.pending {
-                    remove_from(&mut self.pending, key, &evicted);
-                }
+    /// `session`'s keys, when it is tracked.
+    fn tracked(&self, session: &str) -> Option<Arc<TrackedPart>> {
+        self.budget.peek_part(Holder::Tracker, session)
+    }
+
+    /// Drop the keys of the sessions the budget evicted from the indexes.
+    fn forget_evicted(&mut self) {
+        for (evicted, part) in self.budget.take_evicted::<TrackedPart>(Holder::Tracker) {
+            let state = std::mem::take(&mut *lock(&part));
+            if let Some(head) = state.req_head {
+                self.evicted_heads.put(head, (evicted.clone(), Head::Request));
+            }
+            if let Some(head) = state.head {
+                self.evicted_heads.put(head, (evicted.clone(), Head::Answer));
+            }
+            for key in state.ext_keys {
+                remove_from(&mut self.ext, key, &evicted);
+            }
+            for key in state.req_keys {
+                remove_from(&mut self.req, key, &evicted);
+            }
+            for key in state.pending {
+                remove_from(&mut self.pending, key, &evicted);
             }
         }
     }
 
     /// Tell the budget what `session`'s keys weigh now.
-    fn charge(&self, budget: &StateBudget, session: &str) {
-        if let Some(t) = self.sessions.peek(session) {
+    fn charge(&self, session: &str) {
+        if let Some(part) = self.tracked(session) {
+            let t = lock(&part);
             let n_keys = (t.ext_keys.len() + t.req_keys.len() + t.pending.len()) as u64;
-            budget.charge(Holder::Tracker, session, n_keys * (KEY_BYTES + session.len() as u64));
+            drop(t);
+            self.budget.charge(Holder::Tracker, session, n_keys * (KEY_BYTES + session.len() as u64));
         }
     }
 
     fn register_ext(&mut self, session: &str, key: u64) {
-        let tracked = self.touch(session);
+        let part = self.touch(session);
+        let mut tracked = lock(&part);
         tracked.head = Some(key);
         if tracked.ext_keys.contains(&key) {
             return;
@@ -352,7 +367,8 @@ impl Inner {
 
     /// A request of `session` with key `key`: its request head.
     fn register_req(&mut self, session: &str, key: u64) {
-        let tracked = self.touch(session);
+        let part = self.touch(session);
+        let mut tracked = lock(&part);
         tracked.req_head = Some(key);
         if tracked.req_keys.contains(&key) {
             return;
@@ -371,7 +387,6 @@ pub struct SessionTracker {
     headers: Vec<String>,
     inner: Mutex<Inner>,
     memo: Mutex<LruCache<u128, u64>>,
-    budget: Arc<StateBudget>,
 }
 
 impl SessionTracker {
@@ -383,17 +398,17 @@ impl SessionTracker {
     /// A tracker whose sessions are charged to `budget` (the key memo reserves its capacity there).
     pub fn with_budget(config: &ArchiveConfig, budget: Arc<StateBudget>) -> SessionTracker {
         budget.reserve(KEY_MEMO as u64 * KEY_MEMO_ENTRY_BYTES + EVICTED_HEADS as u64 * (KEY_BYTES + 32));
+        budget.notify(Holder::Tracker);
         SessionTracker {
             headers: config.session_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
             inner: Mutex::new(Inner {
-                sessions: LruCache::unbounded(),
+                budget,
                 ext: HashMap::new(),
                 req: HashMap::new(),
                 pending: HashMap::new(),
                 evicted_heads: LruCache::new(NonZeroUsize::new(EVICTED_HEADS).expect("non-zero")),
             }),
             memo: Mutex::new(LruCache::new(NonZeroUsize::new(KEY_MEMO).expect("non-zero"))),
-            budget,
         }
     }
 
@@ -485,7 +500,7 @@ impl SessionTracker {
         let prefixes = prefix_keys(&self.message_keys_hashed(messages, hashes));
         let key_req = prefixes.last().copied();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.forget_evicted(&self.budget);
+        inner.forget_evicted();
         let (session, how) = match explicit {
             Some(s) => (s, Assigned::Header),
             None => choose(&mut inner, &prefixes, opening(messages)),
@@ -495,11 +510,11 @@ impl SessionTracker {
         }
         let tracked = inner.touch(&session);
         if let Some(key) = key_req {
-            tracked.pending.push(key);
+            lock(&tracked).pending.push(key);
             inner.pending.entry(key).or_default().push(session.clone());
             inner.register_req(&session, key);
         }
-        inner.charge(&self.budget, &session);
+        inner.charge(&session);
         Ok(Assignment { session, key_req, how })
     }
 
@@ -515,10 +530,10 @@ impl SessionTracker {
         let key_req = key_req?;
         let ext = answer.iter().fold(key_req, |acc, m| chain_key(acc, message_key_value(m)));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.forget_evicted(&self.budget);
+        inner.forget_evicted();
         forget_pending(&mut inner, session, key_req);
         inner.register_ext(session, ext);
-        inner.charge(&self.budget, session);
+        inner.charge(session);
         Some(ext)
     }
 
@@ -533,27 +548,28 @@ impl SessionTracker {
     /// Rebuild a session's state from its stored keys, in the order of its records.
     pub fn seed(&self, session: &str, keys: impl IntoIterator<Item = StoredKey>) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.forget_evicted(&self.budget);
+        inner.forget_evicted();
         for key in keys {
             match key {
                 StoredKey::Request(key) => inner.register_req(session, key),
                 StoredKey::Answer(key) => inner.register_ext(session, key),
             }
         }
-        inner.charge(&self.budget, session);
+        inner.charge(session);
     }
 
     /// Number of sessions currently tracked in memory.
     pub fn n_tracked(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).sessions.len()
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).budget.count(Holder::Tracker)
     }
 }
 
 fn forget_pending(inner: &mut Inner, session: &str, key: u64) {
-    if let Some(tracked) = inner.sessions.peek_mut(session)
-        && let Some(pos) = tracked.pending.iter().position(|k| *k == key)
-    {
-        tracked.pending.remove(pos);
+    if let Some(part) = inner.tracked(session) {
+        let mut tracked = lock(&part);
+        if let Some(pos) = tracked.pending.iter().position(|k| *k == key) {
+            tracked.pending.remove(pos);
+        }
     }
     remove_from(&mut inner.pending, key, session);
 }
@@ -571,12 +587,9 @@ fn choose(inner: &mut Inner, prefixes: &[u64], opening: usize) -> (String, Assig
     for (idx, key) in prefixes.iter().enumerate().rev() {
         let len = idx + 1;
         if let Some(candidates) = inner.ext.get(key) {
-            let head =
-                candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.head == Some(*key)));
+            let head = candidates.iter().find(|s| inner.tracked(s).is_some_and(|t| lock(&t).head == Some(*key)));
             if let Some(session) = head.cloned() {
-                if let Some(t) = inner.sessions.get_mut(&session) {
-                    t.head = None;
-                }
+                lock(&inner.touch(&session)).head = None;
                 return (session, Assigned::Extends);
             }
             if let Some(session) = candidates.last().cloned() {
@@ -592,16 +605,12 @@ fn choose(inner: &mut Inner, prefixes: &[u64], opening: usize) -> (String, Assig
             continue;
         }
         if let Some(candidates) = inner.req.get(key) {
-            let head =
-                candidates.iter().find(|s| inner.sessions.peek(s.as_str()).is_some_and(|t| t.req_head == Some(*key)));
+            let head = candidates.iter().find(|s| inner.tracked(s).is_some_and(|t| lock(&t).req_head == Some(*key)));
             if let Some(session) = head.cloned() {
-                let mut how = Assigned::Extends;
-                if let Some(t) = inner.sessions.get_mut(&session) {
-                    t.req_head = None;
-                    if t.pending.contains(key) {
-                        how = Assigned::Pending;
-                    }
-                }
+                let part = inner.touch(&session);
+                let mut t = lock(&part);
+                t.req_head = None;
+                let how = if t.pending.contains(key) { Assigned::Pending } else { Assigned::Extends };
                 return (session, how);
             }
             if len > opening

@@ -568,9 +568,10 @@ impl Archive {
         })
     }
 
-    /// Charge the writer's per-session cursors (per message of each session's last bodies: blob id,
-    /// separator, digest) to `budget`; an evicted
-    /// cursor is reloaded from the store when its session writes again. Once: later calls are ignored.
+    /// Keep the writer's per-session cursors (per message of each session's last bodies: blob id,
+    /// separator, digest) as the sessions' parts in `budget`; an evicted cursor is reloaded from the
+    /// store when its session writes again. Once, before the first write: later calls are ignored
+    /// (a writer that wrote first keeps its cursors in a default budget of its own).
     pub fn share_budget(&self, budget: Arc<crate::memory::StateBudget>) {
         let _ = self.shared.budget.set(budget);
     }

@@ -35,13 +35,11 @@ use super::read::{self, BodyKind};
 use super::{Ack, ArchiveError, ExchangeRecord, Job, Location, ResponseRecord, Shared, Ticket, WriteRefused, store};
 use crate::budget::compactor::SessionPlan;
 use crate::exchange::Usage;
-use crate::memory::Holder;
+use crate::memory::{Holder, StateBudget};
 use crate::wire::{Spans, Wire};
 
 /// Most records in one transaction.
 const MAX_BATCH: usize = 4096;
-/// Sessions whose chain head and last message lists are kept in memory.
-const CURSOR_CACHE: usize = 1024;
 /// Blob hashes → ids kept in memory (skips a lookup for messages seen recently).
 const BLOB_ID_CACHE: usize = 65_536;
 /// (session, blob) links known stored (skips re-linking the blobs a session's requests repeat).
@@ -118,6 +116,9 @@ impl ListState {
     }
 }
 
+/// A session's cursor as the memory budget holds it: taken while a write uses it.
+type CursorPart = std::sync::Mutex<Option<Cursor>>;
+
 #[derive(Clone)]
 struct Cursor {
     n_requests: i64,
@@ -175,7 +176,6 @@ pub(crate) struct Writer {
     n_stale_answers: u64,
     /// Why the last open failed: what a write before the next attempt reports.
     open_error: Option<String>,
-    cursors: LruCache<String, Cursor>,
     blob_ids: LruCache<[u8; 32], i64>,
     /// (xxh3 of the session id, blob id) pairs whose `session_blobs` row is stored: each request
     /// repeats most of its session's blobs, and linking them again is a statement each (a round
@@ -208,7 +208,6 @@ impl Writer {
             stale: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
             n_stale_answers: 0,
             open_error: None,
-            cursors: LruCache::new(NonZeroUsize::new(CURSOR_CACHE).expect("non-zero")),
             blob_ids: LruCache::new(NonZeroUsize::new(BLOB_ID_CACHE).expect("non-zero")),
             linked: LruCache::new(NonZeroUsize::new(LINKED_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
@@ -360,15 +359,19 @@ impl Writer {
         }
     }
 
-    /// Keep `session`'s cursor, charged to the memory budget; drop the cursors it evicted.
+    /// Where the sessions' cursors are their parts: the memory budget shared with the proxy's
+    /// sessions, or one of the writer's own (the default budget) when none was shared before it
+    /// wrote.
+    fn budget(&self) -> &Arc<StateBudget> {
+        self.shared.budget.get_or_init(|| Arc::new(StateBudget::default()))
+    }
+
+    /// Keep `session`'s cursor as its part in the memory budget.
     fn keep(&mut self, session: String, cursor: Cursor) {
-        if let Some(budget) = self.shared.budget.get() {
-            budget.charge(Holder::Archive, &session, cursor.bytes());
-            for evicted in budget.take_evicted(Holder::Archive) {
-                self.cursors.pop(&evicted);
-            }
-        }
-        self.cursors.put(session, cursor);
+        let bytes = cursor.bytes();
+        let part = self.budget().part(Holder::Archive, &session, CursorPart::default);
+        *part.lock().unwrap_or_else(|p| p.into_inner()) = Some(cursor);
+        self.budget().charge(Holder::Archive, &session, bytes);
     }
 
     /// Write a batch in one transaction. `last`: no retry follows (the shutdown), so a batch that
@@ -456,7 +459,7 @@ impl Writer {
                     let _ = conn.rollback();
                     // The in-memory cursors may describe rows that were rolled back: start afresh
                     // from the store.
-                    self.cursors.clear();
+                    self.budget().release_all(Holder::Archive);
                     self.blob_ids.clear();
                     self.linked.clear();
                     if let Some(contents) = &mut self.contents {
@@ -539,7 +542,8 @@ impl Writer {
     /// The session's cursor: the cached one when it still describes `row`, else read from the store
     /// (another writer appended to the session, or the cursor was evicted).
     fn cursor(&mut self, conn: &Db, session: &str, row: &SessionRow) -> Result<Cursor, ArchiveError> {
-        if let Some(c) = self.cursors.pop(session)
+        let cached = self.budget().peek_part::<CursorPart>(Holder::Archive, session);
+        if let Some(c) = cached.and_then(|part| part.lock().unwrap_or_else(|p| p.into_inner()).take())
             && c.n_requests == row.n_requests
             && c.n_records == row.n_records
             && c.head == row.head

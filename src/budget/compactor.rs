@@ -21,9 +21,7 @@
 //! compacting compacted messages changes nothing, so the parts of the prefix an epoch does not need
 //! to touch stay byte-identical and the upstream keeps reusing their cache.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-
-use lru::LruCache;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::window::{ModelTable, ModelTableError, answer_reserve};
 use crate::compact::report::Report;
@@ -365,8 +363,7 @@ pub struct SessionCompactor {
     table: ModelTable,
     policy: EpochPolicy,
     counters: Vec<Arc<TokenCounter>>,
-    /// Every session's state; the memory budget evicts the least recently used.
-    sessions: Mutex<LruCache<String, Arc<Mutex<SessionState>>>>,
+    /// Where each session's state is its part; the memory budget evicts the least recently used.
     budget: Arc<StateBudget>,
     /// Set (by [`SessionCompactor::with_wall_clock`]) only when `salience.tau_seconds` asks for
     /// recency on the wall clock; `None`: ages in turns.
@@ -442,7 +439,6 @@ impl SessionCompactor {
             table,
             policy: EpochPolicy::from_config(config),
             counters,
-            sessions: Mutex::new(LruCache::unbounded()),
             budget,
             clock: None,
             plans: None,
@@ -493,19 +489,19 @@ impl SessionCompactor {
             ..SessionState::default()
         };
         state.planned = Some(state.plan_mark());
-        self.budget.charge(Holder::Compactor, session, state.bytes());
-        self.lock_sessions().put(session.to_owned(), Arc::new(Mutex::new(state)));
+        let bytes = state.bytes();
+        self.budget.put_part(Holder::Compactor, session, Mutex::new(state), bytes);
     }
 
     /// Whether this session's state is in memory (not new, not evicted).
     pub fn remembers(&self, session: &str) -> bool {
-        self.lock_sessions().contains(session)
+        self.budget.holds(Holder::Compactor, session)
     }
 
     /// How many requests of `session` the archive held when its state in memory was last known to
     /// match it; `None` when the session is not in memory or that is not known.
     pub fn archived(&self, session: &str) -> Option<u64> {
-        let state = self.lock_sessions().peek(session).cloned()?;
+        let state = self.budget.peek_part::<Mutex<SessionState>>(Holder::Compactor, session)?;
         state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).archived
     }
 
@@ -549,32 +545,17 @@ impl SessionCompactor {
 
     /// Sessions currently remembered.
     pub fn n_sessions(&self) -> usize {
-        self.lock_sessions().len()
+        self.budget.count(Holder::Compactor)
     }
 
     /// Forget a session's state (its next request starts fresh).
     pub fn forget(&self, session: &str) {
-        self.lock_sessions().pop(session);
         self.budget.release(Holder::Compactor, session);
     }
 
-    /// The sessions, without those the memory budget evicted.
-    fn lock_sessions(&self) -> MutexGuard<'_, LruCache<String, Arc<Mutex<SessionState>>>> {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for evicted in self.budget.take_evicted(Holder::Compactor) {
-            sessions.pop(&evicted);
-        }
-        sessions
-    }
-
+    /// `id`'s state, made empty when it has none.
     fn session(&self, id: &str) -> Arc<Mutex<SessionState>> {
-        let mut sessions = self.lock_sessions();
-        if let Some(state) = sessions.get(id) {
-            return state.clone();
-        }
-        let state = Arc::new(Mutex::new(SessionState::default()));
-        sessions.put(id.to_owned(), state.clone());
-        state
+        self.budget.part(Holder::Compactor, id, || Mutex::new(SessionState::default()))
     }
 
     /// Compact one request of a session; the pure part of [`ConversationCompactor::compact`].
