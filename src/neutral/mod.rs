@@ -46,6 +46,21 @@ pub fn message_hashes<M: AsRef<str>>(messages: &[M]) -> Vec<u128> {
     messages.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.as_ref().as_bytes())).collect()
 }
 
+/// The role of a neutral message that stands for wire parts pare does not read (an item type it
+/// does not know, a turn of another role, reasoning): no role the engine knows, so it keeps the
+/// message in place, never rewritten and never elided across.
+pub const OPAQUE_ROLE: &str = "opaque";
+
+/// An [`OPAQUE_ROLE`] message whose content is `raw`, the wire parts it stands for (so that they
+/// count).
+pub fn opaque(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len() + 32);
+    out.push_str(r#"{"role":"opaque","content":"#);
+    push_json_string(&mut out, raw);
+    out.push('}');
+    out
+}
+
 /// The `role` of a neutral message: `""` when it has none or no [`Shape`].
 pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
     if let Some(shape) = Shape::parse(raw) {

@@ -307,12 +307,9 @@ fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> Stri
     }
 }
 
-/// An opaque neutral message: the engine keeps it in place; its text is the items' (so it counts).
+/// An opaque neutral message standing for `raws`, items the engine keeps in place.
 fn opaque(raws: &[&str]) -> String {
-    let mut out = String::from(r#"{"role":"opaque","content":"#);
-    push_json_string(&mut out, &raws.join(","));
-    out.push('}');
-    out
+    crate::neutral::opaque(&raws.join(","))
 }
 
 impl WireBody for ResponsesBody<'_> {
@@ -508,7 +505,7 @@ fn neutral_skeletons(items: &[Item], instructions: bool) -> (Vec<Option<Skeleton
                 super::skeleton(role, calls, None)
             }
             Some((_, item)) if item.kind == Kind::Output => super::skeleton("tool", Vec::new(), Some(&item.call_id)),
-            _ => super::skeleton("opaque", Vec::new(), None),
+            _ => super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None),
         };
         skeletons.push(skeleton);
         origins.push(Origin::Item(main.unwrap_or(start)));

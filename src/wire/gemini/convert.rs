@@ -131,7 +131,7 @@ pub fn chat_to_gemini(chat: &Value) -> Option<Value> {
 /// A neutral message of the adapter as a plain chat message (text content); `None` for an opaque one.
 fn plain(message: Value) -> Option<Value> {
     let role = message.get("role").and_then(Value::as_str)?.to_owned();
-    if role == "opaque" {
+    if role == crate::neutral::OPAQUE_ROLE {
         return None;
     }
     let text = crate::wire::chat_text(message.get("content"));

@@ -318,7 +318,7 @@ impl<'a> GeminiBody<'a> {
         for (t, turn) in out.turns.iter().enumerate() {
             match turn.side {
                 Side::Opaque => {
-                    out.neutral.push(opaque(turn.raw));
+                    out.neutral.push(crate::neutral::opaque(turn.raw));
                     out.units.push(Unit::Turn(t));
                 }
                 Side::Model => {
@@ -433,14 +433,6 @@ fn model_message(turn: &Turn<'_>) -> String {
         }
         out.push(']');
     }
-    out.push('}');
-    out
-}
-
-/// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).
-fn opaque(raw: &str) -> String {
-    let mut out = String::from(r#"{"role":"opaque","content":"#);
-    push_json_string(&mut out, raw);
     out.push('}');
     out
 }
@@ -756,7 +748,7 @@ fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>
             origins.push(Origin::Turn(t));
         };
         match turn.side {
-            Side::Opaque => push(super::skeleton("opaque", Vec::new(), None)),
+            Side::Opaque => push(super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None)),
             Side::Model => {
                 push(super::skeleton("assistant", turn.calls().map(|c| turn.ids[&c].clone()).collect(), None))
             }

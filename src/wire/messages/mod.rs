@@ -221,7 +221,7 @@ impl<'a> MessagesBody<'a> {
         out.turns = out.split.elements.iter().map(|raw| Turn::read(raw)).collect();
         for (t, turn) in out.turns.iter().enumerate() {
             if turn.opaque {
-                out.neutral.push(opaque(turn.raw));
+                out.neutral.push(crate::neutral::opaque(turn.raw));
                 out.units.push(Unit::Turn(t));
             } else if turn.is_whole() {
                 out.neutral.push(text_message(&turn.role, turn.content));
@@ -330,14 +330,6 @@ fn assistant_message(blocks: &[Block<'_>]) -> String {
         }
         out.push(']');
     }
-    out.push('}');
-    out
-}
-
-/// An opaque neutral message: the engine keeps it in place; its text is the turn's (so it counts).
-fn opaque(raw: &str) -> String {
-    let mut out = String::from(r#"{"role":"opaque","content":"#);
-    push_json_string(&mut out, raw);
     out.push('}');
     out
 }
@@ -745,7 +737,7 @@ fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>
             origins.push(Origin::Turn(t));
         };
         if turn.opaque {
-            push(super::skeleton("opaque", Vec::new(), None));
+            push(super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None));
         } else if turn.is_whole() {
             push(super::skeleton(&turn.role, Vec::new(), None));
         } else if turn.role == "assistant" {
