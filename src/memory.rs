@@ -373,6 +373,65 @@ mod tests {
         assert_eq!(budget.stats().sessions, 1);
     }
 
+    /// One step of a holder's use of the store.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Part(usize, usize),
+        Charge(usize, usize, u64),
+        Put(usize, usize, u64),
+        Release(usize, usize),
+        ReleaseAll(usize),
+        TakeEvicted,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let (holder, session, bytes) = (0..N_HOLDERS, 0..6usize, 0..3000u64);
+        prop_oneof![
+            (holder.clone(), session.clone()).prop_map(|(h, s)| Op::Part(h, s)),
+            (holder.clone(), session.clone(), bytes.clone()).prop_map(|(h, s, b)| Op::Charge(h, s, b)),
+            (holder.clone(), session.clone(), bytes).prop_map(|(h, s, b)| Op::Put(h, s, b)),
+            (holder.clone(), session).prop_map(|(h, s)| Op::Release(h, s)),
+            holder.prop_map(Op::ReleaseAll),
+            Just(Op::TakeEvicted),
+        ]
+    }
+
+    const HOLDERS: [Holder; N_HOLDERS] = [Holder::Tracker, Holder::Compactor, Holder::Archive];
+
+    proptest::proptest! {
+        /// Whatever the holders do, the totals are the sum of what the entries hold, an entry
+        /// holds bytes only for parts it has, and the budget holds unless one session alone is over.
+        #[test]
+        fn the_store_accounts_for_exactly_the_parts_it_holds(ops in proptest::collection::vec(op(), 1..80)) {
+            let budget = StateBudget::new(4000);
+            budget.notify(Holder::Tracker);
+            for op in ops {
+                match op {
+                    Op::Part(h, s) => drop(budget.part(HOLDERS[h], &s.to_string(), || 0u64)),
+                    Op::Charge(h, s, b) => budget.charge(HOLDERS[h], &s.to_string(), b),
+                    Op::Put(h, s, b) => drop(budget.put_part(HOLDERS[h], &s.to_string(), b, b)),
+                    Op::Release(h, s) => budget.release(HOLDERS[h], &s.to_string()),
+                    Op::ReleaseAll(h) => budget.release_all(HOLDERS[h]),
+                    Op::TakeEvicted => drop(budget.take_evicted::<u64>(Holder::Tracker)),
+                }
+                let store = budget.lock();
+                let mut holder_bytes = [0u64; N_HOLDERS];
+                for (_, entry) in store.sessions.iter() {
+                    proptest::prop_assert!(entry.parts.iter().any(Option::is_some) || entry.bytes == [0; N_HOLDERS]);
+                    for ((part, bytes), sum) in entry.parts.iter().zip(entry.bytes).zip(&mut holder_bytes) {
+                        proptest::prop_assert!(part.is_some() || bytes == 0, "bytes without a part");
+                        *sum += bytes;
+                    }
+                }
+                proptest::prop_assert_eq!(store.holder_bytes, holder_bytes);
+                let overhead = store.sessions.len() as u64 * SESSION_OVERHEAD_BYTES;
+                proptest::prop_assert_eq!(store.session_bytes, holder_bytes.iter().sum::<u64>() + overhead);
+                proptest::prop_assert!(store.session_bytes <= 4000 || store.sessions.len() == 1);
+            }
+        }
+    }
+
     #[test]
     fn reservations_count_against_the_budget_and_release_forgets() {
         let budget = StateBudget::new(2000);
