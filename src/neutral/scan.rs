@@ -16,17 +16,17 @@
 
 use std::borrow::Cow;
 
-/// The top level of a chat body as the scan finds it.
+/// The top level of a body as the scan finds it around its conversation array (the list key).
 #[derive(Debug)]
-pub(crate) struct Split<'a> {
-    /// Keys other than `messages` (without their quotes; they contain no escapes) and their raw values.
+pub(crate) struct Scanned<'a> {
+    /// The other keys (without their quotes; they contain no escapes) and their raw values.
     pub fields: Vec<(Cow<'a, str>, &'a str)>,
-    /// Position of `messages` among the keys, as `array_idx` in [`Split`](crate::wire::Split).
-    pub messages_idx: usize,
-    /// The `messages` array as it is in the body, brackets included.
-    pub messages_raw: &'a str,
-    /// Each element of the `messages` array.
-    pub messages: Vec<&'a str>,
+    /// Position of the array among the keys, as in [`Split`](crate::wire::Split).
+    pub array_idx: usize,
+    /// The array as it is in the body, brackets included.
+    pub array_raw: &'a str,
+    /// Each element of the array.
+    pub elements: Vec<&'a str>,
 }
 
 /// Where a scan starts again in a body whose leading bytes are those of a body the scan accepted:
@@ -51,7 +51,7 @@ const MAX_TOP_LEVEL_KEYS: usize = 64;
 
 /// Split `body`, or `None` when the scan declines (see the module's doc).
 #[cfg(test)]
-pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
+pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Scanned<'a>> {
     split_resumed(body, list_key, None)
 }
 
@@ -60,11 +60,11 @@ pub(crate) fn split<'a>(body: &'a [u8], list_key: &str) -> Option<Split<'a>> {
 /// of `resume`'s last element (and one byte more when that element ends in a digit, which a number
 /// could go on with), so that the scan would reach the same state there. The whole body is still
 /// checked to be UTF-8.
-pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&Resume<'_>>) -> Option<Split<'a>> {
+pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&Resume<'_>>) -> Option<Scanned<'a>> {
     let text = std::str::from_utf8(body).ok()?;
     let mut s = Scanner { bytes: body, at: 0 };
     let mut fields: Vec<(Cow<'a, str>, &'a str)> = Vec::new();
-    let mut messages = None;
+    let mut array = None;
     let mut end = false;
     if let Some(resume) = resume {
         let slice = |(start, end): (usize, usize)| text.get(start..end);
@@ -82,7 +82,7 @@ pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&
             b']' => kept,
             _ => return None,
         };
-        messages = Some((fields.len(), text.get(resume.array_start..s.at)?, elements));
+        array = Some((fields.len(), text.get(resume.array_start..s.at)?, elements));
         end = s.after_member()?;
     } else {
         s.whitespace();
@@ -93,7 +93,7 @@ pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&
         let key_start = s.at;
         s.string()?;
         let key = &text[key_start + 1..s.at - 1];
-        let repeated = key == list_key && messages.is_some() || fields.iter().any(|(k, _)| k == key);
+        let repeated = key == list_key && array.is_some() || fields.iter().any(|(k, _)| k == key);
         if key.as_bytes().contains(&b'\\') || repeated || fields.len() == MAX_TOP_LEVEL_KEYS {
             return None;
         }
@@ -103,7 +103,7 @@ pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&
         if key == list_key {
             let start = s.at;
             let elements = s.elements(text)?;
-            messages = Some((fields.len(), &text[start..s.at], elements));
+            array = Some((fields.len(), &text[start..s.at], elements));
         } else {
             let start = s.at;
             s.value(1)?;
@@ -115,8 +115,8 @@ pub(crate) fn split_resumed<'a>(body: &'a [u8], list_key: &str, resume: Option<&
     if s.at != body.len() {
         return None;
     }
-    let (messages_idx, messages_raw, messages) = messages?;
-    Some(Split { fields, messages_idx, messages_raw, messages })
+    let (array_idx, array_raw, elements) = array?;
+    Some(Scanned { fields, array_idx, array_raw, elements })
 }
 
 /// A validating reader over JSON bytes (valid UTF-8), also used by the typed message read of
@@ -575,10 +575,10 @@ mod tests {
         Some((fields, idx, raw.get().to_owned(), messages.into_iter().map(|m| m.get().to_owned()).collect()))
     }
 
-    fn owned(split: Split<'_>) -> Owned {
+    fn owned(split: Scanned<'_>) -> Owned {
         let fields = split.fields.into_iter().map(|(k, v)| (k.into_owned(), v.to_owned())).collect();
-        let messages = split.messages.into_iter().map(str::to_owned).collect();
-        (fields, split.messages_idx, split.messages_raw.to_owned(), messages)
+        let messages = split.elements.into_iter().map(str::to_owned).collect();
+        (fields, split.array_idx, split.array_raw.to_owned(), messages)
     }
 
     /// The scan agrees with serde_json whenever it answers.
@@ -593,9 +593,9 @@ mod tests {
     fn splits_like_serde_json_with_whitespace_and_escapes() {
         let body = " {\"model\" : \"m\",\n\t\"messages\" :[ {\"role\":\"user\",\"content\":\"a\\\"b\\\\\\u00e9\\n\"} ,\r\n[1,-2.5e+3,true,false,null,{}] , \"x\",0 ] , \"n\":-0.0E-1 }\n";
         let split = split(body.as_bytes(), "messages").expect("a valid chat body is scanned");
-        assert_eq!(split.messages_idx, 1);
+        assert_eq!(split.array_idx, 1);
         assert_eq!(
-            split.messages,
+            split.elements,
             [
                 "{\"role\":\"user\",\"content\":\"a\\\"b\\\\\\u00e9\\n\"}",
                 "[1,-2.5e+3,true,false,null,{}]",
@@ -715,18 +715,18 @@ b"}]}"#,
             edits in super::super::testing::edits(),
         ) {
             let earlier = split(&body, "messages").expect("a body serde_json writes is scanned");
-            prop_assume!(!earlier.messages.is_empty());
+            prop_assume!(!earlier.elements.is_empty());
             let offset = |s: &str| s.as_ptr() as usize - body.as_ptr() as usize;
             let span = |s: &str| (offset(s), offset(s) + s.len());
             let kept: Vec<(usize, usize)> =
-                earlier.messages[..=at.index(earlier.messages.len())].iter().map(|m| span(m)).collect();
-            let fields: Vec<(String, (usize, usize))> = earlier.fields[..earlier.messages_idx]
+                earlier.elements[..=at.index(earlier.elements.len())].iter().map(|m| span(m)).collect();
+            let fields: Vec<(String, (usize, usize))> = earlier.fields[..earlier.array_idx]
                 .iter()
                 .map(|(k, v)| (k.to_string(), span(v)))
                 .collect();
             let end = kept.last().unwrap().1;
             let shared = end + usize::from(body[end - 1].is_ascii_digit());
-            let resume = Resume { fields: &fields, array_start: offset(earlier.messages_raw), elements: &kept };
+            let resume = Resume { fields: &fields, array_start: offset(earlier.array_raw), elements: &kept };
             let mut later = body[..shared].to_vec();
             // A digit right after the shared bytes would lengthen a number that ended there.
             if digit {

@@ -85,9 +85,9 @@ impl<'a> Split<'a> {
         Some(Split {
             array_key,
             fields,
-            array_idx: scanned.messages_idx,
-            array_raw: scanned.messages_raw,
-            elements: scanned.messages,
+            array_idx: scanned.array_idx,
+            array_raw: scanned.array_raw,
+            elements: scanned.elements,
         })
     }
 
