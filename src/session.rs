@@ -101,8 +101,8 @@ pub fn message_key(raw: &str) -> u64 {
 /// [`message_key`] of the usual message — an object whose `role`, `content` and `tool_call_id` are
 /// strings, null or absent, and whose `tool_calls`, if any, are objects with a string `id` and a
 /// `function` of string `name` and `arguments` — read in place as its [`crate::neutral::Shape`]
-/// instead of into a [`Value`]: the same key [`message_key_value`] gives it. `None` for any other message (and for a repeated key,
-/// where the `Value` keeps the last one).
+/// instead of into a [`Value`]: the same key [`message_key_value`] gives it. `None` for any other
+/// message (and for a repeated key, where the `Value` keeps the last one).
 fn plain_message_key(raw: &str) -> Option<u64> {
     // A content of another type than a string is keyed from its value: the read stops at it.
     let shape = crate::neutral::Shape::<crate::neutral::shape::Str<'_>>::parse_as(raw)?;

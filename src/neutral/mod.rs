@@ -66,7 +66,7 @@ pub fn role_of(raw: &str) -> std::borrow::Cow<'_, str> {
     if let Some(shape) = Shape::parse(raw) {
         return shape.role;
     }
-    shape::read(raw, |shape| std::borrow::Cow::Owned(shape.role.to_string())).unwrap_or_default()
+    shape::read_replaced(raw, |shape| std::borrow::Cow::Owned(shape.role.to_string())).unwrap_or_default()
 }
 
 /// A message's `content`: a string, an array of parts, or null/absent.

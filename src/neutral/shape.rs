@@ -116,9 +116,15 @@ impl CallShape<'_> {
 /// `f` of the shape of `raw` ([`Shape::parse`]); a message serde_json refuses for a lone surrogate
 /// escape is read from its [`super::lone_surrogates_replaced`] text, which reads each as U+FFFD.
 pub fn read<R>(raw: &str, f: impl FnOnce(&Shape<'_>) -> R) -> Option<R> {
-    if let Some(shape) = Shape::parse(raw) {
-        return Some(f(&shape));
+    match Shape::parse(raw) {
+        Some(shape) => Some(f(&shape)),
+        None => read_replaced(raw, f),
     }
+}
+
+/// `f` of the shape of `raw`'s [`super::lone_surrogates_replaced`] text, when `raw` has a lone
+/// surrogate escape: what [`read`] falls back on once [`Shape::parse`] refused `raw`.
+pub fn read_replaced<R>(raw: &str, f: impl FnOnce(&Shape<'_>) -> R) -> Option<R> {
     match super::lone_surrogates_replaced(raw) {
         Cow::Owned(readable) => Shape::parse(&readable).map(|shape| f(&shape)),
         Cow::Borrowed(_) => None,
