@@ -18,7 +18,7 @@ use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
 use pare::tokens::{CountTokens, CounterConfig, QuarterCounter, TokenCounter};
 use pare::wire::responses::ResponsesBody;
-use pare::wire::{ChatBody, Source, WireBody, convert};
+use pare::wire::{ChatBody, Forward, WireBody, WrittenReads, convert};
 use serde_json::Value;
 
 #[path = "common/engine_request.rs"]
@@ -35,9 +35,8 @@ fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, cou
     let parsed = ResponsesBody::parse(body).unwrap();
     let messages = parsed.messages();
     let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
-    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
-    forwarded.extend_from_slice(&messages[out.boundary..]);
-    parsed.write(&forwarded, &Source::of_plan(&out.plan, out.prefix.len(), messages.len())).unwrap().0
+    let reads = WrittenReads::new(out.prefix.len());
+    parsed.write(&Forward::of_plan(&out.plan, &out.prefix, &reads, messages.len())).unwrap().0
 }
 
 fn bench(c: &mut Criterion) {

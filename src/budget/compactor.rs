@@ -34,7 +34,7 @@ use crate::memory::{Holder, StateBudget};
 use crate::neutral::{View, message_hashes, role_of};
 use crate::tokens::CountTokens;
 use crate::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
-use crate::wire::{Source, Wire, WireBody};
+use crate::wire::{Forward, Wire, WireBody, WrittenReads};
 
 /// One engine run over a fixed view and options, given [`CompactOptions::keep_first`].
 pub type HeadRun<'a> = dyn Fn(usize) -> Compacted + 'a;
@@ -140,7 +140,7 @@ impl EpochPolicy {
 
 /// The forwarded form of the first `raw_hashes.len()` raw messages of a session. Shared (`Arc`) by
 /// the session's state and the request being forwarded, which borrows its messages.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 struct Frozen {
     raw_hashes: Box<[u128]>,
     prefix: Packed,
@@ -155,6 +155,9 @@ struct Frozen {
     lists: Arc<[String]>,
     /// What became of each raw message the prefix covers: the request's body is written from it.
     plan: Box<[Fate]>,
+    /// The typed forms of the entries pare wrote, read once for as long as the prefix lives, the
+    /// first time a turn adapter writes from one.
+    reads: WrittenReads,
 }
 
 impl Frozen {
@@ -166,6 +169,7 @@ impl Frozen {
             prefix_tokens: OnceLock::new(),
             lists: Arc::from([]),
             plan: plan.into_boxed_slice(),
+            reads: WrittenReads::new(prefix.len()),
         }
     }
 
@@ -177,6 +181,7 @@ impl Frozen {
             + size_of_val(&*self.prefix_seen)
             + self.lists.iter().map(String::len).sum::<usize>()
             + size_of_val(&*self.plan)
+            + self.reads.bytes(self.prefix.iter().map(str::len))
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
@@ -653,14 +658,14 @@ impl SessionCompactor {
         let (body, spans) = if unchanged {
             (None, None)
         } else {
-            let (forwarded, sources) = match &step.frozen {
-                Some(f) => (
-                    forwarded(f.prefix.iter(), &request.raw[f.raw_hashes.len()..]),
-                    Source::of_plan(&f.plan, f.prefix.len(), request.raw.len()),
-                ),
-                None => (request.raw.to_vec(), Source::unchanged(request.raw.len())),
+            let written = match &step.frozen {
+                Some(f) => {
+                    let prefix: Vec<&str> = f.prefix.iter().collect();
+                    body.write(&Forward::of_plan(&f.plan, &prefix, &f.reads, request.raw.len()))
+                }
+                None => body.write(&Forward::unchanged(request.raw.len())),
             };
-            match body.write(&forwarded, &sources) {
+            match written {
                 Ok((bytes, spans)) => (Some(bytes), Some(spans)),
                 Err(err) => {
                     // Fail-open: the forwarded conversation has no valid form in this wire format.
@@ -1258,8 +1263,16 @@ mod tests {
             counts: hashes.iter().map(|&h| (h, 1)).collect(),
             ..SessionState::default()
         };
-        let per_message = 40 * (16 + size_of::<Fate>()) + 50 * (size_of::<usize>() + 8) + 50 * size_of::<(u128, u64)>();
+        // Per entry: its end, its arrival time, its count and the slot of its typed form.
+        let slot = size_of::<std::sync::OnceLock<Option<Box<crate::neutral::Message>>>>();
+        let per_message =
+            40 * (16 + size_of::<Fate>()) + 50 * (size_of::<usize>() + 8 + slot) + 50 * size_of::<(u128, u64)>();
         let expected = size_of::<SessionState>() + size_of::<Frozen>() + text + per_message;
         assert_eq!(state.bytes(), expected as u64);
+        // An entry a turn adapter read is charged its text again and the message it was read into.
+        let frozen = state.frozen.as_ref().unwrap();
+        frozen.reads.written(49, &prefix[49]).message().unwrap();
+        let read = prefix[49].len() + size_of::<crate::neutral::Message>();
+        assert_eq!(state.bytes(), (expected + read) as u64);
     }
 }

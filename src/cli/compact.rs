@@ -28,7 +28,7 @@ use crate::compact::{CompactOptions, Compacted, Engine};
 use crate::config::Config;
 use crate::neutral::{Message, View};
 use crate::tokens::{CounterConfig, TokenCounter, request_tokens};
-use crate::wire::Source;
+use crate::wire::{Forward, WrittenReads};
 
 pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
@@ -69,7 +69,8 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let forwarded: Cow<'_, [u8]> = if unchanged {
         Cow::Borrowed(&input)
     } else {
-        match body.write(&messages, &Source::of_plan(&out.plan, out.prefix.len(), raw_messages.len())) {
+        let reads = WrittenReads::new(out.prefix.len());
+        match body.write(&Forward::of_plan(&out.plan, &out.prefix, &reads, raw_messages.len())) {
             Ok((bytes, _)) => Cow::Owned(bytes),
             Err(err) => {
                 eprintln!("pare: {}: forwarded unchanged: {err}", args.input);

@@ -1,7 +1,7 @@
 //! The Chat Completions adapter: a body split around `messages`, whose elements are already pare's
 //! neutral messages, so the adapter copies and converts nothing.
 
-use super::{Invalid, Source, Spans, Split, Wire, WireBody, WireError};
+use super::{Forward, Invalid, Spans, Split, Wire, WireBody, WireError};
 use crate::neutral::scan;
 
 /// A Chat Completions request body: its [`Split`] around `messages`. The chat messages are the
@@ -57,8 +57,13 @@ impl WireBody for ChatBody<'_> {
             .iter()
             .find_map(|key| self.split.field(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok()))
     }
-    fn write(&self, messages: &[&str], _sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
-        Ok(self.split.to_vec_and_spans(messages))
+    fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError> {
+        let messages = forwarded
+            .iter()
+            .map(|entry| entry.text(&self.split.elements))
+            .collect::<Option<Vec<&str>>>()
+            .ok_or_else(|| WireError::Unwritable("a forwarded message stands for none of the request's".into()))?;
+        Ok(self.split.to_vec_and_spans(&messages))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.split.spans_in(body)
@@ -85,9 +90,30 @@ mod tests {
         let one = [r#"{"role":"user","content":"hi"}"#];
         let written = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":12}"#;
         assert_eq!(parsed.to_vec_with_messages(&one), written.to_vec());
-        assert_eq!(parsed.write(&one, &Source::unchanged(1)).unwrap().0, written.to_vec());
+        assert_eq!(parsed.write(&Forward::unchanged(1)).unwrap().0, written.to_vec());
         // A body keyed on another array is not a chat body.
         assert!(matches!(ChatBody::parse(br#"{"input":[]}"#), Err(WireError::NoArray("messages"))));
+    }
+
+    #[test]
+    fn a_chat_body_forwards_kept_messages_as_sent_and_written_ones_as_their_text() {
+        let body =
+            br#"{"messages":[{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"a","content":"long"}]}"#;
+        let parsed = ChatBody::parse(body).unwrap();
+        let written = [
+            r#"{"role":"assistant","content":"[pare: marker]"}"#,
+            r#"{"role":"tool","tool_call_id":"a","content":"x"}"#,
+        ];
+        let reads = crate::wire::WrittenReads::new(written.len());
+        let entries = [
+            Forward::Kept(0),
+            Forward::New(reads.written(0, written[0])),
+            Forward::Rewritten(1, reads.written(1, written[1])),
+        ];
+        let out = parsed.write(&entries).unwrap().0;
+        let want = format!(r#"{{"messages":[{{"role":"user","content":"hi"}},{},{}]}}"#, written[0], written[1]);
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        assert!(matches!(parsed.write(&[Forward::Kept(2)]), Err(WireError::Unwritable(_))));
     }
 
     #[test]

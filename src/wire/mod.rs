@@ -41,7 +41,10 @@ pub use chat::ChatBody;
 pub(crate) use split::TopLevel;
 pub use split::{Spans, Split};
 
+use std::sync::OnceLock;
+
 use crate::compact::validate::{Skeleton, Violation};
+use crate::neutral::Message;
 
 /// The request formats pare compacts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -124,12 +127,13 @@ pub trait WireBody: Send + Sync {
     fn epoch_boundary(&self) -> Option<usize> {
         None
     }
-    /// The body to forward with `messages` (neutral, the forwarded conversation) in place of the
-    /// conversation, and where its values lie; `sources` says, one per message, what each stands for
-    /// among the request's own neutral messages (the engine's plan, [`Source::of_plan`]), so that
-    /// each is written from the parts it came from. `Err` when the conversation cannot be written
-    /// validly in this format: the caller forwards the original body.
-    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError>;
+    /// The body to forward with `forwarded` in place of the conversation, and where its values
+    /// lie. Each entry says what it stands for among the request's own neutral messages (the
+    /// engine's plan, [`Forward::of_plan`]): one kept is written as the parts it came from, one
+    /// rewritten as those parts with the changes its [`Written`] form carries, one pare wrote (a
+    /// marker) as a new part. `Err` when the conversation cannot be written validly in this
+    /// format: the caller forwards the original body.
+    fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError>;
     /// Where this body's values lie in `body`, the bytes it was parsed from (for the archive).
     fn spans_in(&self, body: &[u8]) -> Option<Spans>;
     /// The format's rules over the body, as its writer checks what it writes: the pairing of its
@@ -139,51 +143,124 @@ pub trait WireBody: Send + Sync {
     fn check(&self) -> Result<(), Invalid>;
 }
 
-/// What one entry of a forwarded conversation stands for among the request's own neutral messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+/// One entry of a forwarded conversation, as the engine's plan says to write it.
+#[derive(Debug, Clone, Copy)]
+pub enum Forward<'a> {
     /// The request's neutral message `i`, forwarded as it is.
     Kept(usize),
     /// The request's neutral message `i`, rewritten into the entry.
-    Rewritten(usize),
+    Rewritten(usize, Written<'a>),
     /// An entry pare wrote (an elision marker): no part of the request.
-    New,
+    New(Written<'a>),
 }
 
-impl Source {
-    /// The sources of a conversation of `n_raw` neutral messages forwarded as a prefix of
-    /// `n_prefix` entries written from `plan` (what became of its first `plan.len()` messages), then
-    /// its messages after those as sent.
-    pub fn of_plan(plan: &[crate::compact::Fate], n_prefix: usize, n_raw: usize) -> Vec<Source> {
+/// A forwarded message pare wrote: its neutral text (what Chat Completions forwards, what is
+/// hashed and counted) and its typed form, read from that text once, the first time an adapter
+/// that writes from the typed form asks, and kept as long as the prefix that holds it
+/// ([`WrittenReads`]). A turn adapter writes a rewritten block from it; Chat Completions never asks.
+#[derive(Clone, Copy)]
+pub struct Written<'a> {
+    pub text: &'a str,
+    read: &'a OnceLock<Option<Box<Message>>>,
+}
+
+impl std::fmt::Debug for Written<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Written").field(&self.text).finish()
+    }
+}
+
+impl<'a> Written<'a> {
+    /// The message, read the first time it is asked for.
+    pub fn message(&self) -> Result<&'a Message, WireError> {
+        self.read
+            .get_or_init(|| Message::from_raw(self.text).ok().map(Box::new))
+            .as_deref()
+            .ok_or_else(|| WireError::Unwritable("a forwarded message pare wrote is not a neutral message".into()))
+    }
+}
+
+/// The typed forms of a forwarded prefix's entries ([`Written`]), one slot per entry, each filled the
+/// first time an adapter asks for it.
+#[derive(Debug, Clone, Default)]
+pub struct WrittenReads(Box<[OnceLock<Option<Box<Message>>>]>);
+
+impl WrittenReads {
+    /// Empty slots for a prefix of `n` entries.
+    pub fn new(n: usize) -> WrittenReads {
+        WrittenReads((0..n).map(|_| OnceLock::new()).collect())
+    }
+
+    /// Entry `at` of the prefix, whose text is `text`, as written for an adapter.
+    pub fn written<'a>(&'a self, at: usize, text: &'a str) -> Written<'a> {
+        Written { text, read: &self.0[at] }
+    }
+
+    /// Bytes allocated for the slots and the messages read so far (each counted as its text's
+    /// length, which its fields hold, plus the message itself).
+    pub fn bytes(&self, texts: impl Iterator<Item = usize>) -> usize {
+        let read = texts
+            .zip(self.0.iter())
+            .filter(|(_, slot)| slot.get().is_some_and(Option::is_some))
+            .map(|(len, _)| len + size_of::<Message>())
+            .sum::<usize>();
+        size_of_val(&*self.0) + read
+    }
+}
+
+impl<'a> Forward<'a> {
+    /// The forwarded conversation of a request of `n_raw` neutral messages: a prefix whose entries
+    /// are `prefix` (their typed forms in `reads`), written from `plan` (what became of the
+    /// request's first `plan.len()` messages), then the request's messages after those as sent. An
+    /// entry no fate names is one pare wrote.
+    pub fn of_plan<S: AsRef<str>>(
+        plan: &[crate::compact::Fate],
+        prefix: &'a [S],
+        reads: &'a WrittenReads,
+        n_raw: usize,
+    ) -> Vec<Forward<'a>> {
         use crate::compact::Fate;
-        let mut sources = vec![Source::New; n_prefix];
+        let written = |at: usize| reads.written(at, prefix[at].as_ref());
+        let mut out: Vec<Forward<'a>> = (0..prefix.len()).map(|at| Forward::New(written(at))).collect();
         for (idx, fate) in plan.iter().enumerate() {
-            let source = match *fate {
-                Fate::Kept { at } => (at, Source::Kept(idx)),
-                Fate::Rewritten { at, .. } => (at, Source::Rewritten(idx)),
-                Fate::Elided { .. } | Fate::Dropped { .. } => continue,
-            };
-            if let Some(slot) = sources.get_mut(source.0) {
-                *slot = source.1;
+            match *fate {
+                Fate::Kept { at } if at < out.len() => out[at] = Forward::Kept(idx),
+                Fate::Rewritten { at, .. } if at < out.len() => out[at] = Forward::Rewritten(idx, written(at)),
+                _ => {}
             }
         }
-        sources.extend((plan.len()..n_raw).map(Source::Kept));
-        sources
+        out.extend((plan.len()..n_raw).map(Forward::Kept));
+        out
     }
 
-    /// The sources of the request's own neutral messages forwarded as they are.
-    pub fn unchanged(n: usize) -> Vec<Source> {
-        (0..n).map(Source::Kept).collect()
+    /// The request's own `n` neutral messages forwarded as they are.
+    pub fn unchanged(n: usize) -> Vec<Forward<'static>> {
+        (0..n).map(Forward::Kept).collect()
+    }
+
+    /// The entry's neutral text, given the request's own neutral messages; `None` when it names
+    /// one the request does not have.
+    pub fn text<'b>(&self, neutral: &[&'b str]) -> Option<&'b str>
+    where
+        'a: 'b,
+    {
+        match *self {
+            Forward::Kept(idx) => neutral.get(idx).copied(),
+            Forward::Rewritten(_, written) | Forward::New(written) => Some(written.text),
+        }
     }
 }
 
-/// The sources of a conversation put together by hand from a request's `neutral` messages, for
-/// tests: in order, an entry equal to one of them is that one kept; a tool result or calling turn
-/// with one's ids, or an entry of one's role that carries no pare marker, is that one rewritten;
-/// anything else is new.
+/// What each entry of a conversation put together by hand from a request's `neutral` messages
+/// stands for, for tests: in order, an entry equal to one of them is that one kept; a tool result
+/// or calling turn with one's ids, or an entry of one's role that carries no pare marker, is that
+/// one rewritten; anything else is new. `reads` holds the typed forms (one slot per entry).
 #[cfg(test)]
-pub(crate) fn sources_by_hand<N: AsRef<str>>(neutral: &[N], forwarded: &[&str]) -> Vec<Source> {
-    use crate::neutral::Message;
+pub(crate) fn forward_by_hand<'a, N: AsRef<str>>(
+    neutral: &[N],
+    forwarded: &[&'a str],
+    reads: &'a WrittenReads,
+) -> Vec<Forward<'a>> {
     let ids = |m: &Message| -> Vec<String> {
         match &m.tool_call_id {
             Some(id) => vec![id.clone()],
@@ -192,14 +269,15 @@ pub(crate) fn sources_by_hand<N: AsRef<str>>(neutral: &[N], forwarded: &[&str]) 
     };
     let mut cursor = 0;
     let mut out = Vec::with_capacity(forwarded.len());
-    for text in forwarded {
+    for (at, text) in forwarded.iter().enumerate() {
+        let written = reads.written(at, text);
         if let Some(j) = (cursor..neutral.len()).find(|&j| neutral[j].as_ref() == *text) {
-            out.push(Source::Kept(j));
+            out.push(Forward::Kept(j));
             cursor = j + 1;
             continue;
         }
         let Ok(message) = Message::from_raw(text) else {
-            out.push(Source::New);
+            out.push(Forward::New(written));
             continue;
         };
         let same = (cursor..neutral.len()).find(|&j| {
@@ -211,21 +289,21 @@ pub(crate) fn sources_by_hand<N: AsRef<str>>(neutral: &[N], forwarded: &[&str]) 
         });
         match same {
             Some(j) => {
-                out.push(Source::Rewritten(j));
+                out.push(Forward::Rewritten(j, written));
                 cursor = j + 1;
             }
-            None => out.push(Source::New),
+            None => out.push(Forward::New(written)),
         }
     }
     out
 }
 
 /// [`WireBody::write`] of a conversation put together by hand from `body`'s neutral messages, for
-/// tests ([`sources_by_hand`]).
+/// tests ([`forward_by_hand`]).
 #[cfg(test)]
 pub(crate) fn write_by_hand(body: &dyn WireBody, messages: &[&str]) -> Result<(Vec<u8>, Spans), WireError> {
-    let neutral = body.messages();
-    body.write(messages, &sources_by_hand(&neutral, messages))
+    let reads = WrittenReads::new(messages.len());
+    body.write(&forward_by_hand(&body.messages(), messages, &reads))
 }
 
 /// What one neutral message stands for in a turn adapter (Messages, Gemini).
@@ -247,46 +325,44 @@ impl Unit {
     }
 }
 
-/// What a forwarded neutral message stands for in a turn adapter (Messages, Gemini): one of the
-/// body's units left alone, one the engine rewrote (a shorter result, shorter arguments), or one it
-/// wrote (an elision marker).
-pub(crate) enum Forwarded {
+/// What a forwarded entry stands for in a turn adapter (Messages, Gemini): one of the body's units
+/// left alone, one the engine rewrote (a shorter result, shorter arguments), or one it wrote (an
+/// elision marker).
+pub(crate) enum Traced<'a> {
     Kept(Unit),
-    Rewritten(Unit, crate::neutral::Message),
-    New(crate::neutral::Message),
+    Rewritten(Unit, &'a Message),
+    New(&'a Message),
 }
 
-/// The forwarded neutral `messages` traced back to a turn adapter's `units` by their `sources`.
-/// `neutral` are the body's own neutral messages, one per unit from index `first` on (before it,
-/// the system prompt). An entry kept is its unit as sent; one rewritten is its unit with the
-/// entry's changes; a new one is written as a turn of its own.
-pub(crate) fn trace_units(
+/// The `forwarded` entries after the system prompt traced back to a turn adapter's `units`: one
+/// unit per neutral message from index `first` on (before it, the system prompt, which must be
+/// kept: `changed` says what the error names). An entry kept is its unit as sent; one rewritten is
+/// its unit with the entry's changes; a new one is written as a turn of its own.
+pub(crate) fn trace_units<'a>(
     units: &[Unit],
-    neutral: &[String],
     first: usize,
-    messages: &[&str],
-    sources: &[Source],
-) -> Result<Vec<Forwarded>, WireError> {
-    if sources.len() != messages.len() {
-        return Err(WireError::Unwritable(format!("{} sources for {} messages", sources.len(), messages.len())));
+    forwarded: &[Forward<'a>],
+    changed: &str,
+) -> Result<Vec<Traced<'a>>, WireError> {
+    if first > 0 && !matches!(forwarded.first(), Some(Forward::Kept(0))) {
+        return Err(WireError::Unwritable(format!("the {changed} was changed")));
     }
     let unit = |idx: usize| {
         idx.checked_sub(first).and_then(|n| units.get(n).copied()).ok_or_else(|| {
             WireError::Unwritable(format!("a forwarded message stands for message {idx}, not one of the request's"))
         })
     };
-    let read = |text: &str| {
-        crate::neutral::Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")))
-    };
-    let mut out = Vec::with_capacity(messages.len());
-    for (text, source) in messages.iter().zip(sources).skip(first) {
-        out.push(match *source {
-            Source::Kept(idx) if neutral.get(idx).is_some_and(|n| n == text) => Forwarded::Kept(unit(idx)?),
-            Source::Kept(idx) | Source::Rewritten(idx) => Forwarded::Rewritten(unit(idx)?, read(text)?),
-            Source::New => Forwarded::New(read(text)?),
-        });
-    }
-    Ok(out)
+    forwarded
+        .iter()
+        .skip(first)
+        .map(|entry| {
+            Ok(match *entry {
+                Forward::Kept(idx) => Traced::Kept(unit(idx)?),
+                Forward::Rewritten(idx, written) => Traced::Rewritten(unit(idx)?, written.message()?),
+                Forward::New(written) => Traced::New(written.message()?),
+            })
+        })
+        .collect()
 }
 
 /// A chat message's content as text, for the converters: the string, or the parts' `text` joined
@@ -419,7 +495,48 @@ pub(crate) fn replace_member(object: &str, key: &str, value: &str) -> Option<Str
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::compact::Fate;
+    use crate::compact::report::RuleSet;
     use crate::neutral::role_of;
+
+    #[test]
+    fn a_plan_forwards_each_entry_as_what_it_stands_for() {
+        // Raw 0 kept, 1 rewritten, 2–3 elided behind a marker, 4 dropped; raw 5–6 after the prefix.
+        let rules = RuleSet::default();
+        let plan = [
+            Fate::Kept { at: 0 },
+            Fate::Rewritten { at: 1, rules },
+            Fate::Elided { at: 2 },
+            Fate::Elided { at: 2 },
+            Fate::Dropped { rules },
+        ];
+        let prefix = [r#"{"role":"user","content":"a"}"#, r#"{"role":"tool","tool_call_id":"c","content":"b"}"#, "{}"];
+        let reads = WrittenReads::new(prefix.len());
+        let forwarded = Forward::of_plan(&plan, &prefix, &reads, 7);
+        let shape: Vec<String> = forwarded
+            .iter()
+            .map(|f| match f {
+                Forward::Kept(i) => format!("kept {i}"),
+                Forward::Rewritten(i, w) => format!("rewritten {i} as {}", w.text),
+                Forward::New(w) => format!("new {}", w.text),
+            })
+            .collect();
+        assert_eq!(shape, ["kept 0", &format!("rewritten 1 as {}", prefix[1]), "new {}", "kept 5", "kept 6"]);
+        assert_eq!(forwarded[2].text(&[]), Some("{}"));
+        assert_eq!(forwarded[3].text(&["a", "b"]), None, "a kept entry names a message the request lacks");
+    }
+
+    #[test]
+    fn a_written_entry_is_read_once_and_an_unreadable_one_is_unwritable() {
+        let prefix = [r#"{"role":"tool","tool_call_id":"c","content":"short"}"#, "[1]"];
+        let reads = WrittenReads::new(prefix.len());
+        let written = reads.written(0, prefix[0]);
+        let first = written.message().unwrap();
+        assert_eq!(first.tool_call_id.as_deref(), Some("c"));
+        assert!(std::ptr::eq(first, reads.written(0, prefix[0]).message().unwrap()), "read once, kept");
+        assert!(matches!(reads.written(1, prefix[1]).message(), Err(WireError::Unwritable(_))));
+    }
 
     #[test]
     fn role_is_read_alone_and_defaults_to_empty() {

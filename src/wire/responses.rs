@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{Invalid, Origin, Source, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
+use super::{Forward, Invalid, Origin, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string};
 
@@ -333,11 +333,11 @@ impl WireBody for ResponsesBody<'_> {
             "the request asks the server to compact its history (a compaction_trigger item): forwarded as sent",
         )
     }
-    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
+    fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError> {
         if self.input_is_text {
             return Err(WireError::Unwritable("a string `input` is forwarded as sent".into()));
         }
-        let items = self.items_for(messages, sources)?;
+        let items = self.items_for(forwarded)?;
         check_conversation(&items, self.has_instructions)?;
         let unchanged = items.len() == self.split.elements.len()
             && items.iter().zip(&self.split.elements).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
@@ -355,40 +355,35 @@ impl WireBody for ResponsesBody<'_> {
 }
 
 impl ResponsesBody<'_> {
-    /// The input items standing for the forwarded neutral `messages`, each written from what its
-    /// source says it stands for: a message kept is its items' original bytes; a rewritten one is
-    /// those items with its changes; a new one (a marker) is a new `message` item.
-    fn items_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
+    /// The input items standing for the `forwarded` entries, each written from what it stands
+    /// for: a message kept is its items' original bytes; a rewritten one is those items with its
+    /// changes; a new one (a marker) is a new `message` item.
+    fn items_for(&self, forwarded: &[Forward<'_>]) -> Result<Vec<Cow<'_, str>>, WireError> {
         let first = self.first_item_message();
-        if self.has_instructions && messages.first().copied() != self.neutral.first().map(String::as_str) {
+        if self.has_instructions && !matches!(forwarded.first(), Some(Forward::Kept(0))) {
             return Err(WireError::Unwritable("the instructions were changed".into()));
-        }
-        if sources.len() != messages.len() {
-            return Err(WireError::Unwritable(format!("{} sources for {} messages", sources.len(), messages.len())));
         }
         let range = |idx: usize| {
             idx.checked_sub(first).and_then(|n| self.ranges.get(n).copied()).ok_or_else(|| {
                 WireError::Unwritable(format!("a forwarded message stands for message {idx}, not one of the request's"))
             })
         };
-        let read =
-            |text: &str| Message::from_raw(text).map_err(|e| WireError::Unwritable(format!("forwarded message: {e}")));
         let raw = &self.split.elements;
         let mut out: Vec<Cow<'_, str>> = Vec::with_capacity(raw.len());
-        for (text, source) in messages.iter().zip(sources).skip(first) {
-            match *source {
-                Source::Kept(idx) if self.neutral.get(idx).is_some_and(|n| n == text) => {
+        for entry in forwarded.iter().skip(first) {
+            match *entry {
+                Forward::Kept(idx) => {
                     let (start, end) = range(idx)?;
                     out.extend(raw[start..end].iter().map(|r| Cow::Borrowed(*r)));
                 }
-                Source::Kept(idx) | Source::Rewritten(idx) => {
+                Forward::Rewritten(idx, written) => {
                     let (start, end) = range(idx)?;
-                    let message = read(text)?;
+                    let message = written.message()?;
                     for k in start..end {
-                        out.push(self.rewrite_item(k, &message)?);
+                        out.push(self.rewrite_item(k, message)?);
                     }
                 }
-                Source::New => out.push(Cow::Owned(message_item(&read(text)?)?)),
+                Forward::New(written) => out.push(Cow::Owned(message_item(written.message()?)?)),
             }
         }
         Ok(out)

@@ -303,9 +303,8 @@ struct LastMessageCompactor;
 
 impl ConversationCompactor for LastMessageCompactor {
     fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
-        let last = input.messages.last().copied().unwrap_or("");
-        let last_source = pare::wire::Source::Kept(input.messages.len().saturating_sub(1));
-        let (body, _) = input.body.write(&[last], &[last_source]).unwrap();
+        let last = pare::wire::Forward::Kept(input.messages.len().saturating_sub(1));
+        let (body, _) = input.body.write(&[last]).unwrap();
         Ok(CompactOutput {
             body: Some(body),
             spans: None,

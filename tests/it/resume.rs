@@ -13,7 +13,7 @@ use pare::compact::Fate;
 use pare::config::{Config, Mode};
 use pare::neutral::message_hashes;
 use pare::pipeline::Pipeline;
-use pare::wire::{Wire, convert};
+use pare::wire::{Forward, Wire, WireBody, WrittenReads, convert};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::json;
@@ -118,12 +118,18 @@ proptest! {
     }
 }
 
-/// What each entry of a conversation forwarded under `frozen` stands for (`n_raw` raw messages).
-fn sources(frozen: Option<&FrozenPlan>, n_raw: usize) -> Vec<pare::wire::Source> {
-    match frozen {
-        Some(f) => pare::wire::Source::of_plan(f.plan.as_ref().unwrap(), f.prefix.len(), n_raw),
-        None => pare::wire::Source::unchanged(n_raw),
-    }
+/// `parsed` written as forwarded under `frozen`: its prefix, then the raw messages after those it
+/// covers.
+fn write_under(parsed: &dyn WireBody, frozen: Option<&FrozenPlan>) -> Result<Vec<u8>, pare::wire::WireError> {
+    let n_raw = parsed.messages().len();
+    let written = match frozen {
+        Some(f) => {
+            let reads = WrittenReads::new(f.prefix.len());
+            parsed.write(&Forward::of_plan(f.plan.as_ref().unwrap(), &f.prefix, &reads, n_raw))
+        }
+        None => parsed.write(&Forward::unchanged(n_raw)),
+    };
+    written.map(|(bytes, _)| bytes)
 }
 
 /// Every fate of a plan agrees with the prefix it describes: a kept message is its raw bytes, a
@@ -180,8 +186,7 @@ proptest! {
             }
             let forwarding = pare::archive::plan::forwarding(&messages, frozen);
             prop_assert!(forwarding.steps.is_some());
-            let fwd: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
-            let written = parsed.write(&fwd, &sources(frozen, messages.len())).map(|(bytes, _)| bytes).ok();
+            let written = write_under(parsed.as_ref(), frozen).ok();
             prop_assert!(written.as_ref() == Some(&replayed.forwarded), "{wire:?}: request {k}");
         }
         prop_assert!(epochs > 0);
@@ -307,8 +312,7 @@ async fn a_restart_mid_session_forwards_the_same_bytes(wire: Wire) {
             let frozen = pare::archive::plan::in_force(&history, exchange.id).and_then(|p| p.frozen.as_ref());
             let forwarding = pare::archive::plan::forwarding(&parsed.messages(), frozen);
             assert!(forwarding.steps.is_some(), "{wire:?} {name}: request {} has its fates", exchange.seq);
-            let messages: Vec<&str> = forwarding.messages.iter().map(String::as_str).collect();
-            let written = parsed.write(&messages, &sources(frozen, parsed.messages().len())).unwrap().0;
+            let written = write_under(parsed.as_ref(), frozen).unwrap();
             assert!(written == forwarded, "{wire:?} {name}: request {} is not what its plan writes", exchange.seq);
         }
     }

@@ -46,7 +46,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{
-    Forwarded, Invalid, Origin, Source, Spans, Split, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Message, push_json_string, raw_members};
@@ -473,8 +473,8 @@ impl WireBody for GeminiBody<'_> {
             .find(|(k, _)| matches!(*k, "maxOutputTokens" | "max_output_tokens"))
             .and_then(|(_, v)| serde_json::from_str::<u64>(v).ok())
     }
-    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
-        let turns = self.turns_for(messages, sources)?;
+    fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(forwarded)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
         let unchanged = turns.len() == self.split.elements.len()
             && turns.iter().zip(&self.split.elements).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
@@ -502,37 +502,28 @@ struct WrittenTurn<'b> {
 }
 
 impl GeminiBody<'_> {
-    /// Trace each forwarded neutral message to its unit by its source.
-    fn trace(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Forwarded>, WireError> {
-        let first = self.first_turn_message();
-        if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
-            return Err(WireError::Unwritable("the system instruction was changed".into()));
-        }
-        super::trace_units(&self.units, &self.neutral, first, messages, sources)
-    }
-
-    /// The turns standing for the forwarded neutral `messages`.
-    fn turns_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
-        let traced = self.trace(messages, sources)?;
+    /// The turns standing for the `forwarded` entries.
+    fn turns_for(&self, forwarded: &[Forward<'_>]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = super::trace_units(&self.units, self.first_turn_message(), forwarded, "system instruction")?;
         let mut kept_units: HashSet<Unit> = HashSet::new();
         let mut rewrites: HashMap<Unit, &Message> = HashMap::new();
         for f in &traced {
             match f {
-                Forwarded::Kept(unit) => {
+                Traced::Kept(unit) => {
                     kept_units.insert(*unit);
                 }
-                Forwarded::Rewritten(unit, message) => {
+                Traced::Rewritten(unit, message) => {
                     rewrites.insert(*unit, message);
                 }
-                Forwarded::New(_) => {}
+                Traced::New(_) => {}
             }
         }
         let mut written: Vec<WrittenTurn<'_>> = Vec::new();
         let mut seen_turn: Option<usize> = None;
         for f in &traced {
             let unit = match f {
-                Forwarded::Kept(unit) | Forwarded::Rewritten(unit, _) => *unit,
-                Forwarded::New(message) => {
+                Traced::Kept(unit) | Traced::Rewritten(unit, _) => *unit,
+                Traced::New(message) => {
                     written.push(WrittenTurn { turn: None, parts: vec![Cow::Owned(new_part(message)?)], whole: false });
                     seen_turn = None;
                     continue;

@@ -1,6 +1,6 @@
 //! Tests of the Gemini adapter: round trips, the neutral view, pairing, signatures, write-back and checks.
 
-use crate::wire::write_by_hand;
+use crate::wire::{Forward, WrittenReads, write_by_hand};
 use serde_json::json;
 
 use super::*;
@@ -208,8 +208,15 @@ fn a_rewritten_call_turn_after_an_elided_run_is_written_from_its_own_turn() {
     let shortened = messages[3].replace(r#"long\\n"#, "");
     assert_ne!(shortened, messages[3]);
     let forwarded = [messages[0].clone(), marker, shortened, messages[4].clone(), messages[5].clone()];
-    let sources = [Source::Kept(0), Source::New, Source::Rewritten(3), Source::Kept(4), Source::Kept(5)];
-    let (bytes, _) = parsed.write(&refs(&forwarded), &sources).unwrap();
+    let reads = WrittenReads::new(forwarded.len());
+    let entries = [
+        Forward::Kept(0),
+        Forward::New(reads.written(1, &forwarded[1])),
+        Forward::Rewritten(3, reads.written(2, &forwarded[2])),
+        Forward::Kept(4),
+        Forward::Kept(5),
+    ];
+    let (bytes, _) = parsed.write(&entries).unwrap();
     let out: Value = serde_json::from_slice(&bytes).unwrap();
     let turn = out["contents"]
         .as_array()

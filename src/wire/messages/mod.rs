@@ -43,7 +43,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{
-    Forwarded, Invalid, Origin, Source, Spans, Split, Unit, Wire, WireBody, WireError, json_string, replace_member,
+    Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::{Content, Message, push_json_string, raw_members};
@@ -350,8 +350,8 @@ impl WireBody for MessagesBody<'_> {
     fn output_limit(&self) -> Option<u64> {
         self.split.field("max_tokens").and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
     }
-    fn write(&self, messages: &[&str], sources: &[Source]) -> Result<(Vec<u8>, Spans), WireError> {
-        let turns = self.turns_for(messages, sources)?;
+    fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError> {
+        let turns = self.turns_for(forwarded)?;
         // A request that was already invalid goes as the agent sent it, when nothing changed.
         let unchanged = turns.len() == self.split.elements.len()
             && turns.iter().zip(&self.split.elements).all(|(turn, raw)| std::ptr::eq(turn.as_ref(), *raw));
@@ -374,30 +374,21 @@ impl WireBody for MessagesBody<'_> {
 type WrittenTurn<'b> = (Option<usize>, Vec<(Option<usize>, Cow<'b, str>)>);
 
 impl MessagesBody<'_> {
-    /// Trace each forwarded neutral message to its unit by its source.
-    fn trace(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Forwarded>, WireError> {
-        let first = self.first_turn_message();
-        if self.has_system && messages.first().copied() != self.neutral.first().map(String::as_str) {
-            return Err(WireError::Unwritable("the system prompt was changed".into()));
-        }
-        super::trace_units(&self.units, &self.neutral, first, messages, sources)
-    }
-
-    /// The turns standing for the forwarded neutral `messages`, with the agent's cache marks placed.
-    fn turns_for(&self, messages: &[&str], sources: &[Source]) -> Result<Vec<Cow<'_, str>>, WireError> {
-        let traced = self.trace(messages, sources)?;
+    /// The turns standing for the `forwarded` entries, with the agent's cache marks placed.
+    fn turns_for(&self, forwarded: &[Forward<'_>]) -> Result<Vec<Cow<'_, str>>, WireError> {
+        let traced = super::trace_units(&self.units, self.first_turn_message(), forwarded, "system prompt")?;
         // Per original turn: which of its units survive, and how.
         let mut kept_units: HashSet<Unit> = HashSet::new();
         let mut rewrites: HashMap<Unit, &Message> = HashMap::new();
         for f in &traced {
             match f {
-                Forwarded::Kept(unit) => {
+                Traced::Kept(unit) => {
                     kept_units.insert(*unit);
                 }
-                Forwarded::Rewritten(unit, message) => {
+                Traced::Rewritten(unit, message) => {
                     rewrites.insert(*unit, message);
                 }
-                Forwarded::New(_) => {}
+                Traced::New(_) => {}
             }
         }
         let mut fates: Vec<Vec<Fate>> = self.turns.iter().map(|t| vec![Fate::Elided; t.n_blocks()]).collect();
@@ -406,8 +397,8 @@ impl MessagesBody<'_> {
         let mut seen_turn: Option<usize> = None;
         for f in &traced {
             let unit = match f {
-                Forwarded::Kept(unit) | Forwarded::Rewritten(unit, _) => *unit,
-                Forwarded::New(message) => {
+                Traced::Kept(unit) | Traced::Rewritten(unit, _) => *unit,
+                Traced::New(message) => {
                     written.push((None, vec![(None, Cow::Owned(new_turn(message)?))]));
                     seen_turn = None;
                     continue;

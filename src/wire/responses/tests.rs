@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::compact::validate::Violation;
-use crate::wire::write_by_hand;
+use crate::wire::{Forward, WrittenReads, write_by_hand};
 
 /// A Codex-shaped request: instructions, a developer and a user message, reasoning before calls,
 /// a custom tool call, a local shell call, a compaction item and an unknown item.
@@ -142,11 +142,12 @@ fn a_rewritten_message_keeps_its_item_and_a_new_tool_message_is_refused() {
     );
     // A tool message that stands for none of the request's messages has no item to be written as.
     messages[4] = r#"{"role":"tool","tool_call_id":"call_1","content":"x"}"#.to_owned();
-    let mut sources = crate::wire::sources_by_hand(&parsed.messages(), &refs(&messages));
-    assert_eq!(sources[4], Source::Rewritten(4));
-    assert!(parsed.write(&refs(&messages), &sources).is_ok());
-    sources[4] = Source::New;
-    assert!(matches!(parsed.write(&refs(&messages), &sources), Err(WireError::Unwritable(_))));
+    let reads = WrittenReads::new(messages.len());
+    let mut entries = crate::wire::forward_by_hand(&parsed.messages(), &refs(&messages), &reads);
+    let Forward::Rewritten(4, written) = entries[4] else { panic!("{:?}", entries[4]) };
+    assert!(parsed.write(&entries).is_ok());
+    entries[4] = Forward::New(written);
+    assert!(matches!(parsed.write(&entries), Err(WireError::Unwritable(_))));
 }
 
 #[test]
