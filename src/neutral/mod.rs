@@ -10,15 +10,18 @@
 //!
 //! Each wire format is an adapter ([`crate::wire`]) that reads a request into this form once and
 //! writes the forwarded request back from it. For Chat Completions the neutral form is the wire's
-//! own bytes, so nothing is copied; other formats build it from their items. Reading it is this
-//! module's typed read ([`Message::read`], with its fast path in `read` over the scanner in `scan`).
+//! own bytes, so nothing is copied; the other formats read their items or turns into [`Draft`]s (a
+//! role, the content's JSON, calls, the id a result answers) and write each with the one writer,
+//! [`Draft::write`]. Reading it is this module's typed read ([`Message::read`], with its fast path in `read` over the scanner in `scan`).
 
+mod draft;
 mod read;
 pub(crate) mod scan;
 pub mod shape;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use draft::{Arguments, Draft, DraftCall};
 pub use read::{MemberValue, Want, object_members, raw_members};
 pub use scan::{lone_surrogates_replaced, push_json_string};
 pub use shape::Shape;
@@ -54,11 +57,9 @@ pub const OPAQUE_ROLE: &str = "opaque";
 /// An [`OPAQUE_ROLE`] message whose content is `raw`, the wire parts it stands for (so that they
 /// count).
 pub fn opaque(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len() + 32);
-    out.push_str(r#"{"role":"opaque","content":"#);
-    push_json_string(&mut out, raw);
-    out.push('}');
-    out
+    let mut content = String::with_capacity(raw.len() + 2);
+    push_json_string(&mut content, raw);
+    Draft::text(OPAQUE_ROLE, content).write()
 }
 
 /// The `role` of a neutral message: `""` when it has none or no [`Shape`].

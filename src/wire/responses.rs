@@ -39,7 +39,7 @@ use serde_json::value::RawValue;
 
 use super::{Forward, Invalid, Origin, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::validate::Skeleton;
-use crate::neutral::{Content, Message, push_json_string};
+use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string};
 
 /// The `type` of the input item with which a client (Codex) asks the server to compact the
 /// history it sends: such a request is forwarded as sent ([`WireBody::server_compaction`]).
@@ -169,11 +169,11 @@ impl<'a> ResponsesBody<'a> {
             epoch_boundary: None,
         };
         if let Some(instructions) = out.split.field("instructions").filter(|v| v.get().starts_with('"')) {
-            out.neutral.push(format!(r#"{{"role":"system","content":{}}}"#, instructions.get()));
+            out.neutral.push(Draft::text("system", instructions.get()).write());
             out.has_instructions = true;
         }
         if input_is_text {
-            out.neutral.push(format!(r#"{{"role":"user","content":{}}}"#, out.split.array_raw));
+            out.neutral.push(Draft::text("user", out.split.array_raw).write());
             return Ok(out);
         }
         let mut heads = Vec::with_capacity(out.split.elements.len());
@@ -255,53 +255,40 @@ fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> Stri
     match items[main].kind {
         Kind::Message | Kind::Call => {
             let role = if items[main].kind == Kind::Call { "assistant" } else { items[main].role.as_str() };
-            let mut out = String::with_capacity(64);
-            out.push_str(r#"{"role":"#);
-            push_json_string(&mut out, role);
-            out.push_str(r#","content":"#);
             let content = heads[main..]
                 .iter()
                 .zip(&items[main..])
                 .find(|(_, i)| i.kind == Kind::Message)
                 .and_then(|(h, _)| h.as_ref()?.content);
-            out.push_str(content.map_or("null", RawValue::get));
-            let calls: Vec<usize> = (main..items.len()).filter(|&k| items[k].kind == Kind::Call).collect();
-            if !calls.is_empty() {
-                out.push_str(r#","tool_calls":["#);
-                for (n, &k) in calls.iter().enumerate() {
-                    if n > 0 {
-                        out.push(',');
-                    }
+            let tool_calls = (main..items.len())
+                .filter(|&k| items[k].kind == Kind::Call)
+                .map(|k| {
                     let h = heads[k].as_ref().expect("a call item has a head");
-                    out.push_str(r#"{"id":"#);
-                    push_json_string(&mut out, &items[k].call_id);
-                    out.push_str(r#","type":"function","function":{"name":"#);
-                    let name = match items[k].type_name.as_str() {
-                        "local_shell_call" => "local_shell",
-                        _ => h.name.as_deref().unwrap_or(""),
+                    let (name, arguments) = match items[k].type_name.as_str() {
+                        "function_call" => {
+                            (h.name.as_deref(), Arguments::Literal(h.arguments.map_or(r#""""#, RawValue::get)))
+                        }
+                        "custom_tool_call" => {
+                            (h.name.as_deref(), Arguments::Literal(h.input.map_or(r#""""#, RawValue::get)))
+                        }
+                        "local_shell_call" => {
+                            (Some("local_shell"), Arguments::Text(h.action.map_or("", RawValue::get)))
+                        }
+                        _ => (h.name.as_deref(), Arguments::Text(h.action.map_or("", RawValue::get))),
                     };
-                    push_json_string(&mut out, name);
-                    out.push_str(r#","arguments":"#);
-                    match items[k].type_name.as_str() {
-                        "function_call" => out.push_str(h.arguments.map_or(r#""""#, RawValue::get)),
-                        "custom_tool_call" => out.push_str(h.input.map_or(r#""""#, RawValue::get)),
-                        _ => push_json_string(&mut out, h.action.map_or("", RawValue::get)),
-                    }
-                    out.push_str("}}");
-                }
-                out.push(']');
+                    DraftCall { id: &items[k].call_id, name: name.unwrap_or(""), arguments }
+                })
+                .collect();
+            Draft {
+                role,
+                content: Cow::Borrowed(content.map_or("null", RawValue::get)),
+                tool_calls,
+                tool_call_id: None,
             }
-            out.push('}');
-            out
+            .write()
         }
         Kind::Output => {
-            let mut out = String::with_capacity(64);
-            out.push_str(r#"{"role":"tool","tool_call_id":"#);
-            push_json_string(&mut out, &items[main].call_id);
-            out.push_str(r#","content":"#);
-            out.push_str(head.and_then(|h| h.output).map_or("null", RawValue::get));
-            out.push('}');
-            out
+            Draft::result(&items[main].call_id, head.and_then(|h| h.output).map_or("null", RawValue::get)).write()
         }
         Kind::Reasoning | Kind::Opaque => opaque(raws),
     }

@@ -49,7 +49,7 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
-use crate::neutral::{Message, push_json_string, raw_members};
+use crate::neutral::{Arguments, Draft, DraftCall, Message, push_json_string, raw_members};
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -333,7 +333,7 @@ impl<'a> GeminiBody<'a> {
                     let written: Vec<&str> =
                         turn.parts.iter().filter(|p| p.kind != Kind::Response).map(|p| p.raw).collect();
                     if !written.is_empty() || turn.parts.is_empty() {
-                        out.neutral.push(text_message("user", &format!("[{}]", written.join(","))));
+                        out.neutral.push(Draft::text("user", format!("[{}]", written.join(","))).write());
                         out.units.push(Unit::UserParts(t));
                     }
                 }
@@ -369,19 +369,10 @@ fn system_message(system: &str) -> String {
         parts: &'a RawValue,
     }
     match serde_json::from_str::<Parts<'_>>(system) {
-        Ok(p) if p.parts.get().starts_with('[') => text_message("system", p.parts.get()),
-        _ if system.starts_with('"') => text_message("system", system),
-        _ => text_message("system", &json_string(system)),
+        Ok(p) if p.parts.get().starts_with('[') => Draft::text("system", p.parts.get()).write(),
+        _ if system.starts_with('"') => Draft::text("system", system).write(),
+        _ => Draft::text("system", json_string(system)).write(),
     }
-}
-
-fn text_message(role: &str, content: &str) -> String {
-    let mut out = String::from(r#"{"role":"#);
-    push_json_string(&mut out, role);
-    out.push_str(r#","content":"#);
-    out.push_str(content);
-    out.push('}');
-    out
 }
 
 /// The text a response stands for: its one string member, else its JSON text.
@@ -397,44 +388,20 @@ fn response_text(response: Option<&str>) -> Cow<'_, str> {
 }
 
 fn result_message(id: &str, part: &Part<'_>) -> String {
-    let mut out = String::from(r#"{"role":"tool","tool_call_id":"#);
-    push_json_string(&mut out, id);
-    out.push_str(r#","content":"#);
-    push_json_string(&mut out, &response_text(part.response));
-    out.push('}');
-    out
+    Draft::result(id, json_string(&response_text(part.response))).write()
 }
 
 fn model_message(turn: &Turn<'_>) -> String {
     let texts: Vec<&str> = turn.parts.iter().filter(|p| p.kind == Kind::Text).map(|p| p.raw).collect();
-    let mut out = String::from(r#"{"role":"assistant","content":"#);
-    if texts.is_empty() {
-        out.push_str("null");
-    } else {
-        out.push('[');
-        out.push_str(&texts.join(","));
-        out.push(']');
-    }
-    let calls: Vec<usize> = turn.calls().collect();
-    if !calls.is_empty() {
-        out.push_str(r#","tool_calls":["#);
-        for (n, c) in calls.iter().enumerate() {
-            if n > 0 {
-                out.push(',');
-            }
-            let call = &turn.parts[*c];
-            out.push_str(r#"{"id":"#);
-            push_json_string(&mut out, &turn.ids[c]);
-            out.push_str(r#","type":"function","function":{"name":"#);
-            push_json_string(&mut out, &call.name);
-            out.push_str(r#","arguments":"#);
-            push_json_string(&mut out, call.args);
-            out.push_str("}}");
-        }
-        out.push(']');
-    }
-    out.push('}');
-    out
+    let content = if texts.is_empty() { Cow::Borrowed("null") } else { Cow::Owned(format!("[{}]", texts.join(","))) };
+    let tool_calls = turn
+        .calls()
+        .map(|c| {
+            let call = &turn.parts[c];
+            DraftCall { id: &turn.ids[&c], name: &call.name, arguments: Arguments::Text(call.args) }
+        })
+        .collect();
+    Draft { role: "assistant", content, tool_calls, tool_call_id: None }.write()
 }
 
 /// The neutral message of a model answer (a candidate's `content`, as the API returns it or as

@@ -46,7 +46,7 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
-use crate::neutral::{Content, Message, push_json_string, raw_members};
+use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
 
 /// The `type` of the block in which the server hands back its summary of the conversation
@@ -224,7 +224,7 @@ impl<'a> MessagesBody<'a> {
                 out.neutral.push(crate::neutral::opaque(turn.raw));
                 out.units.push(Unit::Turn(t));
             } else if turn.is_whole() {
-                out.neutral.push(text_message(&turn.role, turn.content));
+                out.neutral.push(Draft::text(&turn.role, turn.content).write());
                 out.units.push(Unit::Turn(t));
             } else if turn.role == "assistant" {
                 if turn.blocks.iter().any(|b| b.compaction) {
@@ -282,56 +282,29 @@ fn strip_marks(value: &mut Value) {
     }
 }
 
-fn text_message(role: &str, content: &str) -> String {
-    let mut out = String::from(r#"{"role":"#);
-    push_json_string(&mut out, role);
-    out.push_str(r#","content":"#);
-    out.push_str(content);
-    out.push('}');
-    out
-}
-
 fn result_message(block: &Block<'_>) -> String {
-    let mut out = String::from(r#"{"role":"tool","tool_call_id":"#);
-    push_json_string(&mut out, &block.id);
-    out.push_str(r#","content":"#);
-    out.push_str(&block.content.map_or_else(|| "\"\"".to_owned(), unmarked));
-    out.push('}');
-    out
+    Draft::result(&block.id, block.content.map_or_else(|| "\"\"".to_owned(), unmarked)).write()
 }
 
 fn user_blocks_message(blocks: &[&Block<'_>]) -> String {
     let list: Vec<&str> = blocks.iter().map(|b| b.raw).collect();
-    text_message("user", &unmarked(&format!("[{}]", list.join(","))))
+    Draft::text("user", unmarked(&format!("[{}]", list.join(",")))).write()
 }
 
 fn assistant_message(blocks: &[Block<'_>]) -> String {
     let texts: Vec<&str> = blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw).collect();
-    let mut out = String::from(r#"{"role":"assistant","content":"#);
-    if texts.is_empty() {
-        out.push_str("null");
-    } else {
-        out.push_str(&unmarked(&format!("[{}]", texts.join(","))));
-    }
-    let calls: Vec<&Block<'_>> = blocks.iter().filter(|b| b.kind == Kind::ToolUse).collect();
-    if !calls.is_empty() {
-        out.push_str(r#","tool_calls":["#);
-        for (n, call) in calls.iter().enumerate() {
-            if n > 0 {
-                out.push(',');
-            }
-            out.push_str(r#"{"id":"#);
-            push_json_string(&mut out, &call.id);
-            out.push_str(r#","type":"function","function":{"name":"#);
-            push_json_string(&mut out, &call.name);
-            out.push_str(r#","arguments":"#);
-            push_json_string(&mut out, call.input.unwrap_or("{}"));
-            out.push_str("}}");
-        }
-        out.push(']');
-    }
-    out.push('}');
-    out
+    let content =
+        if texts.is_empty() { Cow::Borrowed("null") } else { Cow::Owned(unmarked(&format!("[{}]", texts.join(",")))) };
+    let tool_calls = blocks
+        .iter()
+        .filter(|b| b.kind == Kind::ToolUse)
+        .map(|call| DraftCall {
+            id: &call.id,
+            name: &call.name,
+            arguments: Arguments::Text(call.input.unwrap_or("{}")),
+        })
+        .collect();
+    Draft { role: "assistant", content, tool_calls, tool_call_id: None }.write()
 }
 
 impl WireBody for MessagesBody<'_> {
@@ -483,7 +456,7 @@ impl MessagesBody<'_> {
                     }
                     let marker =
                         Message::from_raw(&text).map_err(|e| WireError::Unwritable(format!("a new turn: {e}")))?;
-                    Ok(Cow::Owned(text_message("user", &text_blocks(&marker.text()))))
+                    Ok(Cow::Owned(turn_of("user", &text_blocks(&marker.text()))))
                 }
                 Some(t) => {
                     let turn = &self.turns[t];
@@ -564,7 +537,7 @@ impl MessagesBody<'_> {
 pub fn neutral_answer(message: &Value) -> Option<Value> {
     let content = message.get("content")?;
     let neutral = match content {
-        Value::String(_) => text_message("assistant", &content.to_string()),
+        Value::String(_) => Draft::text("assistant", content.to_string()).write(),
         Value::Array(blocks) => {
             let raws: Vec<String> = blocks.iter().map(Value::to_string).collect();
             let blocks: Vec<Block<'_>> = raws.iter().map(|raw| Block::read(raw)).collect();
@@ -621,7 +594,17 @@ fn new_turn(message: &Message) -> Result<String, WireError> {
         role @ ("user" | "assistant") => role,
         other => return Err(WireError::Unwritable(format!("a forwarded `{other}` message has no turn to stand for"))),
     };
-    Ok(text_message(role, &text_blocks(&message.text())))
+    Ok(turn_of(role, &text_blocks(&message.text())))
+}
+
+/// A turn of `role` whose content is `content`, JSON text.
+fn turn_of(role: &str, content: &str) -> String {
+    let mut out = String::from(r#"{"role":"#);
+    push_json_string(&mut out, role);
+    out.push_str(r#","content":"#);
+    out.push_str(content);
+    out.push('}');
+    out
 }
 
 /// `[{"type":"text","text": text}]`: a turn pare writes has blocks, as the turns Claude Code sends.
