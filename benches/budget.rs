@@ -1,7 +1,9 @@
 //! Compaction overhead of the budget layer on a 200k-token session: *warm* (the session's state and
 //! token counts are known; the request adds one turn) and *cold* (a fresh compactor meets the whole
 //! session at once, tokenizes every message and runs an epoch). Targets: warm ≤ 2 ms, cold ≤ 40 ms.
-//! `warm_eager_…` is the warm request in eager mode, which runs the engine on every turn.
+//! `warm_eager_…` is the warm request in eager mode, which runs the engine on every turn;
+//! `warm_{responses,messages,gemini}_…` the warm request in that format (the session converted as
+//! `pare eval --convert` converts it), the adapter's write included.
 //!
 //! The timings exclude parsing the body ([`ChatBody::parse`], done once per request by the
 //! pipeline for every purpose), which `parse_200k_token_body` measures apart.
@@ -21,7 +23,8 @@ use pare::budget::SessionCompactor;
 use pare::compact::Engine;
 use pare::config::Config;
 use pare::tokens::request_tokens;
-use pare::wire::ChatBody;
+use pare::wire::convert::chat_session_to;
+use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 
 const WINDOW: u64 = 65_536;
@@ -107,16 +110,30 @@ fn budget(c: &mut Criterion) {
     let mut eager_config = Config::default();
     eager_config.compaction.mode = pare::config::Mode::Eager;
     let eager = SessionCompactor::new(&eager_config, Arc::new(Engine::default_pack())).expect("valid config");
-    warm_bench(c, "warm_200k_tokens_one_new_turn", &compactor(), &messages);
+    warm_bench(c, "warm_200k_tokens_one_new_turn", &compactor(), &messages, Wire::Chat);
     // Eager runs the engine on every turn (polling 1), over the frozen prefix and the new messages.
-    warm_bench(c, "warm_eager_200k_tokens_one_new_turn", &eager, &messages);
+    warm_bench(c, "warm_eager_200k_tokens_one_new_turn", &eager, &messages, Wire::Chat);
+    // The same session in the other formats: the adapter writes every request's items or turns
+    // from the frozen prefix's plan and checks them.
+    for wire in [Wire::Responses, Wire::Messages, Wire::Gemini] {
+        let name = format!("warm_{}_200k_tokens_one_new_turn", wire.name());
+        warm_bench(c, &name, &compactor(), &messages, wire);
+    }
 }
 
-/// One request adding one turn to a session `warm` already knows.
-fn warm_bench(c: &mut Criterion, name: &str, warm: &SessionCompactor, messages: &[Value]) {
-    let parsed_full = body(messages);
-    let parsed = ChatBody::parse(&parsed_full).expect("valid body");
-    warm.compact_body("s", &parsed, Some(WINDOW));
+/// `messages` as a request body in `wire` (converted as `pare eval --convert` converts).
+fn body_in(wire: Wire, messages: &[Value]) -> Vec<u8> {
+    match wire {
+        Wire::Chat => body(messages),
+        _ => chat_session_to(wire, &String::from_utf8(body(messages)).expect("JSON is UTF-8")).trim_end().into(),
+    }
+}
+
+/// One request adding one turn to a session `warm` already knows, in `wire`.
+fn warm_bench(c: &mut Criterion, name: &str, warm: &SessionCompactor, messages: &[Value], wire: Wire) {
+    let parsed_full = body_in(wire, messages);
+    let parsed = pare::wire::parse(wire, &parsed_full).expect("valid body");
+    warm.compact_body("s", parsed.as_ref(), Some(WINDOW));
     let mut turn = 1_000_000;
     c.bench_function(name, |b| {
         b.iter_custom(|iters| {
@@ -127,10 +144,10 @@ fn warm_bench(c: &mut Criterion, name: &str, warm: &SessionCompactor, messages: 
                 grown.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"cargo test\"}"}}]}));
                 grown.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(turn, 3)}));
                 turn += 1;
-                let request = body(&grown);
-                let parsed = ChatBody::parse(&request).expect("valid body");
+                let request = body_in(wire, &grown);
+                let parsed = pare::wire::parse(wire, &request).expect("valid body");
                 let started = Instant::now();
-                black_box(warm.compact_body("s", &parsed, Some(WINDOW)));
+                black_box(warm.compact_body("s", parsed.as_ref(), Some(WINDOW)));
                 total += started.elapsed();
             }
             total

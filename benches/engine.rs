@@ -36,7 +36,7 @@ fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, cou
     let messages = parsed.messages();
     let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
     let reads = WrittenReads::new(out.prefix.len());
-    parsed.write(&Forward::of_plan(&out.plan, &out.prefix, &reads, messages.len())).unwrap().0
+    parsed.write(&Forward::of_plan(&out.plan, out.prefix.iter().map(String::as_str), &reads, messages.len())).unwrap().0
 }
 
 fn bench(c: &mut Criterion) {

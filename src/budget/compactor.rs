@@ -181,7 +181,7 @@ impl Frozen {
             + size_of_val(&*self.prefix_seen)
             + self.lists.iter().map(String::len).sum::<usize>()
             + size_of_val(&*self.plan)
-            + self.reads.bytes(self.prefix.iter().map(str::len))
+            + self.reads.bytes(|at| self.prefix.len_of(at))
     }
 
     /// Tokens of the prefix's messages as `counter` counts them.
@@ -262,6 +262,11 @@ impl Packed {
 
     fn len(&self) -> usize {
         self.ends.len()
+    }
+
+    /// The length of message `at`.
+    fn len_of(&self, at: usize) -> usize {
+        self.ends[at] - at.checked_sub(1).map_or(0, |before| self.ends[before])
     }
 
     fn iter(&self) -> impl Iterator<Item = &str> {
@@ -659,10 +664,7 @@ impl SessionCompactor {
             (None, None)
         } else {
             let written = match &step.frozen {
-                Some(f) => {
-                    let prefix: Vec<&str> = f.prefix.iter().collect();
-                    body.write(&Forward::of_plan(&f.plan, &prefix, &f.reads, request.raw.len()))
-                }
+                Some(f) => body.write(&Forward::of_plan(&f.plan, f.prefix.iter(), &f.reads, request.raw.len())),
                 None => body.write(&Forward::unchanged(request.raw.len())),
             };
             match written {

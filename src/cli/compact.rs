@@ -70,7 +70,12 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
         Cow::Borrowed(&input)
     } else {
         let reads = WrittenReads::new(out.prefix.len());
-        match body.write(&Forward::of_plan(&out.plan, &out.prefix, &reads, raw_messages.len())) {
+        match body.write(&Forward::of_plan(
+            &out.plan,
+            out.prefix.iter().map(String::as_str),
+            &reads,
+            raw_messages.len(),
+        )) {
             Ok((bytes, _)) => Cow::Owned(bytes),
             Err(err) => {
                 eprintln!("pare: {}: forwarded unchanged: {err}", args.input);

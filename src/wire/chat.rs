@@ -58,11 +58,18 @@ impl WireBody for ChatBody<'_> {
             .find_map(|key| self.split.field(key).and_then(|v| serde_json::from_str::<u64>(v.get()).ok()))
     }
     fn write(&self, forwarded: &[Forward<'_>]) -> Result<(Vec<u8>, Spans), WireError> {
-        let messages = forwarded
-            .iter()
-            .map(|entry| entry.text(&self.split.elements))
-            .collect::<Option<Vec<&str>>>()
-            .ok_or_else(|| WireError::Unwritable("a forwarded message stands for none of the request's".into()))?;
+        let elements = &self.split.elements;
+        let mut messages: Vec<&str> = Vec::with_capacity(forwarded.len());
+        for entry in forwarded {
+            messages.push(match *entry {
+                Forward::Kept(idx) => *elements.get(idx).ok_or_else(|| {
+                    WireError::Unwritable(format!(
+                        "a forwarded message stands for message {idx}, not one of the request's"
+                    ))
+                })?,
+                Forward::Rewritten(_, written) | Forward::New(written) => written.text,
+            });
+        }
         Ok(self.split.to_vec_and_spans(&messages))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {

@@ -41,6 +41,7 @@ pub use chat::ChatBody;
 pub(crate) use split::TopLevel;
 pub use split::{Spans, Split};
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use crate::compact::validate::{Skeleton, Violation};
@@ -198,11 +199,11 @@ impl WrittenReads {
 
     /// Bytes allocated for the slots and the messages read so far (each counted as its text's
     /// length, which its fields hold, plus the message itself).
-    pub fn bytes(&self, texts: impl Iterator<Item = usize>) -> usize {
-        let read = texts
-            .zip(self.0.iter())
+    /// `text_len(at)` is the length of entry `at`'s text, asked only of the entries read.
+    pub fn bytes(&self, text_len: impl Fn(usize) -> usize) -> usize {
+        let read = (self.0.iter().enumerate())
             .filter(|(_, slot)| slot.get().is_some_and(Option::is_some))
-            .map(|(len, _)| len + size_of::<Message>())
+            .map(|(at, _)| text_len(at) + size_of::<Message>())
             .sum::<usize>();
         size_of_val(&*self.0) + read
     }
@@ -213,20 +214,31 @@ impl<'a> Forward<'a> {
     /// are `prefix` (their typed forms in `reads`), written from `plan` (what became of the
     /// request's first `plan.len()` messages), then the request's messages after those as sent. An
     /// entry no fate names is one pare wrote.
-    pub fn of_plan<S: AsRef<str>>(
+    pub fn of_plan(
         plan: &[crate::compact::Fate],
-        prefix: &'a [S],
+        prefix: impl IntoIterator<Item = &'a str>,
         reads: &'a WrittenReads,
         n_raw: usize,
     ) -> Vec<Forward<'a>> {
         use crate::compact::Fate;
-        let written = |at: usize| reads.written(at, prefix[at].as_ref());
-        let mut out: Vec<Forward<'a>> = (0..prefix.len()).map(|at| Forward::New(written(at))).collect();
+        let prefix = prefix.into_iter();
+        let mut out: Vec<Forward<'a>> = Vec::with_capacity(prefix.size_hint().0 + n_raw.saturating_sub(plan.len()));
+        out.extend(prefix.enumerate().map(|(at, text)| Forward::New(reads.written(at, text))));
         for (idx, fate) in plan.iter().enumerate() {
             match *fate {
-                Fate::Kept { at } if at < out.len() => out[at] = Forward::Kept(idx),
-                Fate::Rewritten { at, .. } if at < out.len() => out[at] = Forward::Rewritten(idx, written(at)),
-                _ => {}
+                Fate::Kept { at } => {
+                    if let Some(slot) = out.get_mut(at) {
+                        *slot = Forward::Kept(idx);
+                    }
+                }
+                Fate::Rewritten { at, .. } => {
+                    if let Some(slot) = out.get_mut(at)
+                        && let Forward::New(written) = *slot
+                    {
+                        *slot = Forward::Rewritten(idx, written);
+                    }
+                }
+                Fate::Elided { .. } | Fate::Dropped { .. } => {}
             }
         }
         out.extend((plan.len()..n_raw).map(Forward::Kept));
@@ -361,6 +373,30 @@ pub(crate) fn trace_units<'a>(
                 Forward::Rewritten(idx, written) => Traced::Rewritten(unit(idx)?, written.message()?),
                 Forward::New(written) => Traced::New(written.message()?),
             })
+        })
+        .collect()
+}
+
+/// Each of `written`, a body's conversation elements as an adapter writes them (its own, borrowed
+/// in place, or new text), read by `read`, taking `reads` (the body's own reads of its `elements`)
+/// for each element written as it is: the writer's check reads only what it wrote anew.
+pub(crate) fn reuse_reads<'b, T: Clone>(
+    written: &'b [Cow<'b, str>],
+    elements: &[&'b str],
+    reads: &'b [T],
+    read: impl Fn(&'b str) -> T,
+) -> Vec<Cow<'b, T>> {
+    written
+        .iter()
+        .map(|text| {
+            // The elements lie in the body in order: one written as it is has its address.
+            let at = elements.binary_search_by_key(&(text.as_ptr() as usize), |e| e.as_ptr() as usize);
+            match (text, at) {
+                (Cow::Borrowed(own), Ok(k)) if elements[k].len() == own.len() && k < reads.len() => {
+                    Cow::Borrowed(&reads[k])
+                }
+                _ => Cow::Owned(read(text)),
+            }
         })
         .collect()
 }
@@ -513,7 +549,7 @@ mod tests {
         ];
         let prefix = [r#"{"role":"user","content":"a"}"#, r#"{"role":"tool","tool_call_id":"c","content":"b"}"#, "{}"];
         let reads = WrittenReads::new(prefix.len());
-        let forwarded = Forward::of_plan(&plan, &prefix, &reads, 7);
+        let forwarded = Forward::of_plan(&plan, prefix, &reads, 7);
         let shape: Vec<String> = forwarded
             .iter()
             .map(|f| match f {
@@ -525,6 +561,31 @@ mod tests {
         assert_eq!(shape, ["kept 0", &format!("rewritten 1 as {}", prefix[1]), "new {}", "kept 5", "kept 6"]);
         assert_eq!(forwarded[2].text(&[]), Some("{}"));
         assert_eq!(forwarded[3].text(&["a", "b"]), None, "a kept entry names a message the request lacks");
+    }
+
+    #[test]
+    fn a_check_reads_again_only_what_the_writer_wrote_anew() {
+        let body = r#"[{"a":1},{"b":2},{"c":3}]"#;
+        let elements = [&body[1..8], &body[9..16], &body[17..24]];
+        let reads: Vec<String> = elements.iter().map(|e| format!("read {e}")).collect();
+        let calls = std::cell::Cell::new(0);
+        let read = |text: &str| {
+            calls.set(calls.get() + 1);
+            format!("read again {text}")
+        };
+        // Element 1 as it is, a new text equal to element 0, element 2, and a part of element 2.
+        let written = [
+            Cow::Borrowed(elements[1]),
+            Cow::Owned(elements[0].to_owned()),
+            Cow::Borrowed(elements[2]),
+            Cow::Borrowed(&elements[2][..4]),
+        ];
+        let got = reuse_reads(&written, &elements, &reads, read);
+        assert!(matches!(&got[0], Cow::Borrowed(r) if std::ptr::eq(*r, &reads[1])));
+        assert_eq!(got[1].as_ref(), r#"read again {"a":1}"#);
+        assert!(matches!(&got[2], Cow::Borrowed(r) if std::ptr::eq(*r, &reads[2])));
+        assert_eq!(got[3].as_ref(), r#"read again {"c""#);
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]

@@ -87,7 +87,7 @@ struct Head<'a> {
 }
 
 /// One input item, read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Item {
     kind: Kind,
     /// `type` as sent (`function_call`, `custom_tool_call`…).
@@ -223,19 +223,20 @@ fn text_input(bytes: &[u8]) -> Result<Split<'_>, WireError> {
 /// One past the last item of the neutral message starting at `start`: reasoning items join the item
 /// they precede; an assistant message joins the calls right after it (reasoning between them
 /// included); consecutive calls form one turn.
-fn turn_end(items: &[Item], start: usize) -> usize {
+fn turn_end<I: std::borrow::Borrow<Item>>(items: &[I], start: usize) -> usize {
+    let item = |j: usize| items[j].borrow();
     let next_non_reasoning =
-        |from: usize| (from..items.len()).find(|&j| items[j].kind != Kind::Reasoning).unwrap_or(items.len());
+        |from: usize| (from..items.len()).find(|&j| item(j).kind != Kind::Reasoning).unwrap_or(items.len());
     let j = next_non_reasoning(start);
     if j == items.len() {
         return items.len();
     }
     let mut end = j + 1;
-    let is_assistant_text = items[j].kind == Kind::Message && items[j].role == "assistant";
-    if is_assistant_text || items[j].kind == Kind::Call {
+    let is_assistant_text = item(j).kind == Kind::Message && item(j).role == "assistant";
+    if is_assistant_text || item(j).kind == Kind::Call {
         loop {
             let k = next_non_reasoning(end);
-            if k < items.len() && items[k].kind == Kind::Call {
+            if k < items.len() && item(k).kind == Kind::Call {
                 end = k + 1;
             } else {
                 break;
@@ -325,7 +326,8 @@ impl WireBody for ResponsesBody<'_> {
             return Err(WireError::Unwritable("a string `input` is forwarded as sent".into()));
         }
         let items = self.items_for(forwarded)?;
-        check_conversation(&items, self.has_instructions)?;
+        let read = super::reuse_reads(&items, &self.split.elements, &self.items, |raw| Item::read(raw).0);
+        check_read(&read.iter().map(AsRef::as_ref).collect::<Vec<_>>(), self.has_instructions)?;
         let unchanged = items.len() == self.split.elements.len()
             && items.iter().zip(&self.split.elements).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
         Ok(if unchanged { self.split.to_vec_and_spans_keeping_array() } else { self.split.to_vec_and_spans(&items) })
@@ -337,7 +339,10 @@ impl WireBody for ResponsesBody<'_> {
         self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.split.elements, self.has_instructions)
+        if self.input_is_text {
+            return check_conversation(&self.split.elements, self.has_instructions);
+        }
+        check_read(&self.items.iter().collect::<Vec<_>>(), self.has_instructions)
     }
 }
 
@@ -453,7 +458,12 @@ pub fn check_items<S: AsRef<str>>(items: &[S]) -> Result<(), Invalid> {
 /// when `instructions`.
 fn check_conversation<S: AsRef<str>>(items: &[S], instructions: bool) -> Result<(), Invalid> {
     let read: Vec<Item> = items.iter().map(|raw| Item::read(raw.as_ref()).0).collect();
-    let (skeletons, origins) = neutral_skeletons(&read, instructions);
+    check_read(&read.iter().collect::<Vec<_>>(), instructions)
+}
+
+/// [`check_conversation`] over items already read.
+fn check_read(read: &[&Item], instructions: bool) -> Result<(), Invalid> {
+    let (skeletons, origins) = neutral_skeletons(read, instructions);
     super::check_pairing(&skeletons, &origins)?;
     for (idx, item) in read.iter().enumerate() {
         if item.kind == Kind::Reasoning {
@@ -469,7 +479,7 @@ fn check_conversation<S: AsRef<str>>(items: &[S], instructions: bool) -> Result<
 /// The skeleton of each neutral message `items` read into (as [`ResponsesBody::parse`] groups and
 /// writes them, the instructions first when `instructions`), and the item it comes from (its first
 /// item that is not reasoning).
-fn neutral_skeletons(items: &[Item], instructions: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+fn neutral_skeletons(items: &[&Item], instructions: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
     let mut skeletons = Vec::with_capacity(items.len() + 1);
     let mut origins = Vec::with_capacity(items.len() + 1);
     if instructions {
@@ -480,7 +490,7 @@ fn neutral_skeletons(items: &[Item], instructions: bool) -> (Vec<Option<Skeleton
     while start < items.len() {
         let end = turn_end(items, start);
         let main = (start..end).find(|&k| items[k].kind != Kind::Reasoning);
-        let skeleton = match main.map(|k| (k, &items[k])) {
+        let skeleton = match main.map(|k| (k, items[k])) {
             Some((k, item)) if matches!(item.kind, Kind::Message | Kind::Call) => {
                 let role = if item.kind == Kind::Call { "assistant" } else { item.role.as_str() };
                 let calls = items[k..end].iter().filter(|i| i.kind == Kind::Call).map(|i| i.call_id.clone()).collect();

@@ -125,7 +125,12 @@ fn write_under(parsed: &dyn WireBody, frozen: Option<&FrozenPlan>) -> Result<Vec
     let written = match frozen {
         Some(f) => {
             let reads = WrittenReads::new(f.prefix.len());
-            parsed.write(&Forward::of_plan(f.plan.as_ref().unwrap(), &f.prefix, &reads, n_raw))
+            parsed.write(&Forward::of_plan(
+                f.plan.as_ref().unwrap(),
+                f.prefix.iter().map(String::as_str),
+                &reads,
+                n_raw,
+            ))
         }
         None => parsed.write(&Forward::unchanged(n_raw)),
     };

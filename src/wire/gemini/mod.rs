@@ -121,7 +121,7 @@ struct FunctionHead<'a> {
 }
 
 /// One part, read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Part<'a> {
     raw: &'a str,
     kind: Kind,
@@ -195,7 +195,7 @@ enum Side {
 }
 
 /// One turn of `contents`, read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Turn<'a> {
     raw: &'a str,
     side: Side,
@@ -265,7 +265,12 @@ fn pair(model: Option<&Turn<'_>>, user: &Turn<'_>) -> HashMap<usize, usize> {
 /// neutral view shows a result without its call, the pairing check refuses it, and the engine
 /// leaves such a conversation as it is.
 fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
-    let mut turns: Vec<Turn<'a>> = raws.iter().map(|raw| Turn::read((*raw).as_ref())).collect();
+    paired(raws.iter().map(|raw| Turn::read((*raw).as_ref())).collect())
+}
+
+/// `turns`, each as [`Turn::read`] reads it alone, with each response given its call's id (see
+/// [`read_turns`]).
+fn paired(mut turns: Vec<Turn<'_>>) -> Vec<Turn<'_>> {
     for t in 0..turns.len() {
         if turns[t].side != Side::User {
             continue;
@@ -448,14 +453,21 @@ impl WireBody for GeminiBody<'_> {
         if unchanged {
             return Ok(self.split.to_vec_and_spans_keeping_array());
         }
-        check_conversation(&turns, self.has_system)?;
+        // The turns written as they are were read with the body: each is taken as read alone (the
+        // ids its responses were given belong to the body's order), then all are paired again.
+        let read = super::reuse_reads(&turns, &self.split.elements, &self.turns, Turn::read);
+        let alone = read.into_iter().map(|turn| match turn {
+            Cow::Borrowed(turn) if turn.side == Side::User => Turn { ids: HashMap::new(), ..turn.clone() },
+            turn => turn.into_owned(),
+        });
+        check_read(&paired(alone.collect()), self.has_system)?;
         Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.split.elements, self.has_system)
+        check_read(&self.turns, self.has_system)
     }
 }
 
@@ -671,8 +683,12 @@ pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
 /// instruction when `system`.
 fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
-    let read = read_turns(&raws);
-    let (skeletons, origins) = neutral_skeletons(&read, system);
+    check_read(&read_turns(&raws), system)
+}
+
+/// [`check_conversation`] over turns already read and paired.
+fn check_read(read: &[Turn<'_>], system: bool) -> Result<(), Invalid> {
+    let (skeletons, origins) = neutral_skeletons(read, system);
     super::check_pairing(&skeletons, &origins)?;
     for (t, turn) in read.iter().enumerate() {
         let name_of = |p: usize| turn.parts[p].name.clone();

@@ -455,3 +455,25 @@ mod properties {
         }
     }
 }
+
+/// A response turn written as sent is paired again where it lands: behind a marker that stands for
+/// its calling turn it answers no call, and the write is refused, as when every turn is read anew.
+#[test]
+fn a_response_kept_behind_the_marker_of_its_call_is_refused() {
+    let body = json!({"contents": [
+        {"role": "user", "parts": [{"text": "fix it"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "bash", "args": {"command": "ls"}}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": "a"}}}]},
+        {"role": "model", "parts": [{"text": "Done."}]}
+    ]})
+    .to_string();
+    let parsed = parse(&body);
+    assert_eq!(parsed.check(), Ok(()));
+    let marker = r#"{"role":"assistant","content":"[pare: 1 earlier message elided — bash ×1]"}"#;
+    let reads = WrittenReads::new(1);
+    let entries = [Forward::Kept(0), Forward::New(reads.written(0, marker)), Forward::Kept(2), Forward::Kept(3)];
+    let refused = parsed.write(&entries).unwrap_err();
+    assert!(matches!(refused, WireError::Invalid(Invalid::Pairing { .. })), "{refused}");
+    // Written as sent, the same turns pass.
+    assert!(parsed.write(&Forward::unchanged(4)).is_ok());
+}

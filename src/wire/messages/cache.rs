@@ -61,7 +61,7 @@ pub fn marks(body: &Value) -> Vec<Mark> {
 }
 
 /// The block's own mark, then the marks inside its `content` blocks (a `tool_result`'s).
-fn push_marks(block: &Value, place: Place, out: &mut Vec<Mark>) {
+pub(super) fn push_marks(block: &Value, place: Place, out: &mut Vec<Mark>) {
     if let Some(value) = block.get("cache_control").filter(|v| !v.is_null()) {
         out.push(Mark { place, value: value.clone() });
     }

@@ -39,8 +39,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
@@ -87,7 +87,7 @@ struct BlockHead<'a> {
 }
 
 /// One content block, read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Block<'a> {
     raw: &'a str,
     kind: Kind,
@@ -96,8 +96,8 @@ struct Block<'a> {
     name: String,
     input: Option<&'a str>,
     content: Option<&'a str>,
-    /// The block carries its own `cache_control`.
-    marked: bool,
+    /// The block's own `cache_control` value as sent (`None`: none, or `null`).
+    cache_control: Option<&'a str>,
     /// A `compaction` block with a summary: the server reads it in place of everything before it
     /// (see [`COMPACTION_BLOCK`]). One with `content: null` is a failed compaction the server treats
     /// as a no-op: it reads what comes before, so it is no boundary.
@@ -106,8 +106,11 @@ struct Block<'a> {
 
 impl<'a> Block<'a> {
     fn read(raw: &'a str) -> Block<'a> {
-        let head = serde_json::from_str::<BlockHead<'a>>(raw).ok();
-        let head = head.unwrap_or_default();
+        let head = serde_json::from_str::<BlockHead<'a>>(raw).unwrap_or_else(|_| {
+            // A block whose other keys are not what the API's are still carries its marks.
+            let marks = serde_json::from_str::<MarkHead<'a>>(raw).unwrap_or_default();
+            BlockHead { content: marks.content, cache_control: marks.cache_control, ..BlockHead::default() }
+        });
         let kind = match head.kind.as_deref().unwrap_or("") {
             "text" => Kind::Text,
             "tool_use" if head.id.is_some() && head.input.is_some_and(|i| i.get().starts_with('{')) => Kind::ToolUse,
@@ -123,11 +126,25 @@ impl<'a> Block<'a> {
             name: head.name.as_deref().unwrap_or("").to_owned(),
             input: head.input.map(RawValue::get),
             content: head.content.map(RawValue::get),
-            marked: head.cache_control.is_some_and(|c| c.get() != "null"),
+            cache_control: head.cache_control.map(RawValue::get).filter(|c| *c != "null"),
             compaction: head.kind.as_deref() == Some(COMPACTION_BLOCK)
                 && head.content.is_some_and(|c| c.get() != "null"),
         }
     }
+
+    /// The block carries its own `cache_control`.
+    fn marked(&self) -> bool {
+        self.cache_control.is_some()
+    }
+}
+
+/// The keys of a block that hold marks: its own, and those of the blocks of its `content`.
+#[derive(Deserialize, Default)]
+struct MarkHead<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_control: Option<&'a RawValue>,
 }
 
 /// The keys of a turn the adapter reads.
@@ -140,7 +157,7 @@ struct TurnHead<'a> {
 }
 
 /// One turn of `messages`, read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Turn<'a> {
     raw: &'a str,
     /// `user` or `assistant`; any other turn is opaque.
@@ -331,14 +348,15 @@ impl WireBody for MessagesBody<'_> {
         if unchanged {
             return Ok(self.split.to_vec_and_spans_keeping_array());
         }
-        check_conversation(&turns, self.has_system)?;
+        let read = super::reuse_reads(&turns, &self.split.elements, &self.turns, Turn::read);
+        check_read(&read.iter().map(AsRef::as_ref).collect::<Vec<_>>(), self.has_system)?;
         Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_conversation(&self.split.elements, self.has_system)
+        check_read(&self.turns.iter().collect::<Vec<_>>(), self.has_system)
     }
 }
 
@@ -493,7 +511,7 @@ impl MessagesBody<'_> {
                     add.push((*message, *block, &mark.value))
                 }
                 // A rewritten result loses the marks inside its old content: its block takes one.
-                Some(_) if fates[t][b] == Fate::Rewritten && !self.turns[t].blocks[b].marked => {
+                Some(_) if fates[t][b] == Fate::Rewritten && !self.turns[t].blocks[b].marked() => {
                     add.push((t, b, &mark.value))
                 }
                 _ => {}
@@ -502,7 +520,7 @@ impl MessagesBody<'_> {
         for (t, b, value) in add {
             let Some((_, blocks)) = written.iter_mut().find(|(turn, _)| *turn == Some(t)) else { continue };
             let Some((_, text)) = blocks.iter_mut().find(|(block, _)| *block == Some(b)) else { continue };
-            if text.contains("\"cache_control\"") && Block::read(text).marked {
+            if text.contains("\"cache_control\"") && Block::read(text).marked() {
                 continue;
             }
             let mark = value.to_string();
@@ -514,20 +532,46 @@ impl MessagesBody<'_> {
         Ok(())
     }
 
-    /// The agent's marks, in the API's order (read only when the body has any).
+    /// The agent's marks, in the API's order: the tools' and the system prompt's read from their
+    /// values when they hold any, the turns' from the blocks the body was read into (a block's own
+    /// mark, then those of its `content` blocks; an opaque turn's read from its value).
     fn marks(&self) -> Vec<cache::Mark> {
-        let raw_tools = self.split.field("tools").map_or("", RawValue::get);
-        let raw_system = self.split.field("system").map_or("", RawValue::get);
-        if ![raw_tools, raw_system, self.split.array_raw].iter().any(|s| s.contains("\"cache_control\"")) {
-            return Vec::new();
-        }
-        let mut body = Map::new();
-        for (key, raw) in [("tools", raw_tools), ("system", raw_system), ("messages", self.split.array_raw)] {
-            if let Ok(value) = serde_json::from_str::<Value>(raw) {
-                body.insert(key.to_owned(), value);
+        let mut out = Vec::new();
+        for key in ["tools", "system"] {
+            let place = |i| if key == "tools" { Place::Tool(i) } else { Place::System(i) };
+            let Some(raw) = self.split.field(key).map(RawValue::get).filter(|r| r.contains("\"cache_control\"")) else {
+                continue;
+            };
+            for (i, value) in serde_json::from_str::<Vec<Value>>(raw).unwrap_or_default().iter().enumerate() {
+                cache::push_marks(value, place(i), &mut out);
             }
         }
-        cache::marks(&Value::Object(body))
+        let value = |raw: &str| serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
+        for (message, turn) in self.turns.iter().enumerate() {
+            if turn.opaque {
+                let content = value(turn.raw).get("content").and_then(Value::as_array).cloned().unwrap_or_default();
+                for (block, value) in content.iter().enumerate() {
+                    cache::push_marks(value, Place::Block { message, block }, &mut out);
+                }
+                continue;
+            }
+            for (b, block) in turn.blocks.iter().enumerate() {
+                let place = Place::Block { message, block: b };
+                if let Some(mark) = block.cache_control {
+                    out.push(cache::Mark { place, value: value(mark) });
+                }
+                let inner = block.content.filter(|c| c.starts_with('[') && c.contains("\"cache_control\""));
+                let inner =
+                    inner.map(|c| serde_json::from_str::<Vec<&RawValue>>(c).unwrap_or_default()).unwrap_or_default();
+                for raw in inner {
+                    let head = serde_json::from_str::<MarkHead<'_>>(raw.get()).unwrap_or_default();
+                    if let Some(mark) = head.cache_control.map(RawValue::get).filter(|c| *c != "null") {
+                        out.push(cache::Mark { place, value: value(mark) });
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -672,11 +716,16 @@ pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
 /// when `system`.
 fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let read: Vec<Turn<'_>> = turns.iter().map(|t| Turn::read(t.as_ref())).collect();
-    let (skeletons, origins) = neutral_skeletons(&read, system);
+    check_read(&read.iter().collect::<Vec<_>>(), system)
+}
+
+/// [`check_conversation`] over turns already read.
+fn check_read(read: &[&Turn<'_>], system: bool) -> Result<(), Invalid> {
+    let (skeletons, origins) = neutral_skeletons(read, system);
     super::check_pairing(&skeletons, &origins)?;
     let mut n_marks = 0;
     for (t, turn) in read.iter().enumerate() {
-        n_marks += turn.blocks.iter().filter(|b| b.marked).count();
+        n_marks += turn.blocks.iter().filter(|b| b.marked()).count();
         let first_of = |kind: Kind| turn.blocks.iter().find(|b| b.kind == kind).map(|b| b.id.clone());
         if let Some(id) = first_of(Kind::ToolUse).filter(|_| turn.role != "assistant") {
             return Err(Structure::ToolUseOutsideAssistant { turn: t, id }.into());
@@ -698,7 +747,7 @@ fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), In
 
 /// The skeleton of each neutral message `turns` read into (as [`MessagesBody::parse`] writes them,
 /// the system prompt first when `system`), and the turn it comes from.
-fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+fn neutral_skeletons(turns: &[&Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
     let mut skeletons = Vec::with_capacity(turns.len() + 1);
     let mut origins = Vec::with_capacity(turns.len() + 1);
     if system {

@@ -74,6 +74,21 @@ fn turns_read_into_neutral_messages_paired_by_tool_use_id() {
     assert!(crate::compact::validate::check(&skeletons).is_ok());
 }
 
+/// The marks a body's turns were read with are those of its whole value, wherever they sit: the
+/// tools, the system prompt, a block, a result's content, an opaque turn, a block whose other
+/// keys are odd, beside content that is no object.
+#[test]
+fn marks_are_read_from_the_turns_as_from_the_whole_value() {
+    let odd = r#"{"model":"m","system":"plain","messages":[{"role":"system","content":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}]},{"role":"assistant","content":[{"type":"tool_use","id":7,"name":"f","input":{},"cache_control":{"type":"ephemeral","ttl":"1h"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":["x",{"type":"text","text":"y","cache_control":{"type":"ephemeral"}},{"type":"text","text":"z","cache_control":null}]}]},{"role":"user","content":"no blocks"}]}"#;
+    for body in [CLAUDE_CODE, odd] {
+        let parsed = parse(body);
+        let want = cache::marks(&serde_json::from_str(body).unwrap());
+        assert!(!want.is_empty());
+        assert_eq!(parsed.marks(), want, "{body}");
+    }
+    assert_eq!(parse(odd).marks().len(), 3);
+}
+
 #[test]
 fn moving_the_last_mark_leaves_the_neutral_form_alone() {
     // Claude Code marks the newest user turn on each request: the turn marked before is the same turn.
@@ -343,7 +358,11 @@ fn the_checked_skeletons_are_those_of_the_neutral_messages() {
     for body in [CLAUDE_CODE, odd] {
         let parsed = parse(body);
         let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
-        assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text, "{body}");
+        assert_eq!(
+            neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0,
+            from_text,
+            "{body}"
+        );
     }
 }
 
@@ -472,7 +491,8 @@ mod properties {
             let parsed = MessagesBody::parse(body.as_bytes()).unwrap();
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
-            prop_assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text);
+            prop_assert_eq!(neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0, from_text);
+            prop_assert_eq!(parsed.marks(), cache::marks(&serde_json::from_str(&body).unwrap()));
             prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());
         }
 

@@ -242,7 +242,11 @@ fn the_checked_skeletons_are_those_of_the_neutral_messages() {
     ] {
         let parsed = parse(body);
         let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
-        assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text, "{body}");
+        assert_eq!(
+            neutral_skeletons(&parsed.items.iter().collect::<Vec<_>>(), parsed.has_instructions).0,
+            from_text,
+            "{body}"
+        );
     }
 }
 
@@ -332,7 +336,7 @@ mod properties {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
-            prop_assert_eq!(neutral_skeletons(&parsed.items, parsed.has_instructions).0, from_text);
+            prop_assert_eq!(neutral_skeletons(&parsed.items.iter().collect::<Vec<_>>(), parsed.has_instructions).0, from_text);
             prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());
         }
 
