@@ -183,9 +183,54 @@ impl Message {
     }
 }
 
+/// The text of a content array whose parts are `parts` (raw JSON objects) as [`Message::text`]
+/// reads it from a message holding them: each part's `text` string, joined by newlines; "" when a
+/// part is not a content part (then the content is no array of parts). An adapter reads what a
+/// turn says this way without writing the turn's neutral message to read it back.
+pub fn parts_text<'p>(parts: impl IntoIterator<Item = &'p str>) -> String {
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(rename = "type", borrow, default)]
+        _kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        text: Option<std::borrow::Cow<'a, str>>,
+    }
+    let mut texts: Vec<String> = Vec::new();
+    for raw in parts {
+        let raw = lone_surrogates_replaced(raw);
+        match serde_json::from_str::<Part<'_>>(&raw) {
+            Ok(part) => texts.extend(part.text.map(std::borrow::Cow::into_owned)),
+            Err(_) => return String::new(),
+        }
+    }
+    texts.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_read_alone_give_the_text_of_the_message_holding_them() {
+        let cases: [&[&str]; 6] = [
+            &[r#"{"type":"text","text":"a"}"#, r#"{"type":"text","text":"b\nc","cache_control":{"type":"ephemeral"}}"#],
+            &[
+                r#"{"text":"gemini part","thoughtSignature":"s"}"#,
+                r#"{"type":"text"}"#,
+                r#"{"type":"text","text":null}"#,
+            ],
+            &[r#"{"type":"text","text":"a"}"#, r#"{"type":5,"text":"b"}"#],
+            &[r#"{"type":"text","text":"lone \udc80 surrogate"}"#],
+            &[r#"{"type":"text","text":["no string"]}"#],
+            &[],
+        ];
+        for parts in cases {
+            let content = if parts.is_empty() { "null".to_owned() } else { format!("[{}]", parts.join(",")) };
+            let message = Message::from_raw(&format!(r#"{{"role":"assistant","content":{content}}}"#)).unwrap();
+            assert_eq!(parts_text(parts.iter().copied()), message.text(), "{parts:?}");
+        }
+        assert_eq!(parts_text([r#"{"type":"text","text":"x"}"#, r#"{"type":"text","text":"y"}"#]), "x\ny");
+    }
 
     #[test]
     fn message_round_trip_keeps_unknown_keys_and_null_content() {

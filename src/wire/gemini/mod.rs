@@ -640,7 +640,7 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
 
 /// The forwarded text of a model `turn`, when the engine changed it ("" when it took it away).
 fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
-    let original = Message::from_raw(&model_message(turn)).map(|m| m.text()).unwrap_or_default();
+    let original = crate::neutral::parts_text(turn.parts.iter().filter(|p| p.kind == Kind::Text).map(|p| p.raw));
     let new_text = message.text();
     (original != new_text).then_some(new_text)
 }

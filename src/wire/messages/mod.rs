@@ -627,7 +627,7 @@ fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>,
 
 /// The forwarded text of an assistant `turn`, when the engine changed it ("" when it took it away).
 fn changed_text(turn: &Turn<'_>, message: &Message) -> Option<String> {
-    let original = Message::from_raw(&assistant_message(&turn.blocks)).map(|m| m.text()).unwrap_or_default();
+    let original = crate::neutral::parts_text(turn.blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw));
     let new_text = message.text();
     (original != new_text).then_some(new_text)
 }

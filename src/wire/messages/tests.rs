@@ -493,6 +493,11 @@ mod properties {
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0, from_text);
             prop_assert_eq!(parsed.marks(), cache::marks(&serde_json::from_str(&body).unwrap()));
+            for turn in parsed.turns.iter().filter(|t| t.role == "assistant") {
+                let texts = turn.blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw);
+                let read_back = Message::from_raw(&assistant_message(&turn.blocks)).unwrap().text();
+                prop_assert_eq!(crate::neutral::parts_text(texts), read_back);
+            }
             prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());
         }
 
