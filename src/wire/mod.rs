@@ -379,13 +379,14 @@ pub(crate) fn trace_units<'a>(
 
 /// Each of `written`, a body's conversation elements as an adapter writes them (its own, borrowed
 /// in place, or new text), read by `read`, taking `reads` (the body's own reads of its `elements`)
-/// for each element written as it is: the writer's check reads only what it wrote anew.
+/// for each element written as it is, with that element's index: the writer's check reads only
+/// what it wrote anew.
 pub(crate) fn reuse_reads<'b, T: Clone>(
     written: &'b [Cow<'b, str>],
     elements: &[&'b str],
     reads: &'b [T],
     read: impl Fn(&'b str) -> T,
-) -> Vec<Cow<'b, T>> {
+) -> Vec<(Option<usize>, Cow<'b, T>)> {
     written
         .iter()
         .map(|text| {
@@ -393,9 +394,9 @@ pub(crate) fn reuse_reads<'b, T: Clone>(
             let at = elements.binary_search_by_key(&(text.as_ptr() as usize), |e| e.as_ptr() as usize);
             match (text, at) {
                 (Cow::Borrowed(own), Ok(k)) if elements[k].len() == own.len() && k < reads.len() => {
-                    Cow::Borrowed(&reads[k])
+                    (Some(k), Cow::Borrowed(&reads[k]))
                 }
-                _ => Cow::Owned(read(text)),
+                _ => (None, Cow::Owned(read(text))),
             }
         })
         .collect()
@@ -581,10 +582,10 @@ mod tests {
             Cow::Borrowed(&elements[2][..4]),
         ];
         let got = reuse_reads(&written, &elements, &reads, read);
-        assert!(matches!(&got[0], Cow::Borrowed(r) if std::ptr::eq(*r, &reads[1])));
-        assert_eq!(got[1].as_ref(), r#"read again {"a":1}"#);
-        assert!(matches!(&got[2], Cow::Borrowed(r) if std::ptr::eq(*r, &reads[2])));
-        assert_eq!(got[3].as_ref(), r#"read again {"c""#);
+        assert!(matches!(&got[0], (Some(1), Cow::Borrowed(r)) if std::ptr::eq(*r, &reads[1])));
+        assert_eq!(got[1], (None, Cow::Owned(r#"read again {"a":1}"#.to_owned())));
+        assert!(matches!(&got[2], (Some(2), Cow::Borrowed(r)) if std::ptr::eq(*r, &reads[2])));
+        assert_eq!(got[3], (None, Cow::Owned(r#"read again {"c""#.to_owned())));
         assert_eq!(calls.get(), 2);
     }
 

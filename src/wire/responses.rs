@@ -327,7 +327,7 @@ impl WireBody for ResponsesBody<'_> {
         }
         let items = self.items_for(forwarded)?;
         let read = super::reuse_reads(&items, &self.split.elements, &self.items, |raw| Item::read(raw).0);
-        check_read(&read.iter().map(AsRef::as_ref).collect::<Vec<_>>(), self.has_instructions)?;
+        check_read(&read.iter().map(|(_, r)| r.as_ref()).collect::<Vec<_>>(), self.has_instructions)?;
         let unchanged = items.len() == self.split.elements.len()
             && items.iter().zip(&self.split.elements).all(|(item, raw)| std::ptr::eq(item.as_ref(), *raw));
         Ok(if unchanged { self.split.to_vec_and_spans_keeping_array() } else { self.split.to_vec_and_spans(&items) })

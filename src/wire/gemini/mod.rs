@@ -272,26 +272,31 @@ fn read_turns<'a, S: AsRef<str> + ?Sized>(raws: &[&'a S]) -> Vec<Turn<'a>> {
 /// [`read_turns`]).
 fn paired(mut turns: Vec<Turn<'_>>) -> Vec<Turn<'_>> {
     for t in 0..turns.len() {
-        if turns[t].side != Side::User {
-            continue;
-        }
-        let pairs = pair(t.checked_sub(1).map(|before| &turns[before]), &turns[t]);
-        let ids: Vec<(usize, String)> = turns[t]
-            .responses()
-            .map(|r| {
-                let id = match pairs.get(&r) {
-                    Some(c) => turns[t - 1].ids[c].clone(),
-                    None => match &turns[t].parts[r].id {
-                        Some(own) => format!("orphan_{own}"),
-                        None => format!("orphan_{r}"),
-                    },
-                };
-                (r, id)
-            })
-            .collect();
+        let ids = response_ids(t.checked_sub(1).map(|before| &turns[before]), &turns[t]);
         turns[t].ids.extend(ids);
     }
     turns
+}
+
+/// The neutral id of each response of `turn`, a turn read alone, when `before` is the turn before
+/// it: its call's, else an orphan's (see [`read_turns`]).
+fn response_ids(before: Option<&Turn<'_>>, turn: &Turn<'_>) -> Vec<(usize, String)> {
+    if turn.side != Side::User {
+        return Vec::new();
+    }
+    let pairs = pair(before, turn);
+    turn.responses()
+        .map(|r| {
+            let id = match (pairs.get(&r), before) {
+                (Some(c), Some(before)) => before.ids[c].clone(),
+                _ => match &turn.parts[r].id {
+                    Some(own) => format!("orphan_{own}"),
+                    None => format!("orphan_{r}"),
+                },
+            };
+            (r, id)
+        })
+        .collect()
 }
 
 /// A Gemini request body read into the neutral view.
@@ -453,21 +458,31 @@ impl WireBody for GeminiBody<'_> {
         if unchanged {
             return Ok(self.split.to_vec_and_spans_keeping_array());
         }
-        // The turns written as they are were read with the body: each is taken as read alone (the
-        // ids its responses were given belong to the body's order), then all are paired again.
-        let read = super::reuse_reads(&turns, &self.split.elements, &self.turns, Turn::read);
-        let alone = read.into_iter().map(|turn| match turn {
-            Cow::Borrowed(turn) if turn.side == Side::User => Turn { ids: HashMap::new(), ..turn.clone() },
-            turn => turn.into_owned(),
-        });
-        check_read(&paired(alone.collect()), self.has_system)?;
+        // A turn written as sent is taken as the body's parse read it, the ids of its responses
+        // included while the turn before it is the one before it in the body; any other turn of
+        // responses is paired again where it stands.
+        let mut read = super::reuse_reads(&turns, &self.split.elements, &self.turns, Turn::read);
+        for t in 0..read.len() {
+            let in_place = match (read[t].0, t.checked_sub(1).map(|before| read[before].0)) {
+                (Some(k), None) => k == 0,
+                (Some(k), Some(Some(before))) => k == before + 1,
+                _ => false,
+            };
+            if in_place || read[t].1.side != Side::User {
+                continue;
+            }
+            let alone = Turn { ids: HashMap::new(), ..read[t].1.as_ref().clone() };
+            let ids = response_ids(t.checked_sub(1).map(|before| read[before].1.as_ref()), &alone);
+            read[t].1 = Cow::Owned(Turn { ids: ids.into_iter().collect(), ..alone });
+        }
+        check_read(&read.iter().map(|(_, turn)| turn.as_ref()).collect::<Vec<_>>(), self.has_system)?;
         Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
         self.split.spans_in(body)
     }
     fn check(&self) -> Result<(), Invalid> {
-        check_read(&self.turns, self.has_system)
+        check_read(&self.turns.iter().collect::<Vec<_>>(), self.has_system)
     }
 }
 
@@ -531,9 +546,11 @@ impl GeminiBody<'_> {
                     (_, Kind::Response) => Unit::Result { turn: t, part: p },
                     _ => Unit::UserParts(t),
                 };
-                let rewritten = if kept_units.contains(&unit) {
-                    Some(Cow::Borrowed(part.raw))
-                } else if let Some(message) = rewrites.get(&unit) {
+                if kept_units.contains(&unit) {
+                    parts.push(Cow::Borrowed(part.raw));
+                    continue;
+                }
+                let rewritten = if let Some(message) = rewrites.get(&unit) {
                     match part.kind {
                         Kind::Text if text_changed && !part.signed => match new_text.take() {
                             Some(text) if !text.is_empty() => Some(Cow::Owned(
@@ -683,11 +700,11 @@ pub fn check_turns<S: AsRef<str>>(turns: &[S]) -> Result<(), Invalid> {
 /// instruction when `system`.
 fn check_conversation<S: AsRef<str>>(turns: &[S], system: bool) -> Result<(), Invalid> {
     let raws: Vec<&str> = turns.iter().map(AsRef::as_ref).collect();
-    check_read(&read_turns(&raws), system)
+    check_read(&read_turns(&raws).iter().collect::<Vec<_>>(), system)
 }
 
 /// [`check_conversation`] over turns already read and paired.
-fn check_read(read: &[Turn<'_>], system: bool) -> Result<(), Invalid> {
+fn check_read(read: &[&Turn<'_>], system: bool) -> Result<(), Invalid> {
     let (skeletons, origins) = neutral_skeletons(read, system);
     super::check_pairing(&skeletons, &origins)?;
     for (t, turn) in read.iter().enumerate() {
@@ -709,7 +726,7 @@ fn check_read(read: &[Turn<'_>], system: bool) -> Result<(), Invalid> {
 
 /// The skeleton of each neutral message `turns` read into (as [`GeminiBody::parse_at`] writes
 /// them, the system instruction first when `system`), and the turn it comes from.
-fn neutral_skeletons(turns: &[Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
+fn neutral_skeletons(turns: &[&Turn<'_>], system: bool) -> (Vec<Option<Skeleton>>, Vec<Origin>) {
     let mut skeletons = Vec::with_capacity(turns.len() + 1);
     let mut origins = Vec::with_capacity(turns.len() + 1);
     if system {

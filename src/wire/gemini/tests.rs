@@ -317,7 +317,11 @@ fn the_checked_skeletons_are_those_of_the_neutral_messages() {
     for body in [GEMINI_CLI, odd] {
         let parsed = parse(body);
         let from_text: Vec<_> = parsed.messages().iter().map(|m| Skeleton::of(m)).collect();
-        assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, from_text, "{body}");
+        assert_eq!(
+            neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0,
+            from_text,
+            "{body}"
+        );
     }
 }
 
@@ -413,7 +417,7 @@ mod properties {
             prop_assert_eq!(write_by_hand(&parsed, &messages).unwrap().0, body.as_bytes().to_vec());
             let skeletons: Vec<_> = messages.iter().map(|m| crate::compact::validate::Skeleton::of(m)).collect();
             prop_assert!(crate::compact::validate::check(&skeletons).is_ok());
-            prop_assert_eq!(neutral_skeletons(&parsed.turns, parsed.has_system).0, skeletons);
+            prop_assert_eq!(neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0, skeletons);
             parsed.check().unwrap();
 
             let r = pick % rounds.len();
@@ -476,4 +480,26 @@ fn a_response_kept_behind_the_marker_of_its_call_is_refused() {
     assert!(matches!(refused, WireError::Invalid(Invalid::Pairing { .. })), "{refused}");
     // Written as sent, the same turns pass.
     assert!(parsed.write(&Forward::unchanged(4)).is_ok());
+}
+
+/// A response written as sent behind another calling turn than its own is paired there: a `g`
+/// response after a turn that called `f` answers nothing, though both calls are `call_0` of
+/// their turns.
+#[test]
+fn a_response_moved_behind_another_call_is_paired_where_it_lands() {
+    let call = |name: &str| json!({"role": "model", "parts": [{"functionCall": {"name": name, "args": {}}}]});
+    let response =
+        |name: &str| json!({"role": "user", "parts": [{"functionResponse": {"name": name, "response": {}}}]});
+    let body = json!({"contents": [
+        {"role": "user", "parts": [{"text": "fix it"}]},
+        call("f"), response("f"), call("g"), response("g"),
+        {"role": "user", "parts": [{"text": "go on"}]}
+    ]})
+    .to_string();
+    let parsed = parse(&body);
+    assert_eq!(parsed.check(), Ok(()));
+    let refused = parsed.write(&[Forward::Kept(0), Forward::Kept(1), Forward::Kept(4), Forward::Kept(5)]).unwrap_err();
+    assert!(matches!(refused, WireError::Invalid(Invalid::Pairing { .. })), "{refused}");
+    let kept = parsed.write(&[Forward::Kept(0), Forward::Kept(3), Forward::Kept(4), Forward::Kept(5)]);
+    assert!(kept.is_ok(), "{kept:?}");
 }

@@ -349,7 +349,7 @@ impl WireBody for MessagesBody<'_> {
             return Ok(self.split.to_vec_and_spans_keeping_array());
         }
         let read = super::reuse_reads(&turns, &self.split.elements, &self.turns, Turn::read);
-        check_read(&read.iter().map(AsRef::as_ref).collect::<Vec<_>>(), self.has_system)?;
+        check_read(&read.iter().map(|(_, r)| r.as_ref()).collect::<Vec<_>>(), self.has_system)?;
         Ok(self.split.to_vec_and_spans(&turns))
     }
     fn spans_in(&self, body: &[u8]) -> Option<Spans> {
