@@ -93,8 +93,7 @@ impl Arguments<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::validate::Skeleton;
-    use crate::neutral::Message;
+    use crate::neutral::{Message, Shape};
 
     #[test]
     fn a_draft_writes_the_neutral_message_it_stands_for() {
@@ -115,11 +114,9 @@ mod tests {
         assert_eq!(calls[0].function.as_ref().unwrap().arguments, r#"{"cmd":"ls\n"}"#);
         assert_eq!(calls[1].function.as_ref().unwrap().name, "sh\"ell");
         assert_eq!(calls[1].function.as_ref().unwrap().arguments, "{}");
-        let skeleton = Skeleton::of(&text).unwrap();
-        assert_eq!(
-            (skeleton.role.as_str(), skeleton.tool_calls.as_slice()),
-            ("assistant", &["c1".into(), "c2".into()][..])
-        );
+        let shape = Shape::parse(&text).unwrap();
+        let ids: Vec<_> = shape.tool_calls.iter().flatten().filter_map(|c| c.id.as_deref()).collect();
+        assert_eq!((shape.role.as_ref(), ids.as_slice()), ("assistant", &["c1", "c2"][..]));
 
         let result = Draft::result("c1", r#""a\nb""#).write();
         assert_eq!(result, r#"{"role":"tool","tool_call_id":"c1","content":"a\nb"}"#);
