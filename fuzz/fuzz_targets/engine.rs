@@ -27,7 +27,7 @@ impl CountTokens for Quarter {
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = ChatBody::parse(data) else { return };
     let engine = Engine::default_pack();
-    let raw = body.messages.clone();
+    let raw = body.messages().to_vec();
     let raw_tokens: u64 = raw.iter().map(|m| Quarter.message(m)).sum();
     let input_valid = check(&raw.iter().map(|m| Skeleton::of(m)).collect::<Vec<_>>()).is_ok();
     let history = HistoryBudget { high: raw_tokens / 8, low: raw_tokens / 16 };
@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
             .prefix
             .iter()
             .map(String::as_str)
-            .chain(reparsed.messages[twice.boundary..].iter().copied())
+            .chain(reparsed.messages()[twice.boundary..].iter().copied())
             .collect();
         assert_eq!(twice, forwarded, "not idempotent");
     }

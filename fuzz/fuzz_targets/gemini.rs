@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use pare::tokens::QuarterCounter;
 use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
-use pare::wire::{Source, WireBody};
+use pare::wire::{Forward, WireBody, WrittenReads};
 use pare::wire::gemini::GeminiBody;
 use serde_json::Value;
 
@@ -34,15 +34,15 @@ fuzz_target!(|data: &[u8]| {
     for m in &messages {
         assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
     }
-    let (bytes, _) = body.write(&messages, &Source::unchanged(messages.len())).expect("the neutral view written back unchanged");
+    let (bytes, _) = body.write(&Forward::unchanged(messages.len())).expect("the neutral view written back unchanged");
     assert_eq!(bytes, data, "no rewrite must give the input bytes");
     let engine = Engine::default_pack();
     let options =
         CompactOptions { target_tokens: Some(200), single_thread: true, epoch_boundary: body.epoch_boundary(), ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
-    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
-    forwarded.extend_from_slice(&messages[out.boundary..]);
-    if let Ok((bytes, _)) = body.write(&forwarded, &Source::of_plan(&out.plan, out.prefix.len(), messages.len()))
+    let reads = WrittenReads::new(out.prefix.len());
+    let forwarded = Forward::of_plan(&out.plan, out.prefix.iter().map(String::as_str), &reads, messages.len());
+    if let Ok((bytes, _)) = body.write(&forwarded)
         && bytes != data
     {
         let written = GeminiBody::parse(&bytes).expect("a written body parses");

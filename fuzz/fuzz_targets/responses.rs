@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use pare::tokens::QuarterCounter;
 use pare::compact::{CompactOptions, Engine};
 use pare::neutral::View;
-use pare::wire::{Source, WireBody};
+use pare::wire::{Forward, WireBody, WrittenReads};
 use pare::wire::responses::ResponsesBody;
 use serde_json::Value;
 
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     for m in &messages {
         assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
     }
-    if let Ok((bytes, _)) = body.write(&messages, &Source::unchanged(messages.len())) {
+    if let Ok((bytes, _)) = body.write(&Forward::unchanged(messages.len())) {
         let again = ResponsesBody::parse(&bytes).expect("what the adapter writes, it reads");
         assert_eq!(again.messages(), messages, "round trip changed the neutral view");
         assert_eq!(again.items(), body.items(), "round trip changed the items");
@@ -30,9 +30,9 @@ fuzz_target!(|data: &[u8]| {
     let options =
         CompactOptions { target_tokens: Some(200), single_thread: true, epoch_boundary: body.epoch_boundary(), ..Default::default() };
     let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
-    let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
-    forwarded.extend_from_slice(&messages[out.boundary..]);
-    if let Ok((bytes, _)) = body.write(&forwarded, &Source::of_plan(&out.plan, out.prefix.len(), messages.len())) {
+    let reads = WrittenReads::new(out.prefix.len());
+    let forwarded = Forward::of_plan(&out.plan, out.prefix.iter().map(String::as_str), &reads, messages.len());
+    if let Ok((bytes, _)) = body.write(&forwarded) {
         let written = ResponsesBody::parse(&bytes).expect("a written body parses");
         assert!(written.check().is_ok(), "a written body breaks the pairing rules: {:?}", written.check());
     }

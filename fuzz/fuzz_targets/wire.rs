@@ -24,15 +24,15 @@ fuzz_target!(|data: &[u8]| {
     });
     match (ChatBody::parse(data), by_serde) {
         (Ok(body), Some((top, elements))) => {
-            let ours: Vec<&str> = body.messages.clone();
+            let ours: Vec<&str> = body.messages().to_vec();
             let theirs: Vec<&str> = elements.iter().map(|m| m.get()).collect();
             assert_eq!(ours, theirs, "messages differ");
-            assert_eq!(body.messages_raw, top["messages"].get(), "messages array differs");
-            assert_eq!(body.fields.len() + 1, top.len(), "top-level keys differ");
-            for (key, value) in &body.fields {
+            assert_eq!(body.split.array_raw, top["messages"].get(), "messages array differs");
+            assert_eq!(body.split.fields.len() + 1, top.len(), "top-level keys differ");
+            for (key, value) in &body.split.fields {
                 assert_eq!(Some(value.get()), top.get(key).map(|v| v.get()), "value of {key:?} differs");
             }
-            for raw in &body.messages {
+            for raw in body.messages() {
                 let (ours, members) = Message::read(raw);
                 assert_eq!(ours.ok(), serde_json::from_str::<Message>(raw).ok(), "message read differs: {raw}");
                 if let Some(members) = members {
