@@ -511,7 +511,10 @@ impl MessagesBody<'_> {
                     add.push((*message, *block, &mark.value))
                 }
                 // A rewritten result loses the marks inside its old content: its block takes one.
-                Some(_) if fates[t][b] == Fate::Rewritten && !self.turns[t].blocks[b].marked() => {
+                Some(_)
+                    if fates.get(t).and_then(|blocks| blocks.get(b)) == Some(&Fate::Rewritten)
+                        && !self.turns[t].blocks.get(b).is_some_and(Block::marked) =>
+                {
                     add.push((t, b, &mark.value))
                 }
                 _ => {}

@@ -1,6 +1,6 @@
 //! Tests of the Messages adapter: round trips, the neutral view, write-back, cache marks and checks.
 
-use crate::wire::write_by_hand;
+use crate::wire::{Forward, WrittenReads, write_by_hand};
 use serde_json::json;
 
 use super::*;
@@ -87,6 +87,28 @@ fn marks_are_read_from_the_turns_as_from_the_whole_value() {
         assert_eq!(parsed.marks(), want, "{body}");
     }
     assert_eq!(parse(odd).marks().len(), 3);
+}
+
+/// A turn pare cannot read is one unit, whatever marks its blocks carry: writing around it keeps
+/// its marks where they are and never looks for a block of its own.
+#[test]
+fn an_opaque_turn_with_marks_on_its_blocks_is_written_whole() {
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"rode":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}]},{"role":"assistant","content":"ok"},{"role":"user","content":"go on"}]}"#;
+    let parsed = parse(body);
+    assert_eq!(parsed.marks().len(), 1);
+    let marker = r#"{"role":"assistant","content":"[pare: marker]"}"#;
+    let reads = WrittenReads::new(1);
+    let entries = [
+        Forward::Kept(0),
+        Forward::New(reads.written(0, marker)),
+        Forward::Kept(1),
+        Forward::Kept(2),
+        Forward::Kept(3),
+    ];
+    let (bytes, _) = parsed.write(&entries).unwrap();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(out["messages"][2], serde_json::from_str::<Value>(parsed.split.elements[1]).unwrap());
+    assert_eq!(cache::marks(&out).len(), 1);
 }
 
 #[test]
