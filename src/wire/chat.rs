@@ -61,14 +61,9 @@ impl WireBody for ChatBody<'_> {
         let elements = &self.split.elements;
         let mut messages: Vec<&str> = Vec::with_capacity(forwarded.len());
         for entry in forwarded {
-            messages.push(match *entry {
-                Forward::Kept(idx) => *elements.get(idx).ok_or_else(|| {
-                    WireError::Unwritable(format!(
-                        "a forwarded message stands for message {idx}, not one of the request's"
-                    ))
-                })?,
-                Forward::Rewritten(_, written) | Forward::New(written) => written.text,
-            });
+            messages.push(entry.text(elements).ok_or_else(|| {
+                WireError::Unwritable(format!("a forwarded message stands for none of the request's: {entry:?}"))
+            })?);
         }
         Ok(self.split.to_vec_and_spans(&messages))
     }

@@ -197,9 +197,9 @@ impl WrittenReads {
         Written { text, read: &self.0[at] }
     }
 
-    /// Bytes allocated for the slots and the messages read so far (each counted as its text's
-    /// length, which its fields hold, plus the message itself).
-    /// `text_len(at)` is the length of entry `at`'s text, asked only of the entries read.
+    /// Bytes allocated for the slots and the messages read so far, each counted as the length of
+    /// its text (which its fields hold) plus the message itself; `text_len(at)` is entry `at`'s
+    /// text length, asked only of the entries read.
     pub fn bytes(&self, text_len: impl Fn(usize) -> usize) -> usize {
         let read = (self.0.iter().enumerate())
             .filter(|(_, slot)| slot.get().is_some_and(Option::is_some))
