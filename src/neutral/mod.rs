@@ -22,7 +22,7 @@ pub mod shape;
 pub(crate) mod testing;
 
 pub use draft::{Arguments, Draft, DraftCall};
-pub use read::{MemberValue, Want, object_members, raw_members};
+pub use read::{MemberValue, Want, object_members, raw_members, raw_members_around};
 pub use scan::{lone_surrogates_replaced, push_json_string};
 pub use shape::Shape;
 

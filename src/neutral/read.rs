@@ -97,10 +97,25 @@ pub enum MemberValue<'a> {
 /// wanted string's lone surrogate escape decodes as U+FFFD). For a caller that needs a few keys of a large object (a tool's
 /// JSON result) and reads it with serde_json when this declines.
 pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<Vec<(&'a str, MemberValue<'a>)>> {
+    members_around(text, None, want)
+}
+
+/// [`object_members`], taking the value at `known` (a range of `text` that a parse of it found to
+/// be one member's whole value) as it lies, without scanning it again.
+fn members_around<'a>(
+    text: &'a str,
+    known: Option<std::ops::Range<usize>>,
+    want: impl Fn(&str) -> Want,
+) -> Option<Vec<(&'a str, MemberValue<'a>)>> {
     let mut r = Reader::new(text);
     let mut out = Vec::new();
     r.s.whitespace();
     r.object(|r, key| {
+        if let Some(known) = known.clone().filter(|k| k.start == r.s.at) {
+            r.s.at = known.end;
+            out.push((key, MemberValue::Raw(&text[known])));
+            return Some(());
+        }
         let value = match want(key) {
             Want::Skip => {
                 r.raw()?;
@@ -120,7 +135,19 @@ pub fn object_members<'a>(text: &'a str, want: impl Fn(&str) -> Want) -> Option<
 /// [`object_members`] declines or a key repeats (a map's semantics — first position, last value —
 /// decide those).
 pub fn raw_members(text: &str) -> Option<Members<'_>> {
-    let members = object_members(text, |_| Want::Raw)?;
+    raw_members_around(text, None)
+}
+
+/// [`raw_members`] of `text`, where `known`, when given, is one member's whole value as a parse of
+/// `text` found it (a slice of `text`): that value is taken as it lies instead of being scanned
+/// again, so the members of an object holding a large value cost its other members only. A `known`
+/// that is no slice of `text` is scanned as any other value.
+pub fn raw_members_around<'a>(text: &'a str, known: Option<&str>) -> Option<Members<'a>> {
+    let known = known.and_then(|k| {
+        let start = (k.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+        (start + k.len() <= text.len()).then_some(start..start + k.len())
+    });
+    let members = members_around(text, known, |_| Want::Raw)?;
     let mut out: Members<'_> = Vec::with_capacity(members.len());
     for (key, value) in members {
         let MemberValue::Raw(raw) = value else { return None };
@@ -595,6 +622,16 @@ mod tests {
             })
     }
 
+    #[test]
+    fn a_known_value_is_taken_as_it_lies() {
+        // The value the caller's parse found is not read again: here it is no JSON at all, which a
+        // scan would refuse.
+        let raw = r#"{"a":1, "big":<not scanned>,"z":[2]}"#;
+        let known = &raw[raw.find('<').unwrap()..raw.find('>').unwrap() + 1];
+        assert_eq!(raw_members(raw), None);
+        assert_eq!(raw_members_around(raw, Some(known)), Some(vec![("a", "1"), ("big", known), ("z", "[2]")]));
+    }
+
     proptest! {
         /// Every message serde_json writes is read as serde_json reads it, and the shapes agents send
         /// (strings where the message types them) are read by the fast path.
@@ -613,6 +650,25 @@ mod tests {
             if plain {
                 prop_assert!(fast.is_some(), "declined: {}", raw);
             }
+        }
+
+        /// Given any member's value as serde_json's parse finds it (as the adapters' heads do), the
+        /// member scan reads what it reads without it, whitespace and all.
+        #[test]
+        fn members_around_a_known_value_are_the_members(
+            object in prop::collection::vec(("[a-z]{1,3}", super::super::testing::json_value(3, 4, "[a-z]{1,2}", ".{0,12}")), 1..6),
+            pretty in any::<bool>(),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let value: Value = Value::Object(object.into_iter().collect());
+            let raw = if pretty { serde_json::to_string_pretty(&value) } else { serde_json::to_string(&value) }.unwrap();
+            let members = raw_members(&raw).expect("serde_json's object");
+            let by_serde: indexmap::IndexMap<&str, &serde_json::value::RawValue> = serde_json::from_str(&raw).unwrap();
+            let known = by_serde[pick.index(by_serde.len())].get();
+            prop_assert_eq!(raw_members_around(&raw, Some(known)), Some(members.clone()));
+            // A value that is no slice of the object is scanned as any other.
+            let copy = known.to_owned();
+            prop_assert_eq!(raw_members_around(&raw, Some(copy.as_str())), Some(members));
         }
 
         /// After a small corruption the fast read declines or reads what serde_json reads.

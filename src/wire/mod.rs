@@ -513,9 +513,12 @@ pub(crate) fn json_string(text: &str) -> String {
 
 /// `object` (a JSON object's text) with the value of `key` replaced by `value` (raw JSON); every other
 /// member keeps its bytes. `None` when the text is not an object pare can split. The adapters write
-/// rewritten items and blocks with it.
-pub(crate) fn replace_member(object: &str, key: &str, value: &str) -> Option<String> {
-    let members = crate::neutral::raw_members(object)?;
+/// rewritten items and blocks with it. `known` is the value being replaced as the adapter's parse of
+/// `object` found it, when it has it: it is not scanned again
+/// ([`crate::neutral::raw_members_around`]), so replacing a large tool output costs its object's
+/// other members only — on every request that forwards the rewritten entry again.
+pub(crate) fn replace_member(object: &str, key: &str, known: Option<&str>, value: &str) -> Option<String> {
+    let members = crate::neutral::raw_members_around(object, known)?;
     let mut out = String::with_capacity(object.len());
     out.push('{');
     for (n, (k, v)) in members.iter().enumerate() {

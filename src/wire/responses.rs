@@ -88,22 +88,29 @@ struct Head<'a> {
 
 /// One input item, read.
 #[derive(Debug, Clone)]
-struct Item {
+struct Item<'a> {
     kind: Kind,
     /// `type` as sent (`function_call`, `custom_tool_call`…).
     type_name: String,
     role: String,
     /// The id pairing a call with its output.
     call_id: String,
+    /// The value a rewrite of the item replaces, as sent: an output's `output`, a function call's
+    /// `arguments`, a custom tool call's `input`, a message's `content`.
+    rewritable: Option<&'a str>,
 }
 
-impl Item {
-    fn read(raw: &str) -> (Item, Option<Head<'_>>) {
+impl<'a> Item<'a> {
+    fn read(raw: &'a str) -> (Item<'a>, Option<Head<'a>>) {
         let Ok(head) = serde_json::from_str::<Head<'_>>(raw) else {
-            return (
-                Item { kind: Kind::Opaque, type_name: String::new(), role: String::new(), call_id: String::new() },
-                None,
-            );
+            let item = Item {
+                kind: Kind::Opaque,
+                type_name: String::new(),
+                role: String::new(),
+                call_id: String::new(),
+                rewritable: None,
+            };
+            return (item, None);
         };
         let type_name = head.kind.as_deref().unwrap_or("").to_owned();
         let kind = match type_name.as_str() {
@@ -121,7 +128,14 @@ impl Item {
             other => other,
         };
         let call_id = call_id_of(&head).unwrap_or_default().to_owned();
-        (Item { kind, type_name, role, call_id }, Some(head))
+        let rewritable = match (kind, type_name.as_str()) {
+            (Kind::Output, _) => head.output,
+            (Kind::Call, "function_call") => head.arguments,
+            (Kind::Call, "custom_tool_call") => head.input,
+            (Kind::Message, _) => head.content,
+            _ => None,
+        };
+        (Item { kind, type_name, role, call_id, rewritable: rewritable.map(RawValue::get) }, Some(head))
     }
 }
 
@@ -139,7 +153,7 @@ pub struct ResponsesBody<'a> {
     split: Split<'a>,
     /// `input` is a string: one user message, forwarded as sent.
     input_is_text: bool,
-    items: Vec<Item>,
+    items: Vec<Item<'a>>,
     /// The neutral messages: the instructions first when the request has them, then the items'.
     neutral: Vec<String>,
     /// Instructions are neutral message 0.
@@ -223,7 +237,7 @@ fn text_input(bytes: &[u8]) -> Result<Split<'_>, WireError> {
 /// One past the last item of the neutral message starting at `start`: reasoning items join the item
 /// they precede; an assistant message joins the calls right after it (reasoning between them
 /// included); consecutive calls form one turn.
-fn turn_end<I: std::borrow::Borrow<Item>>(items: &[I], start: usize) -> usize {
+fn turn_end<'a, I: std::borrow::Borrow<Item<'a>>>(items: &[I], start: usize) -> usize {
     let item = |j: usize| items[j].borrow();
     let next_non_reasoning =
         |from: usize| (from..items.len()).find(|&j| item(j).kind != Kind::Reasoning).unwrap_or(items.len());
@@ -247,7 +261,7 @@ fn turn_end<I: std::borrow::Borrow<Item>>(items: &[I], start: usize) -> usize {
 }
 
 /// The neutral message of items forming one unit (see [`turn_end`]).
-fn neutral_of(items: &[Item], heads: &[Option<Head<'_>>], raws: &[&str]) -> String {
+fn neutral_of(items: &[Item<'_>], heads: &[Option<Head<'_>>], raws: &[&str]) -> String {
     let main = items.iter().position(|i| i.kind != Kind::Reasoning);
     let Some(main) = main else {
         return opaque(raws);
@@ -387,7 +401,7 @@ impl ResponsesBody<'_> {
         let raw = self.split.elements[k];
         let item = &self.items[k];
         let replace = |key: &str, value: String| -> Result<Cow<'_, str>, WireError> {
-            replace_member(raw, key, &value)
+            replace_member(raw, key, item.rewritable, &value)
                 .map(Cow::Owned)
                 .ok_or_else(|| WireError::Unwritable(format!("item {k} cannot be rewritten")))
         };
@@ -403,9 +417,8 @@ impl ResponsesBody<'_> {
                 }
             }
             Kind::Message if item.role != "user" => {
-                let original = Item::read(raw).1.and_then(|h| h.content.map(|c| c.get().to_owned()));
                 let new = content_json(&message.content);
-                if original.as_deref() == Some(new.as_str()) { Ok(Cow::Borrowed(raw)) } else { replace("content", new) }
+                if item.rewritable == Some(new.as_str()) { Ok(Cow::Borrowed(raw)) } else { replace("content", new) }
             }
             _ => Ok(Cow::Borrowed(raw)),
         }

@@ -49,7 +49,7 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
-use crate::neutral::{Arguments, Draft, DraftCall, Message, push_json_string, raw_members};
+use crate::neutral::{Arguments, Draft, DraftCall, Message, push_json_string, raw_members, raw_members_around};
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -134,8 +134,13 @@ struct Part<'a> {
     args: &'a str,
     /// A response's `response`.
     response: Option<&'a str>,
+    /// The response's one member, as (key, value) sent, when it has exactly one and that is a
+    /// string: the text the response stands for ([`response_text`]).
+    response_member: Option<(&'a str, &'a str)>,
     /// The member (`functionCall`, `function_response`, …) that holds the call or response.
     function_raw: &'a str,
+    /// A text part's `text`, as sent.
+    text: Option<&'a str>,
 }
 
 impl<'a> Part<'a> {
@@ -148,7 +153,9 @@ impl<'a> Part<'a> {
             name: String::new(),
             args: "{}",
             response: None,
+            response_member: None,
             function_raw: "",
+            text: None,
         };
         let Ok(head) = serde_json::from_str::<PartHead<'a>>(raw) else { return part };
         part.signed = head.thought_signature.is_some_and(|s| s.get() != "null");
@@ -168,9 +175,12 @@ impl<'a> Part<'a> {
             part.name = name.into_owned();
             part.args = f.args.map_or("{}", RawValue::get);
             part.response = f.response.map(RawValue::get);
+            part.response_member =
+                part.response.and_then(raw_members).filter(|m| m.len() == 1 && m[0].1.starts_with('"')).map(|m| m[0]);
             part.function_raw = function.get();
-        } else if head.text.is_some_and(|t| t.get().starts_with('"')) {
+        } else if let Some(text) = head.text.map(RawValue::get).filter(|t| t.starts_with('"')) {
             part.kind = Kind::Text;
+            part.text = Some(text);
         }
         part
     }
@@ -198,6 +208,8 @@ enum Side {
 #[derive(Debug, Clone)]
 struct Turn<'a> {
     raw: &'a str,
+    /// The turn's `parts`, as sent.
+    parts_raw: Option<&'a str>,
     side: Side,
     parts: Vec<Part<'a>>,
     /// The neutral id of each call part (by part index), and of each response part (its call's).
@@ -206,7 +218,7 @@ struct Turn<'a> {
 
 impl<'a> Turn<'a> {
     fn read(raw: &'a str) -> Turn<'a> {
-        let opaque = || Turn { raw, side: Side::Opaque, parts: Vec::new(), ids: HashMap::new() };
+        let opaque = || Turn { raw, parts_raw: None, side: Side::Opaque, parts: Vec::new(), ids: HashMap::new() };
         let Ok(head) = serde_json::from_str::<TurnHead<'a>>(raw) else { return opaque() };
         // An unset role is the user's (the API reads a lone turn so); `function` is the older name
         // of the turn that carries responses.
@@ -224,7 +236,7 @@ impl<'a> Turn<'a> {
                 ids.insert(p, format!("call_{k}"));
             }
         }
-        Turn { raw, side, parts, ids }
+        Turn { raw, parts_raw: Some(head.parts.get()), side, parts, ids }
     }
 
     /// Indices of the call parts.
@@ -385,20 +397,25 @@ fn system_message(system: &str) -> String {
     }
 }
 
-/// The text a response stands for: its one string member, else its JSON text.
-fn response_text(response: Option<&str>) -> Cow<'_, str> {
-    let Some(response) = response else { return Cow::Borrowed("") };
-    if let Some(members) = raw_members(response)
-        && let [(_, value)] = members.as_slice()
-        && let Ok(text) = serde_json::from_str::<String>(value)
-    {
-        return Cow::Owned(text);
+/// The text a response part stands for: its one string member, else its JSON text.
+fn response_text<'p>(part: &Part<'p>) -> Cow<'p, str> {
+    match part.response_member.and_then(|(_, value)| serde_json::from_str::<String>(value).ok()) {
+        Some(text) => Cow::Owned(text),
+        None => Cow::Borrowed(part.response.unwrap_or("")),
     }
-    Cow::Borrowed(response)
+}
+
+/// Whether `text` is the text response part `part` stands for ([`response_text`]). A string value
+/// sent as n bytes decodes to at least (n − 2) / 6 bytes (`"\u0001"` is the longest escape of the
+/// shortest character), so a text that much shorter (a marker in place of an output) differs
+/// without the value being decoded.
+fn is_response_text(part: &Part<'_>, text: &str) -> bool {
+    let surely_shorter = part.response_member.is_some_and(|(_, value)| text.len() < (value.len() - 2) / 6);
+    !surely_shorter && text == response_text(part)
 }
 
 fn result_message(id: &str, part: &Part<'_>) -> String {
-    Draft::result(id, json_string(&response_text(part.response))).write()
+    Draft::result(id, json_string(&response_text(part))).write()
 }
 
 fn model_message(turn: &Turn<'_>) -> String {
@@ -554,7 +571,7 @@ impl GeminiBody<'_> {
                     match part.kind {
                         Kind::Text if text_changed && !part.signed => match new_text.take() {
                             Some(text) if !text.is_empty() => Some(Cow::Owned(
-                                replace_member(part.raw, "text", &json_string(&text))
+                                replace_member(part.raw, "text", part.text, &json_string(&text))
                                     .ok_or_else(|| WireError::Unwritable("a text part cannot be rewritten".into()))?,
                             )),
                             _ => None,
@@ -586,9 +603,12 @@ impl GeminiBody<'_> {
             .into_iter()
             .map(|w| match w.turn {
                 Some(t) if w.whole => Ok(Cow::Borrowed(self.turns[t].raw)),
-                Some(t) => replace_member(self.turns[t].raw, "parts", &format!("[{}]", w.parts.join(",")))
-                    .map(Cow::Owned)
-                    .ok_or_else(|| WireError::Unwritable(format!("turn {t} cannot be rewritten"))),
+                Some(t) => {
+                    let turn = &self.turns[t];
+                    replace_member(turn.raw, "parts", turn.parts_raw, &format!("[{}]", w.parts.join(",")))
+                        .map(Cow::Owned)
+                        .ok_or_else(|| WireError::Unwritable(format!("turn {t} cannot be rewritten")))
+                }
                 None => Ok(Cow::Owned(format!(r#"{{"role":"user","parts":[{}]}}"#, w.parts.join(",")))),
             })
             .collect()
@@ -600,35 +620,32 @@ impl GeminiBody<'_> {
 fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<'b, str>, WireError> {
     let part = &turn.parts[p];
     let function_key = || {
-        raw_members(part.raw)
+        raw_members_around(part.raw, Some(part.function_raw))
             .and_then(|m| m.into_iter().find(|(_, v)| std::ptr::eq(v.as_ptr(), part.function_raw.as_ptr())))
             .map(|(k, _)| k.to_owned())
             .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))
     };
-    let replace = |key: &str, value: &str| -> Result<Cow<'b, str>, WireError> {
-        let function = replace_member(part.function_raw, key, value)
+    // `known`: the value replaced, as the part's read found it.
+    let replace = |key: &str, known: Option<&str>, value: &str| -> Result<Cow<'b, str>, WireError> {
+        let function = replace_member(part.function_raw, key, known, value)
             .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))?;
-        replace_member(part.raw, &function_key()?, &function)
+        replace_member(part.raw, &function_key()?, Some(part.function_raw), &function)
             .map(Cow::Owned)
             .ok_or_else(|| WireError::Unwritable(format!("part `{}` cannot be rewritten", part.name)))
     };
     match part.kind {
         Kind::Response => {
             let text = message.text();
-            if text == response_text(part.response) {
+            if is_response_text(part, &text) {
                 return Ok(Cow::Borrowed(part.raw));
             }
-            let key = part
-                .response
-                .and_then(raw_members)
-                .filter(|m| m.len() == 1 && m[0].1.starts_with('"'))
-                .map_or("output".to_owned(), |m| m[0].0.to_owned());
+            let key = part.response_member.map_or("output", |(key, _)| key);
             let mut response = String::from("{");
-            push_json_string(&mut response, &key);
+            push_json_string(&mut response, key);
             response.push(':');
             push_json_string(&mut response, &text);
             response.push('}');
-            replace("response", &response)
+            replace("response", part.response, &response)
         }
         Kind::Call if !part.signed => {
             let id = &turn.ids[&p];
@@ -645,7 +662,7 @@ fn rewrite_part<'b>(turn: &Turn<'b>, p: usize, message: &Message) -> Result<Cow<
             let keys =
                 |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
             match (keys(arguments), keys(part.args)) {
-                (Some(new), Some(old)) if new == old => replace("args", arguments),
+                (Some(new), Some(old)) if new == old => replace("args", Some(part.args), arguments),
                 _ => {
                     Err(WireError::Unwritable(format!("call `{id}`: its args must stay an object with the same keys")))
                 }

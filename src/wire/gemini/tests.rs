@@ -137,6 +137,25 @@ fn a_rewritten_response_and_unsigned_args_keep_every_other_byte() {
 }
 
 #[test]
+fn a_response_text_is_compared_without_decoding_only_when_it_is_surely_shorter() {
+    // Eight bytes of control characters, sent as escapes six bytes each: the most a value can be
+    // longer than its text.
+    let escaped = "\\u0001".repeat(8);
+    let raw = format!(r#"{{"functionResponse":{{"name":"f","response":{{"output":"{escaped}"}}}}}}"#);
+    let part = Part::read(&raw);
+    let text = "\u{1}".repeat(8);
+    assert_eq!(response_text(&part), text);
+    assert!(is_response_text(&part, &text));
+    assert!(!is_response_text(&part, &text[1..]));
+    assert!(!is_response_text(&part, "\u{1}\u{1}x\u{1}\u{1}\u{1}\u{1}\u{1}"));
+    // A response of other members stands for its JSON text.
+    let raw = r#"{"functionResponse":{"name":"f","response":{"matches":[],"count":0}}}"#;
+    let part = Part::read(raw);
+    assert!(is_response_text(&part, r#"{"matches":[],"count":0}"#));
+    assert!(!is_response_text(&part, "{}"));
+}
+
+#[test]
 fn args_that_lose_keys_and_a_changed_system_instruction_are_refused() {
     let parsed = parse(GEMINI_CLI);
     let mut messages = neutral(&parsed);

@@ -426,7 +426,7 @@ impl MessagesBody<'_> {
                     let rewritten = match block.kind {
                         Kind::Text if text_changed => match new_text.take() {
                             Some(text) if !text.is_empty() => Some(
-                                replace_member(block.raw, "text", &json_string(&text))
+                                replace_member(block.raw, "text", None, &json_string(&text))
                                     .ok_or_else(|| WireError::Unwritable("a text block cannot be rewritten".into()))?,
                             ),
                             _ => None,
@@ -483,7 +483,7 @@ impl MessagesBody<'_> {
                         return Ok(Cow::Borrowed(turn.raw));
                     }
                     let list: Vec<&str> = blocks.iter().map(|(_, text)| text.as_ref()).collect();
-                    replace_member(turn.raw, "content", &format!("[{}]", list.join(",")))
+                    replace_member(turn.raw, "content", Some(turn.content), &format!("[{}]", list.join(",")))
                         .map(Cow::Owned)
                         .ok_or_else(|| WireError::Unwritable(format!("turn {t} cannot be rewritten")))
                 }
@@ -598,11 +598,13 @@ pub fn neutral_answer(message: &Value) -> Option<Value> {
 /// `block` with what the forwarded neutral `message` changed: a result's `content`, a call's `input`
 /// (which must stay an object with the same keys), an assistant's text. `None`: the block goes.
 fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>, WireError> {
-    let replace = |key: &str, value: &str| {
-        replace_member(block.raw, key, value).ok_or_else(|| WireError::Unwritable("a block cannot be rewritten".into()))
+    // `known`: the value replaced, as the block's read found it.
+    let replace = |key: &str, known: Option<&str>, value: &str| {
+        replace_member(block.raw, key, known, value)
+            .ok_or_else(|| WireError::Unwritable("a block cannot be rewritten".into()))
     };
     match block.kind {
-        Kind::ToolResult => Ok(Some(replace("content", &content_json(&message.content))?)),
+        Kind::ToolResult => Ok(Some(replace("content", block.content, &content_json(&message.content))?)),
         Kind::ToolUse => {
             let call = message.tool_calls.iter().flatten().find(|c| c.id == block.id);
             let Some(arguments) = call.and_then(|c| c.function.as_ref()).map(|f| &f.arguments) else {
@@ -617,7 +619,7 @@ fn rewrite_block(block: &Block<'_>, message: &Message) -> Result<Option<String>,
             let same_keys =
                 |raw: &str| raw_members(raw).map(|m| m.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>());
             match (same_keys(arguments), block.input.and_then(same_keys)) {
-                (Some(new), Some(old)) if new == old => Ok(Some(replace("input", arguments)?)),
+                (Some(new), Some(old)) if new == old => Ok(Some(replace("input", block.input, arguments)?)),
                 _ => Err(WireError::Unwritable(format!(
                     "call `{}`: its input must stay an object with the same keys",
                     block.id
