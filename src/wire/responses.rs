@@ -231,6 +231,7 @@ fn text_input(bytes: &[u8]) -> Result<Split<'_>, WireError> {
         array_idx: idx,
         array_raw: raw.get(),
         elements: Vec::new(),
+        body: bytes,
     })
 }
 

@@ -26,6 +26,8 @@ pub struct Split<'a> {
     /// The array's elements, one per entry as its original JSON text (valid JSON, not necessarily an
     /// object), in order.
     pub elements: Vec<&'a str>,
+    /// The body as sent.
+    pub body: &'a [u8],
 }
 
 /// Where a body's values lie, as byte ranges (start, end) into it: each top-level value other than
@@ -70,6 +72,7 @@ impl<'a> Split<'a> {
             array_idx,
             array_raw: array_raw.get(),
             elements: elements.into_iter().map(RawValue::get).collect(),
+            body: bytes,
         })
     }
 
@@ -88,6 +91,7 @@ impl<'a> Split<'a> {
             array_idx: scanned.array_idx,
             array_raw: scanned.array_raw,
             elements: scanned.elements,
+            body: bytes,
         })
     }
 
@@ -155,22 +159,10 @@ impl<'a> Split<'a> {
         (out, spans)
     }
 
-    /// The body written with its own array, as its original bytes (the whitespace between elements
-    /// included), and where its values lie.
+    /// The body written with its own array: the body as sent, whitespace and all, and where its
+    /// values lie.
     pub fn to_vec_and_spans_keeping_array(&self) -> (Vec<u8>, Spans) {
-        let (mut out, mut spans) = self.to_vec_and_spans(&[""]);
-        let (start, end) = spans.array;
-        out.splice(start..end, self.array_raw.bytes());
-        let shift = |at: usize| if at >= end { at + self.array_raw.len() - (end - start) } else { at };
-        spans.fields = spans.fields.iter().map(|&(a, b)| (shift(a), shift(b))).collect();
-        spans.array = (start, start + self.array_raw.len());
-        let base = self.array_raw.as_ptr() as usize;
-        spans.elements = self
-            .elements
-            .iter()
-            .map(|e| (start + (e.as_ptr() as usize - base), start + (e.as_ptr() as usize - base) + e.len()))
-            .collect();
-        (out, spans)
+        (self.body.to_vec(), self.spans_in(self.body).expect("a body's values lie in it"))
     }
 
     /// Where this body's values lie in `body`, the bytes it was parsed from (`None` for other bytes).
@@ -303,6 +295,16 @@ mod tests {
             assert_eq!(bytes, body.as_bytes());
             assert_eq!(split.spans_in(body.as_bytes()), Some(spans));
             assert_eq!(split.spans_in(b"other bytes"), None);
+        }
+    }
+
+    #[test]
+    fn a_body_written_with_its_own_array_is_the_body_as_sent() {
+        for body in ["\t{\"model\": \"m\",\n \"messages\" : [ {\"role\":\"user\"} ] }\n", "{\"a\":1,\"messages\":[]}"] {
+            let split = Split::parse(body.as_bytes(), "messages").unwrap();
+            let (bytes, spans) = split.to_vec_and_spans_keeping_array();
+            assert_eq!(bytes, body.as_bytes());
+            assert_eq!(Some(spans), split.spans_in(body.as_bytes()));
         }
     }
 
