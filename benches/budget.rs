@@ -6,7 +6,8 @@
 //! `pare eval --convert` converts it), the adapter's write included.
 //!
 //! The timings exclude parsing the body ([`ChatBody::parse`], done once per request by the
-//! pipeline for every purpose), which `parse_200k_token_body` measures apart.
+//! pipeline for every purpose), which `parse_200k_token_body` measures apart
+//! (`parse_{responses,messages,gemini}_…` in the other formats).
 //!
 //! `cargo bench --bench budget`
 
@@ -73,6 +74,13 @@ fn budget(c: &mut Criterion) {
 
     // The pipeline parses every chat body once (for sessions and the archive too); shown apart.
     c.bench_function("parse_200k_token_body", |b| b.iter(|| black_box(ChatBody::parse(&full).expect("valid body"))));
+    // The other formats' adapters read each item or turn and write its neutral message as they parse.
+    for wire in [Wire::Responses, Wire::Messages, Wire::Gemini] {
+        let converted = body_in(wire, &messages);
+        c.bench_function(&format!("parse_{}_200k_token_body", wire.name()), |b| {
+            b.iter(|| black_box(pare::wire::parse(wire, &converted).expect("valid body").messages().len()))
+        });
+    }
     c.bench_function("tokenize_200k_tokens_cold", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
