@@ -23,7 +23,7 @@ pub(crate) mod testing;
 
 pub use draft::{Arguments, Draft, DraftCall};
 pub use read::{MemberValue, Want, object_members, raw_members, raw_members_around};
-pub use scan::{lone_surrogates_replaced, push_json_string};
+pub use scan::{lone_surrogates_replaced, push_json_string, written_as_pare_writes};
 pub use shape::Shape;
 
 use serde::{Deserialize, Serialize};

@@ -446,6 +446,41 @@ pub fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Whether `literal`, a JSON string literal (quotes included), is what [`push_json_string`] writes
+/// for the text it stands for: every escape one that writer uses (`\"`, `\\`, `\n`, `\r`, `\t`,
+/// `\b`, `\f`, and `\u00xx` in lowercase for the other control characters) and nothing else
+/// escaped. Such a literal can be taken as it is where pare would decode it and write it again.
+pub fn written_as_pare_writes(literal: &str) -> bool {
+    let Some(inner) = literal.strip_prefix('"').and_then(|l| l.strip_suffix('"')) else { return false };
+    let bytes = inner.as_bytes();
+    let mut at = 0;
+    while let Some(stop) = next_stop(bytes, &mut at) {
+        if stop != b'\\' {
+            return false;
+        }
+        at += 1;
+        match bytes.get(at) {
+            Some(b'"' | b'\\' | b'n' | b'r' | b't' | b'b' | b'f') => at += 1,
+            Some(b'u') => {
+                // `\u00xx` in lowercase, for a control character written with no short escape.
+                let written = match bytes.get(at + 1..at + 5) {
+                    Some(&[b'0', b'0', high @ (b'0' | b'1'), low @ (b'0'..=b'9' | b'a'..=b'f')]) => {
+                        let low = if low <= b'9' { low - b'0' } else { low - b'a' + 10 };
+                        !matches!((high - b'0') << 4 | low, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d)
+                    }
+                    _ => false,
+                };
+                if !written {
+                    return false;
+                }
+                at += 5;
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Moves `at` to the next quote, backslash or control character of a string's bytes and returns it:
 /// eight bytes at a time, the last few one by one. `None` at the end of the bytes.
 #[inline(always)]
@@ -682,6 +717,31 @@ b"}]}"#,
             let mut out = String::from("x");
             push_json_string(&mut out, &s);
             prop_assert_eq!(&out[1..], serde_json::to_string(&s).unwrap());
+        }
+
+        /// A literal is taken as pare writes it exactly when decoding it and writing it again gives
+        /// it back: over literals that spell their characters in every way JSON allows.
+        #[test]
+        fn a_literal_is_as_pare_writes_it_when_writing_it_again_gives_it(
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "a", "é", "🦀", " ", "\\\"", "\\\\", "\\/", "\\n", "\\t", "\\r", "\\b", "\\f",
+                "\\u0001", "\\u001f", "\\u001F", "\\u000a", "\\u0008", "\\u0041", "\\u00e9",
+                "\\u00E9", "\\u007f", "\\ud83e\\udd80", "\\u2028",
+            ]), 0..12),
+        ) {
+            let literal = format!("\"{}\"", pieces.concat());
+            let text: String = serde_json::from_str(&literal).unwrap();
+            let mut again = String::new();
+            push_json_string(&mut again, &text);
+            prop_assert_eq!(written_as_pare_writes(&literal), again == literal, "{}", literal);
+        }
+
+        /// What pare writes is taken as pare writes it.
+        #[test]
+        fn what_pare_writes_is_as_pare_writes_it(s in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}]|é|🦀){0,80}") {
+            let mut literal = String::new();
+            push_json_string(&mut literal, &s);
+            prop_assert!(written_as_pare_writes(&literal), "{}", literal);
         }
 
         /// Every valid chat body serde_json writes is scanned, and split exactly as serde_json splits it.

@@ -49,7 +49,9 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
-use crate::neutral::{Arguments, Draft, DraftCall, Message, push_json_string, raw_members, raw_members_around};
+use crate::neutral::{
+    Arguments, Draft, DraftCall, Message, push_json_string, raw_members, raw_members_around, written_as_pare_writes,
+};
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -414,8 +416,14 @@ fn is_response_text(part: &Part<'_>, text: &str) -> bool {
     !surely_shorter && text == response_text(part)
 }
 
+/// The neutral message of a response part: the text it stands for as its content, the member as
+/// sent when that is how pare writes the text (no decoding and writing it again).
 fn result_message(id: &str, part: &Part<'_>) -> String {
-    Draft::result(id, json_string(&response_text(part))).write()
+    let content = match part.response_member {
+        Some((_, value)) if written_as_pare_writes(value) => Cow::Borrowed(value),
+        _ => Cow::Owned(json_string(&response_text(part))),
+    };
+    Draft::result(id, content).write()
 }
 
 fn model_message(turn: &Turn<'_>) -> String {
