@@ -19,12 +19,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use pare::budget::SessionCompactor;
 use pare::compact::Engine;
 use pare::config::Config;
 use pare::tokens::request_tokens;
 use pare::wire::convert::chat_session_to;
+use pare::wire::recent::RecentBodies;
 use pare::wire::{ChatBody, Wire};
 use serde_json::{Value, json};
 
@@ -79,6 +81,29 @@ fn budget(c: &mut Criterion) {
         let converted = body_in(wire, &messages);
         c.bench_function(&format!("parse_{}_200k_token_body", wire.name()), |b| {
             b.iter(|| black_box(pare::wire::parse(wire, &converted).expect("valid body").messages().len()))
+        });
+    }
+    // As the proxy parses a session's next request: split only after the entries it shares with
+    // the previous one (`wire::recent`).
+    for wire in [Wire::Chat, Wire::Responses, Wire::Messages, Wire::Gemini] {
+        let previous = Bytes::from(body_in(wire, &messages));
+        let mut grown = messages.clone();
+        grown.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_next", "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"ls\"}"}}]}));
+        grown.push(json!({"role": "tool", "tool_call_id": "call_next", "content": "src\ntests"}));
+        let next = Bytes::from(body_in(wire, &grown));
+        let path = "/v1beta/models/bench:generateContent";
+        c.bench_function(&format!("parse_{}_200k_token_body_extending_the_last", wire.name()), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let recent = RecentBodies::new();
+                    drop(recent.parse(wire, path, &previous).expect("valid body"));
+                    let started = Instant::now();
+                    black_box(recent.parse(wire, path, &next).expect("valid body").messages().len());
+                    total += started.elapsed();
+                }
+                total
+            })
         });
     }
     c.bench_function("tokenize_200k_tokens_cold", |b| {

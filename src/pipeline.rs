@@ -184,8 +184,8 @@ pub struct Pipeline {
     /// The session compactor, when the pipeline was built from a configuration: a known session it
     /// does not remember (evicted by the budget, or older than a restart) is reseeded from the archive.
     stateful: Option<Arc<SessionCompactor>>,
-    /// Recent chat bodies: a warm request is scanned only after the history it shares with its
-    /// session's previous request.
+    /// Recent bodies: a warm request is split only after the history it shares with its session's
+    /// previous request, in every format.
     recent: RecentBodies,
     /// The answers held in memory for the archive, under `archive.max_held_answer_bytes`.
     answers: Arc<HeldAnswers>,
@@ -301,10 +301,7 @@ impl Pipeline {
         // Parsing a large body is about a millisecond (800 KB): it leaves the reactor too. The
         // neutral messages are read and hashed once, for the session tracker and the compactor.
         // A Gemini request names its model and streaming in the path.
-        let parsed = off_the_reactor(raw.len(), || match wire {
-            Wire::Gemini => crate::wire::parse_at(wire, path, &raw),
-            _ => self.recent.parse(wire, &raw),
-        });
+        let parsed = off_the_reactor(raw.len(), || self.recent.parse(wire, path, &raw));
         let messages: Option<Vec<&str>> = parsed.as_ref().ok().map(|body| body.messages());
         let hashes = messages.as_deref().map(message_hashes).unwrap_or_default();
         let assignment = self.assign(headers, messages.as_deref().map(|m| (m, hashes.as_slice()))).await;

@@ -18,8 +18,8 @@
 //! - [`messages`]: the Anthropic Messages API (`system`, `messages` turns of content blocks).
 //! - [`gemini`]: the Gemini API (`systemInstruction`, `contents` turns of parts; the model in the path).
 //!
-//! [`recent::RecentBodies`] lets the proxy scan a chat body only after the messages it shares with
-//! a recent body it extends.
+//! [`recent::RecentBodies`] lets the proxy split a body, of any format, only after the entries it
+//! shares with a recent body it extends.
 //!
 //! Every format checks what it writes the same way ([`WireBody::check`]): the pairing of its
 //! neutral view through the one pairing validator, [`crate::compact::validate`], then the rules of
@@ -429,10 +429,22 @@ pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireErr
 /// [`parse`] for a request sent to `path`: a Gemini request names its model and whether it streams
 /// there ([`gemini::Call::of_path`]); the other formats say both in the body.
 pub fn parse_at<'a>(wire: Wire, path: &str, bytes: &'a [u8]) -> Result<Box<dyn WireBody + 'a>, WireError> {
-    match wire {
-        Wire::Gemini => Ok(Box::new(gemini::GeminiBody::parse_at(bytes, gemini::Call::of_path(path))?)),
-        _ => parse(wire, bytes),
-    }
+    parse_resumed(wire, path, bytes, None)
+}
+
+/// [`parse_at`], its scan starting again after `resume` ([`Split::parse_resumed`]).
+fn parse_resumed<'a>(
+    wire: Wire,
+    path: &str,
+    bytes: &'a [u8],
+    resume: Option<&crate::neutral::scan::Resume<'_>>,
+) -> Result<Box<dyn WireBody + 'a>, WireError> {
+    Ok(match wire {
+        Wire::Chat => Box::new(ChatBody::parse_resumed(bytes, resume)?),
+        Wire::Responses => Box::new(responses::ResponsesBody::parse_resumed(bytes, resume)?),
+        Wire::Messages => Box::new(messages::MessagesBody::parse_resumed(bytes, resume)?),
+        Wire::Gemini => Box::new(gemini::GeminiBody::parse_resumed(bytes, gemini::Call::of_path(path), resume)?),
+    })
 }
 
 /// Why a body is not a request pare can compact (it is then forwarded unchanged), or why the

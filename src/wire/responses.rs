@@ -39,6 +39,7 @@ use serde_json::value::RawValue;
 
 use super::{Forward, Invalid, Origin, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::validate::Skeleton;
+use crate::neutral::scan::Resume;
 use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string};
 
 /// The `type` of the input item with which a client (Codex) asks the server to compact the
@@ -168,7 +169,12 @@ impl<'a> ResponsesBody<'a> {
     /// Parse a Responses request. Fails when the body is not a JSON object with an `input` list or
     /// string.
     pub fn parse(bytes: &'a [u8]) -> Result<ResponsesBody<'a>, WireError> {
-        let (split, input_is_text) = match Split::parse(bytes, "input") {
+        Self::parse_resumed(bytes, None)
+    }
+
+    /// [`ResponsesBody::parse`] whose scan starts again after `resume` ([`Split::parse_resumed`]).
+    pub(crate) fn parse_resumed(bytes: &'a [u8], resume: Option<&Resume<'_>>) -> Result<ResponsesBody<'a>, WireError> {
+        let (split, input_is_text) = match Split::parse_resumed(bytes, "input", resume) {
             Ok(split) => (split, false),
             Err(WireError::NoArray(_)) => (text_input(bytes)?, true),
             Err(err) => return Err(err),

@@ -49,6 +49,7 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
+use crate::neutral::scan::Resume;
 use crate::neutral::{
     Arguments, Draft, DraftCall, Message, push_json_string, raw_members, raw_members_around, written_as_pare_writes,
 };
@@ -332,7 +333,16 @@ impl<'a> GeminiBody<'a> {
     /// Parse a Gemini request sent to a path that said `call`. Fails when the body is not a JSON
     /// object with a `contents` list.
     pub fn parse_at(bytes: &'a [u8], call: Call) -> Result<GeminiBody<'a>, WireError> {
-        let split = Split::parse(bytes, "contents")?;
+        Self::parse_resumed(bytes, call, None)
+    }
+
+    /// [`GeminiBody::parse_at`] whose scan starts again after `resume` ([`Split::parse_resumed`]).
+    pub(crate) fn parse_resumed(
+        bytes: &'a [u8],
+        call: Call,
+        resume: Option<&Resume<'_>>,
+    ) -> Result<GeminiBody<'a>, WireError> {
+        let split = Split::parse_resumed(bytes, "contents", resume)?;
         let turns = read_turns(&split.elements);
         let mut out = GeminiBody { split, turns, neutral: Vec::new(), has_system: false, units: Vec::new(), call };
         if let Some(system) = out.system() {

@@ -46,6 +46,7 @@ use super::{
     Forward, Invalid, Origin, Spans, Split, Traced, Unit, Wire, WireBody, WireError, json_string, replace_member,
 };
 use crate::compact::validate::Skeleton;
+use crate::neutral::scan::Resume;
 use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string, raw_members};
 use cache::{Fate, Place};
 
@@ -219,7 +220,12 @@ pub struct MessagesBody<'a> {
 impl<'a> MessagesBody<'a> {
     /// Parse a Messages request. Fails when the body is not a JSON object with a `messages` list.
     pub fn parse(bytes: &'a [u8]) -> Result<MessagesBody<'a>, WireError> {
-        let split = Split::parse(bytes, "messages")?;
+        Self::parse_resumed(bytes, None)
+    }
+
+    /// [`MessagesBody::parse`] whose scan starts again after `resume` ([`Split::parse_resumed`]).
+    pub(crate) fn parse_resumed(bytes: &'a [u8], resume: Option<&Resume<'_>>) -> Result<MessagesBody<'a>, WireError> {
+        let split = Split::parse_resumed(bytes, "messages", resume)?;
         let mut out = MessagesBody {
             turns: Vec::with_capacity(split.elements.len()),
             split,
