@@ -7,9 +7,12 @@
 //! with its format and where its top-level keys before the conversation array and each of its
 //! entries lie. A new body of the same format that starts with the same bytes up to the end of
 //! one's last entry (compared byte for byte, the last bytes first so that another session's body is
-//! told apart at once) is split from there; the body it extends is replaced by it. Nothing else
-//! changes: the same slices, the same declines to serde_json, the whole body still checked to be
-//! UTF-8; each format's adapter then reads the entries as it reads them in any body.
+//! told apart at once) is split from there; the body it extends is replaced by it. Otherwise it is
+//! split after the longest run of first entries it shares with one (an agent that moves its cache
+//! mark to its newest turn changes the turn that held it), which it replaces when only the last
+//! two entries differ. Nothing else changes: the same slices, the same declines to
+//! serde_json, the whole body still checked to be UTF-8; each format's adapter then reads the
+//! entries as it reads them in any body.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
