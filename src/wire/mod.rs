@@ -416,14 +416,10 @@ pub(crate) fn chat_text(content: Option<&serde_json::Value>) -> String {
     }
 }
 
-/// Read `bytes` as a request of format `wire`.
+/// Read `bytes` as a request of format `wire` (a Gemini request read without its path: no model,
+/// not streamed).
 pub fn parse(wire: Wire, bytes: &[u8]) -> Result<Box<dyn WireBody + '_>, WireError> {
-    Ok(match wire {
-        Wire::Chat => Box::new(ChatBody::parse(bytes)?),
-        Wire::Responses => Box::new(responses::ResponsesBody::parse(bytes)?),
-        Wire::Messages => Box::new(messages::MessagesBody::parse(bytes)?),
-        Wire::Gemini => Box::new(gemini::GeminiBody::parse(bytes)?),
-    })
+    parse_resumed(wire, "", bytes, None)
 }
 
 /// [`parse`] for a request sent to `path`: a Gemini request names its model and whether it streams

@@ -38,6 +38,8 @@ fn the_path_names_the_model_and_the_stream() {
         Call::of_path("/v1/models/gemini-3-pro-preview:generateContent"),
         Call { model: Some("gemini-3-pro-preview".into()), stream: false }
     );
+    // A body read without its path (`wire::parse`) says neither.
+    assert_eq!(Call::of_path(""), Call::default());
     for (path, generation) in [
         ("/v1beta/models/gemini-2.5-flash:generateContent", true),
         ("/v1/models/gemini-2.5-flash:streamGenerateContent", true),
