@@ -176,7 +176,7 @@ fn responses_as_chat(raw: &[u8]) -> (Vec<Value>, Option<Value>) {
         .messages()
         .iter()
         .filter_map(|m| serde_json::from_str::<Value>(m).ok())
-        .filter(|m| m.get("role").and_then(Value::as_str) != Some(crate::neutral::OPAQUE_ROLE))
+        .filter(Value::is_object)
         .map(|mut m| {
             if m["role"] == "developer" {
                 m["role"] = json!("system");

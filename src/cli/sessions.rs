@@ -171,8 +171,12 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
 }
 
-/// One message as a readable block: role, tool calls, content.
+/// One message as a readable block: role, tool calls, content. An opaque entry (the wire parts pare
+/// does not read, [`crate::neutral::opaque`]) shows as those parts.
 pub(crate) fn render_message(idx: usize, m: &Value) -> String {
+    if m.is_array() {
+        return format!("[{idx}] opaque\n{}", indent(&m.to_string()));
+    }
     let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
     let mut head = format!("[{idx}] {role}");
     if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
@@ -382,4 +386,19 @@ fn diff_block(
         lines.push_str("  (nothing new)\n");
     }
     Ok((head + &lines, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An opaque entry prints as the wire parts it carries, a message as its role and text.
+    #[test]
+    fn an_opaque_entry_prints_its_parts() {
+        let opaque = crate::neutral::opaque(&[r#"{"type":"web_search_call","id":"ws_1"}"#]);
+        let value: Value = serde_json::from_str(&opaque).unwrap();
+        assert_eq!(render_message(2, &value), "[2] opaque\n    [{\"type\":\"web_search_call\",\"id\":\"ws_1\"}]");
+        let user = serde_json::json!({"role": "user", "content": "hello"});
+        assert_eq!(render_message(3, &user), "[3] user\n    hello");
+    }
 }

@@ -595,7 +595,7 @@ mod tests {
         let head =
             |refs: &[&str], boundary| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head_after(boundary);
         let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}]}"#;
-        let opaque = r#"{"role":"opaque","content":"{\"type\":\"compaction\"}"}"#;
+        let opaque = r#"[{"type":"compaction","encrypted_content":"x"}]"#;
         let user = r#"{"role":"user","content":"u"}"#;
         let result = r#"{"role":"tool","tool_call_id":"a","content":"x"}"#;
         let done = r#"{"role":"assistant","content":"done"}"#;

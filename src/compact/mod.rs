@@ -276,7 +276,12 @@ impl Engine {
         );
         conv.retrieve_tool = markers::retrieve_tool(view.tools);
         conv.epoch_head = conv.epoch_head_after(opts.epoch_boundary);
-        let input_skeletons: Vec<Option<Skeleton>> = conv.msgs.iter().map(|m| m.as_ref().map(skeleton_of)).collect();
+        let input_skeletons: Vec<Option<Skeleton>> = (conv.msgs.iter().zip(conv.raw))
+            .map(|(m, raw)| match m {
+                Some(m) => Some(skeleton_of(m)),
+                None => crate::neutral::is_opaque(raw).then(Skeleton::opaque),
+            })
+            .collect();
         let input_invalid = validate::check(&input_skeletons).err().map(|violation| violation.to_string());
         let mut edits = Edits::new(&conv);
         let mut rendered = Vec::new();

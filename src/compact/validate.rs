@@ -7,8 +7,6 @@
 //! here (`WireBody::check` and the adapters' writers), and adds only the rules of its own that the
 //! neutral form cannot express.
 
-use serde_json::value::RawValue;
-
 /// The part of a message invariant 1 is about: its [`crate::neutral::Shape`]'s role, call ids
 /// (an absent id is `""`) and result id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -19,8 +17,12 @@ pub struct Skeleton {
 }
 
 impl Skeleton {
-    /// The skeleton of a raw message; a message with no [`crate::neutral::Shape`] has none.
+    /// The skeleton of a raw message; a message with no [`crate::neutral::Shape`] has none, an
+    /// [`crate::neutral::opaque`] entry the [`Skeleton::opaque`] one.
     pub fn of(raw: &str) -> Option<Skeleton> {
+        if crate::neutral::is_opaque(raw) {
+            return Some(Skeleton::opaque());
+        }
         crate::neutral::shape::read(raw, |shape| Skeleton {
             role: shape.role.to_string(),
             tool_calls: shape.tool_calls.iter().flatten().map(|c| c.id.as_deref().unwrap_or("").to_owned()).collect(),
@@ -28,8 +30,10 @@ impl Skeleton {
         })
     }
 
-    pub fn of_raw(raw: &RawValue) -> Option<Skeleton> {
-        Skeleton::of(raw.get())
+    /// The skeleton of an [`crate::neutral::opaque`] entry: no role, no call, no result. It
+    /// pairs with nothing, so it closes a run of results like any message that is not one.
+    pub fn opaque() -> Skeleton {
+        Skeleton::default()
     }
 }
 

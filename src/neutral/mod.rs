@@ -6,7 +6,8 @@
 //! array of parts with `text`, or null), an assistant's `tool_calls` (`id`, `function.name`,
 //! `function.arguments`) and a tool result's `tool_call_id`, which pairs it with its call. Other keys
 //! are carried and never read. A message the engine does not understand (not an object, or a role it
-//! does not know) is opaque: kept in place, never rewritten, never elided across.
+//! does not know) is kept in place, never rewritten, never elided across; that is what an adapter
+//! makes of the wire parts it does not read: an [`opaque`] entry, the parts as sent in an array.
 //!
 //! Each wire format is an adapter ([`crate::wire`]) that reads a request into this form once and
 //! writes the forwarded request back from it. For Chat Completions the neutral form is the wire's
@@ -49,17 +50,26 @@ pub fn message_hashes<M: AsRef<str>>(messages: &[M]) -> Vec<u128> {
     messages.iter().map(|m| xxhash_rust::xxh3::xxh3_128(m.as_ref().as_bytes())).collect()
 }
 
-/// The role of a neutral message that stands for wire parts pare does not read (an item type it
-/// does not know, a turn of another role, reasoning): no role the engine knows, so it keeps the
-/// message in place, never rewritten and never elided across.
-pub const OPAQUE_ROLE: &str = "opaque";
+/// The neutral entry standing for wire parts pare does not read (an item type it does not know, a
+/// turn of another role, reasoning): the parts themselves, as sent, in a JSON array. An array is
+/// no message, so the engine keeps the entry in place, never rewritten and never elided across;
+/// its tokens are the parts'.
+pub fn opaque(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + 2);
+    out.push('[');
+    for (n, part) in parts.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(part);
+    }
+    out.push(']');
+    out
+}
 
-/// An [`OPAQUE_ROLE`] message whose content is `raw`, the wire parts it stands for (so that they
-/// count).
-pub fn opaque(raw: &str) -> String {
-    let mut content = String::with_capacity(raw.len() + 2);
-    push_json_string(&mut content, raw);
-    Draft::text(OPAQUE_ROLE, content).write()
+/// Whether a neutral entry is an [`opaque`] one: a JSON array, not a message object.
+pub fn is_opaque(text: &str) -> bool {
+    text.trim_start().starts_with('[')
 }
 
 /// The `role` of a neutral message: `""` when it has none or no [`Shape`].

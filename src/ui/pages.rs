@@ -504,8 +504,11 @@ pub struct RequestView<'a> {
 fn message(idx: usize, json: &str) -> Markup {
     // A lone surrogate escape (valid JSON serde_json refuses to decode) shows as U+FFFD.
     let m: Value = serde_json::from_str(&crate::neutral::lone_surrogates_replaced(json)).unwrap_or(Value::Null);
-    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-    let text = content_text(m.get("content"));
+    // An opaque entry (the wire parts pare does not read) shows as those parts.
+    let (role, text) = match &m {
+        Value::Array(_) => ("opaque", m.to_string()),
+        _ => (m.get("role").and_then(Value::as_str).unwrap_or("?"), content_text(m.get("content"))),
+    };
     let n_chars = text.chars().count();
     let shown: String = text.chars().take(SHOWN_CHARS).collect();
     let reasoning = ["reasoning_content", "reasoning"]
@@ -763,5 +766,15 @@ mod tests {
             {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{}"}}]}}));
         let shown = answer_summary(Some(&chat)).into_string();
         assert!(shown.contains("done") && shown.contains("terminal"), "{shown}");
+    }
+
+    /// An opaque entry shows as the wire parts it carries, a message as its role and text.
+    #[test]
+    fn an_opaque_entry_shows_its_parts() {
+        let opaque = crate::neutral::opaque(&[r#"{"type":"web_search_call","id":"ws_1"}"#]);
+        let shown = message(3, &opaque).into_string();
+        assert!(shown.contains("#3 <bdi>opaque</bdi>") && shown.contains("web_search_call"), "{shown}");
+        let shown = message(4, r#"{"role":"user","content":"hello"}"#).into_string();
+        assert!(shown.contains("#4 <bdi>user</bdi>") && shown.contains("hello"), "{shown}");
     }
 }

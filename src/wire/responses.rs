@@ -11,7 +11,7 @@
 //! | `function_call_output` / `custom_tool_call_output` / `local_shell_call_output` | a `tool` message paired by `call_id` |
 //! | `reasoning` | none of its own: it belongs to the item it precedes and goes wherever that goes |
 //! | `compaction` (`compaction_summary`, `context_compaction`) | an opaque message, the request's hard epoch boundary (`WireBody::epoch_boundary`): it and everything before it are forwarded as they are (the server reads it in place of them) |
-//! | `item_reference`, every other type | an opaque message (role `opaque`) the engine keeps in place |
+//! | `item_reference`, every other type | an opaque entry (the items as sent) the engine keeps in place |
 //!
 //! Writing back maps each forwarded neutral message to items by its source (the engine's plan:
 //! which of the request's neutral messages it stands for): one the engine left alone is its items'
@@ -271,7 +271,7 @@ fn turn_end<'a, I: std::borrow::Borrow<Item<'a>>>(items: &[I], start: usize) -> 
 fn neutral_of(items: &[Item<'_>], heads: &[Option<Head<'_>>], raws: &[&str]) -> String {
     let main = items.iter().position(|i| i.kind != Kind::Reasoning);
     let Some(main) = main else {
-        return opaque(raws);
+        return crate::neutral::opaque(raws);
     };
     let head = heads[main].as_ref();
     match items[main].kind {
@@ -312,13 +312,8 @@ fn neutral_of(items: &[Item<'_>], heads: &[Option<Head<'_>>], raws: &[&str]) -> 
         Kind::Output => {
             Draft::result(&items[main].call_id, head.and_then(|h| h.output).map_or("null", RawValue::get)).write()
         }
-        Kind::Reasoning | Kind::Opaque => opaque(raws),
+        Kind::Reasoning | Kind::Opaque => crate::neutral::opaque(raws),
     }
-}
-
-/// An opaque neutral message standing for `raws`, items the engine keeps in place.
-fn opaque(raws: &[&str]) -> String {
-    crate::neutral::opaque(&raws.join(","))
 }
 
 impl WireBody for ResponsesBody<'_> {
@@ -517,7 +512,7 @@ fn neutral_skeletons(items: &[&Item], instructions: bool) -> (Vec<Option<Skeleto
                 super::skeleton(role, calls, None)
             }
             Some((_, item)) if item.kind == Kind::Output => super::skeleton("tool", Vec::new(), Some(&item.call_id)),
-            _ => super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None),
+            _ => Some(Skeleton::opaque()),
         };
         skeletons.push(skeleton);
         origins.push(Origin::Item(main.unwrap_or(start)));

@@ -128,12 +128,10 @@ pub fn chat_to_gemini(chat: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// A neutral message of the adapter as a plain chat message (text content); `None` for an opaque one.
+/// A neutral message of the adapter as a plain chat message (text content); `None` for an opaque
+/// entry (an array, no role).
 fn plain(message: Value) -> Option<Value> {
     let role = message.get("role").and_then(Value::as_str)?.to_owned();
-    if role == crate::neutral::OPAQUE_ROLE {
-        return None;
-    }
     let text = crate::wire::chat_text(message.get("content"));
     let calls = message.get("tool_calls").filter(|c| c.as_array().is_some_and(|a| !a.is_empty()));
     let mut out = Map::new();

@@ -12,7 +12,7 @@
 //! | a user turn's other parts (`text`, `inlineData`, `fileData`, …) | one `user` message: what the person wrote, never touched |
 //! | a model turn | one `assistant` message: its `text` parts as content parts, its `functionCall` parts as `tool_calls` (`arguments` = the JSON text of `args`) |
 //! | `thought: true` parts, `inlineData`, `executableCode`, unknown parts in a model turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
-//! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
+//! | a turn of another role, or one pare cannot read | an opaque entry (the turn as sent) the engine keeps in place |
 //!
 //! A call is paired with its response by `id` when both have one, else as the API pairs them: by
 //! name, in order, within the user turn that follows the call's model turn. In the neutral form a
@@ -352,7 +352,7 @@ impl<'a> GeminiBody<'a> {
         for (t, turn) in out.turns.iter().enumerate() {
             match turn.side {
                 Side::Opaque => {
-                    out.neutral.push(crate::neutral::opaque(turn.raw));
+                    out.neutral.push(crate::neutral::opaque(&[turn.raw]));
                     out.units.push(Unit::Turn(t));
                 }
                 Side::Model => {
@@ -774,7 +774,7 @@ fn neutral_skeletons(turns: &[&Turn<'_>], system: bool) -> (Vec<Option<Skeleton>
             origins.push(Origin::Turn(t));
         };
         match turn.side {
-            Side::Opaque => push(super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None)),
+            Side::Opaque => push(Some(Skeleton::opaque())),
             Side::Model => {
                 push(super::skeleton("assistant", turn.calls().map(|c| turn.ids[&c].clone()).collect(), None))
             }

@@ -12,7 +12,7 @@
 //! | a user turn's other blocks (`text`, `image`, `document`, …) or its string content | one `user` message: what the person wrote, never touched |
 //! | an assistant turn | one `assistant` message: `text` blocks as content parts, `tool_use` blocks as `tool_calls` (`arguments` = the JSON text of `input`) |
 //! | `thinking`, `redacted_thinking`, `server_tool_use`, `web_search_tool_result`, unknown blocks in an assistant turn | none of their own: they stay in their turn byte for byte, and go only with the whole turn |
-//! | a turn of another role, or one pare cannot read | an opaque message (role `opaque`) the engine keeps in place |
+//! | a turn of another role, or one pare cannot read | an opaque entry (the turn as sent) the engine keeps in place |
 //! | a turn holding a `compaction` block with a summary (the context-management beta) | its message as above, the request's hard epoch boundary (`WireBody::epoch_boundary`): the turn and everything before it are forwarded as they are (the API reads the block in place of them) |
 //!
 //! `cache_control` marks are left out of the neutral form (Claude Code moves its last mark to the
@@ -244,7 +244,7 @@ impl<'a> MessagesBody<'a> {
         out.turns = out.split.elements.iter().map(|raw| Turn::read(raw)).collect();
         for (t, turn) in out.turns.iter().enumerate() {
             if turn.opaque {
-                out.neutral.push(crate::neutral::opaque(turn.raw));
+                out.neutral.push(crate::neutral::opaque(&[turn.raw]));
                 out.units.push(Unit::Turn(t));
             } else if turn.is_whole() {
                 out.neutral.push(Draft::text(&turn.role, turn.content).write());
@@ -771,7 +771,7 @@ fn neutral_skeletons(turns: &[&Turn<'_>], system: bool) -> (Vec<Option<Skeleton>
             origins.push(Origin::Turn(t));
         };
         if turn.opaque {
-            push(super::skeleton(crate::neutral::OPAQUE_ROLE, Vec::new(), None));
+            push(Some(Skeleton::opaque()));
         } else if turn.is_whole() {
             push(super::skeleton(&turn.role, Vec::new(), None));
         } else if turn.role == "assistant" {

@@ -37,21 +37,12 @@ fn items_read_into_turns_paired_by_call_id() {
     assert!(messages.iter().all(|m| !m.contains("pare_items")), "{messages:?}");
     assert_eq!(
         roles,
-        [
-            "system",
-            "developer",
-            "user",
-            "assistant",
-            "tool",
-            "assistant",
-            "tool",
-            "assistant",
-            "tool",
-            "opaque",
-            "opaque",
-            "user"
-        ]
+        ["system", "developer", "user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "", "", "user"]
     );
+    // What pare does not read is carried as the items themselves, in an array: no role of pare's.
+    let item = |n: usize| serde_json::to_string(&serde_json::from_str::<Value>(CODEX).unwrap()["input"][n]).unwrap();
+    assert_eq!(messages[9], format!("[{}]", item(11)));
+    assert_eq!(messages[10], format!("[{}]", item(12)));
     let turn: Value = serde_json::from_str(messages[5]).unwrap();
     assert_eq!(turn["content"][0]["text"], "Patching.");
     assert_eq!(turn["tool_calls"][0]["id"], "call_2");
@@ -73,15 +64,16 @@ fn compaction_items_are_marked_as_epoch_boundaries() {
     let parsed = parse(CODEX);
     assert_eq!(parsed.epoch_boundary(), Some(9));
     assert!(parsed.messages().iter().all(|m| !m.contains("pare_")));
-    assert!(parsed.messages()[9].contains(r#"\"type\":\"compaction\""#));
+    assert!(crate::neutral::is_opaque(parsed.messages()[9]));
+    assert!(parsed.messages()[9].contains(r#""type":"compaction""#));
     for kind in COMPACTION_ITEMS {
         let body = format!(
             r#"{{"input":[{{"role":"user","content":"a"}},{{"type":"reasoning","id":"rs","summary":[],"encrypted_content":"e"}},{{"type":"{kind}","id":"cmp_1","encrypted_content":"x"}},{{"role":"user","content":"b"}}]}}"#
         );
         let parsed = parse(&body);
         let messages = parsed.messages();
-        let boundary = Message::from_raw(messages[1]).unwrap();
-        assert_eq!(boundary.role, "opaque", "{kind}");
+        assert!(Message::from_raw(messages[1]).is_err(), "{kind}: an opaque entry is no message");
+        assert!(crate::neutral::is_opaque(messages[1]), "{kind}");
         assert_eq!(parsed.epoch_boundary(), Some(1), "{kind}");
         let owned: Vec<String> = messages.iter().map(|m| (*m).to_owned()).collect();
         assert_eq!(write_by_hand(&parsed, &refs(&owned)).unwrap().0, body.as_bytes(), "written back as sent");
@@ -178,7 +170,7 @@ fn a_write_that_breaks_pairing_or_instructions_is_refused() {
     assert!(matches!(write_by_hand(&parsed, &refs(&instructions)), Err(WireError::Unwritable(_))));
     // An opaque message the engine made up has no item.
     let mut made_up = messages.clone();
-    made_up.insert(2, r#"{"role":"opaque","content":"x"}"#.to_owned());
+    made_up.insert(2, r#"[{"type":"reasoning","id":"rs_9"}]"#.to_owned());
     assert!(matches!(write_by_hand(&parsed, &refs(&made_up)), Err(WireError::Unwritable(_))));
 }
 
