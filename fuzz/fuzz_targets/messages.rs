@@ -1,7 +1,7 @@
 //! Fuzz the Anthropic Messages adapter (`MessagesBody::parse` and its writing back): arbitrary bytes
 //! must never panic; a body it accepts is a JSON object serde_json accepts with a `messages` list;
-//! its neutral messages are JSON objects; writing them back unchanged gives the input bytes; and a
-//! compaction by the default engine either writes a body that passes the API's rules (pairing, at
+//! its neutral entries are JSON objects or opaque arrays of its own turns as sent; writing them back
+//! unchanged gives the input bytes; and a compaction by the default engine either writes a body that passes the API's rules (pairing, at
 //! most 4 cache marks, never more than the input's) or is refused (forwarded unchanged).
 #![no_main]
 
@@ -19,7 +19,14 @@ fuzz_target!(|data: &[u8]| {
     assert!(top.get("messages").is_some_and(Value::is_array), "accepted without a messages list");
     let messages = body.messages();
     for m in &messages {
-        assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
+        if pare::neutral::is_opaque(m) {
+            // What the adapter does not read: the body's own entries, as sent.
+            let parts: Vec<&serde_json::value::RawValue> = serde_json::from_str(m).expect("an opaque entry is an array");
+            let sent = String::from_utf8_lossy(data);
+            assert!(parts.iter().all(|p| sent.contains(p.get())), "an opaque entry carries what was not sent: {m}");
+        } else {
+            assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
+        }
     }
     let (bytes, _) = body.write(&Forward::unchanged(messages.len())).expect("the neutral view written back unchanged");
     assert_eq!(bytes, data, "no rewrite must give the input bytes");
