@@ -633,4 +633,34 @@ mod tests {
             assert_ne!(out.prefix[head..], refs[head..out.boundary], "what follows is compacted");
         }
     }
+
+    /// An opaque entry (wire parts an adapter does not read) between the turns of a history is
+    /// valid input: it is forwarded as it is, in its place, by the rules and by tiers and elision,
+    /// while the history around it is compacted.
+    #[test]
+    fn an_opaque_entry_is_kept_in_place() {
+        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
+        let parsed = ChatBody::parse(body).unwrap();
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = 2;
+        let mut messages: Vec<&str> = parsed.view().messages.to_vec();
+        let turns: Vec<usize> =
+            (2..messages.len() / 2).filter(|&i| crate::neutral::role_of(messages[i]) == "assistant").collect();
+        let opaque = crate::neutral::opaque(&[r#"{"type":"reasoning","id":"rs_1","encrypted_content":"gAAAA"}"#]);
+        let at = turns[turns.len() / 2];
+        messages.insert(at, &opaque);
+        let view = View { messages: &messages, tools: parsed.view().tools };
+        let tokens = request_tokens(&QuarterCounter, &messages, view.tools);
+        for opts in
+            [CompactOptions::default(), CompactOptions { target_tokens: Some(tokens * 30 / 100), ..Default::default() }]
+        {
+            let out = engine.compact(&view, &opts, &QuarterCounter);
+            assert_eq!(out.report.input_invalid, None);
+            assert_eq!(out.report.validation_failed, None);
+            assert!(out.report.messages_changed > 0 || out.report.messages_dropped > 0, "the history is compacted");
+            let fate = out.plan[at];
+            let kept = fate.at().map(|i| out.prefix[i].as_str());
+            assert_eq!(kept, Some(opaque.as_str()), "target {:?}: {fate:?}", opts.target_tokens);
+        }
+    }
 }
