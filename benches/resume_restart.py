@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Does a session forward the same bytes when `pare serve` is restarted in the middle of it?
 
-Usage: benches/resume_restart.py PARE_BINARY --wire chat|responses|messages [--window TOKENS]
+Usage: benches/resume_restart.py PARE_BINARY --wire chat|responses|messages|gemini [--window TOKENS]
                                   [--no-header] [--no-restart] SESSION.jsonl ...
 
 Each session file holds chat requests (one body per line, as in the shared corpus); for
-`--wire responses|messages` they are converted first, as pare's `wire::convert::chat_to_responses`
-and `wire::messages::convert::chat_to_messages` do (the thinking signature is a SHA-256 prefix here).
+`--wire responses|messages|gemini` they are converted first, as pare's `wire::convert::chat_to_responses`,
+`wire::messages::convert::chat_to_messages` and `wire::gemini::convert::chat_to_gemini` do (a thinking
+or thought signature is a SHA-256 prefix here).
 The sessions are sent one request at a time to `pare serve` (archive on, in a fresh temporary
 directory) in front of a stub upstream that records what it receives and answers every request with
 a short text ("ok": not the assistant message the agent goes on with), twice:
@@ -40,7 +41,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
+         "gemini": "/v1beta/models/bench:generateContent"}
 RECEIVED = []
 RECEIVED_LOCK = threading.Lock()
 
@@ -51,6 +53,10 @@ def answer(path):
                 "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                             "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
                 "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+    if path.endswith(":generateContent"):
+        return {"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]}, "finishReason": "STOP",
+                                "index": 0}],
+                "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}}
     if path.endswith("/messages"):
         return {"id": "msg_1", "type": "message", "role": "assistant", "model": "bench",
                 "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "stop_sequence": None,
@@ -193,16 +199,95 @@ def to_messages(chat):
     return out
 
 
+def to_gemini(chat):
+    out, turns, call_names = {}, [], {}
+
+    def push(role, part):
+        if turns and turns[-1][0] == role:
+            turns[-1][1].append(part)
+        else:
+            turns.append((role, [part]))
+
+    for idx, m in enumerate(chat["messages"]):
+        role, text = m.get("role", ""), text_of(m.get("content"))
+        if role == "system" and idx == 0:
+            out["systemInstruction"] = {"parts": [{"text": text}]}
+        elif role == "tool":
+            name = call_names.get(m.get("tool_call_id"), "tool")
+            push("user", {"functionResponse": {"name": name, "response": {"output": text}}})
+        elif role == "assistant":
+            start = len(turns)
+            signature = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:16]
+            if m.get("reasoning_content"):
+                push("model", {"text": m["reasoning_content"], "thought": True})
+            if text:
+                push("model", {"text": text})
+            for call in m.get("tool_calls") or []:
+                function = call.get("function") or {}
+                name = function.get("name", "tool")
+                if isinstance(call.get("id"), str):
+                    call_names[call["id"]] = name
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    try:
+                        parsed = json.loads(arguments)
+                    except ValueError:
+                        parsed = None
+                    args = parsed if isinstance(parsed, dict) else {"arguments": arguments}
+                elif isinstance(arguments, dict):
+                    args = arguments
+                else:
+                    args = {} if arguments is None else {"arguments": arguments}
+                part = {"functionCall": {"name": name, "args": args}}
+                if signature is not None:
+                    part["thoughtSignature"] = signature
+                    signature = None
+                push("model", part)
+            if len(turns) == start and (not turns or turns[-1][0] != "model"):
+                push("model", {"text": "(empty)"})
+        else:
+            push("user", {"text": text})
+    out["contents"] = [{"role": role, "parts": parts} for role, parts in turns]
+    if "tools" in chat:
+        declarations = []
+        for t in chat["tools"]:
+            f = t.get("function")
+            if f is None:
+                continue
+            declaration = {"name": f.get("name")}
+            for key in ("description", "parameters"):
+                if key in f:
+                    declaration[key] = f[key]
+            declarations.append(declaration)
+        out["tools"] = [{"functionDeclarations": declarations}]
+    config = {}
+    limit = chat.get("max_tokens", chat.get("max_completion_tokens"))
+    if limit is not None:
+        config["maxOutputTokens"] = limit
+    if "temperature" in chat:
+        config["temperature"] = chat["temperature"]
+    if config:
+        out["generationConfig"] = config
+    return out
+
+
 def convert(line, wire):
     chat = json.loads(line)
-    body = {"chat": lambda c: c, "responses": to_responses, "messages": to_messages}[wire](chat)
+    body = {"chat": lambda c: c, "responses": to_responses, "messages": to_messages, "gemini": to_gemini}[wire](chat)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def config_text(window):
+    """pare's config: `window` tokens for every format (a Gemini request's model, `bench` in its path,
+    is named by a `models:` entry: without one the Gemini API's window is 1,048,576 tokens)."""
+    return (f"budget:\n  detect_window: false\n  default_context_window: {window}\n"
+            f"  anthropic_context_window: {window}\n"
+            f"models:\n  - match: \"^bench$\"\n    context_window: {window}\n")
 
 
 def start_pare(binary, stub_port, workdir, window):
     config = Path(workdir) / "pare.yaml"
-    config.write_text(f"budget:\n  detect_window: false\n  default_context_window: {window}\n"
-                      f"  anthropic_context_window: {window}\n")
+    config.write_text(config_text(window))
     cmd = [binary, "serve", "--config", str(config), "--listen", "127.0.0.1:0",
            "--upstream", f"http://127.0.0.1:{stub_port}/v1", "--archive", str(Path(workdir) / "archive")]
     log_path = Path(workdir) / "pare.log"
@@ -282,11 +367,12 @@ def run(args, stub_port, sessions, restart):
 def replayed(args, bodies):
     with tempfile.TemporaryDirectory() as workdir:
         config = Path(workdir) / "pare.yaml"
-        config.write_text(f"budget:\n  detect_window: false\n  default_context_window: {args.window}\n"
-                          f"  anthropic_context_window: {args.window}\n")
+        config.write_text(config_text(args.window))
         session = Path(workdir) / "session.jsonl"
         session.write_bytes(b"\n".join(bodies) + b"\n")
-        out = subprocess.run([args.binary, "replay", "--config", str(config), "--wire", args.wire, str(session)],
+        # A replayed Gemini body has no path, so no model: the window is given.
+        out = subprocess.run([args.binary, "replay", "--config", str(config), "--window", str(args.window),
+                              "--wire", args.wire, str(session)],
                              check=True, capture_output=True).stdout
     return [line for line in out.split(b"\n") if line.strip()]
 
