@@ -370,8 +370,8 @@ def replayed(args, bodies):
         config.write_text(config_text(args.window))
         session = Path(workdir) / "session.jsonl"
         session.write_bytes(b"\n".join(bodies) + b"\n")
-        # A replayed Gemini body has no path, so no model: the window is given.
-        out = subprocess.run([args.binary, "replay", "--config", str(config), "--window", str(args.window),
+        # The path the proxy received: a Gemini request's model is named there.
+        out = subprocess.run([args.binary, "replay", "--config", str(config), "--path", PATHS[args.wire],
                               "--wire", args.wire, str(session)],
                              check=True, capture_output=True).stdout
     return [line for line in out.split(b"\n") if line.strip()]
