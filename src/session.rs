@@ -8,7 +8,8 @@
 //! text parts give the same key; surrounding whitespace ignored), tool calls (id, name, arguments with
 //! JSON re-serialized compactly) and `tool_call_id`. Cosmetic keys are ignored: `name` on tool messages
 //! (Hermes drops it when it resumes a session), reasoning fields (agents strip them), `refusal`,
-//! `cache_control`… The key of a message *list* is a rolling hash of its message keys, so every prefix
+//! `cache_control`… An opaque entry (wire parts pare does not read) keys as its parts re-serialized
+//! compactly. The key of a message *list* is a rolling hash of its message keys, so every prefix
 //! of a request has a key, computed in one pass.
 //!
 //! # Matching
@@ -93,7 +94,7 @@ pub fn message_key(raw: &str) -> u64 {
         return key;
     }
     match serde_json::from_str::<Value>(raw) {
-        Ok(v @ Value::Object(_)) => message_key_value(&v),
+        Ok(v @ (Value::Object(_) | Value::Array(_))) => message_key_value(&v),
         _ => xxh3_64(raw.as_bytes()),
     }
 }
@@ -121,8 +122,12 @@ fn plain_message_key(raw: &str) -> Option<u64> {
     Some(key_of_parts(&shape.role, content, calls, shape.tool_call_id.as_deref().unwrap_or("")))
 }
 
-/// The normalized key of a parsed message (see the module docs for what is ignored).
+/// The normalized key of a parsed message (see the module docs for what is ignored). An opaque
+/// entry ([`crate::neutral::opaque`]: wire parts as sent) keys as its parts, however spaced.
 pub fn message_key_value(message: &Value) -> u64 {
+    if message.is_array() {
+        return xxh3_64(message.to_string().as_bytes());
+    }
     let calls = |buf: &mut Vec<u8>| {
         if let Some(Value::Array(calls)) = message.get("tool_calls") {
             for call in calls {
@@ -785,6 +790,43 @@ mod tests {
             ],
         );
         assert_eq!((third.session.as_str(), third.how), (first.session.as_str(), Assigned::Extends));
+    }
+
+    /// A Responses answer with an item pare does not read (an opaque entry) and a message, echoed
+    /// by the next request as the client re-serializes it: the request extends request + answer.
+    #[test]
+    fn an_answer_with_an_opaque_item_is_extended_by_its_echo() {
+        let t = tracker();
+        let input = json!([{"role": "user", "content": [{"type": "input_text", "text": "fix it"}]}]);
+        let request = |input: &Value| serde_json::to_vec(&json!({"model": "m", "input": input})).unwrap();
+        let assign = |bytes: &[u8]| {
+            let parsed = crate::wire::responses::ResponsesBody::parse(bytes).unwrap();
+            t.assign(&HeaderMap::new(), Some(&crate::wire::WireBody::messages(&parsed)))
+        };
+        let first = assign(&request(&input));
+        let output = json!([
+            {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "pare"}},
+            {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "Done.", "annotations": []}]}
+        ]);
+        // The answer's neutral messages, as the archive reads them from its output items.
+        let answer = serde_json::to_vec(&json!({"input": output})).unwrap();
+        let parsed = crate::wire::responses::ResponsesBody::parse(&answer).unwrap();
+        let messages: Vec<Value> =
+            crate::wire::WireBody::messages(&parsed).iter().map(|m| serde_json::from_str(m).unwrap()).collect();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        let ext = t.answered_with(&first.session, first.key_req, &messages).unwrap();
+        // The client sends the items back spaced its own way, and asks again.
+        let mut echoed: Vec<Value> = input.as_array().unwrap().clone();
+        echoed.extend(output.as_array().unwrap().iter().cloned());
+        echoed.push(json!({"role": "user", "content": [{"type": "input_text", "text": "thanks"}]}));
+        let spaced = serde_json::to_vec_pretty(&json!({"model": "m", "input": echoed})).unwrap();
+        let second = assign(&spaced);
+        assert_eq!((second.session.as_str(), second.how), (first.session.as_str(), Assigned::Extends));
+        // By the key of request + answer, not only by the request's.
+        let parsed = crate::wire::responses::ResponsesBody::parse(&spaced).unwrap();
+        let keys = t.message_keys(&crate::wire::WireBody::messages(&parsed));
+        assert_eq!(prefix_keys(&keys)[2], ext, "the echo keys as the answer did");
     }
 
     #[test]
