@@ -1,0 +1,18 @@
+//! The invariant every adapter's fuzz target checks of a body's neutral view.
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// Each of `messages`, the neutral view of the body `data`, is a message object, or an opaque
+/// entry: an array of the body's own entries, as sent.
+pub fn assert_messages_or_parts_as_sent(data: &[u8], messages: &[&str]) {
+    let sent = String::from_utf8_lossy(data);
+    for m in messages {
+        if pare::neutral::is_opaque(m) {
+            let parts: Vec<&RawValue> = serde_json::from_str(m).expect("an opaque entry is an array");
+            assert!(parts.iter().all(|p| sent.contains(p.get())), "an opaque entry carries what was not sent: {m}");
+        } else {
+            assert!(serde_json::from_str::<serde_json::Map<String, Value>>(m).is_ok(), "neutral message is not an object: {m}");
+        }
+    }
+}
