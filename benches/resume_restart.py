@@ -139,6 +139,26 @@ def to_responses(chat):
     return out
 
 
+def push_to(turns, role, item):
+    """Append `item` to the last of `turns` ((role, items) pairs) when it is `role`'s, else open a turn."""
+    if turns and turns[-1][0] == role:
+        turns[-1][1].append(item)
+    else:
+        turns.append((role, [item]))
+
+
+def arguments_object(arguments):
+    """A call's arguments as the object Messages' `input` and Gemini's `args` hold: the JSON object a
+    string holds, else the value under `arguments` (`{}` for none)."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    return {} if arguments is None else {"arguments": arguments}
+
+
 def to_messages(chat):
     out = keep(chat, ["model", "stream", "temperature"])
     limit = chat.get("max_tokens", chat.get("max_completion_tokens"))
@@ -146,39 +166,28 @@ def to_messages(chat):
         out["max_tokens"] = limit
     turns = []
 
-    def push(role, block):
-        if turns and turns[-1][0] == role:
-            turns[-1][1].append(block)
-        else:
-            turns.append((role, [block]))
-
     for idx, m in enumerate(chat["messages"]):
         role, text = m.get("role", ""), text_of(m.get("content"))
         if role == "system" and idx == 0:
             out["system"] = [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
         elif role == "tool":
-            push("user", {"type": "tool_result", "tool_use_id": m.get("tool_call_id"), "content": text})
+            push_to(turns, "user", {"type": "tool_result", "tool_use_id": m.get("tool_call_id"), "content": text})
         elif role == "assistant":
             start = len(turns)
             if m.get("reasoning_content"):
                 signature = hashlib.sha256(m["reasoning_content"].encode()).hexdigest()[:16]
-                push("assistant", {"type": "thinking", "thinking": m["reasoning_content"], "signature": signature})
+                push_to(turns, "assistant",
+                        {"type": "thinking", "thinking": m["reasoning_content"], "signature": signature})
             if text:
-                push("assistant", {"type": "text", "text": text})
+                push_to(turns, "assistant", {"type": "text", "text": text})
             for call in m.get("tool_calls") or []:
                 function = call.get("function") or {}
-                arguments = function.get("arguments")
-                try:
-                    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except ValueError:
-                    parsed = None
-                tool_input = parsed if isinstance(parsed, dict) else ({} if arguments is None else {"arguments": arguments})
-                push("assistant", {"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
-                                   "input": tool_input})
+                push_to(turns, "assistant", {"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
+                                             "input": arguments_object(function.get("arguments"))})
             if len(turns) == start and (not turns or turns[-1][0] != "assistant"):
-                push("assistant", {"type": "text", "text": "(empty)"})
+                push_to(turns, "assistant", {"type": "text", "text": "(empty)"})
         else:
-            push("user", {"type": "text", "text": text})
+            push_to(turns, "user", {"type": "text", "text": text})
     for role, blocks in reversed(turns):
         if role == "user":
             blocks[-1]["cache_control"] = {"type": "ephemeral"}
@@ -202,51 +211,34 @@ def to_messages(chat):
 def to_gemini(chat):
     out, turns, call_names = {}, [], {}
 
-    def push(role, part):
-        if turns and turns[-1][0] == role:
-            turns[-1][1].append(part)
-        else:
-            turns.append((role, [part]))
-
     for idx, m in enumerate(chat["messages"]):
         role, text = m.get("role", ""), text_of(m.get("content"))
         if role == "system" and idx == 0:
             out["systemInstruction"] = {"parts": [{"text": text}]}
         elif role == "tool":
             name = call_names.get(m.get("tool_call_id"), "tool")
-            push("user", {"functionResponse": {"name": name, "response": {"output": text}}})
+            push_to(turns, "user", {"functionResponse": {"name": name, "response": {"output": text}}})
         elif role == "assistant":
             start = len(turns)
             signature = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:16]
             if m.get("reasoning_content"):
-                push("model", {"text": m["reasoning_content"], "thought": True})
+                push_to(turns, "model", {"text": m["reasoning_content"], "thought": True})
             if text:
-                push("model", {"text": text})
+                push_to(turns, "model", {"text": text})
             for call in m.get("tool_calls") or []:
                 function = call.get("function") or {}
                 name = function.get("name", "tool")
                 if isinstance(call.get("id"), str):
                     call_names[call["id"]] = name
-                arguments = function.get("arguments")
-                if isinstance(arguments, str):
-                    try:
-                        parsed = json.loads(arguments)
-                    except ValueError:
-                        parsed = None
-                    args = parsed if isinstance(parsed, dict) else {"arguments": arguments}
-                elif isinstance(arguments, dict):
-                    args = arguments
-                else:
-                    args = {} if arguments is None else {"arguments": arguments}
-                part = {"functionCall": {"name": name, "args": args}}
+                part = {"functionCall": {"name": name, "args": arguments_object(function.get("arguments"))}}
                 if signature is not None:
                     part["thoughtSignature"] = signature
                     signature = None
-                push("model", part)
+                push_to(turns, "model", part)
             if len(turns) == start and (not turns or turns[-1][0] != "model"):
-                push("model", {"text": "(empty)"})
+                push_to(turns, "model", {"text": "(empty)"})
         else:
-            push("user", {"text": text})
+            push_to(turns, "user", {"text": text})
     out["contents"] = [{"role": role, "parts": parts} for role, parts in turns]
     if "tools" in chat:
         declarations = []
