@@ -55,16 +55,7 @@ pub fn message_hashes<M: AsRef<str>>(messages: &[M]) -> Vec<u128> {
 /// no message, so the engine keeps the entry in place, never rewritten and never elided across;
 /// its tokens are the parts'.
 pub fn opaque(parts: &[&str]) -> String {
-    let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + 2);
-    out.push('[');
-    for (n, part) in parts.iter().enumerate() {
-        if n > 0 {
-            out.push(',');
-        }
-        out.push_str(part);
-    }
-    out.push(']');
-    out
+    format!("[{}]", parts.join(","))
 }
 
 /// Whether a neutral entry is an [`opaque`] one: a JSON array, not a message object.
