@@ -480,17 +480,14 @@ fn braces(language: Language, lines: &[(usize, &str)]) -> Vec<Entry> {
 /// The map as text lines: `  12-40  fn foo(x: u32) -> u32`, indented by depth.
 pub fn render(entries: &[Entry], max_entries: usize) -> String {
     use std::fmt::Write;
-    // `itoa` writes the line numbers without the formatting machinery (two per definition).
-    let mut number = itoa::Buffer::new();
     let mut out = String::with_capacity(entries.len().min(max_entries) * 48);
     for e in entries.iter().take(max_entries) {
         for _ in 0..=e.depth {
             out.push_str("  ");
         }
-        out.push_str(number.format(e.start));
+        let _ = write!(out, "{}", e.start);
         if e.start != e.end {
-            out.push('-');
-            out.push_str(number.format(e.end));
+            let _ = write!(out, "-{}", e.end);
         }
         out.push_str("  ");
         out.push_str(&e.signature);
