@@ -28,7 +28,7 @@
 //! - [`ui`]: the read-only audit UI under `/_pare/ui/`, server-rendered pages over the archive.
 //! - [`config`]: the YAML configuration, its defaults, and validation that reports every problem.
 //! - [`cli`]: the command line (`serve`, `ui`, `compact`, `replay`, `eval`, `sessions`, `export`,
-//!   `check`).
+//!   `check`, `archive`).
 //! - [`eval`]: the evaluation harness, apart from the product: the metrics of MISSION.md over a corpus
 //!   of sessions, the sessions it reads and their tune/holdout split (`corpus`), the peers' strategies
 //!   (`strategy`).
