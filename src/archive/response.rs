@@ -165,6 +165,40 @@ pub fn is_final(event: &Event) -> bool {
     event.data.trim() == "[DONE]"
 }
 
+/// The answer of format `wire` assembled from its body: a stream when `stream` or when it reads as
+/// one, else a JSON body.
+pub fn assemble_answer(wire: Wire, body: &[u8], stream: bool) -> Option<Value> {
+    match wire {
+        Wire::Chat => assemble(body, stream),
+        Wire::Responses => super::responses_sse::assemble(body, stream),
+        Wire::Messages => super::messages_sse::assemble(body, stream),
+        Wire::Gemini => super::gemini_sse::assemble(body, stream),
+    }
+}
+
+/// The test for the event that ends a stream of format `wire`.
+pub fn final_event_of(wire: Wire) -> fn(&Event) -> bool {
+    match wire {
+        Wire::Chat => is_final,
+        Wire::Responses => super::responses_sse::is_final,
+        Wire::Messages => super::messages_sse::is_final,
+        Wire::Gemini => super::gemini_sse::is_final,
+    }
+}
+
+/// The neutral messages an answer of format `wire`, as [`assemble_answer`] gives it, stands for:
+/// the assistant message for chat, one per output item for Responses, the turn's for Messages and
+/// Gemini. What the session tracker keys the agent's next request against; `None` when the answer
+/// holds no message.
+pub fn answer_messages(wire: Wire, assembled: &Value) -> Option<Vec<Value>> {
+    match wire {
+        Wire::Chat => assembled.get("message").map(|m| vec![m.clone()]),
+        Wire::Responses => assembled.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()).cloned(),
+        Wire::Messages => assembled.get("message").and_then(crate::wire::messages::neutral_answer).map(|m| vec![m]),
+        Wire::Gemini => assembled.get("message").and_then(crate::wire::gemini::neutral_answer).map(|m| vec![m]),
+    }
+}
+
 /// Why an archived answer's body was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Truncation {
@@ -319,12 +353,7 @@ impl ArchiveSink {
     }
 
     fn assemble(&self) -> Option<Value> {
-        match self.wire {
-            Wire::Chat => assemble(&self.body, self.stream),
-            Wire::Responses => super::responses_sse::assemble(&self.body, self.stream),
-            Wire::Messages => super::messages_sse::assemble(&self.body, self.stream),
-            Wire::Gemini => super::gemini_sse::assemble(&self.body, self.stream),
-        }
+        assemble_answer(self.wire, &self.body, self.stream)
     }
 
     /// Assemble the answer and tell the tracker (once), as soon as it is complete.
@@ -334,13 +363,7 @@ impl ArchiveSink {
         }
         self.assembled = self.assemble();
         let ok = self.status.is_none_or(|s| (200..300).contains(&s));
-        // The answer's neutral messages: one for chat, the output items' for Responses.
-        let messages: Option<Vec<Value>> = self.assembled.as_ref().filter(|_| ok).and_then(|a| match self.wire {
-            Wire::Chat => a.get("message").map(|m| vec![m.clone()]),
-            Wire::Responses => a.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()).cloned(),
-            Wire::Messages => a.get("message").and_then(crate::wire::messages::neutral_answer).map(|m| vec![m]),
-            Wire::Gemini => a.get("message").and_then(crate::wire::gemini::neutral_answer).map(|m| vec![m]),
-        });
+        let messages = self.assembled.as_ref().filter(|_| ok).and_then(|a| answer_messages(self.wire, a));
         let key = match messages {
             Some(m) => self.tracker.answered_with(&self.session, self.key_req, &m),
             None => {
@@ -371,12 +394,7 @@ impl ArchiveSink {
 
     /// Read the stream's events in `bytes` until its final one.
     fn watch_for_the_end(&mut self, bytes: &[u8]) {
-        let final_event: fn(&Event) -> bool = match self.wire {
-            Wire::Chat => is_final,
-            Wire::Responses => super::responses_sse::is_final,
-            Wire::Messages => super::messages_sse::is_final,
-            Wire::Gemini => super::gemini_sse::is_final,
-        };
+        let final_event = final_event_of(self.wire);
         let mut seen = false;
         self.events.feed(bytes, &mut |event| seen |= final_event(event));
         self.final_seen = seen;
