@@ -269,6 +269,53 @@ mod tests {
         assert_eq!(ev("", "[DONE]").type_name(), None);
     }
 
+    /// Bytes made of what an event stream is made of: lines of a field (`data`, `event`, another, a
+    /// comment, none), a colon or not, a space or not and a value (empty, ASCII, a multi-byte
+    /// character, a byte order mark, bytes that are not UTF-8), each ended by LF, CR or CRLF, or not
+    /// ended at all (the body cut short).
+    fn stream_bytes() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let field = prop::sample::select(vec![&b"data"[..], b"event", b"id", b"", b":note"]);
+        let value = prop::sample::select(vec![
+            &b""[..],
+            b"x",
+            b"[DONE]",
+            "\u{feff}".as_bytes(),
+            "é".as_bytes(),
+            b"\xc3",
+            b"\xff",
+        ]);
+        let end = prop::sample::select(vec![&b"\n"[..], b"\r", b"\r\n", b""]);
+        let line = (field, any::<bool>(), any::<bool>(), value, end).prop_map(|(field, colon, space, value, end)| {
+            let colon: &[u8] = if colon { b":" } else { b"" };
+            let space: &[u8] = if space { b" " } else { b"" };
+            [field, colon, space, value, end].concat()
+        });
+        prop::collection::vec(line, 0..24).prop_map(|lines| lines.concat())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, failure_persistence: None, ..Default::default() })]
+
+        /// However an upstream's stream is cut into chunks (at random points, or byte by byte), the
+        /// parser reads the events of the whole.
+        #[test]
+        fn any_stream_in_any_chunks_reads_as_the_whole(
+            body in stream_bytes(),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..6),
+        ) {
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(body.len() + 1)).collect();
+            at.sort_unstable();
+            let chunks: Vec<&[u8]> =
+                [0].iter().chain(&at).zip(at.iter().chain([&body.len()])).map(|(&a, &b)| &body[a..b]).collect();
+            let mut whole = Vec::new();
+            each_event(&body, |e| whole.push(e.clone()));
+            proptest::prop_assert_eq!(&parse_chunks(&chunks), &whole);
+            let bytes: Vec<&[u8]> = body.chunks(1).collect();
+            proptest::prop_assert_eq!(&parse_chunks(&bytes), &whole, "byte by byte");
+        }
+    }
+
     #[test]
     fn a_body_that_starts_with_a_field_looks_like_sse() {
         assert!(looks_like_sse(b"\n data: {}"));
