@@ -1,6 +1,7 @@
 //! The provider's own token figures for one answer: the `usage` object each answer dialect carries,
 //! read into one [`Usage`] (prompt, cached, cache writes, output). A figure the upstream did not
-//! report is `None`, never 0: "not reported" and "nothing cached" are different answers.
+//! report is `None`, never 0: "not reported" and "nothing cached" are different answers. A figure of
+//! [`MAX_FIGURE`] tokens or more is no real answer's and reads as not reported.
 //!
 //! | wire | prompt | cached | cache writes | output |
 //! |---|---|---|---|---|
@@ -111,9 +112,15 @@ impl Usage {
     }
 }
 
-/// The non-negative integer at `path` in `value`; `None` when absent, `null` or not a count.
+/// Tokens no figure of a real answer reaches (about a trillion). A figure this large reads as not
+/// reported: the archive sums a session's figures in 64-bit integers, which a few absurd ones from
+/// an upstream would overflow.
+pub const MAX_FIGURE: u64 = 1 << 40;
+
+/// The non-negative integer at `path` in `value`; `None` when absent, `null`, not a count, or
+/// [`MAX_FIGURE`] or more.
 fn count(value: &Value, path: &[&str]) -> Option<u64> {
-    path.iter().try_fold(value, |v, key| v.get(key))?.as_u64()
+    path.iter().try_fold(value, |v, key| v.get(key))?.as_u64().filter(|&n| n < MAX_FIGURE)
 }
 
 #[cfg(test)]

@@ -468,3 +468,28 @@ fn an_archive_without_the_usage_table_reads_as_not_reported() {
     let info = reader.session("old").unwrap();
     assert_eq!((info.upstream.n_reported, info.upstream.prompt), (0, None));
 }
+
+/// Figures no real answer holds (past 2^40 tokens) are read as not reported: an upstream that
+/// sends them leaves the session's totals, the list and the UI as they are.
+#[test]
+fn absurd_usage_figures_read_as_not_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, Duration::from_millis(10));
+    let mut messages = vec![json!({"role": "user", "content": "hi"})];
+    for k in 0..3 {
+        let ticket = archive.record_exchange(ExchangeRecord::unchanged("absurd", 1, Bytes::from(chat_body(&messages))));
+        let usage = json!({"prompt_tokens": u64::MAX, "completion_tokens": 1u64 << 40,
+            "prompt_tokens_details": {"cached_tokens": u64::MAX - k}});
+        archive.record_response(ticket, answered(usage));
+        messages.push(json!({"role": "assistant", "content": "ok"}));
+        messages.push(json!({"role": "user", "content": format!("again {k}")}));
+    }
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    let info = reader.session("absurd").unwrap();
+    assert_eq!((info.upstream.n_reported, info.upstream.prompt, info.upstream.cached), (0, None, None));
+    assert_eq!(reader.sessions(&Default::default()).unwrap().len(), 1);
+    assert!(reader.exchanges("absurd").unwrap().iter().all(|e| e.usage.is_none()));
+    let listed = pare_cli(&["sessions", "list", "--archive", dir.path().to_str().unwrap()]);
+    assert!(listed.lines().any(|l| l.starts_with("absurd") && l.contains("not reported")), "{listed}");
+}
