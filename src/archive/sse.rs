@@ -9,6 +9,10 @@
 //! at the start is skipped, bytes that are not UTF-8 are read lossily. `id` and `retry` only matter
 //! to a reconnecting client and are ignored.
 //!
+//! One bound: a line, or an event's data, longer than [`MAX_EVENT_BYTES`] is skipped and its event
+//! is not dispatched, so an upstream that never ends a line or an event holds no more of pare's
+//! memory than that.
+//!
 //! One leniency, for answers cut short: at the end of a body, [`Parser::finish`] reads a last line
 //! without its line end and dispatches an event that has data but no blank line after it (the
 //! WHATWG rules drop both). Whether a stream ended is never read from its bytes: the dialects look
@@ -41,11 +45,21 @@ impl Event {
     }
 }
 
+/// The most bytes of one line, and of one event's data, a [`Parser`] holds (16 MiB: an answer's
+/// largest event, a Responses `response.completed` with every output item, is far smaller).
+pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 /// An incremental event-stream parser: feed it bytes in any split, it calls back once per event.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Parser {
+    /// [`MAX_EVENT_BYTES`], or less in tests.
+    limit: usize,
     /// The current line's bytes, when it started in an earlier chunk.
     line: Vec<u8>,
+    /// The current line ran over the limit: the rest of it is skipped.
+    overlong_line: bool,
+    /// The pending event had a line, or data, over the limit: it is not dispatched.
+    overlong_event: bool,
     /// The last byte fed was a CR: a LF right after it ends no second line.
     after_cr: bool,
     /// A line was read already (the byte order mark can only open the first).
@@ -56,9 +70,29 @@ pub struct Parser {
     has_data: bool,
 }
 
+impl Default for Parser {
+    fn default() -> Self {
+        Parser::with_limit(MAX_EVENT_BYTES)
+    }
+}
+
 impl Parser {
     pub fn new() -> Parser {
         Parser::default()
+    }
+
+    /// A parser holding at most `limit` bytes of a line and of an event's data.
+    fn with_limit(limit: usize) -> Parser {
+        Parser {
+            limit,
+            line: Vec::new(),
+            overlong_line: false,
+            overlong_event: false,
+            after_cr: false,
+            started: false,
+            pending: Event::default(),
+            has_data: false,
+        }
     }
 
     /// Read `bytes`, calling `on_event` for every event they complete.
@@ -71,7 +105,12 @@ impl Parser {
         }
         self.after_cr = false;
         while let Some(at) = memchr::memchr2(b'\n', b'\r', bytes) {
-            if self.line.is_empty() {
+            if self.overlong_line || self.line.len() + at > self.limit {
+                self.overlong_line = false;
+                self.line.clear();
+                self.overlong_event = true;
+                self.started = true;
+            } else if self.line.is_empty() {
                 self.line_ended(&bytes[..at], on_event);
             } else {
                 let mut line = std::mem::take(&mut self.line);
@@ -86,13 +125,21 @@ impl Parser {
             }
             bytes = &bytes[at + if crlf { 2 } else { 1 }..];
         }
-        self.line.extend_from_slice(bytes);
+        if self.overlong_line || self.line.len() + bytes.len() > self.limit {
+            self.overlong_line = true;
+            self.line = Vec::new();
+        } else {
+            self.line.extend_from_slice(bytes);
+        }
     }
 
     /// The body ended: read a last line left without its line end, and dispatch an event left
     /// without its blank line when it has data (see the module docs).
     pub fn finish(mut self, on_event: &mut dyn FnMut(&Event)) {
-        if !self.line.is_empty() {
+        if self.overlong_line {
+            self.overlong_event = true;
+            self.started = true;
+        } else if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.line_ended(&line, on_event);
         }
@@ -118,6 +165,11 @@ impl Parser {
         };
         match field {
             b"data" => {
+                if self.overlong_event || self.pending.data.len() + 1 + value.len() > self.limit {
+                    self.overlong_event = true;
+                    self.pending.data = String::new();
+                    return;
+                }
                 if self.has_data {
                     self.pending.data.push('\n');
                 }
@@ -133,9 +185,10 @@ impl Parser {
     }
 
     fn dispatch(&mut self, on_event: &mut dyn FnMut(&Event)) {
-        if self.has_data {
+        if self.has_data && !self.overlong_event {
             on_event(&self.pending);
         }
+        self.overlong_event = false;
         self.pending.data.clear();
         self.pending.event.clear();
         self.has_data = false;
@@ -165,8 +218,13 @@ mod tests {
 
     /// The events of `body` fed in the given chunks, and then finished.
     fn parse_chunks(chunks: &[&[u8]]) -> Vec<Event> {
+        parse_chunks_within(MAX_EVENT_BYTES, chunks)
+    }
+
+    /// [`parse_chunks`] by a parser that holds at most `limit` bytes of a line or an event.
+    fn parse_chunks_within(limit: usize, chunks: &[&[u8]]) -> Vec<Event> {
         let mut events = Vec::new();
-        let mut parser = Parser::new();
+        let mut parser = Parser::with_limit(limit);
         for chunk in chunks {
             parser.feed(chunk, &mut |e| events.push(e.clone()));
         }
@@ -298,22 +356,42 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, failure_persistence: None, ..Default::default() })]
 
         /// However an upstream's stream is cut into chunks (at random points, or byte by byte), the
-        /// parser reads the events of the whole.
+        /// parser reads the events of the whole, with its bound on a line and an event or with a
+        /// bound so small that lines and events run over it.
         #[test]
         fn any_stream_in_any_chunks_reads_as_the_whole(
             body in stream_bytes(),
             cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..6),
+            small in proptest::option::of(1usize..24),
         ) {
+            let limit = small.unwrap_or(MAX_EVENT_BYTES);
             let mut at: Vec<usize> = cuts.iter().map(|c| c.index(body.len() + 1)).collect();
             at.sort_unstable();
             let chunks: Vec<&[u8]> =
                 [0].iter().chain(&at).zip(at.iter().chain([&body.len()])).map(|(&a, &b)| &body[a..b]).collect();
-            let mut whole = Vec::new();
-            each_event(&body, |e| whole.push(e.clone()));
-            proptest::prop_assert_eq!(&parse_chunks(&chunks), &whole);
+            let whole = parse_chunks_within(limit, &[&body]);
+            proptest::prop_assert_eq!(&parse_chunks_within(limit, &chunks), &whole);
             let bytes: Vec<&[u8]> = body.chunks(1).collect();
-            proptest::prop_assert_eq!(&parse_chunks(&bytes), &whole, "byte by byte");
+            proptest::prop_assert_eq!(&parse_chunks_within(limit, &bytes), &whole, "byte by byte");
         }
+    }
+
+    /// A line or an event's data over the bound is skipped with its event; the events around it are
+    /// read, and what the parser holds stays within the bound however long the line goes on.
+    #[test]
+    fn a_line_or_an_event_over_the_bound_is_skipped_with_its_event() {
+        let long = "x".repeat(40);
+        let body = format!("data: a\n\ndata: {long}\n\ndata: b\ndata: {long}\n\n: {long}\ndata: c\n\ndata: d\n\n");
+        assert_eq!(parse_chunks_within(32, &[body.as_bytes()]), [ev("", "a"), ev("", "d")]);
+        assert_eq!(parse_chunks_within(1024, &[body.as_bytes()]).len(), 5);
+        let mut parser = Parser::with_limit(32);
+        for _ in 0..1000 {
+            parser.feed(long.as_bytes(), &mut |_| panic!("no event yet"));
+            assert!(parser.line.capacity() <= 32 && parser.pending.data.capacity() <= 32);
+        }
+        let mut events = Vec::new();
+        parser.feed(b"\n\ndata: after\n\n", &mut |e| events.push(e.clone()));
+        assert_eq!(events, [ev("", "after")]);
     }
 
     #[test]
