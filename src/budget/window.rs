@@ -329,12 +329,22 @@ impl WindowResolver {
     }
 }
 
+/// The most bytes of a probe's answer pare reads (OpenRouter's list of models is about 1 MB); a
+/// longer answer is no window.
+pub const MAX_PROBE_BYTES: usize = 16 * 1024 * 1024;
+
 async fn read_json(request: reqwest::RequestBuilder) -> Option<Value> {
-    let response = request.send().await.ok()?;
-    if !response.status().is_success() {
+    let mut response = request.send().await.ok()?;
+    if !response.status().is_success() || response.content_length().is_some_and(|n| n > MAX_PROBE_BYTES as u64) {
         return None;
     }
-    let bytes = response.bytes().await.ok()?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if bytes.len() + chunk.len() > MAX_PROBE_BYTES {
+            return None;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
     serde_json::from_slice(&bytes).ok()
 }
 

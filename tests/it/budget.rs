@@ -254,6 +254,20 @@ async fn detects_vllm_max_model_len() {
     assert_eq!(r.window(Some("Qwen/Qwen2.5-14B")).await, 32768);
 }
 
+/// A probe's answer over `MAX_PROBE_BYTES` is not read: no window from it, the default applies.
+#[tokio::test]
+async fn a_probe_answer_over_the_bound_gives_no_window() {
+    let padding = "x".repeat(pare::budget::window::MAX_PROBE_BYTES);
+    let models =
+        |pad: &str| format!(r#"{{"object":"list","pad":"{pad}","data":[{{"id":"m","max_model_len":32768}}]}}"#);
+    let s = stub(vec![("GET", "/v1/models", models(&padding))]).await;
+    let r = resolver(&format!("{}/v1", s.url), "budget:\n  default_context_window: 9000\n");
+    assert_eq!(r.window(Some("m")).await, 9000);
+    let s = stub(vec![("GET", "/v1/models", models("x"))]).await;
+    let r = resolver(&format!("{}/v1", s.url), "budget:\n  default_context_window: 9000\n");
+    assert_eq!(r.window(Some("m")).await, 32768, "the same answer within the bound is read");
+}
+
 #[tokio::test]
 async fn detects_llama_cpp_n_ctx() {
     let s = stub(vec![(
