@@ -10,6 +10,8 @@
 //! merges its usage. A stream cut short gives what arrived: a tool input whose JSON did not arrive
 //! whole keeps the value its block started with. An `error` event is kept under `"error"`.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value, json};
 
 use super::sse::{self, Event};
@@ -51,8 +53,8 @@ struct Block {
 #[derive(Default)]
 struct Assembly {
     message: Option<Map<String, Value>>,
-    /// Blocks by their stream index (a gap stays `None`).
-    blocks: Vec<Option<Block>>,
+    /// Blocks by their stream index (the upstream's choice: only the blocks it sent are held).
+    blocks: BTreeMap<usize, Block>,
     error: Option<Value>,
 }
 
@@ -77,14 +79,10 @@ impl Assembly {
                 let (Some(idx), Some(Value::Object(block))) = (index_of(data), data.get("content_block")) else {
                     return;
                 };
-                if self.blocks.len() <= idx {
-                    self.blocks.resize_with(idx + 1, || None);
-                }
-                self.blocks[idx] = Some(Block { fields: block.clone(), input_json: String::new() });
+                self.blocks.insert(idx, Block { fields: block.clone(), input_json: String::new() });
             }
             "content_block_delta" => {
-                let Some(block) = index_of(data).and_then(|idx| self.blocks.get_mut(idx)).and_then(Option::as_mut)
-                else {
+                let Some(block) = index_of(data).and_then(|idx| self.blocks.get_mut(&idx)) else {
                     return;
                 };
                 let Some(delta) = data.get("delta") else { return };
@@ -140,8 +138,7 @@ impl Assembly {
         };
         let content: Vec<Value> = self
             .blocks
-            .into_iter()
-            .flatten()
+            .into_values()
             .map(|mut block| {
                 if !block.input_json.is_empty()
                     && let Ok(input) = serde_json::from_str::<Value>(&block.input_json)

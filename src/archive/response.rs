@@ -9,6 +9,7 @@
 //! The body kept for the archive is bounded per answer ([`MAX_BODY`]) and across all answers in
 //! flight ([`HeldAnswers`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -47,7 +48,8 @@ fn assemble_json(body: &[u8]) -> Option<Value> {
 struct Assembly {
     content: Option<String>,
     reasoning: Option<String>,
-    tool_calls: Vec<Map<String, Value>>,
+    /// By the `index` the stream gives each call (the upstream's choice: only those it sent are held).
+    tool_calls: BTreeMap<u64, Map<String, Value>>,
     finish_reason: Value,
     usage: Value,
     model: Value,
@@ -92,11 +94,9 @@ impl Assembly {
     }
 
     fn tool_call(&mut self, call: &Value) {
-        let idx = call.get("index").and_then(Value::as_u64).map(|i| i as usize).unwrap_or(self.tool_calls.len());
-        while self.tool_calls.len() <= idx {
-            self.tool_calls.push(Map::new());
-        }
-        let entry = &mut self.tool_calls[idx];
+        let next = self.tool_calls.last_key_value().map_or(0, |(&last, _)| last.saturating_add(1));
+        let idx = call.get("index").and_then(Value::as_u64).unwrap_or(next);
+        let entry = self.tool_calls.entry(idx).or_default();
         for key in ["id", "type"] {
             if let Some(v) = call.get(key).filter(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
                 entry.insert(key.to_string(), v.clone());
@@ -125,7 +125,7 @@ impl Assembly {
         if !self.tool_calls.is_empty() {
             let calls = self
                 .tool_calls
-                .into_iter()
+                .into_values()
                 .map(|mut c| {
                     c.entry("type").or_insert_with(|| json!("function"));
                     Value::Object(c)
@@ -481,6 +481,46 @@ mod tests {
         assert_eq!(a["finish_reason"], "tool_calls");
         assert_eq!(a["usage"]["completion_tokens"], 5);
         assert_eq!(a["model"], "m1");
+    }
+
+    /// The indices of a stream are the upstream's: however large, the answer holds only the parts it
+    /// sent (a huge index was a vector grown to it: pare aborted, out of memory).
+    #[test]
+    fn a_huge_stream_index_holds_only_what_was_sent() {
+        let huge = u64::MAX;
+        let chat = format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": huge, "id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]}}]})
+        );
+        let answer = assemble_answer(Wire::Chat, chat.as_bytes(), true).unwrap();
+        assert_eq!(
+            answer["message"]["tool_calls"].as_array().map(|c| (c.len(), c[0]["id"].clone())),
+            Some((1, json!("c1")))
+        );
+
+        let event = |data: Value| format!("event: {}\ndata: {data}\n\n", data["type"].as_str().unwrap());
+        let responses = [
+            event(json!({"type": "response.created", "response": {"id": "r", "output": []}})),
+            event(json!({"type": "response.output_item.added", "output_index": huge,
+                "item": {"type": "message", "role": "assistant", "content": []}})),
+            event(json!({"type": "response.output_text.delta", "output_index": huge, "content_index": huge, "delta": "lost"})),
+            event(json!({"type": "response.output_text.delta", "output_index": huge, "content_index": 0, "delta": "hi"})),
+        ]
+        .concat();
+        let answer = assemble_answer(Wire::Responses, responses.as_bytes(), true).unwrap();
+        assert_eq!(answer["response"]["output"].as_array().map(Vec::len), Some(1));
+        assert_eq!(answer["response"]["output"][0]["content"], json!([{"type": "output_text", "text": "hi"}]));
+
+        let messages = [
+            event(json!({"type": "message_start", "message": {"id": "m", "role": "assistant", "content": []}})),
+            event(json!({"type": "content_block_start", "index": huge, "content_block": {"type": "text", "text": ""}})),
+            event(json!({"type": "content_block_delta", "index": huge, "delta": {"type": "text_delta", "text": "hi"}})),
+            event(json!({"type": "message_stop"})),
+        ]
+        .concat();
+        let answer = assemble_answer(Wire::Messages, messages.as_bytes(), true).unwrap();
+        assert_eq!(answer["message"]["content"], json!([{"type": "text", "text": "hi"}]));
     }
 
     #[test]

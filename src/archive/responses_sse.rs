@@ -8,6 +8,8 @@
 //! `messages` are the output items read into pare's neutral form (what the session tracker keys and
 //! export writes), `message` the last assistant one.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use super::sse::{self, Event};
@@ -53,7 +55,8 @@ pub fn is_final(event: &Event) -> bool {
 /// The response of an SSE stream: the final event's when it arrived, else what the events built.
 fn assemble_sse(body: &[u8]) -> Option<Value> {
     let mut envelope: Option<Value> = None;
-    let mut items: Vec<Value> = Vec::new();
+    // By `output_index` (the upstream's choice: only the items it sent are held).
+    let mut items: BTreeMap<u64, Value> = BTreeMap::new();
     let mut last: Option<Value> = None;
     sse::each_event(body, |event| {
         if last.is_some() {
@@ -61,7 +64,7 @@ fn assemble_sse(body: &[u8]) -> Option<Value> {
         }
         let Ok(event) = serde_json::from_str::<Value>(&event.data) else { return };
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
-        let index = event.get("output_index").and_then(Value::as_u64).map(|i| i as usize);
+        let index = event.get("output_index").and_then(Value::as_u64);
         match kind {
             "response.completed" | "response.incomplete" | "response.failed" => {
                 if let Some(response) = event.get("response").filter(|r| r.get("output").is_some()) {
@@ -71,19 +74,19 @@ fn assemble_sse(body: &[u8]) -> Option<Value> {
             "response.created" | "response.in_progress" => envelope = event.get("response").cloned(),
             "response.output_item.added" | "response.output_item.done" => {
                 if let (Some(i), Some(item)) = (index, event.get("item")) {
-                    *slot(&mut items, i) = item.clone();
+                    items.insert(i, item.clone());
                 }
             }
             "response.output_text.delta" => {
                 if let (Some(i), Some(delta)) = (index, event.get("delta").and_then(Value::as_str)) {
                     let content_index = event.get("content_index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                    append_text(slot(&mut items, i), content_index, delta);
+                    append_text(items.entry(i).or_default(), content_index, delta);
                 }
             }
             "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
                 if let (Some(i), Some(delta)) = (index, event.get("delta").and_then(Value::as_str)) {
                     let key = if kind.contains("custom") { "input" } else { "arguments" };
-                    append_field(slot(&mut items, i), key, delta);
+                    append_field(items.entry(i).or_default(), key, delta);
                 }
             }
             _ => {}
@@ -97,29 +100,24 @@ fn assemble_sse(body: &[u8]) -> Option<Value> {
     }
     let mut response = envelope.unwrap_or_else(|| json!({}));
     let map = response.as_object_mut()?;
-    map.insert("output".into(), Value::Array(items.into_iter().filter(|i| !i.is_null()).collect()));
+    map.insert("output".into(), Value::Array(items.into_values().filter(|i| !i.is_null()).collect()));
     map.insert("status".into(), json!("incomplete"));
     Some(response)
 }
 
-fn slot(items: &mut Vec<Value>, index: usize) -> &mut Value {
-    if items.len() <= index {
-        items.resize(index + 1, Value::Null);
-    }
-    &mut items[index]
-}
-
-/// Append `delta` to the `text` of content part `content_index` of an output message item.
+/// Append `delta` to the `text` of content part `content_index` of an output message item: a part
+/// there, or the next one (a delta for a part further on, which no stream sends, is left out).
 fn append_text(item: &mut Value, content_index: usize, delta: &str) {
     if item.is_null() {
         *item = json!({"type": "message", "role": "assistant", "content": []});
     }
     let Some(content) = item.as_object_mut().map(|m| m.entry("content").or_insert_with(|| json!([]))) else { return };
     let Some(parts) = content.as_array_mut() else { return };
-    while parts.len() <= content_index {
+    if content_index == parts.len() {
         parts.push(json!({"type": "output_text", "text": ""}));
     }
-    append_field(&mut parts[content_index], "text", delta);
+    let Some(part) = parts.get_mut(content_index) else { return };
+    append_field(part, "text", delta);
 }
 
 fn append_field(item: &mut Value, key: &str, delta: &str) {
