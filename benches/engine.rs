@@ -99,6 +99,37 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(compact_with(&engine, black_box(&body), &rules, &QuarterCounter)))
     });
     group.finish();
+
+    // Many short outputs compacted to a small target: nearly all of them elided into one run, whose
+    // marker each elision step weighs again. Twice the steps should take twice the time.
+    let mut group = c.benchmark_group("many short outputs, elided into one run");
+    group.sample_size(10);
+    for steps in [5_000, 10_000] {
+        let body = short_outputs(steps);
+        group.bench_function(format!("{steps} steps to 8k tokens"), |b| {
+            b.iter(|| black_box(compact_bytes(&engine, black_box(&body), Some(8_000), &QuarterCounter)))
+        });
+    }
+    group.finish();
+}
+
+/// A chat request of `steps` tool calls, each with a one-line output naming a file and a number.
+fn short_outputs(steps: usize) -> Vec<u8> {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a coding agent."}),
+        serde_json::json!({"role": "user", "content": "Find the failing test."}),
+    ];
+    for k in 0..steps {
+        let id = format!("c{k}");
+        let arguments = serde_json::json!({"cmd": format!("ls {k}")}).to_string();
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "sh", "arguments": arguments}}]}),
+        );
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": format!("out {k} /path/file_{k}.py line 1234{k}")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "go on"}));
+    serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
 }
 
 /// serde_json's parse, its parse + serialize, pare on one thread and pare on all cores, run in turn

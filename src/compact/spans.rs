@@ -1,9 +1,9 @@
 //! What elision needs to weigh a run without reading it again: a summary of what an elision marker
 //! says of any span of messages that two adjacent spans combine into ([`MarkerSummary::then`]), a
 //! union of runs that keeps each run's summary, and a Fenwick tree for sums over ranges. With them
-//! [`super::salience`] weighs each elision step in time logarithmic in the conversation (and
-//! linear in the marker's lists, the id list being as long as the run's outputs), where re-reading
-//! the run would make a long conversation's fit quadratic.
+//! [`super::salience`] weighs each elision step in time logarithmic in the conversation and linear
+//! in the marker's lists, each bounded (the ids by [`PRICED_IDS`]), where re-reading the run would
+//! make a long conversation's fit quadratic.
 
 use rustc_hash::FxHashMap;
 
@@ -18,10 +18,18 @@ pub struct MarkerSummary {
     pub tools: Vec<(u32, usize)>,
     pub files: Vec<u32>,
     pub names: Vec<u32>,
-    /// The id-list entries of the outputs ([`super::markers::id_entry`]), most recent first, all of
-    /// them: a marker of more than a few names their list, which must name every output.
+    /// The id-list entries of the outputs ([`super::markers::id_entry`]), most recent first: all of
+    /// them up to [`PRICED_IDS`], else the first `PRICED_IDS + 1` distinct.
     pub ids: Vec<u32>,
 }
+
+/// The most id-list entries a summary holds all of. A marker of more than a few outputs names one
+/// id, that of their list; a step weighs a run's marker with the id of the list of its first
+/// `PRICED_IDS + 1` distinct entries when it has more, which reads as many tokens as its own id
+/// but costs no more than that list to make. The marker pare writes names the run's whole list.
+/// Without the bound a step costs as much as its run's outputs, and a conversation of many short
+/// outputs elided into one run takes time quadratic in them.
+pub const PRICED_IDS: usize = 128;
 
 /// The files an elision marker lists at most.
 pub const MAX_FILES: usize = 8;
@@ -69,8 +77,11 @@ impl MarkerSummary {
             }
         }
         seen.clear();
-        let mut ids = Vec::with_capacity(later.ids.len() + self.ids.len());
+        let mut ids = Vec::with_capacity((later.ids.len() + self.ids.len()).min(PRICED_IDS + 1));
         for &id in later.ids.iter().chain(&self.ids) {
+            if ids.len() > PRICED_IDS {
+                break;
+            }
             if seen.insert(id) {
                 ids.push(id);
             }
@@ -278,33 +289,36 @@ mod tests {
 
     proptest::proptest! {
         /// A summary made by joining the parts of a sequence at any points is that of the whole:
-        /// counts, first distinct files, most recent distinct names.
+        /// counts, first distinct files, most recent distinct names, the most recent distinct ids
+        /// (all of them up to `PRICED_IDS`, else the first `PRICED_IDS + 1`).
         #[test]
         fn summaries_join_at_any_point(
-            items in proptest::collection::vec((0u32..6, proptest::collection::vec(0u32..12, 0..4), proptest::collection::vec(0u32..12, 0..4)), 1..12),
+            items in proptest::collection::vec((0u32..6, proptest::collection::vec(0u32..12, 0..4), proptest::collection::vec(0u32..12, 0..4), proptest::collection::vec(0u32..300, 0..40)), 1..12),
             cap in 1usize..6,
             cuts in proptest::collection::vec(0usize..12, 0..4),
         ) {
-            let one = |(tool, files, names): &(u32, Vec<u32>, Vec<u32>), seen: &mut Seen| {
+            let one = |(tool, files, names, ids): &(u32, Vec<u32>, Vec<u32>, Vec<u32>), seen: &mut Seen| {
                 let mut s = MarkerSummary { n: 1, notes: usize::from(*tool == 0), tools: vec![(*tool, 1)], ..Default::default() };
                 for &f in files { if s.files.len() < MAX_FILES && !s.files.contains(&f) { s.files.push(f); } }
                 seen.clear();
                 for &n in names { if s.names.len() < cap && seen.insert(n) { s.names.push(n); } }
+                for &id in ids { if !s.ids.contains(&id) { s.ids.push(id); } }
                 s
             };
             let mut seen = Seen::default();
             // The whole, read in one pass as the marker reads it.
             let mut whole = MarkerSummary::default();
             let mut tools = std::collections::BTreeMap::new();
-            for (tool, files, _) in &items {
+            for (tool, files, _, _) in &items {
                 whole.n += 1;
                 whole.notes += usize::from(*tool == 0);
                 *tools.entry(*tool).or_insert(0) += 1;
                 for &f in files { if whole.files.len() < MAX_FILES && !whole.files.contains(&f) { whole.files.push(f); } }
             }
             whole.tools = tools.into_iter().collect();
-            for (_, _, names) in items.iter().rev() {
+            for (_, _, names, ids) in items.iter().rev() {
                 for &n in names { if whole.names.len() < cap && !whole.names.contains(&n) { whole.names.push(n); } }
+                for &id in ids { if whole.ids.len() <= PRICED_IDS && !whole.ids.contains(&id) { whole.ids.push(id); } }
             }
             // The same, joined from parts cut anywhere, left to right and as a balanced tree.
             let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c > 0 && c < items.len()).collect();
