@@ -329,8 +329,7 @@ impl WindowResolver {
     }
 }
 
-/// The most bytes of a probe's answer pare reads (OpenRouter's list of models is about 1 MB); a
-/// longer answer is no window.
+/// The most bytes of a probe's answer pare reads; a longer answer is no window.
 pub const MAX_PROBE_BYTES: usize = 16 * 1024 * 1024;
 
 async fn read_json(request: reqwest::RequestBuilder) -> Option<Value> {
