@@ -311,3 +311,70 @@ fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
         "{access}"
     );
 }
+
+/// The archived answer of session `session`'s first exchange, once it is committed (at most 10 s).
+async fn archived_answer(pare: &Pare, session: &str) -> pare::archive::query::ResponseInfo {
+    let archive = pare.pipeline.archive().expect("archive on").clone();
+    for _ in 0..500 {
+        archive.flush_async().await.expect("flush");
+        let reader = ArchiveReader::open(archive.location()).expect("open archive");
+        if let Some(exchange) = reader.exchanges(session).expect("exchanges").first()
+            && let Some(answer) = reader.response(session, exchange.seq).expect("response")
+        {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the answer of {session} is recorded within 10 s")
+}
+
+/// What a hostile upstream streams — a tool call at index `u64::MAX`, a line that goes on for 40 MiB
+/// — reaches the client unchanged; pare archives the first answer with its call and skips the
+/// endless line's event, and serves the next request. (Each once aborted pare or grew it without
+/// bound: a vector grown to the index, a line buffered whole.)
+#[tokio::test]
+async fn hostile_streams_pass_unchanged_and_leave_pare_serving() {
+    use bytes::Bytes;
+
+    use crate::support::stub::{self, Recorded, Reply, Step};
+    let call =
+        json!({"index": u64::MAX, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}});
+    let huge_index =
+        stub::sse_event(&json!({"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}));
+    let endless = Bytes::from(vec![b'x'; 40 << 20]);
+    let sent = huge_index.clone();
+    let stub = Stub::start(move |request: &Recorded| {
+        let steps = if request.json()["messages"][0]["content"] == "endless" {
+            vec![
+                Step::Send(Bytes::from_static(b"data: ")),
+                Step::Send(endless.clone()),
+                Step::Send(Bytes::from_static(b"\n\n")),
+            ]
+        } else {
+            vec![Step::Send(sent.clone())]
+        };
+        Reply::sse(steps.into_iter().chain([Step::Send(stub::sse_done())]).collect())
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let pare = real_pare(&stub, dir.path()).await;
+    let ask = |session: &'static str, content: &'static str| {
+        let body = serde_json::to_vec(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": content}]}),
+        );
+        client().post(pare.url("/v1/chat/completions")).header("x-pare-session", session).body(body.unwrap()).send()
+    };
+
+    let streamed = ask("index", "call").await.unwrap().bytes().await.unwrap();
+    assert_eq!(streamed, [huge_index.clone(), stub::sse_done()].concat());
+    let answer = archived_answer(&pare, "index").await;
+    assert_eq!(answer.assembled.unwrap()["message"]["tool_calls"][0]["id"], "call_1");
+
+    let streamed = ask("endless", "endless").await.unwrap().bytes().await.unwrap();
+    assert_eq!(streamed.len(), 6 + (40 << 20) + 2 + stub::sse_done().len(), "the whole stream reaches the client");
+    let answer = archived_answer(&pare, "endless").await;
+    assert!(!answer.partial && answer.end_reason == "complete", "the [DONE] after it ends the answer: {answer:?}");
+
+    let response = ask("after", "call").await.unwrap();
+    assert_eq!(response.status(), 200);
+}
