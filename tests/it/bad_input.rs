@@ -210,22 +210,8 @@ async fn a_stream_the_client_abandons_is_archived_as_partial() {
     drop(client);
     stub.wait_cancelled(1).await;
 
-    let archive = pare.pipeline.archive().expect("archive on").clone();
-    // The sink finishes when the proxy drops the body; wait (at most 10 s) for its record to be committed.
-    let mut reader = None;
-    for _ in 0..500 {
-        archive.flush_async().await.expect("flush");
-        let candidate = ArchiveReader::open(archive.location()).expect("open archive");
-        let seq = candidate.exchanges("abandoned").expect("exchanges")[0].seq;
-        if candidate.response("abandoned", seq).expect("response").is_some() {
-            reader = Some(candidate);
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let reader = reader.expect("the partial answer is recorded within 10 s");
-    let seq = reader.exchanges("abandoned").unwrap()[0].seq;
-    let answer = reader.response("abandoned", seq).unwrap().expect("the answer is recorded");
+    // The sink finishes when the proxy drops the body; its record is committed after.
+    let answer = archived_answer(&pare, "abandoned").await;
     assert!(answer.partial, "{answer:?}");
     assert!(answer.stream);
     assert!(String::from_utf8_lossy(&answer.body).contains("first words"), "what arrived is kept");
@@ -312,7 +298,8 @@ fn a_compressed_body_over_the_decode_cap_says_why_in_the_access_line() {
     );
 }
 
-/// The archived answer of session `session`'s first exchange, once it is committed (at most 10 s).
+/// The archived answer of session `session`'s first exchange, once it is committed (at most 10 s:
+/// a sink finishes, and its record is queued, when the proxy drops the answer's body).
 async fn archived_answer(pare: &Pare, session: &str) -> pare::archive::query::ResponseInfo {
     let archive = pare.pipeline.archive().expect("archive on").clone();
     for _ in 0..500 {
