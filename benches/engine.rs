@@ -34,8 +34,10 @@ fn compact_bytes(engine: &Engine, body: &[u8], target: Option<u64>, counter: &dy
 fn compact_responses(engine: &Engine, body: &[u8], options: &CompactOptions, counter: &dyn CountTokens) -> Vec<u8> {
     let parsed = ResponsesBody::parse(body).unwrap();
     let messages = parsed.messages();
-    let out = engine.compact(&View { messages: &messages, tools: parsed.tools() }, options, counter);
-    let reads = WrittenReads::new(out.prefix.len());
+    let typed = |i: usize| parsed.typed(i);
+    let out =
+        engine.compact(&View { messages: &messages, tools: parsed.tools(), typed: Some(&typed) }, options, counter);
+    let reads = WrittenReads::of(out.typed);
     parsed.write(&Forward::of_plan(&out.plan, out.prefix.iter().map(String::as_str), &reads, messages.len())).unwrap().0
 }
 

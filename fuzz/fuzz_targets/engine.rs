@@ -10,6 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use pare::tokens::CountTokens;
 use pare::compact::validate::{Skeleton, check};
 use pare::compact::{CompactOptions, Engine, HistoryBudget};
+use pare::neutral::View;
 use pare::wire::ChatBody;
 
 /// A cheap deterministic counter (a quarter of the bytes, at least one).
@@ -64,6 +65,10 @@ fuzz_target!(|data: &[u8]| {
         let forwarded_body = body.to_vec_with_messages(&forwarded);
         let reparsed = ChatBody::parse(&forwarded_body).expect("pare's own output parses");
         let twice = engine.compact(&reparsed.view(), &opts, &Quarter);
+        // The forwarded messages typed as the engine gave them compact as their texts read.
+        let typed = |i: usize| out.typed.get(i)?.as_ref().map(|m| (Some((**m).clone()), None));
+        let view = View { messages: reparsed.messages(), tools: reparsed.view().tools, typed: Some(&typed) };
+        assert_eq!(engine.compact(&view, &opts, &Quarter).prefix, twice.prefix, "typed otherwise than read");
         let twice: Vec<&str> = twice
             .prefix
             .iter()

@@ -26,8 +26,10 @@ fuzz_target!(|data: &[u8]| {
     let engine = Engine::default_pack();
     let options =
         CompactOptions { target_tokens: Some(200), single_thread: true, epoch_boundary: body.epoch_boundary(), ..Default::default() };
-    let out = engine.compact(&View { messages: &messages, tools: body.tools() }, &options, &QuarterCounter);
-    let reads = WrittenReads::new(out.prefix.len());
+    neutral_entries::assert_typed_as_read(&body, &messages);
+    let typed = |i: usize| body.typed(i);
+    let out = engine.compact(&View { messages: &messages, tools: body.tools(), typed: Some(&typed) }, &options, &QuarterCounter);
+    let reads = WrittenReads::of(out.typed);
     let forwarded = Forward::of_plan(&out.plan, out.prefix.iter().map(String::as_str), &reads, messages.len());
     if let Ok((bytes, _)) = body.write(&forwarded)
         && bytes != data

@@ -31,7 +31,7 @@ use crate::exchange::{
     Action, BudgetReport, CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, LateCount,
 };
 use crate::memory::{Holder, StateBudget};
-use crate::neutral::{View, message_hashes, role_of};
+use crate::neutral::{Message, Typed, View, message_hashes, role_of};
 use crate::tokens::CountTokens;
 use crate::tokens::{CounterConfig, Encoding, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Forward, Wire, WireBody, WrittenReads};
@@ -405,6 +405,8 @@ struct Request<'a> {
     /// The raw message the upstream reads in place of everything before it, when there is one
     /// ([`WireBody::epoch_boundary`]).
     epoch_boundary: Option<usize>,
+    /// The raw messages typed by the body's adapter ([`WireBody::typed`]).
+    typed: Typed<'a>,
 }
 
 impl Request<'_> {
@@ -589,6 +591,8 @@ impl SessionCompactor {
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
         let tools = body.tools();
+        let typed = |i: usize| body.typed(i);
+        let typed: Typed<'_> = &typed;
         let epoch_boundary = body.epoch_boundary();
         let counter = self.counter_for(self.table.settings(body.model().as_deref()).encoding);
         let fixed = tools.map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
@@ -620,11 +624,12 @@ impl SessionCompactor {
         let known = counter.known_counts(hashes, &state.counts);
         let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |bounds| {
             let request =
-                Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve, epoch_boundary };
+                Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve, epoch_boundary, typed };
             self.surely_appends(&state, &request, counter)
         });
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
-        let request = Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve, epoch_boundary };
+        let request =
+            Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve, epoch_boundary, typed };
         let epoch_before = state.epoch;
         let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
@@ -772,6 +777,25 @@ impl SessionCompactor {
             None => request.raw.to_vec(),
         };
         let n_frozen = frozen.as_ref().map_or(0, |f| f.prefix.len());
+        // The candidate typed: a frozen entry pare wrote as the engine gave it, one kept as sent as
+        // the request's adapter types that raw message, the raw messages after the prefix likewise.
+        let kept_raw = frozen.as_ref().map_or_else(Vec::new, |f| {
+            let mut kept = vec![None; n_frozen];
+            for (raw, fate) in f.plan.iter().enumerate() {
+                if let Fate::Kept { at } = *fate {
+                    kept[at] = Some(raw);
+                }
+            }
+            kept
+        });
+        let candidate_typed = |c: usize| match &frozen {
+            Some(f) if c < n_frozen => match f.reads.typed(c) {
+                Some(message) => Some((Some(message.clone()), None)),
+                None => kept_raw[c].and_then(|raw| (request.typed)(raw)),
+            },
+            _ => (request.typed)(frozen_raw + c - n_frozen),
+        };
+        let candidate_typed: Typed<'_> = &candidate_typed;
         let candidate_ages = times.as_ref().map(|t| t.ages(&t.candidate));
         // The boundary in the candidate: a raw message the frozen prefix covers is the entry its
         // fate names (kept as sent, like everything before it).
@@ -783,7 +807,7 @@ impl SessionCompactor {
             Mode::Epoch | Mode::Off => {
                 let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
                 let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
-                self.lightest_fitting(request, &candidate, head, target, candidate_ages, counter)
+                self.lightest_fitting(request, (&candidate, candidate_typed), head, target, candidate_ages, counter)
             }
             Mode::Eager => {
                 let options = CompactOptions {
@@ -793,14 +817,14 @@ impl SessionCompactor {
                     epoch_boundary: candidate_boundary,
                     ..Default::default()
                 };
-                self.attempt(request, &candidate, &options, counter)
+                self.attempt(request, (&candidate, candidate_typed), &options, counter)
             }
         };
-        let (raw_boundary, prefix, engine_report, prefix_seen, mut lists, plan) = match attempt {
+        let (raw_boundary, prefix, typed, engine_report, prefix_seen, mut lists, plan) = match attempt {
             Some(a) if a.boundary >= n_frozen => {
                 let seen = times.as_ref().map(|t| t.of_prefix(&a.plan, &t.candidate, a.prefix.len()));
                 let plan = raw_plan(frozen.as_deref(), &a.plan);
-                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.report, seen, a.lists, plan)
+                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.typed, a.report, seen, a.lists, plan)
             }
             // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
             // Compact the raw request instead (a fresh start for this session's prefix).
@@ -813,12 +837,12 @@ impl SessionCompactor {
                     epoch_boundary: request.epoch_boundary,
                     ..Default::default()
                 };
-                let view = View { messages: request.raw, tools: request.tools };
+                let view = View { messages: request.raw, tools: request.tools, typed: Some(request.typed) };
                 let out = self.engine.compact(&view, &options, counter);
                 let seen = times.as_ref().map(|t| t.of_prefix(&out.plan, &t.raw, out.prefix.len()));
                 let mut plan = out.plan;
                 plan.truncate(request.raw.len());
-                (out.boundary.min(request.raw.len()), out.prefix, out.report, seen, out.lists, plan)
+                (out.boundary.min(request.raw.len()), out.prefix, out.typed, out.report, seen, out.lists, plan)
             }
         };
         // The lists an earlier epoch derived go on while the prefix names them; a lightest cut keeps
@@ -835,6 +859,7 @@ impl SessionCompactor {
         let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
         let new_frozen = Arc::new(Frozen {
             lists: lists.into(),
+            reads: WrittenReads::of(typed),
             ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default(), plan)
         });
         let forwarded_tokens =
@@ -895,13 +920,13 @@ impl SessionCompactor {
     fn lightest_fitting(
         &self,
         request: &Request<'_>,
-        candidate: &[&str],
+        (candidate, typed): (&[&str], Typed<'_>),
         head: Head,
         target: u64,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let view = View { messages: candidate, tools: request.tools };
+        let view = View { messages: candidate, tools: request.tools, typed: Some(typed) };
         let with_target = CompactOptions {
             target_tokens: Some(target),
             history_floor: self.policy.history_floor(request.usable()),
@@ -964,11 +989,19 @@ impl SessionCompactor {
             let at_turn = cut > n_frozen && matches!(role_of(candidate[cut]).as_ref(), "assistant" | "user");
             if at_turn && !splits_elision && compacted_before + raw_after + fixed <= target {
                 let prefix = whole.prefix[..n_out].to_vec();
+                let typed = whole.typed[..n_out].to_vec();
                 let mut messages: Vec<&str> = prefix.iter().map(String::as_str).collect();
                 messages.extend_from_slice(&candidate[cut..]);
                 if crate::compact::validate::check_messages(&messages).is_ok() {
                     let plan = whole.plan[..cut].to_vec();
-                    return Some(Attempt { boundary: cut, prefix, report: whole.report, plan, lists: whole.lists });
+                    return Some(Attempt {
+                        boundary: cut,
+                        prefix,
+                        typed,
+                        report: whole.report,
+                        plan,
+                        lists: whole.lists,
+                    });
                 }
             }
             raw_after -= raw_tokens[cut];
@@ -1026,11 +1059,11 @@ impl SessionCompactor {
     fn attempt(
         &self,
         request: &Request<'_>,
-        candidate: &[&str],
+        (candidate, typed): (&[&str], Typed<'_>),
         options: &CompactOptions,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
-        let view = View { messages: candidate, tools: request.tools };
+        let view = View { messages: candidate, tools: request.tools, typed: Some(typed) };
         let out = self.engine.compact(&view, options, counter);
         let boundary = out.boundary.min(candidate.len());
         Some(Attempt::of(out, boundary))
@@ -1085,6 +1118,8 @@ struct Head {
 struct Attempt {
     boundary: usize,
     prefix: Vec<String>,
+    /// [`Compacted::typed`] of `prefix`.
+    typed: Vec<Option<Box<Message>>>,
     report: Report,
     /// What became of each candidate message before `boundary`.
     plan: Vec<Fate>,
@@ -1096,7 +1131,7 @@ impl Attempt {
     fn of(out: Compacted, boundary: usize) -> Attempt {
         let mut plan = out.plan;
         plan.truncate(boundary);
-        Attempt { boundary, prefix: out.prefix, report: out.report, plan, lists: out.lists }
+        Attempt { boundary, prefix: out.prefix, typed: out.typed, report: out.report, plan, lists: out.lists }
     }
 }
 

@@ -59,8 +59,9 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     };
     let raw_messages = body.messages();
     let tools = body.tools();
-    let view = View { messages: &raw_messages, tools };
-    let out = engine.compact(&view, &options, &counter);
+    let typed = |i: usize| body.typed(i);
+    let view = View { messages: &raw_messages, tools, typed: Some(&typed) };
+    let mut out = engine.compact(&view, &options, &counter);
     let mut messages: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
     messages.extend_from_slice(&raw_messages[out.boundary..]);
     // A request no rule changed is written back as read, as the proxy forwards it (a re-serialized
@@ -69,7 +70,7 @@ pub fn run(args: super::CompactArgs) -> anyhow::Result<ExitCode> {
     let forwarded: Cow<'_, [u8]> = if unchanged {
         Cow::Borrowed(&input)
     } else {
-        let reads = WrittenReads::new(out.prefix.len());
+        let reads = WrittenReads::of(std::mem::take(&mut out.typed));
         match body.write(&Forward::of_plan(
             &out.plan,
             out.prefix.iter().map(String::as_str),

@@ -16,7 +16,7 @@ use super::markers::{
 };
 use super::outcome::{Outcome, Shape, Status, SuccessPolicy};
 use super::outline::numbered_lines;
-use crate::neutral::{Members, Message};
+use crate::neutral::{Members, Message, View};
 
 /// What kind of unit a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,18 +132,18 @@ impl<'a> Conversation<'a> {
     /// Parse and group the messages. With `may_parallelize`, a conversation of [`PARALLEL_BYTES`] or
     /// more does its per-message work on the rayon pool (here and in [`Conversation::map_each`]).
     pub fn analyse(
-        raw: &'a [&'a str],
+        view: &View<'a>,
         protect_last_turns: u32,
         key_arguments: &[String],
         success: &SuccessPolicy,
         may_parallelize: bool,
     ) -> Conversation<'a> {
+        let raw = view.messages;
         let parallel = may_parallelize && raw.iter().map(|m| m.len()).sum::<usize>() >= PARALLEL_BYTES;
-        // Parse each message, read each tool result's outcome and each call's key argument:
+        // Type each message, read each tool result's outcome and each call's key argument:
         // independent per message.
-        let read = |m: &&'a str| {
-            let (msg, members) = Message::read(m);
-            let msg = msg.ok();
+        let read = |i: usize| {
+            let (msg, members) = view.read(i);
             let outcome = msg.as_ref().filter(|m| m.role == "tool").map(|m| success.read_owned(m.text()));
             let calls = msg
                 .iter()
@@ -160,8 +160,11 @@ impl<'a> Conversation<'a> {
                 .collect();
             ReadMessage { msg, members, outcome, calls }
         };
-        let read: Vec<ReadMessage> =
-            if parallel { raw.par_iter().map(read).collect() } else { raw.iter().map(read).collect() };
+        let read: Vec<ReadMessage> = if parallel {
+            (0..raw.len()).into_par_iter().map(read).collect()
+        } else {
+            (0..raw.len()).map(read).collect()
+        };
         let mut msgs = Vec::with_capacity(read.len());
         let mut members = Vec::with_capacity(read.len());
         let mut outcomes = Vec::with_capacity(read.len());
@@ -592,8 +595,9 @@ mod tests {
     fn the_epoch_head_ends_after_the_boundary_and_its_results() {
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let head =
-            |refs: &[&str], boundary| Conversation::analyse(refs, 1, &keys, &policy, false).epoch_head_after(boundary);
+        let head = |refs: &[&str], boundary| {
+            Conversation::analyse(&View::of_texts(refs, None), 1, &keys, &policy, false).epoch_head_after(boundary)
+        };
         let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}]}"#;
         let opaque = r#"[{"type":"compaction","encrypted_content":"x"}]"#;
         let user = r#"{"role":"user","content":"u"}"#;
@@ -626,7 +630,7 @@ mod tests {
             let result = serde_json::json!({"role": "tool", "tool_call_id": "a", "content": output});
             let raw = [call.to_string(), result.to_string()];
             let refs: Vec<&str> = raw.iter().map(String::as_str).collect();
-            let conv = Conversation::analyse(&refs, 1, &keys, &policy, false);
+            let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, false);
             conv.outcomes[1].as_ref().unwrap().status.clone()
         };
         let view = serde_json::json!({"command": "view", "path": "/w/a.py"});
@@ -655,7 +659,7 @@ mod tests {
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
+        let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, true);
         assert_eq!(conv.boundary, 7);
         let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
         assert_eq!(
@@ -673,9 +677,9 @@ mod tests {
         assert_eq!(f.status, "error");
         assert_eq!(f.first_error.as_deref(), Some("KeyError: 'k'"));
         assert_eq!(conv.facts(3).files, vec!["x.py".to_string()]);
-        assert_eq!(Conversation::analyse(&refs, 3, &keys, &policy, true).boundary, 2);
-        assert_eq!(Conversation::analyse(&refs, 4, &keys, &policy, true).boundary, 0);
-        assert_eq!(Conversation::analyse(&refs, 0, &keys, &policy, true).boundary, 8);
+        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 3, &keys, &policy, true).boundary, 2);
+        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 4, &keys, &policy, true).boundary, 0);
+        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, true).boundary, 8);
     }
 
     #[test]
@@ -689,14 +693,14 @@ mod tests {
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&refs, 1, &keys, &policy, true);
+        let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, true);
         assert_eq!(conv.boundary, 3);
         // `parse_header` is in the user message, `load_user` in the tail's text, `user_id` in its
         // call's arguments and `ZFA04Y` in its result: only `raw_bytes` is left to list.
         assert_eq!(conv.names(2), ["raw_bytes".to_string()]);
         assert!(conv.render_marker(2, "[tool: {call}{names}]").ends_with("; names: raw_bytes]"));
         // With no protected tail only the user message is shown: the result lists the rest.
-        let none = Conversation::analyse(&refs, 0, &keys, &policy, true);
+        let none = Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, true);
         assert_eq!(none.names(2), ["raw_bytes", "ZFA04Y", "load_user", "user_id"].map(String::from));
     }
 
@@ -712,7 +716,7 @@ mod tests {
         ];
         let policy = SuccessPolicy::new(&SuccessSpec::default());
         let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&refs, 0, &keys, &policy, false);
+        let conv = Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, false);
         assert_eq!(conv.calls_of_message(1).iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(conv.calls_of_message(4).len(), 1);
         assert!(conv.calls_of_message(2).is_empty());

@@ -36,7 +36,7 @@ pub mod validate;
 use regex::Regex;
 
 use crate::config::{Config, SalienceConfig, TierBudgets};
-use crate::neutral::View;
+use crate::neutral::{Message, View};
 use crate::tokens::CountTokens;
 
 use crate::config::pack::{self, Pack, PackError, RulesSpec};
@@ -125,6 +125,10 @@ pub struct Compacted {
     pub lists: Vec<String>,
     /// What became of each message before `boundary`.
     pub plan: Vec<Fate>,
+    /// Each prefix entry pare wrote (a rewrite, a marker) typed, as the engine's check of it read
+    /// it; `None` for an entry kept as sent. Whoever writes the forwarded body or compacts the prefix
+    /// again takes these instead of reading the texts.
+    pub typed: Vec<Option<Box<Message>>>,
 }
 
 /// What became of one message before the boundary: the engine's plan for it. The forwarded
@@ -268,7 +272,7 @@ impl Engine {
     ) -> Prepared<'p> {
         let policy = &self.policy;
         let mut conv = Conversation::analyse(
-            view.messages,
+            view,
             policy.spec.protect_last_turns,
             &policy.spec.key_arguments,
             &policy.success,
@@ -362,24 +366,25 @@ impl Prepared<'_> {
             elided = fit.elided;
         }
 
-        // Assemble the prefix and check invariant 1 on the whole forwarded array. Reading back the
-        // skeleton of each edited message is a parse of it: independent per message.
+        // Assemble the prefix and check invariant 1 on the whole forwarded array. Each message pare
+        // wrote is read back, a check of what it wrote and its typed form: independent per message.
         let edited: Vec<usize> =
             (0..conv.boundary).filter(|&i| rendered[i].is_some() && !elided.messages.contains(&i)).collect();
-        let mut edited_skeletons: Vec<Option<Skeleton>> = vec![None; conv.boundary];
-        for (idx, skeleton) in
-            edited.iter().zip(conv.map_each(&edited, |&i| rendered[i].as_deref().and_then(Skeleton::of)))
-        {
-            edited_skeletons[*idx] = skeleton;
+        let mut edited_reads: Vec<Option<Box<Message>>> = vec![None; conv.boundary];
+        for (idx, read) in edited.iter().zip(conv.map_each(&edited, |&i| rendered[i].as_deref().and_then(read_back))) {
+            edited_reads[*idx] = read;
         }
         let mut prefix = Vec::with_capacity(conv.boundary);
+        let mut typed = Vec::with_capacity(conv.boundary);
         let mut plan = Vec::with_capacity(conv.boundary);
         let mut skeletons = Vec::with_capacity(conv.msgs.len());
         let mut idx = 0;
         while idx < conv.boundary {
             let at = prefix.len();
             if let Some((end, marker)) = elided.runs.get(&idx) {
-                skeletons.push(Skeleton::of(marker));
+                let read = read_back(marker);
+                skeletons.push(read.as_deref().map(skeleton_of));
+                typed.push(read);
                 prefix.push(marker.clone());
                 plan.extend((idx..*end).map(|_| Fate::Elided { at }));
                 idx = *end;
@@ -391,12 +396,15 @@ impl Prepared<'_> {
             } else {
                 match rendered[idx].take() {
                     Some(text) => {
-                        skeletons.push(edited_skeletons[idx].take());
+                        let read = edited_reads[idx].take();
+                        skeletons.push(read.as_deref().map(skeleton_of));
+                        typed.push(read);
                         prefix.push(text);
                         plan.push(Fate::Rewritten { at, rules: rules() });
                     }
                     None => {
                         skeletons.push(input_skeletons[idx].clone());
+                        typed.push(None);
                         prefix.push(conv.raw[idx].to_owned());
                         plan.push(Fate::Kept { at });
                     }
@@ -413,8 +421,14 @@ impl Prepared<'_> {
         }
 
         fill_report(conv, &edits, &elided, &mut report, prefix.len());
-        Compacted { boundary: conv.boundary, prefix, report, fitted, lists: elided.lists, plan }
+        Compacted { boundary: conv.boundary, prefix, report, fitted, lists: elided.lists, plan, typed }
     }
+}
+
+/// A message pare wrote, read back: what the pairing check sees of it and its typed form (`None`:
+/// it reads as no message, which the check refuses).
+fn read_back(text: &str) -> Option<Box<Message>> {
+    Message::from_raw(text).ok().map(Box::new)
 }
 
 /// The original messages, forwarded unchanged.
@@ -428,10 +442,11 @@ fn unchanged(conv: &Conversation<'_>, mut report: Report) -> Compacted {
         fitted: false,
         lists: Vec::new(),
         plan: (0..conv.msgs.len()).map(|at| Fate::Kept { at }).collect(),
+        typed: vec![None; conv.msgs.len()],
     }
 }
 
-fn skeleton_of(m: &crate::neutral::Message) -> Skeleton {
+fn skeleton_of(m: &Message) -> Skeleton {
     Skeleton {
         role: m.role.clone(),
         tool_calls: m.tool_calls.iter().flatten().map(|c| c.id.clone()).collect(),
@@ -634,6 +649,47 @@ mod tests {
         }
     }
 
+    /// The engine reads an entry as its maker typed it, not its text, and hands over typed every
+    /// entry it wrote: compacting the forwarded request with those gives what its texts give.
+    #[test]
+    fn entries_are_typed_by_their_maker_both_ways() {
+        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
+        let parsed = ChatBody::parse(body).unwrap();
+        let plain = parsed.view();
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = 2;
+        let tokens = request_tokens(&QuarterCounter, plain.messages, plain.tools);
+        let opts = CompactOptions { target_tokens: Some(tokens * 40 / 100), ..Default::default() };
+        let out = engine.compact(&plain, &opts, &QuarterCounter);
+        // Typed by the engine: each entry it wrote, as its text reads; none it kept.
+        for ((text, typed), fate) in out.prefix.iter().zip(&out.typed).zip(0..) {
+            let kept = out.plan.contains(&Fate::Kept { at: fate });
+            assert_eq!(typed.is_none(), kept, "{text}");
+            if let Some(typed) = typed {
+                assert_eq!(Some(&**typed), Message::from_raw(text).ok().as_ref());
+            }
+        }
+        assert!(out.typed.iter().any(Option::is_some), "the engine wrote entries");
+        // The forwarded request, its written entries given typed, compacts as its texts read.
+        let mut forwarded: Vec<&str> = out.prefix.iter().map(String::as_str).collect();
+        forwarded.extend_from_slice(&plain.messages[out.boundary..]);
+        let given = |i: usize| out.typed.get(i)?.as_ref().map(|m| (Some((**m).clone()), None));
+        let typed = View { messages: &forwarded, tools: plain.tools, typed: Some(&given) };
+        let by_text = engine.compact(&View::of_texts(&forwarded, plain.tools), &opts, &QuarterCounter);
+        assert_eq!(engine.compact(&typed, &opts, &QuarterCounter).prefix, by_text.prefix);
+        // What the maker types is what the engine reads: the first tool result given with an
+        // error in place of its output is compacted as a failure would be, its text unread.
+        let at = (0..out.boundary).find(|&i| crate::neutral::role_of(plain.messages[i]) == "tool").unwrap();
+        let mut failed = Message::from_raw(plain.messages[at]).unwrap();
+        failed.content = Some(crate::neutral::Content::Text("Traceback (most recent call last):\nError".repeat(200)));
+        let given = |i: usize| (i == at).then(|| (Some(failed.clone()), None));
+        let view = View { messages: plain.messages, tools: plain.tools, typed: Some(&given) };
+        let rules_only = CompactOptions::default();
+        let rewritten = engine.compact(&view, &rules_only, &QuarterCounter);
+        let read = engine.compact(&plain, &rules_only, &QuarterCounter);
+        assert_ne!(rewritten.prefix, read.prefix, "the typed form is what the rules read");
+    }
+
     /// An opaque entry (wire parts an adapter does not read) between the turns of a history is
     /// valid input: it is forwarded as it is, in its place, by the rules and by tiers and elision,
     /// while the history around it is compacted.
@@ -649,7 +705,7 @@ mod tests {
         let opaque = crate::neutral::opaque(&[r#"{"type":"reasoning","id":"rs_1","encrypted_content":"gAAAA"}"#]);
         let at = turns[turns.len() / 2];
         messages.insert(at, &opaque);
-        let view = View { messages: &messages, tools: parsed.view().tools };
+        let view = View::of_texts(&messages, parsed.view().tools);
         let tokens = request_tokens(&QuarterCounter, &messages, view.tools);
         for opts in
             [CompactOptions::default(), CompactOptions { target_tokens: Some(tokens * 30 / 100), ..Default::default() }]

@@ -1431,7 +1431,13 @@ mod tests {
         let raw: Vec<String> = messages.iter().map(|m| m.to_string()).collect();
         let refs: Vec<&str> = raw.iter().map(String::as_str).collect();
         let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let conv = Conversation::analyse(&refs, 1, &RulesSpec::default().key_arguments, &policy, false);
+        let conv = Conversation::analyse(
+            &crate::neutral::View::of_texts(&refs, None),
+            1,
+            &RulesSpec::default().key_arguments,
+            &policy,
+            false,
+        );
         let engine = Engine::default_pack();
         let scoring = Scoring::new(&conv);
         conv.groups

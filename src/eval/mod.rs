@@ -336,7 +336,8 @@ pub fn evaluate_session_with(
             m.epochs = m.epochs.max(summary.epoch);
         }
 
-        let view = View { messages: &raw_messages[k], tools: raw.tools() };
+        let typed = |i: usize| raw.typed(i);
+        let view = View { messages: &raw_messages[k], tools: raw.tools(), typed: Some(&typed) };
         let boundary = engine.compact(&view, &CompactOptions::default(), counter).boundary.min(raw_messages[k].len());
         let floor = floor_tokens(&raw_p, boundary);
         m.tokens_floor += floor;
@@ -361,7 +362,7 @@ pub fn evaluate_session_with(
         m.preserved += preserves_user_and_tail(&raw_p.messages, &fwd_p.messages, boundary) as usize;
 
         if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
-            let raw_view = View { messages: &raw_messages[k], tools: raw.tools() };
+            let raw_view = View { messages: &raw_messages[k], tools: raw.tools(), typed: Some(&typed) };
             let needles = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages, &lists);
             m.needles += needles.found;
             m.needles_kept += needles.kept;
@@ -651,7 +652,7 @@ mod tests {
         let result = tool_result();
         let raw = [user, call, result.as_str()];
         let next = [user, call, result.as_str(), REPLY];
-        let view = View { messages: &raw, tools: None };
+        let view = View::of_texts(&raw, None);
         let marker = |suffix: &str| {
             serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": format!("[tool: bash → ok{suffix}]")})
                 .to_string()
@@ -684,7 +685,7 @@ mod tests {
         let result = tool_result();
         let raw = [user, call, result.as_str()];
         let next = [user, call, result.as_str(), REPLY];
-        let view = View { messages: &raw, tools: None };
+        let view = View::of_texts(&raw, None);
         let re = needle_regex();
         let inner =
             id_list_text(&[id_entry(&content_id(output), "bash(\"cat a.py\")"), id_entry(&content_id("other"), "")]);

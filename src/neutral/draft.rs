@@ -1,10 +1,15 @@
 //! A neutral message as a wire adapter reads it from its body: typed (a role, the content's JSON,
 //! calls paired by id, the id a result answers), written once into the neutral form's text by the
-//! one writer every adapter shares ([`Draft::write`]).
+//! one writer every adapter shares ([`Draft::write`]), and typed for the engine from its own parts
+//! ([`Draft::read`]): what the adapter wrote is never parsed back.
 
 use std::borrow::Cow;
 
-use super::push_json_string;
+use serde_json::{Map, Value};
+
+use std::ops::Range;
+
+use super::{FunctionCall, Message, ToolCall, Typing, push_json_string, read};
 
 /// A neutral message read from a wire body's parts. Keys are written in one order: `role`, then
 /// `tool_call_id` (a result), `content`, then `tool_calls` (a calling turn).
@@ -82,6 +87,82 @@ impl<'a> Draft<'a> {
     }
 }
 
+impl<'a> Draft<'a> {
+    /// The message [`Draft::write`]'s text reads as ([`Message::read`]), typed from the draft's
+    /// parts: only the content's JSON (and a literal call's arguments) is read, as the message's
+    /// read reads it. `None` where the text reads as no message (a content that is not JSON).
+    pub fn read(&self) -> Option<Message> {
+        let content = read::content(&self.content, 1)?;
+        let tool_calls = if self.tool_calls.is_empty() {
+            None
+        } else {
+            let calls = self.tool_calls.iter().map(|call| {
+                let arguments = match call.arguments {
+                    // The arguments lie in the message, its `tool_calls`, the call and its `function`.
+                    Arguments::Literal(literal) => read::value(literal, 4)?,
+                    Arguments::Text(text) => Value::String(text.to_owned()),
+                };
+                Some(ToolCall {
+                    id: call.id.to_owned(),
+                    kind: Some("function".to_owned()),
+                    function: Some(FunctionCall { name: call.name.to_owned(), arguments, extra: Map::new() }),
+                    extra: Map::new(),
+                })
+            });
+            Some(calls.collect::<Option<Vec<ToolCall>>>()?)
+        };
+        Some(Message {
+            role: self.role.to_owned(),
+            content: Some(content),
+            tool_calls,
+            tool_call_id: self.tool_call_id.map(str::to_owned),
+            name: None,
+            reasoning_content: None,
+            reasoning: None,
+            extra: Map::new(),
+        })
+    }
+
+    /// The draft typed for the engine: its message and its members in its text (`len` bytes).
+    pub fn typing(&self, len: usize) -> Typing {
+        (self.read(), Some(self.members(len)))
+    }
+
+    /// Where the values of this draft's members lie in its text ([`Draft::write`], `len` bytes), in
+    /// order: found from the parts' lengths, not by scanning the text.
+    pub fn members(&self, len: usize) -> Vec<(&'static str, Range<usize>)> {
+        let mut scratch = String::new();
+        let mut json_len = |s: &str| {
+            scratch.clear();
+            push_json_string(&mut scratch, s);
+            scratch.len()
+        };
+        let mut members = Vec::with_capacity(4);
+        let mut at = r#"{"role":"#.len();
+        let mut member = |key: &'static str, len: usize, at: &mut usize| {
+            members.push((key, *at..*at + len));
+            *at += len;
+        };
+        member("role", json_len(self.role), &mut at);
+        if let Some(id) = self.tool_call_id {
+            at += r#","tool_call_id":"#.len();
+            member("tool_call_id", json_len(id), &mut at);
+        }
+        at += r#","content":"#.len();
+        // The value, without the whitespace a content's JSON text may have around it.
+        let lead = self.content.len() - self.content.trim_start().len();
+        let trail = self.content.len() - self.content.trim_end().len();
+        at += lead;
+        member("content", self.content.trim().len(), &mut at);
+        at += trail;
+        if !self.tool_calls.is_empty() {
+            at += r#","tool_calls":"#.len();
+            member("tool_calls", len - 1 - at, &mut at);
+        }
+        members
+    }
+}
+
 impl Arguments<'_> {
     fn len(&self) -> usize {
         match self {
@@ -92,8 +173,102 @@ impl Arguments<'_> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
-    use crate::neutral::{Message, Shape};
+    use crate::neutral::testing::json_value;
+    use crate::neutral::{Message, Shape, raw_members};
+
+    /// JSON text of any value, compact or pretty, sometimes with a lone surrogate escape in a string.
+    fn json_text() -> impl Strategy<Value = String> {
+        (json_value(3, 4, "[a-z]{1,3}", "(\\PC|[\"\\\\\n]|é){0,12}"), 0..3u8, any::<bool>()).prop_map(
+            |(v, form, lone)| {
+                let text = match form {
+                    0 => serde_json::to_string(&v).unwrap(),
+                    1 => serde_json::to_string_pretty(&v).unwrap(),
+                    _ => format!(" {} ", serde_json::to_string(&v).unwrap()),
+                };
+                match (lone, text.find('"')) {
+                    (true, Some(at)) if text.starts_with('"') || text.starts_with('[') => {
+                        format!("{}\\udc80{}", &text[..=at], &text[at + 1..])
+                    }
+                    _ => text,
+                }
+            },
+        )
+    }
+
+    /// A content as adapters give it: a string, an array of text and other parts, null, or any value.
+    fn content_text() -> impl Strategy<Value = String> {
+        let part = ("(\\PC|[\"\\\\\n]){0,20}", any::<bool>(), prop::option::of(json_text())).prop_map(
+            |(text, marked, extra)| {
+                let mut part = format!(r#"{{"type":"text","text":{}"#, serde_json::to_string(&text).unwrap());
+                if marked {
+                    part.push_str(r#","cache_control":{"type":"ephemeral"}"#);
+                }
+                if let Some(extra) = extra {
+                    part.push_str(&format!(r#","x":{extra}"#));
+                }
+                part.push('}');
+                part
+            },
+        );
+        prop_oneof![
+            2 => "(\\PC|[\"\\\\\n]){0,30}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+            2 => prop::collection::vec(part, 0..3).prop_map(|parts| format!("[{}]", parts.join(","))),
+            1 => Just("null".to_owned()),
+            1 => json_text(),
+        ]
+    }
+
+    /// A call's id, name, and arguments as a literal (`Ok`) or as text (`Err`).
+    type OwnedCall = (String, String, Result<String, String>);
+
+    /// The parts of a draft: role, content, calls, the id a result answers.
+    fn owned_draft() -> impl Strategy<Value = (String, String, Vec<OwnedCall>, Option<String>)> {
+        let arguments = prop_oneof![json_text().prop_map(Ok), "(\\PC|[\"\\\\\n]){0,20}".prop_map(Err)];
+        (
+            prop::sample::select(vec!["user", "assistant", "tool", "system", "we\"ird\n"]).prop_map(str::to_owned),
+            content_text(),
+            prop::collection::vec(("(\\PC|[\"\\\\]){0,8}", "(\\PC|[\"\\\\]){0,8}", arguments), 0..3),
+            prop::option::of("(\\PC|[\"\\\\]){0,8}"),
+        )
+    }
+
+    proptest! {
+        /// A draft's typed read is the read of its text, and its members are where the text holds them.
+        #[test]
+        fn a_draft_reads_as_its_text((role, content, calls, id) in owned_draft()) {
+            let draft = Draft {
+                role: &role,
+                content: Cow::Borrowed(&content),
+                tool_calls: calls
+                    .iter()
+                    .map(|(id, name, arguments)| DraftCall {
+                        id,
+                        name,
+                        arguments: match arguments {
+                            Ok(literal) => Arguments::Literal(literal),
+                            Err(text) => Arguments::Text(text),
+                        },
+                    })
+                    .collect(),
+                tool_call_id: id.as_deref(),
+            };
+            let text = draft.write();
+            prop_assert_eq!(draft.read(), Message::from_raw(&text).ok(), "{}", text);
+            let members: Vec<(&str, &str)> =
+                draft.members(text.len()).into_iter().map(|(key, at)| (key, &text[at])).collect();
+            let scanned = raw_members(&text);
+            if let Some(scanned) = scanned {
+                prop_assert_eq!(members, scanned, "{}", text);
+            } else {
+                // The scan declines deep nesting; the members still lay the text out.
+                let keys: Vec<&str> = members.iter().map(|(k, _)| *k).collect();
+                prop_assert_eq!(keys.first(), Some(&"role"));
+            }
+        }
+    }
 
     #[test]
     fn a_draft_writes_the_neutral_message_it_stands_for() {

@@ -10,10 +10,14 @@
 //! makes of the wire parts it does not read: an [`opaque`] entry, the parts as sent in an array.
 //!
 //! Each wire format is an adapter ([`crate::wire`]) that reads a request into this form once and
-//! writes the forwarded request back from it. For Chat Completions the neutral form is the wire's
-//! own bytes, so nothing is copied; the other formats read their items or turns into [`Draft`]s (a
-//! role, the content's JSON, calls, the id a result answers) and write each with the one writer,
-//! [`Draft::write`]. Reading it is this module's typed read ([`Message::read`], with its fast path in `read` over the scanner in `scan`).
+//! writes the forwarded request back from it. An entry is its text — what is hashed, counted and
+//! archived — and is typed ([`Message`]) when the engine needs it, by whoever made it ([`View`]).
+//! For Chat Completions the neutral form is the wire's own bytes, so nothing is copied, and a
+//! message is typed by reading them ([`Message::read`], with its fast path in `read` over the
+//! scanner in `scan`). The other formats read their items or turns into [`Draft`]s (a role, the
+//! content's JSON, calls, the id a result answers), write each with the one writer,
+//! [`Draft::write`], and type it from the same parts ([`Draft::read`]), never from that text. The
+//! messages the engine writes come typed from it ([`crate::compact::Compacted::typed`]).
 
 mod draft;
 mod read;
@@ -35,13 +39,54 @@ pub type Members<'a> = Vec<(&'a str, &'a str)>;
 
 /// A request as the engine sees it: its conversation in the neutral form, and the parts of the
 /// request the engine never changes but must count.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct View<'a> {
-    /// One neutral message per entry, as JSON text, in order.
+    /// One neutral message per entry, as JSON text, in order: what is hashed, counted and
+    /// forwarded when kept.
     pub messages: &'a [&'a str],
     /// The request's tool definitions as raw JSON (counted, never touched), when it has any.
     pub tools: Option<&'a str>,
+    /// The typed entries, from whoever holds them typed; an entry it has not is read from its text.
+    pub typed: Option<Typed<'a>>,
 }
+
+impl<'a> View<'a> {
+    /// A conversation whose entries are all read from their texts.
+    pub fn of_texts(messages: &'a [&'a str], tools: Option<&'a str>) -> View<'a> {
+        View { messages, tools, typed: None }
+    }
+
+    /// Entry `i` typed: from [`View::typed`] when it has it, else read from the text.
+    pub fn read(&self, i: usize) -> Read<'a> {
+        let text = self.messages[i];
+        if let Some((message, members)) = self.typed.and_then(|typed| typed(i)) {
+            let members = members.map(|members| members.into_iter().map(|(key, at)| (key, &text[at])).collect());
+            return (message, members);
+        }
+        let (message, members) = Message::read(text);
+        (message.ok(), members)
+    }
+}
+
+impl std::fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View").field("messages", &self.messages).field("tools", &self.tools).finish_non_exhaustive()
+    }
+}
+
+/// A neutral entry typed: its message (`None`: the entry reads as no message) and its members as
+/// (key, raw value) in the entry's text, when known.
+pub type Read<'a> = (Option<Message>, Option<Members<'a>>);
+
+/// A neutral entry typed by whoever holds it typed: its message (`None`: the entry reads as no
+/// message) and where its members' values lie in the entry's text, when known.
+pub type Typing = (Option<Message>, Option<Vec<(&'static str, std::ops::Range<usize>)>>);
+
+/// Entry `i` of a conversation typed by whoever holds it typed — an adapter, from the parts it read
+/// the entry from ([`Draft::read`]); the engine, for a message it wrote — or `None`, for an entry
+/// that is only text (a Chat Completions message as sent, a prefix restored from the archive),
+/// which is then read.
+pub type Typed<'a> = &'a (dyn Fn(usize) -> Option<Typing> + Sync + 'a);
 
 /// Each message's xxh3-128 hash of its exact bytes. The pipeline computes them once per request; the
 /// session tracker, the session compactor and the token cache all key on a message's bytes and share
@@ -116,16 +161,22 @@ pub struct Message {
 
 /// `content: null` must survive a round trip as `null`, distinct from an absent key.
 fn deserialize_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Content>, D::Error> {
-    let v = Value::deserialize(d)?;
-    Ok(Some(match v {
-        Value::String(s) => Content::Text(s),
-        // Read the parts from the borrowed value: a failed attempt must not cost a copy of the text.
-        Value::Array(_) => match Vec::<ContentPart>::deserialize(&v) {
-            Ok(parts) => Content::Parts(parts),
-            Err(_) => Content::Other(v),
-        },
-        other => Content::Other(other),
-    }))
+    Value::deserialize(d).map(|v| Some(Content::of_value(v)))
+}
+
+impl Content {
+    /// The content a message whose `content` is `v` holds.
+    fn of_value(v: Value) -> Content {
+        match v {
+            Value::String(s) => Content::Text(s),
+            // Read the parts from the borrowed value: a failed attempt must not cost a copy of the text.
+            Value::Array(_) => match Vec::<ContentPart>::deserialize(&v) {
+                Ok(parts) => Content::Parts(parts),
+                Err(_) => Content::Other(v),
+            },
+            other => Content::Other(other),
+        }
+    }
 }
 
 /// One entry of an assistant's `tool_calls`.

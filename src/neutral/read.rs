@@ -73,6 +73,33 @@ pub(super) fn message(raw: &str) -> Option<(Message, Members<'_>)> {
     (r.s.at == raw.len()).then_some((m, members))
 }
 
+/// The content a message whose `content` member is the JSON text `text` holds, as
+/// [`Message::read`] reads it from the message (this read, serde_json where it declines); `None`
+/// when `text` is not one JSON value. `depth`: how many objects and arrays enclose the member in
+/// the message (1: the message's own).
+pub(super) fn content(text: &str, depth: usize) -> Option<Content> {
+    read_member(text, depth, |r| r.content()).or_else(|| {
+        let value: Value = serde_json::from_str(&super::lone_surrogates_replaced(text)).ok()?;
+        Some(Content::of_value(value))
+    })
+}
+
+/// An untyped member's value (a call's `arguments`) as [`Message::read`] reads it: see [`content`].
+pub(super) fn value(text: &str, depth: usize) -> Option<Value> {
+    read_member(text, depth, |r| r.value())
+        .or_else(|| serde_json::from_str(&super::lone_surrogates_replaced(text)).ok())
+}
+
+/// `read` over the whole of `text`, a member's value `depth` levels deep, or `None` when it declines.
+fn read_member<'t, T>(text: &'t str, depth: usize, read: impl FnOnce(&mut Reader<'t>) -> Option<T>) -> Option<T> {
+    let mut r = Reader::new(text);
+    r.depth = depth;
+    r.s.whitespace();
+    let value = read(&mut r)?;
+    r.s.whitespace();
+    (r.s.at == text.len()).then_some(value)
+}
+
 /// What [`object_members`] should do with a member's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Want {

@@ -214,7 +214,7 @@ fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Resu
     let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
     let counter =
         crate::tokens::TokenCounter::new(&crate::tokens::CounterConfig { cache_entries: 1024, ..Default::default() });
-    let read = crate::neutral::View { messages: &refs, tools: view.tools };
+    let read = crate::neutral::View::of_texts(&refs, view.tools);
     let out = engine.compact(&read, &crate::compact::CompactOptions::default(), &counter);
     let mut all: Vec<String> = out.prefix;
     all.extend(refs[out.boundary.min(refs.len())..].iter().map(|m| (*m).to_owned()));

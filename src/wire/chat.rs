@@ -32,7 +32,7 @@ impl<'a> ChatBody<'a> {
 
     /// The request as the engine reads it: its messages are already the neutral form.
     pub fn view(&self) -> crate::neutral::View<'_> {
-        crate::neutral::View { messages: &self.split.elements, tools: WireBody::tools(self) }
+        crate::neutral::View::of_texts(&self.split.elements, WireBody::tools(self))
     }
 
     /// The body written with `messages` in place of its own; every other key keeps its position and

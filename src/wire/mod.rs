@@ -2,7 +2,8 @@
 //! ([`crate::neutral`]).
 //!
 //! An adapter parses a request body once into a [`WireBody`]: the conversation as neutral messages
-//! (what the session tracker, the budget and the engine read), the tool definitions (counted, never
+//! (what the session tracker, the budget and the engine read; each typed on demand from the parts
+//! it was read from, [`WireBody::typed`]), the tool definitions (counted, never
 //! touched), and whatever else the request says that pare needs (model, stream, output limit). Given
 //! the forwarded conversation, it writes the forwarded body back: top-level keys keep their order
 //! and bytes, and every part the engine left alone is written as its original bytes.
@@ -99,6 +100,11 @@ pub trait WireBody: Send + Sync {
     fn wire(&self) -> Wire;
     /// The conversation in pare's neutral form, one JSON message per entry.
     fn messages(&self) -> Vec<&str>;
+    /// Neutral message `i` typed from the parts the adapter read it from, when the adapter wrote it
+    /// (`None`: the entry is the wire's own bytes, read as such).
+    fn typed(&self, _i: usize) -> Option<crate::neutral::Typing> {
+        None
+    }
     /// The body split around its conversation array (every format keeps its other top-level keys
     /// this way).
     fn top(&self) -> &Split<'_>;
@@ -156,9 +162,10 @@ pub enum Forward<'a> {
 }
 
 /// A forwarded message pare wrote: its neutral text (what Chat Completions forwards, what is
-/// hashed and counted) and its typed form, read from that text once, the first time an adapter
-/// that writes from the typed form asks, and kept as long as the prefix that holds it
-/// ([`WrittenReads`]). A turn adapter writes a rewritten block from it; Chat Completions never asks.
+/// hashed and counted) and its typed form, as the engine gave it with the prefix
+/// ([`crate::compact::Compacted::typed`]) and kept as long as the prefix that holds it
+/// ([`WrittenReads`]). A turn adapter writes a rewritten block from it. A prefix restored from the
+/// archive has only its texts: an entry is read from its text the first time an adapter asks.
 #[derive(Clone, Copy)]
 pub struct Written<'a> {
     pub text: &'a str,
@@ -172,7 +179,7 @@ impl std::fmt::Debug for Written<'_> {
 }
 
 impl<'a> Written<'a> {
-    /// The message, read the first time it is asked for.
+    /// The message: as the engine gave it, else read from the text the first time it is asked for.
     pub fn message(&self) -> Result<&'a Message, WireError> {
         self.read
             .get_or_init(|| Message::from_raw(self.text).ok().map(Box::new))
@@ -181,8 +188,8 @@ impl<'a> Written<'a> {
     }
 }
 
-/// The typed forms of a forwarded prefix's entries ([`Written`]), one slot per entry, each filled the
-/// first time an adapter asks for it.
+/// The typed forms of a forwarded prefix's entries ([`Written`]), one slot per entry: filled with
+/// what the engine gave, or the first time an adapter asks for an entry the engine did not type.
 #[derive(Debug, Clone, Default)]
 pub struct WrittenReads(Box<[OnceLock<Option<Box<Message>>>]>);
 
@@ -190,6 +197,17 @@ impl WrittenReads {
     /// Empty slots for a prefix of `n` entries.
     pub fn new(n: usize) -> WrittenReads {
         WrittenReads((0..n).map(|_| OnceLock::new()).collect())
+    }
+
+    /// The slots of a prefix whose entries the engine typed as `typed` (`None`: an entry kept as
+    /// sent, read if an adapter ever asks).
+    pub fn of(typed: Vec<Option<Box<Message>>>) -> WrittenReads {
+        WrittenReads(typed.into_iter().map(|t| t.map_or_else(OnceLock::new, |m| OnceLock::from(Some(m)))).collect())
+    }
+
+    /// Entry `at`'s message, when it is typed already.
+    pub fn typed(&self, at: usize) -> Option<&Message> {
+        self.0.get(at)?.get()?.as_deref()
     }
 
     /// Entry `at` of the prefix, whose text is `text`, as written for an adapter.
@@ -308,6 +326,20 @@ pub(crate) fn forward_by_hand<'a, N: AsRef<str>>(
         }
     }
     out
+}
+
+/// Every neutral entry `body` types ([`WireBody::typed`]) is typed as reading its text types it,
+/// with its members where the text holds them: the adapter's two forms of an entry agree.
+#[cfg(test)]
+pub(crate) fn assert_typed_as_read(body: &dyn WireBody) {
+    for (i, text) in body.messages().into_iter().enumerate() {
+        let Some((message, members)) = body.typed(i) else { continue };
+        let (read, read_members) = Message::read(text);
+        assert_eq!(message, read.ok(), "entry {i} is typed otherwise than its text reads: {text}");
+        let members: Option<Vec<(&str, &str)>> =
+            members.map(|members| members.into_iter().map(|(key, at)| (key, &text[at])).collect());
+        assert_eq!(members, read_members.or_else(|| crate::neutral::raw_members(text)), "entry {i}'s members: {text}");
+    }
 }
 
 /// [`WireBody::write`] of a conversation put together by hand from `body`'s neutral messages, for

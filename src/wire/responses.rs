@@ -40,7 +40,7 @@ use serde_json::value::RawValue;
 use super::{Forward, Invalid, Origin, Spans, Split, Wire, WireBody, WireError, json_string, replace_member};
 use crate::compact::validate::Skeleton;
 use crate::neutral::scan::Resume;
-use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string};
+use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, Typing, push_json_string};
 
 /// The `type` of the input item with which a client (Codex) asks the server to compact the
 /// history it sends: such a request is forwarded as sent ([`WireBody::server_compaction`]).
@@ -63,7 +63,7 @@ enum Kind {
 }
 
 /// The keys of an item the adapter reads; everything else stays in the item's bytes.
-#[derive(Deserialize, Default)]
+#[derive(Debug, Deserialize, Default)]
 struct Head<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
@@ -155,6 +155,8 @@ pub struct ResponsesBody<'a> {
     /// `input` is a string: one user message, forwarded as sent.
     input_is_text: bool,
     items: Vec<Item<'a>>,
+    /// Each item's keys the adapter reads (`None`: not an object).
+    heads: Vec<Option<Head<'a>>>,
     /// The neutral messages: the instructions first when the request has them, then the items'.
     neutral: Vec<String>,
     /// Instructions are neutral message 0.
@@ -183,37 +185,62 @@ impl<'a> ResponsesBody<'a> {
             split,
             input_is_text,
             items: Vec::new(),
+            heads: Vec::new(),
             neutral: Vec::new(),
             has_instructions: false,
             ranges: Vec::new(),
             epoch_boundary: None,
         };
-        if let Some(instructions) = out.split.field("instructions").filter(|v| v.get().starts_with('"')) {
-            out.neutral.push(Draft::text("system", instructions.get()).write());
-            out.has_instructions = true;
-        }
+        out.has_instructions = out.instructions().is_some();
         if input_is_text {
-            out.neutral.push(Draft::text("user", out.split.array_raw).write());
+            out.neutral = (0..2).filter_map(|i| out.draft(i)).map(|draft| draft.write()).collect();
             return Ok(out);
         }
-        let mut heads = Vec::with_capacity(out.split.elements.len());
+        out.heads.reserve(out.split.elements.len());
         for raw in &out.split.elements {
             let (item, head) = Item::read(raw);
             out.items.push(item);
-            heads.push(head);
+            out.heads.push(head);
         }
         let mut start = 0;
         while start < out.items.len() {
             let end = turn_end(&out.items, start);
-            let raws = &out.split.elements[start..end];
             if out.items[start..end].iter().any(|item| COMPACTION_ITEMS.contains(&item.type_name.as_str())) {
-                out.epoch_boundary = Some(out.neutral.len());
+                out.epoch_boundary = Some(out.ranges.len() + out.first_item_message());
             }
-            out.neutral.push(neutral_of(&out.items[start..end], &heads[start..end], raws));
             out.ranges.push((start, end));
             start = end;
         }
+        let n = out.first_item_message() + out.ranges.len();
+        out.neutral = (0..n)
+            .map(|i| match out.draft(i) {
+                Some(draft) => draft.write(),
+                None => {
+                    let (start, end) = out.ranges[i - out.first_item_message()];
+                    crate::neutral::opaque(&out.split.elements[start..end])
+                }
+            })
+            .collect();
         Ok(out)
+    }
+
+    /// The instructions, when they are a string.
+    fn instructions(&self) -> Option<&'a str> {
+        self.split.field("instructions").map(RawValue::get).filter(|v| v.starts_with('"'))
+    }
+
+    /// Neutral message `i` as read from its items (`None`: an opaque entry, or no such message).
+    fn draft(&self, i: usize) -> Option<Draft<'_>> {
+        let i = match (self.has_instructions, i) {
+            (true, 0) => return self.instructions().map(|text| Draft::text("system", text)),
+            (true, i) => i - 1,
+            (false, i) => i,
+        };
+        if self.input_is_text {
+            return (i == 0).then(|| Draft::text("user", self.split.array_raw));
+        }
+        let &(start, end) = self.ranges.get(i)?;
+        draft_of(&self.items[start..end], &self.heads[start..end])
     }
 
     /// The raw items of the request, in order.
@@ -267,12 +294,9 @@ fn turn_end<'a, I: std::borrow::Borrow<Item<'a>>>(items: &[I], start: usize) -> 
     end
 }
 
-/// The neutral message of items forming one unit (see [`turn_end`]).
-fn neutral_of(items: &[Item<'_>], heads: &[Option<Head<'_>>], raws: &[&str]) -> String {
-    let main = items.iter().position(|i| i.kind != Kind::Reasoning);
-    let Some(main) = main else {
-        return crate::neutral::opaque(raws);
-    };
+/// The neutral message of items forming one unit (see [`turn_end`]); `None` for an opaque entry.
+fn draft_of<'d>(items: &'d [Item<'_>], heads: &'d [Option<Head<'_>>]) -> Option<Draft<'d>> {
+    let main = items.iter().position(|i| i.kind != Kind::Reasoning)?;
     let head = heads[main].as_ref();
     match items[main].kind {
         Kind::Message | Kind::Call => {
@@ -301,18 +325,17 @@ fn neutral_of(items: &[Item<'_>], heads: &[Option<Head<'_>>], raws: &[&str]) -> 
                     DraftCall { id: &items[k].call_id, name: name.unwrap_or(""), arguments }
                 })
                 .collect();
-            Draft {
+            Some(Draft {
                 role,
                 content: Cow::Borrowed(content.map_or("null", RawValue::get)),
                 tool_calls,
                 tool_call_id: None,
-            }
-            .write()
+            })
         }
         Kind::Output => {
-            Draft::result(&items[main].call_id, head.and_then(|h| h.output).map_or("null", RawValue::get)).write()
+            Some(Draft::result(&items[main].call_id, head.and_then(|h| h.output).map_or("null", RawValue::get)))
         }
-        Kind::Reasoning | Kind::Opaque => crate::neutral::opaque(raws),
+        Kind::Reasoning | Kind::Opaque => None,
     }
 }
 
@@ -322,6 +345,9 @@ impl WireBody for ResponsesBody<'_> {
     }
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
+    }
+    fn typed(&self, i: usize) -> Option<Typing> {
+        Some(self.draft(i).map_or((None, None), |draft| draft.typing(self.neutral[i].len())))
     }
     fn top(&self) -> &Split<'_> {
         &self.split

@@ -434,6 +434,7 @@ impl CompactEngine for MaskEngine {
         self.fitted.lock().unwrap().push(fitted);
         Compacted {
             boundary,
+            typed: vec![None; prefix.len()],
             prefix,
             report: Report { boundary, ..Report::default() },
             fitted,

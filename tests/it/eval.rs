@@ -166,7 +166,8 @@ impl CompactEngine for BadEngine {
             plan.push(Fate::Rewritten { at: prefix.len(), rules: Default::default() });
             prefix.push(v.to_string());
         }
-        Compacted { boundary, prefix, report: Report::default(), fitted: false, lists: Vec::new(), plan }
+        let typed = vec![None; prefix.len()];
+        Compacted { boundary, prefix, report: Report::default(), fitted: false, lists: Vec::new(), plan, typed }
     }
 }
 

@@ -51,7 +51,8 @@ use super::{
 use crate::compact::validate::Skeleton;
 use crate::neutral::scan::Resume;
 use crate::neutral::{
-    Arguments, Draft, DraftCall, Message, push_json_string, raw_members, raw_members_around, written_as_pare_writes,
+    Arguments, Draft, DraftCall, Message, Typing, push_json_string, raw_members, raw_members_around,
+    written_as_pare_writes,
 };
 
 /// What the path of a Gemini request says: the model, and whether the answer streams.
@@ -345,35 +346,50 @@ impl<'a> GeminiBody<'a> {
         let split = Split::parse_resumed(bytes, "contents", resume)?;
         let turns = read_turns(&split.elements);
         let mut out = GeminiBody { split, turns, neutral: Vec::new(), has_system: false, units: Vec::new(), call };
-        if let Some(system) = out.system() {
-            out.neutral.push(system_message(system));
-            out.has_system = true;
-        }
+        out.has_system = out.system().is_some();
         for (t, turn) in out.turns.iter().enumerate() {
             match turn.side {
-                Side::Opaque => {
-                    out.neutral.push(crate::neutral::opaque(&[turn.raw]));
-                    out.units.push(Unit::Turn(t));
-                }
-                Side::Model => {
-                    out.neutral.push(model_message(turn));
-                    out.units.push(Unit::Turn(t));
-                }
+                Side::Opaque | Side::Model => out.units.push(Unit::Turn(t)),
                 Side::User => {
-                    for r in turn.responses() {
-                        out.neutral.push(result_message(&turn.ids[&r], &turn.parts[r]));
-                        out.units.push(Unit::Result { turn: t, part: r });
-                    }
-                    let written: Vec<&str> =
-                        turn.parts.iter().filter(|p| p.kind != Kind::Response).map(|p| p.raw).collect();
-                    if !written.is_empty() || turn.parts.is_empty() {
-                        out.neutral.push(Draft::text("user", format!("[{}]", written.join(","))).write());
+                    out.units.extend(turn.responses().map(|r| Unit::Result { turn: t, part: r }));
+                    if turn.parts.is_empty() || turn.parts.iter().any(|p| p.kind != Kind::Response) {
                         out.units.push(Unit::UserParts(t));
                     }
                 }
             }
         }
+        let n = out.first_turn_message() + out.units.len();
+        out.neutral = (0..n)
+            .map(|i| match out.draft(i) {
+                Some(draft) => draft.write(),
+                None => crate::neutral::opaque(&[out.turns[out.units[i - out.first_turn_message()].turn()].raw]),
+            })
+            .collect();
         Ok(out)
+    }
+
+    /// Neutral message `i` as read from its turn (`None`: an opaque turn, or no such message).
+    fn draft(&self, i: usize) -> Option<Draft<'_>> {
+        let i = match (self.has_system, i) {
+            (true, 0) => return self.system().map(system_draft),
+            (true, i) => i - 1,
+            (false, i) => i,
+        };
+        match *self.units.get(i)? {
+            Unit::Turn(t) => {
+                let turn = &self.turns[t];
+                (turn.side == Side::Model).then(|| model_draft(turn))
+            }
+            Unit::Result { turn, part } => {
+                let turn = &self.turns[turn];
+                Some(result_draft(&turn.ids[&part], &turn.parts[part]))
+            }
+            Unit::UserParts(t) => {
+                let written: Vec<&str> =
+                    self.turns[t].parts.iter().filter(|p| p.kind != Kind::Response).map(|p| p.raw).collect();
+                Some(Draft::text("user", format!("[{}]", written.join(","))))
+            }
+        }
     }
 
     /// Parse a Gemini request read without its path (no model, not streamed).
@@ -396,16 +412,16 @@ impl<'a> GeminiBody<'a> {
 
 /// The system prompt as a neutral message: its `parts` as content, or the whole value as text when
 /// it has none.
-fn system_message(system: &str) -> String {
+fn system_draft(system: &str) -> Draft<'_> {
     #[derive(Deserialize)]
     struct Parts<'a> {
         #[serde(borrow)]
         parts: &'a RawValue,
     }
     match serde_json::from_str::<Parts<'_>>(system) {
-        Ok(p) if p.parts.get().starts_with('[') => Draft::text("system", p.parts.get()).write(),
-        _ if system.starts_with('"') => Draft::text("system", system).write(),
-        _ => Draft::text("system", json_string(system)).write(),
+        Ok(p) if p.parts.get().starts_with('[') => Draft::text("system", p.parts.get()),
+        _ if system.starts_with('"') => Draft::text("system", system),
+        _ => Draft::text("system", json_string(system)),
     }
 }
 
@@ -428,15 +444,15 @@ fn is_response_text(part: &Part<'_>, text: &str) -> bool {
 
 /// The neutral message of a response part: the text it stands for as its content, the member as
 /// sent when that is how pare writes the text (no decoding and writing it again).
-fn result_message(id: &str, part: &Part<'_>) -> String {
+fn result_draft<'p>(id: &'p str, part: &'p Part<'_>) -> Draft<'p> {
     let content = match part.response_member {
         Some((_, value)) if written_as_pare_writes(value) => Cow::Borrowed(value),
         _ => Cow::Owned(json_string(&response_text(part))),
     };
-    Draft::result(id, content).write()
+    Draft::result(id, content)
 }
 
-fn model_message(turn: &Turn<'_>) -> String {
+fn model_draft<'t>(turn: &'t Turn<'_>) -> Draft<'t> {
     let texts: Vec<&str> = turn.parts.iter().filter(|p| p.kind == Kind::Text).map(|p| p.raw).collect();
     let content = if texts.is_empty() { Cow::Borrowed("null") } else { Cow::Owned(format!("[{}]", texts.join(","))) };
     let tool_calls = turn
@@ -446,7 +462,7 @@ fn model_message(turn: &Turn<'_>) -> String {
             DraftCall { id: &turn.ids[&c], name: &call.name, arguments: Arguments::Text(call.args) }
         })
         .collect();
-    Draft { role: "assistant", content, tool_calls, tool_call_id: None }.write()
+    Draft { role: "assistant", content, tool_calls, tool_call_id: None }
 }
 
 /// The neutral message of a model answer (a candidate's `content`, as the API returns it or as
@@ -458,7 +474,7 @@ pub fn neutral_answer(content: &Value) -> Option<Value> {
     if turn.side != Side::Model {
         return None;
     }
-    serde_json::from_str(&model_message(&turn)).ok()
+    serde_json::from_str(&model_draft(&turn).write()).ok()
 }
 
 impl WireBody for GeminiBody<'_> {
@@ -467,6 +483,9 @@ impl WireBody for GeminiBody<'_> {
     }
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
+    }
+    fn typed(&self, i: usize) -> Option<Typing> {
+        Some(self.draft(i).map_or((None, None), |draft| draft.typing(self.neutral[i].len())))
     }
     fn top(&self) -> &Split<'_> {
         &self.split

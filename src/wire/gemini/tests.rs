@@ -434,6 +434,7 @@ mod properties {
         ) {
             let body = conversation(rounds.clone(), system).to_string();
             let parsed = GeminiBody::parse(body.as_bytes()).unwrap();
+            crate::wire::assert_typed_as_read(&parsed);
             let messages = parsed.messages();
             prop_assert_eq!(write_by_hand(&parsed, &messages).unwrap().0, body.as_bytes().to_vec());
             let skeletons: Vec<_> = messages.iter().map(|m| crate::compact::validate::Skeleton::of(m)).collect();

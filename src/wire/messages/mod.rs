@@ -47,7 +47,7 @@ use super::{
 };
 use crate::compact::validate::Skeleton;
 use crate::neutral::scan::Resume;
-use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, push_json_string, raw_members};
+use crate::neutral::{Arguments, Content, Draft, DraftCall, Message, Typing, push_json_string, raw_members};
 use cache::{Fate, Place};
 
 /// The `type` of the block in which the server hands back its summary of the conversation
@@ -234,43 +234,69 @@ impl<'a> MessagesBody<'a> {
             units: Vec::new(),
             epoch_boundary: None,
         };
-        if let Some(system) = out.split.field("system").map(RawValue::get).filter(|s| *s != "null") {
-            let mut message = String::from(r#"{"role":"system","content":"#);
-            message.push_str(&unmarked(system));
-            message.push('}');
-            out.neutral.push(message);
-            out.has_system = true;
-        }
+        out.has_system = out.system().is_some();
         out.turns = out.split.elements.iter().map(|raw| Turn::read(raw)).collect();
         for (t, turn) in out.turns.iter().enumerate() {
-            if turn.opaque {
-                out.neutral.push(crate::neutral::opaque(&[turn.raw]));
-                out.units.push(Unit::Turn(t));
-            } else if turn.is_whole() {
-                out.neutral.push(Draft::text(&turn.role, turn.content).write());
+            if turn.is_whole() {
                 out.units.push(Unit::Turn(t));
             } else if turn.role == "assistant" {
                 if turn.blocks.iter().any(|b| b.compaction) {
-                    out.epoch_boundary = Some(out.neutral.len());
+                    out.epoch_boundary = Some(out.units.len() + usize::from(out.has_system));
                 }
-                out.neutral.push(assistant_message(&turn.blocks));
                 out.units.push(Unit::Turn(t));
             } else {
-                for (b, block) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
-                    out.neutral.push(result_message(block));
+                for (b, _) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
                     out.units.push(Unit::Result { turn: t, part: b });
                 }
-                let written: Vec<&Block<'_>> = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
-                if !written.is_empty() || turn.blocks.is_empty() {
-                    if written.iter().any(|b| b.compaction) {
-                        out.epoch_boundary = Some(out.neutral.len());
+                let written = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult);
+                if written.clone().next().is_some() || turn.blocks.is_empty() {
+                    if written.clone().any(|b| b.compaction) {
+                        out.epoch_boundary = Some(out.units.len() + usize::from(out.has_system));
                     }
-                    out.neutral.push(user_blocks_message(&written));
                     out.units.push(Unit::UserParts(t));
                 }
             }
         }
+        let n = out.first_turn_message() + out.units.len();
+        out.neutral = (0..n)
+            .map(|i| match out.draft(i) {
+                Some(draft) => draft.write(),
+                None => crate::neutral::opaque(&[out.turns[out.units[i - out.first_turn_message()].turn()].raw]),
+            })
+            .collect();
         Ok(out)
+    }
+
+    /// The system prompt as sent, when the request has one.
+    fn system(&self) -> Option<&'a str> {
+        self.split.field("system").map(RawValue::get).filter(|s| *s != "null")
+    }
+
+    /// Neutral message `i` as read from its turn (`None`: an opaque turn, or no such message).
+    fn draft(&self, i: usize) -> Option<Draft<'_>> {
+        let i = match (self.has_system, i) {
+            (true, 0) => return self.system().map(|system| Draft::text("system", unmarked(system))),
+            (true, i) => i - 1,
+            (false, i) => i,
+        };
+        match *self.units.get(i)? {
+            Unit::Turn(t) => {
+                let turn = &self.turns[t];
+                if turn.opaque {
+                    None
+                } else if turn.is_whole() {
+                    Some(Draft::text(&turn.role, turn.content))
+                } else {
+                    Some(assistant_draft(&turn.blocks))
+                }
+            }
+            Unit::Result { turn, part } => Some(result_draft(&self.turns[turn].blocks[part])),
+            Unit::UserParts(t) => {
+                let written: Vec<&Block<'_>> =
+                    self.turns[t].blocks.iter().filter(|b| b.kind != Kind::ToolResult).collect();
+                Some(user_blocks_draft(&written))
+            }
+        }
     }
 
     fn first_turn_message(&self) -> usize {
@@ -279,16 +305,17 @@ impl<'a> MessagesBody<'a> {
 }
 
 /// A content value (a string, or an array of blocks) without `cache_control` marks, as JSON text.
-fn unmarked(content: &str) -> String {
+fn unmarked<'c>(content: impl Into<Cow<'c, str>>) -> Cow<'c, str> {
+    let content = content.into();
     if !content.contains("\"cache_control\"") {
-        return content.to_owned();
+        return content;
     }
-    match serde_json::from_str::<Value>(content) {
+    match serde_json::from_str::<Value>(&content) {
         Ok(mut value) => {
             strip_marks(&mut value);
-            value.to_string()
+            Cow::Owned(value.to_string())
         }
-        Err(_) => content.to_owned(),
+        Err(_) => content,
     }
 }
 
@@ -305,19 +332,18 @@ fn strip_marks(value: &mut Value) {
     }
 }
 
-fn result_message(block: &Block<'_>) -> String {
-    Draft::result(&block.id, block.content.map_or_else(|| "\"\"".to_owned(), unmarked)).write()
+fn result_draft<'b>(block: &'b Block<'_>) -> Draft<'b> {
+    Draft::result(&block.id, block.content.map_or(Cow::Borrowed("\"\""), unmarked))
 }
 
-fn user_blocks_message(blocks: &[&Block<'_>]) -> String {
+fn user_blocks_draft<'b>(blocks: &[&'b Block<'_>]) -> Draft<'b> {
     let list: Vec<&str> = blocks.iter().map(|b| b.raw).collect();
-    Draft::text("user", unmarked(&format!("[{}]", list.join(",")))).write()
+    Draft::text("user", unmarked(format!("[{}]", list.join(","))))
 }
 
-fn assistant_message(blocks: &[Block<'_>]) -> String {
+fn assistant_draft<'b>(blocks: &'b [Block<'_>]) -> Draft<'b> {
     let texts: Vec<&str> = blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw).collect();
-    let content =
-        if texts.is_empty() { Cow::Borrowed("null") } else { Cow::Owned(unmarked(&format!("[{}]", texts.join(",")))) };
+    let content = if texts.is_empty() { Cow::Borrowed("null") } else { unmarked(format!("[{}]", texts.join(","))) };
     let tool_calls = blocks
         .iter()
         .filter(|b| b.kind == Kind::ToolUse)
@@ -327,7 +353,7 @@ fn assistant_message(blocks: &[Block<'_>]) -> String {
             arguments: Arguments::Text(call.input.unwrap_or("{}")),
         })
         .collect();
-    Draft { role: "assistant", content, tool_calls, tool_call_id: None }.write()
+    Draft { role: "assistant", content, tool_calls, tool_call_id: None }
 }
 
 impl WireBody for MessagesBody<'_> {
@@ -336,6 +362,9 @@ impl WireBody for MessagesBody<'_> {
     }
     fn messages(&self) -> Vec<&str> {
         self.neutral.iter().map(String::as_str).collect()
+    }
+    fn typed(&self, i: usize) -> Option<Typing> {
+        Some(self.draft(i).map_or((None, None), |draft| draft.typing(self.neutral[i].len())))
     }
     fn top(&self) -> &Split<'_> {
         &self.split
@@ -594,7 +623,7 @@ pub fn neutral_answer(message: &Value) -> Option<Value> {
         Value::Array(blocks) => {
             let raws: Vec<String> = blocks.iter().map(Value::to_string).collect();
             let blocks: Vec<Block<'_>> = raws.iter().map(|raw| Block::read(raw)).collect();
-            assistant_message(&blocks)
+            assistant_draft(&blocks).write()
         }
         _ => return None,
     };

@@ -33,6 +33,7 @@ fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
         r#"{"messages":[ {"role":"user","content":[]} , {"role":"narrator","content":"x"}, 7 ],"z":{"k":1}}"#,
     ] {
         let parsed = parse(body);
+        crate::wire::assert_typed_as_read(&parsed);
         let (bytes, spans) = write_by_hand(&parsed, &refs(&neutral(&parsed))).unwrap();
         assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
         assert_eq!(MessagesBody::parse(&bytes).unwrap().spans_in(&bytes), Some(spans));
@@ -155,7 +156,8 @@ fn a_compaction_turn_and_everything_before_it_are_forwarded_as_sent() {
     let compact = |body: &str| -> Value {
         let parsed = parse(body);
         let raw = parsed.messages();
-        let view = crate::neutral::View { messages: &raw, tools: None };
+        let typed = |i: usize| parsed.typed(i);
+        let view = crate::neutral::View { messages: &raw, tools: None, typed: Some(&typed) };
         let options = crate::compact::CompactOptions { epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
         let out = engine.compact(&view, &options, &crate::tokens::QuarterCounter);
         let mut messages = out.prefix.clone();
@@ -499,7 +501,8 @@ mod properties {
         let raw = parsed.messages();
         let options =
             CompactOptions { target_tokens: target, epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
-        let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
+        let typed = |i: usize| parsed.typed(i);
+        let out = engine.compact(&View { messages: &raw, tools: None, typed: Some(&typed) }, &options, &QuarterCounter);
         let mut messages = out.prefix.clone();
         messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
         (messages, out.boundary)
@@ -511,13 +514,14 @@ mod properties {
         #[test]
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = MessagesBody::parse(body.as_bytes()).unwrap();
+            crate::wire::assert_typed_as_read(&parsed);
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.turns.iter().collect::<Vec<_>>(), parsed.has_system).0, from_text);
             prop_assert_eq!(parsed.marks(), cache::marks(&serde_json::from_str(&body).unwrap()));
             for turn in parsed.turns.iter().filter(|t| t.role == "assistant") {
                 let texts = turn.blocks.iter().filter(|b| b.kind == Kind::Text).map(|b| b.raw);
-                let read_back = Message::from_raw(&assistant_message(&turn.blocks)).unwrap().text();
+                let read_back = Message::from_raw(&assistant_draft(&turn.blocks).write()).unwrap().text();
                 prop_assert_eq!(crate::neutral::parts_text(texts), read_back);
             }
             prop_assert_eq!(write_by_hand(&parsed, &refs(&messages)).unwrap().0, body.into_bytes());

@@ -21,6 +21,7 @@ fn writing_the_neutral_messages_back_unchanged_gives_the_input_bytes() {
         r#"{"instructions":"x","input":[ {"type":"message","role":"user","content":"a"} , {"type":"x"} ],"z":{"k":1}}"#,
     ] {
         let parsed = parse(body);
+        crate::wire::assert_typed_as_read(&parsed);
         let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
         let (bytes, spans) = write_by_hand(&parsed, &refs(&messages)).unwrap();
         assert_eq!(String::from_utf8(bytes.clone()).unwrap(), body);
@@ -326,6 +327,7 @@ mod properties {
         #[test]
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
+            crate::wire::assert_typed_as_read(&parsed);
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.items.iter().collect::<Vec<_>>(), parsed.has_instructions).0, from_text);
@@ -339,7 +341,8 @@ mod properties {
             let engine = Engine::default_pack();
             let options =
                 CompactOptions { target_tokens: Some(target), epoch_boundary: parsed.epoch_boundary(), ..Default::default() };
-            let out = engine.compact(&View { messages: &raw, tools: None }, &options, &QuarterCounter);
+            let typed = |i: usize| parsed.typed(i);
+            let out = engine.compact(&View { messages: &raw, tools: None, typed: Some(&typed) }, &options, &QuarterCounter);
             let mut messages = out.prefix.clone();
             messages.extend(raw[out.boundary..].iter().map(|m| (*m).to_owned()));
             let Ok((bytes, _)) = write_by_hand(&parsed, &refs(&messages)) else {
@@ -372,7 +375,8 @@ mod properties {
             // Compacting the forwarded request again changes nothing.
             let again_raw = forwarded.messages();
             let again_options = CompactOptions { epoch_boundary: forwarded.epoch_boundary(), ..Default::default() };
-            let again = engine.compact(&View { messages: &again_raw, tools: None }, &again_options, &QuarterCounter);
+            let again_typed = |i: usize| forwarded.typed(i);
+            let again = engine.compact(&View { messages: &again_raw, tools: None, typed: Some(&again_typed) }, &again_options, &QuarterCounter);
             let mut again_messages = again.prefix.clone();
             again_messages.extend(again_raw[again.boundary..].iter().map(|m| (*m).to_owned()));
             prop_assert_eq!(again_messages, again_raw.iter().map(|m| (*m).to_owned()).collect::<Vec<_>>());
