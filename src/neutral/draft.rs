@@ -123,6 +123,33 @@ impl<'a> Draft<'a> {
         })
     }
 
+    /// The JSON value [`Draft::write`]'s text is (serde_json's read of it), built from the parts:
+    /// what an answer's neutral message is for the archive's session keys. `None` where serde_json
+    /// refuses the text (a content or literal arguments it cannot read as a value).
+    pub fn value(&self) -> Option<Value> {
+        let mut message = Map::new();
+        message.insert("role".to_owned(), Value::String(self.role.to_owned()));
+        if let Some(id) = self.tool_call_id {
+            message.insert("tool_call_id".to_owned(), Value::String(id.to_owned()));
+        }
+        message.insert("content".to_owned(), serde_json::from_str(&self.content).ok()?);
+        if !self.tool_calls.is_empty() {
+            let calls = self.tool_calls.iter().map(|call| {
+                let arguments = match call.arguments {
+                    Arguments::Literal(literal) => serde_json::from_str(literal).ok()?,
+                    Arguments::Text(text) => Value::String(text.to_owned()),
+                };
+                Some(serde_json::json!({
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                }))
+            });
+            message.insert("tool_calls".to_owned(), Value::Array(calls.collect::<Option<_>>()?));
+        }
+        Some(Value::Object(message))
+    }
+
     /// The draft typed for the engine: its message and its members in its text (`len` bytes).
     pub fn typing(&self, len: usize) -> Typing {
         (self.read(), Some(self.members(len)))
@@ -236,7 +263,8 @@ mod tests {
     }
 
     proptest! {
-        /// A draft's typed read is the read of its text, and its members are where the text holds them.
+        /// A draft's typed read is the read of its text, its value serde_json's, and its members are
+    /// where the text holds them.
         #[test]
         fn a_draft_reads_as_its_text((role, content, calls, id) in owned_draft()) {
             let draft = Draft {
@@ -257,6 +285,7 @@ mod tests {
             };
             let text = draft.write();
             prop_assert_eq!(draft.read(), Message::from_raw(&text).ok(), "{}", text);
+            prop_assert_eq!(draft.value(), serde_json::from_str::<Value>(&text).ok(), "{}", text);
             let members: Vec<(&str, &str)> =
                 draft.members(text.len()).into_iter().map(|(key, at)| (key, &text[at])).collect();
             let scanned = raw_members(&text);

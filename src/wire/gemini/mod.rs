@@ -474,7 +474,7 @@ pub fn neutral_answer(content: &Value) -> Option<Value> {
     if turn.side != Side::Model {
         return None;
     }
-    serde_json::from_str(&model_draft(&turn).write()).ok()
+    model_draft(&turn).value()
 }
 
 impl WireBody for GeminiBody<'_> {

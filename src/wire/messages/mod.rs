@@ -618,16 +618,15 @@ impl MessagesBody<'_> {
 /// that the session tracker finds the conversation it extends.
 pub fn neutral_answer(message: &Value) -> Option<Value> {
     let content = message.get("content")?;
-    let neutral = match content {
-        Value::String(_) => Draft::text("assistant", content.to_string()).write(),
+    match content {
+        Value::String(_) => Draft::text("assistant", content.to_string()).value(),
         Value::Array(blocks) => {
             let raws: Vec<String> = blocks.iter().map(Value::to_string).collect();
             let blocks: Vec<Block<'_>> = raws.iter().map(|raw| Block::read(raw)).collect();
-            assistant_draft(&blocks).write()
+            assistant_draft(&blocks).value()
         }
-        _ => return None,
-    };
-    serde_json::from_str(&neutral).ok()
+        _ => None,
+    }
 }
 
 /// `block` with what the forwarded neutral `message` changed: a result's `content`, a call's `input`
