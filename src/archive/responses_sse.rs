@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::sse::{self, Event};
-use crate::wire::WireBody;
 use crate::wire::responses::ResponsesBody;
 
 /// The response object of a JSON body or an SSE stream, with its output read as neutral messages.
@@ -32,9 +31,8 @@ pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
 fn with_messages(response: Value) -> Value {
     let output = response.get("output").cloned().unwrap_or_else(|| json!([]));
     let request = json!({ "input": output }).to_string();
-    let messages: Vec<Value> = ResponsesBody::parse(request.as_bytes())
-        .map(|body| body.messages().iter().filter_map(|m| serde_json::from_str(m).ok()).collect())
-        .unwrap_or_default();
+    let messages: Vec<Value> =
+        ResponsesBody::parse(request.as_bytes()).map(|body| body.neutral_values()).unwrap_or_default();
     let message = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("assistant")).cloned();
     json!({
         "message": message,

@@ -18,6 +18,7 @@ use crate::compact::provenance::Step;
 use crate::exchange::CompactionSummary;
 use crate::exchange::Usage;
 use crate::session::content_text;
+use crate::wire::Wire;
 
 const STYLE: &str = r#"
 *{box-sizing:border-box}
@@ -269,18 +270,22 @@ fn verify_badge(cached: Option<&(i64, bool)>, n_requests: i64) -> Markup {
 }
 
 /// One line saying what an answer was: its text's first line, or its calls.
-fn answer_summary(answer: Option<&ResponseInfo>) -> Markup {
+fn answer_summary(wire: Option<Wire>, answer: Option<&ResponseInfo>) -> Markup {
     let Some(answer) = answer else { return html! { span.muted { "no answer recorded" } } };
-    // A Gemini answer is a model turn of parts: read as the neutral message it stands for.
-    let gemini = answer.assembled.as_ref().and_then(|a| a.get("message")).filter(|m| m.get("parts").is_some());
-    let neutral = gemini.and_then(crate::wire::gemini::neutral_answer);
-    let message = neutral.as_ref().or_else(|| answer.assembled.as_ref().and_then(|a| a.get("message")));
-    let text = message.map(|m| content_text(m.get("content"))).unwrap_or_default();
+    // The answer as the neutral messages it stands for, as the session tracker reads it; an answer
+    // to a path pare does not compact as its `message`.
+    let assembled = answer.assembled.as_ref();
+    let messages: Vec<Value> = match (wire, assembled) {
+        (Some(wire), Some(assembled)) => crate::archive::response::answer_messages(wire, assembled),
+        _ => None,
+    }
+    .unwrap_or_else(|| assembled.and_then(|a| a.get("message")).cloned().into_iter().collect());
+    let text = messages.iter().map(|m| content_text(m.get("content"))).collect::<Vec<_>>().join("\n");
     let first_line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    let calls: Vec<String> = message
-        .and_then(|m| m.get("tool_calls"))
-        .and_then(Value::as_array)
-        .into_iter()
+    let calls: Vec<String> = messages
+        .iter()
+        .filter_map(|m| m.get("tool_calls"))
+        .filter_map(Value::as_array)
         .flatten()
         .map(|call| {
             let f = call.get("function");
@@ -298,7 +303,7 @@ fn answer_summary(answer: Option<&ResponseInfo>) -> Markup {
         @if let Some(status) = answer.status.filter(|s| *s >= 400) { span.badge.bad { (status) } " " }
         @if !first_line.is_empty() { (Shown(&one_line(first_line, 110))) " " }
         @for call in &calls { span.call { (Shown(call)) } " " }
-        @if first_line.is_empty() && calls.is_empty() && message.is_none() { span.muted { (answer.end_reason) } }
+        @if first_line.is_empty() && calls.is_empty() && messages.is_empty() { span.muted { (answer.end_reason) } }
     }
 }
 
@@ -480,7 +485,7 @@ pub fn session(
                                 }
                             }
                             td.num.upstream { (upstream_cell(e.usage.as_ref())) }
-                            td.wide { (answer_summary(answer.as_ref())) }
+                            td.wide { (answer_summary(Wire::of_path(&e.path), answer.as_ref())) }
                         }
                     }
                 }
@@ -752,20 +757,32 @@ mod tests {
         }
     }
 
-    /// A Gemini answer (a model turn of parts) shows its text and its call, as a chat answer does.
+    /// An answer of any format shows its text and its calls, read as the neutral messages it
+    /// stands for: a Gemini model turn of parts, Responses output messages, an Anthropic message of
+    /// blocks, a chat message.
     #[test]
-    fn a_gemini_answer_is_summarized_by_its_text_and_calls() {
+    fn an_answer_is_summarized_by_its_text_and_calls_in_every_format() {
         let gemini = answer(json!({"message": {"role": "model", "parts": [
             {"text": "Listing files.", "thoughtSignature": "c2ln"},
             {"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]},
             "finish_reason": "STOP"}));
-        let shown = answer_summary(Some(&gemini)).into_string();
-        assert!(shown.contains("Listing files."), "{shown}");
-        assert!(shown.contains("run_shell_command"), "{shown}");
-        let chat = answer(json!({"message": {"role": "assistant", "content": "done", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{}"}}]}}));
-        let shown = answer_summary(Some(&chat)).into_string();
-        assert!(shown.contains("done") && shown.contains("terminal"), "{shown}");
+        let responses = answer(json!({"messages": [
+            {"role": "assistant", "content": "Listing files."},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "run_shell_command", "arguments": "{}"}}]}]}));
+        let messages = answer(json!({"message": {"role": "assistant", "content": [
+            {"type": "text", "text": "Listing files."},
+            {"type": "tool_use", "id": "t1", "name": "run_shell_command", "input": {"command": "ls"}}]}}));
+        let chat = answer(json!({"message": {"role": "assistant", "content": "Listing files.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "run_shell_command", "arguments": "{}"}}]}}));
+        for (wire, answer) in
+            [(Wire::Gemini, gemini), (Wire::Responses, responses), (Wire::Messages, messages), (Wire::Chat, chat)]
+        {
+            let shown = answer_summary(Some(wire), Some(&answer)).into_string();
+            assert!(shown.contains("Listing files.") && shown.contains("run_shell_command"), "{wire:?}: {shown}");
+        }
+        let elsewhere = answer(json!({"message": {"role": "assistant", "content": "done"}}));
+        assert!(answer_summary(None, Some(&elsewhere)).into_string().contains("done"));
     }
 
     /// An opaque entry shows as the wire parts it carries, a message as its role and text.

@@ -248,6 +248,17 @@ impl<'a> ResponsesBody<'a> {
         &self.split.elements
     }
 
+    /// The neutral messages as JSON values (an opaque entry: its items as sent, in an array), built
+    /// from what the adapter read; an entry serde_json cannot read as a value is left out.
+    pub fn neutral_values(&self) -> Vec<Value> {
+        (0..self.neutral.len())
+            .filter_map(|i| match self.draft(i) {
+                Some(draft) => draft.value(),
+                None => serde_json::from_str(&self.neutral[i]).ok(),
+            })
+            .collect()
+    }
+
     /// Index of the first neutral message made of items (after the instructions, when present).
     fn first_item_message(&self) -> usize {
         usize::from(self.has_instructions)

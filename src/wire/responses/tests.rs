@@ -328,6 +328,9 @@ mod properties {
         fn writing_back_untouched_messages_gives_the_input_bytes(body in request()) {
             let parsed = ResponsesBody::parse(body.as_bytes()).unwrap();
             crate::wire::assert_typed_as_read(&parsed);
+            let read: Vec<serde_json::Value> =
+                parsed.messages().iter().filter_map(|m| serde_json::from_str(m).ok()).collect();
+            prop_assert_eq!(parsed.neutral_values(), read);
             let messages: Vec<String> = parsed.messages().into_iter().map(str::to_owned).collect();
             let from_text: Vec<_> = messages.iter().map(|m| Skeleton::of(m)).collect();
             prop_assert_eq!(neutral_skeletons(&parsed.items.iter().collect::<Vec<_>>(), parsed.has_instructions).0, from_text);
