@@ -420,11 +420,14 @@ impl MessagesBody<'_> {
         let mut fates: Vec<Vec<Fate>> = self.turns.iter().map(|t| vec![Fate::Elided; t.n_blocks()]).collect();
         // The blocks of each surviving turn, as (original block index or None for new, text).
         let mut written: Vec<WrittenTurn<'_>> = Vec::new();
+        // The text of each turn the engine wrote, by its place in `written`.
+        let mut new_texts: HashMap<usize, String> = HashMap::new();
         let mut seen_turn: Option<usize> = None;
         for f in &traced {
             let unit = match f {
                 Traced::Kept(unit) | Traced::Rewritten(unit, _) => *unit,
                 Traced::New(message) => {
+                    new_texts.insert(written.len(), message.text());
                     written.push((None, vec![(None, Cow::Owned(new_turn(message)?))]));
                     seen_turn = None;
                     continue;
@@ -507,9 +510,8 @@ impl MessagesBody<'_> {
                     if !opens_with_thinking.get(i + 1).copied().unwrap_or(false) {
                         return Ok(text);
                     }
-                    let marker =
-                        Message::from_raw(&text).map_err(|e| WireError::Unwritable(format!("a new turn: {e}")))?;
-                    Ok(Cow::Owned(turn_of("user", &text_blocks(&marker.text()))))
+                    let marker = new_texts.get(&i).map_or("", String::as_str);
+                    Ok(Cow::Owned(turn_of("user", &text_blocks(marker))))
                 }
                 Some(t) => {
                     let turn = &self.turns[t];
