@@ -215,9 +215,9 @@ impl WrittenReads {
         Written { text, read: &self.0[at] }
     }
 
-    /// Bytes allocated for the slots and the messages read so far, each counted as the length of
-    /// its text (which its fields hold) plus the message itself; `text_len(at)` is entry `at`'s
-    /// text length, asked only of the entries read.
+    /// Bytes allocated for the slots and the messages they hold (given by the engine or read since),
+    /// each counted as the length of its text (which its fields hold) plus the message itself;
+    /// `text_len(at)` is entry `at`'s text length, asked only of the entries held.
     pub fn bytes(&self, text_len: impl Fn(usize) -> usize) -> usize {
         let read = (self.0.iter().enumerate())
             .filter(|(_, slot)| slot.get().is_some_and(Option::is_some))
