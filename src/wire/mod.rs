@@ -150,6 +150,16 @@ pub trait WireBody: Send + Sync {
     fn check(&self) -> Result<(), Invalid>;
 }
 
+/// The neutral texts of a body's `n` entries: entry `i`'s draft written, or, for an entry the
+/// adapter does not read, the wire parts it stands for (`parts(i)`) as an opaque entry.
+fn neutral_texts<'p, 'd>(
+    n: usize,
+    draft: impl Fn(usize) -> Option<crate::neutral::Draft<'d>>,
+    parts: impl Fn(usize) -> &'p [&'p str],
+) -> Vec<String> {
+    (0..n).map(|i| draft(i).map_or_else(|| crate::neutral::opaque(parts(i)), |draft| draft.write())).collect()
+}
+
 /// One entry of a forwarded conversation, as the engine's plan says to write it.
 #[derive(Debug, Clone, Copy)]
 pub enum Forward<'a> {

@@ -212,15 +212,11 @@ impl<'a> ResponsesBody<'a> {
             start = end;
         }
         let n = out.first_item_message() + out.ranges.len();
-        out.neutral = (0..n)
-            .map(|i| match out.draft(i) {
-                Some(draft) => draft.write(),
-                None => {
-                    let (start, end) = out.ranges[i - out.first_item_message()];
-                    crate::neutral::opaque(&out.split.elements[start..end])
-                }
-            })
-            .collect();
+        let items = |i: usize| {
+            let (start, end) = out.ranges[i - out.first_item_message()];
+            &out.split.elements[start..end]
+        };
+        out.neutral = super::neutral_texts(n, |i| out.draft(i), items);
         Ok(out)
     }
 

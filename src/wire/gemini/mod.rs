@@ -358,13 +358,9 @@ impl<'a> GeminiBody<'a> {
                 }
             }
         }
-        let n = out.first_turn_message() + out.units.len();
-        out.neutral = (0..n)
-            .map(|i| match out.draft(i) {
-                Some(draft) => draft.write(),
-                None => crate::neutral::opaque(&[out.turns[out.units[i - out.first_turn_message()].turn()].raw]),
-            })
-            .collect();
+        let first = out.first_turn_message();
+        let turn_raw = |i: usize| std::slice::from_ref(&out.turns[out.units[i - first].turn()].raw);
+        out.neutral = super::neutral_texts(first + out.units.len(), |i| out.draft(i), turn_raw);
         Ok(out)
     }
 
