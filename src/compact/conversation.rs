@@ -589,15 +589,18 @@ mod tests {
     use super::*;
     use crate::config::pack::SuccessSpec;
 
+    /// `refs` analysed with the default key arguments and success policy, read from their texts.
+    fn analysed<'a>(refs: &'a [&'a str], protect_last_turns: u32, parallel: bool) -> Conversation<'a> {
+        let policy = SuccessPolicy::new(&SuccessSpec::default());
+        let keys = crate::config::pack::RulesSpec::default().key_arguments;
+        Conversation::analyse(&View::of_texts(refs, None), protect_last_turns, &keys, &policy, parallel)
+    }
+
     /// The head kept for an epoch boundary ends after the boundary, and after the tool results
     /// answering it when it is a call turn.
     #[test]
     fn the_epoch_head_ends_after_the_boundary_and_its_results() {
-        let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let head = |refs: &[&str], boundary| {
-            Conversation::analyse(&View::of_texts(refs, None), 1, &keys, &policy, false).epoch_head_after(boundary)
-        };
+        let head = |refs: &[&str], boundary| analysed(refs, 1, false).epoch_head_after(boundary);
         let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"ls","arguments":"{}"}}]}"#;
         let opaque = r#"[{"type":"compaction","encrypted_content":"x"}]"#;
         let user = r#"{"role":"user","content":"u"}"#;
@@ -615,8 +618,6 @@ mod tests {
     /// succeeds; the editor's own error and an edit's snippet keep the status their text gives.
     #[test]
     fn a_listing_of_a_file_with_error_text_is_a_successful_read() {
-        let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::config::pack::RulesSpec::default().key_arguments;
         let listing: String = (1..=40)
             .map(|i| match i {
                 7 => format!("{i:6}\t        raise ValueError(\"Error: bad input\")"),
@@ -630,7 +631,7 @@ mod tests {
             let result = serde_json::json!({"role": "tool", "tool_call_id": "a", "content": output});
             let raw = [call.to_string(), result.to_string()];
             let refs: Vec<&str> = raw.iter().map(String::as_str).collect();
-            let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, false);
+            let conv = analysed(&refs, 1, false);
             conv.outcomes[1].as_ref().unwrap().status.clone()
         };
         let view = serde_json::json!({"command": "view", "path": "/w/a.py"});
@@ -657,9 +658,7 @@ mod tests {
             r#"{"role":"user","content":"more"}"#,
             r#"{"role":"assistant","content":"ok"}"#,
         ];
-        let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, true);
+        let conv = analysed(&refs, 1, true);
         assert_eq!(conv.boundary, 7);
         let kinds: Vec<(usize, usize, GroupKind)> = conv.groups.iter().map(|g| (g.start, g.end, g.kind)).collect();
         assert_eq!(
@@ -677,9 +676,9 @@ mod tests {
         assert_eq!(f.status, "error");
         assert_eq!(f.first_error.as_deref(), Some("KeyError: 'k'"));
         assert_eq!(conv.facts(3).files, vec!["x.py".to_string()]);
-        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 3, &keys, &policy, true).boundary, 2);
-        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 4, &keys, &policy, true).boundary, 0);
-        assert_eq!(Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, true).boundary, 8);
+        assert_eq!(analysed(&refs, 3, true).boundary, 2);
+        assert_eq!(analysed(&refs, 4, true).boundary, 0);
+        assert_eq!(analysed(&refs, 0, true).boundary, 8);
     }
 
     #[test]
@@ -691,16 +690,14 @@ mod tests {
             r#"{"role":"assistant","content":"Now load_user.","tool_calls":[{"id":"b","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"grep -n user_id app.py\"}"}}]}"#,
             r#"{"role":"tool","tool_call_id":"b","content":"12: ZFA04Y"}"#,
         ];
-        let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&View::of_texts(&refs, None), 1, &keys, &policy, true);
+        let conv = analysed(&refs, 1, true);
         assert_eq!(conv.boundary, 3);
         // `parse_header` is in the user message, `load_user` in the tail's text, `user_id` in its
         // call's arguments and `ZFA04Y` in its result: only `raw_bytes` is left to list.
         assert_eq!(conv.names(2), ["raw_bytes".to_string()]);
         assert!(conv.render_marker(2, "[tool: {call}{names}]").ends_with("; names: raw_bytes]"));
         // With no protected tail only the user message is shown: the result lists the rest.
-        let none = Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, true);
+        let none = analysed(&refs, 0, true);
         assert_eq!(none.names(2), ["raw_bytes", "ZFA04Y", "load_user", "user_id"].map(String::from));
     }
 
@@ -714,9 +711,7 @@ mod tests {
             r#"{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]}"#,
             r#"{"role":"tool","tool_call_id":"c","content":"a.py b.py"}"#,
         ];
-        let policy = SuccessPolicy::new(&SuccessSpec::default());
-        let keys = crate::config::pack::RulesSpec::default().key_arguments;
-        let conv = Conversation::analyse(&View::of_texts(&refs, None), 0, &keys, &policy, false);
+        let conv = analysed(&refs, 0, false);
         assert_eq!(conv.calls_of_message(1).iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(conv.calls_of_message(4).len(), 1);
         assert!(conv.calls_of_message(2).is_empty());

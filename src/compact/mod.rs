@@ -558,6 +558,14 @@ mod tests {
     use crate::tokens::{QuarterCounter, request_tokens};
     use crate::wire::ChatBody;
 
+    /// An OpenHands session's request and the default engine protecting its last two turns.
+    fn openhands() -> (ChatBody<'static>, Engine) {
+        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
+        let mut engine = Engine::default_pack();
+        engine.policy.spec.protect_last_turns = 2;
+        (ChatBody::parse(body).unwrap(), engine)
+    }
+
     /// What a run with `keep_first` computes from scratch: the rules applied with the head kept
     /// (they never touch it), its edits reverted, nothing shared with another run.
     fn alone<'p>(engine: &'p Engine, view: &View<'p>, opts: &'p CompactOptions, keep_first: usize) -> Prepared<'p> {
@@ -577,11 +585,8 @@ mod tests {
 
     #[test]
     fn runs_of_one_prepared_compaction_are_the_runs_made_alone() {
-        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
-        let parsed = ChatBody::parse(body).unwrap();
+        let (parsed, engine) = openhands();
         let view = parsed.view();
-        let mut engine = Engine::default_pack();
-        engine.policy.spec.protect_last_turns = 2;
         let rules_only = engine.compact(&view, &CompactOptions::default(), &QuarterCounter);
         let mut forwarded = rules_only.prefix.clone();
         forwarded.extend(view.messages[rules_only.boundary..].iter().map(|m| (*m).to_owned()));
@@ -621,10 +626,7 @@ mod tests {
     /// compacted.
     #[test]
     fn nothing_up_to_an_epoch_boundary_is_rewritten() {
-        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
-        let parsed = ChatBody::parse(body).unwrap();
-        let mut engine = Engine::default_pack();
-        engine.policy.spec.protect_last_turns = 2;
+        let (parsed, engine) = openhands();
         let plain = parsed.view();
         let rules_only = engine.compact(&plain, &CompactOptions::default(), &QuarterCounter);
         // An assistant turn halfway through the history becomes the boundary; its results go with it.
@@ -653,11 +655,8 @@ mod tests {
     /// entry it wrote: compacting the forwarded request with those gives what its texts give.
     #[test]
     fn entries_are_typed_by_their_maker_both_ways() {
-        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
-        let parsed = ChatBody::parse(body).unwrap();
+        let (parsed, engine) = openhands();
         let plain = parsed.view();
-        let mut engine = Engine::default_pack();
-        engine.policy.spec.protect_last_turns = 2;
         let tokens = request_tokens(&QuarterCounter, plain.messages, plain.tools);
         let opts = CompactOptions { target_tokens: Some(tokens * 40 / 100), ..Default::default() };
         let out = engine.compact(&plain, &opts, &QuarterCounter);
@@ -695,10 +694,7 @@ mod tests {
     /// while the history around it is compacted.
     #[test]
     fn an_opaque_entry_is_kept_in_place() {
-        let body = include_bytes!("../../tests/fixtures/compact/openhands_django_11066.json");
-        let parsed = ChatBody::parse(body).unwrap();
-        let mut engine = Engine::default_pack();
-        engine.policy.spec.protect_last_turns = 2;
+        let (parsed, engine) = openhands();
         let mut messages: Vec<&str> = parsed.view().messages.to_vec();
         let turns: Vec<usize> =
             (2..messages.len() / 2).filter(|&i| crate::neutral::role_of(messages[i]) == "assistant").collect();

@@ -4,10 +4,9 @@
 //! ([`Draft::read`]): what the adapter wrote is never parsed back.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use serde_json::{Map, Value};
-
-use std::ops::Range;
 
 use super::{FunctionCall, Message, ToolCall, Typing, push_json_string, read};
 
@@ -85,9 +84,7 @@ impl<'a> Draft<'a> {
         out.push('}');
         out
     }
-}
 
-impl<'a> Draft<'a> {
     /// The message [`Draft::write`]'s text reads as ([`Message::read`]), typed from the draft's
     /// parts: only the content's JSON (and a literal call's arguments) is read, as the message's
     /// read reads it. `None` where the text reads as no message (a content that is not JSON).

@@ -248,9 +248,10 @@ impl<'a> MessagesBody<'a> {
                 for (b, _) in turn.blocks.iter().enumerate().filter(|(_, b)| b.kind == Kind::ToolResult) {
                     out.units.push(Unit::Result { turn: t, part: b });
                 }
-                let written = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult);
-                if written.clone().next().is_some() || turn.blocks.is_empty() {
-                    if written.clone().any(|b| b.compaction) {
+                // The person's blocks beside the results (the turn has blocks: it is not whole).
+                let mut written = turn.blocks.iter().filter(|b| b.kind != Kind::ToolResult).peekable();
+                if written.peek().is_some() {
+                    if written.any(|b| b.compaction) {
                         out.epoch_boundary = Some(out.units.len() + usize::from(out.has_system));
                     }
                     out.units.push(Unit::UserParts(t));
