@@ -16,7 +16,8 @@ use crate::wire::Wire;
 pub fn run(args: super::EvalArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let engine = Arc::new(Engine::from_config(&config)?);
-    let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?;
+    // Plans say what became of each message: why a needle was lost.
+    let compactor = super::replay::compactor_with_engine(&config, args.mode, engine.clone())?.recording_plans();
     // `--convert` alone converts to Responses, the first format it served.
     let wire = match (args.convert, args.wire) {
         (true, Wire::Chat) => Wire::Responses,
@@ -153,5 +154,38 @@ pub fn render_table(report: &CorpusReport) -> String {
         pct(t.preserved_share()),
         pct(t.deterministic_share()),
     );
+    let _ = write!(out, "{}", render_lost(report));
+    out
+}
+
+/// Per source, the lost needles by cause (what became of the latest output that held each) and their
+/// ways back, most lost first; nothing when no needle was lost.
+pub fn render_lost(report: &CorpusReport) -> String {
+    let mut out = String::new();
+    let total = "TOTAL".to_owned();
+    let sources = report.sources.iter().chain(std::iter::once((&total, &report.total)));
+    for (source, metrics) in sources.filter(|(_, m)| !m.lost_by.is_empty()) {
+        if out.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nlost needles by cause (what became of the latest output that held each) and way back:\n{:<28} {:<40} {:>6} {:>9} {:>8} {:>6}",
+                "source", "cause", "lost", "retrieve", "re-read", "none"
+            );
+        }
+        let mut causes: Vec<_> = metrics.lost_by.iter().collect();
+        causes.sort_by(|a, b| b.1.lost.cmp(&a.1.lost).then_with(|| a.0.cmp(b.0)));
+        for (cause, lost) in causes {
+            let _ = writeln!(
+                out,
+                "{:<28} {:<40} {:>6} {:>9} {:>8} {:>6}",
+                source,
+                cause,
+                n(lost.lost as usize),
+                n(lost.retrieve as usize),
+                n(lost.reread as usize),
+                n(lost.unrecoverable() as usize)
+            );
+        }
+    }
     out
 }

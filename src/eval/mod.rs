@@ -20,6 +20,12 @@
 //!   marker's `pare:` id) resolves to: the text it names, one of `R_k`'s, contains the needle, so a
 //!   retrieval gets it back — directly, or through the id list an elision marker names (and the
 //!   lists of earlier epochs' markers that list names: one retrieval per level).
+//! - **why a needle was lost** (`lost_by`): for each lost needle, what became of the latest tool
+//!   output that held it in the plan in force for `F_k` (the rules that rewrote it, `elision`, or
+//!   the rules that dropped it; `strategy` for a peer's edit; `unplanned` when the compactor keeps no
+//!   plans), and its way back: a retrieve id (as for recoverable recall), else the agent's own
+//!   re-read (the call that produced the output stands in `F_k` with its longest argument: a path, a
+//!   command), else none.
 //! - **at most** `1 − Σfloor/ΣR`: what the invariants leave to save, the floor of a request being its
 //!   first system message, user messages, protected tail and tools.
 //! - **validity** (tool-call pairing, invariant 1), **preserved** (user messages and protected tail
@@ -33,10 +39,13 @@ use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::budget::replay::session_lines;
+use std::sync::Arc;
+
+use crate::budget::replay::{Replayed, replay_request, session_lines};
 use crate::budget::{CompactEngine, SessionCompactor};
-use crate::compact::CompactOptions;
 use crate::compact::markers::{content_id, content_ids_in, content_texts};
+use crate::compact::report::RuleId;
+use crate::compact::{CompactOptions, Fate};
 use crate::neutral::{Message, View, role_of};
 use crate::tokens::{CountTokens, REPLY_PRIMING, TokenCounter};
 use crate::wire::{Wire, WireBody};
@@ -86,6 +95,32 @@ pub struct Metrics {
     pub deterministic: usize,
     /// Epochs (prefix rewrites) over all sessions.
     pub epochs: u64,
+    /// The lost needles by cause (see the module docs), each with its ways back.
+    pub lost_by: BTreeMap<String, LostNeedles>,
+}
+
+/// Lost needles of one cause and how many of them have a way back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LostNeedles {
+    pub lost: u64,
+    /// A content id in the forwarded request names a text that holds the needle.
+    pub retrieve: u64,
+    /// No id does, but the call that produced the output stands in the forwarded request with its
+    /// longest argument: the agent can run it again.
+    pub reread: u64,
+}
+
+impl LostNeedles {
+    fn add(&mut self, other: &LostNeedles) {
+        self.lost += other.lost;
+        self.retrieve += other.retrieve;
+        self.reread += other.reread;
+    }
+
+    /// Lost needles with no way back.
+    pub fn unrecoverable(&self) -> u64 {
+        self.lost - self.retrieve - self.reread
+    }
 }
 
 impl Metrics {
@@ -116,6 +151,9 @@ impl Metrics {
         self.preserved += other.preserved;
         self.deterministic += other.deterministic;
         self.epochs += other.epochs;
+        for (cause, lost) in &other.lost_by {
+            self.lost_by.entry(cause.clone()).or_default().add(lost);
+        }
     }
 
     /// `1 − ΣF/ΣR`.
@@ -289,12 +327,13 @@ pub fn evaluate_session_with(
     window: Option<u64>,
 ) -> Metrics {
     compactor.forget(session);
-    let first = strategy::replay(strategy, compactor, wire, session, requests, window);
+    let (first, fates) = replay_with_fates(strategy, compactor, wire, session, requests, window);
     let again_id = format!("{session}#again");
     compactor.forget(&again_id);
     let again = strategy::replay(strategy, compactor, wire, &again_id, requests, window);
     compactor.forget(session);
     compactor.forget(&again_id);
+    compactor.take_plan(&again_id);
     let deterministic = first.iter().zip(&again).all(|(a, b)| a.forwarded == b.forwarded);
 
     let mut m =
@@ -363,15 +402,132 @@ pub fn evaluate_session_with(
 
         if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
             let raw_view = View { messages: &raw_messages[k], tools: raw.tools(), typed: Some(&typed) };
-            let needles = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages, &lists);
+            let (needles, lost) = next_step_needles(&needle_re, &raw_view, next, &fwd_p.messages, &lists);
             m.needles += needles.found;
             m.needles_kept += needles.kept;
             m.needles_recoverable += needles.recoverable;
+            if !lost.is_empty() {
+                let plan = match strategy {
+                    Strategy::Pare => Plan::Pare(fates[k].as_deref()),
+                    _ => Plan::Strategy,
+                };
+                for (cause, way) in why_lost(&raw_view, &fwd_p.messages, plan, &lost) {
+                    m.lost_by.entry(cause).or_default().add(&way);
+                }
+            }
         }
         // The previous request's bodies are re-parsed views over `requests` and `first`.
         previous = Some((raw_p.detach(), fwd_p.detach()));
     }
     m
+}
+
+/// What became of each raw message a frozen prefix covers (empty: no prefix), shared by the
+/// requests under one plan; `None`: not known.
+type Fates = Option<Arc<[Fate]>>;
+
+/// `strategy`'s replay of `requests`, with pare's plan in force after each request: what became of
+/// each raw message its frozen prefix covers (empty: none; `None`: the compactor keeps no plans,
+/// or a peer's strategy forwarded the request).
+fn replay_with_fates(
+    strategy: Strategy,
+    compactor: &SessionCompactor,
+    wire: Wire,
+    session: &str,
+    requests: &[&[u8]],
+    window: Option<u64>,
+) -> (Vec<Replayed>, Vec<Fates>) {
+    if strategy != Strategy::Pare {
+        return (strategy::replay(strategy, compactor, wire, session, requests, window), vec![None; requests.len()]);
+    }
+    let mut in_force: Fates = None;
+    let mut fates = Vec::with_capacity(requests.len());
+    let replayed = requests
+        .iter()
+        .map(|raw| {
+            let replayed = replay_request(compactor, wire, session, raw, window);
+            // A recording compactor has a plan after a session's first request and whenever one
+            // changes it; without one there is none, ever.
+            if let Some(plan) = compactor.take_plan(session) {
+                in_force = match plan.frozen {
+                    None => Some(Arc::from([])),
+                    Some(frozen) => frozen.plan.map(Arc::from),
+                };
+            }
+            fates.push(in_force.clone());
+            replayed
+        })
+        .collect();
+    (replayed, fates)
+}
+
+/// What forwarded a request, for [`why_lost`].
+#[derive(Clone, Copy)]
+enum Plan<'a> {
+    /// pare, with the fates of the raw messages its frozen prefix covers (`None`: not recorded).
+    Pare(Option<&'a [Fate]>),
+    /// A peer's strategy.
+    Strategy,
+}
+
+/// Why each needle of `lost` (with whether a content id in `fwd` resolves to it) is missing from
+/// `fwd`, and its way back: see the module docs. The holder is the latest tool output of `raw` that
+/// held the needle.
+fn why_lost<M: AsRef<str>>(
+    raw: &View<'_>,
+    fwd: &[M],
+    plan: Plan<'_>,
+    lost: &[(String, bool)],
+) -> Vec<(String, LostNeedles)> {
+    let messages: Vec<Option<Message>> = raw.messages.iter().map(|m| Message::from_raw(m).ok()).collect();
+    let outputs: Vec<(usize, String)> = raw
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| role_of(m) == "tool")
+        .map(|(i, m)| {
+            let mut text = String::new();
+            push_decoded(m, &mut text);
+            (i, text)
+        })
+        .collect();
+    let mut forwarded = String::new();
+    for m in fwd {
+        push_decoded(m.as_ref(), &mut forwarded);
+    }
+    lost.iter()
+        .map(|(needle, recoverable)| {
+            let holder = outputs.iter().rev().find(|(_, text)| text.contains(needle.as_str())).map(|(i, _)| *i);
+            let cause = match (plan, holder) {
+                (Plan::Strategy, _) => "strategy".to_owned(),
+                (Plan::Pare(None), _) | (_, None) => "unplanned".to_owned(),
+                (Plan::Pare(Some(fates)), Some(i)) => match fates.get(i) {
+                    None | Some(Fate::Kept { .. }) => "kept".to_owned(),
+                    Some(Fate::Rewritten { rules, .. }) if rules.is_empty() => "rewritten".to_owned(),
+                    Some(Fate::Rewritten { rules, .. }) => rules.iter().map(RuleId::name).collect::<Vec<_>>().join("+"),
+                    Some(Fate::Elided { .. }) => "elision".to_owned(),
+                    Some(Fate::Dropped { rules }) => format!("dropped: {}", rules.names()),
+                },
+            };
+            let reread = !recoverable
+                && holder.is_some_and(|i| {
+                    let id = messages[i].as_ref().and_then(|m| m.tool_call_id.as_deref());
+                    let call = messages[..i]
+                        .iter()
+                        .rev()
+                        .flatten()
+                        .flat_map(|m| m.tool_calls.iter().flatten())
+                        .find(|c| id.is_some_and(|id| c.id == id));
+                    call.and_then(|c| c.function.as_ref()).is_some_and(|f| {
+                        let mut arguments = String::new();
+                        push_strings(&f.arguments, &mut arguments);
+                        arguments.lines().max_by_key(|a| a.len()).is_some_and(|a| a.len() >= 3 && forwarded.contains(a))
+                    })
+                });
+            let way = LostNeedles { lost: 1, retrieve: *recoverable as u64, reread: reread as u64 };
+            (cause, way)
+        })
+        .collect()
 }
 
 /// A request's messages with their token counts.
@@ -500,23 +656,24 @@ struct Needles {
 /// Needles of request `raw` (identifiers of the assistant reply found in `next` that appeared before
 /// only in tool outputs), how many of them `fwd` still contains, and how many of the others a content
 /// id in `fwd` resolves to, directly or through the id lists among `lists` (by id).
+/// The lost needles come second, each with whether an id resolves to it.
 fn next_step_needles<M: AsRef<str>>(
     re: &Regex,
     raw: &View<'_>,
     next: &[&str],
     fwd: &[M],
     lists: &BTreeMap<String, &str>,
-) -> Needles {
+) -> (Needles, Vec<(String, bool)>) {
     let n = raw.messages.len();
     let extends = next.len() > n && raw.messages.iter().zip(next).all(|(a, b)| a == b);
     if !extends {
-        return Needles::default();
+        return Default::default();
     }
     let Ok(reply) = Message::from_raw(next[n]) else {
-        return Needles::default();
+        return Default::default();
     };
     if reply.role != "assistant" {
-        return Needles::default();
+        return Default::default();
     }
     let mut reply_text = reply.text();
     for call in reply.tool_calls.iter().flatten() {
@@ -552,12 +709,19 @@ fn next_step_needles<M: AsRef<str>>(
             lost.push(id);
         }
     }
-    if !lost.is_empty() {
-        let named = named_texts(raw, fwd, lists);
-        out.recoverable =
-            lost.iter().filter(|needle| named.iter().any(|text| text.contains(needle.as_str()))).count() as u64;
+    if lost.is_empty() {
+        return (out, Vec::new());
     }
-    out
+    let named = named_texts(raw, fwd, lists);
+    let lost: Vec<(String, bool)> = lost
+        .into_iter()
+        .map(|needle| {
+            let recoverable = named.iter().any(|text| text.contains(needle.as_str()));
+            (needle, recoverable)
+        })
+        .collect();
+    out.recoverable = lost.iter().filter(|(_, recoverable)| *recoverable).count() as u64;
+    (out, lost)
 }
 
 /// The texts of `raw` that a content id in `fwd` names (what `/_pare/retrieve/{id}` gives back),
@@ -659,18 +823,21 @@ mod tests {
         };
         let re = needle_regex();
         let none = BTreeMap::new();
-        let kept = next_step_needles(&re, &view, &next, &raw, &none);
+        let kept = next_step_needles(&re, &view, &next, &raw, &none).0;
         assert_eq!(kept, Needles { found: 1, kept: 1, recoverable: 0 });
         let named = [user.to_owned(), call.to_owned(), marker(&format!("; {}", content_id(output)))];
-        assert_eq!(next_step_needles(&re, &view, &next, &named, &none), Needles { found: 1, kept: 0, recoverable: 1 });
+        assert_eq!(
+            next_step_needles(&re, &view, &next, &named, &none).0,
+            Needles { found: 1, kept: 0, recoverable: 1 }
+        );
         let unnamed = [user.to_owned(), call.to_owned(), marker("")];
         assert_eq!(
-            next_step_needles(&re, &view, &next, &unnamed, &none),
+            next_step_needles(&re, &view, &next, &unnamed, &none).0,
             Needles { found: 1, kept: 0, recoverable: 0 }
         );
         let elsewhere = [user.to_owned(), call.to_owned(), marker("; pare:0123456789ab")];
         assert_eq!(
-            next_step_needles(&re, &view, &next, &elsewhere, &none),
+            next_step_needles(&re, &view, &next, &elsewhere, &none).0,
             Needles { found: 1, kept: 0, recoverable: 0 }
         );
     }
@@ -696,11 +863,42 @@ mod tests {
         let lists: BTreeMap<String, &str> =
             [(content_id(&inner), inner.as_str()), (content_id(&outer), outer.as_str())].into();
         let recovered = Needles { found: 1, kept: 0, recoverable: 1 };
-        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&inner)), &lists), recovered);
-        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &lists), recovered);
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&inner)), &lists).0, recovered);
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &lists).0, recovered);
         let unknown: BTreeMap<String, &str> = BTreeMap::new();
         let lost = Needles { found: 1, kept: 0, recoverable: 0 };
-        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &unknown), lost);
+        assert_eq!(next_step_needles(&re, &view, &next, &marker(&content_id(&outer)), &unknown).0, lost);
+    }
+
+    /// A lost needle is blamed on what became of the output that held it, and its way back is a
+    /// retrieve id, else the call that can be run again, else none.
+    #[test]
+    fn a_lost_needle_names_its_cause_and_its_way_back() {
+        let result = tool_result();
+        let raw = [USER, CALL, result.as_str()];
+        let view = View::of_texts(&raw, None);
+        let mut truncate = crate::compact::report::RuleSet::default();
+        truncate.insert(RuleId::Truncate);
+        truncate.insert(RuleId::TierHeavy);
+        let fates = [Fate::Kept { at: 0 }, Fate::Kept { at: 1 }, Fate::Rewritten { at: 2, rules: truncate }];
+        let marker =
+            |content: &str| serde_json::json!({"role": "tool", "tool_call_id": "c1", "content": content}).to_string();
+        let lost = [("load_user_8841".to_owned(), false)];
+        let way = |lost: u64, retrieve: u64, reread: u64| LostNeedles { lost, retrieve, reread };
+
+        let call_kept = [USER.to_owned(), CALL.to_owned(), marker("[tool: bash → ok]")];
+        let why = why_lost(&view, &call_kept, Plan::Pare(Some(&fates)), &lost);
+        assert_eq!(why, vec![("truncate+tier_heavy".to_owned(), way(1, 0, 1))]);
+
+        let by_id = [("load_user_8841".to_owned(), true)];
+        assert_eq!(why_lost(&view, &call_kept, Plan::Pare(Some(&fates)), &by_id)[0].1, way(1, 1, 0));
+
+        let call_gone = [USER.to_owned(), marker("[pare: 2 earlier messages elided]")];
+        let elided = [Fate::Kept { at: 0 }, Fate::Elided { at: 1 }, Fate::Elided { at: 1 }];
+        let why = why_lost(&view, &call_gone, Plan::Pare(Some(&elided)), &lost);
+        assert_eq!(why, vec![("elision".to_owned(), way(1, 0, 0))]);
+        assert_eq!(why_lost(&view, &call_gone, Plan::Pare(None), &lost)[0].0, "unplanned");
+        assert_eq!(why_lost(&view, &call_gone, Plan::Strategy, &lost)[0].0, "strategy");
     }
 
     #[test]

@@ -77,6 +77,44 @@ fn needles_are_identifiers_seen_only_in_tool_outputs() {
     assert!(eager.saved() > 0.0);
 }
 
+/// Each lost needle is blamed on the rule the plan names for the output that held it, with its way
+/// back; a compactor that keeps no plans says so.
+#[test]
+fn lost_needles_are_blamed_on_the_rule_that_hid_them() {
+    let mut conversation = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the total."}),
+        call("c1", "{\"command\":\"cat notes.txt\"}"),
+    ];
+    // More numbers than a marker lists by name: the one in the middle is lost with the output.
+    let listing: Vec<String> = (1..=300).map(|i| format!("entry {i}: total {}", 10_000 + i * 7)).collect();
+    conversation.push(tool("c1", &listing.join("\n")));
+    for (i, command) in ["ls", "pwd", "date"].iter().enumerate() {
+        conversation.push(call(&format!("d{i}"), &format!("{{\"command\":\"{command}\"}}")));
+        conversation.push(tool(&format!("d{i}"), "ok"));
+    }
+    conversation.push(json!({"role": "assistant", "content": "The total 11050 needs a start value."}));
+    conversation
+        .extend([json!({"role": "user", "content": "Go on."}), json!({"role": "assistant", "content": "Done."})]);
+    let requests = requests_of(&conversation);
+    let yaml = "compaction:\n  mode: eager\n  rules:\n    protect_last_turns: 1\nbudget:\n  polling: 1\n";
+    let config = Config::from_yaml(yaml).unwrap();
+    let engine: Arc<dyn CompactEngine> = Arc::new(pare::compact::Engine::from_config(&config).unwrap());
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+
+    let recording = compactor(yaml, engine.clone()).recording_plans();
+    let m = evaluate_session(&recording, engine.as_ref(), Wire::Chat, "s", &lines, 100_000);
+    assert_eq!((m.needles, m.needles_kept), (1, 0), "the needle is in the middle of the collapsed listing");
+    let (cause, way) = m.lost_by.iter().next().expect("a cause");
+    assert_eq!(m.lost_by.len(), 1);
+    assert_eq!(cause, "collapse_succeeded");
+    assert_eq!((way.lost, way.retrieve + way.reread + way.unrecoverable()), (1, 1));
+    assert_eq!(way.retrieve, m.needles_recoverable);
+
+    let unrecorded = eval(yaml, engine.clone(), &requests, 100_000);
+    assert_eq!(unrecorded.lost_by.keys().collect::<Vec<_>>(), ["unplanned"]);
+}
+
 #[test]
 fn needles_are_read_in_decoded_text_not_in_json_escapes() {
     // A Hermes-style result: a JSON object in a string, whose output holds a newline. In the wire
