@@ -249,6 +249,12 @@ impl Pipeline {
         self
     }
 
+    /// Where each model's window comes from ([`WindowResolver::sources`]); `None` when this pipeline
+    /// resolves no windows (it does not compact).
+    pub fn window_sources(&self) -> Option<String> {
+        self.windows.as_ref().map(|w| w.sources())
+    }
+
     /// The archive exchanges are recorded in, if any.
     pub fn archive(&self) -> Option<&Arc<Archive>> {
         self.archive.as_ref()

@@ -193,6 +193,8 @@ pub struct WindowResolver {
     /// What kind of server the upstream is; held while the four kinds are asked, so that new models
     /// arriving meanwhile wait for that answer instead of asking all four again.
     discovery: tokio::sync::Mutex<Option<Discovery>>,
+    /// The models warned about taking the default window (at most [`MAX_MODELS`], then forgotten).
+    warned: Mutex<std::collections::HashSet<String>>,
 }
 
 impl WindowResolver {
@@ -206,6 +208,7 @@ impl WindowResolver {
             detect,
             cache: Mutex::new(HashMap::new()),
             discovery: tokio::sync::Mutex::new(None),
+            warned: Mutex::default(),
         }
     }
 
@@ -216,6 +219,7 @@ impl WindowResolver {
 
     /// The context window of `model` in a request of format `wire`: config, else detected, else the
     /// default for the format ([`ModelTable::default_window_for`]).
+    /// A model whose window falls back to the default is named in one warning (per model name).
     pub async fn window_for(&self, wire: Wire, model: Option<&str>) -> u64 {
         if let Some(window) = self.table.settings(model).context_window {
             return window;
@@ -225,7 +229,47 @@ impl WindowResolver {
         {
             return window;
         }
-        self.table.default_window_for(wire)
+        let window = self.table.default_window_for(wire);
+        let name = model.unwrap_or("");
+        let mut warned = self.warned.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !warned.contains(name) {
+            if warned.len() >= MAX_MODELS {
+                warned.clear();
+            }
+            warned.insert(name.to_owned());
+            tracing::warn!(
+                model = name,
+                window,
+                default = match wire {
+                    Wire::Messages => "budget.anthropic_context_window",
+                    Wire::Gemini => "the Gemini input limit",
+                    Wire::Chat | Wire::Responses => "budget.default_context_window",
+                },
+                detection = if self.detect.enabled { "no answer" } else { "off" },
+                "no `models:` entry matches this model and the upstream reports no window: compacting to the \
+                 default window; give the model's window in `models:` (match, context_window)"
+            );
+        }
+        window
+    }
+
+    /// Where a model's window comes from, first source first, for the start-up line: the `models:`
+    /// entries that give one, the upstream's report (when detection is on), the defaults per format.
+    pub fn sources(&self) -> String {
+        let mut out: Vec<String> = self
+            .table
+            .entries
+            .iter()
+            .filter_map(|(_, m, _)| Some(format!("models `{}` {}", m.pattern, m.context_window?)))
+            .collect();
+        if self.detect.enabled {
+            out.push("the upstream's report".into());
+        }
+        out.push(format!(
+            "default {} (Messages {}, Gemini {})",
+            self.table.default_window, self.table.anthropic_window, GEMINI_CONTEXT_WINDOW
+        ));
+        out.join(", else ")
     }
 
     /// The window the upstream reports for `model`, through the cache.
@@ -554,6 +598,62 @@ mod tests {
         let asked = paths.lock().unwrap().clone();
         assert_eq!(asked.len(), 6, "{asked:?}");
         assert_eq!(asked[4..], ["/api/show", "/api/show"], "{asked:?}");
+    }
+
+    /// A model no `models:` entry names and the upstream reports nothing for is warned about once,
+    /// by name; a configured one never; the start-up line lists the sources in order.
+    #[tokio::test]
+    async fn a_model_on_the_default_window_is_named_once() {
+        crate::outbound::install_crypto_provider();
+        let config = Config::from_yaml(
+            "models:\n  - match: \"^qwen\"\n    context_window: 32768\n  - match: \"^llama\"\n    encoding: cl100k_base\nbudget:\n  detect_window: false\n",
+        )
+        .unwrap();
+        let resolver = WindowResolver::new(
+            reqwest::Client::new(),
+            "http://127.0.0.1:9/v1",
+            ModelTable::from_config(&config).unwrap(),
+            DetectConfig::from_budget(&config.budget),
+        );
+        assert_eq!(resolver.sources(), "models `^qwen` 32768, else default 65536 (Messages 200000, Gemini 1048576)");
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        for model in ["qwen-7b", "llama-3", "llama-3", "mistral", "qwen-7b"] {
+            resolver.window_for(Wire::Chat, Some(model)).await;
+        }
+        assert_eq!(resolver.window_for(Wire::Messages, Some("claude")).await, 200_000);
+        let text = log.text();
+        assert_eq!(text.matches("compacting to the default window").count(), 3, "{text}");
+        assert!(text.contains("model=\"llama-3\"") && text.contains("model=\"mistral\""), "{text}");
+        assert!(text.contains("budget.anthropic_context_window") && !text.contains("qwen"), "{text}");
+    }
+
+    /// What a test's tracing subscriber writes.
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Log {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+        type Writer = Log;
+        fn make_writer(&'a self) -> Log {
+            self.clone()
+        }
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl AccessLog {
             tokens_forwarded = self.summary.as_ref().map(|s| s.tokens_forwarded),
             epoch = self.summary.as_ref().map(|s| s.epoch),
             over_window = self.summary.as_ref().map(|s| s.over_window),
+            window = self.summary.as_ref().and_then(|s| s.report.as_ref()).map(|r| r.window),
             upstream_prompt_tokens = self.usage.and_then(|u| u.prompt),
             upstream_cached_tokens = self.usage.and_then(|u| u.cached),
             model = self.model.as_deref(),

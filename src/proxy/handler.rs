@@ -338,6 +338,9 @@ fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
         headers.insert("x-pare-tokens-raw", HeaderValue::from(summary.tokens_raw));
         headers.insert("x-pare-tokens-forwarded", HeaderValue::from(summary.tokens_forwarded));
         headers.insert("x-pare-epoch", HeaderValue::from(summary.epoch));
+        if let Some(report) = &summary.report {
+            headers.insert("x-pare-window", HeaderValue::from(report.window));
+        }
         if summary.over_window {
             headers.insert("x-pare-over-window", HeaderValue::from_static("true"));
         }

@@ -126,7 +126,17 @@ where
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
-        tracing::info!(%addr, upstream = %proxy.upstream.base.display(), workers, "pare listening");
+        let compaction = &proxy.config.compaction;
+        tracing::info!(
+            %addr,
+            upstream = %proxy.upstream.base.display(),
+            workers,
+            mode = format!("{:?}", compaction.mode).to_lowercase(),
+            pack = %compaction.pack,
+            windows = proxy.pipeline.window_sources().as_deref().unwrap_or("none (compaction off)"),
+            archive = %proxy.pipeline.archive().map_or_else(|| "off".to_owned(), |a| a.location().to_string()),
+            "pare listening"
+        );
     }
 
     tokio::pin!(shutdown);

@@ -1148,6 +1148,7 @@ async fn the_proxy_says_when_it_forwards_over_the_window() {
     let small = send("hello".into()).await.unwrap();
     assert_eq!(small.status(), 200);
     assert!(!small.headers().contains_key("x-pare-over-window"));
+    assert_eq!(small.headers()["x-pare-window"], "2048", "the window compacted to, on every answer");
     let huge: String = (0..3000).map(|i| format!("word{i} ")).collect();
     let over = send(huge.clone()).await.unwrap();
     assert_eq!(over.status(), 200);
