@@ -150,10 +150,13 @@ pub async fn gateway_compress(proxy: &Proxy, parts: &Parts, body: Bytes) -> Resp
     }
     chat.insert("messages".into(), Value::Array(messages.clone()));
     let raw = Bytes::from(serde_json::to_vec(&chat).expect("a json value serializes"));
-    let config = Arc::clone(&proxy.config);
+    let gateway = match proxy.gateway.get_or_init(|| GatewayEngine::new(&proxy.config).map(Arc::new)) {
+        Ok(gateway) => Arc::clone(gateway),
+        Err(why) => return bad(format!("the rule pack cannot compact: {why}")),
+    };
     let compacted = {
         let raw = raw.clone();
-        tokio::task::spawn_blocking(move || compact_keeping_positions(&config, &raw)).await
+        tokio::task::spawn_blocking(move || gateway.compact_keeping_positions(&raw)).await
     };
     let compacted = match compacted {
         Ok(Ok(compacted)) => compacted,
@@ -199,50 +202,67 @@ struct GatewayCompacted {
     ids: Vec<String>,
 }
 
-/// The rules' compaction of chat body `raw`, one forwarded message per message.
-///
-/// The guardrail sends only the messages it lets a compressor touch: tool results often arrive
-/// without the assistant message that called them, which no chat request may hold. Each such result
-/// is read as the answer to a call of its own (an assistant message inserted before it, naming the
-/// result's `name` or `tool`), and the inserted messages are left out of the answer.
-fn compact_keeping_positions(config: &crate::config::Config, raw: &[u8]) -> Result<GatewayCompacted, String> {
-    let mut engine = crate::compact::Engine::from_config(config).map_err(|e| e.to_string())?;
-    engine.policy.spec.consecutive_assistant.enabled = false;
-    let body = crate::wire::ChatBody::parse(raw).map_err(|e| e.to_string())?;
-    let view = body.view();
-    let (messages, inserted) = with_calls_for_orphan_results(view.messages);
-    let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
-    let counter =
-        crate::tokens::TokenCounter::new(&crate::tokens::CounterConfig { cache_entries: 1024, ..Default::default() });
-    let read = crate::neutral::View::of_texts(&refs, view.tools);
-    let out = engine.compact(&read, &crate::compact::CompactOptions::default(), &counter);
-    let mut all: Vec<String> = out.prefix;
-    all.extend(refs[out.boundary.min(refs.len())..].iter().map(|m| (*m).to_owned()));
-    let mut forwarded: Vec<String> = if all.len() == refs.len() {
-        all.into_iter().enumerate().filter(|(idx, _)| !inserted.contains(idx)).map(|(_, m)| m).collect()
-    } else {
-        Vec::new()
-    };
-    if forwarded.len() != view.messages.len() {
-        // A rule dropped a message (a custom rule): the guardrail needs the count kept.
-        forwarded = view.messages.iter().map(|m| (*m).to_owned()).collect();
+/// The engine and token counter of the gateway's compress calls: the configured rule pack with the
+/// rule that drops consecutive assistant messages off. Built on the first call, then shared (the
+/// pack's parse and its regexes cost milliseconds; a call on a small body, a fraction of one).
+pub struct GatewayEngine {
+    engine: crate::compact::Engine,
+    counter: crate::tokens::TokenCounter,
+}
+
+impl GatewayEngine {
+    pub fn new(config: &crate::config::Config) -> Result<GatewayEngine, String> {
+        let mut engine = crate::compact::Engine::from_config(config).map_err(|e| e.to_string())?;
+        engine.policy.spec.consecutive_assistant.enabled = false;
+        let counter = crate::tokens::TokenCounter::new(&crate::tokens::CounterConfig {
+            cache_entries: 1024,
+            ..Default::default()
+        });
+        Ok(GatewayEngine { engine, counter })
     }
-    let mut ids: Vec<String> = Vec::new();
-    for message in &forwarded {
-        for id in crate::compact::markers::content_ids_in(message) {
-            if !ids.iter().any(|known| known == id) {
-                ids.push(id.to_owned());
+
+    /// The rules' compaction of chat body `raw`, one forwarded message per message.
+    ///
+    /// The guardrail sends only the messages it lets a compressor touch: tool results often arrive
+    /// without the assistant message that called them, which no chat request may hold. Each such
+    /// result is read as the answer to a call of its own (an assistant message inserted before it,
+    /// naming the result's `name` or `tool`), and the inserted messages are left out of the answer.
+    fn compact_keeping_positions(&self, raw: &[u8]) -> Result<GatewayCompacted, String> {
+        let (engine, counter) = (&self.engine, &self.counter);
+        let body = crate::wire::ChatBody::parse(raw).map_err(|e| e.to_string())?;
+        let view = body.view();
+        let (messages, inserted) = with_calls_for_orphan_results(view.messages);
+        let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
+        let read = crate::neutral::View::of_texts(&refs, view.tools);
+        let out = engine.compact(&read, &crate::compact::CompactOptions::default(), counter);
+        let mut all: Vec<String> = out.prefix;
+        all.extend(refs[out.boundary.min(refs.len())..].iter().map(|m| (*m).to_owned()));
+        let mut forwarded: Vec<String> = if all.len() == refs.len() {
+            all.into_iter().enumerate().filter(|(idx, _)| !inserted.contains(idx)).map(|(_, m)| m).collect()
+        } else {
+            Vec::new()
+        };
+        if forwarded.len() != view.messages.len() {
+            // A rule dropped a message (a custom rule): the guardrail needs the count kept.
+            forwarded = view.messages.iter().map(|m| (*m).to_owned()).collect();
+        }
+        let mut ids: Vec<String> = Vec::new();
+        for message in &forwarded {
+            for id in crate::compact::markers::content_ids_in(message) {
+                if !ids.iter().any(|known| known == id) {
+                    ids.push(id.to_owned());
+                }
             }
         }
+        let messages = forwarded.iter().map(|m| serde_json::from_str(m).unwrap_or(Value::Null)).collect();
+        Ok(GatewayCompacted {
+            tokens_before: counter.count_request(view.messages, None),
+            tokens_after: counter.count_request(&forwarded, None),
+            forwarded: body.to_vec_with_messages(&forwarded),
+            messages,
+            ids,
+        })
     }
-    let messages = forwarded.iter().map(|m| serde_json::from_str(m).unwrap_or(Value::Null)).collect();
-    Ok(GatewayCompacted {
-        tokens_before: counter.count_request(view.messages, None),
-        tokens_after: counter.count_request(&forwarded, None),
-        forwarded: body.to_vec_with_messages(&forwarded),
-        messages,
-        ids,
-    })
 }
 
 /// `messages` with an assistant message calling each tool result that no earlier assistant message

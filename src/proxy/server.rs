@@ -122,6 +122,7 @@ where
         via,
         decoders: tokio::sync::Semaphore::new(crate::config::default_worker_threads()),
         probe: Default::default(),
+        gateway: Default::default(),
     });
     let graceful = GracefulShutdown::new();
     if let Ok(addr) = listener.local_addr() {
