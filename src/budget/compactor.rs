@@ -437,7 +437,11 @@ impl SessionCompactor {
             .map(|encoding| {
                 Arc::new(TokenCounter::new(&CounterConfig {
                     encoding,
-                    image_tokens: config.budget.image_tokens,
+                    media: crate::tokens::MediaTokens {
+                        image: config.budget.image_tokens,
+                        audio: config.budget.audio_tokens,
+                        document: config.budget.document_tokens,
+                    },
                     cache_entries: config.budget.token_cache_entries,
                 }))
             })

@@ -328,6 +328,12 @@ pub struct BudgetConfig {
     /// Tokens counted for one image part (images are never tokenized as text). 765 is what OpenAI
     /// charges for a 1024×1024 image at high detail.
     pub image_tokens: u64,
+    /// Tokens counted for one audio part (never tokenized as text): about 30 s at Gemini's 32
+    /// tokens a second.
+    pub audio_tokens: u64,
+    /// Tokens counted for one document, video or other file part (a PDF, Gemini `fileData`…):
+    /// a few pages at Anthropic's 1,500–3,000 tokens a page.
+    pub document_tokens: u64,
     /// Messages whose token counts are cached (by content hash); a warm request then tokenizes only
     /// the messages it adds.
     pub token_cache_entries: usize,
@@ -367,6 +373,8 @@ impl Default for BudgetConfig {
             salience: SalienceConfig::default(),
             tiers: TierBudgets::default(),
             image_tokens: 765,
+            audio_tokens: 1000,
+            document_tokens: 3000,
             token_cache_entries: 131_072,
             detect_timeout_ms: 2_000,
             detect_retry_secs: 60,

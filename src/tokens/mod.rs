@@ -9,11 +9,13 @@
 //!
 //! Counts follow OpenAI's chat accounting (the cookbook's `num_tokens_from_messages`): 3 tokens of
 //! framing per message, the role, the text, 1 more for a `name` (plus the name), and per tool call its
-//! name, its arguments and 1; 3 tokens of reply priming per request ([`REPLY_PRIMING`]). Image parts
-//! count a fixed estimate and are never tokenized as text. Counts are cached by a hash of the message's
+//! name, its arguments and 1; 3 tokens of reply priming per request ([`REPLY_PRIMING`]). Media parts
+//! (images, audio, documents, in every wire's spelling: [`media`]) count a fixed estimate by kind and
+//! are never tokenized as text. Counts are cached by a hash of the message's
 //! raw bytes in a bounded LRU, so a warm request only tokenizes the messages it adds.
 
 mod bpe;
+pub mod media;
 
 use std::num::NonZeroUsize;
 use std::str::FromStr;
@@ -27,6 +29,7 @@ use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::neutral::{Content, Message, message_hashes};
+pub use media::{MediaKind, MediaTokens};
 
 /// Counts tokens of request parts as the upstream would see them.
 pub trait CountTokens: Send + Sync {
@@ -114,23 +117,23 @@ impl Encoding {
 #[derive(Debug, Clone)]
 pub struct CounterConfig {
     pub encoding: Encoding,
-    /// Tokens counted for one image part (never tokenized as text). OpenAI charges 85 + 170 per
-    /// 512-px tile; 765 is a 1024×1024 image at high detail.
-    pub image_tokens: u64,
+    /// Tokens counted for one media part of each kind (never tokenized as text). OpenAI charges an
+    /// image 85 + 170 per 512-px tile; 765 is a 1024×1024 image at high detail.
+    pub media: MediaTokens,
     /// Messages whose counts are remembered (least recently used are forgotten).
     pub cache_entries: usize,
 }
 
 impl Default for CounterConfig {
     fn default() -> Self {
-        CounterConfig { encoding: Encoding::O200kBase, image_tokens: 765, cache_entries: 131_072 }
+        CounterConfig { encoding: Encoding::O200kBase, media: MediaTokens::default(), cache_entries: 131_072 }
     }
 }
 
 /// The tiktoken counter with a bounded per-message cache.
 pub struct TokenCounter {
     encoding: Encoding,
-    image_tokens: u64,
+    media: MediaTokens,
     cache_entries: usize,
     /// xxh3-128 of the raw bytes → tokens. Separate entries for messages and tool schemas cannot
     /// collide in practice (128-bit hashes), and both are keyed by their exact bytes.
@@ -159,7 +162,7 @@ impl TokenCounter {
         let capacity = NonZeroUsize::new(config.cache_entries.max(1)).expect("max(1) is non-zero");
         TokenCounter {
             encoding: config.encoding,
-            image_tokens: config.image_tokens,
+            media: config.media,
             cache_entries: capacity.get(),
             cache: Mutex::new(LruCache::new(capacity)),
             tokenizations: AtomicU64::new(0),
@@ -320,26 +323,25 @@ impl TokenCounter {
     /// One message's tokens, each of its texts counted by `text`.
     fn count_message_with(&self, raw: &str, count: impl Fn(&str) -> u64) -> u64 {
         let Ok(message) = Message::from_raw(raw) else {
-            // Not a message object: the upstream will see its JSON text.
-            return TOKENS_PER_MESSAGE + count(raw);
+            // Not a message object (an opaque entry): the upstream will see its JSON, media aside.
+            return TOKENS_PER_MESSAGE + self.count_json_text(raw, &count);
         };
         let mut n = TOKENS_PER_MESSAGE + count(&message.role);
         match &message.content {
             Some(Content::Text(text)) => n += count(text),
             Some(Content::Parts(parts)) => {
                 for part in parts {
-                    let kind = part.kind.as_deref().unwrap_or("");
                     if let Some(text) = &part.text {
                         n += count(text);
-                    } else if kind.contains("image") {
-                        n += self.image_tokens;
+                    } else if let Some(kind) = media::kind_of_part(part.kind.as_deref(), &part.extra) {
+                        n += self.media.of(kind);
                     } else if !part.extra.is_empty() {
-                        n += count(&Value::Object(part.extra.clone()).to_string());
+                        n += self.count_json(Value::Object(part.extra.clone()), &count);
                     }
                 }
             }
             Some(Content::Other(Value::Null)) | None => {}
-            Some(Content::Other(other)) => n += count(&other.to_string()),
+            Some(Content::Other(other)) => n += self.count_json(other.clone(), &count),
         }
         if let Some(name) = &message.name {
             n += TOKENS_PER_NAME + count(name);
@@ -363,6 +365,24 @@ impl TokenCounter {
             };
         }
         n
+    }
+
+    /// Tokens of a JSON text as the upstream sees it: its media parts by their estimates, the rest
+    /// as text.
+    fn count_json_text(&self, json: &str, count: &impl Fn(&str) -> u64) -> u64 {
+        if !media::may_hold_media(json) {
+            return count(json);
+        }
+        match serde_json::from_str::<Value>(json) {
+            Ok(value) => self.count_json(value, count),
+            Err(_) => count(json),
+        }
+    }
+
+    /// [`TokenCounter::count_json_text`] of a parsed value.
+    fn count_json(&self, mut value: Value, count: &impl Fn(&str) -> u64) -> u64 {
+        let media = media::take_media(&mut value, &self.media);
+        media + count(&value.to_string())
     }
 
     /// Uncached count of a `tools` array: each distinct schema once (through the cache).
@@ -463,6 +483,27 @@ mod tests {
         let known = [(hashes[0], 1000), (hashes[2], 2000)];
         assert_eq!(c.message_counts(&messages, &hashes, &known), vec![1000, fresh[1], fresh[2]]);
         assert_eq!(c.message_counts(&messages[..1], &hashes[..1], &known), vec![1000]);
+    }
+
+    /// Regression: a Gemini `inlineData` image of 400 KB counted 370,094 tokens (its base64 as
+    /// text), and so did audio and documents on every wire; each counts its kind's estimate.
+    #[test]
+    fn media_parts_count_their_estimate_not_their_base64() {
+        let c = counter();
+        let data = "iVBORw0KGgo".repeat(40_000);
+        let media = MediaTokens::default();
+        for (part, estimate) in [
+            (format!(r#"{{"inlineData":{{"mimeType":"image/png","data":"{data}"}}}}"#), media.image),
+            (format!(r#"{{"type":"input_audio","input_audio":{{"data":"{data}","format":"wav"}}}}"#), media.audio),
+            (format!(r#"{{"type":"document","source":{{"type":"base64","data":"{data}"}}}}"#), media.document),
+        ] {
+            let with = c.message(&format!(r#"{{"role":"user","content":[{{"text":"look"}},{part}]}}"#));
+            let without = c.message(r#"{"role":"user","content":[{"text":"look"}]}"#);
+            assert_eq!(with, without + estimate, "{}", &part[..40]);
+            let opaque = c.message(&format!("[{part}]"));
+            assert_eq!(opaque, TOKENS_PER_MESSAGE + c.text("[]") + estimate, "an opaque entry: {}", &part[..40]);
+            assert!(c.message_bound(&format!("[{part}]")) >= opaque);
+        }
     }
 
     #[test]

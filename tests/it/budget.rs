@@ -120,7 +120,10 @@ fn message_counts_follow_openai_per_message_overhead() {
 
 #[test]
 fn text_parts_count_as_text_and_images_as_a_fixed_estimate() {
-    let c = TokenCounter::new(&CounterConfig { image_tokens: 1000, ..CounterConfig::default() });
+    let c = TokenCounter::new(&CounterConfig {
+        media: pare::tokens::MediaTokens { image: 1000, ..Default::default() },
+        ..CounterConfig::default()
+    });
     let plain = c.message(r#"{"role":"user","content":"describe this picture"}"#);
     let parts = c.message(r#"{"role":"user","content":[{"type":"text","text":"describe this picture"}]}"#);
     assert_eq!(plain, parts);
@@ -129,6 +132,47 @@ fn text_parts_count_as_text_and_images_as_a_fixed_estimate() {
         r#"{{"role":"user","content":[{{"type":"text","text":"describe this picture"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{long_data}"}}}}]}}"#
     ));
     assert_eq!(with_image, plain + 1000);
+}
+
+/// Regression: a 400 KB image counted 370,094 tokens through Gemini (its `inlineData` base64 as
+/// text) and ~6,800 through the other wires. On every wire, each media part counts its kind's
+/// estimate: the same image is the same count whatever the wire.
+#[test]
+fn an_image_counts_its_estimate_on_every_wire() {
+    let data = "iVBORw0KGgoAAAANSUhEUgAA".repeat(17_000);
+    let url = format!("data:image/png;base64,{data}");
+    let bodies = [
+        (
+            pare::wire::Wire::Chat,
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": url}}]}]}),
+        ),
+        (
+            pare::wire::Wire::Responses,
+            serde_json::json!({"model": "m", "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "what is this"}, {"type": "input_image", "image_url": url}]}]}),
+        ),
+        (
+            pare::wire::Wire::Messages,
+            serde_json::json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}),
+        ),
+        (
+            pare::wire::Wire::Gemini,
+            serde_json::json!({"contents": [{"role": "user", "parts": [
+                {"text": "what is this"}, {"inlineData": {"mimeType": "image/png", "data": data}}]}]}),
+        ),
+    ];
+    let c = counter(Encoding::O200kBase);
+    let image = pare::tokens::MediaTokens::default().image;
+    for (wire, body) in bodies {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        assert!(bytes.len() > 400_000);
+        let parsed = pare::wire::parse(wire, &bytes).unwrap();
+        let tokens = request_tokens(&c, &parsed.messages(), parsed.tools());
+        assert!((image..image + 40).contains(&tokens), "{wire:?}: {tokens} tokens");
+    }
 }
 
 #[test]
