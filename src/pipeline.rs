@@ -371,7 +371,7 @@ impl Pipeline {
                 method: method.to_owned(),
                 path: path.to_owned(),
                 model: model.clone(),
-                headers: keep_headers(headers, &self.config.archive.redact_headers),
+                headers: keep_headers(headers, &self.config.archive.redact_headers, &self.config.archive.safe_headers),
                 raw: raw.clone(),
                 raw_spans: raw_spans.clone(),
                 forwarded: compaction.body.clone(),

@@ -1,4 +1,5 @@
-//! Which conversation a request belongs to: an explicit header wins; otherwise the session whose last
+//! Which conversation a request belongs to: an explicit header wins (bound to the credential that
+//! opened it, see *Binding*); otherwise the session whose last
 //! raw request plus its answer, or whose last request, this request extends (prefix match over message
 //! keys); otherwise a new session with a time-sortable id (ULID).
 //!
@@ -41,6 +42,16 @@
 //!   re-sending the very first request of a conversation (a retry before any answer) starts a new
 //!   session too.
 //!
+//! # Binding
+//!
+//! A session named by a header belongs to the credential of the request that opened it: a
+//! SHA-256 of its `authorization`, `x-api-key`, `api-key` and `x-goog-api-key` headers (a Gemini
+//! `?key=` counts as the last), kept in memory as 8 bytes, never stored. A request under the same
+//! name with another credential (or none where there was one) is another client's: it gets a
+//! session of its own, `{name}-{12 hex digits of its credential's hash}` ([`bound_session_id`]),
+//! and never resets the first one's compaction nor lands in its records. The binding lives with the
+//! session's keys: after a restart or an eviction, the next credential to name the session binds it.
+//!
 //! A session's keys are its tracker part in the memory budget (`memory.max_state_bytes`, see
 //! [`crate::memory`]), which evicts least recently used sessions; the tracker's indexes by key
 //! forget an evicted session's keys and keep its heads, through which it joins again when it comes
@@ -72,6 +83,36 @@ const EVICTED_HEADS: usize = 16_384;
 /// Bytes one ext or pending key of a session costs (its place in the session's list and in the
 /// key → sessions map), on top of the session id's length.
 const KEY_BYTES: u64 = 72;
+
+/// The request headers whose values are a client's credential (with the query's `key`, which a
+/// Gemini client may send instead of `x-goog-api-key`).
+pub const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// The first 8 bytes of a SHA-256 over the request's credentials ([`CREDENTIAL_HEADERS`], in that
+/// order, each value with its name): what binds a session to its client without keeping the key.
+/// A request without a credential has the hash of nothing.
+pub fn credential_tag(headers: &HeaderMap) -> u64 {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for name in CREDENTIAL_HEADERS {
+        for value in headers.get_all(name) {
+            hasher.update(name.as_bytes());
+            hasher.update([0]);
+            hasher.update(value.as_bytes());
+            hasher.update([0]);
+        }
+    }
+    let digest = hasher.finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 has 32 bytes"))
+}
+
+/// The session a request naming `id` gets when `id` is bound to another credential: `id` (cut to
+/// fit 128 characters) and 12 hex digits of the request's credential tag.
+pub fn bound_session_id(id: &str, tag: u64) -> String {
+    let suffix = format!("-{:012x}", tag >> 16);
+    let keep = id.len().min(128 - suffix.len());
+    format!("{}{suffix}", &id[..keep])
+}
 
 /// A valid explicit session id: 1 to 128 characters among `A-Z a-z 0-9 . _ : -`, not starting with a
 /// dot. Session ids are printed and used as database keys, never as paths; the check keeps them tame.
@@ -269,6 +310,8 @@ struct Tracked {
     req_keys: VecDeque<u64>,
     req_head: Option<u64>,
     pending: Vec<u64>,
+    /// The credential ([`credential_tag`]) of the request that opened a session named by a header.
+    owner: Option<u64>,
 }
 
 /// A session's [`Tracked`] keys, as the budget holds them.
@@ -316,6 +359,26 @@ impl Inner {
     /// `session`'s keys, made the most recently used session, tracking it if new.
     fn touch(&self, session: &str) -> Arc<TrackedPart> {
         self.budget.part(Holder::Tracker, session, TrackedPart::default)
+    }
+
+    /// The session a request naming `id` with credential `tag` belongs to: `id` when `tag` opened
+    /// it (or it is new, or forgotten), else the session of `id` bound to `tag`.
+    fn bind(&self, id: String, tag: u64) -> String {
+        let part = self.touch(&id);
+        let mut tracked = lock(&part);
+        match tracked.owner {
+            Some(owner) if owner != tag => {
+                drop(tracked);
+                let own = bound_session_id(&id, tag);
+                lock(&self.touch(&own)).owner = Some(tag);
+                own
+            }
+            Some(_) => id,
+            None => {
+                tracked.owner = Some(tag);
+                id
+            }
+        }
     }
 
     /// `session`'s keys, when it is tracked.
@@ -497,7 +560,11 @@ impl SessionTracker {
         let explicit = self.header_session(headers);
         let Some((messages, hashes)) = messages else {
             let (session, how) = match explicit {
-                Some(s) => (s, Assigned::Header),
+                Some(s) => {
+                    let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                    inner.forget_evicted();
+                    (inner.bind(s, credential_tag(headers)), Assigned::Header)
+                }
                 None => (new_session_id(), Assigned::New),
             };
             return Ok(Assignment { session, key_req: None, how });
@@ -506,6 +573,7 @@ impl SessionTracker {
         let key_req = prefixes.last().copied();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.forget_evicted();
+        let explicit = explicit.map(|s| inner.bind(s, credential_tag(headers)));
         let (session, how) = match explicit {
             Some(s) => (s, Assigned::Header),
             None => choose(&mut inner, &prefixes, opening(messages)),
@@ -881,6 +949,35 @@ mod tests {
         assert!(!valid_session_id(""));
         assert!(!valid_session_id(".hidden"));
         assert!(!valid_session_id(&"a".repeat(129)));
+    }
+
+    /// Regression: a client that sent its own body under another's `x-pare-session` reset that
+    /// session's compaction and landed in its records. A session named by a header belongs to the
+    /// credential that opened it; another credential gets a session of its own.
+    #[test]
+    fn a_session_named_by_a_header_is_bound_to_the_credential_that_opened_it() {
+        let t = tracker();
+        let bytes = body(&[sys(), user("x")]);
+        let parsed = crate::wire::ChatBody::parse(&bytes).unwrap();
+        let with = |key: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-pare-session", "agent-7".parse().unwrap());
+            if let Some(key) = key {
+                headers.insert("authorization", format!("Bearer {key}").parse().unwrap());
+            }
+            headers
+        };
+        let owner = t.assign(&with(Some("sk-owner")), Some(parsed.messages()));
+        assert_eq!(owner.session, "agent-7");
+        let other = t.assign(&with(Some("sk-other")), Some(parsed.messages()));
+        let tag = credential_tag(&with(Some("sk-other")));
+        assert_eq!((other.session.clone(), other.how), (bound_session_id("agent-7", tag), Assigned::Header));
+        assert!(valid_session_id(&other.session) && !other.session.contains("sk-other"));
+        assert_eq!(t.assign(&with(Some("sk-other")), Some(parsed.messages())).session, other.session);
+        assert_eq!(t.assign(&with(Some("sk-owner")), Some(parsed.messages())).session, "agent-7");
+        let anonymous = t.assign(&with(None), None);
+        assert_ne!(anonymous.session, "agent-7", "no credential is not the owner's either");
+        assert_eq!(bound_session_id(&"a".repeat(128), tag).len(), 128);
     }
 
     #[test]

@@ -164,20 +164,30 @@ pub const CREDENTIAL_NAME_PARTS: &[&str] = &[
     "signature",
 ];
 
-/// Whether a request header carries a credential: [`ALWAYS_REDACTED`], a name containing one of
-/// [`CREDENTIAL_NAME_PARTS`], or a name the configuration lists in `archive.redact_headers`.
-pub fn is_redacted(name: &str, redact: &[String]) -> bool {
+/// Endings of a header name that mark it as a credential (`x-custom-key`, `x-portkey-virtual-key`,
+/// `x-session-token`, `x-basic-auth`…): such headers are never stored, unless named safe.
+pub const CREDENTIAL_NAME_ENDINGS: &[&str] = &["key", "token", "secret", "auth"];
+
+/// Whether a request header carries a credential: [`ALWAYS_REDACTED`], a name the configuration
+/// lists in `archive.redact_headers`, or — unless `archive.safe_headers` names it — a name
+/// containing one of [`CREDENTIAL_NAME_PARTS`] or ending in one of [`CREDENTIAL_NAME_ENDINGS`].
+pub fn is_redacted(name: &str, redact: &[String], safe: &[String]) -> bool {
     let lower = name.to_ascii_lowercase();
-    ALWAYS_REDACTED.contains(&lower.as_str())
-        || CREDENTIAL_NAME_PARTS.iter().any(|part| lower.contains(part))
-        || redact.iter().any(|r| r.eq_ignore_ascii_case(name))
+    if ALWAYS_REDACTED.contains(&lower.as_str()) || redact.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+        return true;
+    }
+    if safe.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+        return false;
+    }
+    CREDENTIAL_NAME_PARTS.iter().any(|part| lower.contains(part))
+        || CREDENTIAL_NAME_ENDINGS.iter().any(|ending| lower.ends_with(ending))
 }
 
 /// The request headers worth keeping, secrets removed ([`is_redacted`]).
-pub fn keep_headers(headers: &HeaderMap, redact: &[String]) -> Vec<(String, String)> {
+pub fn keep_headers(headers: &HeaderMap, redact: &[String], safe: &[String]) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter(|(name, _)| !is_redacted(name.as_str(), redact))
+        .filter(|(name, _)| !is_redacted(name.as_str(), redact, safe))
         .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
         .collect()
 }
@@ -800,9 +810,10 @@ mod tests {
         )
     }
 
-    /// Regression: credential headers of other vendors (`x-goog-api-key`, `x-auth-token`) were stored:
-    /// only a fixed list was dropped. Names that say "key", "token", "secret"… are dropped, and so
-    /// are the names the configuration adds.
+    /// Regression: credential headers of other vendors (`x-goog-api-key`, `x-auth-token`), then
+    /// generic ones (`x-custom-key`, `x-portkey-virtual-key`) were stored. Names that say "key",
+    /// "token", "secret"… or end in them are dropped, and so are the names the configuration adds;
+    /// a name listed as safe is kept.
     #[test]
     fn credential_headers_of_any_vendor_are_not_stored() {
         let mut headers = HeaderMap::new();
@@ -813,6 +824,10 @@ mod tests {
             ("ocp-apim-subscription-key", "azure"),
             ("x-client-secret", "cs"),
             ("x-corp-gateway", "corp-secret-value"),
+            ("x-custom-key", "ck"),
+            ("x-portkey-virtual-key", "pk"),
+            ("x-basic-auth", "ba"),
+            ("idempotency-key", "retry-1"),
             ("authorization", "Bearer sk-1"),
             ("content-type", "application/json"),
             ("user-agent", "agent/1.0"),
@@ -821,9 +836,11 @@ mod tests {
         ] {
             headers.insert(http::HeaderName::from_static(name), http::HeaderValue::from_static(value));
         }
-        let kept = keep_headers(&headers, &["X-Corp-Gateway".to_owned()]);
+        let kept = keep_headers(&headers, &["X-Corp-Gateway".to_owned()], &["Idempotency-Key".to_owned()]);
         let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["content-type", "user-agent", "x-pare-session", "openai-organization"]);
+        assert_eq!(names, ["idempotency-key", "content-type", "user-agent", "x-pare-session", "openai-organization"]);
+        let none_safe = keep_headers(&headers, &[], &[]);
+        assert!(!none_safe.iter().any(|(n, _)| n == "idempotency-key" || n.ends_with("-key")), "{none_safe:?}");
     }
 
     /// Regression: each failed write wrapped the previous failure's message once more ("archive is

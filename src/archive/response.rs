@@ -404,7 +404,7 @@ impl ArchiveSink {
 impl ResponseSink for ArchiveSink {
     fn head(&mut self, status: u16, headers: &HeaderMap) {
         self.status = Some(status);
-        self.headers = keep_headers(headers, &[]);
+        self.headers = keep_headers(headers, &[], &[]);
         if let Some(ct) = headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
             self.stream = ct.to_ascii_lowercase().contains("text/event-stream");
         }

@@ -196,6 +196,9 @@ pub struct ArchiveConfig {
     /// cookies, x-pare-token, and every name containing a credential word such as `auth`, `token`,
     /// `secret`, `api-key` or `signature` (`crate::archive::CREDENTIAL_NAME_PARTS`).
     pub redact_headers: Vec<String>,
+    /// Request headers stored although their names look like credentials (they contain or end in
+    /// `key`, `token`, `secret`, `auth`…); never the always-dropped ones nor `redact_headers`.
+    pub safe_headers: Vec<String>,
     /// Largest size of the store in bytes (`null`: no limit). When reached, new records are counted as
     /// lost and reported on `/_pare/health`, exactly as on a full disk; pare keeps proxying.
     pub max_bytes: Option<u64>,
@@ -220,6 +223,7 @@ impl Default for ArchiveConfig {
             flush_interval_ms: 50,
             session_headers: vec!["x-pare-session".into()],
             redact_headers: Vec::new(),
+            safe_headers: vec!["idempotency-key".into(), "x-idempotency-key".into()],
             max_bytes: None,
             max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
             max_held_answer_bytes: DEFAULT_MAX_HELD_ANSWER_BYTES,
@@ -779,9 +783,11 @@ impl Config {
         if !(1..=10_000).contains(&self.archive.flush_interval_ms) {
             bad("archive.flush_interval_ms", format!("{} is outside 1..=10000", self.archive.flush_interval_ms));
         }
-        for (list, name) in
-            [(&self.archive.session_headers, "session_headers"), (&self.archive.redact_headers, "redact_headers")]
-        {
+        for (list, name) in [
+            (&self.archive.session_headers, "session_headers"),
+            (&self.archive.redact_headers, "redact_headers"),
+            (&self.archive.safe_headers, "safe_headers"),
+        ] {
             for (i, h) in list.iter().enumerate() {
                 if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
                     bad(&format!("archive.{name}.{i}"), format!("`{h}` is not a valid header name"));

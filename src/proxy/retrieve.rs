@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS};
 use http::request::Parts;
 use http::{Response, StatusCode};
 use serde_json::{Value, json};
@@ -27,6 +27,10 @@ pub const RETRIEVE_PREFIX: &str = "/_pare/retrieve/";
 pub const COMPRESS_PATH: &str = "/v1/compress";
 /// The gateway's retrieval endpoint (`GET /v1/retrieve/{hash}`).
 pub const GATEWAY_RETRIEVE_PREFIX: &str = "/v1/retrieve/";
+
+/// The fewest hex digits of an id that read content: a shorter prefix (2³² values at 8 digits) is
+/// found by probing a large archive at random within seconds.
+pub const MIN_READ_ID_HEX: usize = 12;
 
 /// Why a retrieval has no content to give.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +58,9 @@ impl RetrieveError {
 /// again once the writer has committed what it holds.
 pub async fn content(proxy: &Proxy, id: &str) -> Result<Content, RetrieveError> {
     let archive = proxy.pipeline.archive().ok_or(RetrieveError::NoArchive)?;
-    crate::archive::content::parse_id(id)?;
+    if crate::archive::content::parse_id(id)?.len() < MIN_READ_ID_HEX {
+        return Err(ContentError::BadId(format!("{id} (give at least {MIN_READ_ID_HEX} hex digits)")).into());
+    }
     match read(archive, id).await {
         Err(RetrieveError::Content(ContentError::Unknown(_))) => {
             let _ = archive.flush_async().await;
@@ -86,14 +92,23 @@ pub async fn get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     let id = parts.uri.path().strip_prefix(RETRIEVE_PREFIX).unwrap_or_default();
     let query = query_pairs(parts.uri.query());
     let param = |name: &str| query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str());
-    match select(proxy, id, param("lines"), param("grep")).await {
+    let response = match select(proxy, id, param("lines"), param("grep")).await {
         Ok(text) => {
             let mut response = Response::new(Bytes::from(text));
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
             response
         }
         Err(err) => error_response(&err),
-    }
+    };
+    private(response)
+}
+
+/// Stored content is never sniffed into another type by a browser, nor kept by a cache.
+fn private(mut response: Response<Bytes>) -> Response<Bytes> {
+    let headers = response.headers_mut();
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 /// An error as pare's other endpoints answer one (`{"error": {"message", "type"}}`).
@@ -111,7 +126,7 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
 /// Headroom's optional `query` (a search within the content) is not read: the whole content comes back.
 pub async fn gateway_get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     let hash = parts.uri.path().strip_prefix(GATEWAY_RETRIEVE_PREFIX).unwrap_or_default();
-    match content(proxy, hash).await {
+    private(match content(proxy, hash).await {
         Ok(content) => json_response(
             StatusCode::OK,
             &json!({
@@ -121,7 +136,7 @@ pub async fn gateway_get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
             }),
         ),
         Err(err) => error_response(&err),
-    }
+    })
 }
 
 /// `POST /v1/compress` with `{"messages": [...], "model"?, "config"?}` (LiteLLM's Headroom guardrail):

@@ -392,6 +392,9 @@ fn secrets_never_reach_the_store() {
     headers.insert("proxy-authorization", "Basic sk-test-SECRET".parse().unwrap());
     headers.insert("x-pare-token", "sk-test-SECRET".parse().unwrap());
     headers.insert("x-custom-secret", "sk-test-SECRET".parse().unwrap());
+    // Regression: generic credential headers were stored (their names only end in a credential word).
+    headers.insert("x-custom-key", "sk-test-SECRET".parse().unwrap());
+    headers.insert("x-portkey-virtual-key", "sk-test-SECRET".parse().unwrap());
     headers.insert("user-agent", "agent/1.0".parse().unwrap());
     let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -425,6 +428,41 @@ fn secrets_never_reach_the_store() {
         .query_row("SELECT headers FROM exchanges WHERE session = ?1", [&session], |r| r.get(0))
         .unwrap();
     assert_eq!(headers, r#"{"user-agent":"agent/1.0"}"#);
+}
+
+/// Regression: a client that sent its own body under another's `x-pare-session` reset that
+/// session's compaction and landed in its records (audit, training export). Another credential
+/// under the same name gets a session of its own, named after a hash of its credential.
+#[tokio::test]
+async fn a_session_header_under_another_credential_starts_its_own_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.archive.dir = Some(dir.path().to_owned());
+    let config = Arc::new(config);
+    let archive = Archive::open(&config.archive);
+    let pipeline = Pipeline::identity(Arc::clone(&config)).with_archive(Arc::clone(&archive));
+    let request = |key: &str, text: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-pare-session", "shared".parse().unwrap());
+        headers.insert("x-api-key", key.parse().unwrap());
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+        (headers, Bytes::from(serde_json::to_vec(&body).unwrap()))
+    };
+    let mut sessions = Vec::new();
+    for (key, text) in [("sk-owner", "mine"), ("sk-intruder", "theirs"), ("sk-owner", "mine again")] {
+        let (headers, body) = request(key, text);
+        let prepared = pipeline.prepare_chat(&headers, body).await;
+        prepared.sink.unwrap().finish(StreamEnd::NoResponse("not sent".into()));
+        sessions.push(prepared.session.unwrap());
+    }
+    assert_eq!((sessions[0].as_str(), sessions[2].as_str()), ("shared", "shared"));
+    assert!(sessions[1].starts_with("shared-") && sessions[1].len() == "shared-".len() + 12, "{}", sessions[1]);
+    archive.close();
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    let stored: Vec<(String, i64)> =
+        reader.sessions(&SessionFilter::default()).unwrap().into_iter().map(|s| (s.id, s.n_requests)).collect();
+    assert!(stored.contains(&("shared".to_owned(), 2)), "{stored:?}");
+    assert!(stored.contains(&(sessions[1].clone(), 1)), "{stored:?}");
 }
 
 /// A conversation driven through the pipeline the way the proxy drives it.

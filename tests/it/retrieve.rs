@@ -330,6 +330,16 @@ async fn ids_resolve_through_the_proxy_across_a_restart_and_match_replay() {
     let ids: BTreeSet<String> = ids.into_iter().filter(|id| raw_texts.contains_key(id)).collect();
     assert!(ids.len() > 10, "the session compacted: {} ids", ids.len());
 
+    // Regression: the answers lacked `nosniff` and `no-store`: a browser could sniff stored text
+    // into HTML, a cache could keep it.
+    let id = ids.iter().next().unwrap();
+    for path in [format!("/_pare/retrieve/{id}"), format!("/v1/retrieve/{}", id.trim_start_matches("pare:"))] {
+        let response = client().get(pare.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(response.headers()["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(response.headers()["cache-control"], "no-store", "{path}");
+    }
+
     // Selective reads.
     let id = ids.iter().find(|id| raw_texts[*id].lines().count() >= 40).expect("a long output");
     let lines: Vec<&str> = raw_texts[id].split_inclusive('\n').collect();
@@ -346,9 +356,13 @@ async fn ids_resolve_through_the_proxy_across_a_restart_and_match_replay() {
         let (status, text) = get(&pare, &format!("/_pare/retrieve/{id}?{bad}")).await;
         assert_eq!(status, 400, "{bad}: {text}");
     }
-    // A unique prefix of 8 digits resolves too; unknown and malformed ids do not.
+    // Regression: a prefix of 8 hex digits (32 bits, found by random probes within seconds on a
+    // large archive) read the content; an id needs 12. Unknown and malformed ids do not resolve.
     let (status, text) = get(&pare, &format!("/_pare/retrieve/{}", &id[..13])).await;
-    assert_eq!((status, &text), (200, &raw_texts[id]));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("at least 12 hex digits"), "{text}");
+    let (status, text) = get(&pare, &format!("/_pare/retrieve/{}", id.trim_start_matches("pare:"))).await;
+    assert_eq!((status, &text), (200, &raw_texts[id]), "the digits alone");
     let (status, text) = get(&pare, "/_pare/retrieve/pare:000000000000").await;
     assert_eq!(status, 404, "{text}");
     assert!(text.contains("no content with id pare:000000000000"), "{text}");
