@@ -14,14 +14,15 @@ pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let dir = archive_location(args.archive, args.config.as_deref())?;
     crate::archive::query::ArchiveReader::open(&dir)?;
+    let owner = crate::proxy::token::OwnerToken::for_ui(&config, dir.dir())?;
     let ui = Arc::new(Ui::new(dir));
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
     runtime.block_on(async {
         let listener = crate::proxy::bind(&args.listen, &config).await?;
         let addr = listener.local_addr().context("cannot read the listening address")?;
-        eprintln!("pare ui: http://{addr}{}/", crate::ui::PREFIX);
-        crate::proxy::ui_server::run(listener, ui, &config, super::serve::shutdown_signal()).await;
+        eprintln!("pare ui: {}", owner.ui_url(addr));
+        crate::proxy::ui_server::run(listener, ui, &config, &owner, super::serve::shutdown_signal()).await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -62,9 +62,16 @@ pub struct ServerConfig {
     pub listen: String,
     /// Allow a non-loopback `listen` address (then `auth_token` is required).
     pub allow_non_loopback: bool,
-    /// Token clients must present in the `x-pare-token` header; the agent's own `Authorization`
-    /// still reaches the upstream untouched.
+    /// Token clients must present in the `x-pare-token` header on every path; the agent's own
+    /// `Authorization` still reaches the upstream untouched. When set, it is also the owner token.
     pub auth_token: Option<String>,
+    /// The owner token: what reads pare's own endpoints (`/_pare/`, but for health) and the gateway
+    /// endpoints (`/v1/compress`, `/v1/retrieve/`); the agent-facing paths do not need it.
+    /// `None`: `auth_token` when set, else the token kept in `owner_token_file`, made at first start.
+    pub owner_token: Option<String>,
+    /// Where the owner token made at first start is kept (0600); `None`: `token` in the archive
+    /// directory (`archive.dir`, also for a PostgreSQL archive) ([`ServerConfig::owner_token_path`]).
+    pub owner_token_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     pub max_body: u64,
     /// How long in-flight requests may run after SIGINT/SIGTERM before pare exits, in seconds.
@@ -95,6 +102,17 @@ pub struct ServerConfig {
     pub max_buffered_bytes: u64,
 }
 
+/// The fewest characters a token (`server.auth_token`, `server.owner_token`) may have.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+impl ServerConfig {
+    /// The file that keeps the owner token made at first start: `owner_token_file`, else `token`
+    /// in the archive directory `archive` resolves to.
+    pub fn owner_token_path(&self, archive: &ArchiveConfig) -> PathBuf {
+        self.owner_token_file.clone().unwrap_or_else(|| archive.resolved_dir().join("token"))
+    }
+}
+
 /// The async runtime's threads when `server.worker_threads` is unset: half the cores this process
 /// may use (its CPU affinity and cgroup quota count), at least one. pare is a sidecar that shares
 /// its host with the agent and often with the model server; a request's own work on the runtime
@@ -112,6 +130,8 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8787".into(),
             allow_non_loopback: false,
             auth_token: None,
+            owner_token: None,
+            owner_token_file: None,
             max_body: 32 * 1024 * 1024,
             shutdown_grace_secs: 30,
             header_read_timeout_secs: 30,
@@ -671,6 +691,27 @@ impl Config {
             }
             _ => {}
         }
+        for (key, token) in
+            [("server.auth_token", &self.server.auth_token), ("server.owner_token", &self.server.owner_token)]
+        {
+            if let Some(token) = token.as_deref().filter(|t| !t.trim().is_empty())
+                && token.trim().chars().count() < MIN_TOKEN_CHARS
+            {
+                bad(
+                    key,
+                    format!(
+                        "is {} characters: a token needs at least {MIN_TOKEN_CHARS} (a short one is guessed; `openssl rand -hex 16` makes one)",
+                        token.trim().chars().count()
+                    ),
+                );
+            }
+        }
+        if self.server.auth_token.is_some() && self.server.owner_token.is_some() {
+            bad(
+                "server.owner_token",
+                "set with server.auth_token, which already guards every path: keep one of them".into(),
+            );
+        }
         if self.memory.max_state_bytes == 0 {
             bad("memory.max_state_bytes", "must be at least 1 byte".into());
         }
@@ -1066,7 +1107,22 @@ models:
         let err = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n").unwrap_err();
         assert_eq!(err.problems.len(), 1);
         assert_eq!(err.problems[0].path, "server.auth_token");
-        let ok = Config::from_yaml("server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: t\n");
+        let ok = Config::from_yaml(
+            "server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: 0123456789abcdef\n",
+        );
         assert!(ok.is_ok());
+    }
+
+    /// Regression: a one-character `auth_token` was accepted for a non-loopback listener.
+    #[test]
+    fn tokens_shorter_than_sixteen_characters_are_refused() {
+        let err = Config::from_yaml(
+            "server:\n  listen: 0.0.0.0:8787\n  allow_non_loopback: true\n  auth_token: t\n  owner_token: 0123456789abcde\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["server.auth_token", "server.owner_token", "server.owner_token"], "{err}");
+        assert!(err.problems[0].message.contains("at least 16"), "{err}");
+        assert!(Config::from_yaml("server:\n  owner_token: 0123456789abcdef\n").is_ok());
     }
 }

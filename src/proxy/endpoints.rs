@@ -3,8 +3,9 @@
 //! `GET /_pare/retrieve/{id}` and the MCP server at `/_pare/mcp` ([`super::retrieve`],
 //! [`super::mcp`]); and the gateway endpoints `POST /v1/compress`, `GET /v1/retrieve/{hash}`.
 //!
-//! Health is the one endpoint answered without `x-pare-token`; without the token (when one is
-//! configured) it says only whether pare is ok, not where its upstream and archive are. Its
+//! Health is the one endpoint answered without a token; without it (but to a local caller when
+//! `server.auth_token` is unset) it says only whether pare is ok, not where its upstream and
+//! archive are (`super::guard::Keys`). Its
 //! upstream probe is one TCP connection at most every [`super::upstream::PROBE_TTL`], however often it is asked.
 
 use std::time::Duration;
@@ -21,6 +22,9 @@ use super::{mcp, metrics, retrieve};
 /// Longest the health check waits for a TCP connection to the upstream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Prometheus' scrape path.
+pub const METRICS_PATH: &str = "/_pare/metrics";
+
 /// Whether `path` is one of the gateway endpoints pare answers itself (not under `/_pare/`).
 pub fn is_gateway(path: &str) -> bool {
     path == retrieve::COMPRESS_PATH || path.starts_with(retrieve::GATEWAY_RETRIEVE_PREFIX)
@@ -31,20 +35,10 @@ pub fn takes_body(method: &Method, path: &str) -> bool {
     *method == Method::POST && (path == mcp::MCP_PATH || path == retrieve::COMPRESS_PATH)
 }
 
-/// A gateway caller (LiteLLM's guardrail) sends its key as `Authorization: Bearer KEY`: with
-/// `server.auth_token` set, that key must be the token.
-pub fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
-    let bearer = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|v| HeaderValue::from_str(v.trim()).ok());
-    super::guard::token_matches(bearer.as_ref(), token)
-}
-
 /// Answer a request to one of pare's endpoints; `body` is read only for those that take one
-/// ([`takes_body`]), empty otherwise.
-pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
+/// ([`takes_body`]), empty otherwise; `health_details`: health may say where the upstream and the
+/// archive are.
+pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes, health_details: bool) -> Response<Bytes> {
     let path = parts.uri.path();
     if path.starts_with(retrieve::RETRIEVE_PREFIX) {
         return match parts.method {
@@ -68,14 +62,8 @@ pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes
         return mcp::handle(proxy, parts, body).await;
     }
     match (&parts.method, path) {
-        (&Method::GET | &Method::HEAD, "/_pare/health") => {
-            let authorized =
-                proxy.config.server.auth_token.as_deref().is_none_or(|token| {
-                    super::guard::token_matches(parts.headers.get(super::PARE_TOKEN_HEADER), token)
-                });
-            health(proxy, authorized).await
-        }
-        (&Method::GET, "/_pare/metrics") => scrape(proxy),
+        (&Method::GET | &Method::HEAD, super::handler::HEALTH_PATH) => health(proxy, health_details).await,
+        (&Method::GET, METRICS_PATH) => scrape(proxy),
         _ => ProxyError::NotFound { path: parts.uri.path().to_owned() }.to_response(),
     }
 }

@@ -60,8 +60,12 @@ pub enum ProxyError {
     ClientBody { cause: String },
     #[error("request body sent no bytes for {secs} s (server.body_read_timeout_secs)")]
     BodyStalled { secs: u64 },
-    #[error("missing or wrong x-pare-token header")]
+    #[error(
+        "missing or wrong pare token (send it in x-pare-token; for the audit UI open the URL pare printed at start, /_pare/ui/?token=…)"
+    )]
     Unauthorized,
+    #[error("too many wrong pare tokens are waiting their turn; retry in a moment")]
+    TokenGuesses,
     #[error("{0}")]
     Forbidden(#[from] super::guard::Refusal),
     #[error("pare holds {limit} bytes of request bodies already (server.max_buffered_bytes); retry in a moment")]
@@ -89,6 +93,7 @@ impl ProxyError {
             | ProxyError::ClientBody { .. }
             | ProxyError::BodyStalled { .. }
             | ProxyError::Unauthorized
+            | ProxyError::TokenGuesses
             | ProxyError::Forbidden(_)
             | ProxyError::NotFound { .. }
             | ProxyError::WebSocket { .. } => Culprit::Client,
@@ -104,6 +109,7 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyStalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::TokenGuesses => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
             ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Loop { .. } => StatusCode::LOOP_DETECTED,
@@ -123,6 +129,7 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::BodyStalled { .. } => "request_body_timeout",
             ProxyError::Unauthorized => "invalid_pare_token",
+            ProxyError::TokenGuesses => "pare_token_guesses",
             ProxyError::Forbidden(super::guard::Refusal::Host { .. }) => "host_not_allowed",
             ProxyError::Forbidden(super::guard::Refusal::Origin { .. }) => "origin_not_allowed",
             ProxyError::Busy { .. } => "pare_busy",
@@ -163,6 +170,7 @@ impl ProxyError {
             403 => "permission_error",
             404 => "not_found_error",
             413 => "request_too_large",
+            429 => "rate_limit_error",
             503 => "overloaded_error",
             504 => "timeout_error",
             500..=599 => "api_error",
@@ -214,7 +222,7 @@ impl ProxyError {
             Dialect::Google => self.google_body(),
         };
         let mut response = json_response(self.status(), &body);
-        if let ProxyError::Busy { .. } = self {
+        if let ProxyError::Busy { .. } | ProxyError::TokenGuesses = self {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response

@@ -18,10 +18,10 @@ use super::access::AccessLog;
 use super::body::{BoxError, Completion, ObservedBody};
 use super::endpoints;
 use super::error::{Dialect, ProxyError, cause_chain};
-use super::guard::token_matches;
+use super::guard::{self, Admission, Keys, Need, Peer};
 use super::limits::{self, Share};
 use super::state::{Proxy, VIA_HEADER};
-use super::upstream::{self, PARE_TOKEN_HEADER};
+use super::upstream;
 use crate::exchange::{ResponseSink, StreamEnd};
 use crate::wire::Wire;
 
@@ -73,11 +73,19 @@ where
         return fail(dialect, refusal.into(), AccessLog::new(parts.method.clone(), path, started), None);
     }
 
-    if let Some(token) = proxy.config.server.auth_token.as_deref()
-        && path != HEALTH_PATH
-        && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
-        && !(endpoints::is_gateway(path) && endpoints::bearer_matches(&parts.headers, token))
-    {
+    let local = guard::is_local(parts.extensions.get::<Peer>().map(|peer| peer.0), &parts.headers);
+    if let Some(login) = proxy.keys.login(&parts).await {
+        return match login {
+            Ok(response) => response.map(full),
+            Err(err) => fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None),
+        };
+    }
+    let admission = proxy.keys.admit(&parts, local);
+    if let Err(err) = proxy.keys.pace(admission).await {
+        return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None);
+    }
+    let health_details = proxy.keys.health_details(admission, local);
+    if matches!(admission, Admission::Missing | Admission::Wrong) && Keys::need(path) != Need::Nothing {
         return fail(dialect, ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
@@ -101,7 +109,7 @@ where
                 Err(err) => return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None),
             }
         }
-        let response = endpoints::handle(proxy, &parts, body_bytes).await;
+        let response = endpoints::handle(proxy, &parts, body_bytes, health_details).await;
         tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
         return response.map(full);
     }
@@ -165,7 +173,15 @@ where
     let mut sink: Option<Box<dyn ResponseSink>> = None;
     let mut late_summary = None;
     let forward = if let Some(wire) = wire {
-        let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, &parts.headers, raw).await;
+        // A Gemini `?key=` is the `x-goog-api-key` it stands for: the session tracker binds a
+        // session to it (the archive never stores it, as it never stores the header).
+        let with_query_key = query_key(parts.uri.query()).map(|key| {
+            let mut headers = parts.headers.clone();
+            headers.append("x-goog-api-key", key);
+            headers
+        });
+        let headers = with_query_key.as_ref().unwrap_or(&parts.headers);
+        let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, headers, raw).await;
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;
@@ -220,6 +236,12 @@ where
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
+}
+
+/// The value of a `key` query parameter (a Gemini API key), as a header value.
+fn query_key(query: Option<&str>) -> Option<HeaderValue> {
+    let pairs = crate::ui::form_urlencoded_pairs(query?);
+    pairs.into_iter().find(|(name, _)| name == "key").and_then(|(_, key)| HeaderValue::from_str(&key).ok())
 }
 
 /// Read the whole request body, refusing more than `limit` bytes (early from `Content-Length`, and
@@ -458,14 +480,6 @@ mod tests {
         assert!(!came_back(&headers, &me), "another pare on the way is no loop");
         headers.append(VIA_HEADER, HeaderValue::from_static("01THIRD, 01JDXAMPLE"));
         assert!(came_back(&headers, &me));
-    }
-
-    #[test]
-    fn tokens_must_match_exactly() {
-        assert!(token_matches(Some(&HeaderValue::from_static("s3cret")), "s3cret"));
-        assert!(!token_matches(Some(&HeaderValue::from_static("s3cre")), "s3cret"));
-        assert!(!token_matches(Some(&HeaderValue::from_static("s3creT")), "s3cret"));
-        assert!(!token_matches(None, "s3cret"));
     }
 
     #[test]

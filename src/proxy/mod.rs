@@ -5,7 +5,7 @@
 //! - [`handler`]: one exchange — bounded body read, chat interception through the pipeline, forwarding.
 //! - [`body`]: the streamed response body and the exactly-once completion (archive sink, access log).
 //! - [`guard`]: which requests pare accepts: `Host` and `Origin` (DNS rebinding, cross-site requests),
-//!   the inbound token.
+//!   which token a path needs ([`guard::Keys`]). [`token`]: the owner token, made at first start.
 //! - [`limits`]: connections bounded from accept (silent, idle) and request bytes bounded across them.
 //! - [`state`]: [`Proxy`], what every exchange shares.
 //! - [`endpoints`]: `/_pare/…`, answered by pare and never forwarded.
@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod retrieve;
 pub mod server;
 pub mod state;
+pub mod token;
 pub mod ui_server;
 pub mod upstream;
 

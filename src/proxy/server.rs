@@ -17,11 +17,12 @@ use prometheus_client::registry::Registry;
 
 use http::HeaderValue;
 
-use super::guard::Guard;
+use super::guard::{Guard, Keys, Peer};
 use super::handler;
 use super::limits::{self, Activity, BufferBudget, ConnectionTimeouts, Tracked};
 use super::metrics::Metrics;
 use super::state::Proxy;
+use super::token::OwnerToken;
 use super::upstream::{Upstream, UpstreamError};
 use crate::config::Config;
 use crate::pipeline::Pipeline;
@@ -41,6 +42,8 @@ pub enum ServeError {
     MissingToken,
     #[error("listen address {addr:?} is not host:port ({cause})")]
     BadListen { addr: String, cause: String },
+    #[error(transparent)]
+    Token(#[from] super::token::TokenError),
     #[error("upstream {url} is pare itself (it resolves to {addr}, where pare listens): set the model server's URL")]
     UpstreamIsSelf { url: String, addr: SocketAddr },
 }
@@ -107,6 +110,9 @@ where
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
     let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.location().clone())));
     let guard = Guard::new(&config.server.allowed_hosts, &config.server.allowed_origins);
+    let owner = OwnerToken::for_serve(&config, pipeline.archive().map(|archive| archive.location()))?;
+    let local_addr = listener.local_addr().ok();
+    let keys = Keys::new(&owner.token, config.server.auth_token.is_some(), local_addr.map_or(0, |addr| addr.port()));
     let buffers = BufferBudget::new(config.server.max_buffered_bytes);
     let timeouts = ConnectionTimeouts::from_config(&config.server);
     let via = HeaderValue::from_str(&ulid::Ulid::generate().to_string()).expect("a ulid is a header value");
@@ -118,6 +124,7 @@ where
         ui,
         finishing: Arc::default(),
         guard,
+        keys,
         buffers,
         via,
         decoders: tokio::sync::Semaphore::new(crate::config::default_worker_threads()),
@@ -138,6 +145,7 @@ where
             archive = %proxy.pipeline.archive().map_or_else(|| "off".to_owned(), |a| a.location().to_string()),
             "pare listening"
         );
+        announce(&owner, addr);
     }
 
     tokio::pin!(shutdown);
@@ -157,7 +165,8 @@ where
                 let proxy = proxy.clone();
                 let activity = Activity::new();
                 let requests = activity.clone();
-                let service = service_fn(move |request| {
+                let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(Peer(peer));
                     let proxy = proxy.clone();
                     let in_flight = requests.begin();
                     async move {
@@ -192,6 +201,22 @@ where
         tracing::warn!("grace period over; exchanges still being recorded");
     }
     Ok(())
+}
+
+/// Say once, at start, where the audit UI is: its URL with the token pare made or read (opening
+/// it sets the cookie), else without (a configured token is the user's to type).
+fn announce(owner: &OwnerToken, addr: SocketAddr) {
+    let shown = if addr.ip().is_unspecified() { SocketAddr::new([127, 0, 0, 1].into(), addr.port()) } else { addr };
+    match owner.file() {
+        Some(file) => tracing::info!(
+            url = %owner.ui_url(shown),
+            token_file = %file.display(),
+            "the audit UI, pare's endpoints and the gateway need the owner token: open this URL, or send the file's token in x-pare-token"
+        ),
+        None => {
+            tracing::info!(url = %owner.ui_url(shown), "the audit UI, pare's endpoints and the gateway need the owner token")
+        }
+    }
 }
 
 /// Refuse an upstream that resolves to the address pare listens on (its port on a loopback or
@@ -246,7 +271,7 @@ mod tests {
         assert!(matches!(check_exposure(public, &config), Err(ServeError::NotLoopback { .. })));
         config.server.allow_non_loopback = true;
         assert!(matches!(check_exposure(public, &config), Err(ServeError::MissingToken)));
-        config.server.auth_token = Some("s3cret".into());
+        config.server.auth_token = Some("s3cret-s3cret-s3cret".into());
         assert!(check_exposure(public, &config).is_ok());
     }
 }

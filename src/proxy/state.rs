@@ -6,7 +6,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::body::Finishing;
-use super::guard::Guard;
+use super::guard::{Guard, Keys};
 use super::limits::BufferBudget;
 use super::metrics::Metrics;
 use super::upstream::{Probe, Upstream};
@@ -25,6 +25,8 @@ pub struct Proxy {
     pub finishing: Arc<Finishing>,
     /// The `Host` and `Origin` pare answers to.
     pub guard: Guard,
+    /// The owner token (and `server.auth_token`), where requests may carry it, the pace of wrong ones.
+    pub keys: Keys,
     /// Request bytes held by all exchanges together (`server.max_buffered_bytes`).
     pub buffers: Arc<BufferBudget>,
     /// This process's id in [`VIA_HEADER`]: a request that carries it has come back to pare.

@@ -13,20 +13,27 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::guard::{Guard, token_matches};
+use super::guard::{Admission, Guard, Keys};
 use super::limits::{self, Activity, ConnectionTimeouts, Tracked};
-use super::upstream::PARE_TOKEN_HEADER;
+use super::token::OwnerToken;
 use crate::config::Config;
 use crate::ui::{PREFIX, Ui, UiBody, respond};
 
 /// Serve the UI alone (`pare ui`) until `shutdown` resolves, with the proxy's connection limits
-/// (header and idle timeouts from accept) and its `Host`/`Origin` guard. With
-/// `server.auth_token`, every request must carry it in `x-pare-token`, as pare serve's own
-/// endpoints do.
-pub async fn run<F: Future<Output = ()>>(listener: TcpListener, ui: Arc<Ui>, config: &Config, shutdown: F) {
+/// (header and idle timeouts from accept) and its `Host`/`Origin` guard. Every request must carry
+/// the owner token, as pare serve's own endpoints do: in `x-pare-token`, or in the cookie that
+/// opening the URL with `?token=` sets.
+pub async fn run<F: Future<Output = ()>>(
+    listener: TcpListener,
+    ui: Arc<Ui>,
+    config: &Config,
+    owner: &OwnerToken,
+    shutdown: F,
+) {
     let builder = super::server::connection_builder(config);
     let guard = Arc::new(Guard::new(&config.server.allowed_hosts, &config.server.allowed_origins));
-    let token = config.server.auth_token.clone().filter(|t| !t.trim().is_empty());
+    let port = listener.local_addr().map_or(0, |addr| addr.port());
+    let token = Arc::new(Keys::new(&owner.token, true, port));
     let timeouts = ConnectionTimeouts::from_config(&config.server);
     tokio::pin!(shutdown);
     loop {
@@ -48,7 +55,7 @@ pub async fn run<F: Future<Output = ()>>(listener: TcpListener, ui: Arc<Ui>, con
             let (ui, token, guard) = (ui.clone(), token.clone(), guard.clone());
             let in_flight = requests.begin();
             async move {
-                let response = standalone(ui, &guard, token.as_deref(), request).await;
+                let response = standalone(ui, &guard, &token, request).await;
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, in_flight)))
             }
         });
@@ -62,7 +69,7 @@ pub async fn run<F: Future<Output = ()>>(listener: TcpListener, ui: Arc<Ui>, con
     }
 }
 
-async fn standalone(ui: Arc<Ui>, guard: &Guard, token: Option<&str>, request: Request<Incoming>) -> Response<UiBody> {
+async fn standalone(ui: Arc<Ui>, guard: &Guard, keys: &Keys, request: Request<Incoming>) -> Response<UiBody> {
     let (parts, _) = request.into_parts();
     let plain = |status: StatusCode, text: String| {
         let mut response = Response::new(Full::new(Bytes::from(text)).map_err(|n| match n {}).boxed_unsync());
@@ -72,19 +79,28 @@ async fn standalone(ui: Arc<Ui>, guard: &Guard, token: Option<&str>, request: Re
     if let Err(refusal) = guard.check(&parts) {
         return plain(StatusCode::FORBIDDEN, format!("{refusal}\n"));
     }
-    if let Some(token) = token
-        && !token_matches(parts.headers.get(PARE_TOKEN_HEADER), token)
-    {
-        return plain(StatusCode::UNAUTHORIZED, "missing or wrong x-pare-token\n".into());
+    let refused = |err: super::ProxyError| plain(err.status(), format!("{err}\n"));
+    if let Some(login) = keys.login(&parts).await {
+        return match login {
+            Ok(response) => response.map(|bytes| Full::new(bytes).map_err(|n| match n {}).boxed_unsync()),
+            Err(err) => refused(err),
+        };
     }
     let path = parts.uri.path();
-    if path == PREFIX || path.starts_with("/_pare/ui/") {
-        return respond(ui, &parts).await;
-    }
     if path == "/" {
         let mut response = plain(StatusCode::SEE_OTHER, String::new());
         response.headers_mut().insert(header::LOCATION, HeaderValue::from_static("/_pare/ui/"));
         return response;
+    }
+    let admission = keys.admit(&parts, false);
+    if let Err(err) = keys.pace(admission).await {
+        return refused(err);
+    }
+    if admission != Admission::Token {
+        return refused(super::ProxyError::Unauthorized);
+    }
+    if path == PREFIX || path.starts_with("/_pare/ui/") {
+        return respond(ui, &parts).await;
     }
     plain(StatusCode::NOT_FOUND, "not found: the audit UI is at /_pare/ui/\n".into())
 }

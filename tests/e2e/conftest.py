@@ -6,6 +6,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,17 @@ class PareProcess:
             self.process.kill()
             raise RuntimeError(f"pare did not start: {self.lines}")
         self.url = f"http://{self.addr}"
+
+    @property
+    def token(self):
+        """The owner token pare made at first start, kept beside the archive (README, "Who reads the
+        archive"): what pare's own endpoints and the gateway need."""
+        return (self.archive / "token").read_text().strip()
+
+    def open(self, path, timeout=30):
+        """`GET path` on pare with the owner token (`urllib`'s response, to use with `with`)."""
+        request = urllib.request.Request(f"{self.url}{path}", headers={"x-pare-token": self.token})
+        return urllib.request.urlopen(request, timeout=timeout)
 
     def _read_logs(self):
         pare_log.follow(self.process.stderr, self.lines, self.lock, self._listening)

@@ -25,7 +25,8 @@ def test_claude_code_gets_a_marker_back_through_pares_mcp_server(small_pare, stu
     wanted = ids[0]
     work = tmp_path / "work"
     work.mkdir()
-    added = claude(["mcp", "add", "--transport", "http", "pare", f"{small_pare.url}/_pare/mcp"], tmp_path, small_pare.url, work)
+    added = claude(["mcp", "add", "--transport", "http", "pare", f"{small_pare.url}/_pare/mcp",
+                    "--header", f"x-pare-token: {small_pare.token}"], tmp_path, small_pare.url, work)
     assert added.returncode == 0, added.stderr[-2000:]
 
     stub.clear()

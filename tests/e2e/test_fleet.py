@@ -20,6 +20,8 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +65,57 @@ models:
   - match: "^stub-model$"
     context_window: 65536
 """
+
+
+def server_section(directory):
+    """README's fleet recipe: one owner token for every replica, in a file of its own."""
+    return f"server:\n  allowed_hosts: [pare.example]\n  owner_token_file: {directory / 'owner-token'}\n"
+
+
+def status_of(url, headers=None):
+    """The status of `GET url` (an error status too)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_nginx_keeps_pares_endpoints_off_the_public_side(tmp_path):
+    """README's fleet recipe behind deploy/nginx.conf: through nginx, `/_pare/` answers 404 (health
+    aside, which shows only its status) and the gateway needs the owner token; on a replica's own port
+    a request that names a forwarded client is not local, so the UI and metrics need the token."""
+    stub = StubUpstream()
+    config = tmp_path / "pare.yaml"
+    config.write_text(server_section(tmp_path))
+    archive = ["--archive", str(tmp_path / "archive")]
+    replicas, nginx = [], None
+    try:
+        for i in range(2):
+            replicas.append(Replica(os.environ["PARE_BIN"], ["--config", config, "--upstream", f"{stub.url}/v1", *archive],
+                                    tmp_path / f"replica-{i}.log"))
+        nginx = Nginx(tmp_path / "nginx", [r.port for r in replicas])
+        token = (tmp_path / "owner-token").read_text().strip()
+        public = {"Host": "pare.example"}
+        for path in ["/_pare/ui/", "/_pare/retrieve/pare:0123456789ab", "/_pare/mcp", "/_pare/metrics"]:
+            assert status_of(f"{nginx.url}{path}", public)[0] == 404, path
+            assert status_of(f"{nginx.url}{path}", dict(public, **{"x-pare-token": token}))[0] == 404, path
+        code, body = status_of(f"{nginx.url}/_pare/health", public)
+        assert code == 200 and set(json.loads(body)) == {"status", "version"}, body
+        assert status_of(f"{nginx.url}/v1/retrieve/0123456789ab", public)[0] == 401
+        assert status_of(f"{nginx.url}/v1/models", public)[0] == 200, "the agents' paths pass"
+        forwarded = {"X-Forwarded-For": "203.0.113.7"}
+        for path in ["/_pare/ui/", "/_pare/metrics"]:
+            assert status_of(f"{replicas[0].url}{path}", forwarded)[0] == 401, path
+            assert status_of(f"{replicas[1].url}{path}", dict(forwarded, **{"x-pare-token": token}))[0] == 200, path
+        assert status_of(f"{replicas[0].url}/_pare/metrics")[0] == 200, "a local scrape needs no token"
+    finally:
+        if nginx:
+            nginx.stop()
+        for replica in replicas:
+            replica.stop()
+        stub.close()
 
 
 def tool_output(label, turn):
@@ -269,11 +322,11 @@ def fleet(tmp_path_factory):
             archive = postgres.url
             # The replicas read the URL from the config, as README's fleet recipe has it; the
             # commands below take it as --archive URL.
-            config.write_text(CONFIG.replace("archive:\n", f"archive:\n  url: {archive}\n", 1))
+            config.write_text(CONFIG.replace("archive:\n", f"archive:\n  url: {archive}\n", 1) + server_section(directory))
             archive_args = []
         else:
             archive = str(directory / "archive")
-            config.write_text(CONFIG)
+            config.write_text(CONFIG + server_section(directory))
             archive_args = ["--archive", archive]
         stub = StubUpstream()
         replicas = []
@@ -511,7 +564,8 @@ def test_replicas_keep_proxying_while_postgres_is_down(tmp_path):
         postgres = Postgres(tmp_path / "postgres", fsync=False)
         started.append(postgres)
         config = tmp_path / "pare.yaml"
-        config.write_text(f"archive:\n  url: {postgres.url}\n  durability: strict\n  commit_timeout_ms: 2000\n")
+        config.write_text(f"archive:\n  url: {postgres.url}\n  durability: strict\n  commit_timeout_ms: 2000\n"
+                          + server_section(tmp_path))
         replicas = [Replica(os.environ["PARE_BIN"], ["--config", config, "--upstream", f"{stub.url}/v1"], tmp_path / f"replica-{i}.log")
                     for i in range(2)]
         started += replicas

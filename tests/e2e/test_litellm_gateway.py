@@ -121,6 +121,7 @@ guardrails:
       guardrail: headroom
       mode: pre_call
       api_base: {pare.url}
+      api_key: {pare.token}
       default_on: true
 """)
     # tests/e2e/run.sh installs LiteLLM in a venv of its own and names its command here.

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import re
+import urllib.error
 import urllib.request
 
 import pytest
@@ -59,7 +60,7 @@ def post(url, body):
 
 
 def retrieve(small_pare, content_id_):
-    with urllib.request.urlopen(f"{small_pare.url}/_pare/retrieve/{content_id_}", timeout=30) as response:
+    with small_pare.open(f"/_pare/retrieve/{content_id_}") as response:
         return response.read().decode()
 
 
@@ -117,6 +118,20 @@ def test_mcp_sdk_lists_and_calls_retrieve(small_pare, stub):
 
 def test_retrieve_endpoint_serves_the_same_content(small_pare, stub):
     ids, _, texts = forwarded_ids(small_pare, stub)
-    with urllib.request.urlopen(f"{small_pare.url}/_pare/retrieve/{ids[0]}", timeout=30) as response:
+    with small_pare.open(f"/_pare/retrieve/{ids[0]}") as response:
         assert response.headers["content-type"] == "text/plain; charset=utf-8"
+        assert response.headers["x-content-type-options"] == "nosniff"
         assert response.read().decode() == texts[ids[0]]
+
+
+def test_retrieve_and_mcp_refuse_a_caller_without_the_owner_token(small_pare, stub):
+    """Another user of the machine (no token) and a request forwarded by a proxy read nothing."""
+    ids, _, _ = forwarded_ids(small_pare, stub)
+    for path, headers in [(f"/_pare/retrieve/{ids[0]}", {}),
+                          (f"/_pare/retrieve/{ids[0]}", {"x-forwarded-for": "203.0.113.7"}),
+                          ("/_pare/ui/", {}),
+                          ("/_pare/metrics", {"x-forwarded-for": "203.0.113.7"})]:
+        request = urllib.request.Request(f"{small_pare.url}{path}", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401, (path, headers)

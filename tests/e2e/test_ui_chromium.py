@@ -96,8 +96,8 @@ def post(url, body, session, stream=False):
         return response.read()
 
 
-def get(url):
-    with urllib.request.urlopen(url, timeout=30) as response:
+def get(process, path):
+    with process.open(path) as response:
         return response.status, response.read().decode()
 
 
@@ -134,7 +134,7 @@ def ui_pare(stub, tmp_path_factory):
     post(process.url, {"model": "stub-model", "messages": [{"role": "user", "content": HOSTILE}]}, HOSTILE_SESSION)
 
     def recorded():
-        status, page = get(f"{process.url}/_pare/ui/session/{SESSION}")
+        status, page = get(process, f"/_pare/ui/session/{SESSION}")
         return status == 200 and f"request/{len(STEPS) + 1}\"" in page
 
     wait_until(recorded, what="the archive to hold the session")
@@ -149,7 +149,8 @@ def shots(tmp_path_factory):
 
 
 def view(url, name, shots, tmp_path, height=1000):
-    """Screenshot and DOM of `url` as Chromium renders it."""
+    """Screenshot and DOM of `url` as Chromium renders it. `url` carries the owner token
+    (`?token=`, as pare logs the UI's URL): pare sets the cookie and redirects to the page."""
     assert CHROMIUM, "chromium is not installed (tests/e2e/run.sh installs Debian's chromium)"
     profile = tmp_path / f"profile-{name}"
     path = os.path.join(shots, f"ui-{name}.png")
@@ -161,7 +162,7 @@ def view(url, name, shots, tmp_path, height=1000):
 
 
 def test_index_lists_the_sessions(ui_pare, shots, tmp_path):
-    dom = view(f"{ui_pare.url}/_pare/ui/", "index", shots, tmp_path, height=620)
+    dom = view(f"{ui_pare.url}/_pare/ui/?token={ui_pare.token}", "index", shots, tmp_path, height=620)
     rows = re.findall(r'href="/_pare/ui/session/([^"]+)"', dom)
     assert SESSION in rows and HOSTILE_SESSION in rows
     assert len(rows) == 5, rows
@@ -170,7 +171,7 @@ def test_index_lists_the_sessions(ui_pare, shots, tmp_path):
 
 
 def test_session_shows_one_row_per_request(ui_pare, shots, tmp_path):
-    dom = view(f"{ui_pare.url}/_pare/ui/session/{SESSION}", "session", shots, tmp_path, height=720)
+    dom = view(f"{ui_pare.url}/_pare/ui/session/{SESSION}?token={ui_pare.token}", "session", shots, tmp_path, height=720)
     requests = re.findall(rf'href="/_pare/ui/session/{SESSION}/request/(\d+)"', dom)
     assert [int(n) for n in requests] == list(range(1, len(STEPS) + 2))
     assert dom.count('class="bar"') == len(STEPS) + 1
@@ -188,16 +189,22 @@ def test_session_shows_one_row_per_request(ui_pare, shots, tmp_path):
 
 def test_request_shows_raw_and_forwarded_side_by_side(ui_pare, shots, tmp_path):
     last = len(STEPS) + 1
-    dom = view(f"{ui_pare.url}/_pare/ui/session/{SESSION}/request/{last}", "request", shots, tmp_path, height=1000)
+    dom = view(f"{ui_pare.url}/_pare/ui/session/{SESSION}/request/{last}?token={ui_pare.token}", "request", shots, tmp_path, height=1000)
     assert "sent by the agent" in dom and "forwarded" in dom
     assert 'class="badge rule"' in dom, "the rule behind each rewrite is named"
     assert "Download raw body" in dom and "Compaction report" in dom
 
 
 def test_hostile_text_is_shown_never_run(ui_pare, tmp_path):
-    url = f"{ui_pare.url}/_pare/ui/session/{HOSTILE_SESSION}/request/1"
+    url = f"{ui_pare.url}/_pare/ui/session/{HOSTILE_SESSION}/request/1?token={ui_pare.token}"
     dom = view(url, "hostile", str(tmp_path), tmp_path, height=600)
     assert "&lt;script&gt;document.title='PWNED'&lt;/script&gt;" in dom, "the script tag is shown as text"
     assert "<script" not in dom, "no script element was created"
     assert "PWNED" not in re.search(r"<title>(.*?)</title>", dom).group(1), "a script ran"
     assert "data-pwned" not in dom, "an event handler ran"
+
+
+def test_the_ui_without_the_token_shows_nothing(ui_pare, tmp_path):
+    """Another user of the machine opens the UI without the token: 401, no session listed."""
+    dom = chromium(f"--user-data-dir={tmp_path / 'profile-anonymous'}", "--dump-dom", f"{ui_pare.url}/_pare/ui/")
+    assert SESSION not in dom.stdout and "wrong pare token" in dom.stdout, dom.stdout[:2000]

@@ -197,7 +197,10 @@ fn a_blank_auth_token_is_refused() {
         assert_eq!((got[0].0, got[0].1.as_str()), (2, "server.auth_token"), "{report}");
         assert!(got[0].2.contains("blank"), "{report}");
     }
-    assert_eq!(check(dir.path(), "token.yaml", "server:\n  auth_token: s3cret\n").0, Some(0));
+    assert_eq!(check(dir.path(), "token.yaml", "server:\n  auth_token: s3cret-s3cret-s3cret\n").0, Some(0));
+    let (code, report) = check(dir.path(), "token.yaml", "server:\n  auth_token: s3cret\n");
+    assert_eq!(code, Some(1), "a token of 6 characters is refused: {report}");
+    assert!(report.contains("at least 16"), "{report}");
 }
 
 /// Regression: an explicit `--archive` that cannot be written started anyway (every record lost,

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::pare::{self as pare_support, config_for};
 use crate::support::stub::Stub;
-use crate::support::{client, json as json_body, raw, within};
+use crate::support::{TOKEN, bare_client, client, json as json_body, raw, within};
 
 const CHAT_BODY: &str = r#"{"model":"stub-model","messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -273,15 +273,16 @@ async fn health_without_the_token_says_only_ok_and_probes_the_upstream_once() {
     let mut config = Config::default();
     config.upstream.url = format!("http://{upstream_addr}");
     config.archive.enabled = false;
-    config.server.auth_token = Some("s3cret".into());
+    config.server.auth_token = Some("s3cret-s3cret-s3cret".into());
     let pare = pare_support::start(config).await;
     for _ in 0..5 {
-        let health = json_body(client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
+        let health = json_body(bare_client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
         assert_eq!(health["status"], "ok");
         let keys: Vec<&str> = health.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["status", "version"], "{health}");
     }
-    let full = client().get(pare.url("/_pare/health")).header("x-pare-token", "s3cret").send().await.unwrap();
+    let full =
+        client().get(pare.url("/_pare/health")).header("x-pare-token", "s3cret-s3cret-s3cret").send().await.unwrap();
     let full = json_body(full).await;
     assert_eq!(full["upstream"]["url"], format!("http://{upstream_addr}"));
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "one probe answers checks within its ttl");
@@ -301,13 +302,137 @@ async fn pare_ui_refuses_a_rebound_host_and_closes_silent_connections() {
     let ui = Arc::new(pare::ui::Ui::new(dir.path().to_owned()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server =
-        tokio::spawn(async move { pare::proxy::ui_server::run(listener, ui, &config, std::future::pending()).await });
+    let owner = pare::proxy::token::OwnerToken::for_ui(&config, Some(dir.path())).unwrap();
+    let server = tokio::spawn(async move {
+        pare::proxy::ui_server::run(listener, ui, &config, &owner, std::future::pending()).await
+    });
     let refused = raw::exchange(addr, "GET /_pare/ui/ HTTP/1.1\nHost: attacker.example\nConnection: close", b"").await;
     assert_eq!(refused.status, 403);
     assert!(String::from_utf8_lossy(&refused.body).contains("server.allowed_hosts"));
-    let page = raw::exchange(addr, "GET /_pare/ui/ HTTP/1.1\nHost: localhost\nConnection: close", b"").await;
+    let anonymous = raw::exchange(addr, "GET /_pare/ui/ HTTP/1.1\nHost: localhost\nConnection: close", b"").await;
+    assert_eq!(anonymous.status, 401, "pare ui needs the owner token too");
+    let head = format!("GET /_pare/ui/ HTTP/1.1\nHost: localhost\nx-pare-token: {TOKEN}\nConnection: close");
+    let page = raw::exchange(addr, &head, b"").await;
     assert_eq!(page.status, 200);
     closed_by_pare(TcpStream::connect(addr).await.unwrap()).await;
     server.abort();
+}
+
+/// Regression: without `server.auth_token` (the default) every user of the machine read the audit
+/// UI, any stored content and the gateway. Now they need the owner token; the agent-facing paths
+/// and a local scrape of the metrics do not.
+#[tokio::test]
+async fn a_second_local_user_without_the_owner_token_reads_nothing() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, pipeline) = archived(&config_for(&stub), dir.path());
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    archive_settles_on_one_session(&pare, dir.path()).await;
+    let mcp = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let compress = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let reads = [
+        ("GET", "/_pare/ui/", ""),
+        ("GET", "/_pare/ui/export/sft", ""),
+        ("GET", "/_pare/retrieve/pare:0123456789ab", ""),
+        ("POST", "/_pare/mcp", mcp),
+        ("POST", "/v1/compress", compress),
+        ("GET", "/v1/retrieve/0123456789ab", ""),
+    ];
+    for (method, path, body) in reads {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let request = |client: reqwest::Client| {
+            client.request(method.clone(), pare.url(path)).header("content-type", "application/json").body(body)
+        };
+        let refused = request(bare_client()).send().await.unwrap();
+        assert_eq!(refused.status(), 401, "{path}");
+        let message = json_body(refused).await["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.contains("wrong pare token"), "{path}: {message}");
+        let allowed = request(client()).send().await.unwrap();
+        assert_ne!(allowed.status(), 401, "{path} with the token");
+    }
+    let bearer = bare_client().post(pare.url("/v1/compress")).bearer_auth(TOKEN).body(compress).send().await.unwrap();
+    assert_eq!(bearer.status(), 200, "the gateway takes the token as a bearer key");
+    let agent = bare_client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
+    assert_eq!(agent.status(), 200, "the agent-facing paths need no token");
+    assert_eq!(bare_client().get(pare.url("/_pare/metrics")).send().await.unwrap().status(), 200);
+    let health = json_body(bare_client().get(pare.url("/_pare/health")).send().await.unwrap()).await;
+    assert!(health.get("upstream").is_some(), "a local caller sees health's details: {health}");
+}
+
+/// Regression: behind a load balancer on the same host every request came from loopback, so the
+/// fleet recipe served the UI and every stored prompt to anyone who reached the balancer.
+#[tokio::test]
+async fn a_forwarded_request_is_never_local() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(&stub);
+    config.server.allowed_hosts = vec!["pare.example".into()];
+    let (config, pipeline) = archived(&config, dir.path());
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    for forwarded in ["X-Forwarded-For: 203.0.113.7", "X-Real-IP: 203.0.113.7", "Forwarded: for=203.0.113.7"] {
+        for path in ["/_pare/ui/", "/_pare/metrics"] {
+            let head = format!("GET {path} HTTP/1.1\nHost: pare.example\n{forwarded}\nConnection: close");
+            assert_eq!(raw::exchange(pare.addr, &head, b"").await.status, 401, "{path} {forwarded}");
+        }
+        let head = format!("GET /_pare/health HTTP/1.1\nHost: pare.example\n{forwarded}\nConnection: close");
+        let health: Value = serde_json::from_slice(&raw::exchange(pare.addr, &head, b"").await.body).unwrap();
+        assert!(health.get("upstream").is_none(), "{forwarded}: {health}");
+    }
+    let head = format!(
+        "GET /_pare/ui/ HTTP/1.1\nHost: pare.example\nX-Forwarded-For: 203.0.113.7\nx-pare-token: {TOKEN}\nConnection: close"
+    );
+    assert_eq!(raw::exchange(pare.addr, &head, b"").await.status, 200);
+}
+
+/// The URL pare prints at start (`/_pare/ui/?token=…`) sets an HttpOnly, SameSite=Strict cookie for
+/// `/_pare` and sends the browser to the page without the token; the cookie then reads the UI.
+#[tokio::test]
+async fn the_ui_url_with_the_token_sets_a_cookie() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, pipeline) = archived(&config_for(&stub), dir.path());
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    let login = bare_client().get(pare.url(&format!("/_pare/ui/?page=2&token={TOKEN}"))).send().await.unwrap();
+    assert_eq!(login.status(), 303);
+    assert_eq!(login.headers()["location"], "/_pare/ui/?page=2");
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let name = format!("pare_token_{}={TOKEN}", pare.addr.port());
+    assert_eq!(cookie, format!("{name}; Path=/_pare; HttpOnly; SameSite=Strict"));
+    let page = bare_client().get(pare.url("/_pare/ui/")).header("cookie", &name).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let wrong = bare_client().get(pare.url("/_pare/ui/?token=not-the-owner-token")).send().await.unwrap();
+    assert_eq!(wrong.status(), 401);
+    assert!(wrong.headers().get("set-cookie").is_none());
+    // The cookie is for pare's own pages, not the gateway.
+    let gateway =
+        bare_client().get(pare.url("/v1/retrieve/0123456789ab")).header("cookie", &name).send().await.unwrap();
+    assert_eq!(gateway.status(), 401);
+}
+
+/// Regression: wrong tokens were answered at once, as fast as a client could guess. They now take
+/// turns of `proxy::token::FAILURE_PAUSE`, while the right token is answered without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_are_answered_one_pause_at_a_time() {
+    let stub = Stub::start(Stub::openai).await;
+    let pare = pare_support::start(config_for(&stub)).await;
+    let started = std::time::Instant::now();
+    let guesses: Vec<_> = (0..5)
+        .map(|n| {
+            let url = pare.url("/_pare/retrieve/pare:0123456789ab");
+            tokio::spawn(async move {
+                bare_client().get(url).header("x-pare-token", format!("guess-{n}-0123456789abc")).send().await.unwrap()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let right = client().get(pare.url("/_pare/retrieve/pare:0123456789ab")).send().await.unwrap();
+    let right_after = started.elapsed();
+    assert_ne!(right.status(), 401);
+    for guess in guesses {
+        assert_eq!(guess.await.unwrap().status(), 401);
+    }
+    let all = started.elapsed();
+    let pause = pare::proxy::token::FAILURE_PAUSE;
+    assert!(all >= pause * 5, "five wrong tokens answered in {all:?}");
+    assert!(right_after < all, "the right token waited for the guesses: {right_after:?} of {all:?}");
 }

@@ -192,16 +192,18 @@ async fn a_non_loopback_listener_is_refused_by_default() {
 async fn the_inbound_token_guards_everything_but_health() {
     let stub = Stub::start(Stub::openai).await;
     let mut config = config_for(&stub);
-    config.server.auth_token = Some("pare-s3cret".into());
+    config.server.auth_token = Some("pare-s3cret-pare-s3cret".into());
+    config.server.owner_token = None;
     let pare = pare_support::start(config).await;
 
-    let refused = client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
+    let refused =
+        crate::support::bare_client().post(pare.url("/v1/chat/completions")).body(CHAT_BODY).send().await.unwrap();
     assert_eq!(refused.status(), 401);
     let body = json_body(refused).await;
     assert_eq!(body["error"]["code"], "invalid_pare_token");
     let wrong = client().get(pare.url("/v1/models")).header("x-pare-token", "nope").send().await.unwrap();
     assert_eq!(wrong.status(), 401);
-    let metrics = client().get(pare.url("/_pare/metrics")).send().await.unwrap();
+    let metrics = crate::support::bare_client().get(pare.url("/_pare/metrics")).send().await.unwrap();
     assert_eq!(metrics.status(), 401);
     assert!(stub.requests().is_empty(), "nothing reaches the upstream without the token");
 
@@ -210,7 +212,7 @@ async fn the_inbound_token_guards_everything_but_health() {
 
     let allowed = client()
         .post(pare.url("/v1/chat/completions"))
-        .header("x-pare-token", "pare-s3cret")
+        .header("x-pare-token", "pare-s3cret-pare-s3cret")
         .header("authorization", "Bearer agent-key")
         .body(CHAT_BODY)
         .send()
@@ -260,6 +262,7 @@ async fn health_reports_upstream_reachability() {
     drop(closed);
     let mut config = pare::config::Config::default();
     config.upstream.url = format!("http://{addr}/v1");
+    config.server.owner_token = Some(crate::support::TOKEN.to_owned());
     let down = pare_support::start(config).await;
     let response = client().get(down.url("/_pare/health")).send().await.unwrap();
     assert_eq!(response.status(), 200, "pare itself is healthy");

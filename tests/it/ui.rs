@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::support::pare::{Pare, config_for, start_with_pipeline};
 use crate::support::stub::Stub;
-use crate::support::{client, within};
+use crate::support::{bare_client, client, within};
 
 const HOSTILE: &str = "<script>alert('pwned')</script> & \"quotes\" <img src=x onerror=alert(2)>";
 const SESSION: &str = "ui-test";
@@ -200,12 +200,12 @@ async fn unknown_sessions_requests_and_pages_are_404() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ui_needs_the_token_when_one_is_set() {
-    let served = serve_with_traffic(Some("s3cret")).await;
+    let served = serve_with_traffic(Some("s3cret-s3cret-s3cret")).await;
     let url = served.pare.url("/_pare/ui/");
-    assert_eq!(client().get(&url).send().await.unwrap().status(), 401);
-    let wrong = client().get(&url).header("x-pare-token", "guess").send().await.unwrap();
+    assert_eq!(bare_client().get(&url).send().await.unwrap().status(), 401);
+    let wrong = bare_client().get(&url).header("x-pare-token", "guess").send().await.unwrap();
     assert_eq!(wrong.status(), 401);
-    let page = client().get(&url).header("x-pare-token", "s3cret").send().await.unwrap();
+    let page = client().get(&url).header("x-pare-token", "s3cret-s3cret-s3cret").send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(!page.text().await.unwrap().contains("s3cret"), "the token is never shown");
 }
@@ -224,7 +224,17 @@ async fn pare_ui_serves_an_archive_alone() {
     let mut line = String::new();
     BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
     let url = line.trim().strip_prefix("pare ui: ").unwrap_or_else(|| panic!("no address in {line:?}")).to_owned();
-    let page = within("pare ui", client().get(format!("{url}session/{SESSION}")).send()).await.unwrap();
+    // The printed URL carries the token kept beside the archive; opening it sets the cookie.
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    assert!(url.ends_with(&format!("/_pare/ui/?token={}", token.trim())), "{url}");
+    let login = within("pare ui", bare_client().get(&url).send()).await.unwrap();
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let base = url.split('?').next().unwrap();
+    let anonymous = within("pare ui", bare_client().get(format!("{base}session/{SESSION}")).send()).await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let request = bare_client().get(format!("{base}session/{SESSION}")).header("cookie", cookie);
+    let page = within("pare ui", request.send()).await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(page.text().await.unwrap().contains("✓ verified"));
     child.kill().unwrap();

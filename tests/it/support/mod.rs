@@ -12,15 +12,25 @@ use std::time::Duration;
 /// How long a test waits for an event before failing (never a sleep used as an assertion).
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// An HTTP client for talking to pare: no system proxy, no redirects, no pooling surprises.
+/// The owner token of the pare [`pare::config_for`] configures (`server.owner_token`).
+pub const TOKEN: &str = "it-owner-token-0123456789";
+
+/// An HTTP client for talking to pare: no system proxy, no redirects, no pooling surprises; it
+/// sends [`TOKEN`] in `x-pare-token` unless a request names another.
 pub fn client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-pare-token", reqwest::header::HeaderValue::from_static(TOKEN));
+    builder().default_headers(headers).build().expect("test client")
+}
+
+/// [`client`] without a token: a caller that does not hold it.
+pub fn bare_client() -> reqwest::Client {
+    builder().build().expect("test client")
+}
+
+fn builder() -> reqwest::ClientBuilder {
     ::pare::outbound::install_crypto_provider();
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("test client")
+    reqwest::Client::builder().no_proxy().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(30))
 }
 
 /// Await `future`, failing the test after [`WAIT`].

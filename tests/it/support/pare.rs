@@ -28,9 +28,11 @@ impl Drop for Pare {
     }
 }
 
-/// Defaults pointed at `stub` (as `http://…/v1`), with the archive off and short grace.
+/// Defaults pointed at `stub` (as `http://…/v1`), with the archive off, short grace and
+/// [`super::TOKEN`] as the owner token.
 pub fn config_for(stub: &Stub) -> Config {
     let mut config = Config::default();
+    config.server.owner_token = Some(super::TOKEN.to_owned());
     config.upstream.url = format!("{}/v1", stub.url());
     config.archive.enabled = false;
     config.server.shutdown_grace_secs = 10;
