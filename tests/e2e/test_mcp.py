@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import PareProcess
 from stub_upstream import MODEL
@@ -94,7 +96,9 @@ def test_mcp_sdk_lists_and_calls_retrieve(small_pare, stub):
     assert lists, "an elision marker named an id list"
 
     async def run():
-        async with Client(f"{small_pare.url}/_pare/mcp") as client:
+        # The MCP server reads the archive: the client sends the owner token (README, "The MCP server").
+        http = create_mcp_http_client(headers={"x-pare-token": small_pare.token})
+        async with Client(streamable_http_client(f"{small_pare.url}/_pare/mcp", http_client=http)) as client:
             assert client.server_info.name == "pare"
             tools = await client.list_tools()
             assert [tool.name for tool in tools.tools] == ["retrieve"]
