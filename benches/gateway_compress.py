@@ -124,15 +124,19 @@ def main():
             for _, port, _ in pares:
                 wait_up(port)
             headers = {"content-type": "application/json"}
-            token = os.environ.get("PARE_TOKEN")
-            if token:
-                headers["x-pare-token"] = token
             samples = {(b, kind): [] for b, _, _ in pares for kind in ("chat", "compress")}
             round_medians = {(b, kind): [] for b, _, _ in pares for kind in ("chat", "compress")}
             counter = 0
             for _ in range(args.rounds):
-                for binary, port, _ in pares:
+                for n, (binary, port, _) in enumerate(pares):
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    # The gateway needs the owner token pare keeps beside its archive (none before
+                    # pare had one).
+                    token_file = os.path.join(tmp, f"archive{n}", "token")
+                    if os.path.exists(token_file):
+                        headers["x-pare-token"] = open(token_file).read().strip()
+                    else:
+                        headers.pop("x-pare-token", None)
                     for kind in ("chat", "compress"):
                         this_round = []
                         for _ in range(args.requests):
