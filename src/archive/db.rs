@@ -9,14 +9,19 @@
 //! are stored as integers on both (0/1), so one SQL text compares them the same way.
 //!
 //! A PostgreSQL connection prepares each statement once and keeps it; the readers' connections
-//! come from a small per-URL pool ([`Db::open_pooled`]) so a lookup on the proxy's path does not pay
-//! for a connection (a few milliseconds). The client is the blocking `postgres` crate: it must
-//! never be called on an async task (it runs its own runtime), only on a thread of its own or the
-//! blocking pool.
+//! come from a per-URL pool ([`Db::open_pooled`]) so a lookup on the proxy's path does not pay for
+//! a connection (a few milliseconds). The pool is bounded (`archive.max_connections`: at most that
+//! many readers' connections are open at once, and a reader waits up to [`POOL_WAIT`] for one), so
+//! a burst of readers never exhausts the server's `max_connections`. A pooled connection found
+//! broken (the server restarted, the network dropped it) is closed, the pool's idle connections
+//! with it, and the statement is run once more on a new connection, outside a transaction only.
+//! The client is the blocking `postgres` crate: it must never be called on an async task (it runs
+//! its own runtime), only on a thread of its own or the blocking pool.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::config::location::PgLocation;
 
@@ -38,6 +43,8 @@ pub enum DbError {
     Type { column: usize, expected: &'static str, found: &'static str },
     #[error("the query returned no row")]
     NoRow,
+    #[error("all {max} connections to the archive database stayed busy for {waited:?} (archive.max_connections)")]
+    PoolBusy { max: usize, waited: Duration },
 }
 
 /// A PostgreSQL error with its server message and detail (the client's own `Display` says only
@@ -76,6 +83,24 @@ impl DbError {
         }
     }
 
+    /// Whether connecting failed for a reason that waiting will not fix: authentication (SQLSTATE
+    /// class 28: a wrong password, no `pg_hba.conf` entry), an unknown database (3D000), no right
+    /// to connect (42501), a TLS handshake that failed (`sslmode=require` against a server
+    /// without TLS, a certificate that does not verify), or settings the client or server refuses
+    /// (a password the server asks for and none was given).
+    pub fn is_permanent(&self) -> bool {
+        let DbError::Postgres(e) = self else { return false };
+        if let Some(code) = e.code() {
+            let code = code.code();
+            return code.starts_with("28") || code == "3D000" || code == "42501";
+        }
+        // The client's error kinds are not public; their `Display` opens with the kind.
+        let text = e.to_string();
+        ["error performing TLS handshake", "invalid configuration", "authentication error", "invalid connection string"]
+            .iter()
+            .any(|kind| text.starts_with(kind))
+    }
+
     /// Whether the connection itself is gone (the server stopped or is shutting down, the network
     /// dropped): the writer then reconnects before it retries.
     pub fn is_connection_lost(&self) -> bool {
@@ -91,6 +116,50 @@ impl DbError {
             }
             _ => false,
         }
+    }
+}
+
+/// `text` as the archive stores it on either backend: PostgreSQL's text types refuse U+0000, so
+/// each becomes U+FFFD (Unicode's replacement character, its mark for a character that could not
+/// be kept). The text columns (model, method, path, why compaction was skipped, how an answer
+/// ended) are an index over the bodies, which are stored byte for byte as blobs.
+pub fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') { text.replace('\0', "\u{FFFD}").into() } else { text.into() }
+}
+
+/// JSON text as the archive stores it: a string holding U+0000 is written `\u0000`, which
+/// PostgreSQL's `jsonb` refuses (the readers cast JSON columns to it), so such strings, keys
+/// included, hold U+FFFD instead ([`storable`]).
+pub fn storable_json(json: String) -> String {
+    fn replace(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::String(s) => {
+                if let std::borrow::Cow::Owned(clean) = storable(s) {
+                    *s = clean;
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(replace),
+            serde_json::Value::Object(map) => {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(key, mut value)| {
+                        replace(&mut value);
+                        (storable(&key).into_owned(), value)
+                    })
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    if !json.contains("\\u0000") {
+        return json;
+    }
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(mut value) => {
+            replace(&mut value);
+            value.to_string()
+        }
+        Err(_) => json,
     }
 }
 
@@ -331,26 +400,121 @@ impl PgConn {
     }
 }
 
-/// Idle connections of one PostgreSQL archive, shared by its readers.
+/// Longest a reader waits for one of the pool's connections when all are busy.
+pub const POOL_WAIT: Duration = Duration::from_secs(10);
+
+/// The readers' connections to one PostgreSQL archive: at most `max` open at once (in use or
+/// idle), the idle ones kept for the next reader.
 struct Pool {
-    idle: Mutex<Vec<PgConn>>,
+    location: PgLocation,
+    state: Mutex<PoolState>,
+    /// Signalled when a connection goes back idle or is closed (a slot frees).
+    freed: Condvar,
 }
 
-/// Most idle connections kept per archive URL.
-const POOL_IDLE: usize = 8;
+struct PoolState {
+    idle: Vec<PgConn>,
+    /// Connections open: idle plus in use.
+    open: usize,
+    max: usize,
+}
+
+impl Pool {
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle connection, else a new one when the bound allows, else the first to free within
+    /// [`POOL_WAIT`].
+    fn take(&self) -> Result<PgConn, DbError> {
+        let started = Instant::now();
+        let mut state = self.state();
+        loop {
+            if let Some(conn) = state.idle.pop() {
+                if conn.client.is_closed() {
+                    state.open -= 1;
+                    continue;
+                }
+                return Ok(conn);
+            }
+            if state.open < state.max {
+                state.open += 1;
+                drop(state);
+                return self.connect_in_slot();
+            }
+            let waited = started.elapsed();
+            if waited >= POOL_WAIT {
+                return Err(DbError::PoolBusy { max: state.max, waited });
+            }
+            state = self.freed.wait_timeout(state, POOL_WAIT - waited).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// A new connection, not counted (for a slot already counted as open).
+    fn fresh(&self) -> Result<PgConn, DbError> {
+        Ok(PgConn { client: self.location.connect()?, statements: HashMap::new() })
+    }
+
+    /// A new connection in a slot already counted as open; the slot is given back when it fails.
+    fn connect_in_slot(&self) -> Result<PgConn, DbError> {
+        self.fresh().inspect_err(|_| self.release_slot())
+    }
+
+    fn release_slot(&self) {
+        self.state().open -= 1;
+        self.freed.notify_one();
+    }
+
+    /// Take back a connection a reader is done with: kept idle when it can serve another.
+    fn give_back(&self, conn: PgConn, reusable: bool) {
+        let mut state = self.state();
+        if reusable && !conn.client.is_closed() {
+            state.idle.push(conn);
+        } else {
+            state.open -= 1;
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    /// Close the idle connections: one was found broken, the others most likely are too (the
+    /// server restarted).
+    fn drop_idle(&self) {
+        let mut state = self.state();
+        let idle = std::mem::take(&mut state.idle);
+        state.open -= idle.len();
+        drop(state);
+        self.freed.notify_all();
+        // Closed outside the lock: closing says goodbye to the server.
+        drop(idle);
+    }
+}
 
 fn pool_of(location: &PgLocation) -> Arc<Pool> {
     static POOLS: OnceLock<Mutex<HashMap<String, Arc<Pool>>>> = OnceLock::new();
     let pools = POOLS.get_or_init(Default::default);
     let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-    Arc::clone(
-        pools.entry(location.key().to_owned()).or_insert_with(|| Arc::new(Pool { idle: Mutex::new(Vec::new()) })),
-    )
+    let pool = Arc::clone(pools.entry(location.key().to_owned()).or_insert_with(|| {
+        Arc::new(Pool {
+            location: location.clone(),
+            state: Mutex::new(PoolState { idle: Vec::new(), open: 0, max: location.max_connections() }),
+            freed: Condvar::new(),
+        })
+    }));
+    // The bound in force is the last one configured for this URL.
+    pool.state().max = location.max_connections();
+    pool
 }
 
 enum Inner {
     Sqlite(rusqlite::Connection),
-    Postgres { conn: RefCell<Option<Box<PgConn>>>, pool: Option<Arc<Pool>> },
+    Postgres {
+        conn: RefCell<Option<Box<PgConn>>>,
+        pool: Option<Arc<Pool>>,
+        /// Between `begin` and `commit`/`rollback`: a statement that fails there is not run again
+        /// on another connection, and the connection is not given back to the pool.
+        in_transaction: Cell<bool>,
+    },
 }
 
 /// A connection to an archive store.
@@ -360,13 +524,10 @@ pub struct Db {
 
 impl Drop for Db {
     fn drop(&mut self) {
-        if let Inner::Postgres { conn, pool: Some(pool) } = &mut self.inner
-            && let Some(conn) = conn.get_mut().take()
-            && !conn.client.is_closed()
-        {
-            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-            if idle.len() < POOL_IDLE {
-                idle.push(*conn);
+        if let Inner::Postgres { conn, pool: Some(pool), in_transaction } = &mut self.inner {
+            match conn.get_mut().take() {
+                Some(conn) => pool.give_back(*conn, !in_transaction.get()),
+                None => pool.release_slot(),
             }
         }
     }
@@ -385,19 +546,23 @@ impl Db {
             inner: Inner::Postgres {
                 conn: RefCell::new(Some(Box::new(PgConn { client, statements: HashMap::new() }))),
                 pool: None,
+                in_transaction: Cell::new(false),
             },
         })
     }
 
-    /// A connection from the pool of `location`'s readers, given back when dropped.
+    /// A connection from the pool of `location`'s readers, given back when dropped. Waits for one
+    /// while `archive.max_connections` are in use, at most [`POOL_WAIT`].
     pub fn open_pooled(location: &PgLocation) -> Result<Db, DbError> {
         let pool = pool_of(location);
-        let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let conn = match idle.filter(|c| !c.client.is_closed()) {
-            Some(conn) => conn,
-            None => PgConn { client: location.connect()?, statements: HashMap::new() },
-        };
-        Ok(Db { inner: Inner::Postgres { conn: RefCell::new(Some(Box::new(conn))), pool: Some(pool) } })
+        let conn = pool.take()?;
+        Ok(Db {
+            inner: Inner::Postgres {
+                conn: RefCell::new(Some(Box::new(conn))),
+                pool: Some(pool),
+                in_transaction: Cell::new(false),
+            },
+        })
     }
 
     pub fn dialect(&self) -> Dialect {
@@ -415,13 +580,28 @@ impl Db {
         }
     }
 
-    fn with_pg<T>(&self, f: impl FnOnce(&mut PgConn) -> Result<T, DbError>) -> Result<T, DbError> {
-        match &self.inner {
-            Inner::Postgres { conn, .. } => {
-                let mut conn = conn.borrow_mut();
-                f(conn.as_mut().expect("a pooled connection is present until drop"))
+    /// Run `f` on the PostgreSQL connection. A pooled connection found broken outside a
+    /// transaction is replaced (the pool's idle ones closed with it) and `f` runs once more.
+    fn with_pg<T>(&self, f: impl Fn(&mut PgConn) -> Result<T, DbError>) -> Result<T, DbError> {
+        let Inner::Postgres { conn, pool, in_transaction } = &self.inner else { unreachable!("with_pg on SQLite") };
+        let mut conn = conn.borrow_mut();
+        let Some(pool) = pool else { return f(conn.as_mut().expect("the writer's connection is present")) };
+        if conn.is_none() {
+            // Replacing a broken connection failed earlier: this slot has none yet.
+            *conn = Some(Box::new(pool.fresh()?));
+        }
+        let result = f(conn.as_mut().expect("set above"));
+        match result {
+            Err(e) if e.is_connection_lost() && !in_transaction.get() => {
+                tracing::debug!(archive = %pool.location.shown(), error = %e, "a pooled archive connection is broken; reconnecting");
+                // The slot stays counted as open while the broken connection is replaced; when
+                // the new one cannot be made, the slot is given back as this `Db` drops.
+                *conn = None;
+                pool.drop_idle();
+                let fresh = conn.insert(Box::new(pool.fresh()?));
+                f(fresh)
             }
-            Inner::Sqlite(_) => unreachable!("with_pg on SQLite"),
+            other => other,
         }
     }
 
@@ -507,15 +687,27 @@ impl Db {
         self.execute_batch(match self.dialect() {
             Dialect::Sqlite => "BEGIN IMMEDIATE",
             Dialect::Postgres => "BEGIN",
-        })
+        })?;
+        self.set_in_transaction(true);
+        Ok(())
     }
 
     pub fn commit(&self) -> Result<(), DbError> {
-        self.execute_batch("COMMIT")
+        self.execute_batch("COMMIT")?;
+        self.set_in_transaction(false);
+        Ok(())
     }
 
     pub fn rollback(&self) -> Result<(), DbError> {
-        self.execute_batch("ROLLBACK")
+        self.execute_batch("ROLLBACK")?;
+        self.set_in_transaction(false);
+        Ok(())
+    }
+
+    fn set_in_transaction(&self, value: bool) {
+        if let Inner::Postgres { in_transaction, .. } = &self.inner {
+            in_transaction.set(value);
+        }
     }
 
     /// Whether `table` exists.
@@ -629,6 +821,16 @@ mod tests {
             "INSERT INTO t (a, b) VALUES ($1, $12) ON CONFLICT DO NOTHING"
         );
         assert_eq!(translate("SELECT instr(x, ?2) WHERE y = '?1'"), "SELECT strpos(x, $2) WHERE y = '?1'");
+    }
+
+    #[test]
+    fn text_is_made_storable() {
+        assert_eq!(storable("gpt\0x"), "gpt\u{FFFD}x");
+        assert!(matches!(storable("plain"), std::borrow::Cow::Borrowed("plain")));
+        let json = serde_json::json!({"a\u{0}": ["x\u{0}", {"b": "\\u0000 is text"}], "n": 1.5}).to_string();
+        assert_eq!(storable_json(json), "{\"a\u{FFFD}\":[\"x\u{FFFD}\",{\"b\":\"\\\\u0000 is text\"}],\"n\":1.5}");
+        let escaped_backslash = r#"{"b":"\\u0000"}"#.to_owned();
+        assert_eq!(storable_json(escaped_backslash.clone()), escaped_backslash);
     }
 
     #[test]

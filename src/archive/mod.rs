@@ -305,7 +305,8 @@ pub struct Ticket(u64);
 pub struct ArchiveHealth {
     /// Where the archive is: its directory, or its URL with the password hidden.
     pub dir: String,
-    /// False after a failed open or commit, until the next successful commit.
+    /// False after a failed open or a commit the store failed as a whole (not one refused record),
+    /// until the next successful commit.
     pub writable: bool,
     /// Records waiting for the writer.
     pub queue_depth: u64,
@@ -320,6 +321,10 @@ pub struct ArchiveHealth {
     pub commits: u64,
     /// Records that could not be stored (disk full, read-only, queue full…) since start.
     pub lost_records: u64,
+    /// Of those, records the store refused on their own (a value or constraint it rejects): the
+    /// other records of their transaction were written one at a time. `writable` stays true
+    /// when the others land; this count and `last_error` say what was refused.
+    pub refused_records: u64,
     pub last_error: Option<String>,
 }
 
@@ -419,6 +424,8 @@ pub(crate) struct Shared {
     committed: AtomicU64,
     commits: AtomicU64,
     lost: AtomicU64,
+    /// Of the lost records, those the store refused on their own.
+    refused: AtomicU64,
     /// Records the writer is done with (committed or lost): its progress.
     finished: AtomicU64,
     queue_waits: AtomicU64,
@@ -438,10 +445,25 @@ impl Shared {
         self.not_writable(error);
     }
 
+    /// Count `n_refused` records the store refused on their own (a value or constraint it rejects)
+    /// as lost, for `error`, logged as [`Shared::fail`] logs. The archive stays writable: the
+    /// other records of their transaction were written.
+    fn refuse(&self, n_refused: u64, error: String) {
+        self.lost.fetch_add(n_refused, Ordering::Relaxed);
+        self.refused.fetch_add(n_refused, Ordering::Relaxed);
+        self.report(error);
+    }
+
     /// Mark the archive not writable for `error` (records may wait for it, not lost yet), logged as
     /// [`Shared::fail`] logs.
     fn not_writable(&self, error: String) {
         self.writable.store(false, Ordering::Relaxed);
+        self.report(error);
+    }
+
+    /// Log `error` (at most once per [`LOSS_LOG_INTERVAL`], with the records lost since the last
+    /// log) and keep it as the last error.
+    fn report(&self, error: String) {
         let total = self.lost.load(Ordering::Relaxed);
         let mut log = self.loss_log.lock().unwrap_or_else(|p| p.into_inner());
         let lost_since = total - log.1.min(total);
@@ -546,6 +568,7 @@ impl Archive {
             committed: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             queue_waits: AtomicU64::new(0),
             writable: AtomicBool::new(true),
@@ -787,6 +810,7 @@ impl Archive {
             committed_records: self.shared.committed.load(Ordering::Relaxed),
             commits: self.shared.commits.load(Ordering::Relaxed),
             lost_records: self.shared.lost.load(Ordering::Relaxed),
+            refused_records: self.shared.refused.load(Ordering::Relaxed),
             last_error: self.shared.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }

@@ -302,6 +302,29 @@ fn open_pg_ro(location: &Location, pg: &PgLocation) -> Result<Db, ArchiveError> 
     Ok(db)
 }
 
+/// What connecting to an archive database at start-up found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reachability {
+    /// Connected (or a directory: nothing to reach).
+    Ready,
+    /// Not now (the server is not up, the network is down): pare starts and its writer waits.
+    Unreachable(String),
+    /// Never, as configured (authentication, an unknown database, TLS the server does not offer):
+    /// pare refuses to start.
+    Refused(String),
+}
+
+/// Connect once to the archive database at `location`, for `pare check` and `pare serve` to
+/// refuse at start what would fail every write.
+pub fn probe(location: &Location) -> Reachability {
+    let Location::Postgres(pg) = location else { return Reachability::Ready };
+    match Db::connect(pg).and_then(|db| db.query_one("SELECT 1", params![]).map(drop)) {
+        Ok(()) => Reachability::Ready,
+        Err(e) if e.is_permanent() => Reachability::Refused(e.to_string()),
+        Err(e) => Reachability::Unreachable(e.to_string()),
+    }
+}
+
 /// Bring a PostgreSQL archive's schema up to date: apply, in one transaction, the versions of
 /// `PG_MIGRATIONS` it lacks, and record the version in `meta`. Replicas that start together
 /// take turns (a transaction-scoped advisory lock): the first migrates, the others find it done.

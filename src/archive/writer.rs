@@ -30,7 +30,7 @@ use lru::LruCache;
 use super::body::{self, Item, Part, Piece, StoredMessages};
 use super::chain::{self, ExchangeFields, ResponseFields};
 use super::content::ContentIndex;
-use super::db::{Db, Dialect, params};
+use super::db::{Db, Dialect, params, storable, storable_json};
 use super::read::{self, BodyKind};
 use super::{Ack, ArchiveError, ExchangeRecord, Job, Location, ResponseRecord, Shared, Ticket, WriteRefused, store};
 use crate::budget::compactor::SessionPlan;
@@ -396,45 +396,87 @@ impl Writer {
             }
         }
         if !records.is_empty() {
-            // A plan rides with its exchange: it is not a record of the chain, counted or lost.
-            let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
-            match self.write_batch(&mut records) {
-                Ok(written) => {
-                    let n_stale = written.iter().filter(|(_, w)| matches!(w, Written::Stale { .. })).count() as u64
-                        + self.n_stale_answers;
-                    self.shared.committed.fetch_add(n - n_stale, Ordering::Relaxed);
-                    self.shared.commits.fetch_add(1, Ordering::Relaxed);
-                    if !self.shared.writable.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(archive = %self.location, "archive is writable again");
-                    }
-                    ack_written(&mut records, &written);
-                }
-                Err(e) if !last && self.waits_for(&e) => {
-                    // Kept, in order, with their room in the queue, for when the database is back.
-                    self.shared.not_writable(format!("{e}; {n} record(s) wait for the database"));
-                    for job in &records {
-                        self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
-                        self.shared.queue_bytes.fetch_add(job.size(), Ordering::Relaxed);
-                    }
-                    self.held = records;
-                    for done in waiters {
-                        let _ = done.send(());
-                    }
-                    return;
-                }
-                Err(e) => {
-                    let message = e.to_string();
-                    self.shared.fail(n, message.clone());
-                    ack_all(&mut records, Err(WriteRefused::Failed(message)));
-                }
-            }
-            // Their room in the queue goes back with them.
-            drop(records);
-            self.shared.finished.fetch_add(n, Ordering::Relaxed);
+            self.write_records(records, last);
         }
         for done in waiters {
             let _ = done.send(());
         }
+    }
+
+    /// Write `records` in one transaction. When that fails for a reason that may be one record's
+    /// (a value the database refuses, a constraint: not a store that cannot be opened or written
+    /// at all, [`store_wide`]), each record is written in a transaction of its own, so that one
+    /// bad record never costs the others; a record that still fails is counted as refused (and
+    /// lost). A database that cannot be reached holds the records for its return.
+    fn write_records(&mut self, mut records: Vec<Job>, last: bool) {
+        // A plan rides with its exchange: it is not a record of the chain, counted or lost.
+        let count = |jobs: &[Job]| jobs.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
+        let error = match self.write_batch(&mut records) {
+            Ok(written) => {
+                self.settle_written(&mut records, &written);
+                self.shared.finished.fetch_add(count(&records), Ordering::Relaxed);
+                return;
+            }
+            Err(e) if !last && self.waits_for(&e) => return self.hold(records, &e),
+            Err(e) => e,
+        };
+        if records.len() == 1 || store_wide(&error) {
+            self.refuse(&mut records, &error);
+            self.shared.finished.fetch_add(count(&records), Ordering::Relaxed);
+            return;
+        }
+        tracing::warn!(archive = %self.location, error = %error, records = records.len(),
+            "an archive transaction failed; writing its records one at a time");
+        let mut rest = records.into_iter();
+        while let Some(job) = rest.next() {
+            let mut one = vec![job];
+            match self.write_batch(&mut one) {
+                Ok(written) => self.settle_written(&mut one, &written),
+                Err(e) if !last && self.waits_for(&e) => {
+                    one.extend(rest);
+                    return self.hold(one, &e);
+                }
+                Err(e) => self.refuse(&mut one, &e),
+            }
+            self.shared.finished.fetch_add(count(&one), Ordering::Relaxed);
+        }
+    }
+
+    /// Count a committed transaction and tell its waiting exchanges.
+    fn settle_written(&mut self, records: &mut [Job], written: &[(Ticket, Written)]) {
+        let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
+        let n_stale =
+            written.iter().filter(|(_, w)| matches!(w, Written::Stale { .. })).count() as u64 + self.n_stale_answers;
+        self.shared.committed.fetch_add(n - n_stale, Ordering::Relaxed);
+        self.shared.commits.fetch_add(1, Ordering::Relaxed);
+        if !self.shared.writable.swap(true, Ordering::Relaxed) {
+            tracing::warn!(archive = %self.location, "archive is writable again");
+        }
+        ack_written(records, written);
+    }
+
+    /// Keep `records`, in order, with their room in the queue, for when the database is back.
+    fn hold(&mut self, records: Vec<Job>, e: &ArchiveError) {
+        let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count();
+        self.shared.not_writable(format!("{e}; {n} record(s) wait for the database"));
+        for job in &records {
+            self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+            self.shared.queue_bytes.fetch_add(job.size(), Ordering::Relaxed);
+        }
+        self.held = records;
+    }
+
+    /// Count `records` as lost for `e` and tell their waiters; as refused too when the store
+    /// refused them, not the store's state ([`store_wide`]).
+    fn refuse(&mut self, records: &mut [Job], e: &ArchiveError) {
+        let n = records.iter().filter(|job| !matches!(job, Job::Plan { .. })).count() as u64;
+        let message = e.to_string();
+        if store_wide(e) {
+            self.shared.fail(n, message.clone());
+        } else {
+            self.shared.refuse(n, message.clone());
+        }
+        ack_all(records, Err(WriteRefused::Failed(message)));
     }
 
     /// Write `records` in one transaction, retried when it loses a race with another writer.
@@ -689,23 +731,27 @@ impl Writer {
             None => (None, None, raw_state.clone()),
         };
         let headers = headers_json(&rec.headers);
-        let summary = rec.summary.as_ref().map(|s| serde_json::to_string(s).unwrap_or_default());
+        let summary = rec.summary.as_ref().map(|s| storable_json(serde_json::to_string(s).unwrap_or_default()));
+        // Text the database stores as the chain hashes it (the bodies keep the exact bytes).
+        let (method, path) = (storable(&rec.method), storable(&rec.path));
+        let model = rec.model.as_deref().map(storable);
+        let skipped = rec.skipped.as_deref().map(storable);
         let seq = cursor.n_requests + 1;
         let fields = ExchangeFields {
             session: &rec.session,
             seq,
             chain_idx: cursor.n_records,
             at_ms: rec.at_ms,
-            method: &rec.method,
-            path: &rec.path,
-            model: rec.model.as_deref(),
+            method: &method,
+            path: &path,
+            model: model.as_deref(),
             headers: &headers,
             raw_sha256: &raw_sha,
             raw_len: rec.raw.len() as i64,
             fwd_sha256: fwd_sha.as_ref().map(|h| &h[..]),
             fwd_len: forwarded.map(|f| f.len() as i64),
             summary: summary.as_deref(),
-            skipped: rec.skipped.as_deref(),
+            skipped: skipped.as_deref(),
             key_req: rec.key_req.map(|k| k as i64),
         };
         let hash = chain::exchange_hash(&cursor.head, &fields);
@@ -749,7 +795,7 @@ impl Writer {
                 rec.at_ms,
                 cursor.n_records + 1,
                 &hash,
-                rec.model.as_deref(),
+                fields.model,
                 tokens_raw as i64,
                 tokens_fwd as i64
             ],
@@ -807,8 +853,8 @@ impl Writer {
         let body_blob =
             if rec.body.is_empty() { None } else { Some(self.blob_id(conn, &pending.session, &rec.body)?) };
         let headers = headers_json(&rec.headers);
-        let assembled = rec.assembled.as_ref().map(|v| v.to_string());
-        let end_reason = end_reason(rec);
+        let assembled = rec.assembled.as_ref().map(|v| storable_json(v.to_string()));
+        let end_reason = storable(&end_reason(rec)).into_owned();
         let fields = ResponseFields {
             session: &pending.session,
             seq: pending.seq,
@@ -876,6 +922,42 @@ impl Writer {
     }
 }
 
+/// Whether `e` fails every record alike (the store cannot be opened, the disk is full or
+/// read-only, the database is out of resources or gone), so that writing records one at a time
+/// would only fail each again.
+fn store_wide(e: &ArchiveError) -> bool {
+    match e {
+        ArchiveError::Database(db) => {
+            db.is_connection_lost()
+                || match db {
+                    super::DbError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+                        f.code,
+                        rusqlite::ErrorCode::DiskFull
+                            | rusqlite::ErrorCode::ReadOnly
+                            | rusqlite::ErrorCode::SystemIoFailure
+                            | rusqlite::ErrorCode::CannotOpen
+                            | rusqlite::ErrorCode::DatabaseCorrupt
+                            | rusqlite::ErrorCode::NotADatabase
+                            | rusqlite::ErrorCode::DatabaseBusy
+                            | rusqlite::ErrorCode::DatabaseLocked
+                            | rusqlite::ErrorCode::OutOfMemory
+                            | rusqlite::ErrorCode::PermissionDenied
+                    ),
+                    // Insufficient resources (53: disk full, out of memory, too many
+                    // connections) and system errors (58).
+                    super::DbError::Postgres(pg) => {
+                        pg.code().is_some_and(|code| code.code().starts_with("53") || code.code().starts_with("58"))
+                    }
+                    _ => false,
+                }
+        }
+        ArchiveError::NotWritable(_) | ArchiveError::Open { .. } | ArchiveError::Io { .. } | ArchiveError::Closed => {
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Tell each waiting exchange what became of it.
 fn ack_written(records: &mut [Job], written: &[(Ticket, Written)]) {
     for job in records {
@@ -904,11 +986,12 @@ fn ack_all(records: &mut [Job], result: Ack) {
     }
 }
 
-/// Stored headers as a JSON object (a repeated header keeps its last value).
+/// Stored headers as a JSON object (a repeated header keeps its last value), storable on either
+/// backend ([`storable_json`]).
 fn headers_json(headers: &[(String, String)]) -> String {
     let map: serde_json::Map<String, serde_json::Value> =
         headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-    serde_json::Value::Object(map).to_string()
+    storable_json(serde_json::Value::Object(map).to_string())
 }
 
 fn end_reason(rec: &ResponseRecord) -> String {

@@ -4,7 +4,10 @@
 //! A file whose top level has `rules:` is a rule pack (the shape of `rules/*.yaml`); anything else is a
 //! configuration (the shape of `compaction.example.yaml`), checked together with the pack it selects
 //! and its `compaction.rules` overrides — the same check, with the same listing, that `pare serve`
-//! runs before it starts.
+//! runs before it starts. A configuration archiving to PostgreSQL is also connected once: a
+//! database that refuses pare (authentication, an unknown database, TLS the server lacks) is a
+//! problem (exit 1); one that cannot be reached yet is said, and the check passes (`pare serve`
+//! starts and waits for it).
 
 use std::process::ExitCode;
 
@@ -19,6 +22,29 @@ pub fn run(args: super::CheckArgs) -> anyhow::Result<ExitCode> {
     let (kind, problems) =
         if is_rule_pack(&text) { ("rule pack", check_pack(&text)) } else { ("config", check_config(&text)) };
     if problems.is_empty() {
+        if kind == "config"
+            && let Ok(config) = Config::from_yaml(&text)
+            && config.archive.enabled
+            && config.archive.url.is_some()
+            && let Ok(location) = config.archive.location()
+        {
+            use crate::archive::store::{Reachability, probe};
+            match probe(&location) {
+                Reachability::Ready => {}
+                Reachability::Unreachable(why) => {
+                    println!(
+                        "{}: ok ({kind}); the archive database {location} cannot be reached yet: {why} (pare serve \
+                         starts and waits for it)",
+                        args.file.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Reachability::Refused(why) => {
+                    eprintln!("{}: the archive database {location} refuses pare: {why}", args.file.display());
+                    return Ok(ExitCode::from(1));
+                }
+            }
+        }
         println!("{}: ok ({kind})", args.file.display());
         return Ok(ExitCode::SUCCESS);
     }

@@ -26,6 +26,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The address first: a port in use is said at once, before the archive is opened and the
     // sessions' state rebuilt from it (which can take seconds on a large archive).
     let listener = runtime.block_on(crate::proxy::bind(&config.server.listen, &config))?;
+    refuse_unusable_database(&config)?;
     let pipeline = Arc::new(Pipeline::from_config(config.clone()).context("cannot start")?);
     if let Some(archive) = pipeline.archive() {
         refuse_unwritable_archive(&config, &archive.health())?;
@@ -57,6 +58,28 @@ fn refuse_unwritable_archive(config: &Config, health: &crate::archive::ArchiveHe
          archive.enabled: false)",
         health.dir
     )
+}
+
+/// A PostgreSQL archive that refuses pare as configured (authentication, an unknown database, TLS
+/// the server does not offer) would fail every write: pare refuses to start, in one line. One that
+/// cannot be reached yet (the server is not up) is waited for: pare starts degraded and says so.
+fn refuse_unusable_database(config: &Config) -> anyhow::Result<()> {
+    use crate::archive::store::{Reachability, probe};
+    if !config.archive.enabled || config.archive.url.is_none() {
+        return Ok(());
+    }
+    let Ok(location) = config.archive.location() else { return Ok(()) };
+    match probe(&location) {
+        Reachability::Ready => Ok(()),
+        Reachability::Unreachable(why) => {
+            tracing::warn!(archive = %location, error = %why,
+                "the archive database cannot be reached yet; serving, its records wait for it");
+            Ok(())
+        }
+        Reachability::Refused(why) => {
+            anyhow::bail!("the archive database {location} refuses pare: {why} (fix archive.url or the server)")
+        }
+    }
 }
 
 /// The runtime that serves connections: multi-threaded (large bodies leave a worker with

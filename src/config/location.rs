@@ -1,6 +1,12 @@
 //! Where the archive lives: a directory holding the SQLite store, or a PostgreSQL database named by a
-//! `postgres://` (or `postgresql://`) URL. Printed anywhere (logs, errors, health, `sessions`
-//! headers), a location hides its password.
+//! `postgres://` (or `postgresql://`) URL or by a libpq keyword string (`host=db user=pare
+//! dbname=pare`: a text whose first word is a libpq keyword followed by `=`). Printed anywhere
+//! (logs, errors, health, the UI, `sessions` headers), a location hides its password in every
+//! spelling the PostgreSQL client reads: the URL's user part up to its first `@` (a password may
+//! hold `/`, `?` or `#`), a `password` option however its name is percent-encoded
+//! (`?pass%77ord=`), a keyword string's `password=` quoted or not. As a last guard, a shown
+//! location that still holds the password in force (raw or percent-decoded) is replaced by one
+//! built from the parsed settings, without options.
 //!
 //! A URL's password comes from the URL itself, else `archive.password_file` (its first line), else
 //! the `PGPASSWORD` environment variable. TLS follows the URL's `sslmode`: `disable`, `prefer` (the
@@ -15,6 +21,44 @@ use std::time::Duration;
 
 /// How long connecting to PostgreSQL may take.
 pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default of `archive.max_connections`: the readers' connections one pare opens to a PostgreSQL
+/// archive (the writer has one more of its own).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4;
+
+/// The keywords of libpq's connection strings: a location whose first word is one of them
+/// followed by `=` is a keyword string, never a directory.
+const LIBPQ_KEYWORDS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "service",
+    "options",
+    "application_name",
+    "connect_timeout",
+    "client_encoding",
+    "sslmode",
+    "sslnegotiation",
+    "sslcert",
+    "sslkey",
+    "sslrootcert",
+    "sslpassword",
+    "channel_binding",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "gssencmode",
+    "krbsrvname",
+    "require_auth",
+];
 
 /// Where an archive is.
 #[derive(Clone)]
@@ -39,11 +83,14 @@ pub enum LocationError {
 }
 
 /// A PostgreSQL archive: how to connect, and the URL as shown (password hidden).
+#[derive(Clone)]
 pub struct PgLocation {
     config: postgres::Config,
     shown: String,
     /// The URL and the password in force: which connections of the readers' pool fit.
     key: String,
+    /// Most connections the readers hold open at once (`archive.max_connections`).
+    max_connections: usize,
 }
 
 impl Location {
@@ -51,6 +98,9 @@ impl Location {
     /// `postgresql://` URL, or else a directory. Any other `scheme://`, and `postgres:` without
     /// `//`, is refused rather than taken for a directory of that name.
     pub fn parse(text: &str, password_file: Option<&Path>) -> Result<Location, LocationError> {
+        if is_keyword_string(text) {
+            return PgLocation::parse(text, password_file).map(|pg| Location::Postgres(Arc::new(pg)));
+        }
         let lower = text.to_ascii_lowercase();
         if let Some((scheme, _)) = lower.split_once("://")
             && !scheme.is_empty()
@@ -65,6 +115,18 @@ impl Location {
             return Err(LocationError::NotAUrl(redact(text)));
         }
         Ok(Location::Dir(PathBuf::from(text)))
+    }
+
+    /// The same location with at most `n` connections for its readers (a PostgreSQL archive's
+    /// `archive.max_connections`; at least one).
+    pub fn with_max_connections(self, n: usize) -> Location {
+        match self {
+            Location::Postgres(pg) => {
+                let pg = Arc::unwrap_or_clone(pg);
+                Location::Postgres(Arc::new(PgLocation { max_connections: n.max(1), ..pg }))
+            }
+            dir => dir,
+        }
     }
 
     /// The directory of a SQLite archive.
@@ -138,7 +200,8 @@ impl PgLocation {
         config.application_name("pare");
         let password = config.get_password().map(<[u8]>::to_vec).unwrap_or_default();
         let key = format!("{url}\u{0}{}", String::from_utf8_lossy(&password));
-        Ok(PgLocation { config, shown, key })
+        let shown = hide_password(shown, &config);
+        Ok(PgLocation { config, shown, key, max_connections: DEFAULT_MAX_CONNECTIONS })
     }
 
     /// The URL with its password hidden.
@@ -148,6 +211,11 @@ impl PgLocation {
 
     pub(crate) fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Most connections the readers hold open at once.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// A new connection (TLS as `sslmode` says). Blocking: never call it on an async task.
@@ -190,32 +258,159 @@ fn read_password_file(path: &Path) -> Result<String, LocationError> {
     Ok(password)
 }
 
-/// `url` with the password of its user part and of a `password=` query option replaced by `***`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((user_info, host)) => match user_info.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("{user_info}@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let options: Vec<String> = query
-                .split('&')
-                .map(|option| match option.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-                    _ => option.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", options.join("&"))
+/// Whether `text` names a PostgreSQL database rather than a directory: a `postgres://` or
+/// `postgresql://` URL (or one missing its `//`), or a libpq keyword string.
+pub fn names_database(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    text.contains("://")
+        || lower.starts_with("postgres:")
+        || lower.starts_with("postgresql:")
+        || is_keyword_string(text)
+}
+
+/// Whether `text` is a libpq keyword string: its first word is a libpq keyword followed by `=`.
+fn is_keyword_string(text: &str) -> bool {
+    let text = text.trim_start();
+    let word_end = text.find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(text.len());
+    LIBPQ_KEYWORDS.contains(&&text[..word_end]) && text[word_end..].trim_start().starts_with('=')
+}
+
+/// `location` (a URL or a libpq keyword string) with every password the PostgreSQL client would
+/// read in it replaced by `***`.
+pub fn redact(location: &str) -> String {
+    if is_keyword_string(location) {
+        return redact_keywords(location);
+    }
+    let Some((scheme, rest)) = location.split_once("://") else { return location.to_owned() };
+    // As the client reads a URL: the user part runs to the first `@`, wherever it is, and the
+    // password is what follows its first `:`.
+    let (user_info, tail) = match rest.split_once('@') {
+        Some((user_info, tail)) => {
+            let user_info = match user_info.split_once(':') {
+                Some((user, _)) => format!("{}:***", redact_options(user)),
+                None => redact_options(user_info),
+            };
+            (Some(user_info), tail)
         }
-        None => tail.to_owned(),
+        None => (None, rest),
     };
-    format!("{scheme}://{authority}{tail}")
+    match user_info {
+        Some(user_info) => format!("{scheme}://{user_info}@{}", redact_options(tail)),
+        None => format!("{scheme}://{}", redact_options(tail)),
+    }
+}
+
+/// `text` with the value of each `password` option of its query (after its first `?`) hidden; an
+/// option's name is compared percent-decoded and without case, as a superset of what the client
+/// reads.
+fn redact_options(text: &str) -> String {
+    let Some((before, query)) = text.split_once('?') else { return text.to_owned() };
+    let options: Vec<String> = query
+        .split('&')
+        .map(|option| match option.split_once('=') {
+            Some((key, _)) if is_password_key(key) => format!("{key}=***"),
+            _ => option.to_owned(),
+        })
+        .collect();
+    format!("{before}?{}", options.join("&"))
+}
+
+fn is_password_key(key: &str) -> bool {
+    let decoded = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
+    let name = decoded.trim();
+    name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("sslpassword")
+}
+
+/// A libpq keyword string with its `password` values hidden. It is read as the client reads it
+/// (values bare or single-quoted, `\` escaping the next character); from a word it cannot read on,
+/// the rest is hidden.
+fn redact_keywords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    loop {
+        let trimmed = rest.trim_start();
+        out.push_str(&rest[..rest.len() - trimmed.len()]);
+        rest = trimmed;
+        if rest.is_empty() {
+            return out;
+        }
+        let key_end = rest.find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(rest.len());
+        let key = &rest[..key_end];
+        let after_key = rest[key_end..].trim_start();
+        let Some(value_part) = after_key.strip_prefix('=') else {
+            out.push_str("***");
+            return out;
+        };
+        let value_part = value_part.trim_start();
+        let Some(value_len) = keyword_value_len(value_part) else {
+            out.push_str(key);
+            out.push_str("=***");
+            return out;
+        };
+        out.push_str(key);
+        out.push('=');
+        if is_password_key(key) {
+            out.push_str("***");
+        } else {
+            out.push_str(&value_part[..value_len]);
+        }
+        rest = &value_part[value_len..];
+    }
+}
+
+/// The length in bytes of the value at the start of `text`, as libpq's reader takes it.
+fn keyword_value_len(text: &str) -> Option<usize> {
+    let quoted = text.starts_with('\'');
+    let mut chars = text.char_indices().skip(usize::from(quoted));
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '\'' if quoted => return Some(at + 1),
+            c if c.is_whitespace() && !quoted => return Some(at),
+            _ => {}
+        }
+    }
+    (!quoted && !text.is_empty()).then_some(text.len())
+}
+
+/// `shown` unless it still holds `config`'s password, raw or percent-decoded; then the location
+/// rebuilt from the parsed settings (user, hosts, ports, database: no options), or a bare
+/// `postgres://***` when even that holds it.
+fn hide_password(shown: String, config: &postgres::Config) -> String {
+    let Some(password) = config.get_password().filter(|p| !p.is_empty()) else { return shown };
+    let password = String::from_utf8_lossy(password);
+    let holds = |text: &str| {
+        text.contains(password.as_ref())
+            || percent_encoding::percent_decode_str(text).decode_utf8_lossy().contains(password.as_ref())
+    };
+    if !holds(&shown) {
+        return shown;
+    }
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(idx, host)| {
+            let name = match host {
+                postgres::config::Host::Tcp(name) => name.clone(),
+                #[cfg(unix)]
+                postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            match config.get_ports().get(idx).or(config.get_ports().first()) {
+                Some(port) => format!("{name}:{port}"),
+                None => name,
+            }
+        })
+        .collect();
+    let rebuilt = format!(
+        "postgres://{}:***@{}/{}",
+        config.get_user().unwrap_or_default(),
+        hosts.join(","),
+        config.get_dbname().unwrap_or_default()
+    );
+    if holds(&rebuilt) { "postgres://***".to_owned() } else { rebuilt }
 }
 
 #[cfg(test)]
@@ -264,5 +459,62 @@ mod tests {
         assert_eq!(pg.config.get_password(), Some(&b"from-file"[..]));
         assert_eq!(pg.shown(), "postgres://a@h/d");
         assert!(!format!("{:?}", Location::Postgres(pg)).contains("from-file"));
+    }
+
+    /// Regression: a password holding `/` or `?` (base64 passwords do) was shown, and so was a
+    /// `password` option whose name is percent-encoded. Each spelling the client reads a password
+    /// from is hidden.
+    #[test]
+    fn every_spelling_of_a_password_is_redacted() {
+        let cases = [
+            ("postgres://u:ab/c?d=@h:5432/db?sslmode=disable", "postgres://u:***@h:5432/db?sslmode=disable"),
+            ("postgres://u:ab%2Fc@h/db", "postgres://u:***@h/db"),
+            ("postgres://u@h/db?pass%77ord=x&sslmode=require", "postgres://u@h/db?pass%77ord=***&sslmode=require"),
+            ("postgres://u@h/db?%50ASSWORD=x", "postgres://u@h/db?%50ASSWORD=***"),
+            ("postgres://h/db?password=x@y", "postgres://h/db?password=***@y"),
+            ("host=h password=x dbname=d", "host=h password=*** dbname=d"),
+            ("host=h password = 'a b\\' c' dbname=d", "host=h password=*** dbname=d"),
+            ("host=h password=a\\ b dbname=d", "host=h password=*** dbname=d"),
+            ("host=h password='unterminated", "host=h password=***"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+        // What the client reads is what is hidden.
+        let Location::Postgres(pg) = Location::parse("postgres://u:ab/c?d=@h:5432/db", None).unwrap() else { panic!() };
+        assert_eq!(pg.config.get_password(), Some(&b"ab/c?d="[..]));
+        assert_eq!(pg.shown(), "postgres://u:***@h:5432/db");
+        let Location::Postgres(pg) = Location::parse("postgres://u@h/db?pass%77ord=se%2Fcret", None).unwrap() else {
+            panic!()
+        };
+        assert_eq!(pg.config.get_password(), Some(&b"se/cret"[..]));
+        assert!(!pg.shown().contains("se"), "{}", pg.shown());
+    }
+
+    /// Regression: a libpq keyword string was taken for a directory.
+    #[test]
+    fn keyword_strings_are_postgres() {
+        let Location::Postgres(pg) = Location::parse("host=db port=6432 user=u password=pw dbname=pare", None).unwrap()
+        else {
+            panic!("a keyword string is PostgreSQL")
+        };
+        assert_eq!(pg.config.get_password(), Some(&b"pw"[..]));
+        assert_eq!(pg.shown(), "host=db port=6432 user=u password=*** dbname=pare");
+        let no_host = Location::parse("dbname=pare password=pw", None).unwrap_err();
+        assert!(matches!(&no_host, LocationError::BadUrl { why, .. } if why.contains("no host")), "{no_host}");
+        assert!(!no_host.to_string().contains("pw"), "{no_host}");
+        assert!(matches!(Location::parse("./a=b", None), Ok(Location::Dir(_))));
+        assert!(matches!(Location::parse("hostname=x", None), Ok(Location::Dir(_))));
+        assert!(names_database("host=db") && !names_database("/var/lib/pare"));
+    }
+
+    /// A shown location that still holds the password in force (here one with a `@` the client
+    /// splits on first) is rebuilt from the parsed settings.
+    #[test]
+    fn a_password_left_in_the_shown_text_is_caught() {
+        let mut config: postgres::Config = "postgres://u@h/db?sslmode=disable".parse().unwrap();
+        config.password("sslmode");
+        let shown = hide_password("postgres://u@h/db?sslmode=disable".into(), &config);
+        assert!(shown.starts_with("postgres://u:***@h") && shown.ends_with("/db"), "{shown}");
     }
 }

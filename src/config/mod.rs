@@ -203,6 +203,10 @@ pub struct ArchiveConfig {
     /// File whose first line is the password of `url`, when the URL carries none (else
     /// `$PGPASSWORD`).
     pub password_file: Option<PathBuf>,
+    /// Most connections pare's readers (the proxy's session lookups, the UI, retrieval) hold open
+    /// to a PostgreSQL archive at once; a reader waits for one when all are busy. The writer has
+    /// one more of its own.
+    pub max_connections: usize,
     /// Longest a `strict` request waits for room in the archive's queue and its commit, together,
     /// before it is forwarded anyway (counted), milliseconds.
     pub commit_timeout_ms: u64,
@@ -238,6 +242,7 @@ impl Default for ArchiveConfig {
             dir: None,
             url: None,
             password_file: None,
+            max_connections: location::DEFAULT_MAX_CONNECTIONS,
             commit_timeout_ms: 10_000,
             durability: Durability::Buffered,
             flush_interval_ms: 50,
@@ -258,8 +263,8 @@ impl ArchiveConfig {
         match &self.url {
             None => Ok(Location::Dir(self.resolved_dir())),
             Some(url) => match Location::parse(url, self.password_file.as_deref())? {
-                Location::Dir(_) => Err(LocationError::UnknownScheme(url.clone())),
-                pg => Ok(pg),
+                Location::Dir(_) => Err(LocationError::UnknownScheme(location::redact(url))),
+                pg => Ok(pg.with_max_connections(self.max_connections)),
             },
         }
     }
@@ -559,8 +564,7 @@ impl Overrides {
             config.upstream.url = upstream.clone();
         }
         if let Some(archive) = &self.archive {
-            if archive.contains("://") || archive.to_ascii_lowercase().starts_with("postgres") && archive.contains(':')
-            {
+            if location::names_database(archive) {
                 config.archive.url = Some(archive.clone());
             } else {
                 // A directory given on the command line wins over a URL in the file.
@@ -816,6 +820,17 @@ impl Config {
                     "archive.url"
                 },
                 e.to_string(),
+            );
+        }
+        if !(1..=1000).contains(&self.archive.max_connections) {
+            bad("archive.max_connections", format!("{} is outside 1..=1000", self.archive.max_connections));
+        }
+        if let Some(dir) = self.archive.dir.as_ref().and_then(|dir| dir.to_str())
+            && location::names_database(dir)
+        {
+            bad(
+                "archive.dir",
+                format!("`{}` names a PostgreSQL database, not a directory: set archive.url", location::redact(dir)),
             );
         }
         if !(1..=600_000).contains(&self.archive.commit_timeout_ms) {

@@ -367,6 +367,11 @@ impl Collector for PipelineCollector {
                 health.lost_records,
             ));
             counters.push((
+                "pare_archive_refused_records",
+                "Records the archive's store refused on their own (the rest of their transaction was written)",
+                health.refused_records,
+            ));
+            counters.push((
                 "pare_archive_queue_waits",
                 "Requests that waited for room in the archive's queue (archive.max_queue_bytes)",
                 health.queue_waits,

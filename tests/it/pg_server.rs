@@ -152,6 +152,24 @@ impl PgServer {
         assert!(status.success(), "pg_ctl stop failed");
     }
 
+    /// Make role `user` (created with `password`) authenticate by password over TCP; every other
+    /// role stays trusted.
+    pub fn require_password(&self, user: &str, password: &str) {
+        let mut admin = postgres::Client::connect(&self.url("postgres"), postgres::NoTls).unwrap();
+        admin.batch_execute(&format!("CREATE ROLE {user} LOGIN PASSWORD '{password}'")).unwrap();
+        let hba = self.data().join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(&hba, format!("host all {user} 127.0.0.1/32 scram-sha-256\n{rest}")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        // The reload is asynchronous: wait until a password-less connection of `user` is refused.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let bare = format!("postgres://{user}@127.0.0.1:{}/postgres?sslmode=disable", self.port);
+        while postgres::Client::connect(&bare, postgres::NoTls).is_ok() {
+            assert!(Instant::now() < deadline, "pg_hba.conf was not reloaded");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The URL of database `name` (TLS off: the test server has no certificate).
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}?sslmode=disable", self.port)
