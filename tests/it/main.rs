@@ -5,6 +5,7 @@ mod support;
 
 mod archive;
 mod archive_pg;
+mod archive_pg_edges;
 mod bad_input;
 mod boundaries;
 mod budget;
