@@ -20,6 +20,7 @@
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
 //! - [`copy`]: `pare archive copy`, every session from one store to another, verified.
+//! - [`retention`]: `pare archive prune` and `archive.retain_days`, whole sessions deleted by age.
 //!
 //! The request path hands a record to a channel ([`Archive::queue_exchange`]); in `strict`
 //! durability it then waits for the record's commit ([`Archive::record_exchange_committed`]), at
@@ -58,6 +59,7 @@ pub mod query;
 pub mod read;
 pub mod response;
 pub mod responses_sse;
+pub mod retention;
 pub mod sse;
 pub mod store;
 pub mod time;
@@ -496,6 +498,8 @@ pub struct Archive {
     durability: Durability,
     /// How long a strict request waits for room and its commit together (`archive.commit_timeout_ms`).
     commit_timeout: Duration,
+    /// Stops the `archive.retain_days` thread when dropped ([`retention::spawn`]).
+    retention: Mutex<Option<mpsc::Sender<()>>>,
 }
 
 impl Archive {
@@ -512,14 +516,22 @@ impl Archive {
                 Location::Dir(config.resolved_dir())
             }
         };
-        Archive::launch(
-            location,
+        let archive = Archive::launch(
+            location.clone(),
             config.durability,
             Duration::from_millis(config.flush_interval_ms),
             config.max_bytes,
             config.max_queue_bytes,
             Duration::from_millis(config.commit_timeout_ms),
-        )
+        );
+        if let Some(days) = config.retain_days {
+            let (stop, stopped) = mpsc::channel();
+            match retention::spawn(location, days, stopped) {
+                Ok(()) => *archive.retention.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop),
+                Err(e) => tracing::error!(error = %e, "cannot start the archive.retain_days thread"),
+            }
+        }
+        archive
     }
 
     /// Start the archive at `location` with the default queue bound and commit timeout.
@@ -598,6 +610,7 @@ impl Archive {
             next_ticket: AtomicU64::new(1),
             durability,
             commit_timeout,
+            retention: Mutex::new(None),
         })
     }
 
@@ -781,6 +794,7 @@ impl Archive {
     /// Commit everything queued, stop the writer and wait for it. Later records are counted as lost.
     /// Called on graceful shutdown; also done on drop.
     pub fn close(&self) {
+        self.retention.lock().unwrap_or_else(|p| p.into_inner()).take();
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(tx) = tx {
             let (done_tx, done) = mpsc::channel();

@@ -580,7 +580,7 @@ pub fn delete_session(location: impl Into<Location>, session: &str) -> Result<De
     }
 }
 
-fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, ArchiveError> {
+pub(crate) fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, ArchiveError> {
     let count = |sql: &str| -> Result<i64, ArchiveError> { Ok(conn.query_one(sql, params![session])?.get(0)?) };
     let exists = count("SELECT count(*) FROM sessions WHERE id = ?1")? > 0;
     let n_exchanges = count("SELECT count(*) FROM exchanges WHERE session = ?1")?;

@@ -280,6 +280,12 @@ pub fn open_location_rw(location: &Location) -> Result<Db, ArchiveError> {
         Location::Postgres(pg) => {
             let db = Db::connect(pg).map_err(|e| ArchiveError::open(location, e))?;
             migrate_postgres(&db).map_err(|e| ArchiveError::open(location, e))?;
+            // The row writers share-lock in each transaction (`retention`).
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, '0') ON CONFLICT DO NOTHING",
+                params![super::retention::PRUNE_GENERATION],
+            )
+            .map_err(|e| ArchiveError::open(location, e))?;
             Ok(db)
         }
     }
@@ -393,6 +399,8 @@ pub fn open_rw(dir: &Path) -> Result<Db, ArchiveError> {
     conn.pragma_update(None, "foreign_keys", "ON").map_err(|e| ArchiveError::open_file(&path, e))?;
     conn.execute_batch(SCHEMA).map_err(|e| ArchiveError::open_file(&path, e))?;
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '1')", [])
+        .map_err(|e| ArchiveError::open_file(&path, e))?;
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?1, '0')", [super::retention::PRUNE_GENERATION])
         .map_err(|e| ArchiveError::open_file(&path, e))?;
     for suffix in ["-wal", "-shm"] {
         let side = PathBuf::from(format!("{}{suffix}", path.display()));

@@ -32,6 +32,7 @@ use super::chain::{self, ExchangeFields, ResponseFields};
 use super::content::ContentIndex;
 use super::db::{Db, Dialect, params, storable, storable_json};
 use super::read::{self, BodyKind};
+use super::retention;
 use super::{Ack, ArchiveError, ExchangeRecord, Job, Location, ResponseRecord, Shared, Ticket, WriteRefused, store};
 use crate::budget::compactor::SessionPlan;
 use crate::exchange::Usage;
@@ -184,6 +185,9 @@ pub(crate) struct Writer {
     pending: LruCache<Ticket, Pending>,
     /// Seed of [`Writer::digest`], drawn per process.
     digest_seed: u64,
+    /// The archive's prune generation as the last transaction read it ([`retention`]): when it
+    /// moves, sessions were pruned and the blob caches may name freed blobs.
+    prune_generation: Option<i64>,
     /// Which contents named by markers are stored ([`super::content`]).
     /// (`None` only while [`ContentIndex::index`] runs.)
     contents: Option<ContentIndex>,
@@ -212,6 +216,7 @@ impl Writer {
             linked: LruCache::new(NonZeroUsize::new(LINKED_CACHE).expect("non-zero")),
             pending: LruCache::new(NonZeroUsize::new(PENDING_TICKETS).expect("non-zero")),
             digest_seed: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8),
+            prune_generation: None,
             contents: Some(ContentIndex::new()),
         }
     }
@@ -535,6 +540,14 @@ impl Writer {
         answered: &mut Vec<Ticket>,
     ) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
         conn.begin()?;
+        let generation = retention::generation(conn)?;
+        if self.prune_generation.replace(generation).is_some_and(|seen| seen != generation) {
+            self.blob_ids.clear();
+            self.linked.clear();
+            if let Some(contents) = &mut self.contents {
+                contents.clear();
+            }
+        }
         self.n_stale_answers = 0;
         let mut written = Vec::new();
         for job in records {

@@ -59,7 +59,8 @@ pub enum Command {
     #[command(after_help = "Example:\n  pare ui --archive ~/.local/share/pare --listen 127.0.0.1:8788\n  \
                             then open http://127.0.0.1:8788/_pare/ui/")]
     Ui(UiArgs),
-    /// Manage whole archives: copy every session between backends (SQLite directory, PostgreSQL URL).
+    /// Manage whole archives: copy every session between backends (SQLite directory, PostgreSQL URL),
+    /// prune sessions by age.
     #[command(subcommand, after_help = "Example:\n  pare archive copy ./pare-archive postgres://pare@127.0.0.1/pare")]
     Archive(ArchiveCommand),
 }
@@ -75,6 +76,23 @@ pub enum ArchiveCommand {
         /// Target archive: a directory or a postgres:// URL.
         to: String,
         /// Configuration file whose `archive.password_file` gives a URL's password.
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+    },
+    /// Delete every session last active before DATE, whole (every chain left verifies), then
+    /// vacuum the store to reclaim the space.
+    #[command(
+        after_help = "Example:\n  pare archive prune --before 2026-01-01 --archive postgres://pare@db.internal/pare"
+    )]
+    Prune {
+        /// YYYY-MM-DD (midnight UTC) or an RFC 3339 timestamp.
+        #[arg(long)]
+        before: String,
+        /// Archive directory or postgres:// URL (default $XDG_DATA_HOME/pare, or archive.dir /
+        /// archive.url of --config).
+        #[arg(long)]
+        archive: Option<String>,
+        /// Configuration file (its archive location and `archive.password_file`).
         #[arg(long, short = 'c')]
         config: Option<PathBuf>,
     },
@@ -368,6 +386,9 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Ui(args) => ui::run(args),
         Command::Archive(ArchiveCommand::Copy { from, to, config }) => archive::copy(&from, &to, config.as_deref()),
+        Command::Archive(ArchiveCommand::Prune { before, archive, config }) => {
+            archive::prune(&before, archive, config.as_deref())
+        }
     };
     match result {
         Ok(code) => code,

@@ -207,6 +207,9 @@ pub struct ArchiveConfig {
     /// to a PostgreSQL archive at once; a reader waits for one when all are busy. The writer has
     /// one more of its own.
     pub max_connections: usize,
+    /// Delete whole sessions last active more than this many days ago, at start and hourly while
+    /// pare serves (`crate::archive::retention`); `null`: keep everything.
+    pub retain_days: Option<u64>,
     /// Longest a `strict` request waits for room in the archive's queue and its commit, together,
     /// before it is forwarded anyway (counted), milliseconds.
     pub commit_timeout_ms: u64,
@@ -243,6 +246,7 @@ impl Default for ArchiveConfig {
             url: None,
             password_file: None,
             max_connections: location::DEFAULT_MAX_CONNECTIONS,
+            retain_days: None,
             commit_timeout_ms: 10_000,
             durability: Durability::Buffered,
             flush_interval_ms: 50,
@@ -821,6 +825,9 @@ impl Config {
                 },
                 e.to_string(),
             );
+        }
+        if self.archive.retain_days == Some(0) {
+            bad("archive.retain_days", "0 would delete every session: give at least 1, or null to keep all".into());
         }
         if !(1..=1000).contains(&self.archive.max_connections) {
             bad("archive.max_connections", format!("{} is outside 1..=1000", self.archive.max_connections));

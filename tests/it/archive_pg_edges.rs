@@ -492,3 +492,122 @@ fn permanent_database_errors_refuse_the_start_and_transient_ones_do_not() {
     assert!(still_up, "pare serve did not start on a database that is not up yet");
     server.stop();
 }
+
+/// A session's request at `at_ms` holding a shared system prompt and a large message of its own
+/// (incompressible: it weighs in the store).
+fn aged(session: &str, k: i64, at_ms: i64, own: &str) -> ExchangeRecord {
+    let raw = json!({"model": "m", "messages": [
+        {"role": "system", "content": "You are a coding agent. ".repeat(40)},
+        {"role": "user", "content": own},
+        {"role": "user", "content": format!("step {k}")},
+    ]});
+    ExchangeRecord {
+        model: Some("m".into()),
+        ..ExchangeRecord::unchanged(session, at_ms + k, Bytes::from(serde_json::to_vec(&raw).unwrap()))
+    }
+}
+
+/// Text that does not compress: `n` bytes of hex from a xorshift seeded with `seed`.
+fn noise(seed: u64, n: usize) -> String {
+    let mut x = seed | 1;
+    let mut out = String::with_capacity(n);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push_str(&format!("{x:016x}"));
+    }
+    out.truncate(n);
+    out
+}
+
+const OLD_MS: i64 = 1_600_000_000_000; // 2020-09
+const NEW_MS: i64 = 1_700_000_000_000; // 2023-11
+
+/// `pare archive prune --before DATE` on both backends: the sessions last active before DATE go
+/// whole (their requests, answers, plans, usage and the blobs no other session links), the others
+/// stay readable byte for byte with the blobs they share, every chain left verifies, and SQLite's
+/// file shrinks. A running writer that cached a freed blob's id stores it again for a new session
+/// (the prune generation moved), and a second prune finds nothing.
+#[test]
+fn prune_deletes_whole_sessions_and_what_is_left_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    for location in [Location::Dir(dir.path().to_owned()), Location::parse(&pg_server::database(), None).unwrap()] {
+        let archive = Archive::start_at(location.clone(), Durability::Buffered, Duration::from_millis(5));
+        for s in 0..4u64 {
+            for k in 0..2 {
+                let ticket = archive.record_exchange(aged(&format!("old-{s}"), k, OLD_MS, &noise(s, 200_000)));
+                archive.record_response(ticket, ResponseRecord { at_ms: OLD_MS + 500, ..plain_answer() });
+            }
+        }
+        for s in 0..2u64 {
+            archive.record_exchange(aged(&format!("new-{s}"), 0, NEW_MS, &noise(100 + s, 1000)));
+        }
+        archive.flush().unwrap();
+        let before = pare::archive::time::parse_since("2021-01-01").unwrap();
+        let report = pare::archive::retention::prune(&location, before, pare::archive::retention::Reclaim::Vacuum)
+            .unwrap_or_else(|e| panic!("{location}: {e}"));
+        assert_eq!((report.sessions, report.exchanges, report.responses), (4, 8, 8), "{location}: {report:?}");
+        assert!(report.blobs_freed >= 4, "{location}: {report:?}");
+        assert_eq!(report.vacuum_error, None, "{location}");
+        if location.dir().is_some() {
+            assert!(report.bytes_after * 2 < report.bytes_before, "{location}: {report:?}");
+        }
+        // The writer cached the id of old-0's own message, freed now: a new session sending it
+        // stores it again.
+        archive.record_exchange(aged("late", 0, NEW_MS, &noise(0, 200_000)));
+        archive.flush().unwrap();
+        assert_eq!(archive.health().lost_records, 0, "{location}");
+        archive.close();
+        let reader = ArchiveReader::open(&location).unwrap();
+        let left: Vec<String> = reader.sessions(&SessionFilter::default()).unwrap().into_iter().map(|s| s.id).collect();
+        assert_eq!(left.len(), 3, "{location}: {left:?}");
+        assert!(left.iter().all(|id| id.starts_with("new-") || id == "late"), "{location}: {left:?}");
+        for (id, body) in [
+            ("new-1", aged("new-1", 0, NEW_MS, &noise(101, 1000))),
+            ("late", aged("late", 0, NEW_MS, &noise(0, 200_000))),
+        ] {
+            assert_eq!(reader.body(id, 1, BodyKind::Raw).unwrap(), body.raw, "{location}: {id}");
+        }
+        let verified = verify(reader.conn(), None).unwrap();
+        assert!(verified.ok(), "{location}: {:?}", verified.problems);
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+            .args(["archive", "prune", "--before", "2021-01-01", "--archive", &location.to_string()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && stdout.starts_with("pruned 0 session(s)"), "{location}: {stdout}{out:?}");
+    }
+}
+
+/// `archive.retain_days` while pare serves: the sessions last active before the cutoff are deleted
+/// at start; the recent ones stay.
+#[test]
+fn retain_days_prunes_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [None, Some(pg_server::database())] {
+        let mut config = Config::default();
+        config.archive.dir = Some(dir.path().join("retained"));
+        config.archive.url = url;
+        let location = config.archive.location().unwrap();
+        let archive = Archive::start_at(location.clone(), Durability::Buffered, Duration::from_millis(5));
+        archive.record_exchange(aged("ancient", 0, OLD_MS, "a"));
+        archive.record_exchange(aged("recent", 0, pare::archive::now_ms(), "b"));
+        archive.close();
+        config.archive.retain_days = Some(30);
+        let serving = Archive::open(&config.archive);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let reader = ArchiveReader::open(&location).unwrap();
+            if reader.session_requests("ancient").unwrap().is_none() {
+                assert_eq!(reader.session_requests("recent").unwrap(), Some(1), "{location}");
+                assert!(verify(reader.conn(), None).unwrap().ok());
+                break;
+            }
+            assert!(Instant::now() < deadline, "{location}: the old session was not pruned");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        serving.close();
+    }
+}
