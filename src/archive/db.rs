@@ -692,6 +692,25 @@ impl Db {
         Ok(())
     }
 
+    /// [`Db::begin`], then the first column of the first row of `select` (a statement without
+    /// parameters), if any: on PostgreSQL both in one round trip.
+    pub fn begin_then(&self, select: &str) -> Result<Option<String>, DbError> {
+        match &self.inner {
+            Inner::Sqlite(_) => {
+                self.begin()?;
+                self.query_opt(select, &[])?.map(|row| row.get::<String>(0)).transpose()
+            }
+            Inner::Postgres { .. } => {
+                let messages = self.with_pg(|pg| Ok(pg.client.simple_query(&format!("BEGIN; {select}"))?))?;
+                self.set_in_transaction(true);
+                Ok(messages.iter().find_map(|message| match message {
+                    postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                    _ => None,
+                }))
+            }
+        }
+    }
+
     pub fn commit(&self) -> Result<(), DbError> {
         self.execute_batch("COMMIT")?;
         self.set_in_transaction(false);

@@ -115,14 +115,15 @@ fn advance_generation(conn: &Db) -> Result<(), ArchiveError> {
     Ok(())
 }
 
-/// The prune generation, read at the start of a write transaction (PostgreSQL: share-locked until
-/// it ends, so that a prune waits for the write and the write for a prune).
-pub(crate) fn generation(conn: &Db) -> Result<i64, ArchiveError> {
-    let sql = match conn.dialect() {
-        Dialect::Sqlite => "SELECT value FROM meta WHERE key = ?1",
-        Dialect::Postgres => "SELECT value FROM meta WHERE key = ?1 FOR SHARE",
+/// Begin a write transaction and read the prune generation (PostgreSQL: share-locked until the
+/// transaction ends, so that a prune waits for the write and the write for a prune), in one round
+/// trip.
+pub(crate) fn begin_reading_generation(conn: &Db) -> Result<i64, ArchiveError> {
+    let lock = match conn.dialect() {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => " FOR SHARE",
     };
-    let value: Option<String> = conn.query_opt(sql, params![PRUNE_GENERATION])?.map(|row| row.get(0)).transpose()?;
+    let value = conn.begin_then(&format!("SELECT value FROM meta WHERE key = '{PRUNE_GENERATION}'{lock}"))?;
     Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 

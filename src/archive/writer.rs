@@ -539,8 +539,7 @@ impl Writer {
         records: &[Job],
         answered: &mut Vec<Ticket>,
     ) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
-        conn.begin()?;
-        let generation = retention::generation(conn)?;
+        let generation = retention::begin_reading_generation(conn)?;
         if self.prune_generation.replace(generation).is_some_and(|seen| seen != generation) {
             self.blob_ids.clear();
             self.linked.clear();
