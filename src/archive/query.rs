@@ -568,7 +568,9 @@ impl ArchiveReader {
 pub fn delete_session(location: impl Into<Location>, session: &str) -> Result<DeleteReport, ArchiveError> {
     let conn = store::open_location_rw(&location.into())?;
     conn.begin()?;
-    match delete_in_transaction(&conn, session) {
+    // A running writer that cached the id of a blob freed here stores it again.
+    let deleted = super::retention::advance_generation(&conn).and_then(|()| delete_in_transaction(&conn, session));
+    match deleted {
         Ok(report) => {
             conn.commit()?;
             Ok(report)

@@ -105,8 +105,9 @@ pub fn prune(location: &Location, before_ms: i64, reclaim: Reclaim) -> Result<Pr
     Ok(report)
 }
 
-/// Move the prune generation on (locking its row until the transaction ends).
-fn advance_generation(conn: &Db) -> Result<(), ArchiveError> {
+/// Move the prune generation on (locking its row until the transaction ends): first in every
+/// transaction that frees blobs (a prune, `pare sessions delete`).
+pub(crate) fn advance_generation(conn: &Db) -> Result<(), ArchiveError> {
     conn.execute(
         "INSERT INTO meta (key, value) VALUES (?1, '1')
          ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)",

@@ -611,3 +611,23 @@ fn retain_days_prunes_at_start() {
         serving.close();
     }
 }
+
+/// `pare sessions delete` under a running writer: the writer had cached the id of the deleted
+/// session's own message; a new session sending that message stores it again (the prune
+/// generation moved), so its body reads back whole.
+#[test]
+fn a_session_deleted_under_a_running_writer_leaves_no_dangling_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    for location in [Location::Dir(dir.path().to_owned()), Location::parse(&pg_server::database(), None).unwrap()] {
+        let archive = Archive::start_at(location.clone(), Durability::Buffered, Duration::from_millis(5));
+        archive.record_exchange(aged("doomed", 0, NEW_MS, &noise(9, 50_000)));
+        archive.flush().unwrap();
+        pare::archive::query::delete_session(&location, "doomed").unwrap();
+        let again = aged("heir", 0, NEW_MS, &noise(9, 50_000));
+        archive.record_exchange(aged("heir", 0, NEW_MS, &noise(9, 50_000)));
+        archive.close();
+        let reader = ArchiveReader::open(&location).unwrap();
+        assert_eq!(reader.body("heir", 1, BodyKind::Raw).unwrap(), again.raw, "{location}");
+        assert!(verify(reader.conn(), None).unwrap().ok(), "{location}");
+    }
+}
