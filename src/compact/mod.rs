@@ -73,6 +73,10 @@ pub struct CompactOptions {
     /// it and everything before it are forwarded as they are (rewriting what the upstream drops
     /// saves nothing and costs the cache), and so are the tool results answering it.
     pub epoch_boundary: Option<usize>,
+    /// How many last turns are protected in this compaction, in place of the policy's
+    /// `protect_last_turns` (`None`: the policy's). The session compactor lowers it when the
+    /// protected tail alone does not fit the model's window: the older protected turns yield.
+    pub protect_last_turns: Option<u32>,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
@@ -273,7 +277,7 @@ impl Engine {
         let policy = &self.policy;
         let mut conv = Conversation::analyse(
             view,
-            policy.spec.protect_last_turns,
+            opts.protect_last_turns.unwrap_or(policy.spec.protect_last_turns),
             &policy.spec.key_arguments,
             &policy.success,
             !opts.single_thread,
