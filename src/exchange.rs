@@ -29,7 +29,9 @@ pub struct CompactionSummary {
     /// The forwarded request is over the usable window (window − answer reserve): in epoch and eager
     /// mode, compaction could not bring it under — what pare never shrinks (first system message,
     /// user messages, protected tail, tools, messages a rule keeps whole) does not fit, or at a very
-    /// small window the markers left in place of what went; in off mode, the raw request is over.
+    /// small window the markers left in place of what went — or a session in that state appends
+    /// up to the model's whole window instead of compacting again on every request; in off mode,
+    /// the raw request is over.
     /// Forwarded anyway, and said so in the `x-pare-over-window` header, the log line, the archived
     /// summary and `pare_over_window_requests_total`.
     #[serde(default)]
@@ -60,6 +62,10 @@ pub struct BudgetReport {
     /// The engine's report, when the engine ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<Report>,
+    /// The protected tail did not fit the model's window: the epoch protected only this many last
+    /// turns (fewer than `compaction.rules.protect_last_turns`), the older ones yielding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_turns: Option<u32>,
     /// The compacted conversation has no valid form in the request's wire format: forwarded raw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_failed: Option<String>,

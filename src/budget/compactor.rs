@@ -11,7 +11,10 @@
 //!   that cannot get under the high-water mark (what the engine never compacts fills the window)
 //!   is followed by appends: an epoch over the usable window is kept only when it gains
 //!   (`SessionCompactor::gains`: it fits the window, or frees what an ordinary epoch frees), never
-//!   an epoch per request.
+//!   an epoch per request. Appending never crosses the model's window
+//!   (`SessionCompactor::hard_limit`): such a request is compacted whatever the epoch frees, and
+//!   when the protected tail alone does not fit, its older turns yield, oldest first. An epoch's
+//!   depth follows the session's growth (`EpochPolicy::epoch_floor`).
 //! - **eager**: the engine's rules run every `polling` turns even below the high-water mark (with a
 //!   token target only above it, and the history budget `budget.eager_history` on every advance);
 //!   between advances the frozen forms are reused.
@@ -98,6 +101,9 @@ pub struct EpochPolicy {
     /// Epoch mode: the least history an epoch's target leaves, in tokens, and how far it may raise
     /// the low-water mark.
     pub history_floor: Option<HistoryFloorConfig>,
+    /// Epoch mode: requests of the session's growth an epoch leaves room for below `high_water`
+    /// (see [`EpochPolicy::epoch_floor`]); 0: the history floor alone.
+    pub epoch_room: u32,
 }
 
 impl EpochPolicy {
@@ -122,6 +128,7 @@ impl EpochPolicy {
             polling: b.polling.max(1),
             history,
             history_floor,
+            epoch_room: b.epoch_room,
         }
     }
 
@@ -130,6 +137,22 @@ impl EpochPolicy {
         let highest = |rise: f64| self.low_water + rise * (self.high_water - self.low_water);
         self.history_floor
             .map(|f| HistoryFloor { tokens: f.tokens, max_target: (highest(f.max_rise) * usable as f64) as u64 })
+    }
+
+    /// The history floor of an epoch in a session that grows by `growth` tokens per request
+    /// ([`turn_growth`]): [`EpochPolicy::history_floor`], raising the target no higher than leaves
+    /// `epoch_room` requests of that growth below the high-water mark (never below `low_water`),
+    /// so that the epoch pays for itself over several appends instead of landing just under the
+    /// next one.
+    pub fn epoch_floor(&self, usable: u64, growth: u64) -> Option<HistoryFloor> {
+        let floor = self.history_floor(usable)?;
+        if self.epoch_room == 0 {
+            return Some(floor);
+        }
+        let low = (self.low_water * usable as f64) as u64;
+        let room = u64::from(self.epoch_room).saturating_mul(growth);
+        let ceiling = ((self.high_water * usable as f64) as u64).saturating_sub(room).max(low);
+        Some(HistoryFloor { max_target: floor.max_target.min(ceiling), ..floor })
     }
 
     /// The history budget in tokens for a usable window of `usable` tokens.
@@ -402,6 +425,9 @@ struct Request<'a> {
     tools: Option<&'a str>,
     window: u64,
     reserve: u64,
+    /// The most tokens the upstream accepts: the whole window less the answer length the request
+    /// itself asks for ([`SessionCompactor::hard_limit`]).
+    hard: u64,
     /// The raw message the upstream reads in place of everything before it, when there is one
     /// ([`WireBody::epoch_boundary`]).
     epoch_boundary: Option<usize>,
@@ -424,6 +450,8 @@ struct Step {
     action: Action,
     history_changed: bool,
     engine_report: Option<Report>,
+    /// The protected tail did not fit the model's window: the last turns the epoch protected.
+    protected_turns: Option<u32>,
 }
 
 impl SessionCompactor {
@@ -559,6 +587,15 @@ impl SessionCompactor {
         (window, answer_reserve(body.output_limit(), settings.output_reserve, window))
     }
 
+    /// The most tokens a request to a model with a `window`-token window may have: the whole window
+    /// less the answer length the request asks for (`max_tokens` and its kin, capped at half the
+    /// window as the answer reserve is), since an upstream refuses a prompt that leaves less than
+    /// that; the whole window when it asks for none. No epoch forwards more, when what pare never
+    /// compacts and the last turn fit it (the older protected turns yield first).
+    pub fn hard_limit(body: &dyn WireBody, window: u64) -> u64 {
+        window - answer_reserve(body.output_limit(), 0, window)
+    }
+
     /// Sessions currently remembered.
     pub fn n_sessions(&self) -> usize {
         self.budget.count(Holder::Compactor)
@@ -594,6 +631,7 @@ impl SessionCompactor {
         defer_counts: bool,
     ) -> CompactOutput {
         let (window, reserve) = self.window_and_reserve(body, window);
+        let hard = Self::hard_limit(body, window);
         let tools = body.tools();
         let typed = |i: usize| body.typed(i);
         let typed: Typed<'_> = &typed;
@@ -627,13 +665,33 @@ impl SessionCompactor {
         // The session's last request counted the unchanged history already.
         let known = counter.known_counts(hashes, &state.counts);
         let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |bounds| {
-            let request =
-                Request { raw: messages, hashes, counts: bounds, fixed, tools, window, reserve, epoch_boundary, typed };
+            let request = Request {
+                raw: messages,
+                hashes,
+                counts: bounds,
+                fixed,
+                tools,
+                window,
+                reserve,
+                hard,
+                epoch_boundary,
+                typed,
+            };
             self.surely_appends(&state, &request, counter)
         });
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
-        let request =
-            Request { raw: messages, hashes, counts: &counts, fixed, tools, window, reserve, epoch_boundary, typed };
+        let request = Request {
+            raw: messages,
+            hashes,
+            counts: &counts,
+            fixed,
+            tools,
+            window,
+            reserve,
+            hard,
+            epoch_boundary,
+            typed,
+        };
         let epoch_before = state.epoch;
         let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
@@ -657,6 +715,7 @@ impl SessionCompactor {
             action: Some(step.action),
             history_changed: step.history_changed,
             engine: step.engine_report,
+            protected_turns: step.protected_turns,
             ..base_report
         };
         let summary = CompactionSummary {
@@ -773,6 +832,7 @@ impl SessionCompactor {
                 action: Action::Append,
                 history_changed,
                 engine_report: None,
+                protected_turns: None,
             };
         }
 
@@ -807,96 +867,132 @@ impl SessionCompactor {
             Some(f) if raw < frozen_raw => f.plan.get(raw).and_then(Fate::at),
             _ => Some(raw - frozen_raw + n_frozen),
         });
-        let attempt = match self.policy.mode {
-            Mode::Epoch | Mode::Off => {
-                let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
-                let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
-                self.lightest_fitting(request, (&candidate, candidate_typed), head, target, candidate_ages, counter)
+        // How deep the epoch goes: to the low-water mark, the history floor raising it no higher
+        // than leaves room for the session's next requests (`EpochPolicy::epoch_floor`).
+        let floor = self.policy.epoch_floor(usable as u64, turn_growth(request.raw, request.counts));
+        let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
+        // The epoch with the engine's protected tail, or with `protect` last turns protected.
+        let epoch_at = |protect: Option<u32>| -> Epoch {
+            let depth = Depth { target, floor, protect };
+            let attempt = match self.policy.mode {
+                Mode::Epoch | Mode::Off => {
+                    let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
+                    let ages = candidate_ages.clone();
+                    self.lightest_fitting(request, (&candidate, candidate_typed), head, &depth, ages, counter)
+                }
+                Mode::Eager => {
+                    let options = CompactOptions {
+                        target_tokens: over.then_some(target),
+                        history: self.policy.history_budget(usable as u64),
+                        message_ages_secs: candidate_ages.clone(),
+                        epoch_boundary: candidate_boundary,
+                        protect_last_turns: protect,
+                        ..Default::default()
+                    };
+                    self.attempt(request, (&candidate, candidate_typed), &options, counter)
+                }
+            };
+            let (raw_boundary, prefix, typed, report, prefix_seen, mut lists, plan) = match attempt {
+                Some(a) if a.boundary >= n_frozen => {
+                    let seen = times.as_ref().map(|t| t.of_prefix(&a.plan, &t.candidate, a.prefix.len()));
+                    let plan = raw_plan(frozen.as_deref(), &a.plan);
+                    (frozen_raw + (a.boundary - n_frozen), a.prefix, a.typed, a.report, seen, a.lists, plan)
+                }
+                // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
+                // Compact the raw request instead (a fresh start for this session's prefix).
+                _ => {
+                    let options = CompactOptions {
+                        target_tokens: over.then_some(target),
+                        history: self.policy.history_budget(usable as u64),
+                        history_floor: floor,
+                        message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
+                        epoch_boundary: request.epoch_boundary,
+                        protect_last_turns: protect,
+                        ..Default::default()
+                    };
+                    let view = View { messages: request.raw, tools: request.tools, typed: Some(request.typed) };
+                    let out = self.engine.compact(&view, &options, counter);
+                    let seen = times.as_ref().map(|t| t.of_prefix(&out.plan, &t.raw, out.prefix.len()));
+                    let mut plan = out.plan;
+                    plan.truncate(request.raw.len());
+                    (out.boundary.min(request.raw.len()), out.prefix, out.typed, out.report, seen, out.lists, plan)
+                }
+            };
+            // The lists an earlier epoch derived go on while the prefix names them; a lightest cut
+            // keeps only part of the engine's prefix: the lists its markers no longer name are left out.
+            for earlier in frozen.iter().flat_map(|f| f.lists.iter()) {
+                if !lists.contains(earlier) {
+                    lists.push(earlier.clone());
+                }
             }
-            Mode::Eager => {
-                let options = CompactOptions {
-                    target_tokens: over.then_some(target),
-                    history: self.policy.history_budget(usable as u64),
-                    message_ages_secs: candidate_ages,
-                    epoch_boundary: candidate_boundary,
-                    ..Default::default()
-                };
-                self.attempt(request, (&candidate, candidate_typed), &options, counter)
-            }
+            lists.retain(|list| {
+                let id = crate::compact::markers::content_id(list);
+                prefix.iter().any(|m| m.contains(id.as_str()))
+            });
+            let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
+            let frozen = Arc::new(Frozen {
+                lists: lists.into(),
+                reads: WrittenReads::of(typed),
+                ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default(), plan)
+            });
+            let tokens = frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
+            Epoch { frozen, tokens, changed, report }
         };
-        let (raw_boundary, prefix, typed, engine_report, prefix_seen, mut lists, plan) = match attempt {
-            Some(a) if a.boundary >= n_frozen => {
-                let seen = times.as_ref().map(|t| t.of_prefix(&a.plan, &t.candidate, a.prefix.len()));
-                let plan = raw_plan(frozen.as_deref(), &a.plan);
-                (frozen_raw + (a.boundary - n_frozen), a.prefix, a.typed, a.report, seen, a.lists, plan)
-            }
-            // The engine's boundary fell inside the frozen prefix: no raw index corresponds to it.
-            // Compact the raw request instead (a fresh start for this session's prefix).
-            _ => {
-                let options = CompactOptions {
-                    target_tokens: over.then_some(target),
-                    history: self.policy.history_budget(usable as u64),
-                    history_floor: self.policy.history_floor(usable as u64),
-                    message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
-                    epoch_boundary: request.epoch_boundary,
-                    ..Default::default()
-                };
-                let view = View { messages: request.raw, tools: request.tools, typed: Some(request.typed) };
-                let out = self.engine.compact(&view, &options, counter);
-                let seen = times.as_ref().map(|t| t.of_prefix(&out.plan, &t.raw, out.prefix.len()));
-                let mut plan = out.plan;
-                plan.truncate(request.raw.len());
-                (out.boundary.min(request.raw.len()), out.prefix, out.typed, out.report, seen, out.lists, plan)
-            }
-        };
-        // The lists an earlier epoch derived go on while the prefix names them; a lightest cut keeps
-        // only part of the engine's prefix: the lists its markers no longer name are left out.
-        for earlier in frozen.iter().flat_map(|f| f.lists.iter()) {
-            if !lists.contains(earlier) {
-                lists.push(earlier.clone());
-            }
-        }
-        lists.retain(|list| {
-            let id = crate::compact::markers::content_id(list);
-            prefix.iter().any(|m| m.contains(id.as_str()))
-        });
-        let changed = forwarded(prefix.iter().map(String::as_str), &request.raw[raw_boundary..]) != candidate;
-        let new_frozen = Arc::new(Frozen {
-            lists: lists.into(),
-            reads: WrittenReads::of(typed),
-            ..Frozen::new(&hashes[..raw_boundary], &prefix, prefix_seen.unwrap_or_default(), plan)
-        });
-        let forwarded_tokens =
-            new_frozen.tokens(counter) + request.counts[raw_boundary..].iter().sum::<u64>() + request.fixed;
-        if changed && over && state.saturated && !self.gains(candidate_tokens, forwarded_tokens, usable) {
-            // Not worth the cache: the session appends (see `gains`).
+        let mut epoch = epoch_at(None);
+        if epoch.changed
+            && over
+            && state.saturated
+            && candidate_tokens <= request.hard
+            && !self.gains(candidate_tokens, epoch.tokens, usable)
+        {
+            // Not worth the cache (see `gains`), and appending stays within the model's window.
             return Step {
                 frozen,
                 tokens: candidate_tokens,
                 action: Action::Append,
                 history_changed,
                 engine_report: None,
+                protected_turns: None,
             };
         }
+        // Over the model's window with the whole protected tail: its older turns yield, oldest
+        // first, until the request is as deep as an ordinary epoch leaves it (the highest target
+        // the history floor allows), else down to the last turn alone.
+        let protected = self.engine.protected_turns();
+        let mut yielded = None;
+        if epoch.tokens > request.hard && protected > 1 {
+            let ceiling = floor.map_or(target, |f| f.max_target.max(target));
+            for protect in (1..protected).rev() {
+                epoch = epoch_at(Some(protect));
+                yielded = Some(protect);
+                if epoch.tokens <= ceiling {
+                    break;
+                }
+            }
+        }
+        let Epoch { frozen, tokens: forwarded_tokens, changed, report: engine_report } = epoch;
         if changed {
             state.epoch += 1;
         }
-        let frozen = new_frozen;
         state.frozen = Some(frozen.clone());
         state.frozen_changes += 1;
         state.advanced_at_len = request.raw.len();
         state.saturated = over && forwarded_tokens as f64 > self.policy.high_water * usable;
-        if state.saturated && forwarded_tokens as f64 > usable && !state.warned_over_window {
+        let over_usable = state.saturated && forwarded_tokens as f64 > usable;
+        if (yielded.is_some() || over_usable) && !state.warned_over_window {
             state.warned_over_window = true;
             tracing::warn!(
                 session = %session,
                 tokens = forwarded_tokens,
                 usable = usable as u64,
-                protected_turns = self.engine.protected_turns(),
-                "an epoch could not bring the request under the usable window: the system prompt, the user \
-                 messages and the protected tail (compaction.rules.protect_last_turns) are never compacted \
-                 and alone exceed it; the session appends until compacting again can free \
-                 (high_water − low_water) of the window; lower protect_last_turns or use a larger window"
+                window = request.hard,
+                protected_turns = protected,
+                yielded_to = yielded,
+                "the system prompt, the user messages and the protected tail \
+                 (compaction.rules.protect_last_turns) do not fit the usable window: the session appends \
+                 past it up to the model's window, and where a request would cross that, the tail's older \
+                 turns yield, oldest first, the last turn forwarded whole; lower protect_last_turns or use \
+                 a larger window"
             );
         }
         let action = match (self.policy.mode, over) {
@@ -909,6 +1005,7 @@ impl SessionCompactor {
             action,
             history_changed,
             engine_report: Some(engine_report),
+            protected_turns: yielded,
         }
     }
 
@@ -926,21 +1023,22 @@ impl SessionCompactor {
         request: &Request<'_>,
         (candidate, typed): (&[&str], Typed<'_>),
         head: Head,
-        target: u64,
+        depth: &Depth,
         ages: Option<Vec<f64>>,
         counter: &TokenCounter,
     ) -> Option<Attempt> {
         let view = View { messages: candidate, tools: request.tools, typed: Some(typed) };
         let with_target = CompactOptions {
-            target_tokens: Some(target),
-            history_floor: self.policy.history_floor(request.usable()),
+            target_tokens: Some(depth.target),
+            history_floor: depth.floor,
             message_ages_secs: ages,
             epoch_boundary: head.epoch_boundary,
+            protect_last_turns: depth.protect,
             ..Default::default()
         };
         let mut attempt = None;
         self.engine.compact_heads(&view, &with_target, counter, &mut |run| {
-            attempt = self.lightest_fitting_run(run, request, candidate, head, target, counter);
+            attempt = self.lightest_fitting_run(run, request, candidate, head, depth.target, counter);
         });
         attempt
     }
@@ -1116,6 +1214,41 @@ struct Head {
     cached: usize,
     /// The candidate message the upstream reads in place of everything before it, if any.
     epoch_boundary: Option<usize>,
+}
+
+/// How deep an epoch goes.
+#[derive(Debug, Clone, Copy)]
+struct Depth {
+    /// The token target (`low_water` of the usable window).
+    target: u64,
+    /// The history floor ([`EpochPolicy::epoch_floor`]).
+    floor: Option<HistoryFloor>,
+    /// Last turns protected in place of the engine's `protect_last_turns` (`None`: the engine's).
+    protect: Option<u32>,
+}
+
+/// An epoch's outcome: the new frozen prefix and the forwarded request's tokens.
+struct Epoch {
+    frozen: Arc<Frozen>,
+    tokens: u64,
+    /// The forwarded messages differ from the candidate's.
+    changed: bool,
+    report: Report,
+}
+
+/// Turns [`turn_growth`] averages over: the session's recent pace.
+const GROWTH_TURNS: usize = 8;
+
+/// The tokens a session adds per request: the mean of its last turns (an assistant message and
+/// what follows it up to the next), read from the request itself, so that a session resumed from
+/// its plan chooses the same depths. 0 before the first turn.
+pub fn turn_growth(messages: &[&str], counts: &[u64]) -> u64 {
+    let starts: Vec<usize> = (0..messages.len()).filter(|&i| role_of(messages[i]) == "assistant").collect();
+    let n = starts.len().min(GROWTH_TURNS);
+    match n {
+        0 => 0,
+        _ => counts[starts[starts.len() - n]..].iter().sum::<u64>() / n as u64,
+    }
 }
 
 /// The engine's result in candidate space: forwarded = `prefix ++ candidate[boundary..]`.

@@ -135,11 +135,13 @@ pub fn render_table(report: &CorpusReport) -> String {
     };
     let _ = writeln!(
         out,
-        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · {peak} · over window {} (of which fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · recoverable recall {:.3} ({}/{} lost needles a marker id names) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
+        "\nsaved {} (at most {}: the rest is system, user messages, protected tail and tools) · {peak} · over window {} (of which fitting {}) · over the model's window {} (of which the last turn fitting {}) · uncached prefill {} vs raw {} ({:.2}x) · needle recall {:.3} ({}/{}) · recoverable recall {:.3} ({}/{} lost needles a marker id names) · validity {} (raw {}) · user+tail kept {} · deterministic {}",
         pct(t.saved()),
         pct(t.ceiling()),
         n(t.over_window),
         n(t.over_window_fitting),
+        n(t.over_model_window),
+        n(t.over_model_window_fitting),
         n(t.uncached_forwarded as usize),
         n(t.uncached_raw as usize),
         t.prefill_ratio(),

@@ -340,6 +340,10 @@ pub struct BudgetConfig {
     /// Epoch mode: the least history an epoch leaves, in tokens, raising `low_water` by at most
     /// `max_rise` of the gap to `high_water`; `null`: `low_water` alone.
     pub history_floor: Option<HistoryFloorConfig>,
+    /// Epoch mode: requests of the session's growth (its tokens per turn) an epoch leaves room for
+    /// below `high_water`: the history floor raises an epoch's target no higher than that leaves,
+    /// so that the next epoch is this many requests away. 0: the floor alone.
+    pub epoch_room: u32,
     /// Eager mode's `high_water`: above this share of the usable window, salience tiers and elision
     /// run on top of the rules. Apart from the epoch marks because eager serves upstreams without a
     /// prompt cache, where compacting often costs no prefill.
@@ -394,6 +398,7 @@ impl Default for BudgetConfig {
             high_water: 0.9,
             low_water: 0.4,
             history_floor: Some(HistoryFloorConfig::default()),
+            epoch_room: 4,
             // Measured on the corpus (`pare eval --mode eager`, 16k window, coding sessions, low 0.4):
             // 0.9 saves 44.7 % at needle recall 0.981, 0.7 49.1 % / 0.969, 0.65 50.3 % / 0.973, 0.6
             // 51.6 % / 0.943: 0.65 is the highest mark that saves half, and the lowest measured that

@@ -9,7 +9,10 @@
 //!   sums over sessions whose windows differ (models with windows of their own in `models:`, or
 //!   requests asking for different answer lengths);
 //!   a request *fits* when its first system message, user messages, protected tail and tools alone
-//!   are within the usable window (pare touches none of those), and then `F` must be too.
+//!   are within the usable window (pare touches none of those), and then `F` must be too;
+//!   **over the model's window**: `F` over the whole window less the answer length the request asks
+//!   for, the limit the upstream enforces, and among those the requests whose first system
+//!   message, user messages, last turn and tools fit it (there must be none).
 //! - **uncached prefill** `Σ (F_k − reused_k)`, reused being the tools (when unchanged) plus the
 //!   longest common message prefix with the previous request, against the same sum over `R`.
 //! - **needle recall**: identifiers (paths, IDs, names, numbers of 4+ digits) in the assistant's reply
@@ -79,6 +82,12 @@ pub struct Metrics {
     pub over_window: usize,
     /// Requests that fit (system + user + tail + tools within the window) whose F still exceeds it.
     pub over_window_fitting: usize,
+    /// Requests whose F exceeds the model's whole window (less the answer length the request asks
+    /// for: [`SessionCompactor::hard_limit`]), which the upstream refuses.
+    pub over_model_window: usize,
+    /// Those among them whose first system message, user messages, last turn and tools fit that
+    /// window: pare may forward none of those (MISSION.md, invariant 8).
+    pub over_model_window_fitting: usize,
     pub uncached_raw: u64,
     pub uncached_forwarded: u64,
     /// Needles (see module docs) and how many are still in F.
@@ -141,6 +150,8 @@ impl Metrics {
         self.peak_share = self.peak_share.max(other.peak_share);
         self.over_window += other.over_window;
         self.over_window_fitting += other.over_window_fitting;
+        self.over_model_window += other.over_model_window;
+        self.over_model_window_fitting += other.over_model_window_fitting;
         self.uncached_raw += other.uncached_raw;
         self.uncached_forwarded += other.uncached_forwarded;
         self.needles += other.needles;
@@ -386,6 +397,14 @@ pub fn evaluate_session_with(
                 m.over_window_fitting += 1;
             }
         }
+        let hard = SessionCompactor::hard_limit(raw.as_ref(), window);
+        if fwd_p.total > hard {
+            m.over_model_window += 1;
+            let last_turn = raw_p.roles.iter().rposition(|r| r == "assistant").unwrap_or(0);
+            if floor_tokens(&raw_p, last_turn) <= hard {
+                m.over_model_window_fitting += 1;
+            }
+        }
         match &previous {
             Some((prev_raw, prev_fwd)) => {
                 m.uncached_raw += raw_p.total - reused(prev_raw, &raw_p);
@@ -398,7 +417,10 @@ pub fn evaluate_session_with(
         }
         m.valid_forwarded += fwd.check().is_ok() as usize;
         m.valid_raw += raw.check().is_ok() as usize;
-        m.preserved += preserves_user_and_tail(&raw_p.messages, &fwd_p.messages, boundary) as usize;
+        // A tail that did not fit the model's window kept the turns the epoch protected.
+        let yielded = replayed.summary.as_ref().and_then(|s| s.report.as_ref()).and_then(|r| r.protected_turns);
+        let kept_from = yielded.map_or(boundary, |turns| nth_last_turn(&raw_p.roles, turns).max(boundary));
+        m.preserved += preserves_user_and_tail(&raw_p.messages, &fwd_p.messages, kept_from) as usize;
 
         if let Some(next) = raw_messages.get(k + 1).filter(|_| parsed_raw[k + 1].is_some()) {
             let raw_view = View { messages: &raw_messages[k], tools: raw.tools(), typed: Some(&typed) };
@@ -589,6 +611,12 @@ fn floor_tokens(raw: &Parsed<'_>, boundary: usize) -> u64 {
         .map(|i| raw.message_tokens[i])
         .sum();
     kept + raw.tools_tokens + REPLY_PRIMING
+}
+
+/// Where the last `turns` turns start (the `turns`-th last assistant message; 0 with fewer).
+fn nth_last_turn(roles: &[String], turns: u32) -> usize {
+    let mut starts = roles.iter().enumerate().rev().filter(|(_, r)| *r == "assistant").map(|(i, _)| i);
+    starts.nth(turns.saturating_sub(1) as usize).unwrap_or(0)
 }
 
 /// User messages of `raw` appear, in order and byte-identical, in `fwd`; and `fwd` ends with

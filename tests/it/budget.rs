@@ -884,6 +884,38 @@ fn an_epochs_history_floor_raises_where_it_lands_up_to_its_ceiling() {
     assert_eq!(EpochPolicy::from_config(&eager).history_floor(12_288), None);
 }
 
+/// An epoch's depth follows the session's growth: the history floor raises the target no higher
+/// than leaves `epoch_room` requests of it below the high-water mark, and never lowers it under
+/// low water.
+#[test]
+fn an_epochs_depth_leaves_room_for_the_sessions_next_requests() {
+    use pare::budget::compactor::turn_growth;
+    let policy = EpochPolicy::from_config(&Config::default());
+    assert_eq!(policy.epoch_room, 4);
+    // 16k, 12,288 usable: high water 11,059, low water 4,915, the floor's own ceiling 8,601.
+    let max_target = |growth: u64| policy.epoch_floor(12_288, growth).map(|f| f.max_target);
+    assert_eq!(max_target(0), Some(8601), "a session that does not grow keeps the floor's ceiling");
+    assert_eq!(max_target(500), Some(8601), "room for 4 × 500 under 11,059 leaves the ceiling");
+    assert_eq!(max_target(1000), Some(11_059 - 4000));
+    assert_eq!(max_target(1500), Some(11_059 - 6000));
+    assert_eq!(max_target(4300), Some(4915), "never under low water");
+    let off = EpochPolicy { epoch_room: 0, ..policy.clone() };
+    assert_eq!(off.epoch_floor(12_288, 4300), off.history_floor(12_288));
+    let no_floor = EpochPolicy { history_floor: None, ..policy };
+    assert_eq!(no_floor.epoch_floor(12_288, 1000), None);
+
+    // Growth: the mean of the last (up to 8) turns, each an assistant message and what follows it.
+    let roles = |rs: &[&str]| -> Vec<String> { rs.iter().map(|r| json!({"role": r}).to_string()).collect() };
+    let messages = roles(&["system", "user", "assistant", "tool", "assistant", "tool", "tool"]);
+    let messages: Vec<&str> = messages.iter().map(String::as_str).collect();
+    assert_eq!(turn_growth(&messages, &[900, 100, 10, 290, 20, 200, 180]), (300 + 400) / 2);
+    assert_eq!(turn_growth(&messages[..2], &[900, 100]), 0, "no turn yet");
+    let long = roles(&["assistant", "tool"].repeat(12));
+    let long: Vec<&str> = long.iter().map(String::as_str).collect();
+    let counts: Vec<u64> = (0..24).map(|i| if i < 8 { 10_000 } else { 50 }).collect();
+    assert_eq!(turn_growth(&long, &counts), 100, "the last eight turns only");
+}
+
 #[test]
 fn a_models_entry_sets_the_encoding_window_and_reserve_the_compactor_uses() {
     let yaml = "models:\n  - match: \"^legacy\"\n    context_window: 3000\n    output_reserve: 500\n    \
