@@ -956,8 +956,9 @@ impl SessionCompactor {
             };
         }
         // Over the model's window with the whole protected tail: its older turns yield, oldest
-        // first, until the request is as deep as an ordinary epoch leaves it (the highest target
-        // the history floor allows), else down to the last turn alone.
+        // first, until the request is as deep as this session's epochs may leave it (the highest
+        // target its history floor allows, room left for its next requests), else down to the last
+        // turn alone. Yielding only as far as the window would put the next request over it again.
         let protected = self.engine.protected_turns();
         let mut yielded = None;
         if epoch.tokens > request.hard && protected > 1 {

@@ -398,7 +398,7 @@ impl Default for BudgetConfig {
             high_water: 0.9,
             low_water: 0.4,
             history_floor: Some(HistoryFloorConfig::default()),
-            epoch_room: 4,
+            epoch_room: 2,
             // Measured on the corpus (`pare eval --mode eager`, 16k window, coding sessions, low 0.4):
             // 0.9 saves 44.7 % at needle recall 0.981, 0.7 49.1 % / 0.969, 0.65 50.3 % / 0.973, 0.6
             // 51.6 % / 0.943: 0.65 is the highest mark that saves half, and the lowest measured that

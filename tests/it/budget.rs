@@ -891,13 +891,13 @@ fn an_epochs_history_floor_raises_where_it_lands_up_to_its_ceiling() {
 fn an_epochs_depth_leaves_room_for_the_sessions_next_requests() {
     use pare::budget::compactor::turn_growth;
     let policy = EpochPolicy::from_config(&Config::default());
-    assert_eq!(policy.epoch_room, 4);
+    assert_eq!(policy.epoch_room, 2);
     // 16k, 12,288 usable: high water 11,059, low water 4,915, the floor's own ceiling 8,601.
     let max_target = |growth: u64| policy.epoch_floor(12_288, growth).map(|f| f.max_target);
     assert_eq!(max_target(0), Some(8601), "a session that does not grow keeps the floor's ceiling");
-    assert_eq!(max_target(500), Some(8601), "room for 4 × 500 under 11,059 leaves the ceiling");
-    assert_eq!(max_target(1000), Some(11_059 - 4000));
-    assert_eq!(max_target(1500), Some(11_059 - 6000));
+    assert_eq!(max_target(1000), Some(8601), "room for 2 × 1,000 under 11,059 leaves the ceiling");
+    assert_eq!(max_target(1500), Some(11_059 - 3000));
+    assert_eq!(max_target(2500), Some(11_059 - 5000));
     assert_eq!(max_target(4300), Some(4915), "never under low water");
     let off = EpochPolicy { epoch_room: 0, ..policy.clone() };
     assert_eq!(off.epoch_floor(12_288, 4300), off.history_floor(12_288));
