@@ -16,6 +16,7 @@ use super::markers::{
 };
 use super::outcome::{Outcome, Shape, Status, SuccessPolicy};
 use super::outline::numbered_lines;
+use super::relevance::InPlay;
 use crate::neutral::{Members, Message, View};
 
 /// What kind of unit a group is.
@@ -82,6 +83,8 @@ pub struct Conversation<'a> {
     /// The identifiers the forwarded request shows whole: user messages and the protected tail
     /// (see [`Conversation::shown`]).
     shown: OnceLock<FxHashSet<String>>,
+    /// The identifiers the conversation works on now (see [`Conversation::in_play`]).
+    in_play: OnceLock<InPlay>,
     /// Each tool result's text length in chars: facts, structural maps, savings and truncation all
     /// ask, and counting reads the whole text.
     text_chars: Vec<OnceLock<usize>>,
@@ -244,6 +247,7 @@ impl<'a> Conversation<'a> {
             facts,
             names,
             shown: OnceLock::new(),
+            in_play: OnceLock::new(),
             text_chars,
             content_ids,
             retrieve_tool: None,
@@ -302,6 +306,12 @@ impl<'a> Conversation<'a> {
             }
             shown_names(results.into_iter().chain(texts.iter().map(String::as_str)))
         })
+    }
+
+    /// The identifiers in play ([`InPlay::new`] with the last `recent_turns` assistant turns before
+    /// the boundary), computed once, on first use: every caller passes the policy's count.
+    pub fn in_play(&self, recent_turns: usize) -> &InPlay {
+        self.in_play.get_or_init(|| InPlay::new(self, recent_turns))
     }
 
     /// The length in chars of tool result `idx`'s text (0 for a message that is not one), counted once.

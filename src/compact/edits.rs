@@ -46,6 +46,9 @@ pub struct Edits {
     /// latest full read of a file the conversation edits): the Focus tier keeps the read, every
     /// other tier forwards this map.
     pub deferred_map: Vec<Option<String>>,
+    /// Relevance kept lines of this output under its marker (`compact::relevance`): salience ranks
+    /// its group as one the current work names.
+    pub relevant: Vec<bool>,
     /// Per message, the characters each rule removed (for the report).
     pub savings: Vec<Vec<(RuleId, i64)>>,
     /// Per message, tokens saved (raw count minus forwarded count), once rendered.
@@ -72,6 +75,7 @@ impl Edits {
             kept: vec![false; n],
             compacted,
             deferred_map: vec![None; n],
+            relevant: vec![false; n],
             savings: vec![Vec::new(); n],
             tokens_saved: vec![0; n],
         }
@@ -153,6 +157,17 @@ impl Edits {
         }
     }
 
+    /// Append `lines` (an excerpt kept by relevance) under the marker a rule set for message `idx`:
+    /// what they cost is counted against `RuleId::Relevance`.
+    pub fn append_kept_lines(&mut self, idx: usize, lines: &str) {
+        if let Some(edit) = self.text[idx].as_mut() {
+            edit.text.push('\n');
+            edit.text.push_str(lines);
+            self.savings[idx].push((RuleId::Relevance, -(lines.chars().count() as i64 + 1)));
+            self.relevant[idx] = true;
+        }
+    }
+
     pub fn drop_message(&mut self, conv: &Conversation<'_>, idx: usize, rule: RuleId) {
         self.dropped[idx] = true;
         self.savings[idx].push((rule, conv.raw[idx].len() as i64));
@@ -168,6 +183,7 @@ impl Edits {
     /// Undo every edit of message `idx` (used when an edit would not save tokens).
     pub fn revert(&mut self, idx: usize) {
         self.text[idx] = None;
+        self.relevant[idx] = false;
         self.removed[idx].clear();
         self.drop_thinking_parts[idx] = false;
         self.tool_calls[idx] = None;

@@ -611,7 +611,7 @@ static CLASS: [u16; 256] = {
 
 /// The identifier tokens of a text, in order, repeats included (see [`salient_names`]). One pass over
 /// the bytes that also classifies each token: it runs over every replaced output.
-fn identifiers(text: &str) -> impl Iterator<Item = &str> {
+pub fn identifiers(text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
     let mut i = 0;
     std::iter::from_fn(move || {

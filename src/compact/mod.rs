@@ -27,6 +27,7 @@ pub mod markers;
 pub mod outcome;
 pub mod outline;
 pub mod provenance;
+pub mod relevance;
 pub mod report;
 pub mod rules;
 pub mod salience;

@@ -24,16 +24,19 @@ pub enum RuleId {
     TierHeavy,
     TierFacts,
     Elision,
+    /// Last of the variants: a plan stores a rule set as one bit per variant (`RuleSet::bits`).
+    Relevance,
 }
 
 impl RuleId {
-    pub const ALL: [RuleId; 16] = [
+    pub const ALL: [RuleId; 17] = [
         RuleId::Custom,
         RuleId::RetryPruning,
         RuleId::Loops,
         RuleId::Duplicates,
         RuleId::Structure,
         RuleId::CollapseSucceeded,
+        RuleId::Relevance,
         RuleId::Truncate,
         RuleId::HardCap,
         RuleId::Arguments,
@@ -65,6 +68,7 @@ impl RuleId {
             RuleId::TierHeavy => "tier_heavy",
             RuleId::TierFacts => "tier_facts",
             RuleId::Elision => "elision",
+            RuleId::Relevance => "relevance",
         }
     }
 }

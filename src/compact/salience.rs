@@ -10,7 +10,8 @@
 //! mentions a file the protected tail touches or holds the latest full read of a file the
 //! conversation edits. Such a read is as recent as the latest call that names its file (what the
 //! agent's next edit quotes is in it); a full read that a later full read of the same path before
-//! the protected tail supersedes scores [`SUPERSEDED_READ_FACTOR`] of its `S`. In descending `S`
+//! the protected tail supersedes scores [`SUPERSEDED_READ_FACTOR`] of its `S`; a group whose
+//! output keeps lines for relevance (`super::relevance`) adds [`RELEVANT_BONUS`]. In descending `S`
 //! (the more recent first on ties), groups fill the Focus / Recent / Summary / Background shares of
 //! the budget left after everything that is never compressed, each at that tier's size: as is /
 //! light (tool outputs truncated) / heavy (results become markers with their facts, assistant text
@@ -949,7 +950,9 @@ fn units(
         } else {
             let known = memo.scores.borrow().get(&g.start).copied();
             known.unwrap_or_else(|| {
-                let score = scoring.get_or_init(|| Scoring::new(conv)).score(engine, conv, g.start, g.end, ages);
+                let relevant = (g.start..g.end).any(|i| edits.relevant[i]);
+                let score =
+                    scoring.get_or_init(|| Scoring::new(conv)).score(engine, conv, g.start, g.end, ages, relevant);
                 memo.scores.borrow_mut().insert(g.start, score);
                 score
             })
@@ -967,6 +970,13 @@ struct Scoring {
     assistants_from: Vec<usize>,
     file_edits: FileEdits,
 }
+
+/// What a group adds to its salience when relevance kept lines of one of its outputs under their
+/// marker (`compact::relevance`: they name what the conversation works on now). Measured on the
+/// tuning half (`pare eval --split tune`, epoch 16k, with 48 kept lines per output): needle recall
+/// of the long mini-swe-agent sessions 0.927 at 0, 0.938 at 0.05, 0.939 at 0.15; the long OpenHands
+/// sessions 0.417 at 0, 0.513 at 0.05 to 0.15; savings within 0.1 point.
+pub const RELEVANT_BONUS: f64 = 0.15;
 
 /// A full read of a file that a later full read shows again scores this share of its salience: the
 /// later read says what the file holds now.
@@ -988,7 +998,15 @@ impl Scoring {
     }
 
     /// `S = w_r·R + w_e·E + w_k·K + w_f·F` of the group `start..end`.
-    fn score(&self, engine: &Engine, conv: &Conversation<'_>, start: usize, end: usize, ages: Option<&[f64]>) -> f64 {
+    fn score(
+        &self,
+        engine: &Engine,
+        conv: &Conversation<'_>,
+        start: usize,
+        end: usize,
+        ages: Option<&[f64]>,
+        relevant: bool,
+    ) -> f64 {
         let sal = &engine.salience;
         let task = &self.task;
         let recency = match (sal.tau_seconds, ages) {
@@ -1018,7 +1036,8 @@ impl Scoring {
         let score = sal.w_recency * recency
             + sal.w_error * f64::from(u8::from(error))
             + sal.w_keywords * keywords
-            + sal.w_files * f64::from(u8::from(focused));
+            + sal.w_files * f64::from(u8::from(focused))
+            + if relevant { RELEVANT_BONUS } else { 0.0 };
         // Superseded within the history: a read in the protected tail is what the agent works on
         // now, and `F` already ranks the history's reads of the files it touches.
         let superseded = !edited && (start..end).any(|i| self.file_edits.is_superseded_before(i, conv.boundary));
@@ -1443,7 +1462,7 @@ mod tests {
         conv.groups
             .iter()
             .filter(|g| g.kind == GroupKind::ToolCalls)
-            .map(|g| (g.start, scoring.score(&engine, &conv, g.start, g.end, None)))
+            .map(|g| (g.start, scoring.score(&engine, &conv, g.start, g.end, None, false)))
             .collect()
     }
 

@@ -46,6 +46,7 @@ pub struct RulesSpec {
     pub duplicates: DuplicateRule,
     pub structure: StructureRule,
     pub collapse_succeeded: CollapseRule,
+    pub relevance: RelevanceRule,
     pub truncate: TruncateRule,
     pub hard_cap: HardCapRule,
     pub arguments: ArgumentsRule,
@@ -86,6 +87,7 @@ impl Default for RulesSpec {
             duplicates: DuplicateRule::default(),
             structure: StructureRule::default(),
             collapse_succeeded: CollapseRule::default(),
+            relevance: RelevanceRule::default(),
             truncate: TruncateRule::default(),
             hard_cap: HardCapRule::default(),
             arguments: ArgumentsRule::default(),
@@ -245,6 +247,39 @@ impl Default for CollapseRule {
             min_chars: 0,
             except_tools: Vec::new(),
             template: "[tool: {ref} → {status}, {chars} chars, {lines} lines{files}{restore}{retrieve}{names}]".into(),
+        }
+    }
+}
+
+/// The lines of a large old output that name what the conversation works on now, kept verbatim
+/// under the marker that replaces it (`compact::relevance`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelevanceRule {
+    pub enabled: bool,
+    /// Outputs shorter than this keep only their marker.
+    pub min_chars: usize,
+    /// At most this many lines kept of one output.
+    pub max_lines: usize,
+    /// A definition of a numbered source view at most this long is kept whole around a line that
+    /// names an identifier in play.
+    pub chunk_lines: usize,
+    /// Lines kept on each side of such a line outside a definition kept whole.
+    pub context_lines: usize,
+    /// Assistant turns before the protected tail whose identifiers are in play (with the task and
+    /// the tail).
+    pub recent_turns: usize,
+}
+
+impl Default for RelevanceRule {
+    fn default() -> Self {
+        RelevanceRule {
+            enabled: true,
+            min_chars: 2000,
+            max_lines: 48,
+            chunk_lines: 48,
+            context_lines: 6,
+            recent_turns: 5,
         }
     }
 }

@@ -12,6 +12,7 @@ use super::super::edited::FileEdits;
 use super::super::edits::Edits;
 use super::super::markers::{NAMES_PER_MARKER, group_digits, names_suffix, render, salient_names_where};
 use super::super::outline::{Language, numbered_lines, outline};
+use super::super::relevance::excerpt_of;
 use super::super::report::RuleId;
 
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
@@ -29,14 +30,18 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     // Outlining reads the whole body: the costly part, independent per result.
     let maps = conv.map_each(&candidates, |&idx| map_of(policy, conv, &file_edits, idx));
     for (idx, map) in candidates.into_iter().zip(maps) {
-        let Some(map) = map else { continue };
+        let Some((map, relevant)) = map else { continue };
         // What the agent's next edit of the file quotes is in its latest read: the tiers keep it
         // whole where the budget allows and forward the map only below Focus.
         if file_edits.is_latest_read_of_edited(idx) {
             edits.defer_map(idx, map);
         } else {
             edits.set_marker(conv, idx, RuleId::Structure, map);
+            if relevant {
+                edits.savings[idx].push((RuleId::Relevance, 0));
+            }
         }
+        edits.relevant[idx] = relevant;
     }
 }
 
@@ -55,7 +60,8 @@ pub const MAX_REGION_LINES: usize = 160;
 /// The structural map standing for tool result `idx`, when it is a read of a source file whose
 /// outline (plus the regions its edits touch, for the latest read of an edited file) is shorter than
 /// the body.
-fn map_of(policy: &Policy, conv: &Conversation<'_>, file_edits: &FileEdits, idx: usize) -> Option<String> {
+/// With it, whether relevance kept lines of the read in it.
+fn map_of(policy: &Policy, conv: &Conversation<'_>, file_edits: &FileEdits, idx: usize) -> Option<(String, bool)> {
     let rule = &policy.spec.structure;
     let outcome = conv.outcomes[idx].as_ref()?;
     let call = conv.call_of_result[idx].map(|c| &conv.calls[c])?;
@@ -66,21 +72,30 @@ fn map_of(policy: &Policy, conv: &Conversation<'_>, file_edits: &FileEdits, idx:
         return None;
     }
     let body = super::super::outline::render(&entries, rule.max_entries);
-    let regions = if file_edits.is_latest_read_of_edited(idx) {
-        edited_regions(file_edits, &path, &outcome.text, first_line)
-    } else {
-        String::new()
-    };
+    let latest_of_edited = file_edits.is_latest_read_of_edited(idx);
+    let spans = if latest_of_edited { edited_spans(file_edits, &path, &outcome.text, first_line) } else { Vec::new() };
+    let regions = edited_regions(&outcome.text, first_line, &spans);
+    // The lines that name what the conversation works on now, less those the edited regions show.
+    let kept = excerpt_of(&policy.spec.relevance, conv, idx)
+        .and_then(|excerpt| excerpt.without_numbers(&outcome.text, &spans))
+        .map(|excerpt| (excerpt.render(&outcome.text), excerpt.kept_text(&outcome.text).join("\n")));
+    if let Some((rendered, kept_text)) = &kept {
+        let shown = format!("{regions}\n{kept_text}");
+        let map = format!("{}\n{body}{regions}\n{rendered}", header(policy, conv, idx, &path, language, &body, &shown));
+        if map.len() < outcome.text.len() {
+            return Some((map, true));
+        }
+    }
     let map = format!("{}\n{body}{regions}", header(policy, conv, idx, &path, language, &body, &regions));
     if map.len() < outcome.text.len() {
-        return Some(map);
+        return Some((map, false));
     }
     // Regions that cover most of a short file: the outline alone, when that is shorter.
     if regions.is_empty() {
         return None;
     }
     let map = format!("{}\n{body}", header(policy, conv, idx, &path, language, &body, ""));
-    (map.len() < outcome.text.len()).then_some(map)
+    (map.len() < outcome.text.len()).then_some((map, false))
 }
 
 /// The map's first line: the rule's template filled for result `idx`, its names those of the body
@@ -117,19 +132,22 @@ fn header(
     })
 }
 
-/// The lines of a read of `path` that the conversation's edits of it touch (see
-/// [`FileEdits::regions`]), as `cat -n` shows them, after a line naming their ranges; empty when
-/// the edits touch none of them.
-fn edited_regions(file_edits: &FileEdits, path: &str, text: &str, first_line: usize) -> String {
+/// The line ranges of a read of `path` that the conversation's edits of it touch (see
+/// [`FileEdits::regions`]).
+fn edited_spans(file_edits: &FileEdits, path: &str, text: &str, first_line: usize) -> Vec<(usize, usize)> {
+    file_edits.regions(path, &numbered_lines(text, first_line), EDIT_CONTEXT_LINES, MAX_REGION_LINES)
+}
+
+/// The lines of a read in `spans` (the file's numbering), as `cat -n` shows them, after a line
+/// naming their ranges; empty when there are none.
+fn edited_regions(text: &str, first_line: usize, spans: &[(usize, usize)]) -> String {
     use std::fmt::Write;
-    let lines = numbered_lines(text, first_line);
-    let spans = file_edits.regions(path, &lines, EDIT_CONTEXT_LINES, MAX_REGION_LINES);
     if spans.is_empty() {
         return String::new();
     }
     let ranges: Vec<String> = spans.iter().map(|(a, b)| format!("{a}-{b}")).collect();
     let mut out = format!("\n[pare: lines {} as read, around this file's edits]", ranges.join(", "));
-    for (n, code) in lines {
+    for (n, code) in numbered_lines(text, first_line) {
         if spans.iter().any(|&(a, b)| (a..=b).contains(&n)) {
             let _ = write!(out, "\n{n:6}\t{code}");
         }

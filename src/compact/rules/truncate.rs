@@ -6,6 +6,7 @@ use super::super::Policy;
 use super::super::conversation::{Conversation, line_count};
 use super::super::edits::Edits;
 use super::super::markers::render;
+use super::super::relevance::{Excerpt, excerpt_of};
 use super::super::report::RuleId;
 
 /// `head` first and `tail` last lines with a marker line between, or `None` when there is nothing
@@ -32,6 +33,43 @@ pub fn truncate_lines(text: &str, head: usize, tail: usize, template: &str) -> O
     Some(out)
 }
 
+/// [`truncate_lines`] that also keeps the lines of `excerpt` (what relevance chose: a test run's
+/// failing lines, lines naming what is in play), after the line that says why, with a marker line
+/// (`template`) for each run of lines left out.
+pub fn truncate_keeping(text: &str, head: usize, tail: usize, excerpt: &Excerpt, template: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let n = lines.len();
+    if n <= head + tail + 1 {
+        return None;
+    }
+    let kept = |j: usize| j < head || j >= n - tail || excerpt.spans.iter().any(|&(a, b)| (a..=b).contains(&j));
+    let why = excerpt.render(text);
+    let why = why.lines().next().unwrap_or_default();
+    let mut out = String::with_capacity(text.len().min(8192));
+    let mut cut = 0;
+    let mut said_why = false;
+    for (j, line) in lines.iter().enumerate() {
+        if !kept(j) {
+            cut += 1;
+            continue;
+        }
+        if cut > 0 {
+            out.push_str(&render(template, &|name| (name == "n").then(|| cut.to_string())));
+            out.push('\n');
+            cut = 0;
+        }
+        if !said_why && j >= head && j < n - tail {
+            out.push_str(why);
+            out.push('\n');
+            said_why = true;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.pop();
+    Some(out)
+}
+
 pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
     let rule = &policy.spec.truncate;
     let candidates: Vec<usize> =
@@ -41,12 +79,23 @@ pub fn apply(policy: &Policy, conv: &Conversation<'_>, edits: &mut Edits) {
         let edits = &*edits;
         conv.map_each(&candidates, |&idx| {
             let template = conv.fill_retrieve(idx, &rule.template);
-            truncate_lines(&edits.current_text(conv, idx), rule.head_lines, rule.tail_lines, &template)
+            let text = edits.current_text(conv, idx);
+            // The result as it came (no earlier rule rewrote it): relevance may keep lines of its middle.
+            let excerpt = edits.text[idx].is_none().then(|| excerpt_of(&policy.spec.relevance, conv, idx)).flatten();
+            match excerpt {
+                Some(excerpt) => truncate_keeping(&text, rule.head_lines, rule.tail_lines, &excerpt, &template)
+                    .map(|short| (short, true)),
+                None => truncate_lines(&text, rule.head_lines, rule.tail_lines, &template).map(|short| (short, false)),
+            }
         })
     };
     for (idx, short) in candidates.into_iter().zip(cuts) {
-        if let Some(short) = short {
+        if let Some((short, relevant)) = short {
             edits.set_text(conv, idx, RuleId::Truncate, short, true);
+            if relevant {
+                edits.savings[idx].push((RuleId::Relevance, 0));
+                edits.relevant[idx] = true;
+            }
         }
     }
 }
