@@ -13,9 +13,10 @@
 //! The lookup is one range query over the `contents` table's primary key joined with `blobs`: any
 //! SQL store (PostgreSQL: `bytea` comparison) answers it the same way.
 
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
 
-use super::db::{Db, params};
+use super::db::{Db, Param, params};
 use lru::LruCache;
 
 use super::query::ArchiveReader;
@@ -118,16 +119,44 @@ impl ArchiveReader {
     }
 }
 
+/// Most distinct ids of one record the writer looks up: ids pare wrote itself are counted only
+/// (see [`ContentIndex::index`]), so this bounds a compaction's markers, not what an agent sends.
+pub const MAX_IDS_PER_RECORD: usize = 65_536;
+
+/// Ids looked up by one query (two parameters each).
+const IDS_PER_QUERY: usize = 256;
+
+/// An id's key: the number its hex digits write ([`CONTENT_ID_HEX`] of them, 48 bits).
+fn key_of_hex(hex: &str) -> u64 {
+    u64::from_str_radix(hex, 16).expect("ids are hex")
+}
+
+/// The key of the id of the text whose SHA-256 is `hash`.
+fn key_of_hash(hash: &[u8]) -> u64 {
+    hash[..CONTENT_ID_HEX / 2].iter().fold(0u64, |key, byte| key << 8 | u64::from(*byte))
+}
+
+/// The inclusive range of 32-byte hashes whose id has `key`.
+fn key_range(key: u64) -> ([u8; 32], [u8; 32]) {
+    let (mut low, mut high) = ([0u8; 32], [0xffu8; 32]);
+    let bytes = key.to_be_bytes();
+    low[..CONTENT_ID_HEX / 2].copy_from_slice(&bytes[8 - CONTENT_ID_HEX / 2..]);
+    high[..CONTENT_ID_HEX / 2].copy_from_slice(&bytes[8 - CONTENT_ID_HEX / 2..]);
+    (low, high)
+}
+
 /// The writer's side: which ids are stored already, so that a request whose markers name only
 /// known contents costs no lookup and no parse.
 pub(crate) struct ContentIndex {
     /// Ids (their 6 bytes as a number) stored, or looked for in a raw body that did not have them.
     known: LruCache<u64, ()>,
+    /// Lookup queries run since start (what a test counts).
+    n_queries: u64,
 }
 
 impl ContentIndex {
     pub(crate) fn new() -> ContentIndex {
-        ContentIndex { known: LruCache::new(NonZeroUsize::new(KNOWN_IDS).expect("non-zero")) }
+        ContentIndex { known: LruCache::new(NonZeroUsize::new(KNOWN_IDS).expect("non-zero")), n_queries: 0 }
     }
 
     /// Forget what was stored (a rolled-back transaction).
@@ -135,34 +164,43 @@ impl ContentIndex {
         self.known.clear();
     }
 
-    /// Add to `wanted` the keys of the ids among `ids` (hex digits) that are neither known nor
-    /// stored (those found stored become known).
-    fn want_unstored<'t>(
-        &mut self,
-        conn: &Db,
-        ids: impl Iterator<Item = &'t str>,
-        wanted: &mut Vec<u64>,
-    ) -> Result<(), ArchiveError> {
-        for hex in ids {
-            let key = u64::from_str_radix(hex, 16).expect("ids are hex");
-            if self.known.get(&key).is_some() || wanted.contains(&key) {
-                continue;
-            }
-            let (low, high) = hash_range(hex);
-            let stored = conn
-                .query_opt("SELECT 1 FROM contents WHERE sha256 BETWEEN ?1 AND ?2 LIMIT 1", params![&low, &high])?
-                .is_some();
-            if stored {
-                self.known.put(key, ());
-            } else {
-                wanted.push(key);
+    /// Lookup queries run since start.
+    #[cfg(test)]
+    pub(crate) fn n_queries(&self) -> u64 {
+        self.n_queries
+    }
+
+    /// The keys among `keys` (no repeats) that are neither known nor stored; those found stored
+    /// become known. One query per [`IDS_PER_QUERY`] keys not known.
+    fn unstored(&mut self, conn: &Db, keys: impl IntoIterator<Item = u64>) -> Result<HashSet<u64>, ArchiveError> {
+        let unknown: Vec<u64> = keys.into_iter().filter(|key| self.known.get(key).is_none()).collect();
+        let mut unstored: HashSet<u64> = unknown.iter().copied().collect();
+        for chunk in unknown.chunks(IDS_PER_QUERY) {
+            let ranges: Vec<([u8; 32], [u8; 32])> = chunk.iter().map(|key| key_range(*key)).collect();
+            let terms: Vec<String> =
+                (0..ranges.len()).map(|at| format!("sha256 BETWEEN ?{} AND ?{}", 2 * at + 1, 2 * at + 2)).collect();
+            let sql = format!("SELECT sha256 FROM contents WHERE {}", terms.join(" OR "));
+            let params: Vec<Param<'_>> =
+                ranges.iter().flat_map(|(low, high)| [Param::from(low), Param::from(high)]).collect();
+            self.n_queries += 1;
+            for row in conn.query_all(&sql, &params)? {
+                let hash: Vec<u8> = row.get(0)?;
+                let key = key_of_hash(&hash);
+                if unstored.remove(&key) {
+                    self.known.put(key, ());
+                }
             }
         }
-        Ok(())
+        Ok(unstored)
     }
 
     /// Store the contents that `rec`'s forwarded body names and the store lacks, from `rec`'s raw
     /// conversation; `put_blob` stores one text as a blob of the record's session and gives its id.
+    ///
+    /// Only ids pare wrote count: an id of the forwarded body that the raw body holds too is the
+    /// agent's text (a quoted marker, or a string made to look like one), never looked up. What is
+    /// looked up is looked up in bulk, and every step is linear in the bodies' size: many ids or
+    /// many small outputs cost time in proportion, not in their square.
     pub(crate) fn index(
         &mut self,
         conn: &Db,
@@ -171,32 +209,56 @@ impl ContentIndex {
     ) -> Result<(), ArchiveError> {
         let Some(forwarded) = rec.forwarded.as_ref() else { return Ok(()) };
         let Ok(forwarded) = std::str::from_utf8(forwarded) else { return Ok(()) };
-        let mut wanted: Vec<u64> = Vec::new();
-        self.want_unstored(conn, content_ids_in(forwarded), &mut wanted)?;
+        let mut named: HashSet<u64> = HashSet::new();
+        for hex in content_ids_in(forwarded) {
+            let key = key_of_hex(hex);
+            if self.known.peek(&key).is_none() {
+                named.insert(key);
+            }
+        }
+        if named.is_empty() {
+            return Ok(());
+        }
+        // The agent's own ids (the raw body is what it sent) are not pare's to store.
+        let raw_text = String::from_utf8_lossy(&rec.raw);
+        for hex in content_ids_in(&raw_text) {
+            named.remove(&key_of_hex(hex));
+        }
+        if named.len() > MAX_IDS_PER_RECORD {
+            tracing::warn!(
+                session = %rec.session, ids = named.len(), at_most = MAX_IDS_PER_RECORD,
+                "archive: the forwarded body names more content ids than are looked up; the rest are not stored"
+            );
+        }
+        let mut wanted = self.unstored(conn, named.into_iter().take(MAX_IDS_PER_RECORD))?;
         // The texts compaction derived (elision markers' id lists) first: no raw body holds them.
         // A list stored now names outputs (and earlier lists) the forwarded body does not: they are
-        // wanted too.
-        let mut stored_one = true;
-        while stored_one {
-            stored_one = false;
-            for list in rec.lists.iter() {
+        // wanted too, looked up a level of lists at a time.
+        let mut lists: HashMap<u64, &str> =
+            rec.lists.iter().map(|list| (key_of_hash(&store::sha256(list.as_bytes())), list.as_str())).collect();
+        let mut level: Vec<u64> = wanted.iter().copied().collect();
+        while !level.is_empty() && !lists.is_empty() {
+            let mut named_by_lists: HashSet<u64> = HashSet::new();
+            for key in level {
+                let Some(list) = lists.remove(&key) else { continue };
+                put_blob(list.as_bytes())?;
                 let hash = store::sha256(list.as_bytes());
-                let key = hash[..CONTENT_ID_HEX / 2].iter().fold(0u64, |key, byte| key << 8 | u64::from(*byte));
-                if let Some(at) = wanted.iter().position(|k| *k == key) {
-                    put_blob(list.as_bytes())?;
-                    conn.execute("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)", params![&hash])?;
-                    self.known.put(wanted.swap_remove(at), ());
-                    self.want_unstored(conn, content_ids_in(list), &mut wanted)?;
-                    stored_one = true;
-                }
+                conn.execute("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)", params![&hash])?;
+                wanted.remove(&key);
+                self.known.put(key, ());
+                named_by_lists.extend(content_ids_in(list).map(key_of_hex).filter(|k| !wanted.contains(k)));
             }
+            let room = MAX_IDS_PER_RECORD.saturating_sub(wanted.len());
+            let new = self.unstored(conn, named_by_lists.into_iter().take(room))?;
+            level = new.iter().copied().collect();
+            wanted.extend(new);
         }
         if wanted.is_empty() {
             return Ok(());
         }
         for key in &wanted {
             // Found or not, a raw body is read once for an id: one that names no text of it (an
-            // agent quoting a marker) is not looked for again.
+            // output the agent no longer sends) is not looked for again.
             self.known.put(*key, ());
         }
         // A gateway compress call (`POST /v1/compress`) is recorded with the chat body it stands for.
@@ -207,12 +269,15 @@ impl ContentIndex {
             let Ok(message) = crate::neutral::Message::from_raw(raw) else { continue };
             for text in content_texts(&message) {
                 let hash = store::sha256(text.as_bytes());
-                let key = hash[..CONTENT_ID_HEX / 2].iter().fold(0u64, |key, byte| key << 8 | u64::from(*byte));
-                if !wanted.contains(&key) {
+                // Each text is stored once, however often the body repeats it.
+                if !wanted.remove(&key_of_hash(&hash)) {
                     continue;
                 }
                 put_blob(text.as_bytes())?;
                 conn.execute("INSERT OR IGNORE INTO contents (sha256) VALUES (?1)", params![&hash])?;
+            }
+            if wanted.is_empty() {
+                break;
             }
         }
         Ok(())
@@ -320,6 +385,69 @@ mod tests {
         let (low, high) = hash_range("0123456789ab");
         assert_eq!(&low[..7], &[0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0]);
         assert_eq!(&high[..7], &[0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xff]);
+    }
+
+    /// A chat body of `outputs` as tool results after `user`'s text; the same body forwarded with
+    /// each output behind a marker naming its id.
+    fn record_hiding(user: &str, outputs: &[String]) -> ExchangeRecord {
+        let body = |hide: bool| {
+            let mut messages = vec![serde_json::json!({"role": "user", "content": user})];
+            for (k, output) in outputs.iter().enumerate() {
+                let call = format!("call_{k}");
+                messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": call,
+                    "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}));
+                let text = if hide {
+                    format!("[tool: bash; {}]", crate::compact::markers::content_id(output))
+                } else {
+                    output.clone()
+                };
+                messages.push(serde_json::json!({"role": "tool", "tool_call_id": call, "content": text}));
+            }
+            bytes::Bytes::from(serde_json::json!({"model": "m", "messages": messages}).to_string())
+        };
+        ExchangeRecord { forwarded: Some(body(true)), ..ExchangeRecord::unchanged("s", 0, body(false)) }
+    }
+
+    fn index_into(conn: &Db, index: &mut ContentIndex, rec: &ExchangeRecord) {
+        index.index(conn, rec, |text| Ok(store::put_blob(conn, &store::sha256(text), text)?)).unwrap();
+    }
+
+    /// Regression (fake ids stalled the writer): ids the agent's own text holds, however many,
+    /// cost no lookup; the id pare wrote beside them is stored.
+    #[test]
+    fn ids_in_the_agents_text_are_not_looked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open_rw(dir.path()).unwrap();
+        let fake: String = (0..100_000u64).map(|k| format!("pare:{:012x} ", k * 7919)).collect();
+        let rec = record_hiding(&fake, &["the one real output".to_owned()]);
+        let mut index = ContentIndex::new();
+        index_into(&conn, &mut index, &rec);
+        assert_eq!(index.n_queries(), 1, "one lookup, for pare's id alone");
+        let real = crate::compact::markers::content_id("the one real output");
+        assert_eq!(lookup(&conn, &real).unwrap().text, "the one real output");
+        assert!(matches!(lookup(&conn, "pare:000000001ede"), Err(ContentError::Unknown(_))));
+    }
+
+    /// The ids pare wrote are looked up a batch per query, and every hidden output is stored once.
+    #[test]
+    fn ids_pare_wrote_are_looked_up_in_bulk() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open_rw(dir.path()).unwrap();
+        let outputs: Vec<String> = (0..3000).map(|k| format!("output {k}")).collect();
+        let rec = record_hiding("go", &outputs);
+        let mut index = ContentIndex::new();
+        index_into(&conn, &mut index, &rec);
+        assert!(index.n_queries() <= 3000 / IDS_PER_QUERY as u64 + 1, "{} queries", index.n_queries());
+        for output in outputs.iter().step_by(97) {
+            let id = crate::compact::markers::content_id(output);
+            assert_eq!(&lookup(&conn, &id).unwrap().text, output);
+        }
+        let n: i64 = conn.query_one("SELECT count(*) FROM contents", &[]).unwrap().get(0).unwrap();
+        assert_eq!(n, 3000);
+        // Known now: the same record again costs no query.
+        let before = index.n_queries();
+        index_into(&conn, &mut index, &rec);
+        assert_eq!(index.n_queries(), before);
     }
 
     #[test]

@@ -430,6 +430,12 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     /// Records the writer is done with (committed or lost): its progress.
     finished: AtomicU64,
+    /// Exchanges handed to the writer, and those it is done with (committed or lost, not held for
+    /// a database away): what [`Archive::settled`] compares.
+    exchanges_sent: AtomicU64,
+    exchanges_done: AtomicU64,
+    /// Woken when the writer is done with a batch.
+    batch_done: tokio::sync::Notify,
     queue_waits: AtomicU64,
     writable: AtomicBool,
     last_error: Mutex<Option<String>>,
@@ -582,6 +588,9 @@ impl Archive {
             lost: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             finished: AtomicU64::new(0),
+            exchanges_sent: AtomicU64::new(0),
+            exchanges_done: AtomicU64::new(0),
+            batch_done: tokio::sync::Notify::new(),
             queue_waits: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             last_error: Mutex::new(None),
@@ -677,6 +686,9 @@ impl Archive {
         };
         self.shared.queue_bytes.fetch_add(size, Ordering::Relaxed);
         self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
+        if let Job::Exchange { .. } = job {
+            self.shared.exchanges_sent.fetch_add(1, Ordering::AcqRel);
+        }
         let awaited = job.is_awaited();
         tx.send(job).map_err(|_| {
             self.shared.lost.fetch_add(1, Ordering::Relaxed);
@@ -783,6 +795,28 @@ impl Archive {
         let (tx, rx) = mpsc::channel();
         self.send(Job::Flush(tx))?;
         rx.recv().map_err(|_| ArchiveError::Closed)
+    }
+
+    /// Wait until the writer is done with every exchange handed over before this call (committed
+    /// or lost), at most `archive.commit_timeout_ms`, without hurrying it: a flush makes the writer
+    /// commit at once, this waits for the commit it makes anyway (within
+    /// `archive.flush_interval_ms`). False when there was nothing to wait for.
+    pub async fn settled(&self) -> bool {
+        let target = self.shared.exchanges_sent.load(Ordering::Acquire);
+        let deadline = tokio::time::Instant::now() + self.commit_timeout;
+        let mut waited = false;
+        loop {
+            let done = self.shared.batch_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.shared.exchanges_done.load(Ordering::Acquire) >= target {
+                return waited;
+            }
+            waited = true;
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return true;
+            }
+        }
     }
 
     /// [`Archive::flush`] for async callers (runs on the blocking pool).

@@ -388,6 +388,7 @@ impl Writer {
         }
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::new();
+        let n_exchanges = batch.iter().filter(|job| matches!(job, Job::Exchange { .. })).count() as u64;
         for job in batch {
             self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
             self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
@@ -402,6 +403,10 @@ impl Writer {
         }
         if !records.is_empty() {
             self.write_records(records, last);
+            // Done with, for `Archive::settled`: committed, refused, or held for a database that is
+            // away (a retrieval then waits no longer for what cannot be read anyway).
+            self.shared.exchanges_done.fetch_add(n_exchanges, Ordering::AcqRel);
+            self.shared.batch_done.notify_waiters();
         }
         for done in waiters {
             let _ = done.send(());

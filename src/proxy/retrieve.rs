@@ -5,7 +5,8 @@
 //!
 //! Every read goes through the archive's query layer ([`crate::archive::content`]); the proxy only
 //! maps its answers to HTTP. An id the archive does not know yet may name a content the writer has
-//! not committed: the lookup waits for the writer once and asks again before it answers 404.
+//! not committed: when exchanges wait for the writer, the lookup waits for their commit (never
+//! hurrying it) and asks again before it answers 404.
 
 use std::sync::Arc;
 
@@ -55,16 +56,20 @@ impl RetrieveError {
 }
 
 /// The content `id` names, from the archive: read on the blocking pool; an unknown id is asked
-/// again once the writer has committed what it holds.
+/// again once the writer is done with the exchanges handed to it before (it may name a content
+/// they store), waiting for the commit the writer makes anyway: a miss never forces one.
 pub async fn content(proxy: &Proxy, id: &str) -> Result<Content, RetrieveError> {
     let archive = proxy.pipeline.archive().ok_or(RetrieveError::NoArchive)?;
     if crate::archive::content::parse_id(id)?.len() < MIN_READ_ID_HEX {
         return Err(ContentError::BadId(format!("{id} (give at least {MIN_READ_ID_HEX} hex digits)")).into());
     }
     match read(archive, id).await {
-        Err(RetrieveError::Content(ContentError::Unknown(_))) => {
-            let _ = archive.flush_async().await;
-            read(archive, id).await
+        Err(RetrieveError::Content(ContentError::Unknown(digits))) => {
+            if archive.settled().await {
+                read(archive, id).await
+            } else {
+                Err(RetrieveError::Content(ContentError::Unknown(digits)))
+            }
         }
         other => other,
     }
