@@ -292,17 +292,41 @@ pub struct Selection {
     pub grep: Option<String>,
 }
 
-/// Why a selection is refused.
+/// Why a selection is refused. A pattern is named by its beginning only ([`pattern_head`]).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SelectionError {
-    #[error("lines {0:?} is not a range A-B of line numbers from 1 (or A- for A to the end)")]
+    #[error("lines {0} is not a range A-B of line numbers from 1 (or A- for A to the end)")]
     BadLines(String),
-    #[error("grep pattern {pattern:?} is not a valid regular expression: {why}")]
+    #[error("grep pattern {pattern} is not a valid regular expression: {why}")]
     BadGrep { pattern: String, why: String },
+    #[error("grep pattern {pattern} is longer than {MAX_GREP_PATTERN} bytes")]
+    LongGrep { pattern: String },
 }
 
-/// How large a compiled `grep` pattern may grow (the regex crate's size limit).
-const GREP_SIZE_LIMIT: usize = 1 << 20;
+/// Longest `grep` pattern accepted, in bytes: refused before it is parsed.
+pub const MAX_GREP_PATTERN: usize = 1024;
+
+/// How large a compiled `grep` pattern may grow (the regex crate's size limit, and its lazy DFA's).
+const GREP_SIZE_LIMIT: usize = 1 << 18;
+
+/// How long one `grep` may scan a content: past it the answer ends with a line saying where it
+/// stopped (a pattern that defeats the regex crate's lazy DFA costs time in proportion to its size
+/// times the content's).
+pub const GREP_TIME_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A pattern (or a line range) as an error names it, quoted: its first characters and its length
+/// when it is long, never the whole of it.
+pub fn pattern_head(pattern: &str) -> String {
+    const SHOWN: usize = 40;
+    match pattern.char_indices().nth(SHOWN) {
+        None => format!("{pattern:?}"),
+        Some((at, _)) => format!("{:?}… ({} bytes)", &pattern[..at], pattern.len()),
+    }
+}
+
+fn grep_regex(pattern: &str) -> Result<regex::Regex, regex::Error> {
+    regex::RegexBuilder::new(pattern).size_limit(GREP_SIZE_LIMIT).dfa_size_limit(GREP_SIZE_LIMIT).build()
+}
 
 impl Selection {
     /// `lines` (`A-B`, `A-` or `A`) and `grep` as given in a query or a tool call.
@@ -310,7 +334,7 @@ impl Selection {
         let lines = match lines.map(str::trim).filter(|l| !l.is_empty()) {
             None => None,
             Some(spec) => {
-                let bad = || SelectionError::BadLines(spec.to_owned());
+                let bad = || SelectionError::BadLines(pattern_head(spec));
                 let (from, to) = match spec.split_once('-') {
                     Some((from, "")) => (from.trim().parse().map_err(|_| bad())?, usize::MAX),
                     Some((from, to)) => {
@@ -329,17 +353,32 @@ impl Selection {
         };
         let grep = grep.filter(|g| !g.is_empty()).map(str::to_owned);
         if let Some(pattern) = &grep {
-            regex::RegexBuilder::new(pattern)
-                .size_limit(GREP_SIZE_LIMIT)
-                .build()
-                .map_err(|e| SelectionError::BadGrep { pattern: pattern.clone(), why: e.to_string() })?;
+            if pattern.len() > MAX_GREP_PATTERN {
+                return Err(SelectionError::LongGrep { pattern: pattern_head(pattern) });
+            }
+            grep_regex(pattern).map_err(|e| {
+                // The parser's message quotes the whole pattern above its last line, which says why.
+                let message = e.to_string();
+                let why = message.lines().last().unwrap_or_default().trim().trim_start_matches("error: ");
+                SelectionError::BadGrep { pattern: pattern_head(pattern), why: why.to_owned() }
+            })?;
         }
         Ok(Selection { lines, grep })
     }
 
+    /// Whether applying it scans the text with a pattern (CPU work to keep off the async workers).
+    pub fn greps(&self) -> bool {
+        self.grep.is_some()
+    }
+
     /// The selected part of `text`: the whole text, its lines `A..=B` as they are (each with its line
-    /// ending), or — with `grep` — each matching line within those lines as `N: line`, one per line.
+    /// ending), or — with `grep` — each matching line within those lines as `N: line`, one per line,
+    /// for at most [`GREP_TIME_BUDGET`].
     pub fn apply<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        self.apply_within(text, GREP_TIME_BUDGET)
+    }
+
+    fn apply_within<'t>(&self, text: &'t str, budget: std::time::Duration) -> std::borrow::Cow<'t, str> {
         if self.lines.is_none() && self.grep.is_none() {
             return std::borrow::Cow::Borrowed(text);
         }
@@ -349,9 +388,16 @@ impl Selection {
         match &self.grep {
             None => std::borrow::Cow::Owned(in_range.map(|(_, line)| line).collect()),
             Some(pattern) => {
-                let re = regex::RegexBuilder::new(pattern).size_limit(GREP_SIZE_LIMIT).build().expect("checked");
+                let re = grep_regex(pattern).expect("checked");
+                let started = std::time::Instant::now();
                 let mut out = String::new();
                 for (number, line) in in_range {
+                    if started.elapsed() > budget {
+                        out.push_str(&format!(
+                            "[pare: grep stopped before line {number}: it ran out of its {budget:?}; narrow it with `lines` or a simpler pattern]\n"
+                        ));
+                        break;
+                    }
                     let bare = line.strip_suffix('\n').unwrap_or(line);
                     let bare = bare.strip_suffix('\r').unwrap_or(bare);
                     if re.is_match(bare) {
@@ -450,6 +496,37 @@ mod tests {
         assert_eq!(index.n_queries(), before);
     }
 
+    /// Regression (a 20 MB pattern was parsed for seconds, then echoed whole): a long pattern is
+    /// refused before it is parsed, and no error names more than its beginning.
+    #[test]
+    fn long_patterns_are_refused_unparsed_and_never_echoed_whole() {
+        let long = "a".repeat(20 << 20);
+        let started = std::time::Instant::now();
+        let err = Selection::parse(None, Some(&long)).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
+        assert!(matches!(err, SelectionError::LongGrep { .. }));
+        let message = err.to_string();
+        assert!(message.len() < 200 && message.contains("20971520 bytes"), "{message}");
+        let bad = format!("({}", "b".repeat(900));
+        let message = Selection::parse(None, Some(&bad)).unwrap_err().to_string();
+        assert!(message.len() < 2000 && !message.contains(&"b".repeat(100)), "{message}");
+        let lines = Selection::parse(Some(&"9".repeat(5000)), None).unwrap_err().to_string();
+        assert!(lines.len() < 200, "{lines}");
+    }
+
+    /// A grep past its time budget stops and says where.
+    #[test]
+    fn a_grep_stops_at_its_time_budget() {
+        let text: String = (0..1000).map(|k| format!("line {k}\n")).collect();
+        let sel = Selection::parse(None, Some("line")).unwrap();
+        let out = sel.apply_within(&text, std::time::Duration::ZERO);
+        assert_eq!(
+            out,
+            "[pare: grep stopped before line 1: it ran out of its 0ns; narrow it with `lines` or a simpler pattern]\n"
+        );
+        assert_eq!(sel.apply(&text).lines().count(), 1000);
+    }
+
     #[test]
     fn lines_and_grep_select() {
         let text = "one\ntwo\nthree\nfour";
@@ -465,7 +542,7 @@ mod tests {
         assert_eq!(sel(Some("3-4"), Some("o")), "4: four\n");
         assert_eq!(sel(None, Some("zzz")), "");
         for bad in ["0-2", "3-1", "a-b", "-", "1-x"] {
-            assert_eq!(Selection::parse(Some(bad), None), Err(SelectionError::BadLines(bad.into())), "{bad}");
+            assert_eq!(Selection::parse(Some(bad), None), Err(SelectionError::BadLines(pattern_head(bad))), "{bad}");
         }
         assert!(matches!(Selection::parse(None, Some("(")), Err(SelectionError::BadGrep { .. })));
         assert!(matches!(Selection::parse(None, Some("a{1000}{1000}")), Err(SelectionError::BadGrep { .. })));

@@ -1,7 +1,8 @@
 //! Bounds that hold across requests: every connection is bounded from accept (one that sends no
 //! request within the header timeout, or stays silent between requests past the idle timeout, is
 //! closed, whatever protocol it claimed), and the request bytes all connections hold in memory at
-//! once are capped ([`BufferBudget`]).
+//! once are capped ([`BufferBudget`]): the bodies as they are read and decoded, and retrieved
+//! contents.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -204,6 +205,13 @@ impl Share {
         grown.is_ok()
     }
 
+    /// Give back `less` of the bytes held (all of them at most).
+    pub fn shrink(&mut self, less: u64) {
+        let less = less.min(self.bytes);
+        self.budget.held.fetch_sub(less, Ordering::AcqRel);
+        self.bytes -= less;
+    }
+
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -292,6 +300,11 @@ mod tests {
         drop(a);
         assert_eq!(budget.held(), 40);
         assert!(b.grow(60));
+        b.shrink(30);
+        assert_eq!((b.bytes(), budget.held()), (70, 70));
+        b.shrink(500);
+        assert_eq!((b.bytes(), budget.held()), (0, 0));
+        assert!(b.grow(10));
         drop(b);
         assert_eq!(budget.held(), 0);
     }

@@ -14,9 +14,11 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::error::method_not_allowed;
+use super::limits::Share;
 use super::retrieve::{RetrieveError, select};
 use super::state::Proxy;
 use crate::compact::markers::RETRIEVE_TOOL;
@@ -28,33 +30,69 @@ pub const MCP_PATH: &str = "/_pare/mcp";
 /// client's revision when it is one of these, else the newest.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
+/// Most messages one batch may hold; a longer batch is refused whole (`-32600`).
+pub const MAX_BATCH: usize = 32;
+
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 
-/// Answer one HTTP request to [`MCP_PATH`].
+/// One JSON-RPC message as received: its id kept as the client wrote it (a number past 64 bits, a
+/// string), never read as a number.
+#[derive(serde::Deserialize)]
+struct Message {
+    jsonrpc: Option<Value>,
+    /// `Some` whenever the member is present, `null` included (absent: a notification).
+    #[serde(default, deserialize_with = "present")]
+    id: Option<Box<RawValue>>,
+    method: Option<Value>,
+    #[serde(default)]
+    params: Value,
+    result: Option<Value>,
+    error: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    <Box<RawValue> as serde::Deserialize>::deserialize(d).map(Some)
+}
+
+/// Answer one HTTP request to [`MCP_PATH`]. The retrieved contents of all its calls are held in
+/// one share of the request budget until the answer is written.
 pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
     if parts.method != Method::POST {
         return method_not_allowed("POST");
     }
-    let message: Value = match serde_json::from_slice(&body) {
+    let parse_error =
+        |e: serde_json::Error| json(StatusCode::BAD_REQUEST, &error(&null(), PARSE_ERROR, &format!("not JSON: {e}")));
+    let message: Box<RawValue> = match serde_json::from_slice(&body) {
         Ok(message) => message,
-        Err(e) => return json(StatusCode::BAD_REQUEST, error(Value::Null, PARSE_ERROR, &format!("not JSON: {e}"))),
+        Err(e) => return parse_error(e),
     };
+    let mut share = proxy.buffers.share();
     // A batch (revisions before 2025-06-18) is answered as one array of the requests' responses.
-    let answers = match &message {
-        Value::Array(batch) if !batch.is_empty() => {
+    let answers = if message.get().starts_with('[') {
+        let batch: Vec<Box<RawValue>> = match serde_json::from_str(message.get()) {
+            Ok(batch) => batch,
+            Err(e) => return parse_error(e),
+        };
+        if batch.is_empty() {
+            Some(error(&null(), INVALID_REQUEST, "a batch holds at least one message"))
+        } else if batch.len() > MAX_BATCH {
+            let why = format!("a batch holds at most {MAX_BATCH} messages, not {}", batch.len());
+            Some(error(&null(), INVALID_REQUEST, &why))
+        } else {
             let mut answers = Vec::new();
-            for one in batch {
-                answers.extend(answer(proxy, one).await);
+            for one in &batch {
+                answers.extend(answer(proxy, one, &mut share).await);
             }
-            (!answers.is_empty()).then_some(Value::Array(answers))
+            (!answers.is_empty()).then(|| RawValue::from_string(format!("[{}]", join(&answers))).expect("json"))
         }
-        one => answer(proxy, one).await,
+    } else {
+        answer(proxy, &message, &mut share).await
     };
     match answers {
-        Some(answer) => json(StatusCode::OK, answer),
+        Some(answer) => json(StatusCode::OK, &answer),
         // Only notifications or responses: accepted, nothing to say.
         None => {
             let mut response = Response::new(Bytes::new());
@@ -64,44 +102,87 @@ pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes
     }
 }
 
-fn json(status: StatusCode, value: Value) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(value.to_string()));
+fn join(answers: &[Box<RawValue>]) -> String {
+    answers.iter().map(|a| a.get()).collect::<Vec<_>>().join(",")
+}
+
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).expect("json")
+}
+
+fn json(status: StatusCode, value: &RawValue) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(String::from(value.get())));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
-fn error(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+/// A response, its id written as the request wrote it.
+fn reply(id: &RawValue, outcome: Result<Value, Value>) -> Box<RawValue> {
+    #[derive(serde::Serialize)]
+    struct Reply<'a> {
+        jsonrpc: &'static str,
+        id: &'a RawValue,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<Value>,
+    }
+    let (result, error) = match outcome {
+        Ok(result) => (Some(result), None),
+        Err(error) => (None, Some(error)),
+    };
+    let text = serde_json::to_string(&Reply { jsonrpc: "2.0", id, result, error }).expect("a reply serializes");
+    RawValue::from_string(text).expect("json")
 }
 
-fn result(id: Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+fn error(id: &RawValue, code: i64, message: &str) -> Box<RawValue> {
+    reply(id, Err(json!({"code": code, "message": message})))
+}
+
+fn result(id: &RawValue, result: Value) -> Box<RawValue> {
+    reply(id, Ok(result))
 }
 
 /// The response to one JSON-RPC message; `None` for a notification or a response from the client.
-async fn answer(proxy: &Proxy, message: &Value) -> Option<Value> {
-    let Some(object) = message.as_object() else {
-        return Some(error(Value::Null, INVALID_REQUEST, "a JSON-RPC message is an object"));
+async fn answer(proxy: &Proxy, message: &RawValue, share: &mut Share) -> Option<Box<RawValue>> {
+    let object = message.get().starts_with('{');
+    let Some(message) = object.then(|| serde_json::from_str::<Message>(message.get()).ok()).flatten() else {
+        return Some(error(&null(), INVALID_REQUEST, "a JSON-RPC message is an object"));
     };
-    let id = object.get("id").cloned();
-    let Some(method) = object.get("method").and_then(Value::as_str) else {
-        // A response to a request of ours (we send none) or garbage with an id.
-        return id
-            .filter(|_| !object.contains_key("result") && !object.contains_key("error"))
-            .map(|id| error(id, INVALID_REQUEST, "a JSON-RPC request names its method"));
+    // An id is a string, a number or null; anything else cannot be answered under it.
+    let id = match message.id {
+        Some(id) if id.get().starts_with(['{', '[', 't', 'f']) => {
+            return Some(error(&null(), INVALID_REQUEST, "a JSON-RPC id is a string or a number"));
+        }
+        id => id,
+    };
+    if message.jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
+        let id = id.unwrap_or_else(null);
+        return Some(error(&id, INVALID_REQUEST, "pare's MCP server speaks JSON-RPC \"2.0\" only"));
+    }
+    let Some(method) = message.method else {
+        // A response to a request of ours (we send none) is accepted silently; anything else
+        // without a method is an invalid request, answered even without an id.
+        if id.is_some() && (message.result.is_some() || message.error.is_some()) {
+            return None;
+        }
+        return Some(error(&id.unwrap_or_else(null), INVALID_REQUEST, "a JSON-RPC request names its method"));
+    };
+    let Some(method) = method.as_str() else {
+        return Some(error(&id.unwrap_or_else(null), INVALID_REQUEST, "a JSON-RPC method is a string"));
     };
     let id = id?; // notifications (`notifications/initialized`, cancellations) need no answer
-    let params = object.get("params").cloned().unwrap_or(Value::Null);
+    let params = message.params;
     Some(match method {
-        "initialize" => result(id, initialize(&params)),
-        "ping" => result(id, json!({})),
-        "tools/list" => result(id, json!({"tools": [tool()]})),
-        "tools/call" => match call(proxy, &params).await {
-            Ok(value) => result(id, value),
-            Err(message) => error(id, INVALID_PARAMS, &message),
+        "initialize" => result(&id, initialize(&params)),
+        "ping" => result(&id, json!({})),
+        "tools/list" => result(&id, json!({"tools": [tool()]})),
+        "tools/call" => match call(proxy, &params, share).await {
+            Ok(value) => result(&id, value),
+            Err(message) => error(&id, INVALID_PARAMS, &message),
         },
-        other => error(id, METHOD_NOT_FOUND, &format!("method {other:?} is not offered by pare's MCP server")),
+        other => error(&id, METHOD_NOT_FOUND, &format!("method {other:?} is not offered by pare's MCP server")),
     })
 }
 
@@ -142,7 +223,7 @@ fn tool() -> Value {
 
 /// `tools/call`: the result (a tool error, such as an unknown id, is a result with `isError`), or
 /// the message of a protocol error (an unknown tool, arguments that are not strings).
-async fn call(proxy: &Proxy, params: &Value) -> Result<Value, String> {
+async fn call(proxy: &Proxy, params: &Value, share: &mut Share) -> Result<Value, String> {
     let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
     if name != RETRIEVE_TOOL {
         return Err(format!("unknown tool {name:?} (pare offers {RETRIEVE_TOOL:?})"));
@@ -158,7 +239,7 @@ async fn call(proxy: &Proxy, params: &Value) -> Result<Value, String> {
     };
     let Some(id) = text("id")? else { return Err("argument \"id\" is required".into()) };
     let (lines, grep) = (text("lines")?, text("grep")?);
-    Ok(match select(proxy, &id, lines.as_deref(), grep.as_deref()).await {
+    Ok(match select(proxy, &id, lines.as_deref(), grep.as_deref(), share).await {
         Ok(content) => json!({"content": [{"type": "text", "text": content}], "isError": false}),
         Err(err) => tool_error(&err),
     })

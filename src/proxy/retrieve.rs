@@ -17,6 +17,7 @@ use http::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::error::json_response;
+use super::limits::Share;
 use super::state::Proxy;
 use crate::archive::Archive;
 use crate::archive::content::{Content, ContentError, Selection, SelectionError};
@@ -33,6 +34,9 @@ pub const GATEWAY_RETRIEVE_PREFIX: &str = "/v1/retrieve/";
 /// found by probing a large archive at random within seconds.
 pub const MIN_READ_ID_HEX: usize = 12;
 
+/// Retrievals that `grep` at once; the others wait their turn (asynchronously).
+pub const MAX_GREPS: usize = 1;
+
 /// Why a retrieval has no content to give.
 #[derive(Debug, thiserror::Error)]
 pub enum RetrieveError {
@@ -42,6 +46,12 @@ pub enum RetrieveError {
     Content(#[from] ContentError),
     #[error(transparent)]
     Selection(#[from] SelectionError),
+    #[error(
+        "pare holds {limit} bytes of requests and retrieved contents already (server.max_buffered_bytes); retry in a moment"
+    )]
+    Busy { limit: u64 },
+    #[error("the selection failed: {0}")]
+    Failed(String),
 }
 
 impl RetrieveError {
@@ -50,7 +60,10 @@ impl RetrieveError {
             RetrieveError::NoArchive | RetrieveError::Content(ContentError::Unknown(_)) => StatusCode::NOT_FOUND,
             RetrieveError::Content(ContentError::BadId(_) | ContentError::Ambiguous { .. })
             | RetrieveError::Selection(_) => StatusCode::BAD_REQUEST,
-            RetrieveError::Content(ContentError::Archive(_)) => StatusCode::INTERNAL_SERVER_ERROR,
+            RetrieveError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            RetrieveError::Content(ContentError::Archive(_)) | RetrieveError::Failed(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 }
@@ -85,11 +98,42 @@ async fn read(archive: &Arc<Archive>, id: &str) -> Result<Content, RetrieveError
     .unwrap_or_else(|_| Err(RetrieveError::Content(ContentError::Unknown("(the lookup panicked)".into()))))
 }
 
-/// The selected part of the content `id` names: what the HTTP endpoint and the MCP tool answer.
-pub async fn select(proxy: &Proxy, id: &str, lines: Option<&str>, grep: Option<&str>) -> Result<String, RetrieveError> {
-    let selection = Selection::parse(lines, grep)?;
+/// The content `id` names, its bytes held in `share` (the request budget,
+/// `server.max_buffered_bytes`) for as long as the caller holds the share.
+pub async fn charged(proxy: &Proxy, id: &str, share: &mut Share) -> Result<Content, RetrieveError> {
     let content = content(proxy, id).await?;
-    Ok(selection.apply(&content.text).into_owned())
+    if !share.grow(content.text.len() as u64) {
+        return Err(RetrieveError::Busy { limit: share.budget_limit() });
+    }
+    Ok(content)
+}
+
+/// The selected part of the content `id` names: what the HTTP endpoint and the MCP tool answer.
+/// Its bytes are held in `share` (what the content weighed while it was selected from, then what
+/// the selection kept). A `grep` runs on the blocking pool, [`MAX_GREPS`] at once.
+pub async fn select(
+    proxy: &Proxy,
+    id: &str,
+    lines: Option<&str>,
+    grep: Option<&str>,
+    share: &mut Share,
+) -> Result<String, RetrieveError> {
+    let selection = Selection::parse(lines, grep)?;
+    if selection == Selection::default() {
+        return Ok(charged(proxy, id, share).await?.text);
+    }
+    let _turn = if selection.greps() { proxy.greps.acquire().await.ok() } else { None };
+    let content = charged(proxy, id, share).await?;
+    let weight = content.text.len() as u64;
+    let selected = if selection.greps() {
+        tokio::task::spawn_blocking(move || selection.apply(&content.text).into_owned())
+            .await
+            .map_err(|e| RetrieveError::Failed(e.to_string()))?
+    } else {
+        selection.apply(&content.text).into_owned()
+    };
+    share.shrink(weight.saturating_sub(selected.len() as u64));
+    Ok(selected)
 }
 
 /// `GET /_pare/retrieve/{id}?lines=A-B&grep=REGEX`.
@@ -97,7 +141,8 @@ pub async fn get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     let id = parts.uri.path().strip_prefix(RETRIEVE_PREFIX).unwrap_or_default();
     let query = query_pairs(parts.uri.query());
     let param = |name: &str| query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str());
-    let response = match select(proxy, id, param("lines"), param("grep")).await {
+    let mut share = proxy.buffers.share();
+    let response = match select(proxy, id, param("lines"), param("grep"), &mut share).await {
         Ok(text) => {
             let mut response = Response::new(Bytes::from(text));
             response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
@@ -116,10 +161,15 @@ fn private(mut response: Response<Bytes>) -> Response<Bytes> {
     response
 }
 
-/// An error as pare's other endpoints answer one (`{"error": {"message", "type"}}`).
+/// An error as pare's other endpoints answer one (`{"error": {"message", "type"}}`; a busy pare
+/// says when to retry).
 fn error_response(err: &RetrieveError) -> Response<Bytes> {
     let kind = if err.status().is_client_error() { "invalid_request_error" } else { "pare_error" };
-    json_response(err.status(), &json!({"error": {"message": err.to_string(), "type": kind}}))
+    let mut response = json_response(err.status(), &json!({"error": {"message": err.to_string(), "type": kind}}));
+    if let RetrieveError::Busy { .. } = err {
+        response.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// `a=1&b=x%20y` → decoded pairs.
@@ -131,7 +181,8 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
 /// Headroom's optional `query` (a search within the content) is not read: the whole content comes back.
 pub async fn gateway_get(proxy: &Proxy, parts: &Parts) -> Response<Bytes> {
     let hash = parts.uri.path().strip_prefix(GATEWAY_RETRIEVE_PREFIX).unwrap_or_default();
-    private(match content(proxy, hash).await {
+    let mut share = proxy.buffers.share();
+    private(match charged(proxy, hash, &mut share).await {
         Ok(content) => json_response(
             StatusCode::OK,
             &json!({

@@ -128,6 +128,7 @@ where
         buffers,
         via,
         decoders: tokio::sync::Semaphore::new(crate::config::default_worker_threads()),
+        greps: tokio::sync::Semaphore::new(super::retrieve::MAX_GREPS),
         probe: Default::default(),
         gateway: Default::default(),
     });

@@ -33,6 +33,9 @@ pub struct Proxy {
     pub via: HeaderValue,
     /// Compressed bodies decoded at once (half the cores, at least one).
     pub decoders: tokio::sync::Semaphore,
+    /// Retrievals that `grep` a content at once ([`super::retrieve::MAX_GREPS`]): each runs on the
+    /// blocking pool, so that none holds a thread that serves connections.
+    pub greps: tokio::sync::Semaphore,
     /// The health check's upstream probe, shared by all checks.
     pub probe: Probe,
     /// The gateway's compress engine, built on the first `POST /v1/compress` (or why it cannot be).

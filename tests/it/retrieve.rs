@@ -617,3 +617,174 @@ fn elision_over_earlier_markers_keeps_their_ids() {
     }
     assert!(checked > 3, "the second pass elided earlier markers: {checked}");
 }
+
+/// pare on an archive that holds `text` as a content hidden behind its marker (an exchange recorded
+/// straight into the archive), with `tweak` applied to the configuration; the content's id.
+async fn serving_content(
+    stub: &Stub,
+    dir: &std::path::Path,
+    text: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (Pare, String) {
+    let mut config = archived_config(stub, dir);
+    tweak(&mut config);
+    let config = Arc::new(config);
+    let pipeline = Arc::new(Pipeline::from_config(Arc::clone(&config)).unwrap());
+    let archive = Arc::clone(pipeline.archive().expect("archiving is on"));
+    let id = content_id(text);
+    let body = |output: &str| {
+        bytes::Bytes::from(
+            json!({"model": "m", "messages": [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": output}]})
+            .to_string(),
+        )
+    };
+    archive.record_exchange(pare::archive::ExchangeRecord {
+        forwarded: Some(body(&format!("[tool: bash; {id}]"))),
+        ..pare::archive::ExchangeRecord::unchanged("s", 0, body(text))
+    });
+    archive.flush().unwrap();
+    (start_with_pipeline(config, pipeline).await, id)
+}
+
+/// A retrieve call of the MCP tool, as JSON-RPC request `n`.
+fn retrieve_call(n: usize, id: &str, grep: Option<&str>) -> Value {
+    let mut arguments = json!({"id": id});
+    if let Some(grep) = grep {
+        arguments["grep"] = json!(grep);
+    }
+    json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "retrieve", "arguments": arguments}})
+}
+
+/// Regression (an MCP batch of 100 retrieves of a 4 MB content held 1 GB): what a batch retrieves
+/// is held in the request budget (`server.max_buffered_bytes`) until the batch is answered; calls
+/// past it get a tool error saying pare is busy, the budget is whole again afterwards, and a batch
+/// of more than `MAX_BATCH` messages is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_batch_of_retrieves_is_held_to_the_request_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let text: String = (0..2000).map(|k| format!("line {k:04} of a large output, {}\n", "x".repeat(40))).collect();
+    let budget = 1u64 << 20;
+    let (pare, id) = serving_content(&stub, dir.path(), &text, |config| {
+        config.server.max_body = budget;
+        config.server.max_buffered_bytes = budget;
+    })
+    .await;
+    let batch: Vec<Value> = (0..32).map(|n| retrieve_call(n, &id, None)).collect();
+    let (status, answers) = mcp(&pare, Value::Array(batch)).await;
+    assert_eq!(status, 200);
+    let answers = answers.as_array().expect("a batch answer");
+    assert_eq!(answers.len(), 32, "one response per call");
+    let whole = answers.iter().filter(|a| a["result"]["content"][0]["text"] == text.as_str()).count();
+    let busy = answers
+        .iter()
+        .filter(|a| a["result"]["isError"] == true)
+        .filter(|a| a["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("server.max_buffered_bytes")))
+        .count();
+    assert!(whole >= 1, "the first calls are answered");
+    assert!(whole as u64 * text.len() as u64 <= budget, "{whole} contents of {} bytes held at once", text.len());
+    assert_eq!(whole + busy, 32, "the others are told pare is busy");
+    let (_, one) = mcp(&pare, retrieve_call(99, &id, None)).await;
+    assert_eq!(one["result"]["content"][0]["text"], text.as_str(), "the batch gave its bytes back");
+    let pings: Vec<Value> = (0..33).map(|n| json!({"jsonrpc": "2.0", "id": n, "method": "ping"})).collect();
+    let (status, refused) = mcp(&pare, Value::Array(pings)).await;
+    assert_eq!((status, refused["error"]["code"].as_i64()), (200, Some(-32600)), "{refused}");
+    pare.shutdown().await.unwrap();
+}
+
+/// A pattern the regex crate's lazy DFA cannot cache over random `a`s and `b`s (it tracks 30
+/// positions of a class at once): 3 s over 4 MB in a release build.
+const SLOW_GREP: &str = r"a[ab]{30}b{29}";
+
+/// Regression (`?grep=` ran on the threads that serve connections: four slow greps held a `GET
+/// /v1/models` 4.4 s): greps run on the blocking pool, one at a time, each within its time budget,
+/// and a request sent meanwhile is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_greps_leave_other_requests_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let mut seed = 7u64;
+    let mut ab = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if seed >> 63 == 0 { 'a' } else { 'b' }
+    };
+    let text: String = (0..1000).map(|_| (0..4000).map(|_| ab()).chain(['\n']).collect::<String>()).collect();
+    let (pare, id) = serving_content(&stub, dir.path(), &text, |_| {}).await;
+    let grep: String = SLOW_GREP
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { char::from(b).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let greps: Vec<_> = (0..4)
+        .map(|_| {
+            let url = pare.url(&format!("/_pare/retrieve/{id}?grep={grep}"));
+            tokio::spawn(async move { client().get(url).send().await.unwrap().text().await.unwrap() })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let models = client().get(pare.url("/v1/models")).send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(models.status(), 200);
+    assert!(greps.iter().any(|g| !g.is_finished()), "the greps still run");
+    assert!(took < std::time::Duration::from_millis(500), "GET /v1/models took {took:?} beside the greps");
+    for grep in greps {
+        let answer = grep.await.unwrap();
+        assert!(
+            answer.ends_with("narrow it with `lines` or a simpler pattern]\n") || !answer.contains("[pare: grep"),
+            "{answer}"
+        );
+    }
+    pare.shutdown().await.unwrap();
+}
+
+async fn mcp_text(pare: &Pare, body: &str) -> (u16, String) {
+    let response = client()
+        .post(pare.url("/_pare/mcp"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Regression (MCP mangled ids past 64 bits, answered nothing to a batch of one invalid message,
+/// accepted `jsonrpc: "1.0"`): ids come back as the client wrote them, every request of a batch
+/// gets its response (only notifications and the client's responses get none), and a message
+/// that is not JSON-RPC 2.0 is an invalid request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_keeps_ids_and_answers_every_request_of_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = Stub::start(Stub::openai).await;
+    let pare = start_archived(&stub, dir.path()).await;
+    let big = r#"{"jsonrpc": "2.0", "id": 123456789012345678901234567890, "method": "ping"}"#;
+    assert_eq!(
+        mcp_text(&pare, big).await,
+        (200, r#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"result":{}}"#.into())
+    );
+    let exact = r#"{"jsonrpc": "2.0", "id": 1.50, "method": "ping"}"#;
+    assert_eq!(mcp_text(&pare, exact).await.1, r#"{"jsonrpc":"2.0","id":1.50,"result":{}}"#);
+    let (status, one_error) = mcp_text(&pare, r#"[{"foo": 1}]"#).await;
+    assert_eq!(status, 200);
+    let one_error: Value = serde_json::from_str(&one_error).unwrap();
+    assert_eq!(one_error.as_array().map(Vec::len), Some(1), "{one_error}");
+    assert_eq!((one_error[0]["id"].clone(), one_error[0]["error"]["code"].as_i64()), (Value::Null, Some(-32600)));
+    for silent in [
+        r#"[{"jsonrpc": "2.0", "method": "notifications/initialized"}]"#,
+        r#"[{"jsonrpc": "2.0", "id": 7, "result": {}}]"#,
+    ] {
+        assert_eq!(mcp_text(&pare, silent).await, (202, String::new()), "{silent}");
+    }
+    for old in [r#"{"jsonrpc": "1.0", "id": 3, "method": "ping"}"#, r#"{"id": 3, "method": "ping"}"#] {
+        let (_, answer) = mcp_text(&pare, old).await;
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!((answer["id"].as_i64(), answer["error"]["code"].as_i64()), (Some(3), Some(-32600)), "{old}");
+    }
+    let (_, bad_id) = mcp_text(&pare, r#"{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}"#).await;
+    let bad_id: Value = serde_json::from_str(&bad_id).unwrap();
+    assert_eq!((bad_id["id"].clone(), bad_id["error"]["code"].as_i64()), (Value::Null, Some(-32600)));
+    pare.shutdown().await.unwrap();
+}
