@@ -97,8 +97,10 @@ pub struct ServerConfig {
     /// Time a connection with no request in flight may stay silent before pare closes it, in
     /// seconds (keep-alive and HTTP/2 connections; before its first request the header timeout applies).
     pub idle_timeout_secs: u64,
-    /// Request bytes all connections together may hold in memory (bodies being read, decoded and
-    /// forwarded); a request that would pass it gets 503 with `retry-after`.
+    /// Request bytes all connections together may hold in memory: bodies being read, decoded and
+    /// forwarded, compaction's working set from before it starts to its end
+    /// ([`crate::proxy::limits::working_set`]) and retrieved contents; a request that would pass it
+    /// gets 503 with `retry-after`.
     pub max_buffered_bytes: u64,
 }
 

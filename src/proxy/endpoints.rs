@@ -35,6 +35,12 @@ pub fn takes_body(method: &Method, path: &str) -> bool {
     *method == Method::POST && (path == mcp::MCP_PATH || path == retrieve::COMPRESS_PATH)
 }
 
+/// Whether the endpoint at `path` compacts the body it reads (the gateway's compress): its
+/// working set is charged to the request budget before it starts.
+pub fn compacts(method: &Method, path: &str) -> bool {
+    *method == Method::POST && path == retrieve::COMPRESS_PATH
+}
+
 /// Answer a request to one of pare's endpoints; `body` is read only for those that take one
 /// ([`takes_body`]), empty otherwise; `health_details`: health may say where the upstream and the
 /// archive are.

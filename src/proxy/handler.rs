@@ -99,17 +99,24 @@ where
         }
     }
     if path == PARE_PREFIX || path.starts_with("/_pare/") || endpoints::is_gateway(path) {
-        // The endpoints that read a body (MCP, the gateway's compress) read it as every request is read.
+        // The endpoints that read a body (MCP, the gateway's compress) read it as every request is
+        // read, and hold it in the request budget until they have answered; the gateway's compress
+        // holds its compaction's working set too, from before it starts.
         let mut body_bytes = Bytes::new();
+        let mut share = proxy.buffers.share();
         if endpoints::takes_body(&parts.method, path) {
-            let mut share = proxy.buffers.share();
             let stall = Duration::from_secs(proxy.config.server.body_read_timeout_secs.max(1));
             match read_body(body, &parts.headers, proxy.config.server.max_body, stall, &mut share).await {
                 Ok(read) => body_bytes = read,
                 Err(err) => return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None),
             }
         }
+        if endpoints::compacts(&parts.method, path) && !limits::charge_working_set(&mut share, &body_bytes) {
+            let err = ProxyError::Busy { limit: proxy.buffers.limit() };
+            return fail(dialect, err, AccessLog::new(parts.method.clone(), path, started), None);
+        }
         let response = endpoints::handle(proxy, &parts, body_bytes, health_details).await;
+        drop(share);
         tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
         return response.map(full);
     }
@@ -181,7 +188,15 @@ where
             headers
         });
         let headers = with_query_key.as_ref().unwrap_or(&parts.headers);
+        // Compaction's working set is held in the budget from before it starts to its end: a body
+        // that does not fit beside the others gets 503 before anything of it is archived.
+        let held = share.bytes();
+        if !limits::charge_working_set(&mut share, &raw) {
+            return fail(dialect, ProxyError::Busy { limit: proxy.buffers.limit() }, access, None);
+        }
+        let working_set = share.bytes() - held;
         let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, headers, raw).await;
+        share.shrink(working_set);
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;

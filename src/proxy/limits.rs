@@ -1,8 +1,8 @@
 //! Bounds that hold across requests: every connection is bounded from accept (one that sends no
 //! request within the header timeout, or stays silent between requests past the idle timeout, is
 //! closed, whatever protocol it claimed), and the request bytes all connections hold in memory at
-//! once are capped ([`BufferBudget`]): the bodies as they are read and decoded, and retrieved
-//! contents.
+//! once are capped ([`BufferBudget`]): the bodies as they are read and decoded, compaction's
+//! working set from before it starts to its end ([`working_set`]), and retrieved contents.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -228,6 +228,28 @@ impl Drop for Share {
     }
 }
 
+/// Bytes the engine's working set is estimated to take while it compacts `body`, besides the body:
+/// a parsed message costs about a fixed amount whatever its text weighs (its neutral form, its
+/// token counts, its salience and plan entries), so the estimate counts the body's JSON objects
+/// as well as its bytes (BENCHMARKS.md, *Limits under attack and at scale*). Linear in the body,
+/// and fast (one `memchr` pass).
+pub fn working_set(body: &[u8]) -> u64 {
+    const PER_BYTE: u64 = 2;
+    const PER_OBJECT: u64 = 2048;
+    let n_objects = memchr::memchr_iter(b'{', body).count() as u64;
+    (body.len() as u64).saturating_mul(PER_BYTE).saturating_add(n_objects.saturating_mul(PER_OBJECT))
+}
+
+/// Hold in `share` the working set of compacting `body` ([`working_set`]); false, and nothing more
+/// held, when it does not fit in the budget beside what the others hold. A request whose working
+/// set alone passes the whole budget is charged what the budget can hold at most: it runs when
+/// nothing else is held, rather than never.
+#[must_use]
+pub fn charge_working_set(share: &mut Share, body: &[u8]) -> bool {
+    let at_most = share.budget_limit().saturating_sub(share.bytes());
+    share.grow(working_set(body).min(at_most))
+}
+
 /// A whole body held in one piece: one chunk as it came, several copied together.
 pub fn join(mut chunks: Vec<Bytes>, total: usize) -> Bytes {
     match chunks.len() {
@@ -307,6 +329,28 @@ mod tests {
         assert!(b.grow(10));
         drop(b);
         assert_eq!(budget.held(), 0);
+    }
+
+    /// A working set is charged whole when it fits beside the others, refused when it does not, and
+    /// capped at the whole budget when it alone passes it (then it runs when nothing else is held).
+    #[test]
+    fn working_sets_are_charged_beside_the_others() {
+        let body = br#"{"messages": [{"role": "tool", "content": "ok"}, {"role": "tool", "content": "ok"}]}"#;
+        assert_eq!(working_set(body), 2 * body.len() as u64 + 3 * 2048);
+        let budget = BufferBudget::new(100_000);
+        let mut share = budget.share();
+        assert!(charge_working_set(&mut share, body));
+        assert_eq!(budget.held(), working_set(body));
+        drop(share);
+        let huge = "{}".repeat(100);
+        let mut other = budget.share();
+        assert!(other.grow(10));
+        let mut share = budget.share();
+        assert!(!charge_working_set(&mut share, huge.as_bytes()), "past the budget beside another");
+        assert_eq!(budget.held(), 10);
+        drop(other);
+        assert!(charge_working_set(&mut share, huge.as_bytes()), "alone, capped at the budget");
+        assert_eq!(budget.held(), 100_000);
     }
 
     #[test]

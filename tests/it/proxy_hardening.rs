@@ -443,3 +443,52 @@ async fn an_unwritable_archive_makes_health_degraded() {
     })
     .await;
 }
+
+/// A chat body of `n` tiny tool outputs: small in bytes, large in parsed messages.
+fn tiny_outputs_body(n: usize) -> String {
+    let mut messages = vec![json!({"role": "user", "content": "go"})];
+    for k in 0..n {
+        let call = format!("c{k}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
+            "function": {"name": "t", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+    }
+    json!({"model": "stub-model", "messages": messages}).to_string()
+}
+
+/// Regression (compaction's working set was bounded by nothing: one 27 MB body of tiny outputs
+/// added 0.8 GB): the request budget holds a body's estimated working set from before compaction
+/// starts, on the proxy path and `POST /v1/compress` alike. One that does not fit beside what other
+/// requests hold gets 503 with `retry-after` and nothing of it is archived; alone, it goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_that_does_not_fit_the_request_budget_gets_503_and_is_not_archived() {
+    let stub = Stub::start(Stub::openai).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(&stub);
+    config.server.max_body = 4 << 20;
+    config.server.max_buffered_bytes = 4 << 20;
+    let (config, pipeline) = archived_pipeline(&config, dir.path());
+    let archive = Arc::clone(pipeline.archive().unwrap());
+    let pare = pare_support::start_with_pipeline(config, pipeline).await;
+    let body = tiny_outputs_body(3000);
+    assert!(body.len() < 1 << 20 && pare::proxy::limits::working_set(body.as_bytes()) > 4 << 20);
+    // Another client holds part of the budget with a body it has not finished sending.
+    let mut holder = TcpStream::connect(pare.addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2000000\r\n\r\n";
+    holder.write_all(head.as_bytes()).await.unwrap();
+    holder.write_all(&vec![b' '; 500_000]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for path in ["/v1/chat/completions", "/v1/compress"] {
+        let refused = client().post(pare.url(path)).body(body.clone()).send().await.unwrap();
+        assert_eq!(refused.status(), 503, "{path}");
+        assert_eq!(refused.headers()["retry-after"], "1");
+    }
+    archive.flush().unwrap();
+    assert_eq!(archive.health().committed_records, 0, "nothing of a refused request is archived");
+    assert!(stub.requests().is_empty(), "nor forwarded");
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let alone = client().post(pare.url("/v1/chat/completions")).body(body).send().await.unwrap();
+    assert_eq!(alone.status(), 200, "alone, the body goes through");
+    pare.shutdown().await.unwrap();
+}
