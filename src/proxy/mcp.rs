@@ -64,13 +64,14 @@ pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes
         return method_not_allowed("POST");
     }
     let parse_error =
-        |e: serde_json::Error| json(StatusCode::BAD_REQUEST, &error(&null(), PARSE_ERROR, &format!("not JSON: {e}")));
+        |e: serde_json::Error| json(StatusCode::BAD_REQUEST, error(&null(), PARSE_ERROR, &format!("not JSON: {e}")));
     let message: Box<RawValue> = match serde_json::from_slice(&body) {
         Ok(message) => message,
         Err(e) => return parse_error(e),
     };
     let mut share = proxy.buffers.share();
-    // A batch (revisions before 2025-06-18) is answered as one array of the requests' responses.
+    // A batch (revisions before 2025-06-18) is answered as one array of the requests' responses,
+    // written into one string as they come (each answer's text is held once).
     let answers = if message.get().starts_with('[') {
         let batch: Vec<Box<RawValue>> = match serde_json::from_str(message.get()) {
             Ok(batch) => batch,
@@ -82,17 +83,23 @@ pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes
             let why = format!("a batch holds at most {MAX_BATCH} messages, not {}", batch.len());
             Some(error(&null(), INVALID_REQUEST, &why))
         } else {
-            let mut answers = Vec::new();
+            let mut answers = String::from("[");
             for one in &batch {
-                answers.extend(answer(proxy, one, &mut share).await);
+                if let Some(answer) = answer(proxy, one, &mut share).await {
+                    if answers.len() > 1 {
+                        answers.push(',');
+                    }
+                    answers.push_str(&answer);
+                }
             }
-            (!answers.is_empty()).then(|| RawValue::from_string(format!("[{}]", join(&answers))).expect("json"))
+            answers.push(']');
+            (answers.len() > 2).then_some(answers)
         }
     } else {
         answer(proxy, &message, &mut share).await
     };
     match answers {
-        Some(answer) => json(StatusCode::OK, &answer),
+        Some(answer) => json(StatusCode::OK, answer),
         // Only notifications or responses: accepted, nothing to say.
         None => {
             let mut response = Response::new(Bytes::new());
@@ -102,23 +109,19 @@ pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes
     }
 }
 
-fn join(answers: &[Box<RawValue>]) -> String {
-    answers.iter().map(|a| a.get()).collect::<Vec<_>>().join(",")
-}
-
 fn null() -> Box<RawValue> {
     RawValue::from_string("null".into()).expect("json")
 }
 
-fn json(status: StatusCode, value: &RawValue) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(String::from(value.get())));
+fn json(status: StatusCode, text: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(text));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
 /// A response, its id written as the request wrote it.
-fn reply(id: &RawValue, outcome: Result<Value, Value>) -> Box<RawValue> {
+fn reply(id: &RawValue, outcome: Result<Value, Value>) -> String {
     #[derive(serde::Serialize)]
     struct Reply<'a> {
         jsonrpc: &'static str,
@@ -132,20 +135,19 @@ fn reply(id: &RawValue, outcome: Result<Value, Value>) -> Box<RawValue> {
         Ok(result) => (Some(result), None),
         Err(error) => (None, Some(error)),
     };
-    let text = serde_json::to_string(&Reply { jsonrpc: "2.0", id, result, error }).expect("a reply serializes");
-    RawValue::from_string(text).expect("json")
+    serde_json::to_string(&Reply { jsonrpc: "2.0", id, result, error }).expect("a reply serializes")
 }
 
-fn error(id: &RawValue, code: i64, message: &str) -> Box<RawValue> {
+fn error(id: &RawValue, code: i64, message: &str) -> String {
     reply(id, Err(json!({"code": code, "message": message})))
 }
 
-fn result(id: &RawValue, result: Value) -> Box<RawValue> {
+fn result(id: &RawValue, result: Value) -> String {
     reply(id, Ok(result))
 }
 
 /// The response to one JSON-RPC message; `None` for a notification or a response from the client.
-async fn answer(proxy: &Proxy, message: &RawValue, share: &mut Share) -> Option<Box<RawValue>> {
+async fn answer(proxy: &Proxy, message: &RawValue, share: &mut Share) -> Option<String> {
     let object = message.get().starts_with('{');
     let Some(message) = object.then(|| serde_json::from_str::<Message>(message.get()).ok()).flatten() else {
         return Some(error(&null(), INVALID_REQUEST, "a JSON-RPC message is an object"));
