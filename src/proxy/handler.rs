@@ -188,15 +188,13 @@ where
             headers
         });
         let headers = with_query_key.as_ref().unwrap_or(&parts.headers);
-        // Compaction's working set is held in the budget from before it starts to its end: a body
-        // that does not fit beside the others gets 503 before anything of it is archived.
-        let held = share.bytes();
+        // Compaction's working set is held in the budget from before it starts to its end (the
+        // new messages' late count included): a body that does not fit beside the others gets 503
+        // before anything of it is archived.
         if !limits::charge_working_set(&mut share, &raw) {
             return fail(dialect, ProxyError::Busy { limit: proxy.buffers.limit() }, access, None);
         }
-        let working_set = share.bytes() - held;
         let prepared = proxy.pipeline.prepare_at(wire, parts.method.as_str(), path, headers, raw).await;
-        share.shrink(working_set);
         access.summary = prepared.summary;
         access.session = prepared.session;
         access.model = prepared.model;
@@ -218,8 +216,6 @@ where
     access.pare = dispatched - body_read;
 
     let sent = proxy.upstream.send(parts.method.clone(), &url, headers, send_body).await;
-    // The request went out whole (or failed): its bytes are no longer held for it.
-    drop(share);
     let head_received = Instant::now();
     // The new messages were counted while the upstream worked: the headers and the log line carry
     // the exact counts.
@@ -228,6 +224,9 @@ where
     {
         access.summary = Some(summary);
     }
+    // The request went out whole (or failed) and its compaction is over: its bytes are no longer
+    // held for it.
+    drop(share);
     let response = match sent {
         Ok(response) => response,
         Err(err) => return fail(dialect, err, access, sink),
