@@ -10,13 +10,13 @@ use regex::Regex;
 use rustc_hash::FxHashSet;
 use serde_json::Value;
 
+use super::in_play::InPlay;
 use super::markers::{
     CallFacts, NAMES_PER_MARKER, content_id, mentioned_files, names_suffix, one_line, render, retrieve_suffix,
     salient_names, shorten, shown_names,
 };
 use super::outcome::{Outcome, Shape, Status, SuccessPolicy};
 use super::outline::numbered_lines;
-use super::relevance::InPlay;
 use crate::neutral::{Members, Message, View};
 
 /// What kind of unit a group is.
@@ -308,10 +308,38 @@ impl<'a> Conversation<'a> {
         })
     }
 
-    /// The identifiers in play ([`InPlay::new`] with the last `recent_turns` assistant turns before
-    /// the boundary), computed once, on first use: every caller passes the policy's count.
+    /// What is in play: the task, the last `recent_turns` assistant turns before the boundary and
+    /// the protected tail (texts, calls' arguments, the tail's results), computed once, on first
+    /// use: every caller passes the policy's count.
     pub fn in_play(&self, recent_turns: usize) -> &InPlay {
-        self.in_play.get_or_init(|| InPlay::new(self, recent_turns))
+        self.in_play.get_or_init(|| {
+            let mut texts: Vec<String> = Vec::new();
+            if let Some(task) = self.msgs.iter().flatten().find(|m| m.role == "user") {
+                texts.push(task.text());
+            }
+            let assistants: Vec<usize> =
+                (0..self.boundary).filter(|&i| self.msgs[i].as_ref().is_some_and(|m| m.role == "assistant")).collect();
+            let from = assistants.len().saturating_sub(recent_turns);
+            let first = assistants.get(from).copied().unwrap_or(self.boundary);
+            for (idx, m) in self.msgs.iter().enumerate().skip(first) {
+                let Some(m) = m else { continue };
+                // Results before the tail are what relevance chooses from, not what chooses.
+                if idx < self.boundary && m.role != "assistant" {
+                    continue;
+                }
+                match &self.outcomes[idx] {
+                    Some(o) => texts.push(o.text.clone()),
+                    None => texts.push(m.text()),
+                }
+            }
+            for call in self.calls.iter().filter(|c| c.msg >= first) {
+                match serde_json::from_str::<Value>(&call.arguments) {
+                    Ok(v) => push_strings(&v, &mut texts),
+                    Err(_) => texts.push(call.arguments.clone()),
+                }
+            }
+            InPlay::of_texts(texts.iter().map(String::as_str))
+        })
     }
 
     /// The length in chars of tool result `idx`'s text (0 for a message that is not one), counted once.

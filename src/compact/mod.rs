@@ -23,6 +23,7 @@
 pub mod conversation;
 pub mod edited;
 pub mod edits;
+pub mod in_play;
 pub mod markers;
 pub mod outcome;
 pub mod outline;

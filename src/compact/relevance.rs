@@ -22,111 +22,17 @@
 use std::sync::LazyLock;
 
 use regex::Regex;
-use rustc_hash::{FxHashMap, FxHashSet};
-use serde_json::Value;
+use rustc_hash::FxHashMap;
 
 use super::conversation::{Conversation, read_path};
+use super::in_play::{InPlay, keys_of};
 use super::markers::{group_digits, identifiers};
 use super::outline::{Entry, Language, outline, split_numbered};
 use crate::config::pack::RelevanceRule;
 
-/// The identifiers the conversation works on now (see the module docs).
-#[derive(Debug, Default)]
-pub struct InPlay {
-    keys: FxHashSet<String>,
-}
-
 /// An identifier that names the lines it is on in more than this many lines of one output is too
 /// common there to choose any of them (`self.assertEqual`, `model._meta`).
 pub const MAX_HITS_PER_NAME: usize = 12;
-
-impl InPlay {
-    /// What is in play in `conv`: its task, its last `recent_turns` assistant turns before the
-    /// boundary and its protected tail.
-    pub fn new(conv: &Conversation<'_>, recent_turns: usize) -> InPlay {
-        let mut texts: Vec<String> = Vec::new();
-        if let Some(task) = conv.msgs.iter().flatten().find(|m| m.role == "user") {
-            texts.push(task.text());
-        }
-        let assistants: Vec<usize> =
-            (0..conv.boundary).filter(|&i| conv.msgs[i].as_ref().is_some_and(|m| m.role == "assistant")).collect();
-        let from = assistants.len().saturating_sub(recent_turns);
-        let first = assistants.get(from).copied().unwrap_or(conv.boundary);
-        for (idx, m) in conv.msgs.iter().enumerate().skip(first) {
-            let Some(m) = m else { continue };
-            // Results before the tail are what relevance chooses from, not what chooses.
-            if idx < conv.boundary && m.role != "assistant" {
-                continue;
-            }
-            match &conv.outcomes[idx] {
-                Some(o) => texts.push(o.text.clone()),
-                None => texts.push(m.text()),
-            }
-        }
-        for call in conv.calls.iter().filter(|c| c.msg >= first) {
-            match serde_json::from_str::<Value>(&call.arguments) {
-                Ok(v) => push_strings(&v, &mut texts),
-                Err(_) => texts.push(call.arguments.clone()),
-            }
-        }
-        InPlay::of_texts(texts.iter().map(String::as_str))
-    }
-
-    /// The identifiers of `texts` (and their dotted and path parts) in play.
-    pub fn of_texts<'t>(texts: impl IntoIterator<Item = &'t str>) -> InPlay {
-        let mut keys = FxHashSet::default();
-        for text in texts {
-            for token in identifiers(text) {
-                for key in keys_of(token) {
-                    if !keys.contains(key) {
-                        keys.insert(key.to_owned());
-                    }
-                }
-            }
-        }
-        InPlay { keys }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
-    fn contains(&self, key: &str) -> bool {
-        self.keys.contains(key)
-    }
-}
-
-fn push_strings(value: &Value, out: &mut Vec<String>) {
-    match value {
-        Value::String(s) => out.push(s.clone()),
-        Value::Array(items) => items.iter().for_each(|v| push_strings(v, out)),
-        Value::Object(map) => map.values().for_each(|v| push_strings(v, out)),
-        _ => {}
-    }
-}
-
-/// What an identifier token is matched by: itself, and each part of a dotted name or a path that
-/// is a name on its own (`self._remake_table` → `_remake_table`; `django/db/schema.py` →
-/// `schema.py`), so that a call and a definition meet.
-fn keys_of(token: &str) -> impl Iterator<Item = &str> {
-    let parts = token.split(['.', '/']).filter(|p| is_name_part(p));
-    // A file's name (`schema.py`), not a directory's or a program's (`python`).
-    let base = token.rsplit('/').next().filter(|b| b.len() != token.len() && b.len() >= 4 && b.contains('.'));
-    std::iter::once(token).chain(parts.filter(move |p| p.len() != token.len())).chain(base)
-}
-
-/// A part of a dotted name worth matching alone: 4+ chars and not a plain lowercase word (`get`,
-/// `items`, `objects` name too many lines to choose any).
-fn is_name_part(part: &str) -> bool {
-    // Dunder names (`__init__`, `__name__`) are in every Python file.
-    let dunder = part.starts_with("__") && part.ends_with("__");
-    part.len() >= 4
-        && !dunder
-        && part.bytes().any(|b| b.is_ascii_alphabetic())
-        && (part.contains('_')
-            || part.bytes().any(|b| b.is_ascii_digit())
-            || part.as_bytes().windows(2).any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase()))
-}
 
 /// The lines of one output kept for relevance: spans of line indices (0-based, inclusive, sorted,
 /// disjoint) and why.
