@@ -352,7 +352,7 @@ mod tests {
         let conn = store::open_rw(dir.path()).unwrap();
         let x = exchange(&conn, "s");
         put_plan(&conn, x, "s", &SessionPlan { epoch: 2, ..SessionPlan::default() });
-        crate::archive::query::delete_session(dir.path(), "s").unwrap();
+        crate::archive::retention::delete_session(dir.path(), "s").unwrap();
         let n: i64 = conn.query_one("SELECT count(*) FROM plans", params![]).unwrap().get(0).unwrap();
         assert_eq!(n, 0);
     }

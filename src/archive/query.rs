@@ -204,14 +204,6 @@ pub struct LastBodies {
     pub forwarded: Vec<u8>,
 }
 
-/// What deleting a session removed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeleteReport {
-    pub exchanges: usize,
-    pub responses: usize,
-    pub blobs_freed: usize,
-}
-
 /// Read access to an archive.
 pub struct ArchiveReader {
     conn: Db,
@@ -561,45 +553,4 @@ impl ArchiveReader {
             .collect::<Result<_, DbError>>()?;
         Ok(keys)
     }
-}
-
-/// Delete a session and everything recorded for it, freeing blobs no other session uses.
-/// Meant for sessions that are no longer live (a running `pare serve` keeps its chain head in memory).
-pub fn delete_session(location: impl Into<Location>, session: &str) -> Result<DeleteReport, ArchiveError> {
-    let conn = store::open_location_rw(&location.into())?;
-    conn.begin()?;
-    // A running writer that cached the id of a blob freed here stores it again.
-    let deleted = super::retention::advance_generation(&conn).and_then(|()| delete_in_transaction(&conn, session));
-    match deleted {
-        Ok(report) => {
-            conn.commit()?;
-            Ok(report)
-        }
-        Err(e) => {
-            let _ = conn.rollback();
-            Err(e)
-        }
-    }
-}
-
-pub(crate) fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, ArchiveError> {
-    let count = |sql: &str| -> Result<i64, ArchiveError> { Ok(conn.query_one(sql, params![session])?.get(0)?) };
-    let exists = count("SELECT count(*) FROM sessions WHERE id = ?1")? > 0;
-    let n_exchanges = count("SELECT count(*) FROM exchanges WHERE session = ?1")?;
-    if !exists && n_exchanges == 0 {
-        return Err(ArchiveError::NoSession(session.to_owned()));
-    }
-    conn.execute("DELETE FROM response_usage WHERE session = ?1", params![session])?;
-    conn.execute("DELETE FROM plans WHERE session = ?1", params![session])?;
-    conn.execute("DELETE FROM plan_items WHERE session = ?1", params![session])?;
-    let responses = conn.execute("DELETE FROM responses WHERE session = ?1", params![session])?;
-    let exchanges = conn.execute("DELETE FROM exchanges WHERE session = ?1", params![session])?;
-    conn.execute("DELETE FROM sessions WHERE id = ?1", params![session])?;
-    let blobs_freed = conn.execute(
-        "DELETE FROM blobs WHERE id IN (SELECT blob FROM session_blobs WHERE session = ?1)
-           AND NOT EXISTS (SELECT 1 FROM session_blobs s WHERE s.blob = blobs.id AND s.session <> ?1)",
-        params![session],
-    )?;
-    conn.execute("DELETE FROM session_blobs WHERE session = ?1", params![session])?;
-    Ok(DeleteReport { exchanges, responses, blobs_freed })
 }

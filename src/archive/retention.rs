@@ -2,7 +2,7 @@
 //! DATE`, and `archive.retain_days` in `pare serve`), on either backend, and reclaim their space.
 //!
 //! A session goes with everything recorded for it and the blobs no other session links
-//! ([`super::query::delete_session`]'s deletion, many sessions per transaction): every chain left is
+//! ([`delete_session`]'s deletion, many sessions per transaction): every chain left is
 //! whole, so `pare sessions verify` passes after a prune.
 //!
 //! Writers cache blob ids (a message seen before is not looked up again), so a prune must not free
@@ -22,10 +22,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::db::{Db, Dialect, params};
-use super::{ArchiveError, Location, query, store};
-
-/// The `meta` key of the prune generation.
-pub const PRUNE_GENERATION: &str = "prune_generation";
+use super::store::{self, PRUNE_GENERATION};
+use super::{ArchiveError, Location};
 
 /// Sessions deleted per transaction.
 const SESSIONS_PER_TRANSACTION: i64 = 256;
@@ -72,7 +70,7 @@ pub fn prune(location: &Location, before_ms: i64, reclaim: Reclaim) -> Result<Pr
                 .map(|row| row.get(0))
                 .collect::<Result<_, _>>()?;
             for id in &ids {
-                let deleted = query::delete_in_transaction(&conn, id)?;
+                let deleted = delete_in_transaction(&conn, id)?;
                 report.sessions += 1;
                 report.exchanges += deleted.exchanges;
                 report.responses += deleted.responses;
@@ -171,4 +169,53 @@ pub(crate) fn spawn(location: Location, days: u64, stop: mpsc::Receiver<()>) -> 
         }
     })?;
     Ok(())
+}
+
+/// What deleting a session removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteReport {
+    pub exchanges: usize,
+    pub responses: usize,
+    pub blobs_freed: usize,
+}
+
+/// Delete a session and everything recorded for it, freeing blobs no other session uses.
+/// Meant for sessions that are no longer live (a running `pare serve` keeps its chain head in memory).
+pub fn delete_session(location: impl Into<Location>, session: &str) -> Result<DeleteReport, ArchiveError> {
+    let conn = store::open_location_rw(&location.into())?;
+    conn.begin()?;
+    // A running writer that cached the id of a blob freed here stores it again.
+    let deleted = advance_generation(&conn).and_then(|()| delete_in_transaction(&conn, session));
+    match deleted {
+        Ok(report) => {
+            conn.commit()?;
+            Ok(report)
+        }
+        Err(e) => {
+            let _ = conn.rollback();
+            Err(e)
+        }
+    }
+}
+
+pub(crate) fn delete_in_transaction(conn: &Db, session: &str) -> Result<DeleteReport, ArchiveError> {
+    let count = |sql: &str| -> Result<i64, ArchiveError> { Ok(conn.query_one(sql, params![session])?.get(0)?) };
+    let exists = count("SELECT count(*) FROM sessions WHERE id = ?1")? > 0;
+    let n_exchanges = count("SELECT count(*) FROM exchanges WHERE session = ?1")?;
+    if !exists && n_exchanges == 0 {
+        return Err(ArchiveError::NoSession(session.to_owned()));
+    }
+    conn.execute("DELETE FROM response_usage WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM plans WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM plan_items WHERE session = ?1", params![session])?;
+    let responses = conn.execute("DELETE FROM responses WHERE session = ?1", params![session])?;
+    let exchanges = conn.execute("DELETE FROM exchanges WHERE session = ?1", params![session])?;
+    conn.execute("DELETE FROM sessions WHERE id = ?1", params![session])?;
+    let blobs_freed = conn.execute(
+        "DELETE FROM blobs WHERE id IN (SELECT blob FROM session_blobs WHERE session = ?1)
+           AND NOT EXISTS (SELECT 1 FROM session_blobs s WHERE s.blob = blobs.id AND s.session <> ?1)",
+        params![session],
+    )?;
+    conn.execute("DELETE FROM session_blobs WHERE session = ?1", params![session])?;
+    Ok(DeleteReport { exchanges, responses, blobs_freed })
 }

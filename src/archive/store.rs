@@ -18,6 +18,9 @@ use super::ArchiveError;
 use super::db::{Db, params};
 use crate::config::location::{Location, PgLocation};
 
+/// The `meta` key of the prune generation (`archive::retention`).
+pub const PRUNE_GENERATION: &str = "prune_generation";
+
 /// File name of the store inside the archive directory.
 pub const DB_FILE: &str = "archive.sqlite3";
 
@@ -283,7 +286,7 @@ pub fn open_location_rw(location: &Location) -> Result<Db, ArchiveError> {
             // The row writers share-lock in each transaction (`retention`).
             db.execute(
                 "INSERT INTO meta (key, value) VALUES (?1, '0') ON CONFLICT DO NOTHING",
-                params![super::retention::PRUNE_GENERATION],
+                params![PRUNE_GENERATION],
             )
             .map_err(|e| ArchiveError::open(location, e))?;
             Ok(db)
@@ -400,7 +403,7 @@ pub fn open_rw(dir: &Path) -> Result<Db, ArchiveError> {
     conn.execute_batch(SCHEMA).map_err(|e| ArchiveError::open_file(&path, e))?;
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '1')", [])
         .map_err(|e| ArchiveError::open_file(&path, e))?;
-    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?1, '0')", [super::retention::PRUNE_GENERATION])
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?1, '0')", [PRUNE_GENERATION])
         .map_err(|e| ArchiveError::open_file(&path, e))?;
     for suffix in ["-wal", "-shm"] {
         let side = PathBuf::from(format!("{}{suffix}", path.display()));

@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
-use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo, delete_session};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo};
 use crate::archive::read::BodyKind;
+use crate::archive::retention::delete_session;
 use crate::archive::time::show_time;
 use crate::archive::verify::{summary_line, verify};
 use crate::compact::markers::group_signed as n;

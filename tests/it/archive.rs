@@ -897,7 +897,7 @@ fn a_full_archive_keeps_earlier_records_and_reports_the_loss() {
     archive.flush().unwrap();
     assert_eq!(archive.health().lost_records, lost + 1);
     // Deleting the old session frees its pages: the next record fits and the archive says so.
-    pare::archive::query::delete_session(dir.path(), "old").unwrap();
+    pare::archive::retention::delete_session(dir.path(), "old").unwrap();
     archive.record_exchange(exchange("s", b"{}", None));
     archive.flush().unwrap();
     assert!(archive.health().writable, "{:?}", archive.health());

@@ -174,7 +174,7 @@ fn every_archive_operation_answers_alike_on_both_backends() {
         assert_eq!(both.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["s", "other"]);
         descriptions.lock().unwrap().push(describe(location));
         archive.close();
-        let deleted = pare::archive::query::delete_session(location, "other").unwrap();
+        let deleted = pare::archive::retention::delete_session(location, "other").unwrap();
         assert_eq!(deleted.exchanges, 1);
         assert!(matches!(ArchiveReader::open(location).unwrap().session("other"), Err(ArchiveError::NoSession(_))));
         assert!(verify(ArchiveReader::open(location).unwrap().conn(), None).unwrap().ok());

@@ -622,7 +622,7 @@ fn a_session_deleted_under_a_running_writer_leaves_no_dangling_blob() {
         let archive = Archive::start_at(location.clone(), Durability::Buffered, Duration::from_millis(5));
         archive.record_exchange(aged("doomed", 0, NEW_MS, &noise(9, 50_000)));
         archive.flush().unwrap();
-        pare::archive::query::delete_session(&location, "doomed").unwrap();
+        pare::archive::retention::delete_session(&location, "doomed").unwrap();
         let again = aged("heir", 0, NEW_MS, &noise(9, 50_000));
         archive.record_exchange(aged("heir", 0, NEW_MS, &noise(9, 50_000)));
         archive.close();

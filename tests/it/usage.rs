@@ -436,7 +436,7 @@ fn savings_net_of_epoch_misses_come_from_the_provider_else_from_the_shared_prefi
 
     // Deleting a session takes its usage rows with it (they reference its exchanges).
     drop(reader);
-    pare::archive::query::delete_session(dir.path(), "provider").unwrap();
+    pare::archive::retention::delete_session(dir.path(), "provider").unwrap();
     let conn = rusqlite::Connection::open(dir.path().join(pare::archive::store::DB_FILE)).unwrap();
     let left: Vec<String> = conn
         .prepare("SELECT DISTINCT session FROM response_usage")
