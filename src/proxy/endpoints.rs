@@ -17,28 +17,20 @@ use http::{Method, Response, StatusCode};
 
 use super::error::{ProxyError, json_response, method_not_allowed};
 use super::state::Proxy;
-use super::{mcp, metrics, retrieve};
+use super::{mcp, metrics, paths, retrieve};
 
 /// Longest the health check waits for a TCP connection to the upstream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Prometheus' scrape path.
-pub const METRICS_PATH: &str = "/_pare/metrics";
-
-/// Whether `path` is one of the gateway endpoints pare answers itself (not under `/_pare/`).
-pub fn is_gateway(path: &str) -> bool {
-    path == retrieve::COMPRESS_PATH || path.starts_with(retrieve::GATEWAY_RETRIEVE_PREFIX)
-}
-
 /// Whether the endpoint at `path` reads the request's body.
 pub fn takes_body(method: &Method, path: &str) -> bool {
-    *method == Method::POST && (path == mcp::MCP_PATH || path == retrieve::COMPRESS_PATH)
+    *method == Method::POST && (path == paths::MCP_PATH || path == paths::COMPRESS_PATH)
 }
 
 /// Whether the endpoint at `path` compacts the body it reads (the gateway's compress): its
 /// working set is charged to the request budget before it starts.
 pub fn compacts(method: &Method, path: &str) -> bool {
-    *method == Method::POST && path == retrieve::COMPRESS_PATH
+    *method == Method::POST && path == paths::COMPRESS_PATH
 }
 
 /// Answer a request to one of pare's endpoints; `body` is read only for those that take one
@@ -46,30 +38,30 @@ pub fn compacts(method: &Method, path: &str) -> bool {
 /// archive are.
 pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes, health_details: bool) -> Response<Bytes> {
     let path = parts.uri.path();
-    if path.starts_with(retrieve::RETRIEVE_PREFIX) {
+    if path.starts_with(paths::RETRIEVE_PREFIX) {
         return match parts.method {
             Method::GET => retrieve::get(proxy, parts).await,
             _ => method_not_allowed("GET"),
         };
     }
-    if path.starts_with(retrieve::GATEWAY_RETRIEVE_PREFIX) {
+    if path.starts_with(paths::GATEWAY_RETRIEVE_PREFIX) {
         return match parts.method {
             Method::GET => retrieve::gateway_get(proxy, parts).await,
             _ => method_not_allowed("GET"),
         };
     }
-    if path == retrieve::COMPRESS_PATH {
+    if path == paths::COMPRESS_PATH {
         return match parts.method {
             Method::POST => retrieve::gateway_compress(proxy, parts, body).await,
             _ => method_not_allowed("POST"),
         };
     }
-    if path == mcp::MCP_PATH {
+    if path == paths::MCP_PATH {
         return mcp::handle(proxy, parts, body).await;
     }
     match (&parts.method, path) {
-        (&Method::GET | &Method::HEAD, super::handler::HEALTH_PATH) => health(proxy, health_details).await,
-        (&Method::GET, METRICS_PATH) => scrape(proxy),
+        (&Method::GET | &Method::HEAD, paths::HEALTH_PATH) => health(proxy, health_details).await,
+        (&Method::GET, paths::METRICS_PATH) => scrape(proxy),
         _ => ProxyError::NotFound { path: parts.uri.path().to_owned() }.to_response(),
     }
 }

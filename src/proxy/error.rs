@@ -47,6 +47,15 @@ pub enum Culprit {
     Pare,
 }
 
+/// Why the guard (`proxy::guard`) refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("host {host:?} is not one pare answers to (add it to server.allowed_hosts)")]
+    Host { host: String },
+    #[error("origin {origin:?} is not allowed to call pare (add it to server.allowed_origins)")]
+    Origin { origin: String },
+}
+
 /// An exchange pare could not complete; turned into an OpenAI-shaped error response.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyError {
@@ -67,7 +76,7 @@ pub enum ProxyError {
     #[error("too many wrong pare tokens are waiting their turn; retry in a moment")]
     TokenGuesses,
     #[error("{0}")]
-    Forbidden(#[from] super::guard::Refusal),
+    Forbidden(#[from] Refusal),
     #[error("pare holds {limit} bytes of request bodies already (server.max_buffered_bytes); retry in a moment")]
     Busy { limit: u64 },
     #[error("this request has passed through this pare before: upstream {url} leads back to pare")]
@@ -130,8 +139,8 @@ impl ProxyError {
             ProxyError::BodyStalled { .. } => "request_body_timeout",
             ProxyError::Unauthorized => "invalid_pare_token",
             ProxyError::TokenGuesses => "pare_token_guesses",
-            ProxyError::Forbidden(super::guard::Refusal::Host { .. }) => "host_not_allowed",
-            ProxyError::Forbidden(super::guard::Refusal::Origin { .. }) => "origin_not_allowed",
+            ProxyError::Forbidden(Refusal::Host { .. }) => "host_not_allowed",
+            ProxyError::Forbidden(Refusal::Origin { .. }) => "origin_not_allowed",
             ProxyError::Busy { .. } => "pare_busy",
             ProxyError::Loop { .. } => "upstream_loop",
             ProxyError::NotFound { .. } => "not_found",

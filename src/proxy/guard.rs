@@ -18,7 +18,8 @@ use http::header::{AUTHORIZATION, CACHE_CONTROL, COOKIE, HOST, LOCATION, ORIGIN,
 use http::request::Parts;
 use http::{Method, Response, StatusCode};
 
-use super::error::ProxyError;
+use super::error::{ProxyError, Refusal};
+use super::paths;
 use super::token::FailedTokens;
 
 use http::{HeaderMap, HeaderValue};
@@ -30,15 +31,6 @@ pub struct Guard {
     hosts: Vec<String>,
     /// Origins (`scheme://host[:port]`) accepted besides loopback ones; `*` accepts any.
     origins: Vec<String>,
-}
-
-/// Why the guard refused a request.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error("host {host:?} is not one pare answers to (add it to server.allowed_hosts)")]
-    Host { host: String },
-    #[error("origin {origin:?} is not allowed to call pare (add it to server.allowed_origins)")]
-    Origin { origin: String },
 }
 
 impl Guard {
@@ -206,11 +198,11 @@ impl Keys {
 
     /// Which token a request to `path` needs.
     pub fn need(path: &str) -> Need {
-        if path == super::handler::HEALTH_PATH {
+        if path == paths::HEALTH_PATH {
             Need::Nothing
-        } else if path == super::endpoints::METRICS_PATH {
+        } else if path == paths::METRICS_PATH {
             Need::OwnerUnlessLocal
-        } else if is_pare_path(path) || super::endpoints::is_gateway(path) {
+        } else if paths::is_pare_path(path) || paths::is_gateway(path) {
             Need::Owner
         } else {
             Need::Agent
@@ -238,7 +230,7 @@ impl Keys {
     /// `/_pare/` only, never to scripts (`HttpOnly`) nor with requests other sites start
     /// (`SameSite=Strict`).
     pub fn set_cookie(&self) -> String {
-        format!("{}={}; Path={PARE_PATH}; HttpOnly; SameSite=Strict", self.cookie, self.owner)
+        format!("{}={}; Path={}; HttpOnly; SameSite=Strict", self.cookie, self.owner, paths::PARE_PREFIX)
     }
 
     /// Whether `presented` is the owner token.
@@ -255,7 +247,7 @@ impl Keys {
                 return Admission::Token;
             }
         }
-        if super::endpoints::is_gateway(path) {
+        if paths::is_gateway(path) {
             let bearers = parts.headers.get_all(AUTHORIZATION).into_iter().filter_map(|v| v.to_str().ok());
             for bearer in bearers.filter_map(|v| v.strip_prefix("Bearer ")) {
                 shown = true;
@@ -264,7 +256,7 @@ impl Keys {
                 }
             }
         }
-        if is_pare_path(path) {
+        if paths::is_pare_path(path) {
             let pairs = parts.headers.get_all(COOKIE).into_iter().filter_map(|v| v.to_str().ok());
             for (name, value) in pairs.flat_map(|v| v.split(';')).filter_map(|pair| pair.trim().split_once('=')) {
                 if name == self.cookie {
@@ -277,13 +269,6 @@ impl Keys {
         }
         if shown { Admission::Wrong } else { Admission::Missing }
     }
-}
-
-/// pare's own endpoints (`/_pare` and below).
-const PARE_PATH: &str = "/_pare";
-
-fn is_pare_path(path: &str) -> bool {
-    path == PARE_PATH || path.starts_with("/_pare/")
 }
 
 /// The headers with which a proxy names the client it forwards for.

@@ -16,23 +16,17 @@ use http_body_util::{BodyExt, Full};
 
 use super::access::AccessLog;
 use super::body::{BoxError, Completion, ObservedBody};
-use super::endpoints;
 use super::error::{Dialect, ProxyError, cause_chain};
 use super::guard::{self, Admission, Keys, Need, Peer};
 use super::limits::{self, Share};
 use super::state::{Proxy, VIA_HEADER};
 use super::upstream;
+use super::{endpoints, paths};
 use crate::exchange::{ResponseSink, StreamEnd};
 use crate::wire::Wire;
 
 /// The body type of every response pare sends.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// The prefix of pare's own endpoints; nothing under it is forwarded.
-pub const PARE_PREFIX: &str = "/_pare";
-
-/// The one endpoint answered without `x-pare-token` (process supervisors probe it).
-pub const HEALTH_PATH: &str = "/_pare/health";
 
 /// Answer one request. Never fails and never panics: errors and panics become error responses.
 pub async fn handle<B>(proxy: Arc<Proxy>, request: Request<B>) -> Response<ProxyBody>
@@ -89,7 +83,7 @@ where
         return fail(dialect, ProxyError::Unauthorized, AccessLog::new(parts.method.clone(), path, started), None);
     }
 
-    if path == PARE_PREFIX || path.starts_with("/_pare/") || endpoints::is_gateway(path) {
+    if path == paths::PARE_PREFIX || path.starts_with("/_pare/") || paths::is_gateway(path) {
         // What pare reports includes every exchange that ended before this request.
         proxy.finishing.settled().await;
     }
@@ -98,7 +92,7 @@ where
             return crate::ui::respond(ui.clone(), &parts).await;
         }
     }
-    if path == PARE_PREFIX || path.starts_with("/_pare/") || endpoints::is_gateway(path) {
+    if path == paths::PARE_PREFIX || path.starts_with("/_pare/") || paths::is_gateway(path) {
         // The endpoints that read a body (MCP, the gateway's compress) read it as every request is
         // read, and hold it in the request budget until they have answered; the gateway's compress
         // holds its compaction's working set too, from before it starts.

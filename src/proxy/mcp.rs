@@ -23,9 +23,6 @@ use super::retrieve::{RetrieveError, select};
 use super::state::Proxy;
 use crate::compact::markers::RETRIEVE_TOOL;
 
-/// Where the MCP server is mounted.
-pub const MCP_PATH: &str = "/_pare/mcp";
-
 /// The protocol revisions this server speaks, newest first: it answers `initialize` with the
 /// client's revision when it is one of these, else the newest.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
@@ -57,7 +54,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue
     <Box<RawValue> as serde::Deserialize>::deserialize(d).map(Some)
 }
 
-/// Answer one HTTP request to [`MCP_PATH`]. The retrieved contents of all its calls are held in
+/// Answer one HTTP request to [`super::paths::MCP_PATH`]. The retrieved contents of all its calls are held in
 /// one share of the request budget until the answer is written.
 pub async fn handle(proxy: &Proxy, parts: &Parts, body: Bytes) -> Response<Bytes> {
     if parts.method != Method::POST {

@@ -39,7 +39,7 @@ pub struct Proxy {
     /// The health check's upstream probe, shared by all checks.
     pub probe: Probe,
     /// The gateway's compress engine, built on the first `POST /v1/compress` (or why it cannot be).
-    pub gateway: std::sync::OnceLock<Result<Arc<super::retrieve::GatewayEngine>, String>>,
+    pub gateway: std::sync::OnceLock<Result<Arc<super::gateway::GatewayEngine>, String>>,
 }
 
 /// The header in which each pare on a request's way names itself (appended, never removed): a
