@@ -600,62 +600,6 @@ mod tests {
         assert_eq!(asked[4..], ["/api/show", "/api/show"], "{asked:?}");
     }
 
-    /// A model no `models:` entry names and the upstream reports nothing for is warned about once,
-    /// by name; a configured one never; the start-up line lists the sources in order.
-    #[tokio::test]
-    async fn a_model_on_the_default_window_is_named_once() {
-        crate::outbound::install_crypto_provider();
-        let config = Config::from_yaml(
-            "models:\n  - match: \"^qwen\"\n    context_window: 32768\n  - match: \"^llama\"\n    encoding: cl100k_base\nbudget:\n  detect_window: false\n",
-        )
-        .unwrap();
-        let resolver = WindowResolver::new(
-            reqwest::Client::new(),
-            "http://127.0.0.1:9/v1",
-            ModelTable::from_config(&config).unwrap(),
-            DetectConfig::from_budget(&config.budget),
-        );
-        assert_eq!(resolver.sources(), "models `^qwen` 32768, else default 65536 (Messages 200000, Gemini 1048576)");
-        let log = Log::default();
-        let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
-        for model in ["qwen-7b", "llama-3", "llama-3", "mistral", "qwen-7b"] {
-            resolver.window_for(Wire::Chat, Some(model)).await;
-        }
-        assert_eq!(resolver.window_for(Wire::Messages, Some("claude")).await, 200_000);
-        let text = log.text();
-        assert_eq!(text.matches("compacting to the default window").count(), 3, "{text}");
-        assert!(text.contains("model=\"llama-3\"") && text.contains("model=\"mistral\""), "{text}");
-        assert!(text.contains("budget.anthropic_context_window") && !text.contains("qwen"), "{text}");
-    }
-
-    /// What a test's tracing subscriber writes.
-    #[derive(Clone, Default)]
-    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl Log {
-        fn text(&self) -> String {
-            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-        }
-    }
-
-    impl std::io::Write for Log {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
-        type Writer = Log;
-        fn make_writer(&'a self) -> Log {
-            self.clone()
-        }
-    }
-
     #[test]
     fn bad_model_pattern_is_named() {
         // Built directly: `Config::from_yaml` would already refuse the pattern.

@@ -1203,6 +1203,35 @@ fn epoch_started(result: &pare::budget::replay::Replayed) -> bool {
     result.summary.as_ref().is_some_and(|s| s.epoch_started)
 }
 
+/// A model no `models:` entry names and the upstream reports nothing for is warned about once,
+/// by name; a configured one never; the start-up line lists the sources in order.
+#[tokio::test]
+async fn a_model_on_the_default_window_is_named_once() {
+    pare::outbound::install_crypto_provider();
+    let config = Config::from_yaml(
+        "models:\n  - match: \"^qwen\"\n    context_window: 32768\n  - match: \"^llama\"\n    encoding: cl100k_base\nbudget:\n  detect_window: false\n",
+    )
+    .unwrap();
+    let resolver = WindowResolver::new(
+        reqwest::Client::new(),
+        "http://127.0.0.1:9/v1",
+        ModelTable::from_config(&config).unwrap(),
+        DetectConfig::from_budget(&config.budget),
+    );
+    assert_eq!(resolver.sources(), "models `^qwen` 32768, else default 65536 (Messages 200000, Gemini 1048576)");
+    let log = crate::engine::Log::default();
+    let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for model in ["qwen-7b", "llama-3", "llama-3", "mistral", "qwen-7b"] {
+        resolver.window_for(Wire::Chat, Some(model)).await;
+    }
+    assert_eq!(resolver.window_for(Wire::Messages, Some("claude")).await, 200_000);
+    let text = log.text();
+    assert_eq!(text.matches("compacting to the default window").count(), 3, "{text}");
+    assert!(text.contains("model=\"llama-3\"") && text.contains("model=\"mistral\""), "{text}");
+    assert!(text.contains("budget.anthropic_context_window") && !text.contains("qwen"), "{text}");
+}
+
 /// A request whose floor (here one user message) does not fit the window is forwarded anyway, as
 /// sent, and the answer, the report and the metrics say so.
 #[tokio::test]

@@ -332,10 +332,10 @@ const MARKER_ALLOWANCE: u64 = 64;
 
 /// What a test's tracing subscriber writes.
 #[derive(Clone, Default)]
-struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl Log {
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
