@@ -120,7 +120,7 @@ impl ArchiveReader {
 }
 
 /// Most distinct ids of one record the writer looks up: ids pare wrote itself are counted only
-/// (see [`ContentIndex::index`]), so this bounds a compaction's markers, not what an agent sends.
+/// (see `ContentIndex::index`), so this bounds a compaction's markers, not what an agent sends.
 pub const MAX_IDS_PER_RECORD: usize = 65_536;
 
 /// Ids looked up by one query (two parameters each).

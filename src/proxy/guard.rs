@@ -275,7 +275,7 @@ impl Keys {
 const FORWARDING_HEADERS: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
 
 /// A caller on this machine that came through no proxy: its peer address is loopback and it
-/// carries none of [`FORWARDING_HEADERS`] (behind a load balancer on the same host every peer is
+/// carries none of `FORWARDING_HEADERS` (behind a load balancer on the same host every peer is
 /// loopback, and the client is elsewhere). Without a peer address, not local.
 pub fn is_local(peer: Option<std::net::SocketAddr>, headers: &HeaderMap) -> bool {
     peer.is_some_and(|peer| peer.ip().is_loopback()) && !FORWARDING_HEADERS.iter().any(|h| headers.contains_key(*h))
