@@ -664,34 +664,15 @@ impl SessionCompactor {
         let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // The session's last request counted the unchanged history already.
         let known = counter.known_counts(hashes, &state.counts);
+        // The request with its messages' tokens: upper bounds while deciding whether it surely
+        // appends, then the exact counts.
+        let request =
+            Request { raw: messages, hashes, counts: &[], fixed, tools, window, reserve, hard, epoch_boundary, typed };
         let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |bounds| {
-            let request = Request {
-                raw: messages,
-                hashes,
-                counts: bounds,
-                fixed,
-                tools,
-                window,
-                reserve,
-                hard,
-                epoch_boundary,
-                typed,
-            };
-            self.surely_appends(&state, &request, counter)
+            self.surely_appends(&state, &Request { counts: bounds, ..request }, counter)
         });
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
-        let request = Request {
-            raw: messages,
-            hashes,
-            counts: &counts,
-            fixed,
-            tools,
-            window,
-            reserve,
-            hard,
-            epoch_boundary,
-            typed,
-        };
+        let request = Request { counts: &counts, ..request };
         let epoch_before = state.epoch;
         let step = self.step(session, &mut state, &request, counter);
         // What the next request takes as counted: the exact counts, up to the first one still late.
