@@ -852,9 +852,13 @@ impl SessionCompactor {
         // than leaves room for the session's next requests (`EpochPolicy::epoch_floor`).
         let floor = self.policy.epoch_floor(usable as u64, turn_growth(request.raw, request.counts));
         let cached = n_frozen + state.cached_raw(hashes).saturating_sub(frozen_raw);
+        // An epoch whose unavoidable part (system, user messages, the protected tail) leaves the
+        // history less than its target keeps its markers' file and name lists while the request
+        // stays within the usable window: they are most of what it keeps of old outputs.
+        let lists_limit = (self.policy.mode != Mode::Eager).then_some(usable as u64);
         // The epoch with the engine's protected tail, or with `protect` last turns protected.
         let epoch_at = |protect: Option<u32>| -> Epoch {
-            let depth = Depth { target, floor, protect };
+            let depth = Depth { target, floor, protect, lists_limit };
             let attempt = match self.policy.mode {
                 Mode::Epoch | Mode::Off => {
                     let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
@@ -889,6 +893,7 @@ impl SessionCompactor {
                         message_ages_secs: times.as_ref().map(|t| t.ages(&t.raw)),
                         epoch_boundary: request.epoch_boundary,
                         protect_last_turns: protect,
+                        lists_limit,
                         ..Default::default()
                     };
                     let view = View { messages: request.raw, tools: request.tools, typed: Some(request.typed) };
@@ -1016,6 +1021,7 @@ impl SessionCompactor {
             message_ages_secs: ages,
             epoch_boundary: head.epoch_boundary,
             protect_last_turns: depth.protect,
+            lists_limit: depth.lists_limit,
             ..Default::default()
         };
         let mut attempt = None;
@@ -1207,6 +1213,8 @@ struct Depth {
     floor: Option<HistoryFloor>,
     /// Last turns protected in place of the engine's `protect_last_turns` (`None`: the engine's).
     protect: Option<u32>,
+    /// See [`CompactOptions::lists_limit`].
+    lists_limit: Option<u64>,
 }
 
 /// An epoch's outcome: the new frozen prefix and the forwarded request's tokens.

@@ -79,6 +79,11 @@ pub struct CompactOptions {
     /// `protect_last_turns` (`None`: the policy's). The session compactor lowers it when the
     /// protected tail alone does not fit the model's window: the older protected turns yield.
     pub protect_last_turns: Option<u32>,
+    /// The most tokens the forwarded request may reach with its elision markers' file and name
+    /// lists. A request the whole history's elision leaves over its target still keeps those lists
+    /// (most of what it keeps of old outputs, and cheap per identifier) while it stays within this;
+    /// only above it do the markers go terse. `None`: the target.
+    pub lists_limit: Option<u64>,
     /// Keep all the work on the calling thread. By default a conversation of
     /// [`conversation::PARALLEL_BYTES`] or more spreads its per-message work over the rayon pool
     /// (same output either way).
@@ -364,8 +369,13 @@ impl Prepared<'_> {
         if opts.target_tokens.is_some() || opts.history.is_some() {
             let tools = self.tools.map(|t| counter.tools(t)).unwrap_or(0);
             let ages = opts.message_ages_secs.as_deref().filter(|ages| ages.len() == conv.msgs.len());
-            let budget =
-                salience::Budget { target: opts.target_tokens, history: opts.history, floor: opts.history_floor, ages };
+            let budget = salience::Budget {
+                target: opts.target_tokens,
+                history: opts.history,
+                floor: opts.history_floor,
+                ages,
+                lists_limit: opts.lists_limit,
+            };
             let fit = salience::fit(engine, conv, &mut edits, &mut rendered, counter, tools, budget, &self.memo);
             fitted = fit.report.target_tokens.is_some_and(|target| fit.report.tokens_after_rules > target);
             report.tiers = Some(fit.report);

@@ -129,6 +129,8 @@ pub struct Budget<'a> {
     pub floor: Option<HistoryFloor>,
     /// Age in seconds of each message, for recency on the wall clock (`salience.tau_seconds`).
     pub ages: Option<&'a [f64]>,
+    /// See [`super::CompactOptions::lists_limit`].
+    pub lists_limit: Option<u64>,
 }
 
 /// What the fits of one prepared compaction share ([`super::Prepared`]), each made the first time a
@@ -204,6 +206,8 @@ pub fn fit(
         return Fit { report, elided };
     };
 
+    // Markers keep their lists while the request with them stays within this.
+    let lists_limit = budget.lists_limit.map_or(target, |limit| limit.max(target));
     let names_per_elision = if at_floor { NAMES_PER_ELISION_AT_FLOOR } else { NAMES_PER_ELISION };
     let facts = MarkerFacts::new(engine, conv, edits, names_per_elision);
     let units = units(engine, conv, edits, &facts, budget.ages, memo);
@@ -264,8 +268,8 @@ pub fn fit(
             }
         }
         ctx.elide_to_fixpoint(edits, &units, &candidates, &mut gone, &tokens, &mut total);
-        if total > target {
-            // Still over: the markers go terse (no file or name lists) in the end, so weigh the
+        if total > lists_limit {
+            // Still over (and over the lists' limit): the markers go terse (no file or name lists) in the end, so weigh the
             // remaining steps with terse markers — a run that pays only without its lists must
             // still be elided (also when no run paid with them: compacting the output again would
             // find it), or a request that could fit stays over.
@@ -285,9 +289,10 @@ pub fn fit(
             Tier::Background => report.background += 1,
         }
     }
-    // Still over after eliding all it could: the markers drop their file lists, so that what cannot be
-    // elided (system, users, tail, tools) plus the markers fits whenever it can.
-    let terse = went_terse || total > target && !gone.is_empty();
+    // Still over the lists' limit after eliding all it could: the markers drop their file and name
+    // lists, so that what cannot be elided (system, users, tail, tools) plus the markers fits
+    // whenever it can.
+    let terse = went_terse || total > lists_limit && !gone.is_empty();
     let final_ctx = ElideContext { terse, ..ctx };
     let spans = run_spans(edits, &units, &gone);
     if terse {

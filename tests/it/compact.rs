@@ -1361,6 +1361,34 @@ fn an_unreachable_target_says_so_and_still_never_grows() {
     assert!(markers.iter().all(|m| !m.contains("; files:")), "{markers:?}");
 }
 
+/// A target the unavoidable part already exceeds elides the whole history; the markers keep their
+/// file and name lists while the request with them stays within `lists_limit` (an epoch's usable
+/// window), and go terse only above it.
+#[test]
+fn an_unreachable_target_keeps_the_marker_lists_within_the_lists_limit() {
+    let msgs = long_session(3);
+    let engine = engine("default", json!({"protect_last_turns": 2}));
+    let markers = |out: &[Value]| -> Vec<String> {
+        out.iter().map(text).filter(|t| t.contains("earlier messages elided")).collect()
+    };
+    let (terse, _) = forward_with(&engine, &msgs, Some(10));
+    assert!(markers(&terse).iter().all(|m| !m.contains("; files:")), "{terse:?}");
+
+    let roomy = tokens_of(&msgs, 0);
+    let options = CompactOptions { target_tokens: Some(10), lists_limit: Some(roomy), ..Default::default() };
+    let (listed, report) = forward_opts(&engine, &msgs, &options);
+    assert!(report.tiers.as_ref().unwrap().over_target);
+    assert!(markers(&listed).iter().any(|m| m.contains("; files:")), "{listed:?}");
+    assert!(tokens_of(&listed, 0) > tokens_of(&terse, 0));
+    assert!(tokens_of(&listed, 0) <= roomy);
+
+    // A limit the lists do not fit: terse, as without one.
+    let tight = tokens_of(&listed, 0) - 1;
+    let options = CompactOptions { target_tokens: Some(10), lists_limit: Some(tight), ..Default::default() };
+    let (again, _) = forward_opts(&engine, &msgs, &options);
+    assert_eq!(again, terse);
+}
+
 #[test]
 fn errors_outrank_newer_successes() {
     // Two old groups of the same size and age order; the failing one must keep a richer form.
