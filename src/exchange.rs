@@ -40,6 +40,24 @@ pub struct CompactionSummary {
     /// `null`): no budget ran (the identity compactor).
     #[serde(default)]
     pub report: Option<BudgetReport>,
+    /// pare's estimate of the prompt tokens an upstream with a prefix cache computes afresh for this
+    /// request, as forwarded and as the agent sent it. `None`: not estimated (mode `off`, or an
+    /// archive written before pare estimated it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillEstimate>,
+}
+
+/// The uncached prefill of one request, as pare estimates it ([`crate::budget::prefill`]): the
+/// forwarded request after the session's previous forwarded request, and the raw request after the
+/// agent's previous raw request (what the upstream would have computed without pare).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrefillEstimate {
+    pub forwarded: u64,
+    pub raw: u64,
+    /// The raw request is over the model's whole window less the answer length it asks for: without
+    /// pare the upstream would have refused it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw_over_window: bool,
 }
 
 /// What the budget did with one request.

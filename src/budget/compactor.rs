@@ -32,6 +32,7 @@ use crate::compact::{CompactOptions, Compacted, Engine, Fate, HistoryBudget, His
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
 use crate::exchange::{
     Action, BudgetReport, CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, LateCount,
+    PrefillEstimate,
 };
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{Message, Typed, View, message_hashes, role_of};
@@ -334,6 +335,9 @@ struct SessionState {
     /// How many raw messages the last request had, and [`hashes_digest`] of their hashes: while a
     /// request starts with those, the upstream holds all of them cached, in their forwarded form.
     last_raw: (usize, u128),
+    /// The hash of the last request's tools (`None`: it had none, or the state was resumed):
+    /// unchanged tools are a cached prefix ([`super::prefill`]).
+    last_tools: Option<u128>,
     /// How many times `frozen` was replaced or dropped.
     frozen_changes: u64,
     /// What the last [`SessionPlan`] handed out (or resumed from) described; a step that leaves it
@@ -655,6 +659,7 @@ impl SessionCompactor {
                 epoch_started: false,
                 over_window: tokens_raw > usable,
                 report: Some(base_report),
+                prefill: None,
             };
             let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, 0, usable).boxed());
             return CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) };
@@ -674,7 +679,12 @@ impl SessionCompactor {
         let tokens_raw = counts.iter().sum::<u64>() + fixed;
         let request = Request { counts: &counts, ..request };
         let epoch_before = state.epoch;
+        let frozen_before = state.frozen.clone();
         let step = self.step(session, &mut state, &request, counter);
+        let tools_hash = tools.map(|t| xxhash_rust::xxh3::xxh3_128(t.as_bytes()));
+        let cached = CachedBefore::of(&state, frozen_before, tools_hash, hashes);
+        let (prefill, uncached_from) = cached.estimate(&request, &step, counter, tokens_raw);
+        state.last_tools = tools_hash;
         // What the next request takes as counted: the exact counts, up to the first one still late.
         let exact = late.as_ref().map_or(counts.len(), |known| known.iter().take_while(|c| c.is_some()).count());
         state.counts = hashes.iter().copied().zip(counts.iter().copied()).take(exact).collect();
@@ -706,9 +716,13 @@ impl SessionCompactor {
             epoch_started: state.epoch > epoch_before,
             over_window: tokens_forwarded > usable,
             report: Some(report),
+            prefill: Some(prefill),
         };
         drop(state);
-        let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, frozen_raw, usable));
+        let late = late.map(|known| {
+            LateCounts::new(counter, messages, hashes, &known, &counts, frozen_raw, usable)
+                .with_prefill(uncached_from, hard)
+        });
         let (body, spans) = if unchanged {
             (None, None)
         } else {
@@ -723,10 +737,17 @@ impl SessionCompactor {
                     let mut summary = summary;
                     summary.tokens_forwarded = summary.tokens_raw;
                     summary.over_window = tokens_raw > usable;
+                    // Forwarded as sent: its prefill is the raw request's.
+                    if let Some(prefill) = &mut summary.prefill {
+                        prefill.forwarded = prefill.raw;
+                    }
                     if let Some(report) = &mut summary.report {
                         report.write_failed = Some(err.to_string());
                     }
-                    let late = late.map(|late| LateCounts { tail_from: 0, ..late }.boxed());
+                    let late = late.map(|late| {
+                        let uncached_from = late.uncached_from.map(|(raw, _)| (raw, raw));
+                        LateCounts { tail_from: 0, uncached_from, ..late }.boxed()
+                    });
                     return CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) };
                 }
             }
@@ -1309,6 +1330,86 @@ fn arrival_times(state: &mut SessionState, hashes: &[u128], now: u64) -> Times {
     Times { now, raw, candidate }
 }
 
+/// What the session's previous request left in an upstream's prefix cache, read from its state
+/// after a step and before the request's counts replace the last request's: the uncached prefill
+/// of a request raw and forwarded ([`super::prefill`]).
+struct CachedBefore<'a> {
+    /// The session's first request (nothing cached).
+    first: bool,
+    tools_unchanged: bool,
+    /// Leading raw messages the request shares with the previous one.
+    shared_raw: usize,
+    /// The frozen prefix the previous request was forwarded with.
+    frozen: Option<Arc<Frozen>>,
+    /// The previous request's raw messages (hashes) as far as their counts are kept.
+    previous_raw: &'a [(u128, u64)],
+}
+
+impl<'a> CachedBefore<'a> {
+    fn of(state: &'a SessionState, frozen: Option<Arc<Frozen>>, tools: Option<u128>, hashes: &[u128]) -> Self {
+        let first = state.last_raw.0 == 0 && state.counts.is_empty();
+        // The counts kept may stop before the last request's end (late counts); its digest says
+        // whether the request extends all of it.
+        let counted = super::prefill::shared_prefix(state.counts.iter().map(|(h, _)| *h), hashes);
+        CachedBefore {
+            first,
+            tools_unchanged: state.last_tools == tools,
+            shared_raw: state.cached_raw(hashes).max(counted),
+            frozen,
+            previous_raw: &state.counts,
+        }
+    }
+
+    /// The request's uncached prefill raw and forwarded (and whether the raw request is over its
+    /// hard limit), and the raw message indices from which its messages count in each figure.
+    fn estimate(
+        &self,
+        request: &Request<'_>,
+        step: &Step,
+        counter: &TokenCounter,
+        tokens_raw: u64,
+    ) -> (PrefillEstimate, (usize, usize)) {
+        let raw_over_window = tokens_raw > request.hard;
+        if self.first || !self.tools_unchanged {
+            let prefill = PrefillEstimate { forwarded: step.tokens, raw: tokens_raw, raw_over_window };
+            return (prefill, (0, 0));
+        }
+        let tools_tokens = request.fixed - REPLY_PRIMING;
+        let shared = self.shared_raw;
+        let raw = tokens_raw.saturating_sub(super::prefill::reused(true, tools_tokens, request.counts, shared));
+        let frozen_raw = step.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
+        let same_frozen = match (&self.frozen, &step.frozen) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        let (reused, forwarded_from) = if same_frozen {
+            // An append: the prefix and the raw messages after it the previous request had.
+            let from = shared.max(frozen_raw);
+            let prefix = step.frozen.as_ref().map_or(0, |f| f.tokens(counter));
+            (tools_tokens + prefix + request.counts[frozen_raw..from].iter().sum::<u64>(), from)
+        } else {
+            // A new prefix: compare the forwarded messages with those the previous request forwarded.
+            fn prefix_of(f: Option<&Arc<Frozen>>) -> Vec<&str> {
+                f.map(|f| f.prefix.iter().collect()).unwrap_or_default()
+            }
+            let (before, now) = (prefix_of(self.frozen.as_ref()), prefix_of(step.frozen.as_ref()));
+            let before_raw = self.frozen.as_ref().map_or(0, |f| f.raw_hashes.len());
+            let mut previous = message_hashes(&before);
+            previous.extend(self.previous_raw.iter().skip(before_raw).map(|(h, _)| *h));
+            let mut current = message_hashes(&now);
+            let mut tokens = counter.message_counts(&now, &current, &[]);
+            current.extend_from_slice(&request.hashes[frozen_raw..]);
+            tokens.extend_from_slice(&request.counts[frozen_raw..]);
+            let shared = super::prefill::shared_prefix(previous, &current);
+            let from = frozen_raw + shared.saturating_sub(now.len());
+            (super::prefill::reused(true, tools_tokens, &tokens, shared), from)
+        };
+        let prefill = PrefillEstimate { forwarded: step.tokens.saturating_sub(reused), raw, raw_over_window };
+        (prefill, (shared, forwarded_from))
+    }
+}
+
 /// The new messages of a request decided on upper bounds of their tokens
 /// ([`TokenCounter::message_bound`]), counted after the decision. A request that surely appends
 /// forwards the same bytes whatever its counts (the raw messages after the session's frozen prefix),
@@ -1321,6 +1422,11 @@ struct LateCounts {
     /// Messages from this index on are forwarded as they are: their counts are in `tokens_forwarded`.
     tail_from: usize,
     usable: u64,
+    /// The summary's prefill estimate counts the raw messages from the first index on in its raw
+    /// figure, from the second in its forwarded figure; `None`: no estimate.
+    uncached_from: Option<(usize, usize)>,
+    /// [`SessionCompactor::hard_limit`] of the request: the raw request over it does not fit.
+    hard: u64,
 }
 
 impl LateCounts {
@@ -1337,7 +1443,12 @@ impl LateCounts {
             .filter(|&i| known[i].is_none())
             .map(|i| (hashes[i], messages[i].to_owned(), bounds[i], i))
             .collect();
-        LateCounts { counter: Arc::clone(counter), texts, tail_from, usable }
+        LateCounts { counter: Arc::clone(counter), texts, tail_from, usable, uncached_from: None, hard: u64::MAX }
+    }
+
+    /// The same, correcting the summary's prefill estimate too (see [`LateCounts::uncached_from`]).
+    fn with_prefill(self, uncached_from: (usize, usize), hard: u64) -> LateCounts {
+        LateCounts { uncached_from: Some(uncached_from), hard, ..self }
     }
 
     /// The summary with each bound replaced by the message's count.
@@ -1348,8 +1459,19 @@ impl LateCounts {
             if *index >= self.tail_from {
                 summary.tokens_forwarded = summary.tokens_forwarded - bound + tokens;
             }
+            if let (Some((raw_from, forwarded_from)), Some(prefill)) = (self.uncached_from, &mut summary.prefill) {
+                if *index >= raw_from {
+                    prefill.raw = (prefill.raw + tokens).saturating_sub(*bound);
+                }
+                if *index >= forwarded_from.max(self.tail_from) {
+                    prefill.forwarded = (prefill.forwarded + tokens).saturating_sub(*bound);
+                }
+            }
         }
         summary.over_window = summary.tokens_forwarded > self.usable;
+        if let Some(prefill) = &mut summary.prefill {
+            prefill.raw_over_window = summary.tokens_raw > self.hard;
+        }
         summary
     }
 

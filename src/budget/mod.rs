@@ -5,8 +5,10 @@
 //! - [`compactor`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
+//! - [`prefill`]: the uncached prefill a prefix cache leaves a request (the proxy's estimate, `pare eval`).
 
 pub mod compactor;
+pub mod prefill;
 pub mod replay;
 pub mod window;
 

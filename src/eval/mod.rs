@@ -555,6 +555,8 @@ fn why_lost<M: AsRef<str>>(
 /// A request's messages with their token counts.
 struct Parsed<'a> {
     messages: Vec<std::borrow::Cow<'a, str>>,
+    /// [`crate::neutral::message_hashes`] of `messages`.
+    hashes: Vec<u128>,
     message_tokens: Vec<u64>,
     roles: Vec<String>,
     tools: Option<String>,
@@ -567,16 +569,18 @@ impl<'a> Parsed<'a> {
         let messages: Vec<std::borrow::Cow<'a, str>> =
             body_messages.iter().map(|m| std::borrow::Cow::Borrowed(*m)).collect();
         let message_tokens: Vec<u64> = messages.iter().map(|m| counter.message(m)).collect();
+        let hashes = crate::neutral::message_hashes(&messages);
         let roles = messages.iter().map(|m| role_of(m).into_owned()).collect();
         let tools = tools.map(str::to_owned);
         let tools_tokens = tools.as_deref().map_or(0, |t| counter.tools(t));
         let total = message_tokens.iter().sum::<u64>() + tools_tokens + REPLY_PRIMING;
-        Parsed { messages, message_tokens, roles, tools, tools_tokens, total }
+        Parsed { messages, hashes, message_tokens, roles, tools, tools_tokens, total }
     }
 
     fn detach(self) -> Parsed<'static> {
         Parsed {
             messages: self.messages.into_iter().map(|m| std::borrow::Cow::Owned(m.into_owned())).collect(),
+            hashes: self.hashes,
             message_tokens: self.message_tokens,
             roles: self.roles,
             tools: self.tools,
@@ -586,21 +590,15 @@ impl<'a> Parsed<'a> {
     }
 }
 
-/// Tokens a prompt cache can reuse from `previous`: the tools when unchanged (rendered first), then
-/// the longest common message prefix.
+/// Tokens a prompt cache can reuse from `previous` ([`crate::budget::prefill`]).
 fn reused(previous: &Parsed<'_>, current: &Parsed<'_>) -> u64 {
-    if previous.tools != current.tools {
-        return 0;
-    }
-    let common: u64 = previous
-        .messages
-        .iter()
-        .zip(&current.messages)
-        .take_while(|(a, b)| a == b)
-        .enumerate()
-        .map(|(i, _)| current.message_tokens[i])
-        .sum();
-    current.tools_tokens + common
+    let shared = crate::budget::prefill::shared_prefix(previous.hashes.iter().copied(), &current.hashes);
+    crate::budget::prefill::reused(
+        previous.tools == current.tools,
+        current.tools_tokens,
+        &current.message_tokens,
+        shared,
+    )
 }
 
 /// What pare may not shrink: the first system message, user messages, the protected tail and tools.

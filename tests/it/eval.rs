@@ -406,3 +406,44 @@ fn eval_of_an_archive_takes_each_models_window_from_the_config() {
     assert!(total_row.contains(&format!("{:.1}% of own", share * 100.0)), "{total_row}");
     assert!(table.contains("usable windows 4,096–61,440, each request against its own"), "{table}");
 }
+
+/// The proxy's per-request prefill estimates (raw and forwarded, in each summary) sum to what
+/// `pare eval` computes for the same session from the bytes: one rule, two callers. The session
+/// crosses several epochs at 8k, so the forwarded figure includes the requests after a new prefix.
+#[test]
+fn the_proxys_prefill_estimates_sum_to_evals_uncached_prefill() {
+    let agent = crate::support::CodingAgent { model: "m", tool: "terminal", id_prefix: "call_", reasoning: None };
+    let requests: Vec<Vec<u8>> =
+        crate::support::coding_session(&agent, 30, 150).iter().map(|body| body.to_string().into_bytes()).collect();
+    let lines: Vec<&[u8]> = requests.iter().map(Vec::as_slice).collect();
+    let engine = Arc::new(pare::compact::Engine::default_pack());
+    let compactor = SessionCompactor::new(&Config::default(), engine.clone()).unwrap();
+    let metrics = evaluate_session(&compactor, engine.as_ref(), Wire::Chat, "s", &lines, 8_192);
+    assert!(metrics.epochs >= 2, "{} epochs", metrics.epochs);
+
+    let compactor = SessionCompactor::new(&Config::default(), engine.clone()).unwrap();
+    // The proxy decides a request that surely appends before counting its new messages, and
+    // counts them late: the estimates come out the same.
+    let deferred = SessionCompactor::new(&Config::default(), engine).unwrap();
+    let (mut raw, mut forwarded, mut over, mut raw_over) = (0, 0, 0, 0);
+    for line in &lines {
+        let replayed = pare::budget::replay::replay_request(&compactor, Wire::Chat, "s", line, Some(8_192));
+        let summary = replayed.summary.expect("compacted");
+        let body = pare::wire::parse(Wire::Chat, line).unwrap();
+        let messages = body.messages();
+        let hashes = pare::neutral::message_hashes(&messages);
+        let out = deferred.compact_messages("s", body.as_ref(), &messages, &hashes, Some(8_192), true);
+        let late = out.late.map_or(out.summary.clone(), |late| late(out.summary));
+        assert_eq!(late, summary);
+        let prefill = summary.prefill.expect("every request is estimated");
+        raw += prefill.raw;
+        forwarded += prefill.forwarded;
+        over += prefill.raw_over_window as usize;
+        // No request asks for an answer length: the whole window is the limit.
+        raw_over += (summary.tokens_raw > 8_192) as usize;
+    }
+    assert_eq!((raw, forwarded), (metrics.uncached_raw, metrics.uncached_forwarded));
+    assert!(forwarded > raw, "epochs at 8k re-send their rewritten prefix: {forwarded} vs {raw}");
+    assert!(over > 0);
+    assert_eq!(over, raw_over);
+}
