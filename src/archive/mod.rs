@@ -16,6 +16,7 @@
 //! - [`usage`]: the provider's own token figures of an answer (prompt, cached, cache writes, output).
 //! - [`plan`]: each session's compaction state, stored when an exchange changes it (resume).
 //! - [`query`]: the audit side: list, load, delete sessions, and what the upstream reported per session.
+//! - [`prefill`]: uncached prefill with and without pare, per request and per session.
 //! - [`content`]: the contents markers name by id, stored when a forwarded marker names them.
 //! - [`verify`]: recompute every body hash and the chains.
 //! - [`export`]: SFT conversations and DPO pairs mined from the raw sessions.
@@ -55,6 +56,7 @@ pub mod export;
 pub mod gemini_sse;
 pub mod messages_sse;
 pub mod plan;
+pub mod prefill;
 pub mod query;
 pub mod read;
 pub mod response;

@@ -98,10 +98,11 @@ pub struct EpochMiss {
 ///   cached prefix stopped matching), `U_k` is the prompt tokens computed afresh, and `N_k =
 ///   max(0, R_k − R_{k−1})` the tokens the agent added since its previous request, which an append
 ///   would have sent uncached anyway.
-/// - `U_k` is the upstream's figure (prompt − cached) when its answer reported both
-///   ([`MissSource::Provider`]), else pare's estimate `F_k − S_k`, `S_k` the part of `F_k` in the
-///   prefix it shares with the previous forwarded request (unchanged top-level values and messages,
-///   by bytes) ([`MissSource::Estimate`]).
+/// - `U_k` is [`super::prefill::uncached_with_pare`]: the upstream's figure (prompt − cached) when
+///   its answer reported both ([`MissSource::Provider`]), else pare's estimate from the request's
+///   summary ([`MissSource::Estimate`]); for a request archived without one, `F_k − S_k`, `S_k` the
+///   part of `F_k` in the prefix it shares with the previous forwarded request (unchanged top-level
+///   values and messages, by bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Savings {
     /// Σ (R_k − F_k) over the requests pare counted.
@@ -133,6 +134,16 @@ impl Savings {
             (false, false) => "none",
         }
     }
+}
+
+/// What the UI index and `pare sessions list` show of a session beyond [`SessionInfo`], read from
+/// its exchanges ([`ArchiveReader::figures`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SessionFigures {
+    /// Its epoch number after its last request (0: never compacted).
+    pub epochs: u64,
+    pub savings: Savings,
+    pub prefill: super::prefill::SessionPrefill,
 }
 
 /// Which sessions to list or export.
@@ -434,8 +445,8 @@ impl ArchiveReader {
             let previous = k.checked_sub(1).map(|p| &exchanges[p]);
             let Some(previous) = previous.filter(|_| summary.epoch_started) else { continue };
             let added = previous.summary.as_ref().map_or(0, |p| summary.tokens_raw.saturating_sub(p.tokens_raw));
-            let (uncached, source) = match e.usage.and_then(|u| u.uncached()) {
-                Some(uncached) => (uncached, MissSource::Provider),
+            let (uncached, source) = match super::prefill::uncached_with_pare(e.usage.as_ref(), Some(summary)) {
+                Some(known) => known,
                 None => {
                     let shared = self.shared_prefix_share(previous.id, e.id)?;
                     let kept = (summary.tokens_forwarded as f64 * shared).round() as u64;
@@ -445,6 +456,16 @@ impl ArchiveReader {
             savings.epochs.push(EpochMiss { seq: e.seq, tokens: uncached.saturating_sub(added), source });
         }
         Ok(savings)
+    }
+
+    /// A session's epochs, attributable savings and uncached prefill, from its exchanges as
+    /// [`ArchiveReader::exchanges`] gives them.
+    pub fn figures(&self, exchanges: &[ExchangeInfo]) -> Result<SessionFigures, ArchiveError> {
+        Ok(SessionFigures {
+            epochs: exchanges.iter().rev().find_map(|e| e.summary.as_ref()).map_or(0, |s| s.epoch),
+            savings: self.savings(exchanges)?,
+            prefill: super::prefill::SessionPrefill::of(exchanges),
+        })
     }
 
     /// The share (by bytes, 0..=1) of exchange `current`'s forwarded body that a prompt cache holding
