@@ -78,6 +78,16 @@ pub enum MissSource {
     Estimate,
 }
 
+impl MissSource {
+    /// `provider` or `estimate`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MissSource::Provider => "provider",
+            MissSource::Estimate => "estimate",
+        }
+    }
+}
+
 /// The cache misses one epoch caused ([`Savings`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct EpochMiss {

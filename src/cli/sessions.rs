@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
-use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, SessionInfo};
+use crate::archive::prefill::RequestPrefill;
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFigures, SessionFilter, SessionInfo};
 use crate::archive::read::BodyKind;
 use crate::archive::retention::delete_session;
 use crate::archive::time::show_time;
@@ -53,7 +54,10 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
             let since_ms = since.as_deref().map(parse_since).transpose()?;
             let reader = ArchiveReader::open(&dir)?;
             let filter = SessionFilter { since_ms, model, session: None };
-            list(&reader.sessions(&filter)?, json)?;
+            let sessions = reader.sessions(&filter)?;
+            let figures =
+                sessions.iter().map(|s| reader.figures(&reader.exchanges(&s.id)?)).collect::<Result<Vec<_>, _>>()?;
+            list(&sessions, &figures, json)?;
             Ok(ExitCode::SUCCESS)
         }
         SessionsCommand::Show { id, raw, forwarded, diff, request } => {
@@ -92,11 +96,13 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
+/// The sessions as a table (the UI index's columns), or with `--json` as JSON Lines: one object per
+/// session, one line each.
+fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        for s in sessions {
-            let line = serde_json::json!({
+        for (s, f) in sessions.iter().zip(figures) {
+            let mut line = serde_json::json!({
                 "id": s.id,
                 "started": show_time(s.started_ms),
                 "last_activity": show_time(s.last_ms),
@@ -112,31 +118,85 @@ fn list(sessions: &[SessionInfo], json: bool) -> anyhow::Result<()> {
                 "upstream_output_tokens": s.upstream.output,
                 "upstream_cache_hit_rate": s.upstream.hit_rate(),
             });
+            line.as_object_mut().expect("an object").extend(figures_json(s, f));
             writeln!(out, "{line}")?;
         }
         return Ok(());
     }
     writeln!(
         out,
-        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:<28}  tokens raw → forwarded",
-        "ID", "STARTED", "LAST", "REQS", "WIRE", "MODEL", "UPSTREAM CACHE HITS"
+        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  tokens raw → forwarded",
+        "ID",
+        "STARTED",
+        "LAST",
+        "REQS",
+        "WIRE",
+        "MODEL",
+        "EPOCHS",
+        "SAVED (FWD)",
+        "ATTRIBUTABLE",
+        "UNCACHED PARE / RAW",
+        "SAVED (UNC.)",
+        "UPSTREAM CACHE HITS"
     )?;
-    for s in sessions {
+    for (s, f) in sessions.iter().zip(figures) {
+        let uncached = match f.prefill.requests.is_empty() {
+            true => "not estimated".to_owned(),
+            false => format!("{} / {}", n(f.prefill.with_pare() as i64), n(f.prefill.raw() as i64)),
+        };
         writeln!(
             out,
-            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:<28}  {} → {}",
+            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  {} → {}",
             s.id,
             show_time(s.started_ms),
             show_time(s.last_ms),
             n(s.n_requests),
             s.wire.unwrap_or("-"),
             s.model.as_deref().unwrap_or("-"),
+            f.epochs,
+            saved_share(s.tokens_raw, s.tokens_forwarded).map_or("-".into(), |x| format!("{:.1} %", 100.0 * x)),
+            n(f.savings.net()),
+            uncached,
+            f.prefill.saved_text(),
             s.upstream.cache_hits(),
             n(s.tokens_raw),
             n(s.tokens_forwarded)
         )?;
     }
+    writeln!(
+        out,
+        "SAVED (FWD): forwarded tokens against raw · ATTRIBUTABLE: tokens, net of the epochs' cache misses · \
+         UNCACHED: prompt tokens the upstream computed afresh with pare (its own figure where reported) and \
+         without (estimated) · SAVED (UNC.): the same as a share (negative: compaction cost more prefill)"
+    )?;
     Ok(())
+}
+
+/// `1 − forwarded / raw` in forwarded tokens; `None` without raw tokens.
+fn saved_share(raw: i64, forwarded: i64) -> Option<f64> {
+    (raw > 0).then(|| 1.0 - forwarded as f64 / raw as f64)
+}
+
+/// A session's figures beyond [`SessionInfo`] as `--json` keys (null: not known).
+fn figures_json(s: &SessionInfo, f: &SessionFigures) -> serde_json::Map<String, Value> {
+    let estimated = !f.prefill.requests.is_empty();
+    let json = serde_json::json!({
+        "epochs": f.epochs,
+        "saved_forwarded_tokens_share": saved_share(s.tokens_raw, s.tokens_forwarded),
+        "attributable_savings_tokens": f.savings.net(),
+        "attributable_savings_misses_from": f.savings.source(),
+        "uncached_prefill_pare_tokens": estimated.then(|| f.prefill.with_pare()),
+        "uncached_prefill_raw_tokens": estimated.then(|| f.prefill.raw()),
+        "uncached_prefill_pare_from": f.prefill.source(),
+        "uncached_prefill_saved_share": f.prefill.saved(),
+        "uncached_prefill_unestimated_requests": f.prefill.n_unknown,
+        "raw_over_window_requests": f.prefill.n_raw_over_window(),
+        "uncached_prefill_verdict": f.prefill.verdict(),
+    });
+    match json {
+        Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
 }
 
 fn print_bodies(
@@ -228,7 +288,8 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
             None => ", forwarded unchanged".into(),
         }
     )?;
-    let savings = reader.savings(&exchanges)?;
+    let figures = reader.figures(&exchanges)?;
+    let savings = &figures.savings;
     writeln!(
         out,
         "session upstream cache hits {} · attributable savings {} tokens (removed {} − epoch cache misses {}, misses from {})",
@@ -238,6 +299,7 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         n(savings.misses() as i64),
         savings.source()
     )?;
+    writeln!(out, "{}", prefill_lines(&figures, ex))?;
     let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
     let messages = messages_of(&ex.path, &raw);
     if messages.is_empty() {
@@ -265,6 +327,26 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         }
     }
     Ok(())
+}
+
+/// The session's uncached prefill in words, then the request's figures.
+fn prefill_lines(figures: &SessionFigures, ex: &ExchangeInfo) -> String {
+    let prefill = &figures.prefill;
+    let mut text = format!("session uncached prefill: {}", prefill.verdict());
+    if !prefill.requests.is_empty() {
+        text.push_str(&format!(" (with pare from {})", prefill.source()));
+    }
+    match RequestPrefill::of(ex) {
+        Some(r) => text.push_str(&format!(
+            "\nrequest uncached prefill: {} with pare ({}) · {} without{}",
+            n(r.with_pare as i64),
+            r.source.name(),
+            n(r.raw as i64),
+            if r.raw_over_window { " · as sent it would not have fit the model's window" } else { "" }
+        )),
+        None => text.push_str("\nrequest uncached prefill: not estimated"),
+    }
+    text
 }
 
 /// How one request forwarded one raw message: what `--diff` compares with the request before.

@@ -41,6 +41,16 @@ struct ModelLabels {
     wire: &'static str,
 }
 
+/// A model and wire, and which side of the comparison a prefill figure is.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrefillLabels {
+    model: String,
+    wire: &'static str,
+    /// `pare`: what the upstream computed for the forwarded request; `raw`: pare's estimate for the
+    /// request as the agent sent it.
+    with: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -66,7 +76,43 @@ pub struct Metrics {
     over_window: Family<ModelLabels, Counter>,
     epochs: Family<ModelLabels, Counter>,
     upstream: UpstreamSeries,
+    prefill: PrefillSeries,
     models: Mutex<HashSet<String>>,
+}
+
+/// Uncached prefill with and without pare ([`crate::archive::prefill`]), counted when an exchange
+/// whose request carries an estimate ends.
+#[derive(Debug, Default)]
+struct PrefillSeries {
+    uncached: Family<PrefillLabels, Counter>,
+    raw_over_window: Family<ModelLabels, Counter>,
+}
+
+impl PrefillSeries {
+    fn register(&self, pare: &mut Registry) {
+        pare.register(
+            "uncached_prefill_tokens",
+            "Prompt tokens the upstream computed afresh: with=\"pare\" the forwarded requests (the upstream's prompt − cached where reported, else pare's estimate), with=\"raw\" pare's estimate for the requests as sent, by model and wire format",
+            self.uncached.clone(),
+        );
+        pare.register(
+            "raw_over_window_requests",
+            "Requests that as sent were over the model's window (the upstream would have refused them without pare), by model and wire format",
+            self.raw_over_window.clone(),
+        );
+    }
+
+    fn count(&self, labels: &ModelLabels, summary: &CompactionSummary, usage: Option<&Usage>) {
+        let Some(estimate) = summary.prefill else { return };
+        let Some((with_pare, _)) = crate::archive::prefill::uncached_with_pare(usage, Some(summary)) else { return };
+        for (with, tokens) in [("pare", with_pare), ("raw", estimate.raw)] {
+            let labels = PrefillLabels { model: labels.model.clone(), wire: labels.wire, with };
+            self.uncached.get_or_create(&labels).inc_by(tokens);
+        }
+        if estimate.raw_over_window {
+            self.raw_over_window.get_or_create(labels).inc();
+        }
+    }
 }
 
 /// The upstream's reported usage, summed by model and wire format ([`crate::archive::usage`]).
@@ -172,6 +218,7 @@ impl Metrics {
         let over_window = Family::<ModelLabels, Counter>::default();
         let epochs = Family::<ModelLabels, Counter>::default();
         let upstream = UpstreamSeries::default();
+        let prefill = PrefillSeries::default();
 
         let pare = registry.sub_registry_with_prefix("pare");
         pare.register("requests", "Requests answered, by route and status", requests.clone());
@@ -201,6 +248,7 @@ impl Metrics {
         );
         pare.register("epochs", "Compaction epochs started, by model and wire format", epochs.clone());
         upstream.register(pare);
+        prefill.register(pare);
         registry.register_collector(Box::new(PipelineCollector { pipeline }));
 
         Metrics {
@@ -216,6 +264,7 @@ impl Metrics {
             over_window,
             epochs,
             upstream,
+            prefill,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -255,6 +304,7 @@ impl Metrics {
             if summary.epoch_started {
                 self.epochs.get_or_create(&labels).inc();
             }
+            self.prefill.count(&labels, summary, exchange.usage);
         }
         // The answers pare read (a format it compacts), when the upstream answered.
         let answered = (200..300).contains(&exchange.status) && *exchange.end == StreamEnd::Complete;
@@ -547,6 +597,34 @@ mod tests {
             assert!(text.contains(line), "{line} in {text}");
         }
         assert!(!text.contains(r#"pare_upstream_cached_tokens_total{model="qwen""#), "{text}");
+    }
+
+    /// The forwarded side takes the upstream's figure where it reported one, else pare's estimate;
+    /// the raw side is pare's estimate; a request without an estimate counts on neither side.
+    #[test]
+    fn uncached_prefill_is_counted_with_and_without_pare() {
+        use crate::exchange::PrefillEstimate;
+        let metrics = metrics();
+        let estimated = |forwarded, raw, raw_over_window| CompactionSummary {
+            prefill: Some(PrefillEstimate { forwarded, raw, raw_over_window }),
+            ..Default::default()
+        };
+        let reported = Usage { prompt: Some(900), cached: Some(100), cache_write: None, output: Some(1) };
+        let first = estimated(1000, 1000, false);
+        let second = estimated(300, 50, true);
+        let unknown = CompactionSummary::default();
+        for (summary, usage) in [(&first, Some(&reported)), (&second, None), (&unknown, Some(&reported))] {
+            metrics.started();
+            metrics.finished(&Exchange { usage, ..chat(summary, "qwen") });
+        }
+        let text = metrics.encode().unwrap();
+        for line in [
+            r#"pare_uncached_prefill_tokens_total{model="qwen",wire="chat",with="pare"} 1100"#,
+            r#"pare_uncached_prefill_tokens_total{model="qwen",wire="chat",with="raw"} 1050"#,
+            r#"pare_raw_over_window_requests_total{model="qwen",wire="chat"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 
     #[test]

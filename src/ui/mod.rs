@@ -228,8 +228,13 @@ impl Ui {
         };
         let reader = self.reader()?;
         let page = reader.session_page(&filter, (query.page - 1) * PAGE_SIZE, PAGE_SIZE)?;
+        let figures = page
+            .sessions
+            .iter()
+            .map(|s| reader.figures(&reader.exchanges(&s.info.id)?))
+            .collect::<Result<Vec<_>, _>>()?;
         let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &verified)))
+        Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &figures, &verified)))
     }
 
     fn session(&self, id: &str) -> Result<Reply, ArchiveError> {
@@ -239,8 +244,8 @@ impl Ui {
         let answers = exchanges.iter().map(|e| reader.response(id, e.seq)).collect::<Result<Vec<_>, _>>()?;
         let report = verify(reader.conn(), Some(id))?;
         self.verified.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_owned(), (info.n_requests, report.ok()));
-        let savings = reader.savings(&exchanges)?;
-        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report, &savings)))
+        let figures = reader.figures(&exchanges)?;
+        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report, &figures)))
     }
 
     fn request(&self, id: &str, seq: i64) -> Result<Reply, ArchiveError> {

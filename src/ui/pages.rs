@@ -10,7 +10,10 @@ use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
 use crate::archive::plan::forwarding;
-use crate::archive::query::{ExchangeInfo, MissSource, ResponseInfo, Savings, SessionInfo, SessionPage, UpstreamUsage};
+use crate::archive::prefill::{RequestPrefill, SessionPrefill};
+use crate::archive::query::{
+    ExchangeInfo, ResponseInfo, Savings, SessionFigures, SessionInfo, SessionPage, UpstreamUsage,
+};
 use crate::archive::verify::{VerifyReport, summary_line};
 use crate::budget::compactor::FrozenPlan;
 use crate::compact::markers::{group_digits, one_line};
@@ -198,7 +201,13 @@ fn export_buttons(query: &str) -> Markup {
     }
 }
 
-pub fn index(archive: &str, query: &Query, page: &SessionPage, verified: &HashMap<String, (i64, bool)>) -> Markup {
+pub fn index(
+    archive: &str,
+    query: &Query,
+    page: &SessionPage,
+    figures: &[SessionFigures],
+    verified: &HashMap<String, (i64, bool)>,
+) -> Markup {
     let pages = ((page.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
     let first = (query.page - 1) * PAGE_SIZE;
     let filter_query = query.to_query(1);
@@ -233,12 +242,14 @@ pub fn index(archive: &str, query: &Query, page: &SessionPage, verified: &HashMa
             table id="sessions" {
                 thead { tr {
                     th { "Session" } th { "Model" } th { "Wire" } th.num { "Requests" } th { "First (UTC)" } th { "Last (UTC)" }
-                    th.num { "Tokens raw → forwarded" } th.num { "Saved" } th.num title="prompt tokens the upstream reported read from its cache" { "Cache hits" }
+                    th.num { "Tokens raw → forwarded" } th.num title=(SAVED_FORWARDED) { "Saved (forwarded tokens)" }
+                    (prefill_heads())
+                    th.num title="prompt tokens the upstream reported read from its cache" { "Cache hits" }
                     th.num { "Epochs" } th.num { "Partial" }
                     th { "Verified" }
                 } }
                 tbody {
-                    @for s in &page.sessions {
+                    @for (s, f) in page.sessions.iter().zip(figures) {
                         tr {
                             td.mono { a href=(session_href(&s.info.id)) { (Shown(&s.info.id)) } }
                             td { (Shown(s.info.model.as_deref().unwrap_or("—"))) }
@@ -248,6 +259,7 @@ pub fn index(archive: &str, query: &Query, page: &SessionPage, verified: &HashMa
                             td.muted { (show_time(s.info.last_ms)) }
                             td.num { (int(s.info.tokens_raw)) " → " (int(s.info.tokens_forwarded)) }
                             td.num { (saved(s.info.tokens_raw, s.info.tokens_forwarded)) }
+                            (prefill_cells(f))
                             td.num.upstream { (hit_rate_cell(&s.info.upstream)) }
                             td.num { @if s.epochs > 0 { span.badge.epoch { (s.epochs) } } @else { span.muted { "0" } } }
                             td.num { @if s.partial > 0 { span.badge.warn { (s.partial) } } @else { span.muted { "0" } } }
@@ -374,6 +386,122 @@ fn upstream_cell(usage: Option<&Usage>) -> Markup {
     }
 }
 
+/// What "saved" means where it stands alone: forwarded tokens against raw ones.
+const SAVED_FORWARDED: &str =
+    "1 − forwarded/raw prompt tokens: what compaction removed, before prompt caches (see uncached prefill)";
+
+/// What the uncached prefill columns mean.
+const UNCACHED: &str = "prompt tokens the upstream computed afresh (not read from its prompt cache): with pare, \
+    the upstream's own prompt − cached where it reported both, else pare's estimate; raw, pare's estimate for the \
+    requests as the agent sent them (each less its longest prefix shared with the request before)";
+
+/// The index's uncached prefill headings (see [`prefill_cells`]).
+fn prefill_heads() -> Markup {
+    html! {
+        th.num title="tokens removed net of the cache misses pare's epochs caused" { "Attributable" }
+        th.num title=(UNCACHED) { "Uncached prefill pare / raw" }
+        th.num title="1 − uncached with pare / uncached raw (negative: compaction cost more prefill than it saved)" { "Saved (uncached prefill)" }
+    }
+}
+
+/// A session's attributable savings and uncached prefill in the index.
+fn prefill_cells(figures: &SessionFigures) -> Markup {
+    let prefill = &figures.prefill;
+    let over = prefill.n_raw_over_window();
+    html! {
+        td.num { (int(figures.savings.net())) }
+        td.num.prefill title=(prefill.verdict()) {
+            @if prefill.requests.is_empty() { span.muted { "not estimated" } } @else {
+                (int(prefill.with_pare() as i64)) " / " (int(prefill.raw() as i64))
+            }
+        }
+        td.num.prefill-saved title=(prefill.verdict()) {
+            @if prefill.with_pare() > prefill.raw() { span.badge.bad { (prefill.saved_text()) } } @else { (prefill.saved_text()) }
+            @if over > 0 { " " span.badge.ok title="requests that as sent would not have fit the model's window" { (over) " fit" } }
+        }
+    }
+}
+
+/// The session page's uncached prefill facts.
+fn prefill_facts(prefill: &SessionPrefill) -> Markup {
+    html! {
+        div id="uncached-prefill" title=(UNCACHED) {
+            b { (int(prefill.with_pare() as i64)) " / " (int(prefill.raw() as i64)) }
+            span { "uncached prefill, with pare (" (prefill.source()) ") / without (estimate)" }
+        }
+        div { b { (prefill.saved_text()) } span { "saved (uncached prefill)" } }
+        div { b { (prefill.n_raw_over_window()) } span { "requests that fit only with pare" } }
+    }
+}
+
+/// The verdict in words and the chart of cumulative uncached prefill.
+fn prefill_block(prefill: &SessionPrefill) -> Markup {
+    let cost_more = prefill.with_pare() > prefill.raw();
+    html! {
+        div id="prefill" {
+            h2 { "Uncached prefill, with and without pare" }
+            p.verdict.(if cost_more { "bad" } else { "ok" }) style="padding:6px 10px;border-radius:6px" { (prefill.verdict()) }
+            @if prefill.n_unknown > 0 {
+                p.muted { (prefill.n_unknown) " request(s) carry no estimate and are left out of both sums." }
+            }
+            @if !prefill.requests.is_empty() { (prefill_chart(prefill)) }
+        }
+    }
+}
+
+/// Cumulative uncached prefill over the requests, with pare and without: two lines in an inline SVG,
+/// epochs aside. Each point's tooltip gives its figures.
+fn prefill_chart(prefill: &SessionPrefill) -> Markup {
+    const W: f64 = 720.0;
+    const H: f64 = 220.0;
+    const PAD: f64 = 48.0;
+    let points = prefill.cumulative();
+    let top = points.iter().map(|&(_, p, r)| p.max(r)).max().unwrap_or(0).max(1) as f64;
+    let last = points.len().max(2) - 1;
+    let x = |i: usize| PAD + (W - 2.0 * PAD) * i as f64 / last as f64;
+    // 0 on the axis, the top figure half a margin below the top edge.
+    let y = |v: u64| (H - PAD) - (H - 1.5 * PAD) * v as f64 / top;
+    let line = |side: fn(&(i64, u64, u64)) -> u64| {
+        points.iter().enumerate().map(|(i, p)| format!("{:.1},{:.1}", x(i), y(side(p)))).collect::<Vec<_>>().join(" ")
+    };
+    let (first_seq, last_seq) = (points.first().map_or(0, |p| p.0), points.last().map_or(0, |p| p.0));
+    html! {
+        svg id="prefill-chart" viewBox={ "0 0 " (W) " " (H) } width=(W) height=(H) role="img"
+            aria-label="cumulative uncached prefill tokens over the requests, with pare and without"
+            style="background:#fff;border:1px solid #d0d7de;border-radius:6px;max-width:100%" {
+            title { "Cumulative uncached prefill: " (prefill.verdict()) }
+            line x1=(PAD) y1=(H - PAD) x2=(W - PAD) y2=(H - PAD) stroke="#d0d7de" {}
+            line x1=(PAD) y1=(PAD / 2.0) x2=(PAD) y2=(H - PAD) stroke="#d0d7de" {}
+            text x=(PAD - 4.0) y=(y(top as u64) + 4.0) text-anchor="end" font-size="11" fill="#57606a" { (int(top as i64)) }
+            text x=(PAD - 4.0) y=(H - PAD + 4.0) text-anchor="end" font-size="11" fill="#57606a" { "0" }
+            text x=(PAD) y=(H - PAD + 16.0) font-size="11" fill="#57606a" { "request " (first_seq) }
+            text x=(W - PAD) y=(H - PAD + 16.0) text-anchor="end" font-size="11" fill="#57606a" { "request " (last_seq) }
+            polyline.raw points=(line(|p| p.2)) fill="none" stroke="#9ca3af" stroke-width="2" stroke-dasharray="5 3" {}
+            polyline.pare points=(line(|p| p.1)) fill="none" stroke="#2f6fb8" stroke-width="2" {}
+            @for (i, &(seq, with_pare, raw)) in points.iter().enumerate() {
+                circle cx=(format!("{:.1}", x(i))) cy=(format!("{:.1}", y(with_pare))) r="2.5" fill="#2f6fb8" {
+                    title { "request " (seq) ": " (int(with_pare as i64)) " with pare, " (int(raw as i64)) " without (cumulative)" }
+                }
+            }
+            text x=(PAD + 8.0) y=(PAD / 2.0 + 4.0) font-size="12" fill="#2f6fb8" { "— with pare" }
+            text x=(PAD + 110.0) y=(PAD / 2.0 + 4.0) font-size="12" fill="#6e7781" { "- - without pare (estimate)" }
+        }
+    }
+}
+
+/// One request's uncached prefill in the session table: "1,200 / 300", the source in the tooltip.
+fn request_prefill_cell(exchange: &ExchangeInfo) -> Markup {
+    match RequestPrefill::of(exchange) {
+        Some(r) => html! {
+            span title={ "with pare: " (r.source.name()) "; without: estimate" } {
+                (int(r.with_pare as i64)) " / " (int(r.raw as i64))
+            }
+            @if r.raw_over_window { " " span.badge.ok title="as sent, this request would not have fit the model's window" { "fits only with pare" } }
+        },
+        None => html! { span.muted { "—" } },
+    }
+}
+
 /// The session's attributable savings and how they were reckoned.
 fn savings_block(savings: &Savings) -> Markup {
     html! {
@@ -397,7 +525,7 @@ fn savings_block(savings: &Savings) -> Markup {
                     tbody { @for miss in &savings.epochs { tr {
                         td.num { (miss.seq) }
                         td.num { (int(miss.tokens as i64)) }
-                        td { (match miss.source { MissSource::Provider => "provider", MissSource::Estimate => "estimate" }) }
+                        td { (miss.source.name()) }
                     } } }
                 }
             }
@@ -410,8 +538,10 @@ pub fn session(
     exchanges: &[ExchangeInfo],
     answers: &[Option<ResponseInfo>],
     report: &VerifyReport,
-    savings: &Savings,
+    figures: &SessionFigures,
 ) -> Markup {
+    let savings = &figures.savings;
+    let prefill = &figures.prefill;
     let tokens = |e: &ExchangeInfo, of: fn(&CompactionSummary) -> u64| e.summary.as_ref().map(of);
     let window = |e: &ExchangeInfo| Window::of(e.summary.as_ref());
     let scale = exchanges
@@ -435,7 +565,8 @@ pub fn session(
                 div { b { (show_time(info.started_ms)) } span { "first (UTC)" } }
                 div { b { (show_time(info.last_ms)) } span { "last (UTC)" } }
                 div { b { (int(info.tokens_raw)) " → " (int(info.tokens_forwarded)) } span { "tokens raw → forwarded" } }
-                div { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved" } }
+                div title=(SAVED_FORWARDED) { b { (saved(info.tokens_raw, info.tokens_forwarded)) } span { "saved (forwarded tokens)" } }
+                (prefill_facts(prefill))
                 div id="upstream-cache" { b { (info.upstream.cache_hits()) } span { "upstream cache hits (as the upstream reported)" } }
                 div { b { (info.upstream.cache_write.map(int).unwrap_or_else(|| "not reported".into())) } span { "upstream cache writes" } }
                 div { b { (int(savings.net())) } span { "attributable savings, tokens (" (savings.source()) ")" } }
@@ -450,6 +581,7 @@ pub fn session(
                 ul.error { @for problem in &report.problems { li { (problem.to_string()) } } }
             }
             (savings_block(savings))
+            (prefill_block(prefill))
             div.actions { span.muted { "Export this session:" } (export_buttons(&session_query)) }
             h2 { "Requests" }
             div.legend {
@@ -460,7 +592,7 @@ pub fn session(
             table id="requests" {
                 thead { tr {
                     th.num { "#" } th { "Time (UTC)" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" }
-                    th.num { "Upstream cached / prompt" } th { "Answer" }
+                    th.num { "Upstream cached / prompt" } th.num title=(UNCACHED) { "Uncached pare / raw" } th { "Answer" }
                 } }
                 tbody {
                     @for (e, answer) in exchanges.iter().zip(answers) {
@@ -485,6 +617,7 @@ pub fn session(
                                 }
                             }
                             td.num.upstream { (upstream_cell(e.usage.as_ref())) }
+                            td.num.prefill { (request_prefill_cell(e)) }
                             td.wide { (answer_summary(Wire::of_path(&e.path), answer.as_ref())) }
                         }
                     }

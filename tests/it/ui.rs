@@ -105,6 +105,11 @@ async fn every_route_answers_with_its_content() {
     assert!(index.contains(&format!("href=\"/_pare/ui/session/{SESSION}\"")), "{index}");
     assert!(index.contains("stub-model") && index.contains(">chat<"), "model and wire format listed");
     assert!(index.contains("1–1 of 1 sessions"), "{index}");
+    for column in
+        ["Saved (forwarded tokens)", "Attributable", "Uncached prefill pare / raw", "Saved (uncached prefill)"]
+    {
+        assert!(index.contains(column), "{column} in {index}");
+    }
 
     let (status, _, session) = get(pare, &format!("/_pare/ui/session/{SESSION}")).await;
     assert_eq!(status, 200);
@@ -116,6 +121,17 @@ async fn every_route_answers_with_its_content() {
     assert!(session.contains("class=\"win\""), "the window line is drawn");
     assert!(session.contains("Hello from the stub."), "the answer's first line is summarised: {session}");
     assert!(session.contains(&format!("/_pare/ui/export/sft?session={SESSION}")));
+    // Uncached prefill side by side: the verdict in words, and a chart of the cumulative figures
+    // with a point per request on each line.
+    assert!(session.contains("id=\"prefill-chart\""), "{session}");
+    for side in ["pare", "raw"] {
+        let start = session.find(&format!("<polyline class=\"{side}\" points=\"")).expect(side);
+        let points = session[start..].split('"').nth(3).unwrap();
+        assert_eq!(points.split(' ').count(), 10, "{side}: {points}");
+    }
+    assert!(session.contains("uncached prefill tokens") || session.contains("cost more uncached prefill"), "{session}");
+    assert!(session.contains("saved (forwarded tokens)") && session.contains("saved (uncached prefill)"));
+    assert_eq!(session.matches("<td class=\"num prefill\">").count(), 10, "a prefill cell per request");
     // Opening the session verified it: the index says so without hashing anything.
     let (_, _, index) = get(pare, "/_pare/ui/").await;
     assert!(index.contains("✓ verified"));

@@ -260,6 +260,25 @@ async fn the_upstreams_usage_is_archived_listed_and_counted_for_every_format() {
         }
     }
     assert!(metrics.contains(r#"pare_upstream_usage_unreported_total{model="silent",wire="chat"} 1"#), "{metrics}");
+    // Uncached prefill with pare is the upstream's prompt − cached where it reported both; the
+    // silent upstream's is pare's estimate, on a first request the whole forwarded prompt, as is
+    // the raw side's.
+    for wire in Wire::ALL {
+        let with_pare = reported(wire, false).uncached().unwrap() + reported(wire, true).uncached().unwrap();
+        let line = format!(
+            r#"pare_uncached_prefill_tokens_total{{model="{}",wire="{}",with="pare"}} {with_pare}"#,
+            model(wire),
+            wire.name()
+        );
+        assert!(metrics.contains(&format!("{line}\n")), "{line} in\n{metrics}");
+    }
+    let series = |with: &str| -> u64 {
+        let head = format!(r#"pare_uncached_prefill_tokens_total{{model="silent",wire="chat",with="{with}"}} "#);
+        let line = metrics.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("{head} in\n{metrics}"));
+        line[head.len()..].parse().unwrap()
+    };
+    assert!(series("pare") > 0);
+    assert_eq!(series("pare"), series("raw"));
     assert!(!metrics.contains(r#"pare_upstream_prompt_tokens_total{model="silent""#), "{metrics}");
 
     let reader = ArchiveReader::open(dir.path()).unwrap();
@@ -301,8 +320,18 @@ async fn the_upstreams_usage_is_archived_listed_and_counted_for_every_format() {
     let codex = by_id("responses-json-m-responses");
     assert_eq!(codex["upstream_cache_write_tokens"], Value::Null, "Responses reports no cache writes");
     assert_eq!(codex["upstream_cached_tokens"], json!(500));
+    let chat = by_id("chat-json-m-chat");
+    assert_eq!(chat["uncached_prefill_pare_tokens"], json!(reported(Wire::Chat, false).uncached().unwrap()));
+    assert_eq!((&chat["uncached_prefill_pare_from"], &chat["epochs"]), (&json!("provider"), &json!(0)));
+    assert!(chat["uncached_prefill_raw_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(silent["uncached_prefill_pare_from"], json!("estimate"));
+    assert_eq!(silent["uncached_prefill_pare_tokens"], silent["uncached_prefill_raw_tokens"]);
+    assert_eq!(silent["saved_forwarded_tokens_share"], json!(0.0));
 
     let table = pare_cli(&["sessions", "list", "--archive", archive]);
+    for column in ["EPOCHS", "SAVED (FWD)", "ATTRIBUTABLE", "UNCACHED PARE / RAW", "SAVED (UNC.)"] {
+        assert!(table.lines().next().unwrap().contains(column), "{column} in\n{table}");
+    }
     let row = |id: &str| table.lines().find(|l| l.starts_with(id)).unwrap_or_else(|| panic!("{id} in\n{table}"));
     assert!(row("chat-json-m-chat").contains("50.0 % of 1,000"), "{table}");
     assert!(row("chat-json-silent").contains("not reported"), "{table}");
@@ -313,6 +342,10 @@ async fn the_upstreams_usage_is_archived_listed_and_counted_for_every_format() {
     );
     let shown = pare_cli(&["sessions", "show", "chat-json-silent", "--archive", archive]);
     assert!(shown.contains("upstream usage: not reported"), "{shown}");
+    assert!(shown.contains("request uncached prefill: ") && shown.contains(" with pare (estimate)"), "{shown}");
+    let shown = pare_cli(&["sessions", "show", "chat-json-m-chat", "--archive", archive]);
+    assert!(shown.contains("request uncached prefill: 500 with pare (provider)"), "{shown}");
+    assert!(shown.contains("session uncached prefill: compaction"), "{shown}");
 }
 
 fn chat_body(messages: &[Value]) -> Vec<u8> {
