@@ -64,7 +64,8 @@ pub struct SessionData {
 pub enum SftFormat {
     /// `{"messages": [...], "tools": [...]}`.
     OpenAi,
-    /// `{"conversations": [{"from": "system|human|gpt|tool", "value": ...}]}` (Hermes trajectories).
+    /// `{"conversations": [{"from": "system|human|gpt|tool", "value": ...}], "tools": "[...]"}` (Hermes
+    /// trajectories; `tools`, the request's tool schemas as a JSON string, only when it had any).
     ShareGpt,
 }
 
@@ -114,6 +115,39 @@ impl DpoPair {
 pub struct ExportStats {
     pub sessions: usize,
     pub rows: usize,
+    /// A DPO export: why sessions gave no pair.
+    pub dpo: DpoTally,
+}
+
+/// Why a DPO export's sessions gave no pairs, counted while mining (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DpoTally {
+    /// Sessions without an answered request (nothing to compare).
+    pub unanswered: usize,
+    /// Sessions where no request was sent again and answered differently (no branch).
+    pub no_branch: usize,
+    /// Branches skipped because none, or more than one, of their answers was continued.
+    pub ambiguous_branches: usize,
+    /// Sessions whose final transcript has no failed tool call retried with success (no retry).
+    pub no_retry: usize,
+}
+
+impl DpoTally {
+    /// The reasons in words, each with its count: "3 session(s) without an answered request, …".
+    pub fn reasons(&self) -> String {
+        let mut reasons = Vec::new();
+        for (n, what) in [
+            (self.unanswered, "session(s) without an answered request"),
+            (self.no_branch, "session(s) where no request was sent again and answered differently (branch)"),
+            (self.ambiguous_branches, "branch(es) where none or several of the answers were continued"),
+            (self.no_retry, "session(s) with no failed tool call retried successfully (retry)"),
+        ] {
+            if n > 0 {
+                reasons.push(format!("{n} {what}"));
+            }
+        }
+        reasons.join(", ")
+    }
 }
 
 /// Load the sessions matching `filter` with their raw messages and answers.
@@ -259,7 +293,15 @@ pub fn sft_row(session: &SessionData, format: SftFormat) -> Option<Value> {
             }
             row
         }
-        SftFormat::ShareGpt => json!({"conversations": sharegpt(&messages)}),
+        // The tool schemas as a JSON string, as ShareGPT tool-calling datasets carry them
+        // (LLaMA-Factory's `tools` column, NousResearch's hermes-function-calling).
+        SftFormat::ShareGpt => {
+            let mut row = json!({"conversations": sharegpt(&messages)});
+            if let Some(tools) = tools {
+                row["tools"] = Value::String(tools.to_string());
+            }
+            row
+        }
     })
 }
 
@@ -342,12 +384,23 @@ pub fn tool_output_failed(output: &str) -> bool {
 
 /// Mine DPO pairs from one session (branches first, then retries, each in transcript order).
 pub fn mine_pairs(session: &SessionData) -> Vec<DpoPair> {
-    let mut pairs = mine_branches(session);
-    pairs.extend(mine_retries(session));
+    mine_pairs_tallied(session, &mut DpoTally::default())
+}
+
+/// [`mine_pairs`], counting in `tally` why the session gave no pair of each kind.
+pub fn mine_pairs_tallied(session: &SessionData, tally: &mut DpoTally) -> Vec<DpoPair> {
+    if session.exchanges.iter().all(|e| e.answer.is_none()) {
+        tally.unanswered += 1;
+        return Vec::new();
+    }
+    let mut pairs = mine_branches(session, tally);
+    let retries = mine_retries(session);
+    tally.no_retry += retries.is_empty() as usize;
+    pairs.extend(retries);
     pairs
 }
 
-fn mine_branches(session: &SessionData) -> Vec<DpoPair> {
+fn mine_branches(session: &SessionData, tally: &mut DpoTally) -> Vec<DpoPair> {
     let prefixes: Vec<Vec<u64>> = session
         .exchanges
         .iter()
@@ -368,6 +421,7 @@ fn mine_branches(session: &SessionData) -> Vec<DpoPair> {
         groups.entry(first).or_default().push(idx);
     }
     let mut pairs = Vec::new();
+    let mut branched = false;
     for members in groups.values().filter(|m| m.len() >= 2) {
         // Distinct answers of the group, in order of first appearance: (ext key, exchange index).
         let mut answers: Vec<(u64, usize)> = Vec::new();
@@ -379,8 +433,15 @@ fn mine_branches(session: &SessionData) -> Vec<DpoPair> {
                 answers.push((ext, idx));
             }
         }
+        if answers.len() < 2 {
+            continue;
+        }
+        branched = true;
         let (kept, abandoned): (Vec<_>, Vec<_>) = answers.iter().partition(|(k, _)| continued_keys.contains_key(k));
-        let [(_, chosen_idx)] = kept.as_slice() else { continue };
+        let [(_, chosen_idx)] = kept.as_slice() else {
+            tally.ambiguous_branches += 1;
+            continue;
+        };
         let chosen = &session.exchanges[*chosen_idx];
         for (_, idx) in abandoned {
             let rejected = &session.exchanges[idx];
@@ -396,6 +457,7 @@ fn mine_branches(session: &SessionData) -> Vec<DpoPair> {
             });
         }
     }
+    tally.no_branch += !branched as usize;
     pairs
 }
 
@@ -504,7 +566,7 @@ pub fn export_dpo(
     let mut stats = ExportStats::default();
     for session in load_sessions(reader, filter)? {
         stats.sessions += 1;
-        for pair in mine_pairs(&session) {
+        for pair in mine_pairs_tallied(&session, &mut stats.dpo) {
             writeln!(out, "{}", pair.to_json())?;
             stats.rows += 1;
         }

@@ -36,7 +36,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     };
     out.flush()?;
     let n = crate::compact::markers::group_digits;
-    eprintln!("exported {} {what} from {} session(s)", n(stats.rows), n(stats.sessions));
+    let why = match stats.dpo.reasons() {
+        _ if stats.rows == 0 && stats.sessions == 0 => ": no session matches".to_owned(),
+        reasons if stats.rows == 0 && !reasons.is_empty() => format!(": {reasons}"),
+        _ => String::new(),
+    };
+    eprintln!("exported {} {what} from {} session(s){why}", n(stats.rows), n(stats.sessions));
     Ok(ExitCode::SUCCESS)
 }
 

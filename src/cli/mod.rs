@@ -260,8 +260,12 @@ pub struct SessionsArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum SessionsCommand {
-    /// One line per session: id, start, last activity, requests, model, tokens raw → forwarded.
-    #[command(after_help = "Example:\n  pare sessions list --since 2026-11-01 --model gpt-4o")]
+    /// One line per session: id, start, last activity, requests, wire, model, epochs, saved (forwarded
+    /// tokens), attributable savings, uncached prefill with pare / without and its saving, upstream
+    /// cache hits, tokens raw → forwarded: the columns of the UI's index.
+    #[command(
+        after_help = "Example:\n  pare sessions list --since 2026-11-01 --model gpt-4o\n  pare sessions list --json | jq -s 'map(.uncached_prefill_pare_tokens) | add'"
+    )]
     List {
         /// Only sessions active since this time: YYYY-MM-DD (midnight UTC) or RFC 3339
         /// (2026-11-24T18:00:00Z).
@@ -270,7 +274,8 @@ pub enum SessionsCommand {
         /// Only sessions whose model contains this text.
         #[arg(long)]
         model: Option<String>,
-        /// One JSON object per session instead of the table.
+        /// JSON Lines instead of the table: one JSON object per session, one per line (not an array;
+        /// `jq -s` reads them as one). A figure not known is `null`.
         #[arg(long)]
         json: bool,
     },

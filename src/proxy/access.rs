@@ -1,5 +1,7 @@
 //! The one log line per request: what was asked, what came back, how long the upstream took and how
-//! long pare itself took, and what compaction did.
+//! long pare itself took, and what compaction did; and one line per call to pare's own endpoints.
+//! Every duration in a log line is in milliseconds (`*_ms`, two decimals); the metrics' are in
+//! seconds (`*_seconds`), as Prometheus names them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,7 +96,7 @@ impl AccessLog {
             path = %self.path,
             status = self.status,
             upstream_ms = self.upstream.map(millis),
-            pare_us = self.pare.as_micros() as u64,
+            pare_ms = millis(self.pare),
             total_ms = millis(self.started.elapsed()),
             bytes_out = self.bytes_out,
             tokens_raw = self.summary.as_ref().map(|s| s.tokens_raw),
@@ -111,6 +113,19 @@ impl AccessLog {
             "request"
         );
     }
+}
+
+/// The one log line of a call to one of pare's own endpoints (`/_pare/…`, the gateway): method,
+/// path, status and how long pare took to answer, in milliseconds as the request line gives them.
+pub fn pare_endpoint(method: &Method, path: &str, status: u16, started: Instant) {
+    tracing::info!(
+        target: "pare::access",
+        method = %method,
+        path = %path,
+        status,
+        total_ms = millis(started.elapsed()),
+        "pare endpoint"
+    );
 }
 
 /// Milliseconds to two decimals (`3.72`): the log line's precision, not the float's.

@@ -89,7 +89,9 @@ where
     }
     if path == crate::ui::PREFIX || path.starts_with("/_pare/ui/") {
         if let Some(ui) = &proxy.ui {
-            return crate::ui::respond(ui.clone(), &parts).await;
+            let response = crate::ui::respond(ui.clone(), &parts).await;
+            super::access::pare_endpoint(&parts.method, path, response.status().as_u16(), started);
+            return response;
         }
     }
     if path == paths::PARE_PREFIX || path.starts_with("/_pare/") || paths::is_gateway(path) {
@@ -111,7 +113,7 @@ where
         }
         let response = endpoints::handle(proxy, &parts, body_bytes, health_details).await;
         drop(share);
-        tracing::debug!(method = %parts.method, path, status = response.status().as_u16(), "pare endpoint");
+        super::access::pare_endpoint(&parts.method, path, response.status().as_u16(), started);
         return response.map(full);
     }
 

@@ -100,7 +100,10 @@ async fn standalone(ui: Arc<Ui>, guard: &Guard, keys: &Keys, request: Request<In
         return refused(super::ProxyError::Unauthorized);
     }
     if path == PREFIX || path.starts_with("/_pare/ui/") {
-        return respond(ui, &parts).await;
+        let started = std::time::Instant::now();
+        let response = respond(ui, &parts).await;
+        super::access::pare_endpoint(&parts.method, path, response.status().as_u16(), started);
+        return response;
     }
     plain(StatusCode::NOT_FOUND, "not found: the audit UI is at /_pare/ui/\n".into())
 }

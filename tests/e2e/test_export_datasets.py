@@ -145,7 +145,10 @@ def test_sft_sharegpt_export_loads_with_conversations(pare_bin, archive_dir, tmp
     result = run_pare(pare_bin, "export", "sft", "--format", "sharegpt", "--archive", str(archive_dir), "--out", str(out))
     assert result.returncode == 0, result.stderr
     ds = load(out)
-    assert ds.column_names == ["conversations"]
+    assert ds.column_names == ["conversations", "tools"]
     for row in ds:
         assert {turn["from"] for turn in row["conversations"]} <= {"system", "human", "gpt", "tool"}
         assert row["conversations"][-1]["from"] == "gpt"
+    # The tool schemas ride along as a JSON string where the session had any.
+    tools = [json.loads(row["tools"]) for row in ds if row["tools"] is not None]
+    assert tools and all(t[0]["type"] == "function" for t in tools)

@@ -609,7 +609,13 @@ fn dpo_pairs_mined_from_crafted_sessions_are_exactly_the_expected_ones() {
     let dir = tempfile::tempdir().unwrap();
     crafted_archive(dir.path());
     let out = export_to_string(dir.path(), |r, out| {
-        export_dpo(r, &SessionFilter::default(), out).unwrap();
+        let stats = export_dpo(r, &SessionFilter::default(), out).unwrap();
+        // Why the sessions gave no pair of a kind: the unanswered one none at all, each answered
+        // one no branch or no retry but the one that gave it; the branch of the last request was
+        // never continued (its answer ends the session), so which answer is chosen is unknown.
+        let tally = stats.dpo;
+        assert_eq!((tally.unanswered, tally.no_branch, tally.no_retry, tally.ambiguous_branches), (1, 1, 1, 1));
+        assert!(tally.reasons().starts_with("1 session(s) without an answered request"), "{}", tally.reasons());
     });
     let rows: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let summary: Vec<(String, String, Value, Value)> = rows
@@ -638,6 +644,28 @@ fn dpo_pairs_mined_from_crafted_sessions_are_exactly_the_expected_ones() {
         export_dpo(r, &filter, out).unwrap();
     });
     assert_eq!(only.lines().count(), 1);
+}
+
+/// `pare export dpo` that finds no pair says why, each reason counted.
+#[test]
+fn an_export_without_pairs_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    crafted_archive(dir.path());
+    let archive = dir.path().to_str().unwrap();
+    let out = pare_cli(&["export", "dpo", "--session", "unanswered", "--archive", archive]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("exported 0 preference pair(s) from 1 session(s): 1 session(s) without an answered request"),
+        "{stderr}"
+    );
+    let out = pare_cli(&["export", "dpo", "--since", "2999-01-01", "--archive", archive]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from 0 session(s): no session matches"));
+    // A session with pairs says nothing more.
+    let out = pare_cli(&["export", "dpo", "--session", "retrying", "--archive", archive]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).trim_end().ends_with("exported 1 preference pair(s) from 1 session(s)")
+    );
 }
 
 #[test]

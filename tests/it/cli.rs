@@ -302,6 +302,11 @@ fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
         answered = stderr.wait_for("total_ms=");
+        // A call to pare's own endpoints is logged too, in the same units.
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(stream, "GET /_pare/health HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n").unwrap();
+        let _ = stream.read_to_string(&mut response);
+        answered &= stderr.wait_for("pare endpoint");
     }
     child.kill().unwrap();
     child.wait().unwrap();
@@ -311,9 +316,16 @@ fn logs_to_a_pipe_carry_no_colour_codes_and_rounded_timings() {
         assert!(!line.contains('\u{1b}'), "an ANSI escape in {line:?}");
     }
     let access = seen.iter().find(|l| l.contains("total_ms=")).unwrap();
-    let total = access.split("total_ms=").nth(1).unwrap().split(' ').next().unwrap();
-    let decimals = total.split_once('.').map_or(0, |(_, d)| d.len());
-    assert!(decimals <= 2, "{access}");
+    for key in ["total_ms=", "pare_ms="] {
+        let figure = access.split(key).nth(1).unwrap_or_else(|| panic!("{key} in {access}")).split(' ').next().unwrap();
+        let decimals = figure.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 2, "{access}");
+    }
+    assert!(!access.contains("_us="), "every duration in milliseconds: {access}");
+    let endpoint = seen.iter().find(|l| l.contains("pare endpoint")).unwrap();
+    for field in ["method=GET", "path=/_pare/health", "status=", "total_ms="] {
+        assert!(endpoint.contains(field), "{field} in {endpoint}");
+    }
 }
 
 /// `--since` says its format in its help and in its error.
