@@ -141,7 +141,7 @@ def test_every_request_is_logged_once(pare, fresh):
     assert len(lines) == 1, lines
     line = lines[0]
     assert line["method"] == "POST" and line["status"] == 200
-    assert "upstream_ms" in line and "pare_us" in line
+    assert "upstream_ms" in line and "pare_ms" in line and "pare_us" not in line
     # The line carries the figures of the response's x-pare-* headers.
     headers = raw.headers
     assert line["tokens_raw"] == int(headers["x-pare-tokens-raw"]) > 0, (line, dict(headers))
