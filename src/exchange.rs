@@ -67,6 +67,9 @@ pub struct BudgetReport {
     /// The request's context window and the tokens reserved for the answer.
     pub window: u64,
     pub reserve: u64,
+    /// Where the window came from, when the proxy resolved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_source: Option<WindowSource>,
     /// The token counts are estimates (a Messages request: Anthropic's tokenizer is not public, the
     /// configured encoding counted them).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -87,6 +90,32 @@ pub struct BudgetReport {
     /// The compacted conversation has no valid form in the request's wire format: forwarded raw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_failed: Option<String>,
+}
+
+/// Where a request's context window came from (`budget::window::WindowResolver`), first source first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowSource {
+    /// A `models:` entry's `context_window`.
+    Models,
+    /// The upstream's report (llama.cpp, vLLM, LM Studio, Ollama).
+    Upstream,
+    /// The built-in price table (`data/prices.json`).
+    Prices,
+    /// `budget.default_context_window` (or the Messages or Gemini default).
+    Default,
+}
+
+impl WindowSource {
+    /// The name in the `x-pare-window-source` header and the log line.
+    pub fn name(self) -> &'static str {
+        match self {
+            WindowSource::Models => "models",
+            WindowSource::Upstream => "upstream",
+            WindowSource::Prices => "prices",
+            WindowSource::Default => "default",
+        }
+    }
 }
 
 /// One step of a session's budget.

@@ -17,6 +17,7 @@ pub use crate::exchange::{
 use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
 use crate::budget::compactor::{SessionCompactor, SessionPlan};
+use crate::budget::price::Prices;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
@@ -189,6 +190,8 @@ pub struct Pipeline {
     recent: RecentBodies,
     /// The answers held in memory for the archive, under `archive.max_held_answer_bytes`.
     answers: Arc<HeldAnswers>,
+    /// Each model's price (the built-in table under `models:` prices), for the cost metrics.
+    prices: Arc<Prices>,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -209,6 +212,7 @@ impl Pipeline {
         let sessions = Arc::new(SessionTracker::with_budget(&config.archive, budget.clone()));
         budget.reserve(RecentBodies::MAX_BYTES);
         let answers = Arc::new(HeldAnswers::new(config.archive.max_held_answer_bytes));
+        let prices = Arc::new(Prices::from_config(&config));
         Pipeline {
             config,
             compactor,
@@ -220,6 +224,7 @@ impl Pipeline {
             stateful: None,
             recent: RecentBodies::new(),
             answers,
+            prices,
         }
     }
 
@@ -253,6 +258,11 @@ impl Pipeline {
     /// resolves no windows (it does not compact).
     pub fn window_sources(&self) -> Option<String> {
         self.windows.as_ref().map(|w| w.sources())
+    }
+
+    /// Each model's price ([`Prices`]).
+    pub fn prices(&self) -> &Arc<Prices> {
+        &self.prices
     }
 
     /// The archive exchanges are recorded in, if any.
@@ -320,9 +330,12 @@ impl Pipeline {
             Err(_) => (None, false),
         };
         let compacts = matches!(&parsed, Ok(body) if body.server_compaction().is_none()) && !bypass_requested(headers);
-        let window = match &self.windows {
-            Some(windows) if compacts => Some(windows.window_for(wire, model.as_deref()).await),
-            _ => None,
+        let (window, window_source) = match &self.windows {
+            Some(windows) if compacts => {
+                let (window, source) = windows.resolve(wire, model.as_deref()).await;
+                (Some(window), Some(source))
+            }
+            _ => (None, None),
         };
         let messages = messages.as_deref().unwrap_or_default();
         // Where the raw body's values lie, for the archive: its writer then does not parse it again
@@ -357,6 +370,9 @@ impl Pipeline {
                 }),
                 (_, skipped) => Compaction { skipped: skipped.clone(), ..Compaction::default() },
             };
+            if let Some(report) = compaction.summary.as_mut().and_then(|s| s.report.as_mut()) {
+                report.window_source = window_source;
+            }
             let (late_archive, late_summary) = match (compaction.late.take(), &compaction.summary) {
                 (Some(late), Some(provisional)) => {
                     let (archive, proxy) = count_late(late, provisional.clone());

@@ -1,7 +1,8 @@
 //! Token budget: context windows and cache-stable epochs — decides *when* and *how much* to
 //! compact, and keeps forwarded prompts append-only between epochs.
 //!
-//! - [`window`]: the model's context window (config, upstream detection, default) and answer reserve.
+//! - [`window`]: the model's context window (config, upstream detection, price table, default) and answer reserve.
+//! - [`price`]: what each model costs and its window (the table compiled in, `models:` prices).
 //! - [`compactor`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
@@ -9,6 +10,7 @@
 
 pub mod compactor;
 pub mod prefill;
+pub mod price;
 pub mod replay;
 pub mod window;
 

@@ -2,8 +2,9 @@
 //!
 //! Precedence: a `models:` entry whose pattern matches the model, then the window the upstream reports
 //! (detected once per model and cached, failures cached too so a server without the endpoint is not
-//! asked on every request; see [`WindowResolver`] for what detection costs the upstream), then
-//! `budget.default_context_window`. The answer reserve is the request's
+//! asked on every request; see [`WindowResolver`] for what detection costs the upstream), then the
+//! model's input limit in the built-in price table ([`super::price::PriceTable`]: the Claude, GPT,
+//! Gemini… models need no `models:` entry), then `budget.default_context_window`. The answer reserve is the request's
 //! `max_completion_tokens` / `max_tokens`, else the model's `output_reserve`, else the budget's.
 
 use std::collections::HashMap;
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 use regex::Regex;
 use serde_json::Value;
 
+use super::price::PriceTable;
 use crate::config::{BudgetConfig, Config, ModelConfig};
+use crate::exchange::WindowSource;
 use crate::tokens::{Encoding, UnknownEncoding};
 use crate::wire::Wire;
 
@@ -218,16 +221,24 @@ impl WindowResolver {
     }
 
     /// The context window of `model` in a request of format `wire`: config, else detected, else the
-    /// default for the format ([`ModelTable::default_window_for`]).
+    /// price table's, else the default for the format ([`ModelTable::default_window_for`]).
     /// A model whose window falls back to the default is named in one warning (per model name).
     pub async fn window_for(&self, wire: Wire, model: Option<&str>) -> u64 {
+        self.resolve(wire, model).await.0
+    }
+
+    /// [`WindowResolver::window_for`] and where the window came from.
+    pub async fn resolve(&self, wire: Wire, model: Option<&str>) -> (u64, WindowSource) {
         if let Some(window) = self.table.settings(model).context_window {
-            return window;
+            return (window, WindowSource::Models);
         }
         if self.detect.enabled
             && let Some(window) = self.detected(model.unwrap_or("")).await
         {
-            return window;
+            return (window, WindowSource::Upstream);
+        }
+        if let Some(entry) = model.and_then(|name| PriceTable::builtin().get(name)) {
+            return (entry.window, WindowSource::Prices);
         }
         let window = self.table.default_window_for(wire);
         let name = model.unwrap_or("");
@@ -246,11 +257,12 @@ impl WindowResolver {
                     Wire::Chat | Wire::Responses => "budget.default_context_window",
                 },
                 detection = if self.detect.enabled { "no answer" } else { "off" },
-                "no `models:` entry matches this model and the upstream reports no window: compacting to the \
-                 default window; give the model's window in `models:` (match, context_window)"
+                "no `models:` entry matches this model, the upstream reports no window and the price table \
+                 does not name it: compacting to the default window; give the model's window in `models:` \
+                 (match, context_window)"
             );
         }
-        window
+        (window, WindowSource::Default)
     }
 
     /// Where a model's window comes from, first source first, for the start-up line: the `models:`
@@ -265,6 +277,8 @@ impl WindowResolver {
         if self.detect.enabled {
             out.push("the upstream's report".into());
         }
+        let prices = PriceTable::builtin();
+        out.push(format!("the price table ({} models, {})", prices.len(), prices.source));
         out.push(format!(
             "default {} (Messages {}, Gemini {})",
             self.table.default_window, self.table.anthropic_window, GEMINI_CONTEXT_WINDOW
@@ -609,6 +623,7 @@ mod tests {
                 context_window: Some(10),
                 output_reserve: None,
                 encoding: None,
+                price: None,
             }],
             ..Config::default()
         };

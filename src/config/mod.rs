@@ -525,6 +525,30 @@ pub struct ModelConfig {
     pub context_window: Option<u64>,
     pub output_reserve: Option<u64>,
     pub encoding: Option<String>,
+    /// The model's prices, over the built-in table's (`budget::price`).
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
+}
+
+/// What a model costs, in USD per million tokens. A cache price left out bills those tokens at
+/// `input` (a provider that does not price them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    /// An uncached prompt token.
+    pub input: f64,
+    /// A prompt token read from the provider's cache.
+    #[serde(default)]
+    pub cached: Option<f64>,
+    /// A prompt token written to the cache for 5 minutes (Anthropic's default; what pare bills
+    /// reported cache writes at).
+    #[serde(default)]
+    pub write: Option<f64>,
+    /// A prompt token written to the cache for 1 hour.
+    #[serde(default)]
+    pub write_1h: Option<f64>,
+    /// An answer token.
+    pub output: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -949,6 +973,24 @@ impl Config {
                 && !ENCODINGS.contains(&enc.as_str())
             {
                 bad(&format!("models.{i}.encoding"), format!("unknown encoding `{enc}`"));
+            }
+            if let Some(price) = &m.price {
+                for (key, value) in [
+                    ("input", Some(price.input)),
+                    ("cached", price.cached),
+                    ("write", price.write),
+                    ("write_1h", price.write_1h),
+                    ("output", Some(price.output)),
+                ] {
+                    if let Some(v) = value
+                        && !(v.is_finite() && v >= 0.0)
+                    {
+                        bad(
+                            &format!("models.{i}.price.{key}"),
+                            format!("{v} is not a price (USD per million tokens, 0 or more)"),
+                        );
+                    }
+                }
             }
         }
 

@@ -104,6 +104,7 @@ impl AccessLog {
             epoch = self.summary.as_ref().map(|s| s.epoch),
             over_window = self.summary.as_ref().map(|s| s.over_window),
             window = self.summary.as_ref().and_then(|s| s.report.as_ref()).map(|r| r.window),
+            window_source = self.summary.as_ref().and_then(|s| s.report.as_ref()?.window_source).map(|w| w.name()),
             upstream_prompt_tokens = self.usage.and_then(|u| u.prompt),
             upstream_cached_tokens = self.usage.and_then(|u| u.cached),
             model = self.model.as_deref(),

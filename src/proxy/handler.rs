@@ -372,6 +372,9 @@ fn add_pare_headers(headers: &mut HeaderMap, access: &AccessLog) {
         headers.insert("x-pare-epoch", HeaderValue::from(summary.epoch));
         if let Some(report) = &summary.report {
             headers.insert("x-pare-window", HeaderValue::from(report.window));
+            if let Some(source) = report.window_source {
+                headers.insert("x-pare-window-source", HeaderValue::from_static(source.name()));
+            }
         }
         if summary.over_window {
             headers.insert("x-pare-over-window", HeaderValue::from_static("true"));

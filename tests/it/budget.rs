@@ -406,7 +406,7 @@ use pare::budget::replay::{replay_session, session_lines};
 use pare::budget::{CompactEngine, EpochPolicy, SessionCompactor};
 use pare::compact::report::Report;
 use pare::compact::{CompactOptions, Compacted, Fate, HistoryBudget, HistoryFloor};
-use pare::exchange::Action;
+use pare::exchange::{Action, WindowSource};
 use pare::memory::{BudgetStats, StateBudget};
 use pare::neutral::View;
 use pare::pipeline::CompactOutput;
@@ -1218,7 +1218,9 @@ async fn a_model_on_the_default_window_is_named_once() {
         ModelTable::from_config(&config).unwrap(),
         DetectConfig::from_budget(&config.budget),
     );
-    assert_eq!(resolver.sources(), "models `^qwen` 32768, else default 65536 (Messages 200000, Gemini 1048576)");
+    let sources = resolver.sources();
+    assert!(sources.starts_with("models `^qwen` 32768, else the price table ("), "{sources}");
+    assert!(sources.ends_with("), else default 65536 (Messages 200000, Gemini 1048576)"), "{sources}");
     let log = crate::engine::Log::default();
     let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).finish();
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -1226,6 +1228,10 @@ async fn a_model_on_the_default_window_is_named_once() {
         resolver.window_for(Wire::Chat, Some(model)).await;
     }
     assert_eq!(resolver.window_for(Wire::Messages, Some("claude")).await, 200_000);
+    // A model the price table names takes its window from it, unwarned.
+    assert_eq!(resolver.resolve(Wire::Chat, Some("gpt-5")).await, (272_000, WindowSource::Prices));
+    assert_eq!(resolver.resolve(Wire::Chat, Some("qwen-7b")).await, (32_768, WindowSource::Models));
+    assert_eq!(resolver.resolve(Wire::Chat, Some("mistral")).await, (65_536, WindowSource::Default));
     let text = log.text();
     assert_eq!(text.matches("compacting to the default window").count(), 3, "{text}");
     assert!(text.contains("model=\"llama-3\"") && text.contains("model=\"mistral\""), "{text}");

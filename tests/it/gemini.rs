@@ -52,6 +52,7 @@ fn config(mode: Mode) -> Config {
         context_window: Some(WINDOW),
         output_reserve: None,
         encoding: None,
+        price: None,
     }];
     config
 }
