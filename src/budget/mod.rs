@@ -3,6 +3,7 @@
 //!
 //! - [`window`]: the model's context window (config, upstream detection, price table, default) and answer reserve.
 //! - [`price`]: what each model costs and its window (the table compiled in, `models:` prices).
+//! - [`cost`]: a request's and a session's cost with pare and without it.
 //! - [`compactor`]: the per-session state machine (epoch / eager / off) the proxy calls through
 //!   [`crate::exchange::ConversationCompactor`].
 //! - [`replay`]: a session's requests through that same path (`pare replay`, `pare eval`).
@@ -10,6 +11,7 @@
 
 pub mod compactor;
 pub mod prefill;
+pub mod cost;
 pub mod price;
 pub mod replay;
 pub mod window;
