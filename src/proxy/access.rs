@@ -80,6 +80,7 @@ impl AccessLog {
                 overhead: self.pare,
                 summary: self.summary.as_ref(),
                 model: self.model.as_deref(),
+                session: self.session.as_deref(),
                 usage: self.usage.as_ref(),
                 answer_read: self.answer_read,
             });
@@ -146,6 +147,7 @@ impl Drop for AccessLog {
                 overhead: self.pare,
                 summary: None,
                 model: None,
+                session: None,
                 usage: None,
                 answer_read: false,
             });

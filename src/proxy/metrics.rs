@@ -1,10 +1,12 @@
 //! `/_pare/metrics`: Prometheus (OpenMetrics text) series for requests, latency, pare's own overhead,
 //! tokens per model, epochs, fail-open, and the upstream's own usage figures (prompt, cached, cache
-//! writes, output), counted when an answer that reported them ends. A figure the upstream never
+//! writes, output), counted when an answer that reported them ends, and what the answered requests
+//! cost in USD with pare and (estimated) without it ([`CostSeries`]). A figure the upstream never
 //! reported for a model and wire has no series there (absent, not zero). Other parts of pare (the archive) register their own
 //! series into the same [`Registry`] before the server starts (see [`super::run_with_registry`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::archive::response::Truncation;
+use crate::budget::price::Prices;
 use crate::exchange::Usage;
 use crate::exchange::{CompactionSummary, StreamEnd};
 use crate::pipeline::Pipeline;
@@ -77,6 +80,7 @@ pub struct Metrics {
     epochs: Family<ModelLabels, Counter>,
     upstream: UpstreamSeries,
     prefill: PrefillSeries,
+    cost: CostSeries,
     models: Mutex<HashSet<String>>,
 }
 
@@ -174,6 +178,75 @@ impl UpstreamSeries {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CostLabels {
+    /// `with_pare` (what the requests cost as forwarded) or `without_pare` (the estimate of the
+    /// same requests sent raw).
+    kind: &'static str,
+    model: String,
+    wire: &'static str,
+}
+
+/// Most sessions whose last request is remembered for the cost estimates; past it the memory starts
+/// afresh (the next request of a forgotten session is estimated as its first).
+const MAX_COST_SESSIONS: usize = 4096;
+
+/// What the answered requests cost, in USD ([`crate::budget::cost`]): with pare (the upstream's
+/// figures, else pare's estimate) and without it (estimated), by model and wire format; requests of
+/// a model with no price are counted apart, never priced.
+#[derive(Debug)]
+struct CostSeries {
+    usd: Family<CostLabels, Counter<f64, AtomicU64>>,
+    unpriced: Family<ModelLabels, Counter>,
+    prices: Arc<Prices>,
+    /// Each session's previous prompt counts (raw and forwarded).
+    previous: Mutex<HashMap<String, CompactionSummary>>,
+}
+
+impl CostSeries {
+    fn new(prices: Arc<Prices>) -> CostSeries {
+        CostSeries { usd: Family::default(), unpriced: Family::default(), prices, previous: Mutex::default() }
+    }
+
+    fn register(&self, pare: &mut Registry) {
+        pare.register(
+            "cost_usd",
+            "What the answered requests cost in USD, by kind: with_pare (the upstream's usage at the model's price, else pare's estimate) and without_pare (pare's estimate of the same requests sent uncompacted), net of cache reads and writes; by model and wire format",
+            self.usd.clone(),
+        );
+        pare.register(
+            "cost_unpriced_requests",
+            "Answered requests of a model with no price (neither models: nor the price table names it), by model and wire format",
+            self.unpriced.clone(),
+        );
+    }
+
+    fn count(&self, labels: &ModelLabels, exchange: &Exchange<'_>, summary: &CompactionSummary) {
+        let counts = CompactionSummary {
+            tokens_raw: summary.tokens_raw,
+            tokens_forwarded: summary.tokens_forwarded,
+            ..CompactionSummary::default()
+        };
+        let previous = exchange.session.and_then(|session| {
+            let mut previous = self.previous.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if previous.len() >= MAX_COST_SESSIONS && !previous.contains_key(session) {
+                previous.clear();
+            }
+            previous.insert(session.to_owned(), counts)
+        });
+        let Some(price) = exchange.model.and_then(|model| self.prices.of(model)) else {
+            self.unpriced.get_or_create(labels).inc();
+            return;
+        };
+        let (forwarded, raw) = crate::budget::cost::prompts(previous.as_ref(), summary);
+        let cost = crate::budget::cost::request_cost(&price.price, exchange.usage, forwarded, raw);
+        for (kind, usd) in [("with_pare", cost.with_pare), ("without_pare", cost.without_pare)] {
+            let labels = CostLabels { kind, model: labels.model.clone(), wire: labels.wire };
+            self.usd.get_or_create(&labels).inc_by(usd);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: &'static str,
 }
@@ -219,6 +292,7 @@ impl Metrics {
         let epochs = Family::<ModelLabels, Counter>::default();
         let upstream = UpstreamSeries::default();
         let prefill = PrefillSeries::default();
+        let cost = CostSeries::new(Arc::clone(pipeline.prices()));
 
         let pare = registry.sub_registry_with_prefix("pare");
         pare.register("requests", "Requests answered, by route and status", requests.clone());
@@ -249,6 +323,7 @@ impl Metrics {
         pare.register("epochs", "Compaction epochs started, by model and wire format", epochs.clone());
         upstream.register(pare);
         prefill.register(pare);
+        cost.register(pare);
         registry.register_collector(Box::new(PipelineCollector { pipeline }));
 
         Metrics {
@@ -265,6 +340,7 @@ impl Metrics {
             epochs,
             upstream,
             prefill,
+            cost,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -314,6 +390,9 @@ impl Metrics {
         {
             let labels = ModelLabels { model: self.model_label(exchange.model), wire: wire.name() };
             self.upstream.count(&labels, exchange.usage);
+            if let Some(summary) = exchange.summary {
+                self.cost.count(&labels, exchange, summary);
+            }
         }
     }
 
@@ -349,6 +428,8 @@ pub struct Exchange<'a> {
     pub overhead: Duration,
     pub summary: Option<&'a CompactionSummary>,
     pub model: Option<&'a str>,
+    /// The request's session (what its previous request was, for the cost estimates).
+    pub session: Option<&'a str>,
     /// What the upstream reported it billed for the answer.
     pub usage: Option<&'a Usage>,
     /// pare read the answer: no `usage` then means the upstream reported none.
@@ -506,6 +587,7 @@ mod tests {
             overhead: Duration::from_micros(40),
             summary: Some(summary),
             model: Some(model),
+            session: Some("s1"),
             usage: None,
             answer_read: true,
         }
@@ -625,6 +707,40 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
+    }
+
+    /// A priced model's requests add their cost with pare (the upstream's figures) and without it
+    /// (estimated); a model with no price is counted, never priced.
+    #[test]
+    fn cost_is_counted_by_kind_and_an_unknown_model_is_unpriced() {
+        let metrics = metrics();
+        let first = CompactionSummary { tokens_raw: 1_000, tokens_forwarded: 1_000, ..Default::default() };
+        let second = CompactionSummary { tokens_raw: 3_000, tokens_forwarded: 1_500, ..Default::default() };
+        let usage = Usage { prompt: Some(1_500), cached: Some(1_000), cache_write: None, output: Some(100) };
+        for (summary, model, usage) in
+            [(&first, "gpt-4o", None), (&second, "gpt-4o", Some(&usage)), (&first, "my-local-model", None)]
+        {
+            metrics.started();
+            metrics.finished(&Exchange { usage, ..chat(summary, model) });
+        }
+        let text = metrics.encode().unwrap();
+        let figure = |kind: &str| -> f64 {
+            let prefix = format!(r#"pare_cost_usd_total{{kind="{kind}",model="gpt-4o",wire="chat"}} "#);
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("{kind} in {text}"))
+                .parse()
+                .unwrap()
+        };
+        // gpt-4o: 2.5 input, 1.25 cached, 10 output per million. First request (nothing reported):
+        // 1,000 uncached both ways. Second: with pare 500 uncached + 1,000 cached + 100 out; without,
+        // 3,000 raw of which the previous 1,000 cached.
+        let with_pare = (1_000.0 * 2.5 + 500.0 * 2.5 + 1_000.0 * 1.25 + 100.0 * 10.0) * 1e-6;
+        let without_pare = (1_000.0 * 2.5 + 2_000.0 * 2.5 + 1_000.0 * 1.25 + 100.0 * 10.0) * 1e-6;
+        assert!((figure("with_pare") - with_pare).abs() < 1e-12, "{text}");
+        assert!((figure("without_pare") - without_pare).abs() < 1e-12, "{text}");
+        assert!(text.contains(r#"pare_cost_unpriced_requests_total{model="my-local-model",wire="chat"} 1"#), "{text}");
+        assert!(!text.contains(r#"pare_cost_usd_total{kind="with_pare",model="my-local-model""#), "{text}");
     }
 
     #[test]
