@@ -1,7 +1,8 @@
 //! The audit side of the archive: list sessions, read exchanges and their exact bodies, the last
 //! (raw, forwarded) pair of a session for rebuilding compaction state, and deleting a session; what
 //! the upstream reported it billed, per answer and per session ([`UpstreamUsage`]), and what pare's
-//! compaction saved net of the cache misses its epochs caused ([`Savings`]).
+//! compaction saved net of the cache misses its epochs caused ([`Savings`]); what each request and
+//! session cost in money with pare and without it ([`costs`]).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -10,6 +11,8 @@ use super::body::Part;
 use super::db::{Db, DbError, Dialect, Row, params};
 use super::read::{self, BodyKind};
 use super::{ArchiveError, Location, store};
+use crate::budget::cost::{self, RequestCost, SessionCost};
+use crate::budget::price::Prices;
 use crate::exchange::CompactionSummary;
 use crate::exchange::Usage;
 use crate::session::StoredKey;
@@ -154,6 +157,27 @@ pub struct SessionFigures {
     pub epochs: u64,
     pub savings: Savings,
     pub prefill: super::prefill::SessionPrefill,
+}
+
+/// The cost of each of a session's `exchanges` with pare and without it ([`crate::budget::cost`]),
+/// and the session's sums. An exchange pare did not compact (no summary) has no cost and is not
+/// counted; one of a model with no price has none and is counted unpriced.
+pub fn costs(exchanges: &[ExchangeInfo], prices: &Prices) -> (Vec<Option<RequestCost>>, SessionCost) {
+    let mut session = SessionCost::default();
+    let mut previous: Option<&CompactionSummary> = None;
+    let per_request = exchanges
+        .iter()
+        .map(|e| {
+            let summary = e.summary.as_ref()?;
+            let (forwarded, raw) = cost::prompts(previous, summary);
+            previous = Some(summary);
+            let price = e.model.as_deref().and_then(|model| prices.of(model));
+            let cost = price.map(|p| cost::request_cost(&p.price, e.usage.as_ref(), forwarded, raw));
+            session.add(cost.as_ref());
+            cost
+        })
+        .collect();
+    (per_request, session)
 }
 
 /// Which sessions to list or export.
@@ -442,6 +466,11 @@ impl ArchiveReader {
             raw: self.body(session, seq, BodyKind::Raw)?,
             forwarded: self.body(session, seq, BodyKind::Forwarded)?,
         }))
+    }
+
+    /// What session `id` cost with pare and without it ([`costs`]).
+    pub fn session_cost(&self, id: &str, prices: &Prices) -> Result<SessionCost, ArchiveError> {
+        Ok(costs(&self.exchanges(id)?, prices).1)
     }
 
     /// What pare saved session `exchanges` net of its epochs' cache misses ([`Savings`]); `exchanges`

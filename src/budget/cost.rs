@@ -8,8 +8,9 @@
 //!
 //! **Without pare** is always an estimate: the raw prompt, of which the previous raw prompt is read
 //! from the cache. When the upstream reported figures, the raw counts are put in its tokens (× its
-//! prompt ÷ pare's count of the forwarded prompt), and a cache miss the upstream reported on a
-//! request pare appended to (an expired or evicted cache) is assumed to have hit the raw prompt alike.
+//! prompt ÷ pare's count of the forwarded prompt); a cache miss the upstream reported on a request
+//! pare appended to (an expired or evicted cache) is assumed to have hit the raw prompt alike, and
+//! so is a cache hit the previous prompt does not explain (a prefix another session cached).
 //!
 //! The uncached part of a prompt is a cache write at a provider that bills writes (a price with
 //! `write`: Anthropic, whose agents mark their prompts for caching), else plain input. Writes are
@@ -110,9 +111,12 @@ pub fn request_cost(price: &PriceConfig, usage: Option<&Usage>, forwarded: Promp
         None => (split(prompt, estimated_hit.min(prompt), output, price), CostSource::Mixed),
     };
     // A miss on what pare forwarded unchanged since the previous request is the cache's, not pare's:
-    // the raw prompt would have missed alike.
+    // the raw prompt would have missed alike. A hit the previous prompt does not explain (a system
+    // prompt another session cached) would have hit the raw prompt too.
     let kept = if estimated_hit > 0.0 { (paid.cached / estimated_hit).min(1.0) } else { 1.0 };
-    let raw = split(raw.tokens as f64 * scale, raw.shared as f64 * scale * kept, output, price);
+    let raw_tokens = raw.tokens as f64 * scale;
+    let raw_cached = (raw.shared as f64 * scale * kept).max(paid.cached.min(raw_tokens));
+    let raw = split(raw_tokens, raw_cached, output, price);
     RequestCost { with_pare: paid.cost(price), without_pare: raw.cost(price), source }
 }
 
@@ -268,6 +272,26 @@ mod tests {
         let cost = request_cost(&GPT, Some(&usage), same, same);
         assert!(close(cost.with_pare, cost.without_pare), "{cost:?}");
         assert!(close(cost.with_pare, 1_000.0 * 2.0 * 1e-6), "{cost:?}");
+    }
+
+    /// A first request the upstream reports partly cached (a system prompt another session cached):
+    /// the raw prompt would have hit that cache too.
+    #[test]
+    fn a_cache_hit_the_previous_prompt_does_not_explain_hits_the_raw_estimate_too() {
+        let usage = Usage { prompt: Some(1_000), cached: Some(600), cache_write: None, output: Some(50) };
+        let first = Prompt { tokens: 1_000, shared: 0 };
+        let cost = request_cost(&GPT, Some(&usage), first, first);
+        assert!(close(cost.with_pare, cost.without_pare), "{cost:?}");
+        // An epoch: the upstream read pare's kept head (300) from its cache; the raw prompt would have
+        // read its whole previous prompt (the larger share), not both.
+        let usage = Usage { prompt: Some(1_000), cached: Some(300), cache_write: None, output: Some(0) };
+        let cost = request_cost(
+            &GPT,
+            Some(&usage),
+            Prompt { tokens: 1_000, shared: 0 },
+            Prompt { tokens: 4_000, shared: 3_500 },
+        );
+        assert!(close(cost.without_pare, (500.0 * 2.0 + 3_500.0 * 0.5) * 1e-6), "{cost:?}");
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! - [`prefill`]: the uncached prefill a prefix cache leaves a request (the proxy's estimate, `pare eval`).
 
 pub mod compactor;
-pub mod prefill;
 pub mod cost;
+pub mod prefill;
 pub mod price;
 pub mod replay;
 pub mod window;

@@ -20,6 +20,8 @@ use crate::archive::read::BodyKind;
 use crate::archive::retention::delete_session;
 use crate::archive::time::show_time;
 use crate::archive::verify::{summary_line, verify};
+use crate::budget::cost::{SessionCost, usd};
+use crate::budget::price::Prices;
 use crate::compact::markers::group_signed as n;
 use crate::compact::provenance::Step;
 use crate::exchange::Usage;
@@ -57,7 +59,9 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
             let sessions = reader.sessions(&filter)?;
             let figures =
                 sessions.iter().map(|s| reader.figures(&reader.exchanges(&s.id)?)).collect::<Result<Vec<_>, _>>()?;
-            list(&sessions, &figures, json)?;
+            let prices = prices(args.config.as_deref())?;
+            let costs = sessions.iter().map(|s| reader.session_cost(&s.id, &prices)).collect::<Result<Vec<_>, _>>()?;
+            list(&sessions, &figures, &costs, json)?;
             Ok(ExitCode::SUCCESS)
         }
         SessionsCommand::Show { id, raw, forwarded, diff, request } => {
@@ -70,7 +74,7 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
             } else if diff {
                 print_diff(&reader, &info, request)?;
             } else {
-                print_transcript(&reader, &info, request)?;
+                print_transcript(&reader, &info, request, &prices(args.config.as_deref())?)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -96,12 +100,18 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Each model's price: `models:` prices from `--config` over the built-in table.
+fn prices(config: Option<&std::path::Path>) -> anyhow::Result<Prices> {
+    Ok(Prices::from_config(&Config::load(config)?))
+}
+
 /// The sessions as a table (the UI index's columns), or with `--json` as JSON Lines: one object per
 /// session, one line each.
-fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> anyhow::Result<()> {
+fn list(sessions: &[SessionInfo], figures: &[SessionFigures], costs: &[SessionCost], json: bool) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        for (s, f) in sessions.iter().zip(figures) {
+        for ((s, f), cost) in sessions.iter().zip(figures).zip(costs) {
+            let priced = cost.n_priced > 0;
             let mut line = serde_json::json!({
                 "id": s.id,
                 "started": show_time(s.started_ms),
@@ -117,6 +127,9 @@ fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> any
                 "upstream_cache_write_tokens": s.upstream.cache_write,
                 "upstream_output_tokens": s.upstream.output,
                 "upstream_cache_hit_rate": s.upstream.hit_rate(),
+                "cost_usd_with_pare": priced.then_some(cost.with_pare),
+                "cost_usd_without_pare": priced.then_some(cost.without_pare),
+                "cost_unpriced_requests": cost.n_unpriced,
             });
             line.as_object_mut().expect("an object").extend(figures_json(s, f));
             writeln!(out, "{line}")?;
@@ -125,7 +138,7 @@ fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> any
     }
     writeln!(
         out,
-        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  tokens raw → forwarded",
+        "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  {:<21}  tokens raw → forwarded",
         "ID",
         "STARTED",
         "LAST",
@@ -137,16 +150,17 @@ fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> any
         "ATTRIBUTABLE",
         "UNCACHED PARE / RAW",
         "SAVED (UNC.)",
-        "UPSTREAM CACHE HITS"
+        "UPSTREAM CACHE HITS",
+        "COST RAW (EST.) → PARE"
     )?;
-    for (s, f) in sessions.iter().zip(figures) {
+    for ((s, f), cost) in sessions.iter().zip(figures).zip(costs) {
         let uncached = match f.prefill.requests.is_empty() {
             true => "not estimated".to_owned(),
             false => format!("{} / {}", n(f.prefill.with_pare() as i64), n(f.prefill.raw() as i64)),
         };
         writeln!(
             out,
-            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  {} → {}",
+            "{:<26}  {:<20}  {:<20}  {:>5}  {:<9}  {:<24}  {:>6}  {:>11}  {:>13}  {:<24}  {:>13}  {:<28}  {:<21}  {} → {}",
             s.id,
             show_time(s.started_ms),
             show_time(s.last_ms),
@@ -159,6 +173,7 @@ fn list(sessions: &[SessionInfo], figures: &[SessionFigures], json: bool) -> any
             uncached,
             f.prefill.saved_text(),
             s.upstream.cache_hits(),
+            cost_cell(cost),
             n(s.tokens_raw),
             n(s.tokens_forwarded)
         )?;
@@ -196,6 +211,16 @@ fn figures_json(s: &SessionInfo, f: &SessionFigures) -> serde_json::Map<String, 
     match json {
         Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// A session's cost in `sessions list`: "$0.0450 → $0.0210" (without pare, estimated → with pare),
+/// "tokens only" for a model with no price, "-" when nothing was compacted.
+fn cost_cell(cost: &SessionCost) -> String {
+    match (cost.n_priced, cost.n_unpriced) {
+        (0, 0) => "-".into(),
+        (0, _) => "tokens only".into(),
+        _ => format!("{} → {}", usd(cost.without_pare), usd(cost.with_pare)),
     }
 }
 
@@ -266,7 +291,12 @@ pub(crate) fn render_message(idx: usize, m: &Value) -> String {
     out
 }
 
-fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<i64>) -> anyhow::Result<()> {
+fn print_transcript(
+    reader: &ArchiveReader,
+    info: &SessionInfo,
+    request: Option<i64>,
+    prices: &Prices,
+) -> anyhow::Result<()> {
     let seq = request.unwrap_or(info.n_requests);
     let exchanges = reader.exchanges(&info.id)?;
     let ex = exchanges
@@ -300,6 +330,17 @@ fn print_transcript(reader: &ArchiveReader, info: &SessionInfo, request: Option<
         savings.source()
     )?;
     writeln!(out, "{}", prefill_lines(&figures, ex))?;
+    let (request_costs, session_cost) = archive::query::costs(&exchanges, prices);
+    let request_cost = exchanges.iter().zip(&request_costs).find(|(e, _)| e.seq == seq).and_then(|(_, c)| c.as_ref());
+    writeln!(
+        out,
+        "cost: session {} · this request {}",
+        session_cost.line(),
+        request_cost.map_or_else(
+            || "—".to_owned(),
+            |c| format!("{} with pare, {} without (est.)", usd(c.with_pare), usd(c.without_pare))
+        )
+    )?;
     let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
     let messages = messages_of(&ex.path, &raw);
     if messages.is_empty() {

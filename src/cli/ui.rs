@@ -15,7 +15,8 @@ pub fn run(args: UiArgs) -> anyhow::Result<ExitCode> {
     let dir = archive_location(args.archive, args.config.as_deref())?;
     crate::archive::query::ArchiveReader::open(&dir)?;
     let owner = crate::proxy::token::OwnerToken::for_ui(&config, dir.dir())?;
-    let ui = Arc::new(Ui::new(dir));
+    let prices = Arc::new(crate::budget::price::Prices::from_config(&config));
+    let ui = Arc::new(Ui::new(dir).with_prices(prices));
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")?;
     runtime.block_on(async {

@@ -108,7 +108,9 @@ where
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let builder = connection_builder(&config);
     let metrics = Arc::new(Metrics::new(registry, pipeline.clone()));
-    let ui = pipeline.archive().map(|archive| Arc::new(crate::ui::Ui::new(archive.location().clone())));
+    let ui = pipeline.archive().map(|archive| {
+        Arc::new(crate::ui::Ui::new(archive.location().clone()).with_prices(Arc::clone(pipeline.prices())))
+    });
     let guard = Guard::new(&config.server.allowed_hosts, &config.server.allowed_origins);
     let owner = OwnerToken::for_serve(&config, pipeline.archive().map(|archive| archive.location()))?;
     let local_addr = listener.local_addr().ok();

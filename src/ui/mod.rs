@@ -8,13 +8,14 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::archive::ArchiveError;
 use crate::archive::export::{SftFormat, export_dpo, export_sft};
-use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter};
+use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFilter, costs};
 use crate::archive::read::BodyKind;
 use crate::archive::verify::verify;
+use crate::budget::price::Prices;
 
 mod pages;
 mod server;
@@ -33,6 +34,8 @@ pub struct Ui {
     /// Verify results of sessions opened so far, by (id, requests): the index shows them without
     /// hashing anything; a session that grew is verified again when opened.
     verified: Mutex<HashMap<String, (i64, bool)>>,
+    /// Each model's price, for the cost of sessions and requests.
+    prices: Arc<Prices>,
 }
 
 /// What a route answers: a status, a content type, extra headers and the body.
@@ -175,7 +178,14 @@ pub fn percent_encode(text: &str) -> String {
 impl Ui {
     /// The UI over the archive at `location`.
     pub fn new(location: impl Into<crate::archive::Location>) -> Ui {
-        Ui { location: location.into(), verified: Mutex::new(HashMap::new()) }
+        Ui { location: location.into(), verified: Mutex::new(HashMap::new()), prices: Arc::new(Prices::builtin()) }
+    }
+
+    /// Price sessions and requests with `prices` (the configuration's `models:` prices over the
+    /// built-in table) instead of the built-in table alone.
+    pub fn with_prices(mut self, prices: Arc<Prices>) -> Ui {
+        self.prices = prices;
+        self
     }
 
     /// Answer one request; `path` starts with [`PREFIX`]. Blocking (SQLite): async callers run it
@@ -234,7 +244,12 @@ impl Ui {
             .map(|s| reader.figures(&reader.exchanges(&s.info.id)?))
             .collect::<Result<Vec<_>, _>>()?;
         let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &figures, &verified)))
+        let costs = page
+            .sessions
+            .iter()
+            .map(|s| Ok((s.info.id.clone(), reader.session_cost(&s.info.id, &self.prices)?)))
+            .collect::<Result<HashMap<_, _>, ArchiveError>>()?;
+        Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &figures, &verified, &costs)))
     }
 
     fn session(&self, id: &str) -> Result<Reply, ArchiveError> {
@@ -245,7 +260,8 @@ impl Ui {
         let report = verify(reader.conn(), Some(id))?;
         self.verified.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_owned(), (info.n_requests, report.ok()));
         let figures = reader.figures(&exchanges)?;
-        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report, &figures)))
+        let costs = costs(&exchanges, &self.prices);
+        Ok(Reply::html(200, pages::session(&info, &exchanges, &answers, &report, &figures, &costs)))
     }
 
     fn request(&self, id: &str, seq: i64) -> Result<Reply, ArchiveError> {

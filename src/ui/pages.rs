@@ -16,6 +16,7 @@ use crate::archive::query::{
 };
 use crate::archive::verify::{VerifyReport, summary_line};
 use crate::budget::compactor::FrozenPlan;
+use crate::budget::cost::{CostSource, RequestCost, SessionCost, usd};
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::Step;
 use crate::exchange::CompactionSummary;
@@ -207,6 +208,7 @@ pub fn index(
     page: &SessionPage,
     figures: &[SessionFigures],
     verified: &HashMap<String, (i64, bool)>,
+    costs: &HashMap<String, SessionCost>,
 ) -> Markup {
     let pages = ((page.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
     let first = (query.page - 1) * PAGE_SIZE;
@@ -246,6 +248,7 @@ pub fn index(
                     (prefill_heads())
                     th.num title="prompt tokens the upstream reported read from its cache" { "Cache hits" }
                     th.num { "Epochs" } th.num { "Partial" }
+                    th.num title="estimated without pare → with pare, USD at the model's price" { "Cost" }
                     th { "Verified" }
                 } }
                 tbody {
@@ -263,6 +266,7 @@ pub fn index(
                             td.num.upstream { (hit_rate_cell(&s.info.upstream)) }
                             td.num { @if s.epochs > 0 { span.badge.epoch { (s.epochs) } } @else { span.muted { "0" } } }
                             td.num { @if s.partial > 0 { span.badge.warn { (s.partial) } } @else { span.muted { "0" } } }
+                            td.num.cost { (session_cost_cell(costs.get(&s.info.id))) }
                             td { (verify_badge(verified.get(&s.info.id), s.info.n_requests)) }
                         }
                     }
@@ -502,6 +506,54 @@ fn request_prefill_cell(exchange: &ExchangeInfo) -> Markup {
     }
 }
 
+/// A session's cost in a table cell: "$0.0450 → $0.0210" (without pare, estimated → with pare), or
+/// "tokens only" for a model with no price.
+fn session_cost_cell(cost: Option<&SessionCost>) -> Markup {
+    match cost {
+        Some(cost) if cost.n_priced > 0 => html! {
+            span title=(cost.line()) { (usd(cost.without_pare)) " → " (usd(cost.with_pare)) }
+        },
+        Some(cost) if cost.n_unpriced > 0 => html! { span.muted title=(cost.line()) { "tokens only" } },
+        _ => html! { span.muted { "—" } },
+    }
+}
+
+/// One request's cost in a table cell (without pare → with pare), or why there is none.
+fn request_cost_cell(cost: Option<&RequestCost>, compacted: bool) -> Markup {
+    match cost {
+        Some(cost) => {
+            let source = match cost.source {
+                CostSource::Provider => "the upstream's figures",
+                CostSource::Mixed => "the upstream's prompt, pare's cache estimate",
+                CostSource::Estimate => "pare's estimate",
+            };
+            html! { span title={ "with pare from " (source) "; without pare estimated" } {
+                (usd(cost.without_pare)) " → " (usd(cost.with_pare))
+            } }
+        }
+        None if compacted => html! { span.muted title="no price for this model" { "tokens only" } },
+        None => html! { span.muted { "—" } },
+    }
+}
+
+/// The session's cost with pare and without it, and how it was reckoned.
+fn cost_block(cost: &SessionCost) -> Markup {
+    html! {
+        details id="cost" {
+            summary { "Cost: " b { (cost.line()) } }
+            p {
+                "At the model's price (the built-in table from litellm's, or a models: entry's price), USD. "
+                "With pare: the upstream's reported usage — uncached input, cache reads, cache writes, output — "
+                "else pare's estimate (the forwarded prompt, the part shared with the previous forwarded prompt read "
+                "from the cache; an epoch request wholly uncached). Without pare: an estimate of the same requests "
+                "sent raw (the previous raw prompt read from the cache, in the upstream's tokens when it reported "
+                "them). Where the provider bills cache writes, the uncached part of a prompt is a write (5-minute "
+                "rate). A model with no price shows tokens only."
+            }
+        }
+    }
+}
+
 /// The session's attributable savings and how they were reckoned.
 fn savings_block(savings: &Savings) -> Markup {
     html! {
@@ -539,9 +591,11 @@ pub fn session(
     answers: &[Option<ResponseInfo>],
     report: &VerifyReport,
     figures: &SessionFigures,
+    costs: &(Vec<Option<RequestCost>>, SessionCost),
 ) -> Markup {
     let savings = &figures.savings;
     let prefill = &figures.prefill;
+    let (request_costs, session_cost) = costs;
     let tokens = |e: &ExchangeInfo, of: fn(&CompactionSummary) -> u64| e.summary.as_ref().map(of);
     let window = |e: &ExchangeInfo| Window::of(e.summary.as_ref());
     let scale = exchanges
@@ -570,6 +624,7 @@ pub fn session(
                 div id="upstream-cache" { b { (info.upstream.cache_hits()) } span { "upstream cache hits (as the upstream reported)" } }
                 div { b { (info.upstream.cache_write.map(int).unwrap_or_else(|| "not reported".into())) } span { "upstream cache writes" } }
                 div { b { (int(savings.net())) } span { "attributable savings, tokens (" (savings.source()) ")" } }
+                div id="session-cost" { b { (session_cost_cell(Some(session_cost))) } span { "cost without pare (est.) → with pare" } }
                 div { b { (epochs) } span { "epochs" } }
                 div { b { (partial) } span { "partial answers" } }
                 div id="verify" {
@@ -582,6 +637,7 @@ pub fn session(
             }
             (savings_block(savings))
             (prefill_block(prefill))
+            (cost_block(session_cost))
             div.actions { span.muted { "Export this session:" } (export_buttons(&session_query)) }
             h2 { "Requests" }
             div.legend {
@@ -592,10 +648,10 @@ pub fn session(
             table id="requests" {
                 thead { tr {
                     th.num { "#" } th { "Time (UTC)" } th.num { "Raw" } th.num { "Forwarded" } th { "Tokens" } th { "Epoch" }
-                    th.num { "Upstream cached / prompt" } th.num title=(UNCACHED) { "Uncached pare / raw" } th { "Answer" }
+                    th.num { "Upstream cached / prompt" } th.num title=(UNCACHED) { "Uncached pare / raw" } th.num { "Cost" } th { "Answer" }
                 } }
                 tbody {
-                    @for (e, answer) in exchanges.iter().zip(answers) {
+                    @for ((e, answer), cost) in exchanges.iter().zip(answers).zip(request_costs) {
                         @let raw = tokens(e, |s| s.tokens_raw);
                         @let fwd = tokens(e, |s| s.tokens_forwarded);
                         tr {
@@ -618,6 +674,7 @@ pub fn session(
                             }
                             td.num.upstream { (upstream_cell(e.usage.as_ref())) }
                             td.num.prefill { (request_prefill_cell(e)) }
+                            td.num.cost { (request_cost_cell(cost.as_ref(), e.summary.is_some())) }
                             td.wide { (answer_summary(Wire::of_path(&e.path), answer.as_ref())) }
                         }
                     }

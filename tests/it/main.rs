@@ -11,6 +11,7 @@ mod boundaries;
 mod budget;
 mod cli;
 mod compact;
+mod cost;
 mod engine;
 mod eval;
 mod exposure;
