@@ -12,6 +12,7 @@ mod budget;
 mod cli;
 mod compact;
 mod cost;
+mod dashboard;
 mod engine;
 mod eval;
 mod exposure;
