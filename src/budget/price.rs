@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::config::{Config, PriceConfig};
 
 /// The table as compiled in.
-const TABLE_JSON: &str = include_str!("../../data/prices.json");
+pub const TABLE_JSON: &str = include_str!("../../data/prices.json");
 
 /// Where a model's price comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,10 +79,13 @@ impl PriceTable {
     /// The table compiled in, parsed at its first use (about a tenth of a millisecond).
     pub fn builtin() -> &'static PriceTable {
         static TABLE: OnceLock<PriceTable> = OnceLock::new();
-        TABLE.get_or_init(|| {
-            let file: TableFile = serde_json::from_str(TABLE_JSON).expect("data/prices.json is checked by its tests");
-            PriceTable { source: file.source, models: file.models }
-        })
+        TABLE.get_or_init(|| PriceTable::parse(TABLE_JSON).expect("data/prices.json is checked by its tests"))
+    }
+
+    /// A table in `data/prices.json`'s format.
+    pub fn parse(json: &str) -> Result<PriceTable, serde_json::Error> {
+        let file: TableFile = serde_json::from_str(json)?;
+        Ok(PriceTable { source: file.source, models: file.models })
     }
 
     /// How many models the table names.
