@@ -67,8 +67,9 @@ pub struct BudgetReport {
     /// The request's context window and the tokens reserved for the answer.
     pub window: u64,
     pub reserve: u64,
-    /// Where the window came from, when the proxy resolved it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where the window came from, when the proxy resolved it: for the answer's header and the log
+    /// line, not archived (a replay resolves no window source, and predicts the archived summary).
+    #[serde(skip)]
     pub window_source: Option<WindowSource>,
     /// The token counts are estimates (a Messages request: Anthropic's tokenizer is not public, the
     /// configured encoding counted them).
