@@ -2,8 +2,8 @@
 # The end-to-end suite: real clients (the official openai, anthropic, google-genai and mcp SDKs, Hermes
 # Agent, Codex CLI, Claude Code, Gemini CLI, a LiteLLM proxy, Chromium) against a debug build of pare in
 # front of scripted stub upstreams. Creates its own venvs (.venv-e2e; .venv-litellm for LiteLLM, whose
-# pins conflict with Hermes') and npm prefix tests/e2e/.node, each reinstalled only when its pin list
-# changes.
+# pins conflict with Hermes'; .venv-hermes-mcp for Hermes with its `mcp` extra) and npm prefix
+# tests/e2e/.node, each reinstalled only when its pin list changes.
 # PARE_BIN, when set, names the pare binary to test; else it is built (honouring CARGO_TARGET_DIR).
 set -euo pipefail
 
@@ -32,6 +32,9 @@ venv_with "$venv" tests/e2e/requirements.txt
 # test_litellm_gateway.py runs a LiteLLM proxy from a venv of its own (its pins conflict with Hermes').
 venv_with "$root/.venv-litellm" tests/e2e/requirements-litellm.txt
 export LITELLM_BIN="$root/.venv-litellm/bin/litellm"
+# test_hermes_mcp.py runs Hermes with its `mcp` extra, whose MCP SDK pin conflicts with test_mcp.py's.
+venv_with "$root/.venv-hermes-mcp" tests/e2e/requirements-hermes-mcp.txt
+export HERMES_MCP_BIN="$root/.venv-hermes-mcp/bin/hermes"
 
 # test_ui_chromium.py drives Debian's headless Chromium (CI runs as root on Debian).
 if [[ ! -x /usr/bin/chromium ]] && command -v apt-get >/dev/null; then

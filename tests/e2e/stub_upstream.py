@@ -10,11 +10,15 @@ formats live in stub_responses.py, stub_messages.py and stub_gemini.py.
 Scripts, chosen from the request's tools:
 - Hermes (`terminal` among the tools): `terminal` running `ls`, then `read_file notes.txt`, then
   `search_files needle`, then the final answer `HERMES_ANSWER`.
+- pare's MCP `retrieve` tool among the tools, as Hermes names it (`PARE_RETRIEVE_TOOL`): a call on
+  the first `pare:` id of the last user message, then `RETRIEVED_ANSWER` followed by the tool
+  result once it is back (before the Hermes script: Hermes offers its `terminal` too).
 - `get_weather` among the tools: one tool call, then `WEATHER_ANSWER` once the tool result is back.
 - anything else: `PLAIN_ANSWER`.
 """
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +27,10 @@ MODEL = "stub-model"
 PLAIN_ANSWER = "Hello from the stub."
 WEATHER_ANSWER = "It is sunny in Paris."
 HERMES_ANSWER = "PARE-E2E-DONE: the needle is in notes.txt"
+# pare's MCP tool as Hermes Agent offers it to the model (`mcp__<server>__<tool>`), and what the
+# model answers once its result is back.
+PARE_RETRIEVE_TOOL = "mcp__pare__retrieve"
+RETRIEVED_ANSWER = "PARE-E2E-RETRIEVED:"
 PROBES = ("/api/v1/models", "/api/tags", "/v1/props", "/props", "/version")
 # What every answer reports it billed, as OpenAI reports it (`CompletionUsage`, with the cached part).
 USAGE = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 8}}
@@ -52,10 +60,23 @@ def hermes_step(messages, search_path):
     return {"text": HERMES_ANSWER}
 
 
+def retrieve_step(messages):
+    """The retrieve script: call pare's tool on the id the user named, then answer with its result."""
+    if messages and messages[-1].get("role") == "tool":
+        return {"text": RETRIEVED_ANSWER + "\n" + str(messages[-1].get("content"))}
+    users = [m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    named = re.search(r"pare:[0-9a-f]{12,64}", users[-1]["content"]) if users else None
+    if named is None:
+        return {"text": PLAIN_ANSWER}
+    return {"tool": PARE_RETRIEVE_TOOL, "arguments": {"id": named.group(0)}, "call_id": "call_retrieve"}
+
+
 def decide(body, search_path="."):
     """What to answer to a chat request: `{"text": ...}` or `{"tool", "arguments", "call_id"}`."""
     tools = {t.get("function", {}).get("name") for t in body.get("tools") or []}
     messages = body.get("messages") or []
+    if PARE_RETRIEVE_TOOL in tools:
+        return retrieve_step(messages)
     if "terminal" in tools:
         return hermes_step(messages, search_path)
     if "get_weather" in tools:
