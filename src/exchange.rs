@@ -45,6 +45,10 @@ pub struct CompactionSummary {
     /// archive written before pare estimated it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<PrefillEstimate>,
+    /// Mode `observe`: what epoch mode would have done with the request, which was forwarded
+    /// unchanged (the figures above say so). `None` in every other mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Observed>,
 }
 
 /// The uncached prefill of one request, as pare estimates it ([`crate::budget::prefill`]): the
@@ -58,6 +62,28 @@ pub struct PrefillEstimate {
     /// pare the upstream would have refused it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub raw_over_window: bool,
+}
+
+/// What epoch mode would have done with one request that mode `observe` forwarded unchanged: the
+/// step of the same compactor over the same session (what `pare replay` gives for the request),
+/// and the prompt tokens an upstream's prefix cache could not have reused with and without it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Observed {
+    /// Tokens epoch mode would have forwarded.
+    pub tokens_forwarded: u64,
+    /// The session's epoch number after the request, had epoch mode compacted it.
+    pub epoch: u64,
+    /// The request would have started an epoch.
+    pub epoch_started: bool,
+    /// What epoch mode would have forwarded is over the usable window.
+    pub over_window: bool,
+    /// Tokens of the raw request (what was forwarded) a prefix cache could not reuse from the
+    /// session's previous request: all but its tools when unchanged and the longest run of
+    /// leading messages the two share (the estimate `pare eval` makes).
+    pub uncached_raw: u64,
+    /// The same for what epoch mode would have forwarded, against what it would have forwarded
+    /// for the previous request.
+    pub uncached_forwarded: u64,
 }
 
 /// What the budget did with one request.

@@ -22,6 +22,7 @@
 //! - [`archive`]: the durable raw store (SQLite, or PostgreSQL for a fleet), its integrity chain, the
 //!   stored plans sessions resume from, audit queries and DPO/SFT export.
 //! - [`pipeline`]: the seam the proxy calls for one request: session, window, compaction, archive.
+//! - [`observe`]: mode `observe`, what epoch mode would have forwarded, projected beside the traffic.
 //! - [`exchange`]: the leaf types the proxy, pipeline, budget and archive share about one exchange.
 //! - [`outbound`]: the one way pare builds an outgoing HTTP client (upstream, window detection).
 //! - [`proxy`]: the HTTP shell — server, upstream client, streaming, errors, pare's own endpoints.
@@ -42,6 +43,7 @@ pub mod eval;
 pub mod exchange;
 pub mod memory;
 pub mod neutral;
+pub mod observe;
 pub mod outbound;
 pub mod pipeline;
 pub mod proxy;

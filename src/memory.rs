@@ -42,9 +42,12 @@ pub enum Holder {
     /// The archive writer's cursor: per message of the session's last raw and forwarded lists, its
     /// blob id, separator and digest.
     Archive = 2,
+    /// Mode `observe` ([`crate::observe`]): per message of the session's last raw and projected
+    /// requests, its hash and tokens.
+    Observer = 3,
 }
 
-const N_HOLDERS: usize = 3;
+const N_HOLDERS: usize = 4;
 
 /// What `/_pare/health` and `/_pare/metrics` show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -68,6 +71,7 @@ pub struct HeldBy {
     pub tracker: u64,
     pub compactor: u64,
     pub archive: u64,
+    pub observer: u64,
 }
 
 /// A holder's part of a session, of the type the holder chose.
@@ -295,6 +299,7 @@ impl StateBudget {
                 tracker: store.holder_bytes[Holder::Tracker as usize],
                 compactor: store.holder_bytes[Holder::Compactor as usize],
                 archive: store.holder_bytes[Holder::Archive as usize],
+                observer: store.holder_bytes[Holder::Observer as usize],
             },
         }
     }
@@ -345,7 +350,7 @@ mod tests {
         let stats = budget.stats();
         assert_eq!((stats.sessions, stats.evictions), (1, 3));
         assert_eq!(stats.held_bytes, 2500 + SESSION_OVERHEAD_BYTES);
-        assert_eq!(stats.by_holder, HeldBy { tracker: 0, compactor: 0, archive: 2500 });
+        assert_eq!(stats.by_holder, HeldBy { tracker: 0, compactor: 0, archive: 2500, observer: 0 });
         assert!(budget.holds(Holder::Archive, "d") && !budget.holds(Holder::Tracker, "d"));
     }
 
@@ -397,7 +402,7 @@ mod tests {
         ]
     }
 
-    const HOLDERS: [Holder; N_HOLDERS] = [Holder::Tracker, Holder::Compactor, Holder::Archive];
+    const HOLDERS: [Holder; N_HOLDERS] = [Holder::Tracker, Holder::Compactor, Holder::Archive, Holder::Observer];
 
     proptest::proptest! {
         /// Whatever the holders do, the totals are the sum of what the entries hold, an entry
@@ -440,9 +445,9 @@ mod tests {
         hold(&budget, Holder::Tracker, "b", 100);
         assert!(!budget.holds(Holder::Tracker, "a"));
         hold(&budget, Holder::Archive, "b", 30);
-        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 100, compactor: 0, archive: 30 });
+        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 100, compactor: 0, archive: 30, observer: 0 });
         budget.release(Holder::Tracker, "b");
-        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 0, compactor: 0, archive: 30 });
+        assert_eq!(budget.stats().by_holder, HeldBy { tracker: 0, compactor: 0, archive: 30, observer: 0 });
         budget.release_all(Holder::Archive);
         let stats = budget.stats();
         assert_eq!((stats.held_bytes, stats.reserved_bytes, stats.sessions), (1500, 1500, 0));

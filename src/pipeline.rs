@@ -16,12 +16,13 @@ pub use crate::exchange::{
 
 use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
-use crate::budget::compactor::{SessionCompactor, SessionPlan};
+use crate::budget::compactor::{SessionCompactor, SessionPlan, Unchanged};
 use crate::budget::price::Prices;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
 use crate::memory::{BudgetStats, StateBudget};
 use crate::neutral::message_hashes;
+use crate::observe::{self, Observer};
 use crate::session::{Assigned, Assignment, SessionTracker};
 use crate::wire::recent::RecentBodies;
 use crate::wire::{Spans, Wire, WireBody};
@@ -192,6 +193,8 @@ pub struct Pipeline {
     answers: Arc<HeldAnswers>,
     /// Each model's price (the built-in table under `models:` prices), for the cost metrics.
     prices: Arc<Prices>,
+    /// Mode `observe`: projects what epoch mode would have forwarded.
+    observer: Option<Arc<Observer>>,
 }
 
 /// The path recorded for a chat request when the caller does not give one.
@@ -225,6 +228,7 @@ impl Pipeline {
             recent: RecentBodies::new(),
             answers,
             prices,
+            observer: None,
         }
     }
 
@@ -273,6 +277,11 @@ impl Pipeline {
     /// The answers held in memory for the archive (bytes, cap, truncations).
     pub fn held_answers(&self) -> &HeldAnswers {
         &self.answers
+    }
+
+    /// Mode `observe`'s projections, when the pipeline observes.
+    pub fn observer(&self) -> Option<&Arc<Observer>> {
+        self.observer.as_ref()
     }
 
     /// The session tracker.
@@ -373,14 +382,54 @@ impl Pipeline {
             if let Some(report) = compaction.summary.as_mut().and_then(|s| s.report.as_mut()) {
                 report.window_source = window_source;
             }
-            let (late_archive, late_summary) = match (compaction.late.take(), &compaction.summary) {
+            let (mut late_archive, late_summary) = match (compaction.late.take(), &compaction.summary) {
                 (Some(late), Some(provisional)) => {
                     let (archive, proxy) = count_late(late, provisional.clone());
                     (Some(archive), Some(proxy))
                 }
                 _ => (None, None),
             };
-            let Some(archive) = &self.archive else { break (compaction, late_summary, None) };
+            // Mode `observe`: what epoch mode would have forwarded, projected after forwarding
+            // (before it in strict durability, where the record is committed with its figures).
+            let observing = match (&self.observer, &compaction.summary) {
+                (Some(observer), Some(summary)) if compaction.skipped.is_none() => {
+                    let request = observe::Request {
+                        session: session.clone(),
+                        wire,
+                        path: path.to_owned(),
+                        raw: raw.clone(),
+                        window,
+                    };
+                    let actual = match late_archive.take() {
+                        Some(late) => observe::Actual::Late(summary.clone(), late),
+                        None => observe::Actual::Known(summary.clone()),
+                    };
+                    if strict {
+                        let actual = actual.settled().await;
+                        let (summary, plan) = off_the_reactor(raw.len(), || observer.project(&request, actual));
+                        (compaction.summary, compaction.plan) = (Some(summary), plan);
+                        None
+                    } else {
+                        Some((Arc::clone(observer), request, actual))
+                    }
+                }
+                _ => None,
+            };
+            let Some(archive) = &self.archive else {
+                if let Some((observer, request, actual)) = observing {
+                    observer.queue_or_settle(observe::Job { request, actual, done: None, archive: None });
+                }
+                break (compaction, late_summary, None);
+            };
+            // The record waits for the projection as it waits for late counts.
+            let (projected, observed_summary) = match observing {
+                Some(observing) => {
+                    let (done, summary) = tokio::sync::oneshot::channel();
+                    (Some((observing, done)), Some(summary))
+                }
+                None => (None, None),
+            };
+            let late_archive = observed_summary.or(late_archive);
             let record = ExchangeRecord {
                 session: session.clone(),
                 at_ms: now_ms(),
@@ -404,6 +453,10 @@ impl Pipeline {
                 let ticket = archive.queue_exchange(record).await;
                 if let Some(plan) = compaction.plan.take() {
                     archive.record_plan(ticket, plan);
+                }
+                if let Some(((observer, request, actual), done)) = projected {
+                    let archive = Some((Arc::clone(archive), ticket));
+                    observer.queue_or_settle(observe::Job { request, actual, done: Some(done), archive });
                 }
                 break (compaction, late_summary, Some((Arc::clone(archive), ticket)));
             }
@@ -542,8 +595,14 @@ impl Pipeline {
         window: Option<u64>,
     ) -> Compaction {
         let input = CompactInput { session, raw, body, messages, hashes, window, defer_counts: true };
-        let outcome = compact_fail_open(self.compactor.as_ref(), &input);
-        let plan = self.stateful.as_ref().and_then(|compactor| compactor.take_plan(session));
+        // Mode `observe` forwards the request unchanged; its projection takes the plans.
+        let (outcome, plan) = match (&self.observer, &self.stateful) {
+            (Some(_), Some(compactor)) => (compact_fail_open(&Unchanged(compactor), &input), None),
+            _ => (
+                compact_fail_open(self.compactor.as_ref(), &input),
+                self.stateful.as_ref().and_then(|compactor| compactor.take_plan(session)),
+            ),
+        };
         let compaction = match outcome {
             Ok(out) => {
                 let (failed, unchanged) = why_forwarded_raw(&out.summary);
@@ -570,6 +629,18 @@ impl Pipeline {
             }
         };
         Compaction { plan, ..compaction }
+    }
+}
+
+impl Drop for Pipeline {
+    /// The projections still queued (mode `observe`) finish while the archive is open: their
+    /// records wait for them.
+    fn drop(&mut self) {
+        if let Some(observer) = &self.observer
+            && !observer.drain(observe::DRAIN_LIMIT)
+        {
+            tracing::warn!("observe: projections still queued at shutdown are left out");
+        }
     }
 }
 
@@ -649,9 +720,12 @@ impl Pipeline {
             ModelTable::from_config(&config)?,
             DetectConfig::from_budget(&config.budget),
         );
-        let mut pipeline = Pipeline::with_budget(config.clone(), compactor.clone(), budget);
+        let mut pipeline = Pipeline::with_budget(config.clone(), compactor.clone(), budget.clone());
         pipeline.windows = Some(Arc::new(windows));
         pipeline.stateful = Some(compactor.clone());
+        if config.compaction.mode == Mode::Observe {
+            pipeline.observer = Some(Observer::new(compactor.clone(), budget));
+        }
         if config.archive.enabled {
             let archive = Archive::open(&config.archive);
             if config.archive.durability == Durability::Buffered
@@ -752,6 +826,13 @@ fn seed_state(compactor: &SessionCompactor, reader: &archive::query::ArchiveRead
             let last_raw = match crate::wire::parse_at(wire, path, &last.raw) {
                 Ok(body) => message_hashes(&body.messages()),
                 Err(_) => Vec::new(),
+            };
+            // A projected state (mode `observe`) is not what the upstream was sent: a compacting
+            // pare goes on from the raw requests the upstream holds, the next epoch keeping as
+            // much of them as it can.
+            let plan = match plan.observed && compactor.policy().mode.changes_requests() {
+                true => SessionPlan::default(),
+                false => plan,
             };
             compactor.resume(session, plan, &last_raw);
             true

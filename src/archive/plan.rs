@@ -29,6 +29,12 @@ use crate::wire::Wire;
 /// Layout of a row's packed columns; rows of another layout are not read.
 pub const FORMAT: i64 = 1;
 
+/// A row of [`FORMAT`]'s layout holding a state mode `observe` projected
+/// ([`SessionPlan::observed`]): what [`latest`] gives (the pipeline resumes mode `observe` from it,
+/// and a compacting mode from the raw requests the upstream was sent), never what [`history`] and
+/// [`latest_at`] say was forwarded. A pare that does not know this value skips such rows.
+pub const OBSERVED: i64 = 2;
+
 /// Store `plan` as the state `session` is in after `exchange` (the request whose compaction left
 /// it); `blob_id` stores one rewritten prefix message and returns its blob id.
 pub(crate) fn put(
@@ -64,7 +70,7 @@ pub(crate) fn put(
         params![
             exchange,
             session,
-            FORMAT,
+            if plan.observed { OBSERVED } else { FORMAT },
             plan.epoch as i64,
             plan.advanced_at_len as i64,
             plan.saturated,
@@ -82,27 +88,43 @@ pub(crate) fn put(
     Ok(())
 }
 
-/// The state `session` was last stored in, with the id of the exchange that left it; `None` when
-/// none is stored (a session that never changed its state, an archive written before plans were
-/// stored, a row of another [`FORMAT`]).
+/// The state `session` was last stored in, projected ones ([`OBSERVED`]) included, with the id of
+/// the exchange that left it; `None` when none is stored (a session that never changed its state,
+/// an archive written before plans were stored, a row of another [`FORMAT`]).
 pub fn latest(conn: &Db, session: &str) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
-    latest_at(conn, session, i64::MAX)
+    Ok(rows(conn, session, i64::MAX, "DESC LIMIT 1", Rows::WithObserved)?.pop())
 }
 
-/// [`latest`] as it stood when exchange `exchange` was forwarded: the state stored at or before it
-/// (what [`in_force`] finds in the whole [`history`], read without it).
+/// The state exchange `exchange` was forwarded under: the latest stored at or before it, a
+/// projected one ([`OBSERVED`]) aside (what [`in_force`] finds in the whole [`history`], read
+/// without it).
 pub fn latest_at(conn: &Db, session: &str, exchange: i64) -> Result<Option<(i64, SessionPlan)>, ArchiveError> {
-    Ok(rows(conn, session, exchange, "DESC LIMIT 1")?.pop())
+    Ok(rows(conn, session, exchange, "DESC LIMIT 1", Rows::Forwarded)?.pop())
 }
 
-/// Every state `session` was stored in, oldest first, each with the id of the exchange that left
-/// it (rows of another [`FORMAT`] are left out).
+/// Every state `session`'s requests were forwarded under, oldest first, each with the id of the
+/// exchange that left it (rows of another [`FORMAT`], and projected ones, are left out).
 pub fn history(conn: &Db, session: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
-    rows(conn, session, i64::MAX, "ASC")
+    rows(conn, session, i64::MAX, "ASC", Rows::Forwarded)
+}
+
+/// Which rows [`rows`] reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    /// The states requests were forwarded under.
+    Forwarded,
+    /// Those and the states mode `observe` projected.
+    WithObserved,
 }
 
 /// The rows of `session` stored with an exchange up to `exchange`, in `order` of storing.
-fn rows(conn: &Db, session: &str, exchange: i64, order: &str) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
+fn rows(
+    conn: &Db,
+    session: &str,
+    exchange: i64,
+    order: &str,
+    which: Rows,
+) -> Result<Vec<(i64, SessionPlan)>, ArchiveError> {
     if !conn.has_table("plans")? {
         return Ok(Vec::new());
     }
@@ -110,23 +132,30 @@ fn rows(conn: &Db, session: &str, exchange: i64, order: &str) -> Result<Vec<(i64
         true => "(SELECT i.items FROM plan_items i WHERE i.exchange = p.exchange)",
         false => "NULL",
     };
+    let formats = match which {
+        Rows::Forwarded => format!("{FORMAT}"),
+        Rows::WithObserved => format!("{FORMAT}, {OBSERVED}"),
+    };
     let sql = format!(
         "SELECT p.exchange, e.path, p.format, p.epoch, p.advanced_at, p.saturated, p.raw_hashes, p.prefix_blobs,
                 p.prefix_seen, {items}
          FROM plans p JOIN exchanges e ON e.id = p.exchange AND e.session = p.session
-         WHERE p.session = ?1 AND p.exchange <= ?2 ORDER BY p.id {order}"
+         WHERE p.session = ?1 AND p.exchange <= ?2 AND p.format IN ({formats}) ORDER BY p.id {order}"
     );
     let mut out = Vec::new();
     for row in conn.query_all(&sql, params![session, exchange])? {
         let (exchange, path, format): (i64, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
-        if format != FORMAT {
-            continue;
-        }
         let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(3)?, row.get(4)?, row.get(5)?);
         let packed =
             Packed { raw_hashes: row.get(6)?, prefix_blobs: row.get(7)?, prefix_seen: row.get(8)?, items: row.get(9)? };
         let frozen = frozen(conn, exchange, &path, packed)?;
-        let plan = SessionPlan { epoch: epoch as u64, advanced_at_len: advanced_at as usize, saturated, frozen };
+        let plan = SessionPlan {
+            epoch: epoch as u64,
+            advanced_at_len: advanced_at as usize,
+            saturated,
+            frozen,
+            observed: format == OBSERVED,
+        };
         out.push((exchange, plan));
     }
     Ok(out)
@@ -316,14 +345,26 @@ mod tests {
             prefix_seen: vec![],
             plan: Some(vec![Fate::Kept { at: 0 }, Fate::Elided { at: 1 }, Fate::Elided { at: 1 }]),
         };
-        let first = SessionPlan { epoch: 1, advanced_at_len: 3, saturated: true, frozen: Some(frozen.clone()) };
+        let first = SessionPlan {
+            epoch: 1,
+            advanced_at_len: 3,
+            saturated: true,
+            frozen: Some(frozen.clone()),
+            ..SessionPlan::default()
+        };
         let x1 = exchange(&conn, "s");
         put_plan(&conn, x1, "s", &first);
         assert_eq!(latest(&conn, "s").unwrap(), Some((x1, first.clone())));
         let rules: RuleSet = [RuleId::Truncate, RuleId::TierFacts].into_iter().collect();
         let fates = vec![Fate::Kept { at: 0 }, Fate::Dropped { rules }, Fate::Rewritten { at: 1, rules }];
         let timed = FrozenPlan { prefix_seen: vec![5, 6], plan: Some(fates), ..frozen };
-        let second = SessionPlan { epoch: 2, advanced_at_len: 9, saturated: false, frozen: Some(timed) };
+        let second = SessionPlan {
+            epoch: 2,
+            advanced_at_len: 9,
+            saturated: false,
+            frozen: Some(timed),
+            ..SessionPlan::default()
+        };
         let x2 = exchange(&conn, "s");
         put_plan(&conn, x2, "s", &second);
         let x3 = exchange(&conn, "other");
@@ -390,7 +431,13 @@ mod tests {
             prefix_seen: vec![],
             plan: None,
         };
-        let plan = SessionPlan { epoch: 1, advanced_at_len: 4, saturated: false, frozen: Some(frozen) };
+        let plan = SessionPlan {
+            epoch: 1,
+            advanced_at_len: 4,
+            saturated: false,
+            frozen: Some(frozen),
+            ..SessionPlan::default()
+        };
         let ticket = archive.record_exchange(ExchangeRecord::unchanged("s", 1, body(&messages).into()));
         archive.record_plan(ticket, plan.clone());
         let other = [r#"{"role":"system","content":"another agent"}"#, messages[1], messages[2]];

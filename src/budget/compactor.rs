@@ -112,14 +112,14 @@ impl EpochPolicy {
         let b = &config.budget;
         let (high_water, low_water) = match config.compaction.mode {
             Mode::Eager => (b.eager_high_water, b.eager_low_water),
-            Mode::Epoch | Mode::Off => (b.high_water, b.low_water),
+            Mode::Epoch | Mode::Observe | Mode::Off => (b.high_water, b.low_water),
         };
         let history = match config.compaction.mode {
             Mode::Eager => b.eager_history,
-            Mode::Epoch | Mode::Off => None,
+            Mode::Epoch | Mode::Observe | Mode::Off => None,
         };
         let history_floor = match config.compaction.mode {
-            Mode::Epoch | Mode::Off => b.history_floor,
+            Mode::Epoch | Mode::Observe | Mode::Off => b.history_floor,
             Mode::Eager => None,
         };
         EpochPolicy {
@@ -232,6 +232,10 @@ pub struct SessionPlan {
     /// The last epoch could not get under the high-water mark (see `SessionCompactor::gains`).
     pub saturated: bool,
     pub frozen: Option<FrozenPlan>,
+    /// Mode `observe` projected this state: the upstream was sent the raw requests, not this
+    /// prefix, so a pare that compacts does not resume from it (the pipeline's `seed_state`); mode
+    /// `observe` does.
+    pub observed: bool,
 }
 
 /// A frozen prefix as data: a request whose raw messages start with the messages hashed in
@@ -374,6 +378,7 @@ impl SessionState {
             advanced_at_len: self.advanced_at_len,
             saturated: self.saturated,
             frozen: self.frozen.as_deref().map(FrozenPlan::of),
+            observed: false,
         }
     }
 }
@@ -615,6 +620,40 @@ impl SessionCompactor {
         self.budget.part(Holder::Compactor, id, || Mutex::new(SessionState::default()))
     }
 
+    /// What forwarding one request unchanged reports: its tokens counted (with `defer_counts`, left to
+    /// the output's `late`), nothing compacted. Mode `off` forwards every request so; mode `observe`
+    /// forwards so too, while [`SessionCompactor::compact_messages`] computes what `epoch` would
+    /// have forwarded.
+    pub fn count_unchanged(
+        &self,
+        body: &dyn WireBody,
+        messages: &[&str],
+        hashes: &[u128],
+        window: Option<u64>,
+        defer_counts: bool,
+    ) -> CompactOutput {
+        let (window, reserve) = self.window_and_reserve(body, window);
+        let counter = self.counter_for(self.table.settings(body.model().as_deref()).encoding);
+        let fixed = body.tools().map_or(0, |t| counter.tools(t)) + REPLY_PRIMING;
+        let usable = window.saturating_sub(reserve);
+        let tokens_estimated = body.wire() == Wire::Messages;
+        let report = BudgetReport { mode: self.policy.mode, window, reserve, tokens_estimated, ..Default::default() };
+        let known = counter.known_counts(hashes, &[]);
+        let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |_| true);
+        let tokens_raw = counts.iter().sum::<u64>() + fixed;
+        let summary = CompactionSummary {
+            tokens_raw,
+            tokens_forwarded: tokens_raw,
+            epoch: 0,
+            epoch_started: false,
+            over_window: tokens_raw > usable,
+            report: Some(report),
+            ..Default::default()
+        };
+        let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, 0, usable).boxed());
+        CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) }
+    }
+
     /// Compact one request of a session; the pure part of [`ConversationCompactor::compact`].
     pub fn compact_body(&self, session: &str, body: &dyn WireBody, window: Option<u64>) -> CompactOutput {
         let messages = body.messages();
@@ -649,20 +688,7 @@ impl SessionCompactor {
             BudgetReport { mode: self.policy.mode, window, reserve, tokens_estimated, ..Default::default() };
 
         if self.policy.mode == Mode::Off {
-            let known = counter.known_counts(hashes, &[]);
-            let (counts, late) = counts_or_bounds(counter, messages, hashes, known, defer_counts, |_| true);
-            let tokens_raw = counts.iter().sum::<u64>() + fixed;
-            let summary = CompactionSummary {
-                tokens_raw,
-                tokens_forwarded: tokens_raw,
-                epoch: 0,
-                epoch_started: false,
-                over_window: tokens_raw > usable,
-                report: Some(base_report),
-                prefill: None,
-            };
-            let late = late.map(|known| LateCounts::new(counter, messages, hashes, &known, &counts, 0, usable).boxed());
-            return CompactOutput { body: None, spans: None, summary, late, lists: Arc::from([]) };
+            return self.count_unchanged(body, messages, hashes, Some(window), defer_counts);
         }
 
         let state = self.session(session);
@@ -693,7 +719,8 @@ impl SessionCompactor {
             let mark = state.plan_mark();
             if state.planned.as_ref() != Some(&mark) {
                 state.planned = Some(mark);
-                plans.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(session.to_owned(), state.plan());
+                let plan = SessionPlan { observed: self.policy.mode == Mode::Observe, ..state.plan() };
+                plans.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(session.to_owned(), plan);
             }
         }
         self.budget.charge(Holder::Compactor, session, state.bytes());
@@ -717,6 +744,7 @@ impl SessionCompactor {
             over_window: tokens_forwarded > usable,
             report: Some(report),
             prefill: Some(prefill),
+            observed: None,
         };
         drop(state);
         let late = late.map(|known| {
@@ -881,7 +909,7 @@ impl SessionCompactor {
         let epoch_at = |protect: Option<u32>| -> Epoch {
             let depth = Depth { target, floor, protect, lists_limit };
             let attempt = match self.policy.mode {
-                Mode::Epoch | Mode::Off => {
+                Mode::Epoch | Mode::Observe | Mode::Off => {
                     let head = Head { frozen: n_frozen, cached, epoch_boundary: candidate_boundary };
                     let ages = candidate_ages.clone();
                     self.lightest_fitting(request, (&candidate, candidate_typed), head, &depth, ages, counter)
@@ -1499,6 +1527,16 @@ fn counts_or_bounds(
         }
     }
     (counter.fill_counts(messages, hashes, known), None)
+}
+
+/// A [`SessionCompactor`] that forwards every request unchanged, counting it
+/// ([`SessionCompactor::count_unchanged`]): what the proxy forwards in mode `observe`.
+pub struct Unchanged<'a>(pub &'a SessionCompactor);
+
+impl ConversationCompactor for Unchanged<'_> {
+    fn compact(&self, input: &CompactInput<'_>) -> anyhow::Result<CompactOutput> {
+        Ok(self.0.count_unchanged(input.body, input.messages, input.hashes, input.window, input.defer_counts))
+    }
 }
 
 impl ConversationCompactor for SessionCompactor {

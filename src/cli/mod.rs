@@ -108,6 +108,8 @@ pub enum ModeArg {
     Eager,
     /// Forward every request unchanged (archive only).
     Off,
+    /// Forward every request unchanged, and measure what `epoch` would have forwarded.
+    Observe,
 }
 
 #[derive(Debug, Args)]

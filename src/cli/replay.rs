@@ -18,6 +18,7 @@ pub(crate) fn mode_of(arg: ModeArg) -> Mode {
         ModeArg::Epoch => Mode::Epoch,
         ModeArg::Eager => Mode::Eager,
         ModeArg::Off => Mode::Off,
+        ModeArg::Observe => Mode::Observe,
     }
 }
 

@@ -33,7 +33,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     runtime.block_on(async {
         let served = crate::proxy::run(listener, config, pipeline.clone(), shutdown_signal()).await;
-        // In-flight exchanges are done (or past the grace deadline): commit every queued record.
+        // In-flight exchanges are done (or past the grace deadline): commit every queued record,
+        // once the projections it waits for (mode `observe`) are done.
+        if let Some(observer) = pipeline.observer().cloned() {
+            let _ = tokio::task::spawn_blocking(move || observer.drain(crate::observe::DRAIN_LIMIT)).await;
+        }
         if let Some(archive) = pipeline.archive() {
             archive.close_async().await;
         }
@@ -105,6 +109,7 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
             ModeArg::Epoch => Mode::Epoch,
             ModeArg::Eager => Mode::Eager,
             ModeArg::Off => Mode::Off,
+            ModeArg::Observe => Mode::Observe,
         }),
     };
     Ok(Config::load_overridden(args.config.as_deref(), &overrides)?)

@@ -299,6 +299,17 @@ pub enum Mode {
     Eager,
     /// Archive only; forward every request unchanged.
     Off,
+    /// Forward every request unchanged, and compute what `epoch` would have forwarded (the same
+    /// compactor, its state kept per session) to report the projected savings, epochs and uncached
+    /// prefill under their own names (`pare_observed_*`), before pare is let change traffic.
+    Observe,
+}
+
+impl Mode {
+    /// Whether the forwarded request may differ from the raw one (`epoch`, `eager`).
+    pub fn changes_requests(self) -> bool {
+        matches!(self, Mode::Epoch | Mode::Eager)
+    }
 }
 
 /// What the rules do.

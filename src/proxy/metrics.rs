@@ -562,8 +562,54 @@ impl Collector for PipelineCollector {
                 gauge.encode(metric)?;
             }
         }
+        if let Some(observer) = self.pipeline.observer() {
+            encode_observed(&observer.stats, &mut encoder)?;
+        }
         Ok(())
     }
+}
+
+/// Mode `observe`'s series: what epoch mode would have done with the requests forwarded unchanged.
+fn encode_observed(stats: &crate::observe::ObservedStats, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+    use std::sync::atomic::Ordering::Relaxed;
+    for (name, help, value) in [
+        (
+            "pare_observed_requests",
+            "Requests mode observe forwarded unchanged and projected as epoch mode would have forwarded them",
+            &stats.requests,
+        ),
+        (
+            "pare_observed_tokens_raw",
+            "Prompt tokens of the projected requests, as sent and forwarded",
+            &stats.tokens_raw,
+        ),
+        (
+            "pare_observed_tokens_forwarded",
+            "Prompt tokens epoch mode would have forwarded for the projected requests",
+            &stats.tokens_forwarded,
+        ),
+        ("pare_observed_epochs", "Epochs epoch mode would have started", &stats.epochs),
+        (
+            "pare_observed_uncached_prefill_raw",
+            "Prompt tokens of the projected requests a prefix cache could not reuse from their session's previous request, as forwarded (estimate)",
+            &stats.uncached_raw,
+        ),
+        (
+            "pare_observed_uncached_prefill_forwarded",
+            "The same had epoch mode forwarded them (estimate)",
+            &stats.uncached_forwarded,
+        ),
+        (
+            "pare_observed_skipped",
+            "Requests mode observe forwarded without a projection (its queue was full, or compaction failed)",
+            &stats.skipped,
+        ),
+    ] {
+        let counter = ConstCounter::new(value.load(Relaxed));
+        let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+        counter.encode(metric)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ fn plan(epoch: u64) -> SessionPlan {
             },
         ]),
     };
-    SessionPlan { epoch, advanced_at_len: 2, saturated: false, frozen: Some(frozen) }
+    SessionPlan { epoch, advanced_at_len: 2, saturated: false, frozen: Some(frozen), ..SessionPlan::default() }
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -517,6 +517,7 @@ fn s52_plan(k: usize, raw: &[serde_json::Value]) -> pare::budget::compactor::Ses
         advanced_at_len: 0,
         saturated: false,
         frozen: Some(frozen),
+        observed: false,
     }
 }
 

@@ -19,6 +19,7 @@ mod exposure;
 mod fleet;
 mod gemini;
 mod messages;
+mod observe;
 mod pg_server;
 mod proxy;
 mod proxy_hardening;
