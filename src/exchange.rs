@@ -86,6 +86,62 @@ pub struct Observed {
     pub uncached_forwarded: u64,
 }
 
+/// The [`Observed`] figures of a session's requests, summed (what `sessions show` and the UI say of
+/// a session mode `observe` projected).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObservedTotals {
+    pub requests: u64,
+    pub tokens_raw: u64,
+    pub tokens_forwarded: u64,
+    /// The highest epoch number projected.
+    pub epochs: u64,
+    pub uncached_raw: u64,
+    pub uncached_forwarded: u64,
+}
+
+impl ObservedTotals {
+    /// The sums over `summaries`; `None` when none of them was projected.
+    pub fn of<'a>(summaries: impl IntoIterator<Item = &'a CompactionSummary>) -> Option<ObservedTotals> {
+        let mut totals = ObservedTotals::default();
+        for summary in summaries {
+            let Some(observed) = &summary.observed else { continue };
+            totals.requests += 1;
+            totals.tokens_raw += summary.tokens_raw;
+            totals.tokens_forwarded += observed.tokens_forwarded;
+            totals.epochs = totals.epochs.max(observed.epoch);
+            totals.uncached_raw += observed.uncached_raw;
+            totals.uncached_forwarded += observed.uncached_forwarded;
+        }
+        (totals.requests > 0).then_some(totals)
+    }
+
+    /// One line: what epoch mode would have forwarded, and its uncached prefill against the raw
+    /// requests', said plainly when it is more.
+    pub fn line(&self) -> String {
+        let saved = match self.tokens_raw {
+            0 => 0.0,
+            raw => 100.0 * (1.0 - self.tokens_forwarded as f64 / raw as f64),
+        };
+        let prefill = match self.uncached_forwarded.cmp(&self.uncached_raw) {
+            std::cmp::Ordering::Greater => {
+                "more than as forwarded: its epochs cost the prompt cache more than they save"
+            }
+            _ => "no more than as forwarded",
+        };
+        let n = |value: u64| crate::compact::markers::group_digits(value as usize);
+        format!(
+            "observe mode: epoch mode would have forwarded {} of {} tokens over {} request(s) (saved {saved:.1} %) in {} \
+             epoch(s); uncached prefill {} with it against {} as forwarded ({prefill})",
+            n(self.tokens_forwarded),
+            n(self.tokens_raw),
+            n(self.requests),
+            self.epochs,
+            n(self.uncached_forwarded),
+            n(self.uncached_raw),
+        )
+    }
+}
+
 /// What the budget did with one request.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct BudgetReport {

@@ -12,6 +12,8 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
+use crate::exchange::ObservedTotals;
+
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
 use crate::archive::prefill::RequestPrefill;
@@ -341,6 +343,9 @@ fn print_transcript(
             |c| format!("{} with pare, {} without (est.)", usd(c.with_pare), usd(c.without_pare))
         )
     )?;
+    if let Some(observed) = ObservedTotals::of(exchanges.iter().filter_map(|e| e.summary.as_ref())) {
+        writeln!(out, "{}", observed.line())?;
+    }
     let raw = reader.body(&info.id, seq, BodyKind::Raw)?;
     let messages = messages_of(&ex.path, &raw);
     if messages.is_empty() {

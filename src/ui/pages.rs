@@ -19,8 +19,8 @@ use crate::budget::compactor::FrozenPlan;
 use crate::budget::cost::{CostSource, RequestCost, SessionCost, usd};
 use crate::compact::markers::{group_digits, one_line};
 use crate::compact::provenance::Step;
-use crate::exchange::CompactionSummary;
 use crate::exchange::Usage;
+use crate::exchange::{CompactionSummary, ObservedTotals};
 use crate::session::content_text;
 use crate::wire::Wire;
 
@@ -585,6 +585,14 @@ fn savings_block(savings: &Savings) -> Markup {
     }
 }
 
+/// What epoch mode would have done with a session mode `observe` forwarded unchanged.
+fn observed_block(exchanges: &[ExchangeInfo]) -> Markup {
+    let Some(observed) = ObservedTotals::of(exchanges.iter().filter_map(|e| e.summary.as_ref())) else {
+        return html! {};
+    };
+    html! { p id="observed" { (observed.line()) } }
+}
+
 pub fn session(
     info: &SessionInfo,
     exchanges: &[ExchangeInfo],
@@ -638,6 +646,7 @@ pub fn session(
             (savings_block(savings))
             (prefill_block(prefill))
             (cost_block(session_cost))
+            (observed_block(exchanges))
             div.actions { span.muted { "Export this session:" } (export_buttons(&session_query)) }
             h2 { "Requests" }
             div.legend {

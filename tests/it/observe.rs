@@ -106,6 +106,29 @@ async fn observe_forwards_every_request_as_sent_and_projects_what_replay_forward
     assert_eq!(observed.iter().map(|o| o.epoch).max(), Some(eval.epochs));
     assert_eq!(observed.iter().map(|o| o.uncached_raw).sum::<u64>(), eval.uncached_raw);
     assert_eq!(observed.iter().map(|o| o.uncached_forwarded).sum::<u64>(), eval.uncached_forwarded);
+
+    // `sessions show` says so.
+    let show = std::process::Command::new(env!("CARGO_BIN_EXE_pare"))
+        .args(["sessions", "show", "observed", "--archive"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let shown = String::from_utf8(show.stdout).unwrap();
+    let line = shown.lines().find(|l| l.starts_with("observe mode: ")).unwrap_or_else(|| panic!("{shown}"));
+    let n = |v: u64| pare::compact::markers::group_digits(v as usize);
+    let want = format!(
+        "epoch mode would have forwarded {} of {} tokens over {} request(s)",
+        n(eval.tokens_forwarded),
+        n(eval.tokens_raw),
+        requests.len()
+    );
+    assert!(line.contains(&want), "{line}");
+    let prefill = format!(
+        "uncached prefill {} with it against {} as forwarded",
+        n(eval.uncached_forwarded),
+        n(eval.uncached_raw)
+    );
+    assert!(line.contains(&prefill) && line.contains(&format!("in {} epoch(s)", eval.epochs)), "{line}");
 }
 
 #[tokio::test]
@@ -128,9 +151,12 @@ async fn observed_figures_are_exported_under_their_own_names() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         metrics = scrape().await;
     }
+    let page = client().get(server.url("/_pare/ui/session/observed")).send().await.unwrap().text().await.unwrap();
     server.shutdown().await.unwrap();
 
     let archived = summaries(dir.path(), "observed");
+    let totals = pare::exchange::ObservedTotals::of(&archived).unwrap();
+    assert!(page.contains(&format!("<p id=\"observed\">{}</p>", totals.line())), "{page}");
     let observed: Vec<_> = archived.iter().map(|s| s.observed.clone().unwrap()).collect();
     let sum = |f: fn(&pare::exchange::Observed) -> u64| observed.iter().map(f).sum::<u64>();
     assert_eq!(counter(&metrics, "pare_observed_tokens_raw"), archived.iter().map(|s| s.tokens_raw).sum::<u64>());
