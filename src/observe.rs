@@ -179,9 +179,11 @@ impl Observer {
 
     /// Project `request` now: `actual` (the summary of the request as forwarded) with
     /// [`CompactionSummary::observed`] set, and the projected state when the request changed it.
-    /// A request that cannot be projected (the compactor failed) keeps `actual` alone.
+    /// A request that cannot be projected (the compactor failed or panicked) keeps `actual` alone.
     pub fn project(&self, request: &Request, actual: CompactionSummary) -> (CompactionSummary, Option<SessionPlan>) {
-        match self.try_project(request) {
+        let projected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.try_project(request)))
+            .unwrap_or_else(|_| Err("projecting it panicked".to_owned()));
+        match projected {
             Ok((observed, plan)) => {
                 self.stats.add(&observed, actual.tokens_raw);
                 if observed.epoch_started {
@@ -313,16 +315,7 @@ impl Observer {
 
     fn run(&self, job: Job) {
         let Job { request, actual, done, archive } = job;
-        let actual = actual.settle();
-        let (summary, plan) =
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.project(&request, actual.clone()))) {
-                Ok(projected) => projected,
-                Err(_) => {
-                    self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(session = %request.session, "observe: projecting a request panicked");
-                    (actual, None)
-                }
-            };
+        let (summary, plan) = self.project(&request, actual.settle());
         if let (Some((archive, ticket)), Some(plan)) = (archive, plan) {
             archive.record_plan(ticket, plan);
         }

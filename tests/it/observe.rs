@@ -225,3 +225,32 @@ async fn a_pare_restarted_in_epoch_mode_goes_on_from_what_the_upstream_holds() {
     assert!(next.starts_with(&after), "the request after the epoch appends");
     assert!(!archived[half + 1].epoch_started);
 }
+
+/// In `strict` durability the record is committed with its projection before the request is
+/// forwarded: the same figures.
+#[tokio::test]
+async fn strict_durability_commits_each_record_with_its_projection() {
+    let stub = Stub::start(|_| stream(Wire::Chat)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut strict = config(&stub, dir.path(), Mode::Observe);
+    strict.archive.durability = pare::config::Durability::Strict;
+    let strict = Arc::new(strict);
+    let text = std::fs::read(SESSION).unwrap();
+    let requests = session_lines(&text);
+    let server = start(&strict).await;
+    for body in &requests {
+        send(&server, Wire::Chat, "strict", body).await;
+    }
+    server.shutdown().await.unwrap();
+
+    let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+    assert!(received.iter().zip(&requests).all(|(got, sent)| got.as_slice() == *sent));
+    let (fresh, engine) = compactor(&strict, Mode::Epoch);
+    let eval = pare::eval::evaluate_session(&fresh, engine.as_ref(), Wire::Chat, "evaluated", &requests, WINDOW);
+    let archived = summaries(dir.path(), "strict");
+    let totals = pare::exchange::ObservedTotals::of(&archived).unwrap();
+    assert_eq!(totals.requests, requests.len() as u64);
+    assert_eq!((totals.tokens_raw, totals.tokens_forwarded), (eval.tokens_raw, eval.tokens_forwarded));
+    assert_eq!((totals.uncached_raw, totals.uncached_forwarded), (eval.uncached_raw, eval.uncached_forwarded));
+    assert_eq!(totals.epochs, eval.epochs);
+}
