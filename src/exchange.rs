@@ -173,6 +173,35 @@ pub struct BudgetReport {
     /// The compacted conversation has no valid form in the request's wire format: forwarded raw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_failed: Option<String>,
+    /// The request's raw messages as the session's state keeps them for its next request: a
+    /// replica that did not serve this request catches up from it and the stored plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_head: Option<RawHead>,
+}
+
+/// A request's raw messages as a session's compaction state remembers them once it is forwarded:
+/// how many, and a digest of their [`crate::neutral::message_hashes`]. While the next request starts
+/// with them, the upstream holds all of them cached (an epoch keeps as much of them as it can).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RawHead {
+    pub messages: u64,
+    /// Written as 32 hex digits (a JSON number would not hold 128 bits for every reader).
+    #[serde(with = "hex_u128")]
+    pub digest: u128,
+}
+
+/// A `u128` as 32 lowercase hex digits in JSON.
+mod hex_u128 {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(value: &u128, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{value:032x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u128, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        u128::from_str_radix(&text, 16).map_err(D::Error::custom)
+    }
 }
 
 /// Where a request's context window came from (`budget::window::WindowResolver`), first source first.
@@ -336,7 +365,7 @@ mod tests {
     #[test]
     fn an_archived_summary_reads_back_byte_for_byte() {
         let summaries = [
-            r#"{"tokens_raw":5000,"tokens_forwarded":3000,"epoch":2,"epoch_started":true,"over_window":false,"report":{"mode":"epoch","window":8192,"reserve":1024,"action":"epoch","history_changed":true,"engine":{"pack":"default","messages_in":12,"messages_out":11,"boundary":8,"messages_changed":3,"messages_dropped":1,"chars_saved":472,"tokens_saved":180,"rules":{"collapse_succeeded":{"messages":3,"chars_saved":472,"tokens_saved":180}},"tiers":{"target_tokens":3000,"tokens_after_rules":4000,"focus":1,"recent":2,"summary":0,"background":0,"elided_groups":1,"elided_messages":1,"over_target":false}},"write_failed":"no form"}}"#,
+            r#"{"tokens_raw":5000,"tokens_forwarded":3000,"epoch":2,"epoch_started":true,"over_window":false,"report":{"mode":"epoch","window":8192,"reserve":1024,"action":"epoch","history_changed":true,"engine":{"pack":"default","messages_in":12,"messages_out":11,"boundary":8,"messages_changed":3,"messages_dropped":1,"chars_saved":472,"tokens_saved":180,"rules":{"collapse_succeeded":{"messages":3,"chars_saved":472,"tokens_saved":180}},"tiers":{"target_tokens":3000,"tokens_after_rules":4000,"focus":1,"recent":2,"summary":0,"background":0,"elided_groups":1,"elided_messages":1,"over_target":false}},"write_failed":"no form","raw_head":{"messages":12,"digest":"0123456789abcdef0123456789abcdef"}}}"#,
             r#"{"tokens_raw":10,"tokens_forwarded":10,"epoch":0,"epoch_started":false,"over_window":true,"report":{"mode":"off","window":8192,"reserve":1024}}"#,
             r#"{"tokens_raw":10,"tokens_forwarded":10,"epoch":1,"epoch_started":false,"over_window":false,"report":{"mode":"eager","window":8192,"reserve":1024,"tokens_estimated":true,"action":"append"}}"#,
             r#"{"tokens_raw":0,"tokens_forwarded":0,"epoch":0,"epoch_started":false,"over_window":false,"report":null}"#,
@@ -348,6 +377,7 @@ mod tests {
         let epoch: CompactionSummary = serde_json::from_str(summaries[0]).unwrap();
         let report = epoch.report.unwrap();
         assert_eq!(report.action, Some(Action::Epoch));
+        assert_eq!(report.raw_head, Some(RawHead { messages: 12, digest: 0x0123456789abcdef0123456789abcdef }));
         assert_eq!(report.engine.unwrap().rules[&crate::compact::report::RuleId::CollapseSucceeded].tokens_saved, 180);
     }
 

@@ -16,7 +16,7 @@ pub use crate::exchange::{
 
 use crate::archive::response::{ArchiveSink, HeldAnswers};
 use crate::archive::{self, Archive, ExchangeRecord, keep_headers, now_ms};
-use crate::budget::compactor::{SessionCompactor, SessionPlan, Unchanged};
+use crate::budget::compactor::{CaughtUp, SessionCompactor, SessionPlan, Unchanged};
 use crate::budget::price::Prices;
 use crate::budget::window::{DetectConfig, ModelTable, WindowResolver};
 use crate::config::{Config, Durability, Mode};
@@ -168,8 +168,12 @@ pub struct PipelineStats {
     /// `strict` requests forwarded although their raw record was not confirmed committed.
     pub strict_unconfirmed: AtomicU64,
     /// `strict` requests compacted again because another process had served their session since
-    /// this one last did (its state was read back from the archive).
+    /// this one last did (its state caught up from the archive after the request was compacted).
     pub stale_state: AtomicU64,
+    /// Requests whose session's compaction state caught up from the archive (its plan and the raw
+    /// head of its last request) before they were compacted: a session this process did not hold
+    /// in memory, or one another process serves too.
+    pub caught_up: AtomicU64,
 }
 
 /// Session → archive → compaction for one chat request.
@@ -332,7 +336,7 @@ impl Pipeline {
         let assignment = self.assign(headers, messages.as_deref().map(|m| (m, hashes.as_slice()))).await;
         let session = assignment.session.clone();
         if assignment.how != Assigned::New {
-            self.reseed(&session).await;
+            self.reseed(&session, messages.as_deref().map(|m| (m, hashes.as_slice()))).await;
         }
         let (model, request_stream) = match &parsed {
             Ok(body) => (body.model(), body.stream()),
@@ -356,8 +360,9 @@ impl Pipeline {
         let strict = self.archive.as_ref().is_some_and(|archive| archive.durability() == Durability::Strict);
         // In strict durability the archive is where replicas agree on a session: the record is
         // written only if the archive holds as many of the session's requests as this process's
-        // state reflects; otherwise another process served the session meanwhile, and its state is
-        // read back from the archive and the request compacted again.
+        // state reflects; otherwise another process served the session meanwhile: the state catches
+        // up from the archive and the request is compacted again. (A session found served elsewhere
+        // catches up before it is compacted, above, so that this is rare.)
         let mut expected = if strict { self.archived_requests(&session, assignment.how) } else { None };
         let skipped = match &parsed {
             Err(err) => {
@@ -460,21 +465,29 @@ impl Pipeline {
                 }
                 break (compaction, late_summary, Some((Arc::clone(archive), ticket)));
             }
-            let (ticket, committed) = archive.record_exchange_committed(record, compaction.plan.take()).await;
+            let plan = compaction.plan.take();
+            let plan_stored = plan.is_some();
+            let (ticket, committed) = archive.record_exchange_committed(record, plan).await;
             match committed {
                 Ok(seq) => {
                     if let Some(compactor) = &self.stateful {
-                        compactor.set_archived(&session, seq as u64);
+                        compactor.set_archived(&session, seq as u64, plan_stored);
                     }
                 }
                 Err(archive::ArchiveError::Stale { archived, .. }) if stale_retries < STALE_RETRIES => {
                     stale_retries += 1;
                     self.stats.stale_state.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(session = %session, archived, "another process served this session: reading its state back");
-                    if let Some(compactor) = &self.stateful {
-                        compactor.forget(&session);
+                    tracing::info!(session = %session, archived, "another process served this session: catching up");
+                    let caught_up = match &parsed {
+                        Ok(_) => self.catch_up(&session, messages, &hashes).await,
+                        Err(_) => false,
+                    };
+                    if !caught_up {
+                        if let Some(compactor) = &self.stateful {
+                            compactor.forget(&session);
+                        }
+                        self.reseed(&session, None).await;
                     }
-                    self.reseed(&session).await;
                     expected = self.archived_requests(&session, Assigned::Extends).or(Some(archived as u64));
                     continue;
                 }
@@ -554,22 +567,35 @@ impl Pipeline {
     }
 
     /// A known session whose compaction state is not in memory (the budget evicted it, or it is older
-    /// than a restart) gets its frozen prefix back from its stored plan, so that forwarding goes
-    /// on as if it had stayed. In buffered durability, waits for the archive to commit what is
-    /// queued (the session's last exchange may be among it).
-    async fn reseed(&self, session: &str) {
+    /// than a restart), or that another process serves too (strict durability: the last catch-up
+    /// found requests this process had not served), catches up from the archive before `request`
+    /// (its messages and their hashes) is compacted ([`Pipeline::catch_up`]), so that forwarding
+    /// goes on as if this process had served every request; a session the catch-up cannot bring
+    /// up (an archive written by a pare that did not store each request's raw head) gets its
+    /// frozen prefix back from its stored plan and its last request's body. In buffered
+    /// durability, waits for the archive to commit what is queued first (the session's last
+    /// exchange may be among it).
+    async fn reseed(&self, session: &str, request: Option<(&[&str], &[u128])>) {
         let (Some(compactor), Some(archive)) = (&self.stateful, &self.archive) else { return };
-        if compactor.policy().mode == Mode::Off || compactor.remembers(session) {
+        let strict = archive.durability() == Durability::Strict;
+        if compactor.policy().mode == Mode::Off || compactor.remembers(session) && !(strict && compactor.roams(session))
+        {
+            return;
+        }
+        // In strict durability every exchange is committed with its plan before it is forwarded:
+        // nothing a catch-up reads waits in the queue.
+        if !strict && let Err(err) = archive.flush_async().await {
+            tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
+        }
+        if let Some((messages, hashes)) = request
+            && self.catch_up(session, messages, hashes).await
+        {
+            return;
+        }
+        if compactor.remembers(session) {
             return;
         }
         let rebuild = async {
-            // In strict durability every exchange is committed with its plan before it is
-            // forwarded: nothing the rebuild reads waits in the queue.
-            if archive.durability() == Durability::Buffered
-                && let Err(err) = archive.flush_async().await
-            {
-                tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
-            }
             let archive = Arc::clone(archive);
             let session = session.to_owned();
             let compactor = Arc::clone(compactor);
@@ -582,6 +608,57 @@ impl Pipeline {
         {
             tracing::warn!(session = %session, "rebuilding a session from the archive timed out; it goes on from what is in memory");
         }
+    }
+
+    /// Bring `session`'s compaction state up to what the archive holds, for a request of `messages`
+    /// (hashed `hashes`) about to be compacted: one read of the session's request count, the raw
+    /// head of its last compacted request and its latest plan when that is not the one the state
+    /// holds (its rewritten messages in one more; the messages kept as sent are the request's own),
+    /// never the session's bodies ([`archive::plan::read_catch_up`]). The state then is what the
+    /// process that served the session's last requests holds, and the request is compacted once.
+    /// False when the archive cannot say (not read within `archive.commit_timeout_ms`, or the
+    /// session's last compacted request was archived without its head).
+    async fn catch_up(&self, session: &str, messages: &[&str], hashes: &[u128]) -> bool {
+        let (Some(compactor), Some(archive)) = (&self.stateful, &self.archive) else { return false };
+        let known = compactor.plan_seq(session);
+        let read = {
+            let (archive, session, hashes) = (Arc::clone(archive), session.to_owned(), hashes.to_vec());
+            tokio::task::spawn_blocking(move || {
+                let reader = archive::query::ArchiveReader::open(archive.location())?;
+                archive::plan::read_catch_up(reader.conn(), &session, known, &hashes)
+            })
+        };
+        let timeout = std::time::Duration::from_millis(self.config.archive.commit_timeout_ms);
+        let stored = match tokio::time::timeout(timeout, read).await {
+            Ok(Ok(Ok(stored))) => stored,
+            Ok(Ok(Err(archive::ArchiveError::NoStore(_)))) => None,
+            Ok(Ok(Err(err))) => {
+                tracing::warn!(session = %session, error = %err, "cannot read the session's state from the archive");
+                return false;
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(session = %session, error = %err, "reading the session's state from the archive failed");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(session = %session, "reading the session's state from the archive timed out");
+                return false;
+            }
+        };
+        // A session the archive does not hold (named by a header, or not yet written) is in the
+        // empty state.
+        let caught = match stored {
+            Some(stored) if !stored.head_known => return false,
+            Some(stored) => CaughtUp {
+                requests: stored.requests,
+                plan: stored.plan.map(|plan| (plan.seq, plan.resolve(messages))),
+                head: stored.head,
+            },
+            None => CaughtUp { requests: 0, plan: Some((0, SessionPlan::default())), head: None },
+        };
+        compactor.catch_up(session, caught);
+        self.stats.caught_up.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Run the compactor with fail-open: any error or panic forwards `raw` unchanged, counted and logged.
@@ -801,7 +878,7 @@ fn seed_from(compactor: &SessionCompactor, reader: &archive::query::ArchiveReade
     };
     let seeded = seed_state(compactor, reader, session);
     if let Some(requests) = requests {
-        compactor.set_archived(session, requests);
+        compactor.set_archived(session, requests, false);
     }
     seeded
 }

@@ -23,6 +23,7 @@ use crate::budget::compactor::{FrozenPlan, SessionPlan};
 use crate::compact::Fate;
 use crate::compact::provenance::{Step, steps};
 use crate::compact::report::RuleSet;
+use crate::exchange::RawHead;
 use crate::neutral::message_hashes;
 use crate::wire::Wire;
 
@@ -195,6 +196,238 @@ pub fn forwarding(raw: &[&str], frozen: Option<&FrozenPlan>) -> Forwarding {
     messages.extend(raw[covered..].iter().map(|m| (*m).to_owned()));
     let steps = frozen.plan.as_deref().map(|plan| steps(plan, raw.len(), frozen.prefix.len()));
     Forwarding { messages, steps }
+}
+
+/// What a process catching up on a session reads of it ([`read_catch_up`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredCatchUp {
+    /// The session's archived requests.
+    pub requests: u64,
+    /// The raw head of its last request that was compacted ([`crate::exchange::BudgetReport::raw_head`]):
+    /// `None` when none was, or when a pare that did not store heads compacted it.
+    pub head: Option<RawHead>,
+    /// Whether the last request with a summary said its head: `false` when it was compacted by a
+    /// pare that did not store heads (the catch-up cannot know the head; `head` is `None`).
+    pub head_known: bool,
+    /// The latest stored plan; `None` when it is the one the caller holds.
+    pub plan: Option<StoredPlan>,
+}
+
+/// The latest plan of a session as [`read_catch_up`] found it: the prefix messages the agent sent
+/// as they are are named by their index in the request catching up (which starts with the raw
+/// messages the prefix covers), so that its body is not read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPlan {
+    /// The request it was stored with (0: none is stored; the session's state is the empty one).
+    pub seq: u64,
+    epoch: u64,
+    advanced_at_len: usize,
+    saturated: bool,
+    frozen: Option<StoredFrozen>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct StoredFrozen {
+    raw_hashes: Vec<u128>,
+    prefix: Vec<Entry>,
+    prefix_seen: Vec<u64>,
+    plan: Option<Vec<Fate>>,
+}
+
+/// One message of a stored frozen prefix.
+#[derive(Debug, Clone, PartialEq)]
+enum Entry {
+    /// Raw message `i` of the request catching up.
+    Raw(usize),
+    Text(String),
+}
+
+impl StoredPlan {
+    /// The plan, its kept messages taken from `raw`: the request catching up, whose [`message_hashes`]
+    /// [`read_catch_up`] was given.
+    pub fn resolve(self, raw: &[&str]) -> SessionPlan {
+        let frozen = self.frozen.map(|f| FrozenPlan {
+            raw_hashes: f.raw_hashes,
+            prefix: f
+                .prefix
+                .into_iter()
+                .map(|entry| match entry {
+                    Entry::Raw(i) => raw[i].to_owned(),
+                    Entry::Text(text) => text,
+                })
+                .collect(),
+            prefix_seen: f.prefix_seen,
+            plan: f.plan,
+        });
+        // A catch-up reads only plans epoch and eager modes forwarded (an observed plan's prefix is
+        // left unread, see `read_catch_up`).
+        SessionPlan {
+            epoch: self.epoch,
+            advanced_at_len: self.advanced_at_len,
+            saturated: self.saturated,
+            frozen,
+            observed: false,
+        }
+    }
+}
+
+/// What `session` holds that a process catching up on it needs, in one statement (and one more for
+/// the rewritten messages of a plan it does not hold yet): its request count, the raw head of its
+/// last compacted request, and its latest plan unless that is the one stored with request
+/// `known_plan` (0: none stored). `hashes` are the [`message_hashes`] of the request catching up:
+/// a prefix message kept as sent is that request's message when it starts with the messages the
+/// prefix covers; otherwise it is read from the plan's own request (the request edited earlier
+/// messages: its epoch starts afresh). `None`: the archive holds no such session.
+pub fn read_catch_up(
+    conn: &Db,
+    session: &str,
+    known_plan: Option<u64>,
+    hashes: &[u128],
+) -> Result<Option<StoredCatchUp>, ArchiveError> {
+    let known = known_plan.map_or(-1, |seq| seq as i64);
+    let row = conn.query_opt(
+        "SELECT s.n_requests, e.summary, coalesce(pe.seq, 0), p.exchange, pe.path, p.format, p.epoch, p.advanced_at,
+                p.saturated,
+                CASE WHEN coalesce(pe.seq, 0) = ?2 THEN NULL ELSE p.raw_hashes END,
+                CASE WHEN coalesce(pe.seq, 0) = ?2 THEN NULL ELSE p.prefix_blobs END,
+                CASE WHEN coalesce(pe.seq, 0) = ?2 THEN NULL ELSE p.prefix_seen END,
+                CASE WHEN coalesce(pe.seq, 0) = ?2 THEN NULL ELSE i.items END
+         FROM sessions s
+         LEFT JOIN exchanges e ON e.id = (SELECT x.id FROM exchanges x WHERE x.session = s.id
+                                          AND x.summary IS NOT NULL ORDER BY x.seq DESC LIMIT 1)
+         LEFT JOIN plans p ON p.id = (SELECT max(q.id) FROM plans q WHERE q.session = s.id)
+         LEFT JOIN exchanges pe ON pe.id = p.exchange
+         LEFT JOIN plan_items i ON i.exchange = p.exchange
+         WHERE s.id = ?1",
+        params![session, known],
+    )?;
+    let Some(row) = row else { return Ok(None) };
+    let requests: i64 = row.get(0)?;
+    let summary: Option<String> = row.get(1)?;
+    let head = summary
+        .as_deref()
+        .map(|json| serde_json::from_str::<SummaryHead>(json).ok().and_then(|s| s.report).and_then(|r| r.raw_head));
+    let seq: i64 = row.get(2)?;
+    let plan = match (seq == known, row.get::<Option<i64>>(3)?) {
+        (true, _) => None,
+        (false, None) => Some(StoredPlan { seq: 0, epoch: 0, advanced_at_len: 0, saturated: false, frozen: None }),
+        (false, Some(exchange)) => {
+            let (path, format): (String, i64) = (row.get(4)?, row.get(5)?);
+            let (epoch, advanced_at, saturated): (i64, i64, bool) = (row.get(6)?, row.get(7)?, row.get(8)?);
+            let packed = Packed {
+                raw_hashes: row.get(9)?,
+                prefix_blobs: row.get(10)?,
+                prefix_seen: row.get(11)?,
+                items: row.get(12)?,
+            };
+            // A row of another layout is not read: as if none were stored.
+            let frozen = match format == FORMAT {
+                true => stored_frozen(conn, exchange, &path, packed, hashes)?,
+                false => None,
+            };
+            Some(StoredPlan {
+                seq: seq as u64,
+                epoch: epoch as u64,
+                advanced_at_len: advanced_at as usize,
+                saturated,
+                frozen,
+            })
+        }
+    };
+    Ok(Some(StoredCatchUp {
+        requests: requests.max(0) as u64,
+        head: head.flatten(),
+        head_known: head.is_none_or(|h| h.is_some()),
+        plan,
+    }))
+}
+
+/// The one field of an archived summary a catch-up reads.
+#[derive(serde::Deserialize)]
+struct SummaryHead {
+    report: Option<ReportHead>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReportHead {
+    raw_head: Option<RawHead>,
+}
+
+/// The frozen prefix of a plan row for a request whose messages hash to `hashes`; its rewritten
+/// messages read in one statement.
+fn stored_frozen(
+    conn: &Db,
+    exchange: i64,
+    path: &str,
+    packed: Packed,
+    hashes: &[u128],
+) -> Result<Option<StoredFrozen>, ArchiveError> {
+    let (Some(raw_hashes), Some(prefix_blobs)) = (&packed.raw_hashes, &packed.prefix_blobs) else {
+        return Ok(None);
+    };
+    let corrupt = |why| ArchiveError::CorruptPlan { exchange, why };
+    let covered = unpack_u128(raw_hashes).ok_or_else(|| corrupt("raw hashes"))?;
+    if !hashes.starts_with(&covered) {
+        // The request does not hold the messages kept as sent: read them from the plan's request.
+        let frozen = frozen(conn, exchange, path, packed)?;
+        return Ok(frozen.map(|f| StoredFrozen {
+            raw_hashes: f.raw_hashes,
+            prefix: f.prefix.into_iter().map(Entry::Text).collect(),
+            prefix_seen: f.prefix_seen,
+            plan: f.plan,
+        }));
+    }
+    let ids = unpack_u64(prefix_blobs).ok_or_else(|| corrupt("prefix blob ids"))?;
+    let prefix_seen =
+        unpack_u64(packed.prefix_seen.as_deref().unwrap_or_default()).ok_or_else(|| corrupt("prefix arrival times"))?;
+    let plan = match &packed.items {
+        Some(items) => Some(unpack_fates(items, ids.len(), covered.len()).ok_or_else(|| corrupt("raw message fates"))?),
+        None => None,
+    };
+    let rewritten: Vec<i64> = ids.iter().map(|&id| id as i64).filter(|&id| id >= 0).collect();
+    let texts = read_texts(conn, &rewritten)?;
+    let mut prefix = Vec::with_capacity(ids.len());
+    for id in ids {
+        let entry = match id as i64 {
+            id if id < 0 => {
+                let idx = (-id - 1) as usize;
+                if idx >= covered.len() {
+                    return Err(corrupt("a kept message that is not its request's"));
+                }
+                Entry::Raw(idx)
+            }
+            id => Entry::Text(texts.get(&id).cloned().ok_or(ArchiveError::MissingBlob(id))?),
+        };
+        prefix.push(entry);
+    }
+    Ok(Some(StoredFrozen { raw_hashes: covered, prefix, prefix_seen, plan }))
+}
+
+/// The blobs `ids` as UTF-8 texts (prefix messages), in one statement.
+fn read_texts(conn: &Db, ids: &[i64]) -> Result<HashMap<i64, String>, ArchiveError> {
+    let mut texts = HashMap::with_capacity(ids.len());
+    if ids.is_empty() {
+        return Ok(texts);
+    }
+    let list = conn.list_param(ids);
+    let rows = conn.query_all(
+        &format!("SELECT id, sha256, codec, raw_len, data FROM blobs WHERE {}", conn.in_list("id", 1)),
+        params![&list],
+    )?;
+    for row in rows {
+        let id: i64 = row.get(0)?;
+        let stored = super::store::StoredBlob {
+            sha256: row.get(1)?,
+            codec: row.get(2)?,
+            raw_len: row.get(3)?,
+            data: row.get(4)?,
+        };
+        let bytes = super::store::decode_blob(id, &stored)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| ArchiveError::CorruptBlob { id, why: "a prefix message that is not UTF-8".into() })?;
+        texts.insert(id, text);
+    }
+    Ok(texts)
 }
 
 /// A row's packed columns.
@@ -455,6 +688,75 @@ mod tests {
         assert!(ids[2] > 0, "{ids:?}");
         let err = latest(&conn, "t").unwrap_err();
         assert!(err.to_string().contains("not its request's"), "{err}");
+        archive.close();
+    }
+
+    /// A catch-up reads what `latest` reads, in one statement: the kept messages from the request
+    /// catching up when it starts with those the prefix covers, else from the plan's own request;
+    /// nothing of the plan when the caller holds it; the raw head of the last request with a
+    /// summary; the empty plan when none is stored.
+    #[test]
+    fn a_catch_up_reads_the_latest_plan_and_the_last_head() {
+        use crate::archive::{Archive, ExchangeRecord};
+        use crate::config::Durability;
+        use crate::exchange::{BudgetReport, CompactionSummary};
+        let dir = tempfile::tempdir().unwrap();
+        let archive = Archive::start(dir.path().to_owned(), Durability::Buffered, std::time::Duration::ZERO);
+        let messages = [
+            r#"{"role":"system","content":"you are an agent"}"#,
+            r#"{"role":"user","content":"go"}"#,
+            r#"{"role":"tool","tool_call_id":"c1","content":"a long output"}"#,
+            r#"{"role":"user","content":"next"}"#,
+            r#"{"role":"tool","tool_call_id":"c2","content":"more"}"#,
+        ];
+        let body = |messages: &[&str]| format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+        let rules: RuleSet = [RuleId::Truncate].into_iter().collect();
+        let frozen = FrozenPlan {
+            raw_hashes: message_hashes(&messages[..3]),
+            prefix: vec![messages[0].into(), messages[1].into(), "[tool: output]".into()],
+            prefix_seen: vec![],
+            plan: Some(vec![Fate::Kept { at: 0 }, Fate::Kept { at: 1 }, Fate::Rewritten { at: 2, rules }]),
+        };
+        let plan =
+            SessionPlan { epoch: 1, advanced_at_len: 4, saturated: false, frozen: Some(frozen), observed: false };
+        let head = |n: u64| CompactionSummary {
+            report: Some(BudgetReport {
+                raw_head: Some(RawHead { messages: n, digest: n.into() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let first =
+            ExchangeRecord { summary: Some(head(4)), ..ExchangeRecord::unchanged("s", 1, body(&messages[..4]).into()) };
+        let ticket = archive.record_exchange(first);
+        archive.record_plan(ticket, plan.clone());
+        // A request compaction did not run on (no summary) leaves the head where it was.
+        archive.record_exchange(ExchangeRecord::unchanged("s", 2, body(&messages).into()));
+        archive.record_exchange(ExchangeRecord {
+            summary: Some(head(4)),
+            ..ExchangeRecord::unchanged("u", 3, body(&messages[..4]).into())
+        });
+        archive.flush().unwrap();
+
+        let conn = store::open_ro(dir.path()).unwrap();
+        let hashes = message_hashes(&messages);
+        let read = read_catch_up(&conn, "s", None, &hashes).unwrap().unwrap();
+        assert_eq!((read.requests, read.head, read.head_known), (2, Some(RawHead { messages: 4, digest: 4 }), true));
+        let stored = read.plan.unwrap();
+        assert_eq!(stored.seq, 1);
+        assert!(matches!(&stored.frozen.as_ref().unwrap().prefix[..], [Entry::Raw(0), Entry::Raw(1), Entry::Text(_)]));
+        assert_eq!(stored.resolve(&messages), plan);
+        // Known: the plan is not read again.
+        assert_eq!(read_catch_up(&conn, "s", Some(1), &hashes).unwrap().unwrap().plan, None);
+        // A request that edited an earlier message: the kept ones come from the plan's request.
+        let edited = [messages[0], r#"{"role":"user","content":"went"}"#, messages[2]];
+        let read = read_catch_up(&conn, "s", Some(0), &message_hashes(&edited)).unwrap().unwrap();
+        assert_eq!(read.plan.unwrap().resolve(&edited), plan);
+        // No plan stored: the empty state.
+        let read = read_catch_up(&conn, "u", None, &hashes).unwrap().unwrap();
+        assert_eq!(read.plan.map(|p| (p.seq, p.resolve(&messages))), Some((0, SessionPlan::default())));
+        assert_eq!(read_catch_up(&conn, "u", Some(0), &hashes).unwrap().unwrap().plan, None);
+        assert_eq!(read_catch_up(&conn, "nobody", None, &hashes).unwrap(), None);
         archive.close();
     }
 

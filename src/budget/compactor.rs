@@ -32,7 +32,7 @@ use crate::compact::{CompactOptions, Compacted, Engine, Fate, HistoryBudget, His
 use crate::config::{Config, HistoryFloorConfig, HistoryShare, Mode};
 use crate::exchange::{
     Action, BudgetReport, CompactInput, CompactOutput, CompactionSummary, ConversationCompactor, LateCount,
-    PrefillEstimate,
+    PrefillEstimate, RawHead,
 };
 use crate::memory::{Holder, StateBudget};
 use crate::neutral::{Message, Typed, View, message_hashes, role_of};
@@ -351,6 +351,14 @@ struct SessionState {
     /// match it (`archive.durability: strict`): a replica whose count is behind the archive's holds a
     /// stale state. `None`: not known.
     archived: Option<u64>,
+    /// The request (number in the session) the archive stored this state's plan with, 0 for a state
+    /// with none stored (the session never changed it); `None` when not known (a state this process
+    /// changed and has not yet seen committed). A catch-up reads the stored plan only when a newer
+    /// one is stored.
+    plan_seq: Option<u64>,
+    /// The last catch-up found requests of the session this process had not served (another
+    /// replica serves it too): its next request catches up before it is compacted.
+    roams: bool,
 }
 
 /// What identifies a [`SessionPlan`]: its numbers and which frozen prefix it holds.
@@ -397,6 +405,19 @@ impl SessionState {
         let per_message = (self.seen.capacity() + self.counts.capacity()) * size_of::<(u128, u64)>();
         (size_of::<SessionState>() + frozen + per_message) as u64
     }
+}
+
+/// What the archive holds of a session that a process catching up on it lacks
+/// ([`SessionCompactor::catch_up`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CaughtUp {
+    /// The session's archived requests.
+    pub requests: u64,
+    /// The latest stored plan and the request it was stored with (0 and the empty plan: none is
+    /// stored); `None`: the state holds it already.
+    pub plan: Option<(u64, SessionPlan)>,
+    /// The raw head of the last request compacted ([`BudgetReport::raw_head`]); `None`: none was.
+    pub head: Option<RawHead>,
 }
 
 /// The stateful [`ConversationCompactor`]: epochs, stickiness and modes over the pure [`Engine`].
@@ -560,10 +581,63 @@ impl SessionCompactor {
 
     /// Say that the state of `session` in memory matches the archive holding `requests` of its
     /// requests (a session not in memory starts from the empty state, which is what a session
-    /// whose archived requests never changed it is in).
-    pub fn set_archived(&self, session: &str, requests: u64) {
+    /// whose archived requests never changed it is in); `plan_stored`: the last of them was
+    /// stored with the state's plan ([`SessionCompactor::take_plan`]).
+    pub fn set_archived(&self, session: &str, requests: u64, plan_stored: bool) {
         let state = self.session(session);
-        state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).archived = Some(requests);
+        let mut state = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.archived = Some(requests);
+        if plan_stored {
+            state.plan_seq = Some(requests);
+        }
+    }
+
+    /// Whether the last catch-up of `session` found requests this process had not served (another
+    /// process serves the session too); false when its state is not in memory.
+    pub fn roams(&self, session: &str) -> bool {
+        let Some(state) = self.budget.peek_part::<Mutex<SessionState>>(Holder::Compactor, session) else {
+            return false;
+        };
+        state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).roams
+    }
+
+    /// The request number the stored plan the state of `session` holds was stored with (0: none
+    /// stored), when known ([`SessionState::plan_seq`]).
+    pub fn plan_seq(&self, session: &str) -> Option<u64> {
+        let state = self.budget.peek_part::<Mutex<SessionState>>(Holder::Compactor, session)?;
+        state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).plan_seq
+    }
+
+    /// Bring `session`'s state up to what the archive holds (`caught`), as the process that served
+    /// its last requests holds it: the latest stored plan (unless [`SessionCompactor::plan_seq`]
+    /// already is its request), and the raw head of the last request compacted. The counts and
+    /// arrival times the state keeps of the messages it saw stay (the next request counts only the
+    /// messages it lacks), so the request is compacted once, from the state it would have met on
+    /// that process.
+    pub fn catch_up(&self, session: &str, caught: CaughtUp) {
+        let state = self.session(session);
+        let mut guard = state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = &mut *guard;
+        if let Some((seq, plan)) = caught.plan {
+            let frozen = plan.frozen.and_then(|f| {
+                let fates = f.plan.filter(|fates| fates.len() == f.raw_hashes.len())?;
+                Some(Arc::new(Frozen::new(&f.raw_hashes, &f.prefix, f.prefix_seen, fates)))
+            });
+            state.epoch = plan.epoch;
+            state.frozen = frozen;
+            state.frozen_changes += 1;
+            state.advanced_at_len = plan.advanced_at_len;
+            state.saturated = plan.saturated;
+            state.plan_seq = Some(seq);
+        }
+        state.planned = Some(state.plan_mark());
+        state.last_raw = caught.head.map_or((0, 0), |head| (head.messages as usize, head.digest));
+        // A state that did not know the archive's count (not in memory) may lack any of them.
+        state.roams = caught.requests > 0 && state.archived != Some(caught.requests);
+        state.archived = Some(caught.requests);
+        let bytes = state.bytes();
+        drop(guard);
+        self.budget.charge(Holder::Compactor, session, bytes);
     }
 
     /// Score recency on `clock` when the config sets `budget.salience.tau_seconds` (the proxy does
@@ -719,6 +793,7 @@ impl SessionCompactor {
             let mark = state.plan_mark();
             if state.planned.as_ref() != Some(&mark) {
                 state.planned = Some(mark);
+                state.plan_seq = None;
                 let plan = SessionPlan { observed: self.policy.mode == Mode::Observe, ..state.plan() };
                 plans.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(session.to_owned(), plan);
             }
@@ -734,6 +809,7 @@ impl SessionCompactor {
             history_changed: step.history_changed,
             engine: step.engine_report,
             protected_turns: step.protected_turns,
+            raw_head: Some(RawHead { messages: hashes.len() as u64, digest: state.last_raw.1 }),
             ..base_report
         };
         let summary = CompactionSummary {

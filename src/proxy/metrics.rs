@@ -477,6 +477,11 @@ impl Collector for PipelineCollector {
                 "Strict-durability requests compacted again because another process had served their session",
                 stats.stale_state.load(Relaxed),
             ),
+            (
+                "pare_caught_up",
+                "Requests whose session's compaction state caught up from the archive before compaction",
+                stats.caught_up.load(Relaxed),
+            ),
         ];
         let memory = self.pipeline.memory();
         counters.push(("pare_memory_evictions", "Sessions the memory budget evicted", memory.evictions));

@@ -122,3 +122,58 @@ async fn a_named_session_served_by_one_replica_reads_no_state_back() {
         assert!(*got == want.forwarded, "request {k} differs");
     }
 }
+
+/// Two replicas on one archive, a session's requests alternating between them: each replica that
+/// finds the session served elsewhere catches up from the stored plan before it compacts, so every
+/// request is compacted once — the second replica never compacts a request again — and the
+/// upstream receives what one pare forwards, the replicas together starting the epochs one pare
+/// starts.
+#[tokio::test]
+async fn alternating_replicas_catch_up_from_the_plan_and_compact_each_request_once() {
+    use std::sync::atomic::Ordering::Relaxed;
+    for wire in WIRES {
+        let stub = Stub::start(move |_| stream(wire)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = archived_config(&stub, dir.path());
+        config.archive.durability = Durability::Strict;
+        let config = Arc::new(config);
+        let replicas = fleet(&config, 2).await;
+        let requests = session(wire, 24, 260);
+        for (k, body) in requests.iter().enumerate() {
+            send(&replicas[k % 2], wire, "alternating", body).await;
+        }
+        let stats = |r: &in_process::Pare| {
+            (r.pipeline.stats.stale_state.load(Relaxed), r.pipeline.stats.caught_up.load(Relaxed))
+        };
+        let (first, second) = (stats(&replicas[0]), stats(&replicas[1]));
+        let mut epochs = 0.0;
+        for replica in &replicas {
+            let metrics = client().get(replica.url("/_pare/metrics")).send().await.unwrap().text().await.unwrap();
+            epochs += metrics
+                .lines()
+                .filter(|l| l.starts_with("pare_epochs_total"))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum::<f64>();
+        }
+        for replica in replicas {
+            replica.shutdown().await.unwrap();
+        }
+        let want = uninterrupted(&config, wire, &requests);
+        let want_epochs = want.iter().filter(|r| r.summary.as_ref().is_some_and(|s| s.epoch_started)).count();
+        assert!(want_epochs > 0, "{wire:?}: no epoch");
+        let received: Vec<Vec<u8>> = stub.requests().into_iter().map(|r| r.body.to_vec()).collect();
+        assert_eq!(received.len(), want.len(), "{wire:?}");
+        for (k, (got, want)) in received.iter().zip(&want).enumerate() {
+            assert!(*got == want.forwarded, "{wire:?}: request {k} is not what one pare forwards");
+        }
+        assert_eq!(epochs as usize, want_epochs, "{wire:?}: the replicas started epochs one pare would not");
+        // A named session is looked up on its first request (the archive holds none of it yet).
+        // The second replica meets the session on its first request and catches up before each of
+        // its requests; the first learns that the session roams when its second request is
+        // refused as stale (compacted again once, after catching up), and catches up beforehand
+        // from then on.
+        let served = [requests.len().div_ceil(2) as u64, (requests.len() / 2) as u64];
+        assert_eq!(second, (0, served[1]), "{wire:?}: (stale, caught up) of the second replica");
+        assert_eq!(first, (1, served[0]), "{wire:?}: (stale, caught up) of the first replica");
+    }
+}
