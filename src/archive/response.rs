@@ -33,14 +33,17 @@ pub fn assemble(body: &[u8], stream: bool) -> Option<Value> {
 }
 
 fn assemble_json(body: &[u8]) -> Option<Value> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let choice = v.get("choices")?.get(0)?;
-    let message = choice.get("message")?.clone();
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    // The parts are moved out of the parsed answer, never copied.
+    let take = |value: &mut Value, key: &str| value.get_mut(key).map(Value::take);
+    let choice = v.get_mut("choices")?.get_mut(0)?;
+    let message = take(choice, "message")?;
+    let finish_reason = take(choice, "finish_reason").unwrap_or(Value::Null);
     Some(json!({
         "message": message,
-        "finish_reason": choice.get("finish_reason").cloned().unwrap_or(Value::Null),
-        "usage": v.get("usage").cloned().unwrap_or(Value::Null),
-        "model": v.get("model").cloned().unwrap_or(Value::Null),
+        "finish_reason": finish_reason,
+        "usage": take(&mut v, "usage").unwrap_or(Value::Null),
+        "model": take(&mut v, "model").unwrap_or(Value::Null),
     }))
 }
 
@@ -605,5 +608,24 @@ mod tests {
         assert_eq!(a["message"]["content"], "hi");
         assert_eq!(a["finish_reason"], "stop");
         assert!(assemble(b"{\"error\":{\"message\":\"bad\"}}", false).is_none());
+    }
+
+    /// The assembled answer, key for key and in order, as archived; a part the answer lacks is null
+    /// and an answer without a message is none.
+    #[test]
+    fn json_body_assembles_its_parts_in_order() {
+        let body = br#"{"usage":{"total_tokens":3},"choices":[{"finish_reason":"tool_calls","index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}}],"model":"m"}"#;
+        let a = assemble(body, false).unwrap();
+        assert_eq!(
+            a.to_string(),
+            r#"{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls","usage":{"total_tokens":3},"model":"m"}"#
+        );
+        let bare = assemble(br#"{"choices":[{"message":{"role":"assistant","content":"x"}}]}"#, false).unwrap();
+        assert_eq!(
+            bare.to_string(),
+            r#"{"message":{"role":"assistant","content":"x"},"finish_reason":null,"usage":null,"model":null}"#
+        );
+        assert!(assemble(br#"{"choices":[{"finish_reason":"stop"}]}"#, false).is_none());
+        assert!(assemble(br#"{"choices":{"0":{"message":{}}}}"#, false).is_none());
     }
 }
