@@ -176,8 +176,13 @@ pub const CREDENTIAL_NAME_ENDINGS: &[&str] = &["key", "token", "secret", "auth"]
 /// lists in `archive.redact_headers`, or — unless `archive.safe_headers` names it — a name
 /// containing one of [`CREDENTIAL_NAME_PARTS`] or ending in one of [`CREDENTIAL_NAME_ENDINGS`].
 pub fn is_redacted(name: &str, redact: &[String], safe: &[String]) -> bool {
-    let lower = name.to_ascii_lowercase();
-    if ALWAYS_REDACTED.contains(&lower.as_str()) || redact.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+    // Header names arrive lowercase (`http::HeaderName`): no copy for them.
+    let lower = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    };
+    if ALWAYS_REDACTED.contains(&lower.as_ref()) || redact.iter().any(|r| r.eq_ignore_ascii_case(name)) {
         return true;
     }
     if safe.iter().any(|s| s.eq_ignore_ascii_case(name)) {
@@ -882,6 +887,17 @@ mod tests {
             n,
             Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
         )
+    }
+
+    /// A name is redacted in any case: header names arrive lowercase, configured ones as written.
+    #[test]
+    fn names_are_redacted_in_any_case() {
+        for name in ["authorization", "Authorization", "X-Goog-Api-Key", "x-custom-KEY"] {
+            assert!(is_redacted(name, &[], &[]), "{name}");
+        }
+        assert!(is_redacted("X-Internal", &["x-internal".to_owned()], &[]));
+        assert!(!is_redacted("X-Portkey-Virtual-Key", &[], &["x-portkey-virtual-key".to_owned()]));
+        assert!(!is_redacted("Content-Type", &[], &[]));
     }
 
     /// Regression: credential headers of other vendors (`x-goog-api-key`, `x-auth-token`), then
