@@ -90,6 +90,9 @@ pub struct Conversation<'a> {
     text_chars: Vec<OnceLock<usize>>,
     /// Each message's content id ([`content_id`] of its text), computed the first time a marker asks.
     content_ids: Vec<OnceLock<String>>,
+    /// Each tool result's `{restore}` fact ([`Conversation::restore`]), computed the first time a
+    /// marker asks: the fit renders a run's marker again each time the run grows.
+    restores: Vec<OnceLock<String>>,
     /// The name of pare's retrieve tool when the request offers it ([`super::markers::retrieve_tool`]):
     /// markers then say to call it.
     pub retrieve_tool: Option<String>,
@@ -233,6 +236,7 @@ impl<'a> Conversation<'a> {
         let names = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         let text_chars = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         let content_ids = (0..msgs.len()).map(|_| OnceLock::new()).collect();
+        let restores = (0..msgs.len()).map(|_| OnceLock::new()).collect();
         Conversation {
             raw,
             msgs,
@@ -250,6 +254,7 @@ impl<'a> Conversation<'a> {
             in_play: OnceLock::new(),
             text_chars,
             content_ids,
+            restores,
             retrieve_tool: None,
             parallel,
         }
@@ -351,7 +356,11 @@ impl<'a> Conversation<'a> {
     pub fn fact(&self, idx: usize, name: &str) -> Option<String> {
         match name {
             "names" => Some(names_suffix(self.names(idx))),
-            "restore" => Some(self.restore(idx).map(|r| format!("; restore: {r}")).unwrap_or_default()),
+            "restore" => Some(
+                self.restores[idx]
+                    .get_or_init(|| self.restore(idx).map(|r| format!("; restore: {r}")).unwrap_or_default())
+                    .clone(),
+            ),
             "retrieve" => Some(self.retrieve(idx)),
             other => self.facts(idx).value(other),
         }
