@@ -59,6 +59,13 @@ const CONFLICT_ATTEMPTS: usize = 5;
 /// a writer that always gives way falls behind under load and its queue fills (BENCHMARKS.md,
 /// *Memory, real sessions and the binary*).
 const GIVE_WAY_BELOW_QUEUED: u64 = 8;
+/// New messages a record's bodies hold from which the writer stores their blobs ahead of the
+/// record, in transactions of their own ([`Writer::store_ahead`]): one transaction over a body of
+/// 240,000 tiny messages lasts seconds, and every session queued behind it would wait that long.
+const STORE_AHEAD_FROM: usize = 2_000;
+/// Blobs per transaction when they are stored ahead of their record; between two, the writer
+/// commits what other sessions queued meanwhile.
+const STORE_AHEAD_SLICE: usize = 500;
 
 /// The last message list of one kind written for a session: what the next body is a delta against.
 /// It holds ids and digests, never the body: ≈ 30 bytes per message, whatever the messages weigh,
@@ -191,6 +198,12 @@ pub(crate) struct Writer {
     /// Which contents named by markers are stored ([`super::content`]).
     /// (`None` only while [`ContentIndex::index`] runs.)
     contents: Option<ContentIndex>,
+    /// Blobs stored ahead of the batch being written ([`Writer::store_ahead`]): their session, and
+    /// each message's [`Writer::digest`] → blob id (stored and linked to that session).
+    ahead: Vec<(String, std::collections::HashMap<u128, i64>)>,
+    /// Jobs taken off the queue while blobs were stored ahead, that could not be written before
+    /// the batch (its sessions' records, or behind one of them): the next batch starts with them.
+    deferred: Vec<Job>,
 }
 
 impl Writer {
@@ -218,6 +231,8 @@ impl Writer {
             digest_seed: std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8),
             prune_generation: None,
             contents: Some(ContentIndex::new()),
+            ahead: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -301,25 +316,27 @@ impl Writer {
         }
         let _ = opened.send(());
         loop {
+            // Jobs deferred while blobs were stored ahead start the next batch, before what is queued.
+            let mut arrived = std::mem::take(&mut self.deferred);
             // A held batch is retried when the reopen delay has passed, whether or not records arrive.
-            let first = if self.held.is_empty() {
+            if arrived.is_empty() && self.held.is_empty() {
                 match rx.recv() {
-                    Ok(job) => job,
+                    Ok(job) => arrived.push(job),
                     Err(_) => break,
                 }
-            } else {
+            } else if arrived.is_empty() {
                 let wait =
                     self.reopen_after.saturating_sub(self.last_open_attempt.map_or(Duration::ZERO, |t| t.elapsed()));
                 match rx.recv_timeout(wait.max(Duration::from_millis(10))) {
-                    Ok(job) => job,
+                    Ok(job) => arrived.push(job),
                     Err(RecvTimeoutError::Timeout) => {
                         let held = std::mem::take(&mut self.held);
-                        self.commit(held, false);
+                        self.commit(held, false, None);
                         continue;
                     }
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
-            };
+            }
             // Gather a group: records keep arriving for up to `flush_interval` after the first, so
             // that a steady trickle of requests shares one commit (each commit writes its pages to the
             // WAL again) instead of paying one per record. Whoever waits for the commit — a strict
@@ -328,9 +345,9 @@ impl Writer {
             // handing it a record costs the request no wake-up; a job someone waits for wakes it
             // ([`super::Archive`] unparks it).
             let deadline = Instant::now() + self.flush_interval;
-            let mut urgent = first.is_awaited() || !self.held.is_empty();
+            let mut urgent = arrived.iter().any(Job::is_awaited) || !self.held.is_empty();
             let mut batch = std::mem::take(&mut self.held);
-            batch.push(first);
+            batch.append(&mut arrived);
             loop {
                 while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Job::Shutdown(_))) {
                     let Ok(job) = rx.try_recv() else { break };
@@ -348,14 +365,14 @@ impl Writer {
                 std::thread::park_timeout(left);
             }
             let stop = matches!(batch.last(), Some(Job::Shutdown(_)));
-            self.commit(batch, stop);
+            self.commit(batch, stop, Some(&rx));
             if stop {
                 break;
             }
         }
         if !self.held.is_empty() {
             let held = std::mem::take(&mut self.held);
-            self.commit(held, true);
+            self.commit(held, true, None);
         }
         if let Some(db) = self.conn.take()
             && let Some(conn) = db.as_sqlite()
@@ -380,8 +397,10 @@ impl Writer {
     }
 
     /// Write a batch in one transaction. `last`: no retry follows (the shutdown), so a batch that
-    /// cannot be written is lost rather than held.
-    fn commit(&mut self, batch: Vec<Job>, last: bool) {
+    /// cannot be written is lost rather than held. With the queue (`rx`), the blobs of a record
+    /// with many new messages are stored ahead, and what other sessions queue meanwhile is
+    /// committed before the batch ([`Writer::store_ahead`]).
+    fn commit(&mut self, batch: Vec<Job>, last: bool, rx: Option<&Receiver<Job>>) {
         if last && self.conn.is_none() {
             // The last chance for records held for the database: try it now, whatever the backoff.
             self.last_open_attempt = None;
@@ -401,8 +420,14 @@ impl Writer {
                 other => records.push(other),
             }
         }
+        if let Some(rx) = rx.filter(|_| !last) {
+            self.store_ahead(&records, rx);
+        }
         if !records.is_empty() {
             self.write_records(records, last);
+            if rx.is_some() {
+                self.ahead.clear();
+            }
             // Done with, for `Archive::settled`: committed, refused, or held for a database that is
             // away (a retrieval then waits no longer for what cannot be read anyway).
             self.shared.exchanges_done.fetch_add(n_exchanges, Ordering::AcqRel);
@@ -410,6 +435,132 @@ impl Writer {
         }
         for done in waiters {
             let _ = done.send(());
+        }
+    }
+
+    /// Store ahead the blobs of each record of `records` whose bodies hold at least
+    /// [`STORE_AHEAD_FROM`] messages the session's cursor does not hold, [`STORE_AHEAD_SLICE`] per
+    /// transaction; after each, commit what the queue holds that may go before `records`
+    /// ([`Writer::write_queued`]). The record's own transaction then finds its blobs stored
+    /// ([`Writer::ahead`]) and lasts milliseconds. Blobs are content-addressed and linked to their
+    /// session, so what is stored ahead of a record that is then not written is stored once and
+    /// pruned with its session. A slice that fails ends this: the record's own transaction
+    /// stores the rest and reports the failure.
+    fn store_ahead(&mut self, records: &[Job], rx: &Receiver<Job>) {
+        let mut busy: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for job in records {
+            match job {
+                Job::Exchange { record, .. } => {
+                    busy.insert(record.session.clone());
+                }
+                Job::Response { ticket, .. } | Job::Plan { ticket, .. } => {
+                    if let Some(pending) = self.pending.peek(ticket) {
+                        busy.insert(pending.session.clone());
+                    }
+                }
+                Job::Flush(_) | Job::Shutdown(_) => {}
+            }
+        }
+        for job in records {
+            let Job::Exchange { record, .. } = job else { continue };
+            let messages = self.new_messages(record);
+            if messages.len() < STORE_AHEAD_FROM {
+                continue;
+            }
+            let mut stored = std::collections::HashMap::with_capacity(messages.len());
+            for slice in messages.chunks(STORE_AHEAD_SLICE) {
+                if self.ensure_open().is_err() {
+                    return;
+                }
+                let conn = self.conn.take().expect("opened above");
+                let result = (|| -> Result<(), ArchiveError> {
+                    if self.begin(&conn)? {
+                        stored.clear();
+                    }
+                    for (digest, message) in slice {
+                        if !stored.contains_key(digest) {
+                            let id = self.blob_id(&conn, &record.session, message)?;
+                            stored.insert(*digest, id);
+                        }
+                    }
+                    Ok(conn.commit()?)
+                })();
+                let failed = result.is_err();
+                if failed {
+                    let _ = conn.rollback();
+                    self.blob_ids.clear();
+                    self.linked.clear();
+                }
+                self.conn = Some(conn);
+                if failed {
+                    return;
+                }
+                self.write_queued(rx, &mut busy);
+            }
+            self.ahead.push((record.session.clone(), stored));
+        }
+    }
+
+    /// The messages of `record`'s bodies whose blobs its session's cursor does not hold, with
+    /// their [`Writer::digest`]s, in order (large top-level values included).
+    fn new_messages<'r>(&self, record: &'r ExchangeRecord) -> Vec<(u128, &'r [u8])> {
+        let part = self.budget().peek_part::<CursorPart>(Holder::Archive, &record.session);
+        let cursor = part.as_ref().map(|part| part.lock().unwrap_or_else(|p| p.into_inner()));
+        let cursor = cursor.as_ref().and_then(|c| c.as_ref());
+        let forwarded = record.forwarded.as_ref().filter(|f| **f != record.raw);
+        let bodies = [
+            Some((&record.raw, record.raw_spans.as_ref(), cursor.and_then(|c| c.raw.as_ref()))),
+            forwarded.map(|f| (f, record.forwarded_spans.as_ref(), cursor.and_then(|c| c.fwd.as_ref()))),
+        ];
+        let mut out = Vec::new();
+        for (bytes, spans, prev) in bodies.into_iter().flatten() {
+            for piece in body::split_along(bytes, spans) {
+                match piece {
+                    Piece::Lit(_) => {}
+                    Piece::Blob(b) => out.push((self.digest(b), b)),
+                    Piece::Messages(m) => {
+                        for (idx, (sep, msg)) in m.items.iter().enumerate() {
+                            let digest = self.digest(msg);
+                            let held =
+                                prev.is_some_and(|p| p.digests.get(idx) == Some(&digest) && p.sep(idx) == Some(*sep));
+                            if !held {
+                                out.push((digest, *msg));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Commit the jobs queued that may go before the batch being written: exchanges of sessions
+    /// not in it (`busy`), and the answers and plans of exchanges already stored or committed
+    /// here. The others keep their order in [`Writer::deferred`], and their sessions join `busy`.
+    fn write_queued(&mut self, rx: &Receiver<Job>, busy: &mut std::collections::HashSet<String>) {
+        let mut now = Vec::new();
+        let mut moved: std::collections::HashSet<Ticket> = std::collections::HashSet::new();
+        while !matches!(self.deferred.last(), Some(Job::Shutdown(_))) {
+            let Ok(job) = rx.try_recv() else { break };
+            let goes = match &job {
+                Job::Exchange { ticket, record, .. } => {
+                    let goes = !busy.contains(&record.session);
+                    if goes {
+                        moved.insert(*ticket);
+                    } else {
+                        busy.insert(record.session.clone());
+                    }
+                    goes
+                }
+                Job::Response { ticket, .. } | Job::Plan { ticket, .. } => {
+                    moved.contains(ticket) || self.pending.peek(ticket).is_some_and(|p| !busy.contains(&p.session))
+                }
+                Job::Flush(_) | Job::Shutdown(_) => false,
+            };
+            if goes { now.push(job) } else { self.deferred.push(job) }
+        }
+        if !now.is_empty() {
+            self.commit(now, false, None);
         }
     }
 
@@ -473,7 +624,8 @@ impl Writer {
             self.shared.queue_depth.fetch_add(1, Ordering::Relaxed);
             self.shared.queue_bytes.fetch_add(job.size(), Ordering::Relaxed);
         }
-        self.held = records;
+        // Records written ahead of a batch (`Writer::write_queued`) may be held already: these follow.
+        self.held.extend(records);
     }
 
     /// Count `records` as lost for `e` and tell their waiters; as refused too when the store
@@ -544,14 +696,7 @@ impl Writer {
         records: &[Job],
         answered: &mut Vec<Ticket>,
     ) -> Result<Vec<(Ticket, Written)>, ArchiveError> {
-        let generation = retention::begin_reading_generation(conn)?;
-        if self.prune_generation.replace(generation).is_some_and(|seen| seen != generation) {
-            self.blob_ids.clear();
-            self.linked.clear();
-            if let Some(contents) = &mut self.contents {
-                contents.clear();
-            }
-        }
+        self.begin(conn)?;
         self.n_stale_answers = 0;
         let mut written = Vec::new();
         for job in records {
@@ -580,6 +725,22 @@ impl Writer {
         }
         conn.commit()?;
         Ok(written)
+    }
+
+    /// Begin a write transaction; when sessions were pruned since the last one, forget the blobs
+    /// the caches name (they may be freed) and say so.
+    fn begin(&mut self, conn: &Db) -> Result<bool, ArchiveError> {
+        let generation = retention::begin_reading_generation(conn)?;
+        let pruned = self.prune_generation.replace(generation).is_some_and(|seen| seen != generation);
+        if pruned {
+            self.blob_ids.clear();
+            self.linked.clear();
+            self.ahead.clear();
+            if let Some(contents) = &mut self.contents {
+                contents.clear();
+            }
+        }
+        Ok(pruned)
     }
 
     /// The session's row, locked for the rest of the transaction (PostgreSQL: `FOR UPDATE`; SQLite
@@ -674,7 +835,11 @@ impl Writer {
                             (p.digests.get(idx) == Some(&digest) && p.sep(idx) == Some(*sep))
                                 .then_some(*p.blobs.get(idx)?)
                         });
-                        let blob = match same_as_prev {
+                        let stored_ahead = || {
+                            let (_, ids) = self.ahead.iter().find(|(owner, _)| owner == session)?;
+                            ids.get(&digest).copied()
+                        };
+                        let blob = match same_as_prev.or_else(stored_ahead) {
                             Some(id) => id,
                             None => self.blob_id(conn, session, msg)?,
                         };

@@ -124,6 +124,50 @@ fn a_strict_record_is_committed_without_waiting_for_the_interval() {
     assert_eq!(archive.health().committed_records, 3);
 }
 
+/// A body of `n` assistant/tool pairs with tiny outputs: 2n + 1 messages, each its own blob.
+fn many_tiny_outputs(n: usize) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "user", "content": "go"})];
+    for k in 0..n {
+        let call = format!("call_{k}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
+            "function": {"name": "bash", "arguments": format!("{{\"command\":\"cat f{k}\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": call, "content": "ok"}));
+    }
+    serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap()
+}
+
+/// Regression: a body of many tiny tool outputs (each message a blob of its own) kept the writer
+/// in one transaction for seconds, and the sessions that came after it waited for that commit
+/// (a new session waited 15 s behind 120,000 outputs). The writer stores such a body's blobs in
+/// slices of their own and writes what other sessions queued meanwhile between them: a new
+/// session is committed long before the big body is, and the big body still comes back whole.
+#[test]
+fn a_body_of_many_tiny_outputs_does_not_hold_up_the_next_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = Archive::start(dir.path().to_owned(), Durability::Strict, Duration::from_millis(20));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let big = many_tiny_outputs(20_000);
+    archive.record_exchange(exchange("big", &big, None));
+    // The writer has taken the big record and works on it.
+    let taken = std::time::Instant::now();
+    while archive.health().queue_depth > 0 && taken.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    let small = growing_session(1, false);
+    let (_, committed) = runtime.block_on(archive.record_exchange_committed(exchange("next", &small[0], None), None));
+    let waited = started.elapsed();
+    committed.unwrap();
+    let big_pending = archive.health().committed_records < 2;
+    archive.flush().unwrap();
+    assert!(waited < Duration::from_secs(2), "the next session waited {waited:?} for the big body's commit");
+    assert!(big_pending, "the big body was committed before the next session: the test measured nothing");
+    let reader = ArchiveReader::open(dir.path()).unwrap();
+    assert!(reader.body("big", 1, BodyKind::Raw).unwrap() == big, "the big body does not come back whole");
+    assert!(verify(reader.conn(), None).unwrap().ok());
+}
+
 #[test]
 fn raw_and_forwarded_bodies_come_back_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
