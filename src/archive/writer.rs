@@ -66,6 +66,8 @@ const STORE_AHEAD_FROM: usize = 2_000;
 /// Blobs per transaction when they are stored ahead of their record; between two, the writer
 /// commits what other sessions queued meanwhile.
 const STORE_AHEAD_SLICE: usize = 500;
+/// The fewest bytes a message takes in a body (`{"role":"x"}` and a separator).
+const MIN_MESSAGE_BYTES: usize = 13;
 
 /// The last message list of one kind written for a session: what the next body is a delta against.
 /// It holds ids and digests, never the body: ≈ 30 bytes per message, whatever the messages weigh,
@@ -502,7 +504,9 @@ impl Writer {
     }
 
     /// The messages of `record`'s bodies whose blobs its session's cursor does not hold, with
-    /// their [`Writer::digest`]s, in order (large top-level values included).
+    /// their [`Writer::digest`]s, in order (large top-level values included); none when the bytes
+    /// past the cursor's lists are too few to hold [`STORE_AHEAD_FROM`] messages (the common
+    /// case: a request that appends a few messages is not split twice).
     fn new_messages<'r>(&self, record: &'r ExchangeRecord) -> Vec<(u128, &'r [u8])> {
         let part = self.budget().peek_part::<CursorPart>(Holder::Archive, &record.session);
         let cursor = part.as_ref().map(|part| part.lock().unwrap_or_else(|p| p.into_inner()));
@@ -512,6 +516,11 @@ impl Writer {
             Some((&record.raw, record.raw_spans.as_ref(), cursor.and_then(|c| c.raw.as_ref()))),
             forwarded.map(|f| (f, record.forwarded_spans.as_ref(), cursor.and_then(|c| c.fwd.as_ref()))),
         ];
+        let beyond: usize =
+            bodies.iter().flatten().map(|(bytes, _, prev)| bytes.len().saturating_sub(prev.map_or(0, |p| p.end))).sum();
+        if beyond < STORE_AHEAD_FROM * MIN_MESSAGE_BYTES {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for (bytes, spans, prev) in bodies.into_iter().flatten() {
             for piece in body::split_along(bytes, spans) {
