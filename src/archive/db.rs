@@ -520,6 +520,8 @@ enum Inner {
 /// A connection to an archive store.
 pub struct Db {
     inner: Inner,
+    /// Statements sent so far ([`Db::statements`]).
+    sent: Cell<u64>,
 }
 
 impl Drop for Db {
@@ -536,7 +538,7 @@ impl Drop for Db {
 impl Db {
     pub fn sqlite(conn: rusqlite::Connection) -> Db {
         conn.set_prepared_statement_cache_capacity(64);
-        Db { inner: Inner::Sqlite(conn) }
+        Db { inner: Inner::Sqlite(conn), sent: Cell::new(0) }
     }
 
     /// A connection of its own to the PostgreSQL archive at `location` (the writer's).
@@ -548,6 +550,7 @@ impl Db {
                 pool: None,
                 in_transaction: Cell::new(false),
             },
+            sent: Cell::new(0),
         })
     }
 
@@ -562,6 +565,7 @@ impl Db {
                 pool: Some(pool),
                 in_transaction: Cell::new(false),
             },
+            sent: Cell::new(0),
         })
     }
 
@@ -605,8 +609,20 @@ impl Db {
         }
     }
 
+    /// Requests sent to the database on this connection so far: one per statement with
+    /// parameters, one per batch of statements without ([`Db::execute_batch`], [`Db::begin_then`]).
+    /// On PostgreSQL each is a round trip.
+    pub fn statements(&self) -> u64 {
+        self.sent.get()
+    }
+
+    fn count(&self) {
+        self.sent.set(self.sent.get() + 1);
+    }
+
     /// Run statements without parameters, separated by `;` (schema, transactions).
     pub fn execute_batch(&self, sql: &str) -> Result<(), DbError> {
+        self.count();
         match &self.inner {
             Inner::Sqlite(conn) => Ok(conn.execute_batch(sql)?),
             Inner::Postgres { .. } => self.with_pg(|pg| Ok(pg.client.batch_execute(sql)?)),
@@ -615,6 +631,7 @@ impl Db {
 
     /// Run one statement; returns the number of rows it changed.
     pub fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<usize, DbError> {
+        self.count();
         match &self.inner {
             Inner::Sqlite(conn) => Ok(conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params.iter()))?),
             Inner::Postgres { .. } => self.with_pg(|pg| {
@@ -630,6 +647,7 @@ impl Db {
     pub fn insert_id(&self, sql: &str, params: &[Param<'_>]) -> Result<i64, DbError> {
         match &self.inner {
             Inner::Sqlite(conn) => {
+                self.count();
                 conn.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params.iter()))?;
                 Ok(conn.last_insert_rowid())
             }
@@ -639,6 +657,7 @@ impl Db {
 
     /// Every row of a query.
     pub fn query_all(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>, DbError> {
+        self.count();
         match &self.inner {
             Inner::Sqlite(conn) => {
                 let mut statement = conn.prepare_cached(sql)?;
@@ -701,6 +720,7 @@ impl Db {
                 self.query_opt(select, &[])?.map(|row| row.get::<String>(0)).transpose()
             }
             Inner::Postgres { .. } => {
+                self.count();
                 let messages = self.with_pg(|pg| Ok(pg.client.simple_query(&format!("BEGIN; {select}"))?))?;
                 self.set_in_transaction(true);
                 Ok(messages.iter().find_map(|message| match message {

@@ -528,6 +528,36 @@ pub fn put_blob(db: &Db, hash: &[u8; 32], content: &[u8]) -> Result<i64, super::
     )
 }
 
+/// [`put_blob`], and link the blob to `session` (`session_blobs`). On PostgreSQL a new blob is
+/// inserted and linked in one statement, so storing one costs two round trips (the lookup by hash,
+/// then that statement), and a blob the database holds is never sent again.
+pub fn put_blob_linked(db: &Db, hash: &[u8; 32], content: &[u8], session: &str) -> Result<i64, super::db::DbError> {
+    if let Some(row) = db.query_opt("SELECT id FROM blobs WHERE sha256 = ?1", params![hash])? {
+        let id = row.get(0)?;
+        db.execute("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)", params![session, id])?;
+        return Ok(id);
+    }
+    let (codec, data) = encode_blob(content);
+    match db.dialect() {
+        super::db::Dialect::Sqlite => {
+            let id = db.insert_id(
+                "INSERT INTO blobs (sha256, codec, raw_len, data) VALUES (?1, ?2, ?3, ?4)",
+                params![hash, codec, content.len() as i64, &data],
+            )?;
+            db.execute("INSERT OR IGNORE INTO session_blobs (session, blob) VALUES (?1, ?2)", params![session, id])?;
+            Ok(id)
+        }
+        super::db::Dialect::Postgres => db
+            .query_one(
+                "WITH blob AS (INSERT INTO blobs (sha256, codec, raw_len, data) VALUES (?1, ?2, ?3, ?4) RETURNING id),
+                      link AS (INSERT INTO session_blobs (session, blob) SELECT CAST(?5 AS TEXT), id FROM blob)
+                 SELECT id FROM blob",
+                params![hash, codec, content.len() as i64, &data, session],
+            )?
+            .get(0),
+    }
+}
+
 /// Insert a blob exactly as stored elsewhere (`pare archive copy`), unless one with the same hash
 /// exists; returns its id.
 pub fn put_stored_blob(db: &Db, blob: &StoredBlob) -> Result<i64, super::db::DbError> {

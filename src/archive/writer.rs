@@ -805,9 +805,10 @@ impl Writer {
         let id = match self.blob_ids.get(&hash) {
             Some(id) => *id,
             None => {
-                let id = store::put_blob(conn, &hash, content)?;
+                let id = store::put_blob_linked(conn, &hash, content, session)?;
                 self.blob_ids.put(hash, id);
-                id
+                self.linked.put((xxhash_rust::xxh3::xxh3_64(session.as_bytes()), id), ());
+                return Ok(id);
             }
         };
         let link = (xxhash_rust::xxh3::xxh3_64(session.as_bytes()), id);

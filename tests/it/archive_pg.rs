@@ -486,3 +486,24 @@ fn every_command_takes_a_postgres_url_and_refuses_other_schemes() {
         assert!(!stderr.contains(":pw@"), "{stderr}");
     }
 }
+
+/// On PostgreSQL a blob the writer has not cached costs two statements (round trips): the lookup
+/// by hash, then either one statement that inserts and links a new blob, or the link of one the
+/// database holds (its content is not sent again). Both leave it linked to its sessions.
+#[test]
+fn a_new_blob_is_stored_and_linked_in_two_statements() {
+    use pare::archive::db::Param;
+    let db = store::open_location_rw(&postgres()).unwrap();
+    let content = b"a message the database has not seen".repeat(10);
+    let hash = store::sha256(&content);
+    let before = db.statements();
+    let id = store::put_blob_linked(&db, &hash, &content, "s1").unwrap();
+    assert_eq!(db.statements() - before, 2, "a new blob");
+    let before = db.statements();
+    assert_eq!(store::put_blob_linked(&db, &hash, &content, "s2").unwrap(), id);
+    assert_eq!(db.statements() - before, 2, "a blob the database holds");
+    let links: i64 =
+        db.query_one("SELECT count(*) FROM session_blobs WHERE blob = ?1", &[Param::Int(id)]).unwrap().get(0).unwrap();
+    assert_eq!(links, 2);
+    assert_eq!(store::read_blob(&db, id).unwrap(), content);
+}
