@@ -36,7 +36,7 @@
 //!
 //! Records waiting for the writer hold room in a queue bounded in bytes (`archive.max_queue_bytes`,
 //! [`DEFAULT_MAX_QUEUE_BYTES`]) from the moment they are handed over until the writer has written
-//! them. A request whose record does not fit waits for room (asynchronously, first come first
+//! them (a record larger than half the queue holds half of it, so others fit beside it). A request whose record does not fit waits for room (asynchronously, first come first
 //! served) while the writer works through the queue. When the writer frees nothing for
 //! [`QUEUE_WAIT`] (a stalled disk), the record is not stored: counted in `lost_records`, logged as
 //! `ARCHIVE WRITE FAILED`, the archive reported not writable, and the request forwarded. Until the
@@ -647,9 +647,12 @@ impl Archive {
         self.durability
     }
 
-    /// Room for a record of `size` bytes, in KiB (a record larger than the whole queue takes all of it).
+    /// Room for a record of `size` bytes, in KiB. A record larger than half the queue takes half of
+    /// it: the writer may take seconds over one huge body (its blobs stored ahead, other sessions'
+    /// records written meanwhile), and the records that come during those seconds keep room beside
+    /// it rather than waiting for it.
     fn kib(&self, size: u64) -> u32 {
-        u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, self.room_kib)
+        u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, (self.room_kib / 2).max(1))
     }
 
     fn try_room(&self, size: u64) -> Option<OwnedSemaphorePermit> {

@@ -10,7 +10,7 @@ use http::HeaderMap;
 use pare::archive::query::{ArchiveReader, SessionFilter};
 use pare::archive::read::BodyKind;
 use pare::archive::verify::verify;
-use pare::archive::{Archive, ExchangeRecord, ResponseRecord, store};
+use pare::archive::{Archive, ExchangeRecord, Location, ResponseRecord, store};
 use pare::config::{Config, Durability};
 use pare::pipeline::{CompactionSummary, Pipeline, StreamEnd};
 use pare::wire::ChatBody;
@@ -137,16 +137,26 @@ fn many_tiny_outputs(n: usize) -> Vec<u8> {
 }
 
 /// Regression: a body of many tiny tool outputs (each message a blob of its own) kept the writer
-/// in one transaction for seconds, and the sessions that came after it waited for that commit
-/// (a new session waited 15 s behind 120,000 outputs). The writer stores such a body's blobs in
-/// slices of their own and writes what other sessions queued meanwhile between them: a new
-/// session is committed long before the big body is, and the big body still comes back whole.
+/// in one transaction for seconds, and held the whole queue meanwhile: the sessions that came
+/// after it waited for room and for that commit (a new session waited 10–20 s behind 120,000
+/// outputs). The writer stores such a body's blobs in slices of their own and writes what other
+/// sessions queued meanwhile between them, and a record larger than half the queue holds half of
+/// it: a new session is committed long before the big body is, which still comes back whole.
 #[test]
 fn a_body_of_many_tiny_outputs_does_not_hold_up_the_next_session() {
     let dir = tempfile::tempdir().unwrap();
-    let archive = Archive::start(dir.path().to_owned(), Durability::Strict, Duration::from_millis(20));
+    // The big body (2.3 MB) is larger than the whole queue.
+    let archive = Archive::launch(
+        Location::Dir(dir.path().to_owned()),
+        Durability::Strict,
+        Duration::from_millis(20),
+        None,
+        1 << 20,
+        Duration::from_secs(10),
+    );
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let big = many_tiny_outputs(20_000);
+    assert!(big.len() > 2 << 20);
     archive.record_exchange(exchange("big", &big, None));
     // The writer has taken the big record and works on it.
     let taken = std::time::Instant::now();
