@@ -573,8 +573,8 @@ impl Pipeline {
     /// goes on as if this process had served every request; a session the catch-up cannot bring
     /// up (an archive written by a pare that did not store each request's raw head) gets its
     /// frozen prefix back from its stored plan and its last request's body. In buffered
-    /// durability, waits for the archive to commit what is queued first (the session's last
-    /// exchange may be among it).
+    /// durability, waits for the archive to commit what is queued of the session first (its
+    /// last exchange may be among it).
     async fn reseed(&self, session: &str, request: Option<(&[&str], &[u128])>) {
         let (Some(compactor), Some(archive)) = (&self.stateful, &self.archive) else { return };
         let strict = archive.durability() == Durability::Strict;
@@ -584,7 +584,7 @@ impl Pipeline {
         }
         // In strict durability every exchange is committed with its plan before it is forwarded:
         // nothing a catch-up reads waits in the queue.
-        if !strict && let Err(err) = archive.flush_async().await {
+        if !strict && let Err(err) = archive.flush_session_async(session).await {
             tracing::warn!(session = %session, error = %err, "cannot flush the archive to rebuild a session");
         }
         if let Some((messages, hashes)) = request

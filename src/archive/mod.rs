@@ -386,7 +386,9 @@ pub(crate) enum Job {
         ticket: Ticket,
         plan: Box<SessionPlan>,
     },
-    Flush(mpsc::Sender<()>),
+    /// Answered once every record handed over before it is written; with a session, once every
+    /// record of that session is (the writer may answer it before a huge body of another session).
+    Flush(mpsc::Sender<()>, Option<String>),
     Shutdown(mpsc::Sender<()>),
 }
 
@@ -396,7 +398,7 @@ impl Job {
         match self {
             Job::Exchange { ack, .. } => ack.is_some(),
             Job::Response { .. } | Job::Plan { .. } => false,
-            Job::Flush(_) | Job::Shutdown(_) => true,
+            Job::Flush(..) | Job::Shutdown(_) => true,
         }
     }
 
@@ -414,7 +416,7 @@ impl Job {
             }
             Job::Response { record, .. } => (record.body.len() + 512) as u64,
             Job::Plan { plan, .. } => plan_size(plan),
-            Job::Flush(_) | Job::Shutdown(_) => 0,
+            Job::Flush(..) | Job::Shutdown(_) => 0,
         }
     }
 }
@@ -803,8 +805,23 @@ impl Archive {
     /// for a PostgreSQL database that cannot be reached (written when it is back).
     pub fn flush(&self) -> Result<(), ArchiveError> {
         let (tx, rx) = mpsc::channel();
-        self.send(Job::Flush(tx))?;
+        self.send(Job::Flush(tx, None))?;
         rx.recv().map_err(|_| ArchiveError::Closed)
+    }
+
+    /// [`Archive::flush`] for the records of one session: what reading that session back needs.
+    /// The writer may answer it while it works through a huge body of another session.
+    pub fn flush_session(&self, session: &str) -> Result<(), ArchiveError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Flush(tx, Some(session.to_owned())))?;
+        rx.recv().map_err(|_| ArchiveError::Closed)
+    }
+
+    /// [`Archive::flush_session`] for async callers (runs on the blocking pool).
+    pub async fn flush_session_async(self: &Arc<Self>, session: &str) -> Result<(), ArchiveError> {
+        let me = Arc::clone(self);
+        let session = session.to_owned();
+        tokio::task::spawn_blocking(move || me.flush_session(&session)).await.unwrap_or(Err(ArchiveError::Closed))
     }
 
     /// Wait until the writer is done with every exchange handed over before this call (committed

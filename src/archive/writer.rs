@@ -414,7 +414,7 @@ impl Writer {
             self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
             self.shared.queue_bytes.fetch_sub(job.size(), Ordering::Relaxed);
             match job {
-                Job::Flush(done) | Job::Shutdown(done) => waiters.push(done),
+                Job::Flush(done, _) | Job::Shutdown(done) => waiters.push(done),
                 Job::Exchange { ticket, mut record, plan, ack, room } => {
                     record.settle_summary();
                     records.push(Job::Exchange { ticket, record, plan, ack, room });
@@ -460,7 +460,7 @@ impl Writer {
                         busy.insert(pending.session.clone());
                     }
                 }
-                Job::Flush(_) | Job::Shutdown(_) => {}
+                Job::Flush(..) | Job::Shutdown(_) => {}
             }
         }
         for job in records {
@@ -564,7 +564,9 @@ impl Writer {
                 Job::Response { ticket, .. } | Job::Plan { ticket, .. } => {
                     moved.contains(ticket) || self.pending.peek(ticket).is_some_and(|p| !busy.contains(&p.session))
                 }
-                Job::Flush(_) | Job::Shutdown(_) => false,
+                // A flush of one session goes first when nothing of that session waits.
+                Job::Flush(_, Some(session)) => !busy.contains(session),
+                Job::Flush(..) | Job::Shutdown(_) => false,
             };
             if goes { now.push(job) } else { self.deferred.push(job) }
         }
@@ -726,7 +728,7 @@ impl Writer {
                     }
                 }
                 Job::Plan { ticket, plan } => self.put_plan(conn, *ticket, plan)?,
-                Job::Flush(_) | Job::Shutdown(_) => {}
+                Job::Flush(..) | Job::Shutdown(_) => {}
             }
             if self.shared.queue_depth.load(Ordering::Relaxed) < GIVE_WAY_BELOW_QUEUED {
                 std::thread::yield_now();
