@@ -1,7 +1,7 @@
 """The attacks of BENCHMARKS.md's *Limits under attack and at scale* rows on fake content ids, slow
 greps, MCP batches of retrieves and compaction's working set, against one `pare serve` binary.
 
-Usage: attack_limits.py PARE_BINARY [fake-ids|grep|mcp-batch|engine|compress]...
+Usage: attack_limits.py PARE_BINARY [fake-ids|grep|mcp-batch|engine|compress|tiny-next]...
 
 Each case starts its own `pare serve` (archive on, in a temporary directory, window 4,096 tokens) in
 front of a stub upstream on loopback that answers every chat request with a short text, and prints
@@ -223,6 +223,40 @@ def engine(pare, n=120_000, at_once=(1, 3)):
               f"VmHWM +{(pare.hwm_kb() - before) / 1024:.0f} MiB, {time.monotonic() - started:.2f} s")
 
 
+def tiny_next(pare, n=120_000):
+    """One body of `n` tiny outputs, then two new sessions one after the other: how long after the
+    big one was answered each new session is answered, and when both are committed."""
+    body = chat(tiny_outputs(n))
+    started = time.monotonic()
+    status, _ = pare.request("POST", "/v1/chat/completions", body, {"content-type": "application/json",
+                                                                      "x-pare-session": "big"})
+    answered = time.monotonic()
+    times = []
+    for k in range(2):
+        probe = chat([{"role": "user", "content": f"a new session {k}"}])
+        pare.request("POST", "/v1/chat/completions", probe, {"content-type": "application/json",
+                                                             "x-pare-session": f"next-{k}"})
+        times.append(time.monotonic() - answered)
+    def stored(sessions):
+        import sqlite3
+        db = sqlite3.connect(f"file:{pare.dir}/archive/archive.sqlite3?mode=ro", uri=True)
+        try:
+            return db.execute(f"SELECT count(*) FROM exchanges WHERE session IN ({sessions})").fetchone()[0]
+        finally:
+            db.close()
+
+    def wait_stored(sessions, n, at_most=120):
+        while stored(sessions) < n and time.monotonic() - answered < at_most:
+            time.sleep(0.01)
+        return time.monotonic() - answered
+
+    committed = wait_stored("'next-0', 'next-1'", 2)
+    big = wait_stored("'big'", 1)
+    print(f"tiny-next: {len(body) / 1e6:.1f} MB of {n:,} tiny outputs (status {status}) answered in "
+          f"{answered - started:.2f} s; the next two sessions answered {times[0]:.2f} and {times[1]:.2f} s later, "
+          f"committed {committed:.2f} s later; the big body committed {big:.2f} s later")
+
+
 def compress(pare, n=120_000):
     body = json.dumps({"model": "m", "messages": tiny_outputs(n)}).encode()
     before = pare.hwm_kb()
@@ -232,7 +266,8 @@ def compress(pare, n=120_000):
           f"VmHWM +{(pare.hwm_kb() - before) / 1024:.0f} MiB, {time.monotonic() - started:.2f} s")
 
 
-CASES = {"fake-ids": fake_ids, "grep": grep, "mcp-batch": mcp_batch, "engine": engine, "compress": compress}
+CASES = {"fake-ids": fake_ids, "grep": grep, "mcp-batch": mcp_batch, "engine": engine, "compress": compress,
+         "tiny-next": tiny_next}
 
 
 def main():
