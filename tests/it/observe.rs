@@ -29,7 +29,14 @@ const WINDOW: u64 = 6000;
 fn config(stub: &Stub, dir: &std::path::Path, mode: Mode) -> Config {
     let mut config = in_process::config_for(stub);
     config.compaction.mode = mode;
-    config.budget.default_context_window = WINDOW;
+    // The session's model (gpt-4o) has a window in the price table: `models:` sets this one.
+    config.models = vec![pare::config::ModelConfig {
+        pattern: ".*".into(),
+        context_window: Some(WINDOW),
+        output_reserve: None,
+        encoding: None,
+        price: None,
+    }];
     config.budget.detect_window = false;
     config.archive.enabled = true;
     config.archive.dir = Some(dir.to_owned());
