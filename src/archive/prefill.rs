@@ -8,9 +8,28 @@
 
 use serde::Serialize;
 
-use super::query::{ExchangeInfo, MissSource};
 use crate::compact::markers::group_signed as n;
 use crate::exchange::{CompactionSummary, Usage};
+
+/// Where a figure of what the upstream computed afresh was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissSource {
+    /// The upstream's figures for that request (prompt − cached).
+    Provider,
+    /// pare's estimate: the forwarded prompt less its prefix shared with the previous request.
+    Estimate,
+}
+
+impl MissSource {
+    /// `provider` or `estimate`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MissSource::Provider => "provider",
+            MissSource::Estimate => "estimate",
+        }
+    }
+}
 
 /// The prompt tokens the upstream computed afresh for a request as pare forwarded it: the
 /// upstream's `prompt − cached` when its answer reported both ([`Usage::uncached`]), else pare's
@@ -37,16 +56,11 @@ pub struct RequestPrefill {
 
 impl RequestPrefill {
     /// `None` when the request carries no estimate (mode `off`, not compacted, an older archive).
-    pub fn of(exchange: &ExchangeInfo) -> Option<RequestPrefill> {
-        let estimate = exchange.summary.as_ref()?.prefill?;
-        let (with_pare, source) = uncached_with_pare(exchange.usage.as_ref(), exchange.summary.as_ref())?;
-        Some(RequestPrefill {
-            seq: exchange.seq,
-            with_pare,
-            source,
-            raw: estimate.raw,
-            raw_over_window: estimate.raw_over_window,
-        })
+    /// Request `seq` of its session, with the upstream's usage and pare's summary of it.
+    pub fn of(seq: i64, usage: Option<&Usage>, summary: Option<&CompactionSummary>) -> Option<RequestPrefill> {
+        let estimate = summary?.prefill?;
+        let (with_pare, source) = uncached_with_pare(usage, summary)?;
+        Some(RequestPrefill { seq, with_pare, source, raw: estimate.raw, raw_over_window: estimate.raw_over_window })
     }
 }
 
@@ -60,9 +74,18 @@ pub struct SessionPrefill {
 }
 
 impl SessionPrefill {
-    pub fn of(exchanges: &[ExchangeInfo]) -> SessionPrefill {
-        let requests: Vec<RequestPrefill> = exchanges.iter().filter_map(RequestPrefill::of).collect();
-        SessionPrefill { n_unknown: exchanges.len() - requests.len(), requests }
+    /// From each request's number, usage and summary, in order (see [`RequestPrefill::of`]).
+    pub fn of<'a>(
+        requests: impl IntoIterator<Item = (i64, Option<&'a Usage>, Option<&'a CompactionSummary>)>,
+    ) -> SessionPrefill {
+        let mut out = SessionPrefill::default();
+        for (seq, usage, summary) in requests {
+            match RequestPrefill::of(seq, usage, summary) {
+                Some(request) => out.requests.push(request),
+                None => out.n_unknown += 1,
+            }
+        }
+        out
     }
 
     /// Σ uncached prefill with pare.
@@ -154,7 +177,13 @@ mod tests {
     use super::*;
     use crate::exchange::PrefillEstimate;
 
-    fn exchange(seq: i64, estimate: Option<(u64, u64, bool)>, usage: Option<Usage>) -> ExchangeInfo {
+    type Archived = (i64, Option<Usage>, Option<CompactionSummary>);
+
+    fn of(requests: &[Archived]) -> SessionPrefill {
+        SessionPrefill::of(requests.iter().map(|(seq, usage, summary)| (*seq, usage.as_ref(), summary.as_ref())))
+    }
+
+    fn exchange(seq: i64, estimate: Option<(u64, u64, bool)>, usage: Option<Usage>) -> Archived {
         let summary = CompactionSummary {
             prefill: estimate.map(|(forwarded, raw, raw_over_window)| PrefillEstimate {
                 forwarded,
@@ -163,19 +192,7 @@ mod tests {
             }),
             ..CompactionSummary::default()
         };
-        ExchangeInfo {
-            id: seq,
-            seq,
-            at_ms: 0,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            model: None,
-            raw_len: 0,
-            fwd_len: None,
-            summary: Some(summary),
-            skipped: None,
-            usage,
-        }
+        (seq, usage, Some(summary))
     }
 
     fn reported(prompt: u64, cached: Option<u64>) -> Option<Usage> {
@@ -194,7 +211,7 @@ mod tests {
             // Not estimated (an older archive): left out of both sums, even with a provider figure.
             exchange(4, None, reported(2000, Some(0))),
         ];
-        let prefill = SessionPrefill::of(&exchanges);
+        let prefill = of(&exchanges);
         assert_eq!(prefill.n_unknown, 1);
         let sources: Vec<MissSource> = prefill.requests.iter().map(|r| r.source).collect();
         assert_eq!(sources, [MissSource::Provider, MissSource::Estimate, MissSource::Estimate]);
@@ -207,32 +224,25 @@ mod tests {
 
     #[test]
     fn the_verdict_says_when_compaction_cost_more_and_when_the_gain_is_fitting() {
-        let cost = SessionPrefill::of(&[
-            exchange(1, Some((500, 500, false)), None),
-            exchange(2, Some((900, 100, false)), None),
-        ]);
+        let cost = of(&[exchange(1, Some((500, 500, false)), None), exchange(2, Some((900, 100, false)), None)]);
         assert_eq!(
             cost.verdict(),
             "compaction cost more uncached prefill than it saved: 1,400 with pare against 600 without (+800, ×2.33)"
         );
         assert_eq!(cost.saved_text(), "−133.3 %");
-        let fit = SessionPrefill::of(&[
-            exchange(1, Some((500, 500, false)), None),
-            exchange(2, Some((900, 100, true)), None),
-        ]);
+        let fit = of(&[exchange(1, Some((500, 500, false)), None), exchange(2, Some((900, 100, true)), None)]);
         assert!(
             fit.verdict()
                 .ends_with("1 request would not have fit the model's window without pare: the gain is that it fit"),
             "{}",
             fit.verdict()
         );
-        let saved =
-            SessionPrefill::of(&[exchange(1, Some((100, 400, true)), None), exchange(2, Some((100, 400, true)), None)]);
+        let saved = of(&[exchange(1, Some((100, 400, true)), None), exchange(2, Some((100, 400, true)), None)]);
         assert_eq!(
             saved.verdict(),
             "compaction saved 600 uncached prefill tokens (75.0 %): 200 with pare against 800 without; 2 requests would not have fit the model's window without pare: the gain is that they fit"
         );
-        assert!(SessionPrefill::of(&[exchange(1, None, None)]).verdict().starts_with("uncached prefill not estimated"));
+        assert!(of(&[exchange(1, None, None)]).verdict().starts_with("uncached prefill not estimated"));
         assert_eq!(SessionPrefill::default().saved_text(), "—");
     }
 }

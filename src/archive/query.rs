@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::body::Part;
 use super::db::{Db, DbError, Dialect, Row, params};
+use super::prefill::MissSource;
 use super::read::{self, BodyKind};
 use super::{ArchiveError, Location, store};
 use crate::budget::cost::{self, RequestCost, SessionCost};
@@ -67,26 +68,6 @@ impl UpstreamUsage {
         match (self.cached, self.prompt_with_cached) {
             (Some(cached), Some(prompt)) if prompt > 0 => Some(cached as f64 / prompt as f64),
             _ => None,
-        }
-    }
-}
-
-/// Where the cache misses of an epoch were read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MissSource {
-    /// The upstream's figures for that request (prompt − cached).
-    Provider,
-    /// pare's estimate: the forwarded prompt less its prefix shared with the previous request.
-    Estimate,
-}
-
-impl MissSource {
-    /// `provider` or `estimate`.
-    pub fn name(self) -> &'static str {
-        match self {
-            MissSource::Provider => "provider",
-            MissSource::Estimate => "estimate",
         }
     }
 }
@@ -209,6 +190,13 @@ pub struct ExchangeInfo {
     pub skipped: Option<String>,
     /// What the upstream reported it billed for the answer; `None`: no answer, or nothing reported.
     pub usage: Option<Usage>,
+}
+
+impl ExchangeInfo {
+    /// Its uncached prefill with and without pare (`None`: not estimated).
+    pub fn prefill(&self) -> Option<super::prefill::RequestPrefill> {
+        super::prefill::RequestPrefill::of(self.seq, self.usage.as_ref(), self.summary.as_ref())
+    }
 }
 
 /// The stored answer of one exchange.
@@ -503,7 +491,9 @@ impl ArchiveReader {
         Ok(SessionFigures {
             epochs: exchanges.iter().rev().find_map(|e| e.summary.as_ref()).map_or(0, |s| s.epoch),
             savings: self.savings(exchanges)?,
-            prefill: super::prefill::SessionPrefill::of(exchanges),
+            prefill: super::prefill::SessionPrefill::of(
+                exchanges.iter().map(|e| (e.seq, e.usage.as_ref(), e.summary.as_ref())),
+            ),
         })
     }
 

@@ -16,7 +16,6 @@ use crate::exchange::ObservedTotals;
 
 use super::{SessionsArgs, SessionsCommand};
 use crate::archive;
-use crate::archive::prefill::RequestPrefill;
 use crate::archive::query::{ArchiveReader, ExchangeInfo, SessionFigures, SessionFilter, SessionInfo};
 use crate::archive::read::BodyKind;
 use crate::archive::retention::delete_session;
@@ -382,7 +381,7 @@ fn prefill_lines(figures: &SessionFigures, ex: &ExchangeInfo) -> String {
     if !prefill.requests.is_empty() {
         text.push_str(&format!(" (with pare from {})", prefill.source()));
     }
-    match RequestPrefill::of(ex) {
+    match ex.prefill() {
         Some(r) => text.push_str(&format!(
             "\nrequest uncached prefill: {} with pare ({}) · {} without{}",
             n(r.with_pare as i64),

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::{PAGE_SIZE, PREFIX, Query, messages_of, percent_encode};
 use crate::archive::plan::forwarding;
-use crate::archive::prefill::{RequestPrefill, SessionPrefill};
+use crate::archive::prefill::SessionPrefill;
 use crate::archive::query::{
     ExchangeInfo, ResponseInfo, Savings, SessionFigures, SessionInfo, SessionPage, UpstreamUsage,
 };
@@ -495,7 +495,7 @@ fn prefill_chart(prefill: &SessionPrefill) -> Markup {
 
 /// One request's uncached prefill in the session table: "1,200 / 300", the source in the tooltip.
 fn request_prefill_cell(exchange: &ExchangeInfo) -> Markup {
-    match RequestPrefill::of(exchange) {
+    match exchange.prefill() {
         Some(r) => html! {
             span title={ "with pare: " (r.source.name()) "; without: estimate" } {
                 (int(r.with_pare as i64)) " / " (int(r.raw as i64))

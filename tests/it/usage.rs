@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pare::archive::query::{ArchiveReader, EpochMiss, MissSource, Savings};
+use pare::archive::prefill::MissSource;
+use pare::archive::query::{ArchiveReader, EpochMiss, Savings};
 use pare::archive::{Archive, ExchangeRecord, ResponseRecord};
 use pare::config::Durability;
 use pare::exchange::Usage;
