@@ -659,12 +659,12 @@ pub fn identifiers(text: &str) -> impl Iterator<Item = &str> {
             }
             // The line-number prefix of a numbered view (`  1227\tcode`, `1227|code`) numbers the view,
             // not the data; the next ones would fill the list with 1228, 1229…
-            if seen & !(WORD | INNER) == DIGIT && is_line_number(text, start, end) {
-                continue;
-            }
             // A content id (`pare:0123456789ab`) is pare's handle, not the agent's data: a marker
             // that lists names does not list it again.
             if start >= 5 && &bytes[start - 5..start] == b"pare:" {
+                continue;
+            }
+            if seen & !(WORD | INNER) == DIGIT && is_line_number(text, start, end) {
                 continue;
             }
             // A JSON (or Python) object key names the schema, not the data.
@@ -687,7 +687,13 @@ pub fn identifiers(text: &str) -> impl Iterator<Item = &str> {
 /// Whether the digits at `start..end` of `text` are the line number that opens a line of a numbered
 /// view (`  1227\tcode`, `1227|code`), as the structural map reads such lines.
 fn is_line_number(text: &str, start: usize, end: usize) -> bool {
-    let line_start = text.as_bytes()[..start].iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
+    // Only spaces stand before a numbered line's number: look back over them, never over the whole
+    // line (a long line of numbers would make the scan quadratic).
+    let bytes = text.as_bytes();
+    let line_start = start - bytes[..start].iter().rev().take_while(|&&b| b == b' ').count();
+    if line_start > 0 && bytes[line_start - 1] != b'\n' {
+        return false;
+    }
     let line = &text[line_start..];
     // `split_numbered` gives the code after the separator that follows the number.
     super::outline::split_numbered(line).is_some_and(|(_, code)| line.len() - code.len() == end + 1 - line_start)
@@ -881,6 +887,14 @@ and the plain words here are not identifiers; again 8JX2WO"#;
         );
         // Digits followed by a tab elsewhere than at the start of a line are data.
         assert_eq!(salient_names("id\t20240516\tok", 10, &[], &none), vec!["20240516"]);
+        assert_eq!(salient_names("id \t 20240516\tok", 10, &[], &none), vec!["20240516"]);
+        // After a long line of numbers, a numbered line's number is still found (the scan looks back
+        // over the spaces before a number only).
+        let long = (0..5000).map(|k| (10_000 + k).to_string()).collect::<Vec<_>>().join(" ");
+        let text = format!("{long}\n   4321\tsep_2\n");
+        let names: Vec<&str> = identifiers(&text).collect();
+        assert_eq!(names.len(), 5001, "{:?}", &names[4990..]);
+        assert_eq!(names.last(), Some(&"sep_2"));
     }
 
     #[test]
