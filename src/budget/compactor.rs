@@ -602,7 +602,7 @@ impl SessionCompactor {
     }
 
     /// The request number the stored plan the state of `session` holds was stored with (0: none
-    /// stored), when known ([`SessionState::plan_seq`]).
+    /// stored), when known (`SessionState::plan_seq`).
     pub fn plan_seq(&self, session: &str) -> Option<u64> {
         let state = self.budget.peek_part::<Mutex<SessionState>>(Holder::Compactor, session)?;
         state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).plan_seq

@@ -1,7 +1,7 @@
 //! `/_pare/metrics`: Prometheus (OpenMetrics text) series for requests, latency, pare's own overhead,
 //! tokens per model, epochs, fail-open, and the upstream's own usage figures (prompt, cached, cache
 //! writes, output), counted when an answer that reported them ends, and what the answered requests
-//! cost in USD with pare and (estimated) without it ([`CostSeries`]). A figure the upstream never
+//! cost in USD with pare and (estimated) without it (`CostSeries`). A figure the upstream never
 //! reported for a model and wire has no series there (absent, not zero). Other parts of pare (the archive) register their own
 //! series into the same [`Registry`] before the server starts (see [`super::run_with_registry`]).
 
