@@ -456,11 +456,6 @@ impl ArchiveReader {
         }))
     }
 
-    /// What session `id` cost with pare and without it ([`costs`]).
-    pub fn session_cost(&self, id: &str, prices: &Prices) -> Result<SessionCost, ArchiveError> {
-        Ok(costs(&self.exchanges(id)?, prices).1)
-    }
-
     /// What pare saved session `exchanges` net of its epochs' cache misses ([`Savings`]); `exchanges`
     /// as [`ArchiveReader::exchanges`] gives them. Reads the forwarded templates of each epoch request
     /// whose answer reported no cache figure, and of the request before it (no body is decompressed).

@@ -58,10 +58,14 @@ pub fn run(args: SessionsArgs) -> anyhow::Result<ExitCode> {
             let reader = ArchiveReader::open(&dir)?;
             let filter = SessionFilter { since_ms, model, session: None };
             let sessions = reader.sessions(&filter)?;
-            let figures =
-                sessions.iter().map(|s| reader.figures(&reader.exchanges(&s.id)?)).collect::<Result<Vec<_>, _>>()?;
             let prices = prices(args.config.as_deref())?;
-            let costs = sessions.iter().map(|s| reader.session_cost(&s.id, &prices)).collect::<Result<Vec<_>, _>>()?;
+            // Each session's exchanges, read once for its figures and its cost.
+            let (mut figures, mut costs) = (Vec::new(), Vec::new());
+            for s in &sessions {
+                let exchanges = reader.exchanges(&s.id)?;
+                figures.push(reader.figures(&exchanges)?);
+                costs.push(archive::query::costs(&exchanges, &prices).1);
+            }
             list(&sessions, &figures, &costs, json)?;
             Ok(ExitCode::SUCCESS)
         }

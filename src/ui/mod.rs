@@ -238,17 +238,16 @@ impl Ui {
         };
         let reader = self.reader()?;
         let page = reader.session_page(&filter, (query.page - 1) * PAGE_SIZE, PAGE_SIZE)?;
-        let figures = page
-            .sessions
-            .iter()
-            .map(|s| reader.figures(&reader.exchanges(&s.info.id)?))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Each listed session's exchanges, read once for its figures and its cost.
+        let mut figures = Vec::with_capacity(page.sessions.len());
+        let mut session_costs = HashMap::with_capacity(page.sessions.len());
+        for s in &page.sessions {
+            let exchanges = reader.exchanges(&s.info.id)?;
+            figures.push(reader.figures(&exchanges)?);
+            session_costs.insert(s.info.id.clone(), costs(&exchanges, &self.prices).1);
+        }
         let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let costs = page
-            .sessions
-            .iter()
-            .map(|s| Ok((s.info.id.clone(), reader.session_cost(&s.info.id, &self.prices)?)))
-            .collect::<Result<HashMap<_, _>, ArchiveError>>()?;
+        let costs = session_costs;
         Ok(Reply::html(200, pages::index(&self.location.to_string(), query, &page, &figures, &verified, &costs)))
     }
 
